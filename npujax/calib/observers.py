@@ -1,0 +1,119 @@
+"""Range observers as (init, update) pairs of pure functions over batches.
+
+An observer's state is a pytree ``{"min": f32[...], "max": f32[...]}`` (scalars per-tensor, or one
+value per channel), so observers run under ``jit`` and compose like optax transformations. The
+scale and zero point follow from the state with :func:`npujax.quant.qparams_from_range`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from npujax.errors import CalibrationError
+
+__all__ = ["Observer", "minmax_observer", "ema_minmax_observer"]
+
+ObserverState = dict[str, jax.Array]
+
+
+class Observer(NamedTuple):
+    """A calibration observer: ``state = init(x)``; ``state = update(state, x)`` per batch.
+
+    ``init`` uses only ``x``'s shape (no statistics are taken from it); ``update`` folds one
+    batch into the state. Both are pure and jit-able.
+    """
+
+    init: Callable[[jax.Array], ObserverState]
+    update: Callable[[ObserverState, jax.Array], ObserverState]
+
+
+def _reduce_axes(x: jax.Array, axis: int | None) -> tuple[int, ...]:
+    if axis is None:
+        return tuple(range(x.ndim))
+    if not -x.ndim <= axis < x.ndim:
+        raise CalibrationError(f"observer axis={axis} is out of range for a {x.ndim}-D tensor.")
+    axis %= x.ndim
+    return tuple(i for i in range(x.ndim) if i != axis)
+
+
+def _init(axis: int | None) -> Callable[[jax.Array], ObserverState]:
+    def init(x: jax.Array) -> ObserverState:
+        shape = () if axis is None else (jnp.shape(x)[axis],)
+        return {
+            "min": jnp.full(shape, jnp.inf, jnp.float32),
+            "max": jnp.full(shape, -jnp.inf, jnp.float32),
+        }
+
+    return init
+
+
+def minmax_observer(axis: int | None = None) -> Observer:
+    """Running minimum and maximum over all batches (TensorRT/PyTorch "MinMax" calibration).
+
+    Args:
+      axis: channel axis for per-channel ranges; ``None`` for per-tensor.
+
+    Returns:
+      An :class:`Observer`. Its state after ``update`` holds the elementwise min/max seen so far
+      (``+inf``/``-inf`` before any update).
+    """
+
+    def update(state: ObserverState, x: jax.Array) -> ObserverState:
+        x = jnp.asarray(x, jnp.float32)
+        axes = _reduce_axes(x, axis)
+        return {
+            "min": jnp.minimum(state["min"], jnp.min(x, axis=axes)),
+            "max": jnp.maximum(state["max"], jnp.max(x, axis=axes)),
+        }
+
+    return Observer(_init(axis), update)
+
+
+def ema_minmax_observer(decay: float = 0.99, axis: int | None = None) -> Observer:
+    """Exponential moving average of per-batch min/max (TF QAT's moving-average ranges).
+
+    ``m <- decay * m + (1 - decay) * batch_min`` (the first batch initialises the average).
+
+    Args:
+      decay: averaging constant in ``[0, 1)``.
+      axis: channel axis for per-channel ranges; ``None`` for per-tensor.
+
+    Raises:
+      CalibrationError: if ``decay`` is outside ``[0, 1)``.
+
+    References:
+      Jacob et al. 2018, arXiv:1712.05877, section 3.1.
+    """
+    if not 0.0 <= decay < 1.0:
+        raise CalibrationError(f"EMA decay must be in [0, 1), got {decay}.")
+
+    def update(state: ObserverState, x: jax.Array) -> ObserverState:
+        x = jnp.asarray(x, jnp.float32)
+        axes = _reduce_axes(x, axis)
+        lo, hi = jnp.min(x, axis=axes), jnp.max(x, axis=axes)
+        first = jnp.isinf(state["min"])
+        return {
+            "min": jnp.where(first, lo, decay * state["min"] + (1 - decay) * lo),
+            "max": jnp.where(first, hi, decay * state["max"] + (1 - decay) * hi),
+        }
+
+    return Observer(_init(axis), update)
+
+
+def check_finite_state(state: Any, layer: str) -> None:
+    """Raise :class:`CalibrationError` naming ``layer`` if an observed range holds NaN or inf.
+
+    Called on the host after each calibration batch, so the error names the first layer and batch
+    whose data was bad instead of producing NaN scales later.
+    """
+    for key in ("min", "max"):
+        v = jax.device_get(state[key])
+        if not bool(jnp.all(jnp.isfinite(jnp.asarray(v)))):
+            raise CalibrationError(
+                f"calibration data reaching layer {layer!r} contains NaN or inf "
+                f"(observed {key}={v}); clean the calibration set or check the layer's input."
+            )

@@ -1,0 +1,63 @@
+"""Errors raised by npujax.
+
+Every error a user can trigger with bad input is an :class:`NpujaxError` subclass whose message
+says what was received, which rule it broke and how to fix it. The CLI turns these into a one-line
+message and a non-zero exit code (see ``docs/errors.md`` for the catalogue and exit codes).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "NpujaxError",
+    "ConfigError",
+    "QuantizationError",
+    "CalibrationError",
+    "GraphError",
+    "UnsupportedOpError",
+    "ShapeError",
+]
+
+
+class NpujaxError(Exception):
+    """Base class of every error npujax raises on purpose.
+
+    ``exit_code`` is the process exit status the CLI uses for this kind of error.
+    """
+
+    exit_code: int = 1
+
+
+class ConfigError(NpujaxError, ValueError):
+    """A hardware preset, run configuration or argument is missing, malformed or out of range."""
+
+    exit_code = 2
+
+
+class QuantizationError(NpujaxError, ValueError):
+    """A number format or quantization parameter is invalid (e.g. 1-bit integers, scale <= 0)."""
+
+    exit_code = 3
+
+
+class CalibrationError(NpujaxError, ValueError):
+    """Calibration data cannot give valid ranges (NaN/inf values, empty iterator)."""
+
+    exit_code = 4
+
+
+class GraphError(NpujaxError, ValueError):
+    """A model cannot be turned into, or read back as, an npujax Graph."""
+
+    exit_code = 5
+
+
+class UnsupportedOpError(GraphError):
+    """An operator or JAX primitive has no npujax implementation."""
+
+    exit_code = 6
+
+
+class ShapeError(NpujaxError, ValueError):
+    """Array shapes or dtypes do not match what an operation requires."""
+
+    exit_code = 7

@@ -1,0 +1,37 @@
+"""The Graph IR, Flax tracing, passes, execution and calibration."""
+
+from npujax.graph.calibrate import calibrate as calibrate
+from npujax.graph.execute import LayerQuant as LayerQuant
+from npujax.graph.execute import QuantSpec as QuantSpec
+from npujax.graph.execute import execute as execute
+from npujax.graph.execute import quant_spec as quant_spec
+from npujax.graph.ir import GEMM_OPS as GEMM_OPS
+from npujax.graph.ir import Graph as Graph
+from npujax.graph.ir import Node as Node
+from npujax.graph.ir import Params as Params
+from npujax.graph.ir import TensorType as TensorType
+from npujax.graph.passes import fold_batchnorm as fold_batchnorm
+from npujax.graph.passes import fuse_epilogues as fuse_epilogues
+from npujax.graph.passes import optimize as optimize
+from npujax.graph.serialize import load_graph as load_graph
+from npujax.graph.serialize import save_graph as save_graph
+from npujax.graph.trace_flax import trace_flax as trace_flax
+
+__all__ = [
+    "Graph",
+    "Node",
+    "TensorType",
+    "Params",
+    "GEMM_OPS",
+    "trace_flax",
+    "execute",
+    "LayerQuant",
+    "QuantSpec",
+    "quant_spec",
+    "calibrate",
+    "fold_batchnorm",
+    "fuse_epilogues",
+    "optimize",
+    "save_graph",
+    "load_graph",
+]

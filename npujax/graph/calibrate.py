@@ -1,0 +1,70 @@
+"""Post-training calibration of a Graph's activation ranges."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import jax
+import jax.numpy as jnp
+
+from npujax.calib.observers import Observer, check_finite_state, minmax_observer
+from npujax.errors import CalibrationError
+from npujax.graph.execute import QuantSpec, execute
+from npujax.graph.ir import Graph, Params
+from npujax.quant.qparams import qparams_from_range
+
+__all__ = ["calibrate"]
+
+
+def calibrate(
+    graph: Graph,
+    params: Params,
+    batches: Iterable[jax.Array],
+    quant: QuantSpec,
+    *,
+    observer: Callable[[], Observer] = minmax_observer,
+    progress: bool = False,
+) -> dict[str, dict[str, jax.Array]]:
+    """Observe the input activation of every quantized layer over ``batches`` (float model).
+
+    Args:
+      graph, params: the (optimized) float model.
+      batches: iterable of input batches ``(batch, ...)`` float32; at least one.
+      quant: the quantization spec; layers with an ``act`` format are observed.
+      observer: factory of the per-layer observer (default min-max, per tensor).
+      progress: show a progress bar (rich) on stderr.
+
+    Returns:
+      qstate ``{layer: {"act_scale": f32[], "act_zero_point": i32[]}}`` for :func:`execute`.
+
+    Raises:
+      CalibrationError: no batches, or NaN/inf reaching a layer (names the layer).
+    """
+    names = [n for n, lq in quant.items() if lq.act is not None]
+    obs = {n: observer() for n in names}
+    run = jax.jit(lambda p, x: execute(graph, p, x, taps=names)[1])
+    update = jax.jit(lambda states, taps: {n: obs[n].update(states[n], taps[n][0]) for n in names})
+    states = None
+    count = 0
+    it = batches
+    if progress:
+        from rich.progress import track
+
+        it = track(batches, description="calibrating", transient=True)
+    for x in it:
+        taps = run(params, jnp.asarray(x, jnp.float32))
+        if states is None:
+            states = {n: obs[n].init(taps[n][0]) for n in names}
+        states = update(states, taps)
+        for n in names:
+            check_finite_state(states[n], n)
+        count += 1
+    if count == 0:
+        raise CalibrationError("calibration needs at least one batch; the iterator was empty.")
+    qstate = {}
+    for n in names:
+        scale, zp = qparams_from_range(
+            states[n]["min"], states[n]["max"], quant[n].act, quant[n].act_symmetric
+        )
+        qstate[n] = {"act_scale": scale, "act_zero_point": zp}
+    return qstate

@@ -1,0 +1,21 @@
+"""Hardware descriptions: NpuSpec and the TOML preset loader."""
+
+from npujax.hw.spec import DATAFLOWS as DATAFLOWS
+from npujax.hw.spec import ArraySpec as ArraySpec
+from npujax.hw.spec import MemorySpec as MemorySpec
+from npujax.hw.spec import NpuSpec as NpuSpec
+from npujax.hw.spec import VectorSpec as VectorSpec
+from npujax.hw.spec import list_presets as list_presets
+from npujax.hw.spec import load_npu_spec as load_npu_spec
+from npujax.hw.spec import npu_spec_from_dict as npu_spec_from_dict
+
+__all__ = [
+    "ArraySpec",
+    "MemorySpec",
+    "VectorSpec",
+    "NpuSpec",
+    "DATAFLOWS",
+    "load_npu_spec",
+    "npu_spec_from_dict",
+    "list_presets",
+]

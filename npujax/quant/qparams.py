@@ -1,0 +1,78 @@
+"""Scale and zero point from an observed value range."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from npujax.quant.formats import IntFormat
+
+__all__ = ["qparams_from_range", "weight_qparams", "MIN_SCALE"]
+
+#: Smallest scale ever returned: float32 machine epsilon (as PyTorch's observers use). A zero
+#: range (all-zero tensor, dead channel) then gives a finite positive scale and exact zeros.
+MIN_SCALE = float(jnp.finfo(jnp.float32).eps)
+
+
+def qparams_from_range(
+    min_val: jax.Array,
+    max_val: jax.Array,
+    fmt: IntFormat,
+    symmetric: bool,
+) -> tuple[jax.Array, jax.Array]:
+    """Scale and zero point that map ``[min_val, max_val]`` onto ``fmt``'s code range.
+
+    The range is first widened to contain 0 (so 0.0 is exactly representable, as zero padding and
+    ReLU outputs require).
+
+    * asymmetric: ``scale = (max - min) / (qmax - qmin)``,
+      ``zero_point = clip(qmin - round(min / scale), qmin, qmax)``;
+    * symmetric: ``scale = max(|min|, |max|) / ((qmax - qmin) / 2)``, zero point at the middle
+      code (0 for signed formats, ``(qmin + qmax + 1) // 2`` for unsigned).
+
+    Args:
+      min_val, max_val: float32 scalars (per-tensor) or ``[C]`` arrays (per-channel).
+      fmt: target integer format.
+      symmetric: symmetric (weights) or asymmetric (activations) mapping.
+
+    Returns:
+      ``(scale, zero_point)``: float32 scale >= :data:`MIN_SCALE` and int32 zero point, both of the
+      input's shape. Never NaN, even for an empty (min > max after an all-NaN-free empty update)
+      or zero range.
+
+    References:
+      Jacob et al. 2018, arXiv:1712.05877, section 2.1; Krishnamoorthi 2018, arXiv:1806.08342.
+    """
+    lo = jnp.minimum(jnp.asarray(min_val, jnp.float32), 0.0)
+    hi = jnp.maximum(jnp.asarray(max_val, jnp.float32), 0.0)
+    if symmetric:
+        amax = jnp.maximum(-lo, hi)
+        scale = jnp.maximum(amax / ((fmt.qmax - fmt.qmin) / 2.0), MIN_SCALE)
+        mid = 0 if fmt.signed else (fmt.qmin + fmt.qmax + 1) // 2
+        zero_point = jnp.full(jnp.shape(scale), mid, jnp.int32)
+    else:
+        scale = jnp.maximum((hi - lo) / float(fmt.qmax - fmt.qmin), MIN_SCALE)
+        zero_point = jnp.clip(fmt.qmin - jnp.round(lo / scale), fmt.qmin, fmt.qmax)
+        zero_point = zero_point.astype(jnp.int32)
+    return scale, zero_point
+
+
+def weight_qparams(
+    w: jax.Array, fmt: IntFormat, axis: int | None
+) -> tuple[jax.Array, jax.Array]:
+    """Symmetric min-max scale for a weight tensor, per channel along ``axis`` (or per tensor).
+
+    Args:
+      w: float weight array (e.g. HWIO conv kernel, ``[in, out]`` dense kernel).
+      fmt: target format (usually signed, narrow range).
+      axis: output-channel axis for per-channel scales, ``None`` for one scale.
+
+    Returns:
+      ``(scale, zero_point)`` of shape ``[w.shape[axis]]`` (or scalars), gradient-stopped.
+    """
+    w = jax.lax.stop_gradient(jnp.asarray(w, jnp.float32))
+    if axis is None:
+        return qparams_from_range(jnp.min(w), jnp.max(w), fmt, symmetric=True)
+    axis = axis % w.ndim
+    reduce = tuple(i for i in range(w.ndim) if i != axis)
+    return qparams_from_range(jnp.min(w, axis=reduce), jnp.max(w, axis=reduce), fmt, True)
