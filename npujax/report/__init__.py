@@ -1,0 +1,17 @@
+"""Reports: rich tables, JSON/CSV files and plots."""
+
+from npujax.report.files import LAYER_COLUMNS as LAYER_COLUMNS
+from npujax.report.files import write_json as write_json
+from npujax.report.files import write_layers_csv as write_layers_csv
+from npujax.report.plots import plot_layer_latency as plot_layer_latency
+from npujax.report.tables import dataflow_table as dataflow_table
+from npujax.report.tables import layer_table as layer_table
+
+__all__ = [
+    "layer_table",
+    "dataflow_table",
+    "write_json",
+    "write_layers_csv",
+    "plot_layer_latency",
+    "LAYER_COLUMNS",
+]

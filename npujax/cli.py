@@ -1,0 +1,148 @@
+"""The ``npujax`` command line: thin argument parsing over the public API.
+
+Every :class:`~npujax.errors.NpujaxError` becomes a one-line ``npujax: error: ...`` message on
+stderr and the error's exit code (2 config, 3 quantization, 4 calibration, 5 graph, 6 unsupported
+op, 7 shape); there is never a traceback for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from npujax.errors import ConfigError, NpujaxError
+
+__all__ = ["main"]
+
+
+def _console():
+    from rich.console import Console
+
+    # Pipes and CI logs get a wide fixed width so the per-layer table is not truncated.
+    return Console(width=None if sys.stdout.isatty() else 150)
+
+
+def _bits(text: str) -> int | dict[str, int]:
+    """``8`` or ``fc1=4,fc2=8`` (layers not named keep 8 bits)."""
+    try:
+        if "=" not in text:
+            return int(text)
+        return {k.strip(): int(v) for k, v in (kv.split("=", 1) for kv in text.split(","))}
+    except ValueError:
+        raise ConfigError(
+            f"bad bit-width spec {text!r}; use a number (8) or layer=bits pairs (fc1=4,fc2=8)."
+        ) from None
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from npujax.demo.pipeline import DemoConfig, run_demo
+
+    overrides = {k: v for k, v in {
+        "float_epochs": args.epochs, "qat_steps": args.qat_steps,
+        "search_steps": args.search_steps, "finetune_steps": args.finetune_steps,
+    }.items() if v is not None}
+    config = DemoConfig(npu=args.npu, out=args.out, seed=args.seed,
+                        progress=not args.no_progress, **overrides)
+    run_demo(config, console=_console())
+    return 0
+
+
+def _cmd_lower(args: argparse.Namespace) -> int:
+    from npujax.graph import load_graph
+    from npujax.hw import DATAFLOWS, load_npu_spec
+    from npujax.plan import lower
+    from npujax.report import (
+        dataflow_table,
+        layer_table,
+        plot_layer_latency,
+        write_json,
+        write_layers_csv,
+    )
+
+    spec = load_npu_spec(args.npu)
+    graph, _, _, meta = load_graph(args.model)
+    wbits = _bits(args.weight_bits) if args.weight_bits else 8
+    abits = _bits(args.act_bits) if args.act_bits else 8
+    schedule = lower(graph, spec, weight_bits=wbits, act_bits=abits, dataflow=args.dataflow)
+    by_df = {df: lower(graph, spec, weight_bits=wbits, act_bits=abits, dataflow=df)
+             for df in DATAFLOWS}
+    console = _console()
+    console.print(layer_table(schedule, f"{Path(args.model).name} on {spec.name} "
+                                        f"({schedule.dataflow})"))
+    console.print(dataflow_table(by_df, reference=schedule.dataflow))
+    if args.out:
+        out = Path(args.out)
+        write_json(out / "schedule.json", {**schedule.to_dict(), "dataflow_latency_s":
+                                           {df: s.latency_s for df, s in by_df.items()}})
+        write_layers_csv(out / "layers.csv", schedule)
+        plot_layer_latency(out / "layer_latency.png", {schedule.dataflow: schedule})
+        console.print(f"wrote {out}/schedule.json, layers.csv, layer_latency.png")
+    return 0
+
+
+def _cmd_presets(args: argparse.Namespace) -> int:
+    from npujax.hw import list_presets, load_npu_spec
+
+    for name in list_presets():
+        print(f"{name:<20} {load_npu_spec(name).description}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for documentation and tests)."""
+    p = argparse.ArgumentParser(
+        prog="npujax",
+        description="Differentiable NPU modelling in JAX: QAT, mixed-precision search and "
+                    "per-layer latency on a systolic-array NPU.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    d = sub.add_parser("demo", help="train, quantize, search and lower a CNN on the digits data",
+                       description="End-to-end run on scikit-learn's digits: float training, "
+                                   "PTQ INT8, QAT W8A8, mixed-precision search, NPU lowering.")
+    d.add_argument("--npu", default="edge_16x16", help="preset name or TOML path "
+                   "(default: edge_16x16)")
+    d.add_argument("--out", help="output folder (default: a new runs/<timestamp> folder)")
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--epochs", type=int, help="float training epochs (default 30)")
+    d.add_argument("--qat-steps", type=int, help="QAT steps (default 300)")
+    d.add_argument("--search-steps", type=int, help="precision search steps (default 300)")
+    d.add_argument("--finetune-steps", type=int, help="fine-tune steps after search (default 300)")
+    d.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    d.set_defaults(fn=_cmd_demo)
+
+    lo = sub.add_parser("lower", help="per-layer NPU latency of a saved model",
+                        description="Lower a saved npujax model (model.npz from 'npujax demo') "
+                                    "onto a hardware preset and print the per-layer table.")
+    lo.add_argument("model", help="model file written by 'npujax demo' (model.npz)")
+    lo.add_argument("--npu", default="edge_16x16", help="preset name or TOML path")
+    lo.add_argument("--dataflow", help="override the preset's dataflow "
+                    "(weight_stationary, output_stationary, input_stationary)")
+    lo.add_argument("--weight-bits", help="8, or per layer: fc1=4,fc2=8")
+    lo.add_argument("--act-bits", help="8, or per layer: conv1=8")
+    lo.add_argument("--out", help="write schedule.json, layers.csv and a plot here")
+    lo.set_defaults(fn=_cmd_lower)
+
+    pr = sub.add_parser("presets", help="list the installed hardware presets")
+    pr.set_defaults(fn=_cmd_presets)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``npujax`` console script; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.fn(args) or 0)
+    except NpujaxError as e:
+        print(f"npujax: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("npujax: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

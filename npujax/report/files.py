@@ -1,0 +1,50 @@
+"""Machine-readable outputs (JSON, CSV), written atomically."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from typing import Any
+
+from npujax._atomic import atomic_write_text
+from npujax.plan.latency import Schedule
+
+__all__ = ["write_json", "write_layers_csv", "LAYER_COLUMNS"]
+
+#: Columns of the per-layer CSV, in order.
+LAYER_COLUMNS = (
+    "name", "op", "kind", "M", "K", "N", "macs", "weight_bits", "act_bits", "compute_cycles",
+    "memory_cycles", "latency_cycles", "latency_s", "bound", "utilization", "mapping_efficiency",
+    "dram_bytes", "folds", "epilogue",
+)
+
+
+def _clean(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if hasattr(obj, "tolist"):  # numpy / jax scalars and arrays
+        return _clean(obj.tolist())
+    if isinstance(obj, float) and not math.isfinite(obj):
+        raise ValueError(f"refusing to write a non-finite number ({obj}) to JSON.")
+    return obj
+
+
+def write_json(path: str | os.PathLike[str], data: dict[str, Any]) -> None:
+    """Write ``data`` as indented JSON (numpy/jax values converted; NaN/inf refused)."""
+    atomic_write_text(path, json.dumps(_clean(data), indent=2) + "\n")
+
+
+def write_layers_csv(path: str | os.PathLike[str], schedule: Schedule) -> None:
+    """One row per layer with :data:`LAYER_COLUMNS`."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=LAYER_COLUMNS)
+    w.writeheader()
+    for row in schedule.to_dict()["layers"]:
+        row["epilogue"] = "+".join(row["epilogue"])
+        w.writerow({k: row[k] for k in LAYER_COLUMNS})
+    atomic_write_text(path, buf.getvalue())

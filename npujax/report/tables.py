@@ -1,0 +1,58 @@
+"""Human-readable tables of a Schedule (rich)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from rich.table import Table
+
+from npujax.plan.latency import Schedule
+
+__all__ = ["layer_table", "dataflow_table"]
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:,.3f}"
+
+
+def layer_table(schedule: Schedule, title: str | None = None) -> Table:
+    """Per-layer table: name, op, GEMM shape, MACs, bits, cycles, latency (µs), bound, utilization.
+
+    The last row is the end-to-end total (the sum of the per-layer latencies).
+    """
+    t = Table(title=title or f"{schedule.npu} — {schedule.dataflow}", title_justify="left")
+    for col, justify in [("layer", "left"), ("op", "left"), ("M", "right"), ("K", "right"),
+                         ("N", "right"), ("MACs", "right"), ("W", "right"), ("A", "right"),
+                         ("compute cyc", "right"), ("memory cyc", "right"), ("latency µs", "right"),
+                         ("bound", "left"), ("util", "right")]:
+        t.add_column(col, justify=justify, no_wrap=True)
+    for r in schedule.layers:
+        gemm = r.kind == "gemm"
+        op = r.op + ("+" + "+".join(r.epilogue) if r.epilogue else "")
+        t.add_row(
+            r.name, op, str(r.M) if gemm else "", str(r.K) if gemm else "",
+            str(r.N) if gemm else "", f"{r.macs:,}" if gemm else "",
+            str(r.weight_bits) if gemm else "", str(r.act_bits),
+            f"{r.compute_cycles:,}", f"{r.memory_cycles:,.0f}", _us(r.latency_s),
+            r.bound, f"{r.utilization:.1%}" if gemm else "",
+        )
+    t.add_section()
+    t.add_row("total", "", "", "", "", f"{schedule.macs:,}", "", "",
+              f"{sum(r.compute_cycles for r in schedule.layers):,}",
+              f"{sum(r.memory_cycles for r in schedule.layers):,.0f}",
+              _us(schedule.latency_s), "", "")
+    return t
+
+
+def dataflow_table(schedules: Mapping[str, Schedule], reference: str | None = None) -> Table:
+    """End-to-end totals of the same model under several dataflows, side by side."""
+    t = Table(title="end-to-end latency by dataflow", title_justify="left")
+    for col in ("dataflow", "compute cycles", "latency µs", "memory-bound", "vs ref"):
+        t.add_column(col, justify="left" if col == "dataflow" else "right")
+    ref = schedules[reference].latency_s if reference in schedules else None
+    for name, s in schedules.items():
+        mem = sum(1 for r in s.layers if r.bound == "memory")
+        ratio = f"{s.latency_s / ref:.2f}×" if ref else ""
+        t.add_row(name, f"{sum(r.compute_cycles for r in s.layers):,}", _us(s.latency_s),
+                  f"{mem}/{len(s.layers)}", ratio)
+    return t

@@ -1,0 +1,152 @@
+"""Mixed-precision search by gradient: learned per-layer weight bit widths under a latency budget.
+
+Each GEMM layer ``l`` holds logits ``alpha_l`` over candidate weight widths; its weight is the
+probability-weighted mixture of the fake-quantized weights at each width (EdMIPS: Cai and
+Vasconcelos, "Rethinking Differentiable Search for Mixed-Precision Neural Networks", CVPR 2020).
+Weights and logits are trained jointly on
+
+    loss = cross_entropy + lambda * E[latency] / latency_int8,
+
+with ``E[latency]`` the relaxed NPU latency of :mod:`npujax.search.cost`. ``lambda`` follows a
+multiplicative dual-ascent rule, ``lambda <- lambda * exp(eta * (E[latency] / budget - 1))``, so the
+expected latency is driven to the budget. The policy is the per-layer argmax.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from npujax.errors import ConfigError
+from npujax.graph.execute import execute, quant_spec
+from npujax.graph.ir import Graph, Params
+from npujax.hw.spec import NpuSpec
+from npujax.search.cost import LatencyTable, expected_latency, latency_table
+from npujax.train import _progress, batch_iterator, cross_entropy
+
+__all__ = ["SearchResult", "gradient_search"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchResult:
+    """Outcome of :func:`gradient_search`.
+
+    Attributes:
+      policy: ``{layer: weight_bits}``, the argmax choice per GEMM layer.
+      probs: ``{layer: f32[n]}`` final selection probabilities over ``table.candidates``.
+      latency_s: exact modelled latency of ``policy`` (s).
+      budget_s: the latency budget the search aimed at (s).
+      lam: final latency weight.
+      params: the weights after the joint search (a good start for fine-tuning).
+      table: the per-layer, per-candidate latency table used.
+    """
+
+    policy: dict[str, int]
+    probs: dict[str, np.ndarray]
+    latency_s: float
+    budget_s: float
+    lam: float
+    params: Params
+    table: LatencyTable
+
+
+def gradient_search(
+    graph: Graph,
+    params: Params,
+    x: np.ndarray,
+    y: np.ndarray,
+    spec: NpuSpec,
+    qstate: Mapping[str, Mapping[str, jax.Array]],
+    *,
+    candidates: Sequence[int] = (2, 4, 8),
+    act_bits: int = 8,
+    budget_s: float | None = None,
+    budget_ratio: float = 0.8,
+    lam: float = 0.5,
+    dual_rate: float = 0.05,
+    steps: int = 300,
+    learning_rate: float = 1e-4,
+    logits_learning_rate: float = 0.05,
+    batch_size: int = 64,
+    seed: int = 0,
+    dataflow: str | None = None,
+    progress: bool = False,
+) -> SearchResult:
+    """Learn per-layer weight widths from ``candidates`` against the NPU latency of ``spec``.
+
+    Args:
+      graph, params: optimized float model (BN folded) and its params.
+      x, y: training data (float32 inputs, integer labels).
+      spec: the NPU whose latency model is the cost.
+      qstate: calibrated activation ranges (activations stay at ``act_bits``).
+      candidates: candidate weight widths (each 2..16).
+      act_bits: activation width of every layer.
+      budget_s: latency budget (s); default ``budget_ratio x`` the uniform ``max(candidates)``
+        latency.
+      budget_ratio: see ``budget_s``; in (0, 1].
+      lam: initial latency weight.
+      dual_rate: step of the multiplicative lambda update.
+      steps: joint optimisation steps.
+      learning_rate, logits_learning_rate: Adam rates for weights and bit logits.
+      batch_size, seed: mini-batching.
+      dataflow: overrides the preset's dataflow.
+      progress: show a progress bar.
+
+    Returns:
+      A :class:`SearchResult`.
+
+    Raises:
+      ConfigError: empty candidates or a budget that is not positive.
+    """
+    candidates = tuple(sorted(int(b) for b in candidates))
+    if not candidates:
+        raise ConfigError("candidates must name at least one weight width, e.g. (2, 4, 8).")
+    table = latency_table(graph, spec, candidates, act_bits, dataflow)
+    reference = table.latency_s({n: max(candidates) for n in table.layers})
+    if budget_s is None:
+        if not 0 < budget_ratio <= 1:
+            raise ConfigError(f"budget_ratio must be in (0, 1], got {budget_ratio}.")
+        budget_s = budget_ratio * reference
+    if budget_s <= 0:
+        raise ConfigError(f"budget_s must be positive, got {budget_s}.")
+    quant = quant_spec(graph, {n: candidates for n in table.layers}, act_bits)
+    logits = {n: jnp.zeros(len(candidates), jnp.float32) for n in table.layers}
+    opt = optax.multi_transform(
+        {"w": optax.adam(learning_rate), "a": optax.adam(logits_learning_rate)},
+        {"w": jax.tree.map(lambda _: "w", params), "a": jax.tree.map(lambda _: "a", logits)},
+    )
+    state = {"w": params, "a": logits}
+    opt_state = opt.init(state)
+
+    def probs_of(a):
+        return {n: jax.nn.softmax(v) for n, v in a.items()}
+
+    @jax.jit
+    def step(state, opt_state, lam, xb, yb):
+        def loss_fn(s):
+            probs = probs_of(s["a"])
+            out = execute(graph, s["w"], xb, quant=quant, qstate=qstate, bit_probs=probs)
+            lat = expected_latency(jnp.stack([probs[n] for n in table.layers]), table)
+            return cross_entropy(out, yb) + lam * lat / reference, lat
+
+        (loss, lat), grads = jax.value_and_grad(loss_fn, has_aux=True)(state)
+        updates, opt_state = opt.update(grads, opt_state, state)
+        lam = jnp.clip(lam * jnp.exp(dual_rate * (lat / budget_s - 1.0)), 1e-4, 1e4)
+        return optax.apply_updates(state, updates), opt_state, lam, loss
+
+    lam_arr = jnp.asarray(lam, jnp.float32)
+    batches = batch_iterator(x, y, batch_size, seed)
+    with _progress(progress, "precision search", steps) as advance:
+        for _ in range(steps):
+            xb, yb = next(batches)
+            state, opt_state, lam_arr, loss = step(state, opt_state, lam_arr, xb, yb)
+            advance(loss)
+    probs = {n: np.asarray(p) for n, p in probs_of(state["a"]).items()}
+    policy = {n: candidates[int(np.argmax(p))] for n, p in probs.items()}
+    return SearchResult(policy, probs, table.latency_s(policy), float(budget_s),
+                        float(lam_arr), state["w"], table)
