@@ -61,10 +61,10 @@ def _cmd_lower(args: argparse.Namespace) -> int:
         write_layers_csv,
     )
 
-    spec = load_npu_spec(args.npu)
-    graph, _, _, meta = load_graph(args.model)
     wbits = _bits(args.weight_bits) if args.weight_bits else 8
     abits = _bits(args.act_bits) if args.act_bits else 8
+    spec = load_npu_spec(args.npu)
+    graph, _, _, _ = load_graph(args.model)
     schedule = lower(graph, spec, weight_bits=wbits, act_bits=abits, dataflow=args.dataflow)
     by_df = {df: lower(graph, spec, weight_bits=wbits, act_bits=abits, dataflow=df)
              for df in DATAFLOWS}

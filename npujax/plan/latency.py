@@ -95,7 +95,7 @@ def layer_costs(
         "latency_cycles": latency,
         "dram_bytes": dram_bytes,
         "folds": jnp.where(is_gemm, groups * g["folds"] * passes, 0),
-        "utilization": jnp.where(is_gemm, g["utilization"] / passes, zero),
+        "utilization": jnp.where(is_gemm, g["utilization"] / passes.astype(jnp.float32), zero),
         "mapping_efficiency": jnp.where(is_gemm, g["mapping_efficiency"], zero),
         "macs": f32(lambda w: w.macs),
     }

@@ -1,0 +1,79 @@
+"""The demo end to end: in-process on a tiny budget, and the full default run through the CLI."""
+
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+
+from npujax.demo.pipeline import DemoConfig, run_demo
+from npujax.graph import load_graph
+
+pytestmark = [pytest.mark.integration, pytest.mark.flax_model]
+
+REPORT_KEYS = {"float_accuracy", "ptq_int8_accuracy", "qat_int8_accuracy", "mixed_precision",
+               "int8_latency_s", "dataflow_latency_s", "layers"}
+LAYER_KEYS = {"name", "op", "M", "K", "N", "macs", "weight_bits", "act_bits", "compute_cycles",
+              "memory_cycles", "latency_s", "bound"}
+
+
+def check_report(report, out):
+    assert REPORT_KEYS <= set(report)
+    assert set(report["dataflow_latency_s"]) == {"weight_stationary", "output_stationary",
+                                                 "input_stationary"}
+    mp = report["mixed_precision"]
+    assert {"weight_bits", "accuracy", "latency_s"} <= set(mp)
+    assert set(mp["weight_bits"]) == {"conv1", "conv2", "fc1", "fc2"}
+    assert all(b in (2, 4, 8) for b in mp["weight_bits"].values())
+    for row in report["layers"]:
+        assert LAYER_KEYS <= set(row)
+    assert sum(r["latency_s"] for r in report["layers"]) == pytest.approx(
+        report["int8_latency_s"], rel=1e-9)
+    assert sum(r["latency_s"] for r in mp["layers"]) == pytest.approx(mp["latency_s"], rel=1e-9)
+    assert report["dataflow_latency_s"][report["dataflow"]] == pytest.approx(
+        report["int8_latency_s"], rel=1e-9)
+    for name in ("report.json", "layers_int8.csv", "layers_mixed.csv", "layer_latency.png",
+                 "dataflow_latency.png", "model.npz"):
+        assert (out / name).stat().st_size > 0, name
+    with open(out / "layers_int8.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["name"] for r in rows] == [r["name"] for r in report["layers"]]
+    assert not list(out.glob(".*.tmp"))  # atomic writes left no temporary files
+    graph, params, qstate, meta = load_graph(out / "model.npz")
+    assert set(qstate) == {"conv1", "conv2", "fc1", "fc2"}
+    assert meta["mixed_precision_policy"] == mp["weight_bits"]
+
+
+def test_demo_tiny_budget(tmp_path):
+    cfg = DemoConfig(out=str(tmp_path), float_epochs=8, qat_steps=40, search_steps=80,
+                     finetune_steps=40, progress=False)
+    report = run_demo(cfg)
+    check_report(report, tmp_path)
+    assert report["float_accuracy"] >= 0.93
+    assert report["qat_int8_accuracy"] >= report["float_accuracy"] - 0.03
+    assert report["mixed_precision"]["latency_s"] < report["int8_latency_s"]
+
+
+def test_demo_cli_default_meets_targets(tmp_path):
+    """The README's main command on the defaults, with the acceptance targets of the issue."""
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "npujax.cli", "demo", "--out", str(out),
+                        "--no-progress"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "latency µs" in r.stdout and "weight_stationary" in r.stdout
+    report = json.loads((out / "report.json").read_text())
+    check_report(report, out)
+    f = report["float_accuracy"]
+    assert f >= 0.97
+    assert report["qat_int8_accuracy"] >= f - 0.01
+    assert report["mixed_precision"]["accuracy"] >= f - 0.02
+    assert report["mixed_precision"]["latency_s"] < report["int8_latency_s"]
+
+    # `npujax lower` on the saved model reproduces the INT8 latency of the report
+    lo = subprocess.run([sys.executable, "-m", "npujax.cli", "lower", str(out / "model.npz"),
+                         "--out", str(tmp_path / "lowered")], capture_output=True, text=True,
+                        timeout=300)
+    assert lo.returncode == 0, lo.stderr
+    sched = json.loads((tmp_path / "lowered" / "schedule.json").read_text())
+    assert sched["latency_s"] == pytest.approx(report["int8_latency_s"], rel=1e-9)
