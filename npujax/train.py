@@ -131,17 +131,28 @@ class _progress:
     """A rich progress bar showing the running loss, or nothing."""
 
     def __init__(self, enabled: bool, description: str, total: int) -> None:
-        self.enabled, self.description, self.total = enabled, description, total
+        import sys
+
+        # A bar only where a person watches (a terminal on stderr); logs and pipes get the
+        # per-stage summary lines the callers print instead of bar residue.
+        self.enabled = enabled and sys.stderr.isatty()
+        self.description, self.total = description, total
 
     def __enter__(self) -> Any:
         if not self.enabled:
             return lambda loss: None
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-        from rich.progress import TimeRemainingColumn
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
 
         self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                              TextColumn("loss {task.fields[loss]}"), TimeRemainingColumn(),
-                             transient=True)
+                             transient=True, console=Console(stderr=True))
         self._bar.__enter__()
         task = self._bar.add_task(self.description, total=self.total, loss="-")
         count = [0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable
 
 import jax
@@ -47,10 +48,12 @@ def calibrate(
     states = None
     count = 0
     it = batches
-    if progress:
+    if progress and sys.stderr.isatty():
+        from rich.console import Console
         from rich.progress import track
 
-        it = track(batches, description="calibrating", transient=True)
+        it = track(batches, description="calibrating", transient=True,
+                   console=Console(stderr=True))
     for x in it:
         taps = run(params, jnp.asarray(x, jnp.float32))
         if states is None:

@@ -52,7 +52,9 @@ def save_graph(
         "source": graph.source,
         "inputs": list(graph.inputs),
         "outputs": list(graph.outputs),
-        "tensors": {k: {"shape": list(t.shape), "dtype": t.dtype} for k, t in graph.tensors.items()},
+        "tensors": {
+            k: {"shape": list(t.shape), "dtype": t.dtype} for k, t in graph.tensors.items()
+        },
         "nodes": nodes,
         "meta": meta or {},
     }

@@ -347,7 +347,8 @@ class _Builder:
                 shape[0] = 0  # keep the batch dimension (ONNX Reshape "copy" semantics)
             return self.add("Reshape", ins[:1], outs, {"shape": shape})
         if p == "transpose":
-            return self.add("Transpose", ins, outs, {"perm": [int(a) for a in e.params["permutation"]]})
+            perm = [int(a) for a in e.params["permutation"]]
+            return self.add("Transpose", ins, outs, {"perm": perm})
         if p in ("reduce_sum", "reduce_max"):
             op = "ReduceSum" if p == "reduce_sum" else "ReduceMax"
             return self.add(op, ins, outs, {"axes": [int(a) for a in e.params["axes"]],
@@ -519,10 +520,15 @@ def trace_flax(
 
         want = np.asarray(reference(x))
         got = np.asarray(execute(graph, params, x))
-        if want.shape != got.shape or not np.allclose(got, want, rtol=1e-4, atol=1e-4):
+        if want.shape != got.shape:
+            diff = f"shape {got.shape} instead of {want.shape}"
+        elif not np.allclose(got, want, rtol=1e-4, atol=1e-4):
+            diff = f"max abs difference {np.max(np.abs(got - want)):.3g}"
+        else:
+            diff = None
+        if diff:
             raise GraphError(
-                "the traced graph does not reproduce the model's output on the example input "
-                f"(max abs difference {np.max(np.abs(got - want)) if got.shape == want.shape else 'shape mismatch'}); "
-                "please report the model so the tracer can be fixed."
+                f"the traced graph does not reproduce the model's output on the example input "
+                f"({diff}); please report the model so the tracer can be fixed."
             )
     return graph, params

@@ -171,7 +171,9 @@ def _per_layer(
         names = {w.name for w in layers}
         unknown = set(value) - names
         if unknown:
-            raise ConfigError(f"{what} names unknown layers {sorted(unknown)}; layers: {sorted(names)}.")
+            raise ConfigError(
+                f"{what} names unknown layers {sorted(unknown)}; layers: {sorted(names)}."
+            )
         return np.asarray([value.get(w.name, default) for w in layers], np.float32)
     return np.full(len(layers), value, np.float32)
 

@@ -42,7 +42,8 @@ def plot_layer_latency(
                 b.set_hatch("//")
     ax.set_xticks(x, names, rotation=30, ha="right")
     ax.set_ylabel("latency (µs)")
-    ax.set_title(title or f"per-layer latency on {schedules[labels[0]].npu} (hatched: memory-bound)")
+    npu = schedules[labels[0]].npu
+    ax.set_title(title or f"per-layer latency on {npu} (hatched: memory-bound)")
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
