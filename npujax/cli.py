@@ -29,11 +29,15 @@ def _bits(text: str) -> int | dict[str, int]:
     try:
         if "=" not in text:
             return int(text)
-        return {k.strip(): int(v) for k, v in (kv.split("=", 1) for kv in text.split(","))}
+        pairs = [kv.split("=", 1) for kv in text.split(",")]
+        out = {k.strip(): int(v) for k, v in pairs}
     except ValueError:
         raise ConfigError(
             f"bad bit-width spec {text!r}; use a number (8) or layer=bits pairs (fc1=4,fc2=8)."
         ) from None
+    if len(out) != len(pairs):
+        raise ConfigError(f"bit-width spec {text!r} names a layer twice.")
+    return out
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -61,10 +65,15 @@ def _cmd_lower(args: argparse.Namespace) -> int:
         write_layers_csv,
     )
 
-    wbits = _bits(args.weight_bits) if args.weight_bits else 8
+    wbits = _bits(args.weight_bits) if args.weight_bits not in (None, "saved") else 8
     abits = _bits(args.act_bits) if args.act_bits else 8
     spec = load_npu_spec(args.npu)
-    graph, _, _, _ = load_graph(args.model)
+    graph, _, _, meta = load_graph(args.model)
+    if args.weight_bits == "saved":
+        if "mixed_precision_policy" not in meta:
+            raise ConfigError(f"{args.model} holds no saved precision policy; pass --weight-bits "
+                              "8 or layer=bits pairs.")
+        wbits = meta["mixed_precision_policy"]
     schedule = lower(graph, spec, weight_bits=wbits, act_bits=abits, dataflow=args.dataflow)
     by_df = {df: lower(graph, spec, weight_bits=wbits, act_bits=abits, dataflow=df)
              for df in DATAFLOWS}
@@ -120,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--npu", default="edge_16x16", help="preset name or TOML path")
     lo.add_argument("--dataflow", help="override the preset's dataflow "
                     "(weight_stationary, output_stationary, input_stationary)")
-    lo.add_argument("--weight-bits", help="8, or per layer: fc1=4,fc2=8")
+    lo.add_argument("--weight-bits", help="8 (default), per layer: fc1=4,fc2=8, or 'saved' for "
+                    "the mixed-precision policy stored in the model file")
     lo.add_argument("--act-bits", help="8, or per layer: conv1=8")
     lo.add_argument("--out", help="write schedule.json, layers.csv and a plot here")
     lo.set_defaults(fn=_cmd_lower)

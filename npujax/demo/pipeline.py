@@ -71,10 +71,13 @@ class DemoConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        for f in ("float_epochs", "batch_size", "calibration_batches", "qat_steps",
-                  "search_steps", "finetune_steps"):
+        flags = {"float_epochs": "--epochs", "qat_steps": "--qat-steps",
+                 "search_steps": "--search-steps", "finetune_steps": "--finetune-steps",
+                 "batch_size": None, "calibration_batches": None}
+        for f, flag in flags.items():
             if getattr(self, f) < 1:
-                raise ConfigError(f"DemoConfig.{f} must be >= 1, got {getattr(self, f)}.")
+                name = f"{flag} ({f})" if flag else f
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, f)}.")
 
 
 def default_out_dir() -> Path:
@@ -123,7 +126,11 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
     t0 = time.perf_counter()
     spec: NpuSpec = load_npu_spec(config.npu)
     out = Path(config.out) if config.out else default_out_dir()
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"cannot create output folder {str(out)!r}: {e.strerror}; "
+                          "pass another --out.") from None
     data = load_digits_nhwc(seed=config.seed)
     console.print(f"[bold]npujax demo[/] — digits {len(data.x_train)} train / "
                   f"{len(data.x_test)} test, NPU preset [cyan]{spec.name}[/], output {out}")

@@ -19,7 +19,8 @@ def plot_layer_latency(
 ) -> None:
     """Grouped bars of per-layer latency (µs), one group per layer and one bar per schedule.
 
-    Memory-bound layers are hatched, so a reader sees where DRAM bandwidth is the bottleneck.
+    Memory-bound layers are hatched ``//`` and CPU-fallback layers ``xx``, so a reader sees where
+    DRAM bandwidth or operator support is the bottleneck.
     All schedules must have the same layers (e.g. INT8 vs mixed precision, or dataflows).
     """
     import matplotlib
@@ -32,19 +33,28 @@ def plot_layer_latency(
     x = np.arange(len(names))
     width = 0.8 / len(labels)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(names) + 2), 4.2))
+    from matplotlib.patches import Patch
+
+    handles = []
     for i, label in enumerate(labels):
         rows = schedules[label].layers
         lat = [r.latency_s * 1e6 for r in rows]
-        bars = ax.bar(x + (i - (len(labels) - 1) / 2) * width, lat, width,
-                      label=f"{label} (total {schedules[label].latency_s * 1e6:.2f} µs)")
+        color = f"C{i}"
+        bars = ax.bar(x + (i - (len(labels) - 1) / 2) * width, lat, width, color=color)
         for b, r in zip(bars, rows):
             if r.bound == "memory":
                 b.set_hatch("//")
+            elif r.bound == "fallback":
+                b.set_hatch("xx")
+        handles.append(Patch(color=color,
+                             label=f"{label} (total {schedules[label].latency_s * 1e6:.2f} µs)"))
+    handles += [Patch(facecolor="white", edgecolor="black", hatch="//", label="memory-bound"),
+                Patch(facecolor="white", edgecolor="black", hatch="xx", label="CPU fallback")]
     ax.set_xticks(x, names, rotation=30, ha="right")
     ax.set_ylabel("latency (µs)")
     npu = schedules[labels[0]].npu
-    ax.set_title(title or f"per-layer latency on {npu} (hatched: memory-bound)")
-    ax.legend(fontsize=8)
+    ax.set_title(title or f"per-layer latency on {npu}")
+    ax.legend(handles=handles, fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     buf = io.BytesIO()

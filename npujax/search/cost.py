@@ -23,7 +23,7 @@ import numpy as np
 
 from npujax.graph.ir import Graph
 from npujax.hw.spec import NpuSpec
-from npujax.plan.latency import layer_costs
+from npujax.plan.latency import HwParams, layer_costs
 from npujax.plan.workload import workloads
 
 __all__ = ["LatencyTable", "latency_table", "expected_latency"]
@@ -70,12 +70,14 @@ def latency_table(
     Returns:
       A :class:`LatencyTable`.
     """
-    layers = workloads(graph)
+    layers = workloads(graph, spec)
     gemm = [i for i, w in enumerate(layers) if w.kind == "gemm"]
+    hw = HwParams.from_spec(spec)
+    df = dataflow or spec.array.dataflow
     cols = []
     for b in candidates:
-        c = layer_costs(layers, spec, jnp.full(len(layers), float(b)),
-                        jnp.full(len(layers), float(act_bits)), dataflow)
+        c = layer_costs(layers, hw, jnp.full(len(layers), float(b)),
+                        jnp.full(len(layers), float(act_bits)), df)
         cols.append(c["latency_cycles"] / spec.array.clock_hz)
     table = jnp.stack(cols, axis=1)  # [all layers, n]
     fixed = float(sum(float(table[i, 0]) for i in range(len(layers)) if i not in gemm))
