@@ -60,7 +60,9 @@ def _cmd_lower(args: argparse.Namespace) -> int:
     from npujax.report import (
         dataflow_table,
         layer_table,
+        plot_breakdown,
         plot_layer_latency,
+        plot_roofline,
         write_json,
         write_layers_csv,
     )
@@ -87,7 +89,11 @@ def _cmd_lower(args: argparse.Namespace) -> int:
                                            {df: s.latency_s for df, s in by_df.items()}})
         write_layers_csv(out / "layers.csv", schedule)
         plot_layer_latency(out / "layer_latency.png", {schedule.dataflow: schedule})
-        console.print(f"wrote {out}/schedule.json, layers.csv, layer_latency.png")
+        plot_breakdown(out / "breakdown.png", schedule)
+        plot_roofline(out / "roofline.png", schedule, spec.peak_macs_per_s,
+                      spec.memory.dram_bytes_per_s)
+        console.print(f"wrote {out}/schedule.json, layers.csv, layer_latency.png, "
+                      "breakdown.png, roofline.png")
     return 0
 
 
@@ -132,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--weight-bits", help="8 (default), per layer: fc1=4,fc2=8, or 'saved' for "
                     "the mixed-precision policy stored in the model file")
     lo.add_argument("--act-bits", help="8, or per layer: conv1=8")
-    lo.add_argument("--out", help="write schedule.json, layers.csv and a plot here")
+    lo.add_argument("--out", help="write schedule.json, layers.csv and plots (per-layer latency, "
+                    "stacked breakdown, roofline) here")
     lo.set_defaults(fn=_cmd_lower)
 
     pr = sub.add_parser("presets", help="list the installed hardware presets")

@@ -6,6 +6,7 @@ from npujax.plan.latency import LayerReport as LayerReport
 from npujax.plan.latency import Schedule as Schedule
 from npujax.plan.latency import layer_costs as layer_costs
 from npujax.plan.latency import lower as lower
+from npujax.plan.liveness import peak_activation_bytes as peak_activation_bytes
 from npujax.plan.workload import Workload as Workload
 from npujax.plan.workload import workloads as workloads
 
@@ -18,4 +19,5 @@ __all__ = [
     "LayerReport",
     "Schedule",
     "BREAKDOWN",
+    "peak_activation_bytes",
 ]

@@ -45,6 +45,7 @@ import numpy as np
 from npujax.errors import ConfigError, QuantizationError
 from npujax.graph.ir import Graph
 from npujax.hw.spec import NpuSpec
+from npujax.plan.liveness import peak_activation_bytes
 from npujax.plan.workload import Workload, workloads
 from npujax.systolic.dataflow import gemm_cycles, get_dataflow
 
@@ -247,6 +248,7 @@ class Schedule:
     clock_hz: float
     batch: int
     layers: tuple[LayerReport, ...]
+    peak_activation_bytes: int = 0
 
     @property
     def latency_s(self) -> float:
@@ -283,6 +285,7 @@ class Schedule:
             "latency_cycles": self.latency_cycles,
             "throughput_per_s": self.throughput_per_s,
             "macs": self.macs,
+            "peak_activation_bytes": self.peak_activation_bytes,
             "breakdown_s": self.breakdown_s(),
             "layers": [
                 {**dataclasses.asdict(r), "epilogue": list(r.epilogue)} for r in self.layers
@@ -377,4 +380,6 @@ def lower(
             )
         )
     batch = int(graph.tensors[graph.inputs[0]].shape[0]) if graph.inputs else 1
-    return Schedule(spec.name, df.name, clock, batch, tuple(reports))
+    act = int(act_bits) if not isinstance(act_bits, Mapping) else int(max(ab, default=8))
+    return Schedule(spec.name, df.name, clock, batch, tuple(reports),
+                    peak_activation_bytes(graph, act))

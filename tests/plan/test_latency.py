@@ -202,3 +202,12 @@ def test_layer_costs_grad_and_vmap_over_hardware(graph, edge_spec):
 def test_unknown_layer_in_bits(graph, edge_spec):
     with pytest.raises(ConfigError, match="unknown layers"):
         lower(graph, edge_spec, weight_bits={"nope": 4})
+
+
+def test_peak_activation_bytes(graph, edge_spec):
+    from npujax.plan import peak_activation_bytes
+
+    # conv1 output (8*8*16) and conv2 output (8*8*32) are alive together at 8 bits
+    assert peak_activation_bytes(graph, 8) == 8 * 8 * 16 + 8 * 8 * 32
+    assert peak_activation_bytes(graph, 16) == 2 * (8 * 8 * 16 + 8 * 8 * 32)
+    assert lower(graph, edge_spec).peak_activation_bytes == 3072
