@@ -76,9 +76,9 @@ def _cmd_lower(args: argparse.Namespace) -> int:
             raise ConfigError(f"{args.model} holds no saved precision policy; pass --weight-bits "
                               "8 or layer=bits pairs.")
         wbits = meta["mixed_precision_policy"]
-    schedule = lower(graph, spec, weight_bits=wbits, act_bits=abits, dataflow=args.dataflow)
-    by_df = {df: lower(graph, spec, weight_bits=wbits, act_bits=abits, dataflow=df)
-             for df in DATAFLOWS}
+    kw = dict(weight_bits=wbits, act_bits=abits, batch=args.batch)
+    schedule = lower(graph, spec, dataflow=args.dataflow, **kw)
+    by_df = {df: lower(graph, spec, dataflow=df, **kw) for df in DATAFLOWS}
     console = _console()
     console.print(layer_table(schedule, f"{Path(args.model).name} on {spec.name} "
                                         f"({schedule.dataflow})"))
@@ -138,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--weight-bits", help="8 (default), per layer: fc1=4,fc2=8, or 'saved' for "
                     "the mixed-precision policy stored in the model file")
     lo.add_argument("--act-bits", help="8, or per layer: conv1=8")
+    lo.add_argument("--batch", type=int, help="inference batch size (default: the model's)")
     lo.add_argument("--out", help="write schedule.json, layers.csv and plots (per-layer latency, "
                     "stacked breakdown, roofline) here")
     lo.set_defaults(fn=_cmd_lower)

@@ -13,6 +13,7 @@ from npujax.graph.ir import TensorType as TensorType
 from npujax.graph.passes import fold_batchnorm as fold_batchnorm
 from npujax.graph.passes import fuse_epilogues as fuse_epilogues
 from npujax.graph.passes import optimize as optimize
+from npujax.graph.passes import rebatch as rebatch
 from npujax.graph.serialize import load_graph as load_graph
 from npujax.graph.serialize import save_graph as save_graph
 from npujax.graph.trace_flax import trace_flax as trace_flax
@@ -32,6 +33,7 @@ __all__ = [
     "fold_batchnorm",
     "fuse_epilogues",
     "optimize",
+    "rebatch",
     "save_graph",
     "load_graph",
 ]

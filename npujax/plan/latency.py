@@ -44,6 +44,7 @@ import numpy as np
 
 from npujax.errors import ConfigError, QuantizationError
 from npujax.graph.ir import Graph
+from npujax.graph.passes import rebatch
 from npujax.hw.spec import NpuSpec
 from npujax.plan.liveness import peak_activation_bytes
 from npujax.plan.workload import Workload, workloads
@@ -332,6 +333,7 @@ def lower(
     weight_bits: int | Mapping[str, int] = 8,
     act_bits: int | Mapping[str, int] = 8,
     dataflow: str | None = None,
+    batch: int | None = None,
 ) -> Schedule:
     """Lower ``graph`` onto ``spec`` and return the per-layer :class:`Schedule`.
 
@@ -342,6 +344,7 @@ def lower(
       weight_bits: one width or ``{layer: bits}`` (layers not named get 8).
       act_bits: one width or ``{layer: bits}``.
       dataflow: overrides the preset's dataflow (``weight_stationary`` etc.).
+      batch: inference batch size (default: the graph's own; see :func:`npujax.graph.rebatch`).
 
     Returns:
       The :class:`Schedule`; its per-layer ``latency_s`` sum to ``Schedule.latency_s``.
@@ -350,6 +353,8 @@ def lower(
       ConfigError: unknown dataflow or layer names, or weight bits for a layer without weights.
       QuantizationError: a bit width that is not a whole number in [2, 16].
     """
+    if batch is not None:
+        graph = rebatch(graph, batch)
     layers = workloads(graph, spec)
     wb = _per_layer(weight_bits, layers, "weight_bits", 8, weights_only=True)
     ab = _per_layer(act_bits, layers, "act_bits", 8)

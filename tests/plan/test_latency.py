@@ -211,3 +211,16 @@ def test_peak_activation_bytes(graph, edge_spec):
     assert peak_activation_bytes(graph, 8) == 8 * 8 * 16 + 8 * 8 * 32
     assert peak_activation_bytes(graph, 16) == 2 * (8 * 8 * 16 + 8 * 8 * 32)
     assert lower(graph, edge_spec).peak_activation_bytes == 3072
+
+
+def test_batch_scales_gemm_rows_and_throughput(graph, edge_spec):
+    one = lower(graph, edge_spec)
+    eight = lower(graph, edge_spec, batch=8)
+    r1 = {r.name: r for r in one.layers}
+    r8 = {r.name: r for r in eight.layers}
+    assert r8["conv2"].M == 8 * r1["conv2"].M and r8["fc1"].M == 8
+    assert eight.batch == 8 and eight.latency_s > one.latency_s
+    # weights are read once per batch, so batching raises throughput on the memory-bound fc1
+    assert eight.throughput_per_s > one.throughput_per_s
+    with pytest.raises(ConfigError):
+        lower(graph, edge_spec, batch=0)
