@@ -2,6 +2,7 @@
 
 from npujax.hw.spec import DATAFLOWS as DATAFLOWS
 from npujax.hw.spec import LAYOUTS as LAYOUTS
+from npujax.hw.spec import PRECISION_SCALINGS as PRECISION_SCALINGS
 from npujax.hw.spec import ArraySpec as ArraySpec
 from npujax.hw.spec import HostSpec as HostSpec
 from npujax.hw.spec import LayoutSpec as LayoutSpec
@@ -21,6 +22,7 @@ __all__ = [
     "OpsSpec",
     "HostSpec",
     "LAYOUTS",
+    "PRECISION_SCALINGS",
     "NpuSpec",
     "DATAFLOWS",
     "load_npu_spec",

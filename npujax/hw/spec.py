@@ -5,7 +5,8 @@ Hardware is data. Every numeric field carries its unit in its name (``clock_hz``
 
     name = "edge_16x16"
     description = "..."
-    [array]    rows, cols, dataflow, clock_hz, operand_bits, accumulator_bits, cores
+    [array]    rows, cols, dataflow, clock_hz, operand_bits, accumulator_bits, cores,
+               precision_scaling, brick_bits
     [memory]   ifmap_sram_bytes, filter_sram_bytes, ofmap_sram_bytes, dram_bytes_per_s,
                dram_latency_s
     [vector]   lanes
@@ -46,6 +47,7 @@ __all__ = [
     "NpuSpec",
     "DATAFLOWS",
     "LAYOUTS",
+    "PRECISION_SCALINGS",
     "load_npu_spec",
     "npu_spec_from_dict",
     "list_presets",
@@ -55,6 +57,8 @@ __all__ = [
 DATAFLOWS = ("weight_stationary", "output_stationary", "input_stationary")
 #: Activation layouts an NPU may keep in its memory.
 LAYOUTS = ("NHWC", "NCHW", "NC1HWC0")
+#: How the MAC array's speed depends on operand bit widths (see :class:`ArraySpec`).
+PRECISION_SCALINGS = ("fixed", "bit_composable", "bit_serial")
 
 
 def _field(*, zero_ok: bool = False, choices: tuple[str, ...] | None = None, default=None):
@@ -76,6 +80,17 @@ class ArraySpec:
         ``ceil(w/operand_bits) * ceil(a/operand_bits)`` passes.
       accumulator_bits: width of the partial sums (bits), e.g. 32.
       cores: number of identical NPU cores sharing the DRAM bandwidth, >= 1.
+      precision_scaling: how narrower operands speed the array up:
+
+        * ``fixed`` — a fixed-width int array: narrower operands run at the same speed, wider
+          ones take ``ceil(w/operand_bits) * ceil(a/operand_bits)`` passes;
+        * ``bit_composable`` — Bit Fusion (Sharma et al., ISCA 2018): each PE is a Fusion Unit
+          of ``(operand_bits/brick_bits)^2`` BitBricks that fuse into
+          ``(operand_bits/brick_bits)^2 / (ceil(w/brick_bits) * ceil(a/brick_bits))`` MACs
+          per cycle, so streaming time scales by the inverse;
+        * ``bit_serial`` — Loom (Sharify et al., DAC 2018): weights and activations are
+          processed bit-serially, streaming time scales by ``w * a / operand_bits^2``.
+      brick_bits: operand width of a BitBrick for ``bit_composable`` (e.g. 2); ignored otherwise.
     """
 
     rows: int = _field()
@@ -85,6 +100,8 @@ class ArraySpec:
     operand_bits: int = _field()
     accumulator_bits: int = _field()
     cores: int = _field()
+    precision_scaling: str = _field(choices=PRECISION_SCALINGS)
+    brick_bits: int = _field()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -17,11 +17,21 @@ and writes its output back. ``memory_cycles = dram_bytes / (dram_bytes_per_s / c
 Compute and DMA are double-buffered and overlap, so the DMA only shows as ``stall_cycles =
 max(0, memory - compute)``; the first access latency is exposed once per layer (``dma_cycles``).
 
+**Precision.** How operand widths change the array's speed is the preset's
+``precision_scaling``: ``fixed`` arrays take ``passes`` for operands wider than
+``operand_bits`` and gain nothing below it; ``bit_composable`` arrays (Bit Fusion) divide the
+streaming time by ``(operand_bits/brick_bits)^2 / (ceil(w/brick_bits) * ceil(a/brick_bits))``;
+``bit_serial`` arrays (Loom) multiply it by ``w * a / operand_bits^2``; fill/drain is unchanged.
+A GEMM's output stage requantizes to the width its (first) consumer wants for free and vector
+layers keep their width, so a chain of layers never converts; a tensor read at two widths (e.g. a
+residual branch at 4 bits next to an 8-bit skip path) costs its second consumer a conversion pass
+on the vector unit (``convert_cycles``: read at one width, write at the other).
+
 **CPU layers** (operators the NPU does not support): ``fallback_cycles = cpu_ops /
 cpu_ops_per_s`` and ``transfer_cycles = link_transfers x link_latency + link_bytes /
 link_bytes_per_s`` (inputs produced on the NPU go to the host, outputs used on the NPU come back).
 
-``latency = compute + dma + stall + fallback + transfer`` exactly (the breakdown
+``latency = compute + convert + dma + stall + fallback + transfer`` exactly (the breakdown
 :data:`BREAKDOWN` splits compute into streaming and fill/drain), so it is never
 below the roofline bound ``max(MACs / peak, bytes / bandwidth)`` (Williams, Waterman and Patterson,
 "Roofline", CACM 2009); ``bound`` is ``compute``, ``memory`` or ``fallback``.
@@ -54,7 +64,7 @@ __all__ = ["HwParams", "LayerReport", "Schedule", "layer_costs", "lower", "BREAK
 
 #: The latency components of a layer; they sum exactly to its latency. ``compute`` is the
 #: streaming part of ``compute_cycles`` (the rest is ``fill_drain``).
-BREAKDOWN = ("compute", "fill_drain", "dma", "stall", "fallback", "transfer")
+BREAKDOWN = ("compute", "fill_drain", "convert", "dma", "stall", "fallback", "transfer")
 
 
 class HwParams(NamedTuple):
@@ -73,6 +83,7 @@ class HwParams(NamedTuple):
     dram_latency_s: Any
     dram_burst_bytes: Any
     lanes: Any
+    brick_bits: Any
     cpu_ops_per_s: Any
     link_bytes_per_s: Any
     link_latency_s: Any
@@ -88,6 +99,7 @@ class HwParams(NamedTuple):
             operand_bits=f32(a.operand_bits), accumulator_bits=f32(a.accumulator_bits),
             dram_bytes_per_s=f32(m.dram_bytes_per_s), dram_latency_s=f32(m.dram_latency_s),
             dram_burst_bytes=f32(spec.layout.dram_burst_bytes), lanes=i32(spec.vector.lanes),
+            brick_bits=f32(a.brick_bits),
             cpu_ops_per_s=f32(h.cpu_ops_per_s), link_bytes_per_s=f32(h.link_bytes_per_s),
             link_latency_s=f32(h.link_latency_s),
         )
@@ -95,6 +107,15 @@ class HwParams(NamedTuple):
 
 def _ceil_div(a, b):
     return -(-a // b)
+
+
+def _first_consumers(layers: Sequence[Workload]) -> jax.Array:
+    """Index of the first layer reading each layer's output (-1 if none), static int32 [L]."""
+    first = [-1] * len(layers)
+    for j, w in enumerate(layers):
+        if w.producer >= 0 and first[w.producer] < 0:
+            first[w.producer] = j
+    return jnp.asarray(first, jnp.int32)
 
 
 def _bursts(nbytes, burst):
@@ -109,6 +130,7 @@ def layer_costs(
     weight_bits: jax.Array,
     act_bits: jax.Array,
     dataflow: str,
+    precision_scaling: str = "fixed",
 ) -> dict[str, jax.Array]:
     """Vectorised cost of ``layers`` (pure jnp; jit/vmap over ``hw``, grad w.r.t. the bits).
 
@@ -118,10 +140,13 @@ def layer_costs(
       weight_bits: float32 ``[L]`` weight width per layer (ignored for non-GEMM layers).
       act_bits: float32 ``[L]`` activation width per layer.
       dataflow: dataflow name (static).
+      precision_scaling: ``fixed``, ``bit_composable`` or ``bit_serial`` (static; see the
+        module docstring).
 
     Returns:
       dict of ``[L]`` arrays: ``compute_cycles`` (int32, exact: array or vector-unit cycles incl.
-      fill/drain), ``fill_drain_cycles`` (int32), and float32 ``dma_cycles``, ``stall_cycles``,
+      fill/drain), ``fill_drain_cycles`` (int32), and float32 ``convert_cycles``, ``dma_cycles``,
+      ``stall_cycles``,
       ``fallback_cycles``, ``transfer_cycles``, ``latency_cycles`` (their sum with compute),
       ``memory_cycles``, ``dram_bytes``; ``folds`` (int32); ``utilization`` and
       ``mapping_efficiency`` (float32; 0 for non-GEMM layers).
@@ -142,10 +167,24 @@ def layer_costs(
     by_n = gemm_cycles(M, K, _ceil_div(N, cores), R, C, df)
     use_m = by_m["compute_cycles"] <= by_n["compute_cycles"]
     g = jax.tree.map(lambda a, b: jnp.where(use_m, a, b), by_m, by_n)
-    passes = (jnp.ceil(wb / hw.operand_bits) * jnp.ceil(ab / hw.operand_bits)).astype(jnp.int32)
-    gemm_total = groups * g["compute_cycles"] * passes
+    ob = hw.operand_bits
+    passes = (jnp.ceil(wb / ob) * jnp.ceil(ab / ob)).astype(jnp.int32)
     fd_per_fold = df.fill_cycles(R, C) + df.drain_cycles(R, C)
-    gemm_fill_drain = groups * g["folds"] * fd_per_fold * passes
+    fill_drain_1 = g["folds"] * fd_per_fold
+    stream_1 = (g["compute_cycles"] - fill_drain_1).astype(jnp.float32)
+    if precision_scaling == "fixed":
+        scale = jnp.ones_like(wb)
+    elif precision_scaling == "bit_composable":
+        b = hw.brick_bits
+        w_eff, a_eff = jnp.minimum(wb, ob), jnp.minimum(ab, ob)
+        scale = jnp.ceil(w_eff / b) * jnp.ceil(a_eff / b) / jnp.square(ob / b)
+    elif precision_scaling == "bit_serial":
+        scale = jnp.minimum(wb, ob) * jnp.minimum(ab, ob) / jnp.square(ob)
+    else:
+        raise ConfigError(f"unknown precision_scaling {precision_scaling!r}.")
+    stream = jnp.ceil(stream_1 * scale).astype(jnp.int32)
+    gemm_total = groups * (fill_drain_1 + stream) * passes
+    gemm_fill_drain = groups * fill_drain_1 * passes
     vec_cycles = _ceil_div(i32(lambda w: w.vector_ops), hw.lanes * cores)
     total_compute = jnp.where(is_gemm, gemm_total, jnp.where(on_npu, vec_cycles, 0))
     fill_drain = jnp.where(is_gemm, gemm_fill_drain, 0)
@@ -163,6 +202,22 @@ def layer_costs(
     stall = jnp.maximum(memory - tc, 0.0)
     dma = jnp.where(on_npu, hw.dram_latency_s * hw.clock_hz, 0.0) * jnp.ones_like(memory)
 
+    # precision conversion: a GEMM's output stage requantizes to the width of its first consumer
+    # for free; a vector layer keeps its width. A consumer wanting another width pays a pass.
+    first = _first_consumers(layers)
+    out_width = jnp.where(jnp.asarray([w.kind == "gemm" for w in layers]) & (first >= 0),
+                          ab[jnp.maximum(first, 0)], ab)
+    prod = jnp.asarray([max(w.producer, 0) for w in layers], jnp.int32)
+    has_prod = jnp.asarray([w.producer >= 0 for w in layers])
+    a_in = jnp.where(has_prod, out_width[prod], ab)
+    needs = has_prod & on_npu & (a_in != ab)
+    in_elems = f32(lambda w: w.in_elems)
+    conv_bytes = _bursts(in_elems * a_in / 8.0, burst) + _bursts(in_elems * ab / 8.0, burst)
+    conv_cycles = jnp.maximum(_ceil_div(i32(lambda w: w.in_elems), hw.lanes * cores)
+                              .astype(jnp.float32),
+                              conv_bytes / (hw.dram_bytes_per_s / hw.clock_hz))
+    convert = jnp.where(needs, conv_cycles, 0.0)
+
     cpu = ~on_npu
     fallback = jnp.where(cpu, f32(lambda w: w.cpu_ops) / hw.cpu_ops_per_s * hw.clock_hz, 0.0)
     link_bytes = (f32(lambda w: w.link_in_elems) + f32(lambda w: w.link_out_elems)) * ab / 8.0
@@ -172,7 +227,7 @@ def layer_costs(
          + link_bytes / hw.link_bytes_per_s) * hw.clock_hz,
         0.0,
     )
-    latency = tc + dma + stall + fallback + transfer
+    latency = tc + convert + dma + stall + fallback + transfer
     zero = jnp.zeros_like(memory)
     pes = (R * C * cores).astype(jnp.float32)
     macs = f32(lambda w: w.macs)
@@ -180,6 +235,7 @@ def layer_costs(
     return {
         "compute_cycles": total_compute,
         "fill_drain_cycles": fill_drain,
+        "convert_cycles": convert,
         "dma_cycles": dma,
         "stall_cycles": stall,
         "fallback_cycles": fallback,
@@ -198,7 +254,8 @@ class LayerReport:
     """One row of the per-layer table (all figures for the whole layer, all groups, all cores).
 
     Cycle figures are array clock cycles; ``latency_s = latency_cycles / clock_hz`` and
-    ``latency_cycles = compute + dma + stall + fallback + transfer`` (see :meth:`breakdown`).
+    ``latency_cycles = compute + convert + dma + stall + fallback + transfer`` (see
+    :meth:`breakdown`).
     """
 
     name: str
@@ -214,6 +271,7 @@ class LayerReport:
     act_bits: int
     compute_cycles: int
     fill_drain_cycles: int
+    convert_cycles: float
     dma_cycles: float
     stall_cycles: float
     fallback_cycles: float
@@ -233,6 +291,7 @@ class LayerReport:
         return {
             "compute": float(self.compute_cycles - self.fill_drain_cycles),
             "fill_drain": float(self.fill_drain_cycles),
+            "convert": self.convert_cycles,
             "dma": self.dma_cycles,
             "stall": self.stall_cycles,
             "fallback": self.fallback_cycles,
@@ -321,9 +380,9 @@ def _per_layer(
 
 
 @functools.lru_cache(maxsize=64)
-def _jitted_costs(layers: tuple[Workload, ...], dataflow: str):
+def _jitted_costs(layers: tuple[Workload, ...], dataflow: str, precision_scaling: str):
     """One compiled cost function per (workloads, dataflow); hardware and bits stay traced."""
-    return jax.jit(lambda hw, w, a: layer_costs(layers, hw, w, a, dataflow))
+    return jax.jit(lambda hw, w, a: layer_costs(layers, hw, w, a, dataflow, precision_scaling))
 
 
 def lower(
@@ -358,8 +417,21 @@ def lower(
     layers = workloads(graph, spec)
     wb = _per_layer(weight_bits, layers, "weight_bits", 8, weights_only=True)
     ab = _per_layer(act_bits, layers, "act_bits", 8)
+    if isinstance(act_bits, Mapping):
+        # vector layers not named run at the width their consumer wants (else their producer's)
+        first = np.asarray(_first_consumers(layers))
+        for i in reversed(range(len(layers))):
+            w = layers[i]
+            if w.name in act_bits or w.kind == "gemm":
+                continue
+            if first[i] >= 0:
+                ab[i] = ab[first[i]]
+        for i, w in enumerate(layers):
+            if w.name not in act_bits and w.kind != "gemm" and first[i] < 0 and w.producer >= 0:
+                ab[i] = ab[w.producer]
     df = get_dataflow(dataflow or spec.array.dataflow)
-    costs = _jitted_costs(tuple(layers), df.name)(HwParams.from_spec(spec), wb, ab)
+    costs = _jitted_costs(tuple(layers), df.name, spec.array.precision_scaling)(
+        HwParams.from_spec(spec), wb, ab)
     costs = jax.tree.map(np.asarray, costs)
     clock = spec.array.clock_hz
     reports = []
@@ -376,7 +448,8 @@ def lower(
                 weight_bits=int(wb[i]) if w.kind == "gemm" else None, act_bits=int(ab[i]),
                 compute_cycles=int(costs["compute_cycles"][i]),
                 fill_drain_cycles=int(costs["fill_drain_cycles"][i]),
-                dma_cycles=c["dma_cycles"], stall_cycles=c["stall_cycles"],
+                convert_cycles=c["convert_cycles"], dma_cycles=c["dma_cycles"],
+                stall_cycles=c["stall_cycles"],
                 fallback_cycles=c["fallback_cycles"], transfer_cycles=c["transfer_cycles"],
                 latency_cycles=c["latency_cycles"], latency_s=c["latency_cycles"] / clock,
                 memory_cycles=c["memory_cycles"], bound=bound,

@@ -51,6 +51,8 @@ class Workload:
       cpu_ops: operations if run on the CPU (2 per MAC).
       link_in_elems, link_out_elems, link_transfers: host-link traffic of a CPU layer.
       epilogue: activations applied in the layer's output stage.
+      producer: index (in the workload list) of the layer that produced this layer's first
+        activation input, -1 for a graph input; used to cost precision conversions.
     """
 
     name: str
@@ -73,6 +75,7 @@ class Workload:
     link_out_elems: int = 0
     link_transfers: int = 0
     epilogue: tuple[str, ...] = ()
+    producer: int = -1
 
 
 def _pad(c: int, align: int) -> int:
@@ -192,6 +195,7 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
     m_layout = model_layout(graph)
     npu_layout = spec.layout.activation_layout if spec else m_layout
     device: dict[str, str] = {t: "npu" for t in graph.inputs}
+    made_by: dict[str, int] = {}
     device.update({t: "const" for t in graph.constants})
     rows: list[Workload] = []
     pending_layout_in: set[str] = set(graph.inputs)
@@ -206,13 +210,15 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
         n = act_elems(t)
         target = npu_layout if direction == "in" else m_layout
         rows.append(Workload(f"{t}:{direction}", f"To{target}", "layout", in_elems=n,
-                             out_elems=n, vector_ops=n))
+                             out_elems=n, vector_ops=n, producer=made_by.get(t, -1)))
 
     placements = {n.name: _placement(n, spec) for n in graph.nodes if n.op not in FREE_OPS}
     for node in graph.nodes:
         if node.op in FREE_OPS:
             for t in node.outputs:
                 device[t] = device.get(node.inputs[0], "npu")
+                if node.inputs[0] in made_by:
+                    made_by[t] = made_by[node.inputs[0]]
             continue
         reason = placements[node.name]
         dev = "cpu" if reason else "npu"
@@ -253,7 +259,8 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
         fused = tuple(e for e in epilogue if spec is None or e in spec.ops.fused_activations)
         rows.append(Workload(node.name, node.op, kind, device=dev, reason=reason,
                              in_elems=elems_in, out_elems=y_elems,
-                             epilogue=fused if dev == "npu" else epilogue, **base, **link))
+                             epilogue=fused if dev == "npu" else epilogue,
+                             producer=made_by.get(ins[0], -1) if ins else -1, **base, **link))
         if dev == "npu":
             for e in epilogue:
                 if e in fused:
@@ -267,9 +274,10 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
                                      reason="" if e_dev == "npu" else
                                      f"{e} not supported by {spec.name}",
                                      in_elems=n_out, out_elems=n_out, vector_ops=n_out,
-                                     cpu_ops=n_out, **extra))
+                                     cpu_ops=n_out, producer=len(rows) - 1, **extra))
         for t in node.outputs:
             device[t] = dev
+            made_by[t] = len(rows) - 1
     for t in graph.outputs:
         if device.get(t) == "npu":
             layout_row(t, "out")

@@ -60,8 +60,8 @@ def plot_layer_latency(
     _save(fig, path)
 
 
-_BREAKDOWN_COLORS = {"compute": "C0", "fill_drain": "C9", "dma": "C7", "stall": "C3",
-                     "fallback": "C1", "transfer": "C5"}
+_BREAKDOWN_COLORS = {"compute": "C0", "fill_drain": "C9", "convert": "C8", "dma": "C7",
+                     "stall": "C3", "fallback": "C1", "transfer": "C5"}
 
 
 def plot_breakdown(path: str | os.PathLike[str], schedule: Schedule, title: str = "") -> None:

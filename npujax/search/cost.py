@@ -77,7 +77,8 @@ def latency_table(
     cols = []
     for b in candidates:
         c = layer_costs(layers, hw, jnp.full(len(layers), float(b)),
-                        jnp.full(len(layers), float(act_bits)), df)
+                        jnp.full(len(layers), float(act_bits)), df,
+                        spec.array.precision_scaling)
         cols.append(c["latency_cycles"] / spec.array.clock_hz)
     table = jnp.stack(cols, axis=1)  # [all layers, n]
     fixed = float(sum(float(table[i, 0]) for i in range(len(layers)) if i not in gemm))
