@@ -97,6 +97,44 @@ def _cmd_lower(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_search(args: argparse.Namespace) -> int:
+    from npujax.demo.data import load_digits_nhwc
+    from npujax.graph import load_graph
+    from npujax.hw import load_npu_spec
+    from npujax.search import save_policy, search_precision
+
+    cands = _int_list(args.candidates, "--candidates")
+    acts = _int_list(args.act_candidates, "--act-candidates")
+    spec = load_npu_spec(args.npu)
+    graph, params, qstate, _ = load_graph(args.model)
+    if not qstate:
+        raise ConfigError(f"{args.model} has no calibration state; save the model with its "
+                          "qstate (as 'npujax demo' does).")
+    data = load_digits_nhwc(seed=args.seed)
+    policy = search_precision(
+        graph, params, spec, data.x_train, data.y_train, qstate, method=args.method,
+        budget_s=args.budget_latency, budget_ratio=args.budget_ratio, candidates=cands,
+        act_candidates=acts, steps=args.steps, sensitivity_samples=args.sensitivity_samples,
+        seed=args.seed, progress=True)
+    m = policy.meta
+    print(f"{m['method']} on {m['npu']}: latency {m['latency_s'] * 1e6:.3f} µs "
+          f"(budget {m['budget_s'] * 1e6:.3f} µs, INT8 {m['int8_latency_s'] * 1e6:.3f} µs, "
+          f"{m['speedup_vs_int8']:.2f}x faster)")
+    for layer in policy.weight_bits:
+        print(f"  {layer:<16} W{policy.weight_bits[layer]} A{policy.act_bits[layer]}")
+    save_policy(args.out, policy)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _int_list(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise ConfigError(
+            f"{flag} takes comma-separated integers (e.g. 2,4,8), got {text!r}.") from None
+
+
 def _cmd_presets(args: argparse.Namespace) -> int:
     from npujax.hw import list_presets, load_npu_spec
 
@@ -142,6 +180,29 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--out", help="write schedule.json, layers.csv and plots (per-layer latency, "
                     "stacked breakdown, roofline) here")
     lo.set_defaults(fn=_cmd_lower)
+
+    se = sub.add_parser("search", help="choose per-layer bit widths for a latency budget",
+                        description="Mixed-precision search on a saved model (model.npz from "
+                                    "'npujax demo', trained on the digits data): per-layer "
+                                    "weight/activation widths that meet a latency budget on "
+                                    "the NPU, written as a policy JSON file.")
+    se.add_argument("model", help="model file written by 'npujax demo' (model.npz)")
+    se.add_argument("--npu", default="edge_16x16", help="preset name or TOML path")
+    se.add_argument("--method", default="ilp", choices=["ilp", "greedy", "gradient"],
+                    help="ilp: HAWQ-V3 integer program; greedy: by sensitivity; gradient: "
+                         "learned widths (default ilp)")
+    budget = se.add_mutually_exclusive_group()
+    budget.add_argument("--budget-latency", type=float, help="latency budget in seconds")
+    budget.add_argument("--budget-ratio", type=float, default=0.75,
+                        help="budget as a fraction of the INT8 latency (default 0.75)")
+    se.add_argument("--candidates", default="2,4,8", help="weight widths (default 2,4,8)")
+    se.add_argument("--act-candidates", default="8", help="activation widths (default 8)")
+    se.add_argument("--steps", type=int, default=300, help="gradient-search steps")
+    se.add_argument("--sensitivity-samples", type=int, default=16,
+                    help="Hutchinson probes for the Hessian traces (ilp, greedy; default 16)")
+    se.add_argument("--seed", type=int, default=0)
+    se.add_argument("--out", default="policy.json", help="policy file (default policy.json)")
+    se.set_defaults(fn=_cmd_search)
 
     pr = sub.add_parser("presets", help="list the installed hardware presets")
     pr.set_defaults(fn=_cmd_presets)
