@@ -40,6 +40,11 @@ GEMMS = [
     ("g_256x64x256", 256, 64, 256),
     ("g_16x512x64", 16, 512, 64),
     ("g_200x8x1", 200, 8, 1),
+    # growing the array along a folded dimension can *add* cycles (3 short folds -> 2 longer ones):
+    ("g_1x17x8", 1, 17, 8),
+    ("g_17x1x8", 17, 1, 8),
+    # a transformer encoder's attention scores, sequence 128, head dim 64
+    ("g_128x64x128", 128, 64, 128),
 ]
 
 # ResNet-18 conv layers (He et al. 2016; each distinct shape once), batch 1, at a 64x64 input so
