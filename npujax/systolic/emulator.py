@@ -64,9 +64,9 @@ def _check_operand(x, what: str) -> jax.Array:
 def _common_dtype(a: jax.Array, b: jax.Array):
     if a.dtype == b.dtype:
         return a, b
-    dt = jnp.promote_types(a.dtype, b.dtype)
-    if not jnp.issubdtype(dt, jnp.integer) or jnp.iinfo(dt).bits > _MAX_BITS:
-        dt = jnp.int32  # e.g. uint16 with int8: widen explicitly, still exact
+    # explicit widening to a signed type that holds both ranges exactly (int8/uint8 -> int16)
+    bits = max(jnp.iinfo(a.dtype).bits, jnp.iinfo(b.dtype).bits)
+    dt = jnp.int16 if bits <= 8 else jnp.int32
     return a.astype(dt), b.astype(dt)
 
 

@@ -69,7 +69,7 @@ def _stationary_fold(stat, stream, n_cycles: int):
         slot = jnp.where(leaving, m, T)  # T: out of range, dropped
         out = out.at[slot, jnp.arange(C)].set(v[-1], mode="drop")
         ext = ext.at[slot, jnp.arange(C)].set(t, mode="drop")
-        carry = (w, loaded + filling, tau + streaming, h, ht, hv, v, vt, vv, out, ext)
+        carry = (w, loaded + filling.astype(jnp.int32), tau + streaming.astype(jnp.int32), h, ht, hv, v, vt, vv, out, ext)
         return carry, None
 
     zi = jnp.zeros((R, C), jnp.int32)
@@ -100,7 +100,7 @@ def _output_stationary_fold(left, top, n_cycles: int):
         bv = jnp.concatenate([okb[None], bv[:-1]], 0)
         mac = av & bv & (at == bt)  # the k-th elements of a row and a column meet
         acc = acc + jnp.where(mac, a * b, 0)
-        cnt = cnt + mac
+        cnt = cnt + mac.astype(jnp.int32)
         ext = jnp.where(mac & (cnt == T), t, ext)
         return (a, at, av, b, bt, bv, acc, cnt, ext), None
 
