@@ -19,6 +19,7 @@ from npujax.systolic.dataflow import gemm_cycles as gemm_cycles
 from npujax.systolic.dataflow import get_dataflow as get_dataflow
 from npujax.systolic.emulator import emulate_conv as emulate_conv
 from npujax.systolic.emulator import emulate_gemm as emulate_gemm
+from npujax.systolic.memory import gemm_memory as gemm_memory
 from npujax.systolic.registers import simulate_gemm as simulate_gemm
 from npujax.systolic.scalesim import scalesim_report as scalesim_report
 
@@ -34,6 +35,7 @@ __all__ = [
     "emulate_gemm",
     "emulate_conv",
     "simulate_gemm",
+    "gemm_memory",
     "scalesim_report",
     "SCALESIM_CYCLE_OFFSET",
 ]
