@@ -1,17 +1,18 @@
 """Systolic-array dataflows and the closed-form fold model, exact to SCALE-Sim's cycle count.
 
-A GEMM ``out[M, N] = a[M, K] @ b[K, N]`` (a convolution after im2col: M = batch x output pixels,
-K = C_in/groups x k_h x k_w, N = C_out/groups) is mapped onto an R x C PE array by a dataflow,
-which lays two GEMM dimensions out spatially (on the array rows and columns) and streams the third
-in time (Samajdar et al., "SCALE-Sim: Systolic CNN Accelerator Simulator", arXiv:1811.02883):
+A GEMM ``out[M, N] = a[M, K] @ b[K, N]`` (a convolution after im2col: M = batch x output
+pixels, K = C_in/groups x k_h x k_w, N = C_out/groups) is mapped onto an R x C PE array by a
+dataflow, which lays two GEMM dimensions out spatially (on the array rows and columns) and streams
+the third in time (Samajdar et al., "SCALE-Sim: Systolic CNN Accelerator Simulator",
+arXiv:1811.02883):
 
-===================  ======================  ======================  =============  ======  =========
-dataflow             array rows hold (S_R)   array cols hold (S_C)   time (T)       fill    drain
-===================  ======================  ======================  =============  ======  =========
-weight_stationary    K (reduction)           N (filters)             M (pixels)     R       R + C - 2
-output_stationary    M (pixels)              N (filters)             K (reduction)  0       R + C - 2
-input_stationary     K (reduction)           M (pixels)              N (filters)    R       R + C - 2
-===================  ======================  ======================  =============  ======  =========
+=================  ==============  ==============  ==========  ====  =========
+dataflow           rows hold S_R   cols hold S_C   time T      fill  drain
+=================  ==============  ==============  ==========  ====  =========
+weight_stationary  K (reduction)   N (filters)     M (pixels)  R     R + C - 2
+output_stationary  M (pixels)      N (filters)     K           0     R + C - 2
+input_stationary   K (reduction)   M (pixels)      N           R     R + C - 2
+=================  ==============  ==============  ==========  ====  =========
 
 When S_R > R or S_C > C the mapping is *folded*: ``folds = ceil(S_R / R) * ceil(S_C / C)`` folds
 run one after another, and each fold costs ``fill + T + drain`` cycles:
@@ -29,9 +30,9 @@ demand matrices have exactly ``fill + T + drain`` rows and its compute report ta
 cycle stamp of the OFMAP writes). :func:`gemm_cycles` returns both (``scalesim_cycles``); the
 cross-check in ``tests/systolic/test_scalesim_reference.py`` shows agreement on every stored case.
 
-SRAM traffic follows from the mapping alone: an operand is read again for every fold of the GEMM
-dimension it does *not* contain (``a[M,K]`` once per fold of N, ``b[K,N]`` once per fold of M) and the
-output is written once per fold of K (partial sums go back to the output buffer between K folds).
+SRAM traffic follows from the mapping alone: an operand is read again for every fold of the
+GEMM dimension it does *not* contain (``a[M,K]`` once per fold of N, ``b[K,N]`` once per fold of
+M) and the output is written once per fold of K (partial sums go back to the output buffer between K folds).
 A dimension folds ``ceil(D/R)`` times on the rows, ``ceil(D/C)`` on the columns, once in time.
 
 All functions here are pure ``jnp`` over (possibly traced) int32 integers, so they ``jit`` and
@@ -86,7 +87,7 @@ class Dataflow(abc.ABC):
 
     @abc.abstractmethod
     def fill_cycles(self, rows, cols):
-        """Cycles before the first streamed operand enters a fold (preloading the stationary one)."""
+        """Cycles before the first streamed operand enters a fold (preloading the stationary)."""
 
     def drain_cycles(self, rows, cols):
         """Cycles after the last streamed operand enters until the last result leaves: R + C - 2."""
@@ -177,7 +178,7 @@ def get_dataflow(dataflow: str | Dataflow) -> Dataflow:
 
 
 def gemm_cycles(M, K, N, rows, cols, dataflow: str | Dataflow) -> dict[str, jax.Array]:
-    """Compute cycles, efficiency and SRAM traffic of an ``[M,K] x [K,N]`` GEMM on ``rows x cols``.
+    """Compute cycles, efficiency and SRAM traffic of an ``[M,K] x [K,N]`` GEMM on an array.
 
     Args:
       M, K, N: GEMM extents (int scalars or arrays, may be traced), >= 1.

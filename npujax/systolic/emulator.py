@@ -9,9 +9,9 @@ output tiles. Integer addition modulo 2**32 is associative, so the result equals
 matmul with int32 accumulation bit for bit, overflow included (int8 x int8 cannot overflow for
 K < 2**17; int16 x int16 can, and then wraps exactly as the reference does).
 
-The fold loop is expressed as one batched ``dot_general`` over the K folds (operands stay int8/int16,
-``preferred_element_type=int32``) plus an int32 sum over folds, so XLA runs it as fast as a plain
-matmul. Cycle and traffic statistics come from the closed form :func:`gemm_cycles`; the
+The fold loop is expressed as one batched ``dot_general`` over the K folds (operands stay
+int8/int16, ``preferred_element_type=int32``) plus an int32 sum over folds, so XLA runs it as
+fast as a plain matmul. Cycle and traffic statistics come from the closed form :func:`gemm_cycles`; the
 register-level simulation in :mod:`npujax.systolic.registers` proves that closed form.
 """
 
@@ -54,8 +54,8 @@ def _check_operand(x, what: str) -> jax.Array:
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.integer) or jnp.iinfo(x.dtype).bits > _MAX_BITS:
         raise ShapeError(
-            f"{what} has dtype {x.dtype}; the array multiplies integers of at most {_MAX_BITS} bits "
-            f"(int8, uint8, int16, uint16). Quantize it first (npujax.quant) and pass the "
+            f"{what} has dtype {x.dtype}; the array multiplies integers of at most {_MAX_BITS} "
+            f"bits (int8, uint8, int16, uint16). Quantize it first (npujax.quant) and pass the "
             f"integer values."
         )
     return x

@@ -69,7 +69,8 @@ def _stationary_fold(stat, stream, n_cycles: int):
         slot = jnp.where(leaving, m, T)  # T: out of range, dropped
         out = out.at[slot, jnp.arange(C)].set(v[-1], mode="drop")
         ext = ext.at[slot, jnp.arange(C)].set(t, mode="drop")
-        carry = (w, loaded + filling.astype(jnp.int32), tau + streaming.astype(jnp.int32), h, ht, hv, v, vt, vv, out, ext)
+        carry = (w, loaded + filling.astype(jnp.int32), tau + streaming.astype(jnp.int32),
+                 h, ht, hv, v, vt, vv, out, ext)
         return carry, None
 
     zi = jnp.zeros((R, C), jnp.int32)
@@ -130,7 +131,7 @@ def _simulate(a, b, rows: int, cols: int, dataflow: str):
         bt_ = _tiles(b, K, cols)[0]             # [FN, K, C]
         fm, fn = at_.shape[0], bt_.shape[0]
         n_cycles = 2 * (rows + cols + K) + 4    # generous bound; the measurement decides
-        fold = jax.vmap(jax.vmap(lambda l, tp: _output_stationary_fold(l, tp, n_cycles),
+        fold = jax.vmap(jax.vmap(lambda lt, tp: _output_stationary_fold(lt, tp, n_cycles),
                                  (None, 0)), (0, None))
         out, ext = fold(at_, bt_)               # [FM, FN, R, C]
         out = out.transpose(0, 2, 1, 3).reshape(fm * rows, fn * cols)[:M, :N]
@@ -176,7 +177,9 @@ def simulate_gemm(a, b, rows: int, cols: int, dataflow: str | Dataflow):
     df = get_dataflow(dataflow)
     a, b = _check_operand(a, "a"), _check_operand(b, "b")
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
-        raise ShapeError(f"simulate_gemm needs a [M, K] and b [K, N]; got a {a.shape}, b {b.shape}.")
+        raise ShapeError(
+            f"simulate_gemm needs a [M, K] and b [K, N]; got a {a.shape}, b {b.shape}."
+        )
     out, fold_len, complete = _simulate(a, b, rows=rows, cols=cols, dataflow=df.name)
     return {"out": out, "fold_cycles": fold_len, "compute_cycles": jnp.sum(fold_len),
             "complete": complete}

@@ -1,7 +1,7 @@
 """The register-level lax.scan simulation proves the closed-form cycle count, fold by fold."""
 
-import numpy as np
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from npujax.hw import DATAFLOWS

@@ -41,7 +41,8 @@ def test_reference_data_is_complete():
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
 def test_matches_scalesim_exactly(path):
     cases = json.loads(path.read_text())["cases"]
-    cols = {k: jnp.asarray([c[k] for c in cases], jnp.int32) for k in ("M", "K", "N", "rows", "cols")}
+    cols = {k: jnp.asarray([c[k] for c in cases], jnp.int32)
+            for k in ("M", "K", "N", "rows", "cols")}
     got = {}
     for df in ("ws", "os", "is"):
         idx = np.asarray([i for i, c in enumerate(cases) if c["dataflow"] == df])
