@@ -33,7 +33,8 @@ cross-check in ``tests/systolic/test_scalesim_reference.py`` shows agreement on 
 SRAM traffic follows from the mapping alone: an operand is read again for every fold of the
 GEMM dimension it does *not* contain (``a[M,K]`` once per fold of N, ``b[K,N]`` once per fold of
 M) and the output is written once per fold of K (partial sums go back to the output buffer
-between K folds). A dimension folds ``ceil(D/R)`` times on the rows, ``ceil(D/C)`` on the columns, once in time.
+between K folds). A dimension folds ``ceil(D/R)`` times on the rows, ``ceil(D/C)`` on the
+columns, once in time.
 
 All functions here are pure ``jnp`` over (possibly traced) int32 integers, so they ``jit`` and
 ``vmap`` over layers and hardware configurations. Counts are int32: keep ``M*K*N`` per GEMM below

@@ -12,7 +12,8 @@ K < 2**17; int16 x int16 can, and then wraps exactly as the reference does).
 The fold loop is expressed as one batched ``dot_general`` over the K folds (operands stay
 int8/int16, ``preferred_element_type=int32``) plus an int32 sum over folds, so XLA runs it as
 fast as a plain matmul. Cycle and traffic statistics come from the closed form
-:func:`gemm_cycles`; the register-level simulation in :mod:`npujax.systolic.registers` proves that closed form.
+:func:`gemm_cycles`; the register-level simulation in :mod:`npujax.systolic.registers`
+proves that closed form.
 """
 
 from __future__ import annotations
