@@ -8,6 +8,7 @@ collects per layer: ``Total Cycles`` and ``Total Cycles (incl. prefetch)`` and `
 reads/writes per operand (DETAILED_ACCESS_REPORT).
 
 Usage: python run_scalesim.py OUT.json [--arrays 8,16,32,128] [--dataflows ws,os,is]
+       [--kinds gemm,conv,depthwise] [--jobs N]
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import contextlib
 import csv
 import io
 import json
+import multiprocessing
 import os
 import platform
 import sys
@@ -65,6 +67,14 @@ RESNET18_64 = [
     ("layer4_conv3x3", 2, 2, 3, 3, 512, 512, 1, 1),
 ]
 
+# Depthwise 3x3 layers (MobileNetV2-style, small). SCALE-Sim has no grouped conv: a layer whose name
+# contains "DP" is split into one single-channel layer per channel (each an M x 9 x 1 GEMM),
+# which is npujax's per-group mapping with groups = channels.
+DEPTHWISE = [
+    ("DP_dw_s1", 14, 14, 3, 3, 8, 1, 1, 1),
+    ("DP_dw_s2", 14, 14, 3, 3, 6, 1, 2, 1),
+]
+
 CONFIG = """[general]
 run_name = {run}
 
@@ -107,6 +117,17 @@ UseRamulatorTrace = False
 SRAM_KB = 1024  # large SRAMs: CALC mode sizes the DRAM bandwidth, cycles do not depend on these
 
 
+def _valid_input(h, fh, s, pad):
+    """Pre-padded input extent that SCALE-Sim should see: the rows a padded conv actually reads.
+
+    SCALE-Sim computes ``out = ceil((H - R + S) / S)``, one more output than a convolution has when
+    ``(H - R)`` is not a multiple of S (it counts a partial window). PyTorch/ONNX floor the
+    output, so the last ``(H - R) % S`` padded rows are never read: crop them.
+    """
+    out = (h + 2 * pad - fh) // s + 1
+    return (out - 1) * s + fh
+
+
 def _write_topology(path, kind):
     # SCALE-Sim splits every row on ',' and drops the last field, so rows must end with a comma.
     with open(path, "w") as f:
@@ -117,8 +138,9 @@ def _write_topology(path, kind):
         else:
             f.write("Layer name, IFMAP Height, IFMAP Width, Filter Height, Filter Width, "
                     "Channels, Num Filter, Stride,\n")
-            for name, h, w, fh, fw, c, nf, s, pad in RESNET18_64:
-                f.write(f"{name}, {h + 2 * pad}, {w + 2 * pad}, {fh}, {fw}, {c}, {nf}, {s},\n")
+            for name, h, w, fh, fw, c, nf, s, pad in (RESNET18_64 if kind == "conv" else DEPTHWISE):
+                hp, wp = _valid_input(h, fh, s, pad), _valid_input(w, fw, s, pad)
+                f.write(f"{name}, {hp}, {wp}, {fh}, {fw}, {c}, {nf}, {s},\n")
 
 
 def _read_report(path):
@@ -132,15 +154,23 @@ def _cases(kind):
     if kind == "gemm":
         return [dict(name=n, M=m, K=k, N=nn) for n, m, k, nn in GEMMS]
     out = []
-    for name, h, w, fh, fw, c, nf, s, pad in RESNET18_64:
-        hp, wp = h + 2 * pad, w + 2 * pad
+    for name, h, w, fh, fw, c, nf, s, pad in (RESNET18_64 if kind == "conv" else DEPTHWISE):
+        hp, wp = _valid_input(h, fh, s, pad), _valid_input(w, fw, s, pad)
         oh, ow = (hp - fh) // s + 1, (wp - fw) // s + 1
-        out.append(dict(name=name, ifmap_h=hp, ifmap_w=wp, filt_h=fh, filt_w=fw, channels=c,
-                        filters=nf, stride=s, pad_applied=pad, M=oh * ow, K=fh * fw * c, N=nf))
+        case = dict(name=name, ifmap_h=hp, ifmap_w=wp, filt_h=fh, filt_w=fw, channels=c,
+                    filters=nf, stride=s, pad_applied=pad, M=oh * ow, K=fh * fw * c, N=nf)
+        if kind == "depthwise":  # one SCALE-Sim layer per channel
+            out += [dict(case, name=f"{name}_ch{i}", channels=1, K=fh * fw, group=i,
+                         groups=c) for i in range(c)]
+        else:
+            out.append(case)
     return out
 
 
-def run_one(kind, df, size, workdir):
+def run_one(kind, df, size, workdir=None):
+    if workdir is None:
+        with tempfile.TemporaryDirectory() as d:
+            return run_one(kind, df, size, d)
     topo = os.path.join(workdir, f"{kind}.csv")
     layout = os.path.join(workdir, "layout.csv")
     cfg = os.path.join(workdir, f"{df}_{size}.cfg")
@@ -184,19 +214,19 @@ def main(argv=None):
     p.add_argument("out")
     p.add_argument("--arrays", default="8,16,32,128")
     p.add_argument("--dataflows", default="ws,os,is")
-    p.add_argument("--kinds", default="gemm,conv")
+    p.add_argument("--kinds", default="gemm,conv,depthwise")
+    p.add_argument("--jobs", type=int, default=1, help="SCALE-Sim runs in parallel processes")
     args = p.parse_args(argv)
+    combos = [(kind, df, int(size)) for kind in args.kinds.split(",")
+              for df in args.dataflows.split(",") for size in args.arrays.split(",")]
     cases, timings = [], []
-    with tempfile.TemporaryDirectory() as workdir:
-        for kind in args.kinds.split(","):
-            for df in args.dataflows.split(","):
-                for size in (int(s) for s in args.arrays.split(",")):
-                    res, sec = run_one(kind, df, size, workdir)
-                    cases += [{**r, "kind": kind} for r in res]
-                    timings.append({"kind": kind, "dataflow": df, "rows": size, "cols": size,
-                                    "layers": len(res), "seconds": round(sec, 3)})
-                    print(f"{kind:5s} {df} {size:4d}x{size:<4d} {len(res):3d} layers "
-                          f"{sec:8.2f} s", file=sys.stderr, flush=True)
+    with multiprocessing.Pool(args.jobs) as pool:
+        for (kind, df, size), (res, sec) in zip(combos, pool.starmap(run_one, combos)):
+            cases += [{**r, "kind": kind} for r in res]
+            timings.append({"kind": kind, "dataflow": df, "rows": size, "cols": size,
+                            "layers": len(res), "seconds": round(sec, 3)})
+            print(f"{kind:5s} {df} {size:4d}x{size:<4d} {len(res):3d} layers {sec:8.2f} s",
+                  file=sys.stderr, flush=True)
     doc = {
         "generator": "experiments/scalesim_reference/run_scalesim.py",
         "scalesim_version": "3.0.0",

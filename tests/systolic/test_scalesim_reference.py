@@ -67,3 +67,25 @@ def test_offset_between_conventions_is_one_cycle():
         g = gemm_cycles(c["M"], c["K"], c["N"], c["rows"], c["cols"], c["dataflow"])
         assert int(g["compute_cycles"]) == c["total_cycles"] + 1
         assert int(g["scalesim_cycles"]) == c["total_cycles"]
+
+
+def test_depthwise_per_group_mapping_matches_scalesim_dp_layers():
+    # SCALE-Sim runs a "DP" layer as one single-channel layer per channel; conv_cycles with
+    # groups = channels must give the sum of those layers (one cycle offset per group).
+    from npujax.systolic import conv_cycles, conv_gemm_shape
+
+    cases = json.loads((DATA / "scalesim_depthwise.json").read_text())["cases"]
+    layers = {}
+    for c in cases:
+        key = (c["name"].rsplit("_ch", 1)[0], c["dataflow"], c["rows"])
+        layers.setdefault(key, []).append(c)
+    assert len(layers) == 2 * 3 * 4
+    for (name, df, size), chans in layers.items():
+        c0 = chans[0]
+        assert len(chans) == c0["groups"]
+        shp = conv_gemm_shape((1, c0["ifmap_h"], c0["ifmap_w"], c0["groups"]),
+                              (c0["filt_h"], c0["filt_w"], 1, c0["groups"]),
+                              stride=c0["stride"], padding="VALID", groups=c0["groups"])
+        r = conv_cycles(shp["M"], shp["K"], shp["N"], shp["groups"], size, size, df)
+        assert int(r["scalesim_cycles"]) == sum(c["total_cycles"] for c in chans), (name, df, size)
+        assert int(r["sram_reads_a"]) == sum(c["sram_ifmap_reads"] for c in chans)
