@@ -40,6 +40,8 @@ def kernel_out_axis(node: Node) -> int:
         return node.attrs["kernel_layout"].index("O")
     if node.op == "Gemm":
         return 1  # kernel is [in_features, out_features]
+    if node.op == "ConvTranspose":
+        return 1  # ONNX ConvTranspose kernel is [C_in, C_out / groups, *k] (exact for groups=1)
     raise UnsupportedOpError(f"node {node.name!r} ({node.op}) has no weight kernel.")
 
 
@@ -115,7 +117,16 @@ OPS["Identity"] = _unary(lambda x: x)
 
 @_register("Clip")
 def _clip(node: Node, inputs, params):
-    return [jnp.clip(inputs[0], node.attrs.get("min"), node.attrs.get("max"))]
+    x = inputs[0]
+    lo, hi = node.attrs.get("min"), node.attrs.get("max")
+    lo = None if lo is None else jnp.asarray(lo, x.dtype)
+    hi = None if hi is None else jnp.asarray(hi, x.dtype)
+    # ONNX Clip: min(max(x, lo), hi), so hi wins when lo > hi.
+    if lo is not None:
+        x = jnp.maximum(x, lo)
+    if hi is not None:
+        x = jnp.minimum(x, hi)
+    return [x]
 
 
 _BINARY = {
@@ -126,8 +137,16 @@ _BINARY = {
     "Max": jnp.maximum,
     "Min": jnp.minimum,
 }
+
+
+def align_ranks(*xs: jax.Array) -> list[jax.Array]:
+    """Prepend unit axes so all operands have the same rank (ONNX/numpy broadcasting, explicit)."""
+    rank = max(jnp.ndim(x) for x in xs)
+    return [jnp.reshape(x, (1,) * (rank - jnp.ndim(x)) + tuple(jnp.shape(x))) for x in xs]
+
+
 for _name, _fn in _BINARY.items():
-    OPS[_name] = (lambda f: lambda node, inputs, params: [f(inputs[0], inputs[1])])(_fn)
+    OPS[_name] = (lambda f: lambda node, inputs, params: [f(*align_ranks(*inputs[:2]))])(_fn)
 
 
 def _pool(node: Node, x: jax.Array, init: Any, reducer) -> jax.Array:
@@ -139,21 +158,43 @@ def _pool(node: Node, x: jax.Array, init: Any, reducer) -> jax.Array:
         tuple(a["window"]),
         tuple(a["strides"]),
         [tuple(p) for p in a["padding"]],
+        window_dilation=tuple(a.get("window_dilation", (1,) * x.ndim)),
     )
 
 
 @_register("MaxPool")
 def _maxpool(node: Node, inputs, params):
     (x,) = inputs
-    return [_pool(node, x, -jnp.inf, lax.max)]
+    return [_pool(node, x, jnp.array(-jnp.inf, x.dtype), lax.max)]
 
 
 @_register("AveragePool")
 def _avgpool(node: Node, inputs, params):
-    # count_include_pad semantics (divide by the full window), as flax's avg_pool by default.
+    # Without ``count_include_pad`` in attrs: divide by the full window (flax's avg_pool default).
+    # With it (ONNX import): the divisor counts the window's elements inside the input, plus the
+    # explicit pads when count_include_pad=1; the ``ceil_extra`` end padding that ceil_mode adds is
+    # never counted (ONNX AveragePool spec; onnxruntime's pool kernels).
     (x,) = inputs
-    window = int(np.prod(node.attrs["window"]))
-    return [_pool(node, x, 0.0, lax.add) / window]
+    a = node.attrs
+    total = _pool(node, x, jnp.array(0.0, x.dtype), lax.add)
+    if "count_include_pad" not in a:
+        return [total / int(np.prod(a["window"]))]
+    extra = a.get("ceil_extra", [0] * x.ndim)
+    spatial = range(2, x.ndim)  # ONNX pools are channels-first: [N, C, *spatial]
+    mshape = tuple(x.shape[i] if i in spatial else 1 for i in range(x.ndim))
+    ones = np.ones(mshape, np.float32)
+    if a["count_include_pad"]:
+        explicit = [(p[0], p[1] - e) if i in spatial else (0, 0)
+                    for i, (p, e) in enumerate(zip(a["padding"], extra))]
+        ones = np.pad(ones, explicit, constant_values=1.0)
+        pad = [(0, e) if i in spatial else (0, 0) for i, e in enumerate(extra)]
+    else:
+        pad = [tuple(p) if i in spatial else (0, 0) for i, p in enumerate(a["padding"])]
+    window = tuple(w if i in spatial else 1 for i, w in enumerate(a["window"]))
+    dil = tuple(a.get("window_dilation", (1,) * x.ndim))
+    count = np.asarray(lax.reduce_window(ones, np.float32(0.0), lax.add, window,
+                                         tuple(a["strides"]), pad, window_dilation=dil))
+    return [total / jnp.asarray(count, x.dtype)]
 
 
 @_register("SumPool")
@@ -183,7 +224,14 @@ def _reduce(node: Node, inputs, params):
 
 @_register("Softmax")
 def _softmax(node: Node, inputs, params):
-    return [jax.nn.softmax(inputs[0], axis=node.attrs.get("axis", -1))]
+    # ``coerce_2d`` (ONNX opset < 13): the input is viewed as 2-D [prod(shape[:axis]), rest] and
+    # normalised over the whole trailing block.
+    x = inputs[0]
+    axis = node.attrs.get("axis", -1) % max(x.ndim, 1)
+    if node.attrs.get("coerce_2d") and axis != x.ndim - 1:
+        flat = jnp.reshape(x, (int(np.prod(x.shape[:axis], dtype=np.int64)), -1))
+        return [jnp.reshape(jax.nn.softmax(flat, axis=-1), x.shape)]
+    return [jax.nn.softmax(x, axis=axis)]
 
 
 @_register("JaxPrimitive")
@@ -191,6 +239,10 @@ def _primitive(node: Node, inputs, params):
     # An elementwise JAX primitive kept as is (e.g. exp, logistic); binding it is exact.
     out = node.attrs["primitive"].bind(*inputs, **node.attrs["primitive_params"])
     return list(out) if node.attrs["primitive"].multiple_results else [out]
+
+
+# The operators only ONNX models use register themselves here (kept in their own module).
+from npujax.graph import onnx_ops as _onnx_ops  # noqa: E402,F401
 
 
 def run_op(node: Node, inputs: Sequence[jax.Array], params: dict[str, jax.Array]):
