@@ -272,8 +272,12 @@ def _conv_transpose(ctx: _Ctx, n: onnx.NodeProto, a: dict) -> None:
         out_sp = list(a["output_shape"])[-nsp:] if "output_shape" in a else \
             [i * s for i, s in zip(in_sp, strides)]
         pads = []
-        for i, s, e, op, o in zip(in_sp, strides, eff, opad, out_sp):
-            total = max(0, s * (i - 1) + op + e - o)
+        for j, (i, s, e, op, o) in enumerate(zip(in_sp, strides, eff, opad, out_sp)):
+            total = s * (i - 1) + op + e - o
+            # A requested output larger than the transposed conv's gets zeros at the end (as
+            # onnxruntime's ComputeTransposePadAndOutputShape does).
+            opad[j] += max(0, -total)
+            total = max(0, total)
             if auto == "SAME_UPPER":
                 pads.append([total // 2, total - total // 2])
             else:  # SAME_LOWER, and NOTSET with output_shape (ONNX: extra pad at the beginning)
@@ -618,7 +622,8 @@ def _cast(ctx: _Ctx, n: onnx.NodeProto, a: dict) -> None:
 
 def _flatten(ctx: _Ctx, n: onnx.NodeProto, a: dict) -> None:
     rank = len(ctx.shape(n.input[0]))
-    ctx.emit("Flatten", [n.input[0]], [n.output[0]], {"axis": int(a.get("axis", 1)) % (rank + 1)})
+    axis = int(a.get("axis", 1))
+    ctx.emit("Flatten", [n.input[0]], [n.output[0]], {"axis": axis + rank if axis < 0 else axis})
 
 
 def _concat(ctx: _Ctx, n: onnx.NodeProto, a: dict) -> None:

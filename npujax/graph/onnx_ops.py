@@ -161,8 +161,9 @@ def _source_coords(out_len: int, in_len: int, scale: float, mode: str) -> np.nda
         return (x + 0.5) / scale - 0.5
     if mode == "pytorch_half_pixel":
         return (x + 0.5) / scale - 0.5 if out_len > 1 else np.zeros_like(x)
-    if mode == "align_corners":
-        return x * (in_len - 1) / (out_len - 1) if out_len > 1 else np.zeros_like(x)
+    if mode == "align_corners":  # the spec's length_resized is scale * in_len (a float)
+        den = scale * in_len - 1
+        return x * (in_len - 1) / den if out_len > 1 and den != 0 else np.zeros_like(x)
     if mode == "half_pixel_symmetric":
         adjustment = out_len / (scale * in_len)
         offset = in_len / 2.0 * (1.0 - adjustment)

@@ -8,6 +8,7 @@ specification where the op has an ONNX name; layouts are explicit in the attribu
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -146,7 +147,9 @@ def align_ranks(*xs: jax.Array) -> list[jax.Array]:
 
 
 for _name, _fn in _BINARY.items():
-    OPS[_name] = (lambda f: lambda node, inputs, params: [f(*align_ranks(*inputs[:2]))])(_fn)
+    # Variadic for Max/Min (ONNX); the arithmetic ops always have two inputs.
+    OPS[_name] = (lambda f: lambda node, inputs, params: [
+        functools.reduce(f, align_ranks(*inputs))])(_fn)
 
 
 def _pool(node: Node, x: jax.Array, init: Any, reducer) -> jax.Array:
@@ -165,7 +168,8 @@ def _pool(node: Node, x: jax.Array, init: Any, reducer) -> jax.Array:
 @_register("MaxPool")
 def _maxpool(node: Node, inputs, params):
     (x,) = inputs
-    return [_pool(node, x, jnp.array(-jnp.inf, x.dtype), lax.max)]
+    lowest = -np.inf if jnp.issubdtype(x.dtype, jnp.floating) else np.iinfo(x.dtype).min
+    return [_pool(node, x, jnp.array(lowest, x.dtype), lax.max)]
 
 
 @_register("AveragePool")
@@ -192,8 +196,9 @@ def _avgpool(node: Node, inputs, params):
         pad = [tuple(p) if i in spatial else (0, 0) for i, p in enumerate(a["padding"])]
     window = tuple(w if i in spatial else 1 for i, w in enumerate(a["window"]))
     dil = tuple(a.get("window_dilation", (1,) * x.ndim))
-    count = np.asarray(lax.reduce_window(ones, np.float32(0.0), lax.add, window,
-                                         tuple(a["strides"]), pad, window_dilation=dil))
+    with jax.ensure_compile_time_eval():  # a static divisor, computed once while tracing
+        count = np.asarray(lax.reduce_window(ones, np.float32(0.0), lax.add, window,
+                                             tuple(a["strides"]), pad, window_dilation=dil))
     return [total / jnp.asarray(count, x.dtype)]
 
 
