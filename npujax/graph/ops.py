@@ -88,7 +88,7 @@ def _gemm(node: Node, inputs, params):
     (x,) = inputs
     y = jnp.matmul(x, params["kernel"])
     if "bias" in params:
-        y = y + params["bias"]
+        y = y + jnp.reshape(params["bias"], (1,) * (y.ndim - 1) + (-1,))
     return [apply_epilogue(node, y)]
 
 
@@ -169,7 +169,7 @@ def _pool(node: Node, x: jax.Array, init: Any, reducer) -> jax.Array:
 def _maxpool(node: Node, inputs, params):
     (x,) = inputs
     lowest = -np.inf if jnp.issubdtype(x.dtype, jnp.floating) else np.iinfo(x.dtype).min
-    return [_pool(node, x, jnp.array(lowest, x.dtype), lax.max)]
+    return [_pool(node, x, np.array(lowest, x.dtype), lax.max)]
 
 
 @_register("AveragePool")
@@ -180,7 +180,7 @@ def _avgpool(node: Node, inputs, params):
     # never counted (ONNX AveragePool spec; onnxruntime's pool kernels).
     (x,) = inputs
     a = node.attrs
-    total = _pool(node, x, jnp.array(0.0, x.dtype), lax.add)
+    total = _pool(node, x, np.array(0, x.dtype), lax.add)
     if "count_include_pad" not in a:
         return [total / int(np.prod(a["window"]))]
     extra = a.get("ceil_extra", [0] * x.ndim)
