@@ -10,6 +10,7 @@ from npujax.graph.ir import Graph as Graph
 from npujax.graph.ir import Node as Node
 from npujax.graph.ir import Params as Params
 from npujax.graph.ir import TensorType as TensorType
+from npujax.graph.onnx_export import to_onnx as to_onnx
 from npujax.graph.onnx_import import from_onnx as from_onnx
 from npujax.graph.passes import fold_batchnorm as fold_batchnorm
 from npujax.graph.passes import fuse_epilogues as fuse_epilogues
@@ -26,6 +27,7 @@ __all__ = [
     "GEMM_OPS",
     "trace_flax",
     "from_onnx",
+    "to_onnx",
     "execute",
     "LayerQuant",
     "QuantSpec",

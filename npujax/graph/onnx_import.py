@@ -700,9 +700,30 @@ def _constant_value(n: onnx.NodeProto) -> np.ndarray:
                              "supported.")
 
 
+def _fold_dequantize(ctx: _Ctx, n: onnx.NodeProto) -> None:
+    """Fold DequantizeLinear of a constant (a QDQ model's weights) into float32 values."""
+    a = _attrs(n)
+    if a.get("block_size", 0):
+        raise UnsupportedOpError(f"node {ctx.node_name!r}: blocked DequantizeLinear is not "
+                                 "supported.")
+    x = ctx.consts[n.input[0]]
+    scale = ctx.consts[n.input[1]].astype(np.float32)
+    zp = ctx.consts[n.input[2]] if len(n.input) > 2 and n.input[2] else np.zeros((), x.dtype)
+    if scale.ndim == 1 and x.ndim > 1:
+        shape = [1] * x.ndim
+        shape[int(a.get("axis", 1)) % x.ndim] = -1
+        scale, zp = scale.reshape(shape), zp.reshape(shape)
+    ctx.consts[n.output[0]] = ((x.astype(np.float64) - zp.astype(np.float64)) * scale
+                               ).astype(np.float32)
+
+
 def _fold(ctx: _Ctx, n: onnx.NodeProto) -> None:
     """Evaluate a node whose inputs are all constants with onnx's reference implementation."""
     from onnx.reference import ReferenceEvaluator
+
+    if n.op_type == "DequantizeLinear":
+        _fold_dequantize(ctx, n)
+        return
 
     ins = [i for i in n.input if i]
     inputs = [helper.make_tensor_value_info(i, helper.np_dtype_to_tensor_dtype(
