@@ -1,4 +1,4 @@
-"""Run onnx's backend node test cases through from_onnx + execute (shared by the conformance tests)."""
+"""Run onnx's backend node test cases through from_onnx + execute (for the conformance tests)."""
 
 from __future__ import annotations
 

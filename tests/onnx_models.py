@@ -1,4 +1,4 @@
-"""Fixtures' helpers for the real ONNX models and real images (shared by graph and integration tests)."""
+"""Helpers for the real ONNX models and real images (shared by graph and integration tests)."""
 
 from __future__ import annotations
 

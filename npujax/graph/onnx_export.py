@@ -35,7 +35,6 @@ from npujax._atomic import atomic_write_bytes
 from npujax.errors import ConfigError, UnsupportedOpError
 from npujax.graph.execute import LayerQuant, QuantSpec
 from npujax.graph.ir import Graph, Node, Params
-from npujax.graph.ops import kernel_out_axis
 from npujax.quant import IntFormat, weight_qparams
 
 __all__ = ["to_onnx", "EXPORT_OPSET"]

@@ -456,7 +456,7 @@ def _pool(ctx: _Ctx, n: onnx.NodeProto, a: dict) -> None:
     ceil = bool(a.get("ceil_mode", 0))
     pads = _conv_pads(a, shape[2:], k, strides, dil)
     extra = []
-    for i, (size, e, s, (pb, pe)) in enumerate(zip(shape[2:], eff, strides, pads)):
+    for size, e, s, (pb, pe) in zip(shape[2:], eff, strides, pads):
         if auto in ("SAME_UPPER", "SAME_LOWER"):
             out = -(-size // s)
         elif auto == "VALID":

