@@ -8,6 +8,7 @@ specification where the op has an ONNX name; layouts are explicit in the attribu
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -40,6 +41,8 @@ def kernel_out_axis(node: Node) -> int:
         return node.attrs["kernel_layout"].index("O")
     if node.op == "Gemm":
         return 1  # kernel is [in_features, out_features]
+    if node.op == "ConvTranspose":
+        return 1  # ONNX ConvTranspose kernel is [C_in, C_out / groups, *k] (exact for groups=1)
     raise UnsupportedOpError(f"node {node.name!r} ({node.op}) has no weight kernel.")
 
 
@@ -85,7 +88,7 @@ def _gemm(node: Node, inputs, params):
     (x,) = inputs
     y = jnp.matmul(x, params["kernel"])
     if "bias" in params:
-        y = y + params["bias"].reshape((1,) * (y.ndim - 1) + (-1,))
+        y = y + jnp.reshape(params["bias"], (1,) * (y.ndim - 1) + (-1,))
     return [apply_epilogue(node, y)]
 
 
@@ -115,7 +118,16 @@ OPS["Identity"] = _unary(lambda x: x)
 
 @_register("Clip")
 def _clip(node: Node, inputs, params):
-    return [jnp.clip(inputs[0], node.attrs.get("min"), node.attrs.get("max"))]
+    x = inputs[0]
+    lo, hi = node.attrs.get("min"), node.attrs.get("max")
+    lo = None if lo is None else jnp.asarray(lo, x.dtype)
+    hi = None if hi is None else jnp.asarray(hi, x.dtype)
+    # ONNX Clip: min(max(x, lo), hi), so hi wins when lo > hi.
+    if lo is not None:
+        x = jnp.maximum(x, lo)
+    if hi is not None:
+        x = jnp.minimum(x, hi)
+    return [x]
 
 
 _BINARY = {
@@ -126,18 +138,18 @@ _BINARY = {
     "Max": jnp.maximum,
     "Min": jnp.minimum,
 }
-def _same_rank(a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Prepend unit dimensions to the lower-rank operand (numpy/ONNX broadcasting, explicit)."""
-    a, b = jnp.asarray(a), jnp.asarray(b)
-    if a.ndim < b.ndim:
-        a = a.reshape((1,) * (b.ndim - a.ndim) + a.shape)
-    elif b.ndim < a.ndim:
-        b = b.reshape((1,) * (a.ndim - b.ndim) + b.shape)
-    return a, b
+
+
+def align_ranks(*xs: jax.Array) -> list[jax.Array]:
+    """Prepend unit axes so all operands have the same rank (ONNX/numpy broadcasting, explicit)."""
+    rank = max(jnp.ndim(x) for x in xs)
+    return [jnp.reshape(x, (1,) * (rank - jnp.ndim(x)) + tuple(jnp.shape(x))) for x in xs]
 
 
 for _name, _fn in _BINARY.items():
-    OPS[_name] = (lambda f: lambda node, inputs, params: [f(*_same_rank(*inputs[:2]))])(_fn)
+    # Variadic for Max/Min (ONNX); the arithmetic ops always have two inputs.
+    OPS[_name] = (lambda f: lambda node, inputs, params: [
+        functools.reduce(f, align_ranks(*inputs))])(_fn)
 
 
 def _pool(node: Node, x: jax.Array, init: Any, reducer) -> jax.Array:
@@ -149,21 +161,45 @@ def _pool(node: Node, x: jax.Array, init: Any, reducer) -> jax.Array:
         tuple(a["window"]),
         tuple(a["strides"]),
         [tuple(p) for p in a["padding"]],
+        window_dilation=tuple(a.get("window_dilation", (1,) * x.ndim)),
     )
 
 
 @_register("MaxPool")
 def _maxpool(node: Node, inputs, params):
     (x,) = inputs
-    return [_pool(node, x, -jnp.inf, lax.max)]
+    lowest = -np.inf if jnp.issubdtype(x.dtype, jnp.floating) else np.iinfo(x.dtype).min
+    return [_pool(node, x, np.array(lowest, x.dtype), lax.max)]
 
 
 @_register("AveragePool")
 def _avgpool(node: Node, inputs, params):
-    # count_include_pad semantics (divide by the full window), as flax's avg_pool by default.
+    # Without ``count_include_pad`` in attrs: divide by the full window (flax's avg_pool default).
+    # With it (ONNX import): the divisor counts the window's elements inside the input, plus the
+    # explicit pads when count_include_pad=1; the ``ceil_extra`` end padding that ceil_mode adds is
+    # never counted (ONNX AveragePool spec; onnxruntime's pool kernels).
     (x,) = inputs
-    window = int(np.prod(node.attrs["window"]))
-    return [_pool(node, x, 0.0, lax.add) / window]
+    a = node.attrs
+    total = _pool(node, x, np.array(0, x.dtype), lax.add)
+    if "count_include_pad" not in a:
+        return [total / int(np.prod(a["window"]))]
+    extra = a.get("ceil_extra", [0] * x.ndim)
+    spatial = range(2, x.ndim)  # ONNX pools are channels-first: [N, C, *spatial]
+    mshape = tuple(x.shape[i] if i in spatial else 1 for i in range(x.ndim))
+    ones = np.ones(mshape, np.float32)
+    if a["count_include_pad"]:
+        explicit = [(p[0], p[1] - e) if i in spatial else (0, 0)
+                    for i, (p, e) in enumerate(zip(a["padding"], extra))]
+        ones = np.pad(ones, explicit, constant_values=1.0)
+        pad = [(0, e) if i in spatial else (0, 0) for i, e in enumerate(extra)]
+    else:
+        pad = [tuple(p) if i in spatial else (0, 0) for i, p in enumerate(a["padding"])]
+    window = tuple(w if i in spatial else 1 for i, w in enumerate(a["window"]))
+    dil = tuple(a.get("window_dilation", (1,) * x.ndim))
+    with jax.ensure_compile_time_eval():  # a static divisor, computed once while tracing
+        count = np.asarray(lax.reduce_window(ones, np.float32(0.0), lax.add, window,
+                                             tuple(a["strides"]), pad, window_dilation=dil))
+    return [total / jnp.asarray(count, x.dtype)]
 
 
 @_register("SumPool")
@@ -193,7 +229,14 @@ def _reduce(node: Node, inputs, params):
 
 @_register("Softmax")
 def _softmax(node: Node, inputs, params):
-    return [jax.nn.softmax(inputs[0], axis=node.attrs.get("axis", -1))]
+    # ``coerce_2d`` (ONNX opset < 13): the input is viewed as 2-D [prod(shape[:axis]), rest] and
+    # normalised over the whole trailing block.
+    x = inputs[0]
+    axis = node.attrs.get("axis", -1) % max(x.ndim, 1)
+    if node.attrs.get("coerce_2d") and axis != x.ndim - 1:
+        flat = jnp.reshape(x, (int(np.prod(x.shape[:axis], dtype=np.int64)), -1))
+        return [jnp.reshape(jax.nn.softmax(flat, axis=-1), x.shape)]
+    return [jax.nn.softmax(x, axis=axis)]
 
 
 @_register("JaxPrimitive")
@@ -201,6 +244,10 @@ def _primitive(node: Node, inputs, params):
     # An elementwise JAX primitive kept as is (e.g. exp, logistic); binding it is exact.
     out = node.attrs["primitive"].bind(*inputs, **node.attrs["primitive_params"])
     return list(out) if node.attrs["primitive"].multiple_results else [out]
+
+
+# The operators only ONNX models use register themselves here (kept in their own module).
+from npujax.graph import onnx_ops as _onnx_ops  # noqa: E402,F401
 
 
 def run_op(node: Node, inputs: Sequence[jax.Array], params: dict[str, jax.Array]):
