@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
+import tomllib
 from flax import nnx
 
 from npujax.errors import ConfigError
@@ -196,7 +196,7 @@ def run_qat_experiment(config: QATConfig = QATConfig(), console: Any = None,
         if scheme == "W8A8" or scheme == config.schemes[0]:
             p, qstate = ptq_results[config.observers[0]]
             imodel = convert(graph, p, spec, qstate)
-            run = jax.jit(lambda v: execute_integer(imodel, v))
+            run = jax.jit(lambda v, m=imodel: execute_integer(m, v))
             pred = np.concatenate([np.argmax(np.asarray(run(xte[i:i + 500])), -1)
                                    for i in range(0, len(xte), 500)])
             acc = float(np.mean(pred == yte))

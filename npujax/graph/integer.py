@@ -45,7 +45,6 @@ References:
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -144,7 +143,7 @@ def rounding_divide_by_pot(x: jax.Array, exponent: jax.Array) -> jax.Array:
 
 
 def requantize(acc: jax.Array, m0: jax.Array, shift: jax.Array) -> jax.Array:
-    """``acc * M`` rounded, with ``M = m0 * 2^(shift - 31)`` (TFLite ``MultiplyByQuantizedMultiplier``).
+    """``acc * M`` rounded, ``M = m0 * 2^(shift - 31)`` (TFLite ``MultiplyByQuantizedMultiplier``).
 
     Args:
       acc: int32 accumulators.
@@ -297,7 +296,8 @@ def convert(
         if lq is None or lq.act is None or len(lq.weight_candidates) != 1:
             if lq is not None and len(lq.weight_candidates) > 1:
                 raise ConfigError(
-                    f"layer {node.name!r} has {len(lq.weight_candidates)} candidate weight formats; "
+                    f"layer {node.name!r} has {len(lq.weight_candidates)} candidate weight "
+                    "formats; "
                     "fix one precision (quant_spec(graph, policy)) before converting."
                 )
             continue

@@ -111,7 +111,7 @@ def quant_spec_from_rules(
 
 def first_last_rules(graph: Graph, weight_bits: int, act_bits: int, *,
                      edge_bits: int = 8) -> list[QuantRule]:
-    """Rules keeping the first and last GEMM layers at ``edge_bits``, the rest at the given widths."""
+    """Rules keeping the first and last GEMM layers at ``edge_bits``, the rest as given."""
     names = [n.name for n in graph.gemm_nodes]
     if not names:
         raise ConfigError("the graph has no Conv/Gemm layer to quantize.")

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from npujax.errors import QuantizationError
-from npujax.quant.formats import FloatFormat, Format, IntFormat
+from npujax.quant.formats import FloatFormat, Format
 
 __all__ = ["quantize", "dequantize", "fake_quant", "broadcast_qparam"]
 
@@ -103,7 +103,9 @@ def broadcast_qparam(
 
 def _check_float(x: jax.Array) -> None:
     if not jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating):
-        raise QuantizationError(f"expected a floating-point input, got dtype {jnp.asarray(x).dtype}.")
+        raise QuantizationError(
+            f"expected a floating-point input, got dtype {jnp.asarray(x).dtype}."
+        )
 
 
 def _scaled(x, scale, zero_point, axis, block_size):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from npujax.quant.formats import FloatFormat, Format, IntFormat
+from npujax.quant.formats import FloatFormat, Format
 
 __all__ = ["qparams_from_range", "weight_qparams", "MIN_SCALE"]
 

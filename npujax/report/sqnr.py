@@ -18,7 +18,8 @@ __all__ = ["sqnr_table", "sqnr_markdown", "plot_layer_sqnr", "write_sqnr_report"
 _COLS = ("name", "op", "weight_bits", "act_bits", "sqnr_db")
 
 
-def sqnr_table(rows: Sequence[dict[str, Any]], title: str = "per-layer SQNR (worst first)") -> Table:
+def sqnr_table(rows: Sequence[dict[str, Any]],
+               title: str = "per-layer SQNR (worst first)") -> Table:
     """A rich table of :func:`npujax.graph.ptq.layer_sqnr` rows."""
     t = Table(title=title)
     for c in ("layer", "op", "W bits", "A bits", "SQNR (dB)"):

@@ -33,7 +33,7 @@ def test_requantize_is_within_half_a_step_of_exact():
     rng = np.random.default_rng(1)
     m = np.exp(rng.uniform(np.log(1e-6), np.log(3.0), 64))
     m0, shift = quantize_multiplier(m)
-    assert np.all((m0 >= 2**30)) and np.all(m0 <= 2**31 - 1)
+    assert np.all(m0 >= 2**30) and np.all(m0 <= 2**31 - 1)
     acc = rng.integers(-2**20, 2**20, (500, 64)).astype(np.int32)
     m0, shift = m0[None], shift[None]
     got = np.asarray(requantize(jnp.asarray(acc), jnp.asarray(m0), jnp.asarray(shift)))

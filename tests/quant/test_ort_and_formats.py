@@ -75,7 +75,7 @@ def run_ort(fmt, x, scale, zp, axis=None, block_size=None):
     return qf, y
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def jitted(fmt, axis, block_size):
     def f(x, s, z):
         q = quantize(x, s, z, fmt, axis, block_size=block_size)
