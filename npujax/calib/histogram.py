@@ -225,15 +225,21 @@ def mse_observer(
 def entropy_observer(*, bins: int = 2048, axis: int | None = None) -> Observer:
     """TensorRT's entropy calibration: the ``|x|`` threshold minimising ``KL(P || Q)``.
 
-    ``Q`` has ``2^(bits-1)`` levels for an integer format of ``bits`` bits (128 for int8, as in
-    TensorRT), 128 for FP8.
+    ``Q`` has ``2^(bits-1)`` levels for a signed (or symmetric) integer format of ``bits`` bits
+    (128 for int8, as in TensorRT), ``2^bits`` for an unsigned asymmetric one (whose codes all
+    lie on one side of zero for one-signed data such as ReLU outputs), 128 for FP8.
 
     References:
       Migacz 2017, "8-bit Inference with TensorRT" (GTC); Wu et al. 2020, arXiv:2004.09602.
     """
 
     def range_fn(s, fmt, sym):
-        levels = 2 ** (fmt.bits - 1) if hasattr(fmt, "bits") else 128
+        if not hasattr(fmt, "bits"):
+            levels = 128
+        elif fmt.signed or sym:
+            levels = 2 ** (fmt.bits - 1)  # codes on one side of zero (TensorRT: 128 for int8)
+        else:
+            levels = 2**fmt.bits  # unsigned asymmetric: every code may lie on one side
         return _entropy_range(s, fmt, min(levels, bins))
 
     return histogram_observer(range_fn, bins=bins, axis=axis)
