@@ -3,9 +3,12 @@
 The state of every histogram observer is a pytree (per tensor; per channel every leaf gains a
 leading channel dimension)::
 
-    {"min": f32[], "max": f32[], "amax": f32[], "hist": f32[2 * bins]}
+    {"min": f32[], "max": f32[], "amax": f32[], "hist": f32[2 * bins], "zeros": f32[]}
 
-``hist`` counts values in ``2 * bins`` equal bins over ``[-amax, amax]``. When a batch extends
+``hist`` counts values in ``2 * bins`` equal bins over ``[-amax, amax]``; ``zeros`` counts exact
+zeros (ReLU outputs, padding), which the MSE and entropy criteria leave out because every grid
+represents 0 exactly -- with them, the spike at 0 of sparse post-ReLU data pulls the KL
+threshold far too low (a 90 %-sparse ReLU'd Gaussian would be clipped near 0.3 sigma). When a batch extends
 ``amax``, the old counts are re-binned onto the wider grid by linear interpolation of their
 cumulative distribution (mass is spread uniformly inside each old bin, as PyTorch's
 HistogramObserver does), then the batch is added. ``update`` is pure and jit-able; the range is
@@ -56,6 +59,7 @@ def _init_one(bins: int) -> ObserverState:
         "max": jnp.asarray(-jnp.inf, jnp.float32),
         "amax": jnp.asarray(_TINY, jnp.float32),
         "hist": jnp.zeros((2 * bins,), jnp.float32),
+        "zeros": jnp.asarray(0.0, jnp.float32),
     }
 
 
@@ -77,6 +81,7 @@ def _update_one(state: ObserverState, x: jax.Array) -> ObserverState:
         "max": jnp.maximum(state["max"], jnp.max(x)),
         "amax": amax,
         "hist": hist,
+        "zeros": state["zeros"] + jnp.sum((x == 0).astype(jnp.float32)),
     }
 
 
@@ -106,10 +111,22 @@ def _fq_np(v, scale, zp, fmt):
     return (jnp.clip(jnp.round(v / scale) + zp, fmt.qmin, fmt.qmax) - zp) * scale
 
 
+def _without_exact_zeros(state):
+    """The signed histogram with the exact zeros removed from the bin that holds 0.
+
+    Every grid represents 0 exactly (the range always contains 0), so exact zeros -- ReLU
+    outputs, padding -- carry no quantization error; left in, their spike makes the KL and MSE
+    criteria clip sparse data far too tightly.
+    """
+    hist = state["hist"]
+    b = hist.shape[0] // 2
+    return hist.at[b].set(jnp.maximum(hist[b] - state["zeros"], 0.0))
+
+
 def _mse_range(state, fmt, symmetric, candidates):
     e = _edges(state)
     centers = 0.5 * (e[1:] + e[:-1])
-    hist = state["hist"]
+    hist = _without_exact_zeros(state)
 
     def err(t):
         lo, hi = _clip_to_t(state, t)
@@ -123,7 +140,7 @@ def _mse_range(state, fmt, symmetric, candidates):
 
 
 def _entropy_range(state, fmt, levels):
-    hist2 = state["hist"]
+    hist2 = _without_exact_zeros(state)
     b = hist2.shape[0] // 2
     h = hist2[b:] + hist2[:b][::-1]  # |x| histogram over [0, amax]
     width = state["amax"] / b

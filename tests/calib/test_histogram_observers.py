@@ -119,3 +119,18 @@ def test_unknown_observer_and_bad_args():
         get_observer("kl")
     with pytest.raises(CalibrationError):
         percentile_observer(40.0)
+
+
+@pytest.mark.parametrize("name", ["entropy", "mse"])
+def test_sparse_relu_data_is_not_clipped_to_the_zero_spike(name):
+    # 90 % exact zeros (post-ReLU sparsity) must not pull the threshold towards 0: zeros are
+    # exact on every grid, so the criteria ignore them.
+    rng = np.random.default_rng(6)
+    dense = np.abs(rng.normal(size=50_000)).astype(np.float32)
+    sparse = dense.copy()
+    sparse[rng.uniform(size=sparse.size) < 0.9] = 0.0
+    his = []
+    for x in (dense, sparse):
+        obs = small(name)
+        his.append(float(obs.compute_range(run(obs, [x]), U8, False)[1]))
+    assert his[1] > 0.7 * his[0], his
