@@ -8,11 +8,11 @@ leading channel dimension)::
 ``hist`` counts values in ``2 * bins`` equal bins over ``[-amax, amax]``; ``zeros`` counts exact
 zeros (ReLU outputs, padding), which the MSE and entropy criteria leave out because every grid
 represents 0 exactly -- with them, the spike at 0 of sparse post-ReLU data pulls the KL
-threshold far too low (a 90 %-sparse ReLU'd Gaussian would be clipped near 0.3 sigma). When a batch extends
-``amax``, the old counts are re-binned onto the wider grid by linear interpolation of their
-cumulative distribution (mass is spread uniformly inside each old bin, as PyTorch's
-HistogramObserver does), then the batch is added. ``update`` is pure and jit-able; the range is
-chosen once at the end by ``compute_range(state, fmt, symmetric)``:
+threshold far too low (a 90 %-sparse ReLU'd Gaussian would be clipped near 0.3 sigma).
+When a batch extends ``amax``, the old counts are re-binned onto the wider grid by linear
+interpolation of their cumulative distribution (mass is spread uniformly inside each old bin, as
+PyTorch's HistogramObserver does), then the batch is added. ``update`` is pure and jit-able;
+the range is chosen once at the end by ``compute_range(state, fmt, symmetric)``:
 
 * percentile: ``[quantile(1 - p), quantile(p)]`` of the signed histogram;
 * MSE: the symmetric clip ``t`` (applied to the observed min/max) that minimises the expected

@@ -1,11 +1,15 @@
 """LSQ / LSQ+ gradients against values derived by hand from the papers' formulas."""
 
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from npujax.errors import QuantizationError
 from npujax.quant import FP8_E4M3FN, MIN_SCALE, IntFormat, lsq_fake_quant, lsq_init_step
@@ -66,3 +70,35 @@ def test_lsq_init_and_errors():
     assert lsq_init_step(w, INT4, axis=1).shape == (2,)
     with pytest.raises(QuantizationError, match="IntFormat"):
         lsq_fake_quant(w, jnp.float32(1.0), FP8_E4M3FN)
+
+
+@functools.cache
+def _lsq_fn(fmt, g):
+    """Jitted forward and gradients, compiled once per format (fixed shapes)."""
+    fwd = lambda v, s, b: lsq_fake_quant(v, s, fmt, g, offset=b)
+    grads = jax.grad(lambda v, s, b: jnp.sum(fwd(v, s, b)), argnums=(0, 1, 2))
+    return jax.jit(lambda v, s, b: (fwd(v, s, b), grads(v, s, b)))
+
+
+def np_lsq(x, s, beta, qmin, qmax, g):
+    """numpy reference of the papers' forward and gradients (per element for x)."""
+    v = (x - beta) / s
+    out = np.clip(np.round(v), qmin, qmax) * s + beta
+    inside = (v > qmin) & (v < qmax)
+    ds = np.where(v <= qmin, qmin, np.where(v >= qmax, qmax, np.round(v) - v))
+    return out, inside.astype(np.float32), g * ds.sum(), g * (~inside).sum()
+
+
+@pytest.mark.parametrize("fmt", [IntFormat(4), IntFormat(8, signed=False), IntFormat(2)], ids=str)
+@given(x=hnp.arrays(np.float32, (32,), elements=st.floats(-20, 20, width=32)),
+       s=st.sampled_from([0.0625, 0.1, 0.25, 0.3, 1.0, 1.7]), beta=st.floats(-1, 1, width=32))
+@settings(max_examples=25, deadline=None)
+def test_lsq_plus_matches_numpy_reference(fmt, x, s, beta):
+    g = 0.5
+    out, (dx, ds, db) = _lsq_fn(fmt, g)(jnp.asarray(x), jnp.float32(s), jnp.float32(beta))
+    want, wdx, wds, wdb = np_lsq(x.astype(np.float32), np.float32(s), np.float32(beta),
+                                 fmt.qmin, fmt.qmax, g)
+    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(dx), wdx)
+    np.testing.assert_allclose(float(ds), wds, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(float(db), wdb, rtol=1e-6)
