@@ -16,6 +16,7 @@ from npujax.graph.ir import TensorType as TensorType
 from npujax.graph.passes import fold_batchnorm as fold_batchnorm
 from npujax.graph.passes import fuse_epilogues as fuse_epilogues
 from npujax.graph.passes import optimize as optimize
+from npujax.graph.passes import rebatch as rebatch
 from npujax.graph.ptq import bias_correction as bias_correction
 from npujax.graph.ptq import layer_sqnr as layer_sqnr
 from npujax.graph.ptq import ptq as ptq
@@ -41,6 +42,7 @@ __all__ = [
     "fold_batchnorm",
     "fuse_epilogues",
     "optimize",
+    "rebatch",
     "save_graph",
     "QuantRule",
     "quant_spec_from_rules",

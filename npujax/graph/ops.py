@@ -85,7 +85,7 @@ def _gemm(node: Node, inputs, params):
     (x,) = inputs
     y = jnp.matmul(x, params["kernel"])
     if "bias" in params:
-        y = y + params["bias"]
+        y = y + params["bias"].reshape((1,) * (y.ndim - 1) + (-1,))
     return [apply_epilogue(node, y)]
 
 
@@ -126,8 +126,18 @@ _BINARY = {
     "Max": jnp.maximum,
     "Min": jnp.minimum,
 }
+def _same_rank(a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Prepend unit dimensions to the lower-rank operand (numpy/ONNX broadcasting, explicit)."""
+    a, b = jnp.asarray(a), jnp.asarray(b)
+    if a.ndim < b.ndim:
+        a = a.reshape((1,) * (b.ndim - a.ndim) + a.shape)
+    elif b.ndim < a.ndim:
+        b = b.reshape((1,) * (a.ndim - b.ndim) + b.shape)
+    return a, b
+
+
 for _name, _fn in _BINARY.items():
-    OPS[_name] = (lambda f: lambda node, inputs, params: [f(inputs[0], inputs[1])])(_fn)
+    OPS[_name] = (lambda f: lambda node, inputs, params: [f(*_same_rank(*inputs[:2]))])(_fn)
 
 
 def _pool(node: Node, x: jax.Array, init: Any, reducer) -> jax.Array:
