@@ -56,8 +56,6 @@ def model_and_data():
     return graph, params, q, qstate, x
 
 
-# flax_model: the fake-quant reference runs ops.py's Gemm, whose bias add relies on rank promotion
-@pytest.mark.flax_model
 @pytest.mark.parametrize("requant", ["fixed_point", "float"])
 def test_integer_model_matches_fake_quant_within_one_step(model_and_data, requant):
     graph, params, q, qstate, x = model_and_data

@@ -28,8 +28,6 @@ from npujax.graph import (
 from npujax.quant import IntFormat
 from npujax.report import write_sqnr_report
 
-pytestmark = pytest.mark.flax_model  # ops.py's float Gemm relies on rank promotion
-
 
 @pytest.fixture(scope="module")
 def digits():
@@ -101,6 +99,7 @@ class LinenNet(nn.Module):
         return nn.Dense(3, name="head")(x)
 
 
+@pytest.mark.flax_model  # traces the Linen model inside the test
 def test_linen_model_rules_by_module_path():
     net = LinenNet()
     x = jnp.asarray(np.random.default_rng(2).normal(size=(16, 6, 6, 2)), jnp.float32)
