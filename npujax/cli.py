@@ -143,6 +143,56 @@ def _cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from npujax.demo.data import load_digits_nhwc, load_mnist5k_nhwc
+    from npujax.graph import layer_sqnr, load_graph, ptq, quant_spec, save_graph
+    from npujax.report import sqnr_table, write_sqnr_report
+
+    graph, params, _, meta = load_graph(args.model)
+    data = (load_digits_nhwc if args.data == "digits" else load_mnist5k_nhwc)(seed=args.seed)
+    want = graph.tensors[graph.inputs[0]].shape[1:]
+    if tuple(data.x_train.shape[1:]) != tuple(want):
+        raise ConfigError(f"the model takes inputs of shape {tuple(want)} but --data {args.data} "
+                          f"has {tuple(data.x_train.shape[1:])}; pick the data set it was "
+                          "trained on.")
+    spec = quant_spec(graph, _bits(args.weight_bits), _bits(args.act_bits))
+    bs = args.batch_size
+    batches = [data.x_train[i * bs:(i + 1) * bs] for i in range(args.batches)]
+    params, qstate = ptq(graph, params, batches, spec, observer=args.observer,
+                         bias_correct=not args.no_bias_correction, progress=not args.no_progress)
+    rows = layer_sqnr(graph, params, spec, qstate, batches[:4])
+    console = _console()
+    console.print(sqnr_table(rows, f"per-layer SQNR, {args.observer} calibration (worst first)"))
+    if args.out:
+        out = Path(args.out)
+        save_graph(out / "model_calibrated.npz", graph, params, qstate,
+                   meta={**meta, "observer": args.observer, "weight_bits": args.weight_bits,
+                         "act_bits": args.act_bits})
+        write_sqnr_report(out, rows)
+        console.print(f"wrote {out}/model_calibrated.npz, sqnr.md, sqnr.csv, sqnr.png")
+    return 0
+
+
+def _cmd_qat(args: argparse.Namespace) -> int:
+    import json
+
+    from npujax._atomic import atomic_write_text
+    from npujax.qat import load_qat_config, results_markdown, run_qat_experiment
+
+    overrides = {"progress": not args.no_progress}
+    config = load_qat_config(args.config, **overrides)
+    console = _console()
+    result = run_qat_experiment(config, console=console, out_dir=args.out)
+    text = results_markdown([result])
+    console.print(text)
+    if args.out:
+        out = Path(args.out)
+        atomic_write_text(out / "quantization.md", text)
+        atomic_write_text(out / "quantization.json", json.dumps(result, indent=1, default=str))
+        console.print(f"wrote {out}/quantization.md, quantization.json")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for documentation and tests)."""
     p = argparse.ArgumentParser(
@@ -180,6 +230,34 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--out", help="write schedule.json, layers.csv and plots (per-layer latency, "
                     "stacked breakdown, roofline) here")
     lo.set_defaults(fn=_cmd_lower)
+
+    ca = sub.add_parser("calibrate", help="PTQ-calibrate a saved model, print per-layer SQNR",
+                        description="Calibrate activation ranges of a saved npujax model "
+                                    "(model.npz) on real data, apply bias correction and report "
+                                    "the per-layer SQNR of the quantized vs float outputs.")
+    ca.add_argument("model", help="model file written by 'npujax demo' (model.npz)")
+    ca.add_argument("--data", choices=("digits", "mnist5k"), default="digits")
+    ca.add_argument("--observer", default="minmax",
+                    help="minmax, ema, percentile, mse or entropy (default minmax)")
+    ca.add_argument("--weight-bits", default="8", help="8, or per layer: fc1=4,fc2=8")
+    ca.add_argument("--act-bits", default="8", help="8, or per layer: conv1=8")
+    ca.add_argument("--batches", type=int, default=8, help="calibration batches (default 8)")
+    ca.add_argument("--batch-size", type=int, default=64)
+    ca.add_argument("--seed", type=int, default=0)
+    ca.add_argument("--no-bias-correction", action="store_true")
+    ca.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    ca.add_argument("--out", help="write model_calibrated.npz and the SQNR report here")
+    ca.set_defaults(fn=_cmd_calibrate)
+
+    qa = sub.add_parser("qat", help="QAT fine-tuning vs PTQ observers, from a config file",
+                        description="Train a CNN, then compare PTQ (min-max, percentile, MSE, "
+                                    "entropy) with QAT at W8A8/W4A8/W4A4 as the TOML config says "
+                                    "(keys: the fields of npujax.qat.QATConfig).")
+    qa.add_argument("--config", required=True, help="TOML file (see "
+                    "experiments/qat_finetune/config.toml)")
+    qa.add_argument("--out", help="write quantization.md/.json and SQNR reports here")
+    qa.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    qa.set_defaults(fn=_cmd_qat)
 
     se = sub.add_parser("search", help="choose per-layer bit widths for a latency budget",
                         description="Mixed-precision search on a saved model (model.npz from "

@@ -90,10 +90,11 @@ def default_out_dir() -> Path:
 
 def train_float(
     data: Dataset, *, epochs: int, learning_rate: float, batch_size: int, seed: int,
-    progress: bool = False,
-) -> DigitsCNN:
-    """Train :class:`DigitsCNN` in float with optax Adam (BatchNorm in training mode)."""
-    model = DigitsCNN(rngs=nnx.Rngs(seed))
+    progress: bool = False, model: nnx.Module | None = None,
+) -> nnx.Module:
+    """Train ``model`` (default a new :class:`DigitsCNN`) in float with optax Adam (BatchNorm in
+    training mode); returns it in eval mode."""
+    model = model if model is not None else DigitsCNN(rngs=nnx.Rngs(seed))
     steps_per_epoch = max(1, len(data.x_train) // batch_size)
     schedule = optax.cosine_decay_schedule(learning_rate, epochs * steps_per_epoch)
     optimizer = nnx.Optimizer(model, optax.adam(schedule), wrt=nnx.Param)

@@ -12,7 +12,7 @@ from npujax.errors import ConfigError, GraphError
 from npujax.graph.ir import GEMM_OPS, Graph, Node, Params, TensorType
 from npujax.graph.ops import UNARY_EPILOGUES, kernel_out_axis
 
-__all__ = ["fold_batchnorm", "fuse_epilogues", "optimize", "rebatch"]
+__all__ = ["fold_batchnorm", "fuse_epilogues", "optimize", "rebatch", "frozen_bn_stats"]
 
 
 def _rewire(nodes: list[Node], old: str, new: str) -> list[Node]:
@@ -72,6 +72,25 @@ def fold_batchnorm(graph: Graph, params: Params) -> tuple[Graph, Params]:
         j = [n.name for n in nodes].index(node.name)
         nodes[j] = nodes[j].replace(outputs=bn.outputs, params=("kernel", "bias"))
     return graph.replace(nodes=tuple(nodes)), params
+
+
+def frozen_bn_stats(graph: Graph, params: Params) -> Params:
+    """``params`` with every BatchNormalization's running ``mean``/``var`` gradient-stopped.
+
+    Used by BN-folded QAT after the freeze step: the statistics stay fixed while the kernel and
+    the BN scale/shift train through the fold.
+    """
+    import jax
+
+    out = dict(params)
+    for n in graph.nodes:
+        if n.op == "BatchNormalization" and n.name in params:
+            p = dict(params[n.name])
+            for k in ("mean", "var"):
+                if k in p:
+                    p[k] = jax.lax.stop_gradient(p[k])
+            out[n.name] = p
+    return out
 
 
 def fuse_epilogues(graph: Graph, params: Params) -> tuple[Graph, Params]:
