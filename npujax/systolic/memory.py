@@ -75,7 +75,8 @@ def gemm_memory(
     Returns:
       dict of float32 arrays: ``dram_read_bytes_a``, ``dram_read_bytes_b``,
       ``dram_write_bytes_out``, ``dram_read_bytes_out`` (partial sums read back), ``dram_bytes``
-      (their sum); ``memory_cycles`` (dram_bytes / bandwidth); ``stall_cycles``;
+      (their sum); ``memory_cycles`` (dram_bytes / bandwidth); ``prologue_cycles`` and
+      ``epilogue_cycles`` (the first tiles in, the last tile out); ``stall_cycles``;
       ``total_cycles`` (compute + stalls); bool ``resident_a``, ``resident_b``, ``resident_out``
       (whether the reused data fits its active half-buffer); int32 ``compute_cycles`` (from
       :func:`gemm_cycles`).
@@ -134,6 +135,8 @@ def gemm_memory(
         "dram_read_bytes_out": rd_out,
         "dram_bytes": dram,
         "memory_cycles": memory,
+        "prologue_cycles": prologue,
+        "epilogue_cycles": epilogue,
         "stall_cycles": stall,
         "total_cycles": compute + stall,
         "compute_cycles": g["compute_cycles"],

@@ -57,8 +57,10 @@ def test_roofline_breakdown_and_sum(graph, df, preset):
         roof = max(r.macs / spec.peak_macs_per_s, r.dram_bytes / bw)
         assert r.latency_s >= roof * (1 - 1e-6)
         if r.device == "npu":
+            # the first/last tiles (dma beyond the access latency) never overlap compute
+            lat = spec.memory.dram_latency_s * spec.array.clock_hz
             assert r.latency_cycles == pytest.approx(
-                max(r.compute_cycles, r.memory_cycles) + r.dma_cycles, rel=1e-6)
+                max(r.compute_cycles + r.dma_cycles, r.memory_cycles + lat), rel=1e-5)
             assert r.bound == ("compute" if r.compute_cycles >= r.memory_cycles else "memory")
         else:
             assert r.bound == "fallback" and r.fallback_cycles > 0
@@ -224,3 +226,24 @@ def test_batch_scales_gemm_rows_and_throughput(graph, edge_spec):
     assert eight.throughput_per_s > one.throughput_per_s
     with pytest.raises(ConfigError):
         lower(graph, edge_spec, batch=0)
+
+
+@pytest.mark.parametrize("preset", ["edge_16x16", "gemmini_16x16"])
+def test_non_increasing_in_sram_and_small_sram_refetches(graph, preset):
+    spec = load_npu_spec(preset)
+    sizes = [512, 2048, 8192, 32768, 131072, 1 << 22]
+    lats, fetch = [], []
+    for s in sizes:
+        sp = _with(spec, "memory", ifmap_sram_bytes=s, filter_sram_bytes=s, ofmap_sram_bytes=s)
+        sched = lower(graph, sp)
+        lats.append(sched.latency_s)
+        fetch.append({r.name: r.refetch_factor for r in sched.layers})
+    assert all(b <= a * (1 + 1e-9) for a, b in zip(lats, lats[1:]))
+    assert lats[0] > lats[-1]
+    assert max(fetch[0].values()) > 1.0  # the tiny SRAM re-fetches an operand
+    big = lower(graph, _with(spec, "memory", ifmap_sram_bytes=1 << 22,
+                             filter_sram_bytes=1 << 22, ofmap_sram_bytes=1 << 22))
+    for r in big.layers:
+        if r.device == "npu":
+            assert r.refetch_factor == pytest.approx(1.0, rel=1e-6)
+            assert r.sram_peak_bytes >= 0
