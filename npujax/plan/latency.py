@@ -223,7 +223,8 @@ def layer_costs(
                                              memory), 0.0)
     tc = total_compute.astype(jnp.float32)
     stall = jnp.maximum(memory - exposed - tc, 0.0)
-    dma = jnp.where(on_npu, hw.dram_latency_s * hw.clock_hz + exposed, 0.0)
+    fused = jnp.asarray([bool(w.fused_into) for w in layers])
+    dma = jnp.where(on_npu & ~fused, hw.dram_latency_s * hw.clock_hz + exposed, 0.0)
     sram_peak = jnp.where(is_gemm, (
         jnp.minimum(in_elems * ab / 8.0, hw.ifmap_sram_bytes * fcores)
         + jnp.minimum(f32(lambda w: w.weight_elems) * wb / 8.0, hw.filter_sram_bytes * fcores)

@@ -247,3 +247,29 @@ def test_non_increasing_in_sram_and_small_sram_refetches(graph, preset):
         if r.device == "npu":
             assert r.refetch_factor == pytest.approx(1.0, rel=1e-6)
             assert r.sram_peak_bytes >= 0
+
+
+class HardSwishNet(nnx.Module):
+    def __init__(self, rngs):
+        self.conv = nnx.Conv(16, 16, (3, 3), padding="SAME", rngs=rngs)
+        self.conv2 = nnx.Conv(16, 16, (1, 1), rngs=rngs)
+
+    def __call__(self, x):
+        y = self.conv(x)
+        y = y * jnp.clip(y + 3.0, 0.0, 6.0) / 6.0  # hard-swish as an exporter writes it
+        return self.conv2(y) + y  # a residual add that re-reads y
+
+
+def test_elementwise_chain_fuses_into_the_conv_but_residual_add_reads_dram(edge_spec):
+    g = _trace(HardSwishNet(nnx.Rngs(0)), (1, 16, 16, 16))
+    rows = lower(g, edge_spec).layers
+    by_op = {}
+    for r in rows:
+        by_op.setdefault(r.op, []).append(r)
+    assert "Div" not in by_op  # division by the constant 6 became a multiplication
+    fused = [r for r in rows if r.kind == "vector" and r.dram_bytes == 0]
+    # add 3, max 0 (relu), min 6, multiply, multiply by 1/6: all on chip after the conv
+    assert len(fused) == 5 and all(r.device == "npu" for r in fused)
+    assert all(r.dma_cycles == 0 and r.compute_cycles > 0 for r in fused)
+    last_add = [r for r in rows if r.op == "Add"][-1]
+    assert last_add.dram_bytes > 0  # conv2 output + y: the skip tensor comes from DRAM
