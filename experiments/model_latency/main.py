@@ -45,10 +45,12 @@ def main() -> None:
             s = lower(graph, spec)
             shares = s.breakdown_s()
             cpu = sorted({r.op for r in s.layers if r.device == "cpu"})
+            n_cpu = sum(r.device == "cpu" for r in s.layers)
+            cpu_text = f"{n_cpu} ({', '.join(cpu)})" if cpu else "0"
             row = [name, "x".join(map(str, shapes["x"])), preset, f"{s.macs / 1e9:.3f}",
                    f"{s.latency_s * 1e3:.3f}", f"{s.throughput_per_s:,.0f}",
                    *[f"{shares[k] / s.latency_s:.0%}" for k in BREAKDOWN],
-                   f"{sum(r.device == 'cpu' for r in s.layers)} {'(' + ', '.join(cpu) + ')' if cpu else ''}",
+                   cpu_text,
                    f"{s.peak_activation_bytes / 1024:,.0f}"]
             lines.append("| " + " | ".join(row) + " |")
             print(" | ".join(row), flush=True)
