@@ -61,13 +61,88 @@ def apply_epilogue(node: Node, y: jax.Array) -> jax.Array:
     return y
 
 
+def _depthwise_conv(x: jax.Array, kernel: jax.Array, a: dict) -> jax.Array:
+    """Depthwise convolution as a sum of strided shifted products (same result as lax.conv).
+
+    XLA:CPU runs ``feature_group_count == C`` convolutions tens of times slower than this
+    shift-and-multiply form (measured 8 ms vs 0.2 ms for a 64-channel 24x96 3x3 layer), and the
+    mobile CNNs npujax imports are full of them. Supports any stride, dilation, padding, channel
+    multiplier and layout; the summation order differs from XLA's, so results agree to float
+    rounding.
+    """
+    layout, klayout = a["data_layout"], a["kernel_layout"]
+    xc = jnp.transpose(x, [layout.index(d) for d in "NCHW"])
+    w = jnp.transpose(kernel, [klayout.index(d) for d in "OIHW"])  # [C*m, 1, kh, kw]
+    c = xc.shape[1]
+    m = w.shape[0] // c
+    (pt, pb), (pl, pr) = a["padding"]
+    xp = jnp.pad(xc, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    if m > 1:
+        xp = jnp.repeat(xp, m, axis=1)
+    sh, sw = a["strides"]
+    dh, dw = a["dilations"]
+    kh, kw = w.shape[2:]
+    ho = (xp.shape[2] - (dh * (kh - 1) + 1)) // sh + 1
+    wo = (xp.shape[3] - (dw * (kw - 1) + 1)) // sw + 1
+    out = None
+    for i in range(kh):
+        for j in range(kw):
+            patch = lax.slice(xp, (0, 0, i * dh, j * dw),
+                              (xp.shape[0], xp.shape[1], i * dh + (ho - 1) * sh + 1,
+                               j * dw + (wo - 1) * sw + 1), (1, 1, sh, sw))
+            term = patch * w[:, 0, i, j].reshape(1, -1, 1, 1)
+            out = term if out is None else out + term
+    return jnp.transpose(out, ["NCHW".index(d) for d in layout])
+
+
+def _is_depthwise(x: jax.Array, kernel: jax.Array, a: dict) -> bool:
+    if len(a["strides"]) != 2 or any(d != 1 for d in a.get("lhs_dilation", (1, 1))):
+        return False
+    c_in = x.shape[a["data_layout"].index("C")]
+    k = dict(zip(a["kernel_layout"], kernel.shape))
+    return int(a["groups"]) == c_in > 1 and k["I"] == 1 and k["H"] * k["W"] <= 49
+
+
+def _is_pointwise(kernel: jax.Array, a: dict) -> bool:
+    k = dict(zip(a["kernel_layout"], kernel.shape))
+    return (len(a["strides"]) == 2 and int(a["groups"]) == 1 and k["H"] == k["W"] == 1
+            and all(s == 1 for s in a["strides"]) and all(p == [0, 0] or tuple(p) == (0, 0)
+                                                          for p in a["padding"])
+            and all(d == 1 for d in a.get("lhs_dilation", (1, 1))))
+
+
+def _pointwise_conv(x: jax.Array, kernel: jax.Array, a: dict) -> jax.Array:
+    """A 1x1 convolution as a matrix product over the channel axis (XLA:CPU's dot is faster
+    than its convolution for this shape)."""
+    layout, klayout = a["data_layout"], a["kernel_layout"]
+    w = jnp.transpose(kernel, [klayout.index(d) for d in "OIHW"])[:, :, 0, 0]  # [O, I]
+    spec = layout.replace("C", "c")
+    out = layout.replace("C", "o")
+    return jnp.einsum(f"{spec},oc->{out}", x, w)
+
+
 @_register("Conv")
 def _conv(node: Node, inputs, params):
     a = node.attrs
     (x,) = inputs
-    y = lax.conv_general_dilated(
+    if _is_depthwise(x, params["kernel"], a):
+        y = _depthwise_conv(x, params["kernel"], a)
+    elif _is_pointwise(params["kernel"], a):
+        y = _pointwise_conv(x, params["kernel"], a)
+    else:
+        y = _dense_conv(x, params["kernel"], a)
+    if "bias" in params:
+        c_axis = a["data_layout"].index("C")
+        shape = [1] * y.ndim
+        shape[c_axis] = -1
+        y = y + params["bias"].reshape(shape)
+    return [apply_epilogue(node, y)]
+
+
+def _dense_conv(x: jax.Array, kernel: jax.Array, a: dict) -> jax.Array:
+    return lax.conv_general_dilated(
         x,
-        params["kernel"],
+        kernel,
         window_strides=tuple(a["strides"]),
         padding=[tuple(p) for p in a["padding"]],
         lhs_dilation=tuple(a.get("lhs_dilation", (1,) * len(a["strides"]))),
@@ -75,12 +150,6 @@ def _conv(node: Node, inputs, params):
         dimension_numbers=(a["data_layout"], a["kernel_layout"], a["data_layout"]),
         feature_group_count=int(a["groups"]),
     )
-    if "bias" in params:
-        c_axis = a["data_layout"].index("C")
-        shape = [1] * y.ndim
-        shape[c_axis] = -1
-        y = y + params["bias"].reshape(shape)
-    return [apply_epilogue(node, y)]
 
 
 @_register("Gemm")
