@@ -67,8 +67,8 @@ def _scalesim_cases(arrays: str):
     return doc, "stored (no SCALE-Sim venv found)"
 
 
-def bench_scalesim(arrays: str):
-    doc, how = _scalesim_cases(arrays)
+def compare_with_scalesim(doc: dict, how: str):
+    """Time npujax on the cases of one SCALE-Sim result document and check every cycle count."""
     cases = doc["cases"]
     ss_seconds = sum(t["seconds"] for t in doc["timings"])
     by_df = {}
@@ -89,6 +89,13 @@ def bench_scalesim(arrays: str):
         for df in by_df)
     return {"source": how, "cases": len(cases), "scalesim_s": ss_seconds, "npujax_s": t,
             "ratio": ss_seconds / t, "cycles_equal": equal}
+
+
+def bench_scalesim(arrays: str):
+    gemm = compare_with_scalesim(*_scalesim_cases(arrays))
+    conv_doc = json.loads((ROOT / "tests/systolic/data/scalesim_resnet18.json").read_text())
+    conv = compare_with_scalesim(conv_doc, "stored")
+    return gemm, conv
 
 
 def _hw_configs(n, seed=0):
@@ -147,13 +154,17 @@ def main(argv=None):
     print(f"jax {jax.__version__} on {jax.devices()[0].platform} "
           f"({os.cpu_count()} CPUs visible); no GPU run in this environment.\n")
 
-    a = bench_scalesim("32,128" if args.quick else "8,16,32,128")
+    a, a_conv = bench_scalesim("32,128" if args.quick else "8,16,32,128")
     b = bench_sweep(args.configs)
     c = [bench_emulation(r, df) for r in (16, 128) for df in ("ws", "os", "is")]
 
     print(f"(a) SCALE-Sim vs npujax, {a['cases']} GEMM cases (SCALE-Sim timings: {a['source']})")
     print(f"    SCALE-Sim {a['scalesim_s']:10.3f} s | npujax {a['npujax_s'] * 1e6:10.1f} us | "
           f"ratio {a['ratio']:,.0f}x | cycles equal: {a['cycles_equal']}")
+    print(f"    ResNet-18 conv layers, {a_conv['cases']} cases (SCALE-Sim timings: stored)")
+    print(f"    SCALE-Sim {a_conv['scalesim_s']:10.3f} s | npujax "
+          f"{a_conv['npujax_s'] * 1e6:10.1f} us | ratio {a_conv['ratio']:,.0f}x | "
+          f"cycles equal: {a_conv['cycles_equal']}")
     print(f"(b) ResNet-50 ({b['layers']} layers) x {b['configs']:,} hardware configs, one call")
     print(f"    compute cycles     {b['compute_s'] * 1e3:8.2f} ms  "
           f"{b['compute_eval_per_s']:.3e} evals/s (target 1e7)")
@@ -164,7 +175,7 @@ def main(argv=None):
     for r in c:
         print(f"    {r['array']:>7s} {r['dataflow']:2s}  emulate {r['emulate_s'] * 1e3:7.2f} ms  "
               f"matmul {r['matmul_s'] * 1e3:7.2f} ms  -> {r['slowdown']:.2f}x (target <= 2x)")
-    return {"scalesim": a, "sweep": b, "emulation": c}
+    return {"scalesim": a, "scalesim_conv": a_conv, "sweep": b, "emulation": c}
 
 
 if __name__ == "__main__":
