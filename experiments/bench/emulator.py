@@ -110,7 +110,7 @@ def _hw_configs(n, seed=0):
 def bench_sweep(n_configs: int):
     layers = resnet(50)
     L = len(layers)
-    M, K, N, G = (jnp.asarray([lay[i] for lay in layers], jnp.int32) for i in range(1, 5))
+    M, K, N, G, U = (jnp.asarray([lay[i] for lay in layers], jnp.int32) for i in range(1, 6))
     rows, cols, sram, bw = _hw_configs(n_configs)
 
     @jax.jit
@@ -122,7 +122,7 @@ def bench_sweep(n_configs: int):
     def with_memory(rows, cols, sram, bw):
         def f(r, c, s, b):
             m = gemm_memory(M, K, N, r, c, "weight_stationary", sram_bytes_a=s, sram_bytes_b=s,
-                            sram_bytes_out=s, dram_bytes_per_cycle=b)
+                            sram_bytes_out=s, dram_bytes_per_cycle=b, unique_elems_a=U)
             return G.astype(jnp.float32) * m["total_cycles"]
         return jax.vmap(f)(rows, cols, sram, bw)
 
