@@ -203,14 +203,14 @@ def layer_costs(
     once = (_bursts(f32(lambda w: w.weight_elems) * wb / 8.0, burst) + bias_bytes
             + _bursts(in_elems * ab / 8.0, burst) + _bursts(out_elems * ab / 8.0, burst))
     # GEMM layers: the tiled traffic of the systolic memory model (SRAM capacity, reuse, spills).
-    # im2col happens on chip, so the raw input is spread over the [M, K] operand (dup <= 1).
-    dup = jnp.minimum(in_elems / f32(lambda w: max(w.groups * w.M * w.K, 1)), 1.0)
+    # im2col happens on chip: the [M, K] operand costs DRAM reads of its distinct elements only.
     fcores = cores.astype(jnp.float32)
     mem = gemm_memory(M, K, N, R, C, df, sram_bytes_a=hw.ifmap_sram_bytes * fcores,
                       sram_bytes_b=hw.filter_sram_bytes * fcores,
                       sram_bytes_out=hw.ofmap_sram_bytes * fcores,
-                      elem_bytes_a=ab / 8.0 * dup, elem_bytes_b=wb / 8.0,
-                      elem_bytes_out=ab / 8.0, dram_bytes_per_cycle=bpc)
+                      elem_bytes_a=ab / 8.0, elem_bytes_b=wb / 8.0,
+                      elem_bytes_out=ab / 8.0, dram_bytes_per_cycle=bpc,
+                      unique_elems_a=in_elems / groups.astype(jnp.float32))
     gf = groups.astype(jnp.float32)
     tiled = (_bursts(gf * mem["dram_read_bytes_a"], burst)
              + _bursts(gf * mem["dram_read_bytes_b"], burst) + bias_bytes
