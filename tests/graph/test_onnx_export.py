@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 from npujax.errors import ConfigError, UnsupportedOpError
 from npujax.graph import calibrate, execute, from_onnx, optimize, quant_spec, to_onnx
 from tests.helpers import assert_close
-from tests.onnx_models import crops, ort_run, zoo_path
+from tests.onnx_models import ort_run, text_images, zoo_path
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +20,7 @@ def cls_quantized():
     graph, params = from_onnx(zoo_path("ppocr_cls"), {"x": (1, 3, 48, 192)})
     graph, params = optimize(graph, params)
     q = quant_spec(graph)
-    xs = crops(48, 192, 8, seed=2)
+    xs = text_images(48, 192, 8, seed=2, flip_odd=True)
     qstate = calibrate(graph, params, [x[None] for x in xs[:4]], q)
     run = jax.jit(jax.vmap(lambda p, x, qs: execute(graph, p, x[None], quant=q, qstate=qs)[0],
                            in_axes=(None, 0, None)))
@@ -31,17 +31,15 @@ def cls_quantized():
 
 def test_cls_fake_quant_close_to_float(cls_quantized):
     *_, yq, yf = cls_quantized
-    # int8 per-channel weights, uint8 activations, 4 calibration crops of real photographs:
-    # measured max |dp| 0.05 and top-1 agreement 11/12 on 12 crops.
-    assert np.abs(yq - yf).max() < 0.1
-    _assert_same_decisions(yq, yf)
+    # int8 per-channel weights, uint8 activations, calibrated on 4 text images: measured
+    # max |dp| 0.017; every orientation still right.
+    assert np.abs(yq - yf).max() < 0.05
+    np.testing.assert_array_equal(yf.argmax(1), ORIENTATION)
+    np.testing.assert_array_equal(yq.argmax(1), ORIENTATION)
 
 
-def _assert_same_decisions(a, b, margin=0.2):
-    """Top-1 agrees wherever the reference is not a near tie (|p0 - p1| > margin)."""
-    clear = np.abs(b[:, 0] - b[:, 1]) > margin
-    assert clear.sum() >= 2
-    np.testing.assert_array_equal(a[clear].argmax(1), b[clear].argmax(1))
+#: Classes of the 8 test images: upright text is class 0, text rotated by 180 degrees class 1.
+ORIENTATION = [0, 1] * 4
 
 
 def test_qdq_export_structure_and_atomic_write(cls_quantized, tmp_path):
@@ -82,12 +80,11 @@ def test_qdq_export_runs_in_onnxruntime_close_to_fake_quant(cls_quantized, int32
     graph, params, q, qstate, xs, yq, _ = cls_quantized
     model = to_onnx(graph, params, q, qstate, int32_bias=int32_bias).SerializeToString()
     y = np.concatenate([ort_run(model, {"x": x[None]})[0] for x in xs])
-    # Not bit-exact: onnxruntime's float conv accumulates in another order, which flips a few
-    # activation codes by 1 LSB; the flips compound over 54 quantized layers (measured on 12
-    # crops: max |dp| 0.054 with int32 biases, 0.031 with float biases; top-1 always agreed
-    # with int32 biases).
-    assert np.abs(y - yq).max() < 0.1
-    _assert_same_decisions(y, yq)
+    # Not bit-exact: onnxruntime's float conv accumulates in another order (and int32 biases
+    # round), which flips a few activation codes by 1 LSB; flips compound over 54 quantized
+    # layers. Measured max |dp|: 0.021 with int32 biases, 0.017 with float biases.
+    assert np.abs(y - yq).max() < 0.05
+    np.testing.assert_array_equal(y.argmax(1), ORIENTATION)
 
 
 def _small_model():
