@@ -319,3 +319,14 @@ def test_imported_graph_saves_and_loads(cls_model, tmp_path):
     x = crops(48, 192, 1, seed=9)
     y2 = jax.jit(lambda p, x: execute(g2, p, x))(p2, x)
     assert_close(y2, jax.jit(lambda p, x: execute(graph, p, x))(params, x), rtol=1e-6, atol=1e-7)
+
+
+def test_parse_input_shapes_for_the_cli():
+    from npujax.errors import ConfigError
+    from npujax.graph.onnx_import import parse_input_shapes
+
+    assert parse_input_shapes(["x=1,3,48,192", "mask = 1,1"]) == {"x": (1, 3, 48, 192),
+                                                                  "mask": (1, 1)}
+    for bad in (["x"], ["x="], ["=1,2"], ["x=1,a"], ["x=1,0"], ["x=1", "x=2"]):
+        with pytest.raises(ConfigError, match="input shape"):
+            parse_input_shapes(bad)
