@@ -330,3 +330,20 @@ def test_parse_input_shapes_for_the_cli():
     for bad in (["x"], ["x="], ["=1,2"], ["x=1,a"], ["x=1,0"], ["x=1", "x=2"]):
         with pytest.raises(ConfigError, match="input shape"):
             parse_input_shapes(bad)
+
+
+def test_zoo_works_offline_after_first_fetch(tmp_path, monkeypatch):
+    import shutil
+
+    from npujax.graph import zoo
+
+    src = zoo_path("ppocr_cls")
+    shutil.copy(src, tmp_path / src.name)
+
+    def no_network(*args, **kwargs):
+        raise OSError("network is down")
+
+    monkeypatch.setattr(zoo.subprocess, "run", no_network)
+    assert zoo.fetch_model("ppocr_cls", tmp_path) == tmp_path / src.name
+    with pytest.raises(zoo.DownloadError, match="network is down"):
+        zoo.fetch_model("ppocr_det", tmp_path / "empty")
