@@ -869,6 +869,10 @@ def from_onnx(
         output shapes from ONNX shape inference, executed on the host by ``onnx.reference`` and
         costed by the NPU model as host-CPU fallback.
 
+    The graph is specialised to the input shapes: shape computations are folded with them, so
+    executing with another batch size works only where no folded shape depends on the batch
+    (import once per batch size otherwise).
+
     Returns:
       ``(graph, params)``: ``graph.source == "onnx"``; tensor names are the ONNX names; node names
       are the ONNX node names (made unique; ``<op>_<i>`` when empty). ``params[node]`` holds

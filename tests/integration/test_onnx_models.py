@@ -23,7 +23,8 @@ def test_det_640_matches_onnxruntime():
     y = np.asarray(jax.jit(lambda p, x: execute(graph, p, x))(params, x))
     (ref,) = ort_run(path, {"x": x})
     assert (ref > 0.3).mean() > 0.01  # the map marks the rendered text
-    # float32 probability map in [0, 1] after ~330 nodes (measured max abs 1.8e-5 at 320x320).
+    # float32 probability map in [0, 1] after ~330 nodes: measured max abs 1.3e-4 (at a steep
+    # sigmoid edge; rel 5.2e-4 where the map > 0.01), thresholded map identical.
     assert_close(y, ref, rtol=1e-3, atol=1e-4)
 
 
