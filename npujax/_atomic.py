@@ -9,23 +9,41 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
+from npujax.errors import ConfigError
+
 __all__ = ["atomic_open", "atomic_write_text", "atomic_write_bytes"]
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike[str], mode: str = "w", **kwargs) -> Iterator[IO]:
     """Open a temporary file next to ``path``; on success fsync it and rename it over ``path``.
 
-    On an exception the temporary file is removed and ``path`` is untouched.
+    On an exception the temporary file is removed and ``path`` is untouched. The file gets the
+    permissions of an ordinary new file (``0o666`` less the umask).
+
+    Raises:
+      ConfigError: the folder cannot be created (e.g. a file of that name exists).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(
+            f"cannot create output folder {str(path.parent)!r}: {e.strerror}."
+        ) from None
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, mode, **kwargs) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the usual permissions
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

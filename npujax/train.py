@@ -65,6 +65,7 @@ def train_graph(
     seed: int = 0,
     progress: bool = False,
     description: str = "training",
+    fold_bn: bool = False,
 ) -> Params:
     """Fine-tune ``params`` of ``graph`` by Adam with a cosine-decayed learning rate.
 
@@ -79,19 +80,33 @@ def train_graph(
       seed: shuffling seed.
       progress: show a progress bar with the running loss.
       description: label of the progress bar.
+      fold_bn: train an unfolded graph (Conv/Gemm followed by BatchNormalization) through its
+        BN-folded form: every step folds the BN running statistics (frozen, no gradient) and the
+        trainable BN scale/shift into the kernel and bias before fake-quantization, so QAT sees
+        the weight grid deployment uses (Krishnamoorthi 2018, arXiv:1806.08342, section 3.2;
+        Jacob et al. 2018, section 3.2). A BN scale of zero folds to a zero channel, not NaN.
 
     Returns:
-      The trained params.
+      The trained params (unfolded when ``fold_bn``; fold them with
+      :func:`npujax.graph.fold_batchnorm` for deployment).
     """
     if steps < 1:
         raise ConfigError(f"steps must be >= 1, got {steps}.")
     opt = optax.adam(optax.cosine_decay_schedule(learning_rate, steps))
     opt_state = opt.init(params)
 
+    run_graph, transform = graph, lambda p: p
+    if fold_bn:
+        from npujax.graph.passes import fold_batchnorm, frozen_bn_stats
+
+        run_graph = fold_batchnorm(graph, params)[0]
+        transform = lambda p: fold_batchnorm(graph, frozen_bn_stats(graph, p))[1]
+
     @jax.jit
     def step(params, opt_state, xb, yb):
         def loss_fn(p):
-            return cross_entropy(execute(graph, p, xb, quant=quant, qstate=qstate), yb)
+            logits = execute(run_graph, transform(p), xb, quant=quant, qstate=qstate)
+            return cross_entropy(logits, yb)
 
         loss, grads = jax.value_and_grad(loss_fn)(params)
         updates, opt_state = opt.update(grads, opt_state, params)

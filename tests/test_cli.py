@@ -1,24 +1,12 @@
 """The CLI as a user runs it: a separate process, exit codes and messages, no tracebacks."""
 
+import importlib.resources
 import subprocess
 import sys
 
 import pytest
 
-GOOD = """name = "t"
-[array]
-rows = 16
-cols = 16
-dataflow = "output_stationary"
-clock_hz = 1e9
-[memory]
-ifmap_sram_bytes = 1024
-filter_sram_bytes = 1024
-ofmap_sram_bytes = 1024
-dram_bytes_per_s = 1e9
-[vector]
-lanes = 4
-"""
+GOOD = importlib.resources.files("npujax.presets").joinpath("edge_16x16.toml").read_text()
 
 
 def run(*args, cwd=None):
@@ -34,8 +22,8 @@ def test_help():
 @pytest.mark.parametrize(
     "text,message",
     [
-        (GOOD.replace("ifmap_sram_bytes = 1024", "ifmap_sram_bytes = -1"), "ifmap_sram_bytes"),
-        (GOOD.replace("lanes = 4", "lanes = 4\nbogus = 2"), "unknown key"),
+        (GOOD.replace("ifmap_sram_bytes = 131072", "ifmap_sram_bytes = -1"), "ifmap_sram_bytes"),
+        (GOOD.replace("lanes = 16", "lanes = 16\nbogus = 2"), "unknown key"),
         ("this is not toml [", "not valid TOML"),
     ],
 )
@@ -67,3 +55,58 @@ def test_bad_bits_spec(tmp_path):
 def test_presets_lists_default():
     r = run("presets")
     assert r.returncode == 0 and "edge_16x16" in r.stdout
+
+
+@pytest.fixture(scope="module")
+def saved_model(tmp_path_factory):
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from npujax.demo.model import DigitsCNN
+    from npujax.graph import optimize, save_graph, trace_flax
+
+    with jax.numpy_dtype_promotion("standard"):
+        g, p = optimize(*trace_flax(DigitsCNN(rngs=nnx.Rngs(0)),
+                                    jnp.zeros((1, 8, 8, 1), jnp.float32)))
+    path = tmp_path_factory.mktemp("m") / "model.npz"
+    save_graph(path, g, p)
+    return path
+
+
+@pytest.mark.parametrize("bits,code,message", [
+    ("fc1=-4", 3, "[2, 16]"), ("fc1=0", 3, "[2, 16]"), ("64", 3, "[2, 16]"),
+    ("fc1=4,fc1=2", 2, "twice"), ("avgpool_0=4", 2, "without weights"),
+])
+def test_lower_rejects_bad_bit_widths(saved_model, bits, code, message):
+    r = run("lower", str(saved_model), "--weight-bits", bits)
+    assert r.returncode == code and message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_lower_writes_readable_outputs(saved_model, tmp_path):
+    import os
+    import stat
+
+    r = run("lower", str(saved_model), "--npu", "gemmini_16x16", "--out", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    assert "fallback" in r.stdout  # gemmini has no average pooling: it runs on the CPU
+    mode = stat.S_IMODE(os.stat(tmp_path / "o" / "schedule.json").st_mode)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert mode == 0o666 & ~umask
+
+
+def test_out_that_is_a_file_is_a_clear_error(saved_model, tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    r = run("lower", str(saved_model), "--out", str(f / "sub"))
+    assert r.returncode == 2 and "cannot create output folder" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_not_an_npz_model(tmp_path):
+    f = tmp_path / "README.md"
+    f.write_text("# hello")
+    r = run("lower", str(f))
+    assert r.returncode == 5 and "not an npujax graph file" in r.stderr
+    assert "pickle" not in r.stderr

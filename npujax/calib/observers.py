@@ -20,15 +20,25 @@ __all__ = ["Observer", "minmax_observer", "ema_minmax_observer"]
 ObserverState = dict[str, jax.Array]
 
 
+def _state_range(state: ObserverState, fmt: Any = None, symmetric: bool = False):
+    """The observed ``(min, max)`` as stored in the state (min-max style observers)."""
+    return state["min"], state["max"]
+
+
 class Observer(NamedTuple):
     """A calibration observer: ``state = init(x)``; ``state = update(state, x)`` per batch.
 
     ``init`` uses only ``x``'s shape (no statistics are taken from it); ``update`` folds one
-    batch into the state. Both are pure and jit-able.
+    batch into the state. Both are pure and jit-able. ``compute_range(state, fmt, symmetric)``
+    turns the final state into the clipping range ``(min, max)`` for a target format (min-max
+    observers return the stored extremes; histogram observers choose a clipping range, e.g. the
+    one that minimises the quantization MSE for ``fmt``). Every state holds ``"min"`` and
+    ``"max"``, so :func:`check_finite_state` applies to all observers.
     """
 
     init: Callable[[jax.Array], ObserverState]
     update: Callable[[ObserverState, jax.Array], ObserverState]
+    compute_range: Callable[..., tuple[jax.Array, jax.Array]] = _state_range
 
 
 def _reduce_axes(x: jax.Array, axis: int | None) -> tuple[int, ...]:
@@ -117,3 +127,27 @@ def check_finite_state(state: Any, layer: str) -> None:
                 f"calibration data reaching layer {layer!r} contains NaN or inf "
                 f"(observed {key}={v}); clean the calibration set or check the layer's input."
             )
+
+
+#: Observer names accepted by :func:`get_observer` (and the CLI / experiment configs).
+OBSERVERS = ("minmax", "ema", "percentile", "mse", "entropy")
+
+
+def get_observer(name: str, axis: int | None = None, **kwargs: Any) -> Observer:
+    """The observer called ``name`` (one of :data:`OBSERVERS`), per tensor or per channel.
+
+    Raises:
+      CalibrationError: for an unknown name (the message lists the known ones).
+    """
+    from npujax.calib import histogram
+
+    makers = {
+        "minmax": lambda: minmax_observer(axis=axis),
+        "ema": lambda: ema_minmax_observer(axis=axis, **kwargs),
+        "percentile": lambda: histogram.percentile_observer(axis=axis, **kwargs),
+        "mse": lambda: histogram.mse_observer(axis=axis, **kwargs),
+        "entropy": lambda: histogram.entropy_observer(axis=axis, **kwargs),
+    }
+    if name not in makers:
+        raise CalibrationError(f"unknown observer {name!r}; choose one of {list(OBSERVERS)}.")
+    return makers[name]()

@@ -26,7 +26,9 @@ from npujax.plan import Schedule, lower
 from npujax.report import (
     dataflow_table,
     layer_table,
+    plot_breakdown,
     plot_layer_latency,
+    plot_roofline,
     write_json,
     write_layers_csv,
 )
@@ -71,10 +73,13 @@ class DemoConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        for f in ("float_epochs", "batch_size", "calibration_batches", "qat_steps",
-                  "search_steps", "finetune_steps"):
+        flags = {"float_epochs": "--epochs", "qat_steps": "--qat-steps",
+                 "search_steps": "--search-steps", "finetune_steps": "--finetune-steps",
+                 "batch_size": None, "calibration_batches": None}
+        for f, flag in flags.items():
             if getattr(self, f) < 1:
-                raise ConfigError(f"DemoConfig.{f} must be >= 1, got {getattr(self, f)}.")
+                name = f"{flag} ({f})" if flag else f
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, f)}.")
 
 
 def default_out_dir() -> Path:
@@ -85,10 +90,11 @@ def default_out_dir() -> Path:
 
 def train_float(
     data: Dataset, *, epochs: int, learning_rate: float, batch_size: int, seed: int,
-    progress: bool = False,
-) -> DigitsCNN:
-    """Train :class:`DigitsCNN` in float with optax Adam (BatchNorm in training mode)."""
-    model = DigitsCNN(rngs=nnx.Rngs(seed))
+    progress: bool = False, model: nnx.Module | None = None,
+) -> nnx.Module:
+    """Train ``model`` (default a new :class:`DigitsCNN`) in float with optax Adam (BatchNorm in
+    training mode); returns it in eval mode."""
+    model = model if model is not None else DigitsCNN(rngs=nnx.Rngs(seed))
     steps_per_epoch = max(1, len(data.x_train) // batch_size)
     schedule = optax.cosine_decay_schedule(learning_rate, epochs * steps_per_epoch)
     optimizer = nnx.Optimizer(model, optax.adam(schedule), wrt=nnx.Param)
@@ -123,7 +129,11 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
     t0 = time.perf_counter()
     spec: NpuSpec = load_npu_spec(config.npu)
     out = Path(config.out) if config.out else default_out_dir()
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"cannot create output folder {str(out)!r}: {e.strerror}; "
+                          "pass another --out.") from None
     data = load_digits_nhwc(seed=config.seed)
     console.print(f"[bold]npujax demo[/] — digits {len(data.x_train)} train / "
                   f"{len(data.x_test)} test, NPU preset [cyan]{spec.name}[/], output {out}")
@@ -195,6 +205,8 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
             "layers": mixed.to_dict()["layers"],
         },
         "int8_latency_s": int8.latency_s,
+        "int8_breakdown_s": int8.breakdown_s(),
+        "peak_activation_bytes": int8.peak_activation_bytes,
         "dataflow_latency_s": {df: s.latency_s for df, s in by_dataflow.items()},
         "layers": int8.to_dict()["layers"],
         "config": {k: (list(v) if isinstance(v, tuple) else v)
@@ -208,10 +220,14 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
     plot_layer_latency(out / "layer_latency.png", {"INT8": int8, "mixed": mixed})
     plot_layer_latency(out / "dataflow_latency.png", by_dataflow,
                        title=f"INT8 per-layer latency by dataflow on {spec.name}")
+    plot_breakdown(out / "breakdown_mixed.png", mixed)
+    plot_roofline(out / "roofline.png", int8, spec.peak_macs_per_s, spec.memory.dram_bytes_per_s,
+                  title=f"roofline of {spec.name}, INT8 layers (red: memory-bound)")
     save_graph(out / "model.npz", graph, qat_params, qstate,
                meta={"weight_bits": 8, "act_bits": 8, "mixed_precision_policy": result.policy})
     console.print(f"wrote {out}/report.json, layers_int8.csv, layers_mixed.csv, "
-                  f"layer_latency.png, dataflow_latency.png, model.npz ({elapsed:.1f} s)")
+                  "layer_latency.png, dataflow_latency.png, breakdown_mixed.png, roofline.png, "
+                  f"model.npz ({elapsed:.1f} s)")
     report["out_dir"] = str(out)
     return report
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 import jax
 import jax.numpy as jnp
 
-from npujax.calib.observers import Observer, check_finite_state, minmax_observer
+from npujax.calib.observers import Observer, check_finite_state, get_observer, minmax_observer
 from npujax.errors import CalibrationError
 from npujax.graph.execute import QuantSpec, execute
 from npujax.graph.ir import Graph, Params
@@ -23,7 +23,7 @@ def calibrate(
     batches: Iterable[jax.Array],
     quant: QuantSpec,
     *,
-    observer: Callable[[], Observer] = minmax_observer,
+    observer: str | Callable[[], Observer] = minmax_observer,
     progress: bool = False,
 ) -> dict[str, dict[str, jax.Array]]:
     """Observe the input activation of every quantized layer over ``batches`` (float model).
@@ -32,7 +32,9 @@ def calibrate(
       graph, params: the (optimized) float model.
       batches: iterable of input batches ``(batch, ...)`` float32; at least one.
       quant: the quantization spec; layers with an ``act`` format are observed.
-      observer: factory of the per-layer observer (default min-max, per tensor).
+      observer: factory of the per-layer observer (default min-max, per tensor), or a name from
+        :data:`npujax.calib.OBSERVERS` (``"minmax"``, ``"ema"``, ``"percentile"``, ``"mse"``,
+        ``"entropy"``). The final range is chosen per layer for that layer's activation format.
       progress: show a progress bar (rich) on stderr.
 
     Returns:
@@ -42,6 +44,9 @@ def calibrate(
       CalibrationError: no batches, or NaN/inf reaching a layer (names the layer).
     """
     names = [n for n, lq in quant.items() if lq.act is not None]
+    if isinstance(observer, str):
+        name = observer
+        observer = lambda: get_observer(name)
     obs = {n: observer() for n in names}
     run = jax.jit(lambda p, x: execute(graph, p, x, taps=names)[1])
     update = jax.jit(lambda states, taps: {n: obs[n].update(states[n], taps[n][0]) for n in names})
@@ -66,8 +71,7 @@ def calibrate(
         raise CalibrationError("calibration needs at least one batch; the iterator was empty.")
     qstate = {}
     for n in names:
-        scale, zp = qparams_from_range(
-            states[n]["min"], states[n]["max"], quant[n].act, quant[n].act_symmetric
-        )
+        lo, hi = obs[n].compute_range(states[n], quant[n].act, quant[n].act_symmetric)
+        scale, zp = qparams_from_range(lo, hi, quant[n].act, quant[n].act_symmetric)
         qstate[n] = {"act_scale": scale, "act_zero_point": zp}
     return qstate

@@ -134,6 +134,7 @@ def execute(
     qstate: Mapping[str, Mapping[str, jax.Array]] | None = None,
     bit_probs: Mapping[str, jax.Array] | None = None,
     taps: Collection[str] = (),
+    input_offsets: Mapping[str, jax.Array] | None = None,
 ) -> Any:
     """Evaluate ``graph`` on ``x``.
 
@@ -148,6 +149,8 @@ def execute(
       bit_probs: ``{node: f32[len(candidates)]}`` mixture weights for nodes whose weight is a
         tuple of candidate formats (probabilities, e.g. a softmax over learned logits).
       taps: node names whose first input and first output should also be returned.
+      input_offsets: ``{node: array}`` added to a node's first input before quantization (zeros
+        give the gradient of the output w.r.t. that activation, as sensitivity analysis needs).
 
     Returns:
       The graph output (a tuple if it has several). With ``taps``, a pair
@@ -165,6 +168,8 @@ def execute(
     for node in graph.nodes:
         ins = [env[t] for t in node.inputs]
         p = dict(params.get(node.name, {}))
+        if input_offsets and node.name in input_offsets:
+            ins[0] = ins[0] + input_offsets[node.name]
         lq = quant.get(node.name)
         if lq is not None:
             ins[0] = _quantize_input(node.name, lq, ins[0], qstate)

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from npujax.graph.ir import GEMM_OPS, Graph, Node, Params
+from npujax.errors import ConfigError, GraphError
+from npujax.graph.ir import GEMM_OPS, Graph, Node, Params, TensorType
 from npujax.graph.ops import UNARY_EPILOGUES, kernel_out_axis
 
-__all__ = ["fold_batchnorm", "fuse_epilogues", "optimize"]
+__all__ = ["fold_batchnorm", "fuse_epilogues", "optimize", "rebatch", "frozen_bn_stats"]
 
 
 def _rewire(nodes: list[Node], old: str, new: str) -> list[Node]:
@@ -73,6 +74,25 @@ def fold_batchnorm(graph: Graph, params: Params) -> tuple[Graph, Params]:
     return graph.replace(nodes=tuple(nodes)), params
 
 
+def frozen_bn_stats(graph: Graph, params: Params) -> Params:
+    """``params`` with every BatchNormalization's running ``mean``/``var`` gradient-stopped.
+
+    Used by BN-folded QAT after the freeze step: the statistics stay fixed while the kernel and
+    the BN scale/shift train through the fold.
+    """
+    import jax
+
+    out = dict(params)
+    for n in graph.nodes:
+        if n.op == "BatchNormalization" and n.name in params:
+            p = dict(params[n.name])
+            for k in ("mean", "var"):
+                if k in p:
+                    p[k] = jax.lax.stop_gradient(p[k])
+            out[n.name] = p
+    return out
+
+
 def fuse_epilogues(graph: Graph, params: Params) -> tuple[Graph, Params]:
     """Fuse unary activations (Relu, Relu6, Sigmoid, Tanh) into the preceding Conv/Gemm node.
 
@@ -104,3 +124,39 @@ def fuse_epilogues(graph: Graph, params: Params) -> tuple[Graph, Params]:
 def optimize(graph: Graph, params: Params) -> tuple[Graph, Params]:
     """The standard inference pipeline: :func:`fold_batchnorm` then :func:`fuse_epilogues`."""
     return fuse_epilogues(*fold_batchnorm(graph, params))
+
+
+def rebatch(graph: Graph, batch: int) -> Graph:
+    """The same graph with batch size ``batch`` (leading dimension of every activation tensor).
+
+    Only the static shapes change (execution is batch-polymorphic already); use it to lower a
+    graph at another inference batch size.
+
+    Raises:
+      ConfigError: ``batch`` < 1.
+      GraphError: a node hard-codes the batch size (e.g. a Reshape with an explicit leading
+        dimension); re-import the model with the wanted input shape instead.
+    """
+    if batch < 1:
+        raise ConfigError(f"batch must be >= 1, got {batch}.")
+    old = graph.tensors[graph.inputs[0]].shape[0] if graph.inputs else 1
+    if batch == old:
+        return graph
+    for n in graph.nodes:
+        if n.op == "Reshape" and n.attrs["shape"] and n.attrs["shape"][0] not in (0, -1):
+            raise GraphError(
+                f"node {n.name!r} reshapes to a fixed leading dimension "
+                f"{n.attrs['shape'][0]}, so the graph cannot be re-batched; re-import the model "
+                "with the wanted input shape."
+            )
+        if n.op in ("JaxPrimitive", "CpuFallback"):
+            raise GraphError(
+                f"node {n.name!r} ({n.op}) may depend on the batch size; re-import the model "
+                "with the wanted input shape."
+            )
+    tensors = {
+        name: (TensorType((batch, *t.shape[1:]), t.dtype)
+               if name not in graph.constants and t.shape and t.shape[0] == old else t)
+        for name, t in graph.tensors.items()
+    }
+    return graph.replace(tensors=tensors)

@@ -88,10 +88,11 @@ def load_graph(path: str | os.PathLike[str]) -> tuple[Graph, Params, dict, dict]
         doc = json.loads(bytes(data["__graph__"]).decode("utf-8"))
     except FileNotFoundError:
         raise GraphError(f"model file {str(path)!r} does not exist.") from None
-    except (KeyError, ValueError, OSError, zipfile.BadZipFile, UnicodeDecodeError) as e:
+    except (KeyError, ValueError, OSError, zipfile.BadZipFile, UnicodeDecodeError,
+            AttributeError, TypeError):
         raise GraphError(
-            f"{str(path)!r} is not an npujax graph file (.npz written by save_graph / "
-            f"'npujax demo'): {e}."
+            f"{str(path)!r} is not an npujax graph file; pass a model.npz written by "
+            "'npujax demo' or npujax.graph.save_graph."
         ) from None
     if doc.get("format_version") != FORMAT_VERSION:
         raise GraphError(

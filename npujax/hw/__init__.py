@@ -1,9 +1,14 @@
 """Hardware descriptions: NpuSpec and the TOML preset loader."""
 
 from npujax.hw.spec import DATAFLOWS as DATAFLOWS
+from npujax.hw.spec import LAYOUTS as LAYOUTS
+from npujax.hw.spec import PRECISION_SCALINGS as PRECISION_SCALINGS
 from npujax.hw.spec import ArraySpec as ArraySpec
+from npujax.hw.spec import HostSpec as HostSpec
+from npujax.hw.spec import LayoutSpec as LayoutSpec
 from npujax.hw.spec import MemorySpec as MemorySpec
 from npujax.hw.spec import NpuSpec as NpuSpec
+from npujax.hw.spec import OpsSpec as OpsSpec
 from npujax.hw.spec import VectorSpec as VectorSpec
 from npujax.hw.spec import list_presets as list_presets
 from npujax.hw.spec import load_npu_spec as load_npu_spec
@@ -13,6 +18,11 @@ __all__ = [
     "ArraySpec",
     "MemorySpec",
     "VectorSpec",
+    "LayoutSpec",
+    "OpsSpec",
+    "HostSpec",
+    "LAYOUTS",
+    "PRECISION_SCALINGS",
     "NpuSpec",
     "DATAFLOWS",
     "load_npu_spec",

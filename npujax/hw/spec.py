@@ -1,16 +1,22 @@
 """Hardware description: a frozen, validated NpuSpec loaded from a TOML preset.
 
 Hardware is data. Every numeric field carries its unit in its name (``clock_hz``, ``sram_bytes``,
-``dram_bytes_per_s``). A preset file has one table per section::
+``dram_bytes_per_s``, ``link_latency_s``). A preset file has one table per section::
 
     name = "edge_16x16"
     description = "..."
-    [array]    rows, cols, dataflow, clock_hz, operand_bits
-    [memory]   ifmap_sram_bytes, filter_sram_bytes, ofmap_sram_bytes, dram_bytes_per_s
+    [array]    rows, cols, dataflow, clock_hz, operand_bits, accumulator_bits, cores,
+               precision_scaling, brick_bits
+    [memory]   ifmap_sram_bytes, filter_sram_bytes, ofmap_sram_bytes, dram_bytes_per_s,
+               dram_latency_s
     [vector]   lanes
+    [layout]   activation_layout, c0, channel_alignment, dram_burst_bytes
+    [ops]      supported, fused_activations, conv_max_kernel, conv_max_stride
+    [host]     cpu_ops_per_s, link_bytes_per_s, link_latency_s
 
-Unknown keys, missing keys, wrong types and non-positive sizes are rejected with a
-:class:`~npujax.errors.ConfigError` that names the file, the key and the fix.
+Unknown keys, missing keys, wrong types, non-positive sizes and unknown names are rejected with a
+:class:`~npujax.errors.ConfigError` that names the file, the section, the key and the fix.
+See ``docs/hw.md`` for the meaning of every field.
 """
 
 from __future__ import annotations
@@ -35,8 +41,13 @@ __all__ = [
     "ArraySpec",
     "MemorySpec",
     "VectorSpec",
+    "LayoutSpec",
+    "OpsSpec",
+    "HostSpec",
     "NpuSpec",
     "DATAFLOWS",
+    "LAYOUTS",
+    "PRECISION_SCALINGS",
     "load_npu_spec",
     "npu_spec_from_dict",
     "list_presets",
@@ -44,11 +55,22 @@ __all__ = [
 
 #: Dataflow names understood by :mod:`npujax.systolic`.
 DATAFLOWS = ("weight_stationary", "output_stationary", "input_stationary")
+#: Activation layouts an NPU may keep in its memory.
+LAYOUTS = ("NHWC", "NCHW", "NC1HWC0")
+#: How the MAC array's speed depends on operand bit widths (see :class:`ArraySpec`).
+PRECISION_SCALINGS = ("fixed", "bit_composable", "bit_serial")
+
+
+def _field(*, zero_ok: bool = False, choices: tuple[str, ...] | None = None, default=None):
+    meta = {"zero_ok": zero_ok, "choices": choices}
+    if default is None:
+        return dataclasses.field(metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ArraySpec:
-    """The systolic MAC array.
+    """The systolic MAC array(s).
 
     Attributes:
       rows, cols: PE array height and width (PEs), >= 1.
@@ -56,28 +78,49 @@ class ArraySpec:
       clock_hz: array clock frequency (Hz), > 0.
       operand_bits: native operand width of a MAC (bits); wider operands take
         ``ceil(w/operand_bits) * ceil(a/operand_bits)`` passes.
+      accumulator_bits: width of the partial sums (bits), e.g. 32.
+      cores: number of identical NPU cores sharing the DRAM bandwidth, >= 1.
+      precision_scaling: how narrower operands speed the array up:
+
+        * ``fixed`` — a fixed-width int array: narrower operands run at the same speed, wider
+          ones take ``ceil(w/operand_bits) * ceil(a/operand_bits)`` passes;
+        * ``bit_composable`` — Bit Fusion (Sharma et al., ISCA 2018): each PE is a Fusion Unit
+          of ``(operand_bits/brick_bits)^2`` BitBricks that fuse into
+          ``(operand_bits/brick_bits)^2 / (ceil(w/brick_bits) * ceil(a/brick_bits))`` MACs
+          per cycle, so streaming time scales by the inverse;
+        * ``bit_serial`` — Loom (Sharify et al., DAC 2018): weights and activations are
+          processed bit-serially, streaming time scales by ``w * a / operand_bits^2``.
+      brick_bits: operand width of a BitBrick for ``bit_composable`` (e.g. 2); ignored otherwise.
     """
 
-    rows: int
-    cols: int
-    dataflow: str
-    clock_hz: float
-    operand_bits: int = 8
+    rows: int = _field()
+    cols: int = _field()
+    dataflow: str = _field(choices=DATAFLOWS)
+    clock_hz: float = _field()
+    operand_bits: int = _field()
+    accumulator_bits: int = _field()
+    cores: int = _field()
+    precision_scaling: str = _field(choices=PRECISION_SCALINGS)
+    brick_bits: int = _field()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MemorySpec:
     """On-chip SRAM buffers (one per GEMM operand, as in SCALE-Sim) and off-chip DRAM.
 
+    A unified buffer is described by splitting it per operand the way its compiler allocates it.
+
     Attributes:
       ifmap_sram_bytes, filter_sram_bytes, ofmap_sram_bytes: buffer capacities (bytes), >= 1.
       dram_bytes_per_s: sustained DRAM bandwidth (bytes/s), > 0.
+      dram_latency_s: latency of the first access of a DMA transfer (s), >= 0.
     """
 
-    ifmap_sram_bytes: int
-    filter_sram_bytes: int
-    ofmap_sram_bytes: int
-    dram_bytes_per_s: float
+    ifmap_sram_bytes: int = _field()
+    filter_sram_bytes: int = _field()
+    ofmap_sram_bytes: int = _field()
+    dram_bytes_per_s: float = _field()
+    dram_latency_s: float = _field(zero_ok=True)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -88,7 +131,57 @@ class VectorSpec:
       lanes: elements processed per clock cycle, >= 1.
     """
 
-    lanes: int
+    lanes: int = _field()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LayoutSpec:
+    """How activations are laid out in NPU memory.
+
+    Attributes:
+      activation_layout: ``NHWC``, ``NCHW`` or ``NC1HWC0`` (channels split into C1 blocks of C0).
+      c0: channel block of ``NC1HWC0`` (channels per block), >= 1.
+      channel_alignment: channels are padded up to a multiple of this (compute and bytes), >= 1.
+      dram_burst_bytes: DMA granularity; every transfer is rounded up to whole bursts, >= 1.
+    """
+
+    activation_layout: str = _field(choices=LAYOUTS)
+    c0: int = _field()
+    channel_alignment: int = _field()
+    dram_burst_bytes: int = _field()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OpsSpec:
+    """Operators the NPU runs natively; anything else falls back to the host CPU.
+
+    Attributes:
+      supported: ONNX-style operator names run on the NPU (GEMM ops on the array, the rest on
+        the vector unit), e.g. ``["Conv", "Gemm", "MaxPool", "AveragePool", "Add"]``.
+      fused_activations: activations the array's output stage applies for free after a GEMM.
+      conv_max_kernel: largest supported kernel height/width (pixels), >= 1.
+      conv_max_stride: largest supported stride, >= 1.
+    """
+
+    supported: tuple[str, ...] = _field()
+    fused_activations: tuple[str, ...] = _field()
+    conv_max_kernel: int = _field()
+    conv_max_stride: int = _field()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HostSpec:
+    """The host CPU that runs unsupported operators, and the link between it and the NPU.
+
+    Attributes:
+      cpu_ops_per_s: sustained CPU throughput (operations/s; a MAC counts as 2), > 0.
+      link_bytes_per_s: NPU <-> host transfer bandwidth (bytes/s), > 0.
+      link_latency_s: fixed cost of one transfer (synchronisation, driver) (s), >= 0.
+    """
+
+    cpu_ops_per_s: float = _field()
+    link_bytes_per_s: float = _field()
+    link_latency_s: float = _field(zero_ok=True)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -98,7 +191,7 @@ class NpuSpec:
     Attributes:
       name: preset name.
       description: free text, including the sources of the figures.
-      array, memory, vector: the sections.
+      array, memory, vector, layout, ops, host: the sections.
     """
 
     name: str
@@ -106,34 +199,56 @@ class NpuSpec:
     array: ArraySpec
     memory: MemorySpec
     vector: VectorSpec
+    layout: LayoutSpec
+    ops: OpsSpec
+    host: HostSpec
 
     @property
     def peak_macs_per_s(self) -> float:
-        """``rows * cols * clock_hz``: the compute roof (MAC/s at native operand width)."""
-        return self.array.rows * self.array.cols * self.array.clock_hz
+        """``cores * rows * cols * clock_hz``: the compute roof (MAC/s at native width)."""
+        a = self.array
+        return a.cores * a.rows * a.cols * a.clock_hz
 
     @property
     def dram_bytes_per_cycle(self) -> float:
         """DRAM bandwidth in bytes per array clock cycle."""
         return self.memory.dram_bytes_per_s / self.array.clock_hz
 
+    @property
+    def ridge_macs_per_byte(self) -> float:
+        """Arithmetic intensity (MACs/byte) above which a layer is compute-bound (roofline)."""
+        return self.peak_macs_per_s / self.memory.dram_bytes_per_s
 
-_SECTIONS: dict[str, type] = {"array": ArraySpec, "memory": MemorySpec, "vector": VectorSpec}
+
+_SECTIONS: dict[str, type] = {
+    "array": ArraySpec,
+    "memory": MemorySpec,
+    "vector": VectorSpec,
+    "layout": LayoutSpec,
+    "ops": OpsSpec,
+    "host": HostSpec,
+}
 
 
 def _fields(cls: type) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(cls)}
 
 
-def _check_value(where: str, key: str, value: Any, annotation: str) -> Any:
+def _check_value(where: str, key: str, value: Any, f: dataclasses.Field) -> Any:
+    annotation = str(f.type)
+    choices = f.metadata.get("choices")
     if annotation == "str":
         if not isinstance(value, str):
             raise ConfigError(f"{where}: '{key}' must be a string, got {value!r}.")
-        if key == "dataflow" and value not in DATAFLOWS:
+        if choices and value not in choices:
             raise ConfigError(
-                f"{where}: unknown dataflow {value!r}; use one of {', '.join(DATAFLOWS)}."
+                f"{where}: unknown {key} {value!r}; use one of {', '.join(choices)}."
             )
         return value
+    if annotation.startswith("tuple[str"):
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where}: '{key}' must be a list of strings, got {value!r}.")
+        return tuple(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{where}: '{key}' must be a number, got {value!r}.")
     if annotation == "int":
@@ -142,12 +257,11 @@ def _check_value(where: str, key: str, value: Any, annotation: str) -> Any:
         value = int(value)
     else:
         value = float(value)
-    if not math.isfinite(value) or value <= 0:
-        unit = key.rsplit("_", 1)[-1] if "_" in key else ""
-        raise ConfigError(
-            f"{where}: '{key}' must be a positive finite number{f' ({unit})' if unit else ''}, "
-            f"got {value!r}."
-        )
+    unit = key.rsplit("_", 1)[-1] if "_" in key else ""
+    unit = f" ({unit})" if unit in ("bytes", "hz", "s", "bits") else ""
+    if not math.isfinite(value) or value < 0 or (value == 0 and not f.metadata.get("zero_ok")):
+        kind = "non-negative" if f.metadata.get("zero_ok") else "positive"
+        raise ConfigError(f"{where}: '{key}' must be a {kind} finite number{unit}, got {value!r}.")
     return value
 
 
@@ -161,14 +275,10 @@ def _build_section(where: str, cls: type, table: Any) -> Any:
             f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; "
             f"allowed keys are {', '.join(fields)}."
         )
-    kwargs = {}
-    for name, f in fields.items():
-        if name not in table:
-            if f.default is dataclasses.MISSING:
-                raise ConfigError(f"{where}: missing required key '{name}'.")
-            continue
-        kwargs[name] = _check_value(where, name, table[name], str(f.type))
-    return cls(**kwargs)
+    missing = [name for name in fields if name not in table]
+    if missing:
+        raise ConfigError(f"{where}: missing required key(s) {', '.join(map(repr, missing))}.")
+    return cls(**{name: _check_value(where, name, table[name], f) for name, f in fields.items()})
 
 
 def npu_spec_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> NpuSpec:
@@ -179,7 +289,7 @@ def npu_spec_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> NpuSp
       origin: file name used in error messages.
 
     Raises:
-      ConfigError: unknown/missing key, wrong type, non-positive size or unknown dataflow.
+      ConfigError: unknown/missing key or section, wrong type, non-positive size, unknown name.
     """
     allowed = {"name", "description", *_SECTIONS}
     unknown = sorted(set(data) - allowed)
@@ -192,7 +302,10 @@ def npu_spec_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> NpuSp
         raise ConfigError(f"{origin}: 'name' (a non-empty string) is required.")
     missing = [s for s in _SECTIONS if s not in data]
     if missing:
-        raise ConfigError(f"{origin}: missing section(s) [{'], ['.join(missing)}].")
+        raise ConfigError(
+            f"{origin}: missing section(s) [{'], ['.join(missing)}]; see docs/hw.md or copy "
+            "configs/npu/edge_16x16.toml."
+        )
     sections = {s: _build_section(f"{origin} [{s}]", cls, data[s]) for s, cls in _SECTIONS.items()}
     description = data.get("description", "")
     if not isinstance(description, str):
@@ -202,11 +315,8 @@ def npu_spec_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> NpuSp
 
 def list_presets() -> list[str]:
     """Names of the presets installed with npujax (``configs/npu/*.toml`` in the repository)."""
-    try:
-        files = importlib.resources.files("npujax.presets")
-        return sorted(p.name[:-5] for p in files.iterdir() if p.name.endswith(".toml"))
-    except (ModuleNotFoundError, FileNotFoundError):  # pragma: no cover
-        return []
+    files = importlib.resources.files("npujax.presets")
+    return sorted(p.name[:-5] for p in files.iterdir() if p.name.endswith(".toml"))
 
 
 def load_npu_spec(preset: str | os.PathLike[str]) -> NpuSpec:

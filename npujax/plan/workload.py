@@ -1,8 +1,19 @@
-"""Per-layer workloads of a Graph: GEMM shapes after im2col and element counts.
+"""Per-layer workloads of a Graph on an NPU: device placement, aligned GEMM shapes, transfers.
 
-This is the bridge from the Graph to the NPU model: each costed node becomes one
-:class:`Workload` of static integers. Shape-only nodes (Reshape, Identity) cost nothing on an NHWC
-NPU and produce no workload.
+This is the bridge from the Graph to the NPU model. Each costed node becomes one
+:class:`Workload` of static integers:
+
+* **Placement.** A node runs on the NPU if its operator is in ``spec.ops.supported`` and meets the
+  constraints (Conv kernel size and stride); otherwise it falls back to the host CPU. Shape-only
+  nodes (Reshape, Flatten, ...) cost nothing. An activation fused into a GEMM that the NPU's output
+  stage cannot apply becomes its own layer (on the vector unit or the CPU).
+* **Alignment.** Channels are padded to ``spec.layout.channel_alignment`` (and to ``c0`` in the
+  ``NC1HWC0`` layout): compute and bytes use the padded counts, so latency is a staircase in the
+  channel count (63 and 64 channels cost the same, 65 costs a whole extra block).
+* **Layout.** If the NPU keeps activations in another layout than the model (e.g. NHWC vs an ONNX
+  model's NCHW), a transform layer is added where tensors enter or leave the NPU.
+* **Transfers.** A CPU layer receives every input produced on the NPU and returns every output
+  consumed there over the host link (``link_in_elems``, ``link_out_elems``, ``link_transfers``).
 """
 
 from __future__ import annotations
@@ -13,11 +24,12 @@ import numpy as np
 
 from npujax.errors import UnsupportedOpError
 from npujax.graph.ir import GEMM_OPS, Graph, Node
+from npujax.hw.spec import NpuSpec
 
-__all__ = ["Workload", "workloads", "FREE_OPS"]
+__all__ = ["Workload", "workloads", "FREE_OPS", "model_layout"]
 
-#: Ops that only relabel a buffer (no data movement in NHWC) and so cost no time.
-FREE_OPS = frozenset({"Reshape", "Identity", "Squeeze", "Flatten"})
+#: Ops that only relabel a buffer (no data movement) and so cost no time.
+FREE_OPS = frozenset({"Reshape", "Identity", "Squeeze", "Unsqueeze", "Flatten"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,93 +37,248 @@ class Workload:
     """One costed layer.
 
     Attributes:
-      name, op: the Graph node's name and operator.
-      kind: ``"gemm"`` (runs on the MAC array) or ``"vector"`` (runs on the vector unit).
-      M, K, N: GEMM extents after im2col (``M`` = batch x output pixels, ``K`` = C_in/groups x
-        k_h x k_w, ``N`` = C_out/groups) for one group; 0 for vector layers.
+      name, op: the Graph node's name and operator (layout transforms: ``<tensor>:layout``).
+      kind: ``"gemm"`` (MAC array), ``"vector"`` (vector unit), ``"layout"`` (layout transform
+        on the vector unit).
+      device: ``"npu"`` or ``"cpu"``; ``reason`` says why a layer fell back to the CPU.
+      M, K, N: GEMM extents after im2col and channel padding (``M`` = batch x output pixels,
+        ``K`` = C_in/groups x k_h x k_w, ``N`` = C_out/groups), for one group; 0 otherwise.
       groups: number of independent GEMMs (conv groups; 1 otherwise).
-      weight_elems: number of weight elements (0 for vector layers).
-      bias_elems: number of bias elements (int32 on the NPU).
-      in_elems, out_elems: activation elements read and written.
-      vector_ops: elementwise operations for vector layers (``out_elems x window``).
-      epilogue: activations fused into the layer's output stage.
+      macs: true multiply-accumulates (unpadded).
+      weight_elems, bias_elems: weight and (int32) bias elements moved from DRAM (padded).
+      in_elems, out_elems: activation elements read and written (padded).
+      vector_ops: elementwise operations for vector/layout layers.
+      cpu_ops: operations if run on the CPU (2 per MAC).
+      link_in_elems, link_out_elems, link_transfers: host-link traffic of a CPU layer.
+      epilogue: activations applied in the layer's output stage.
+      producer: index (in the workload list) of the layer that produced this layer's first
+        activation input, -1 for a graph input; used to cost precision conversions.
     """
 
     name: str
     op: str
     kind: str
+    device: str = "npu"
+    reason: str = ""
     M: int = 0
     K: int = 0
     N: int = 0
     groups: int = 1
+    macs: int = 0
     weight_elems: int = 0
     bias_elems: int = 0
     in_elems: int = 0
     out_elems: int = 0
     vector_ops: int = 0
+    cpu_ops: int = 0
+    link_in_elems: int = 0
+    link_out_elems: int = 0
+    link_transfers: int = 0
     epilogue: tuple[str, ...] = ()
-
-    @property
-    def macs(self) -> int:
-        """Multiply-accumulates: ``groups x M x K x N``."""
-        return self.groups * self.M * self.K * self.N
+    producer: int = -1
 
 
-def _gemm(graph: Graph, node: Node) -> Workload:
+def _pad(c: int, align: int) -> int:
+    return -(-c // align) * align
+
+
+def model_layout(graph: Graph) -> str:
+    """The model's own activation layout: that of its first Conv, else ``NHWC``."""
+    for n in graph.nodes:
+        if n.op == "Conv":
+            return n.attrs["data_layout"]
+    return "NHWC"
+
+
+def _align(spec: NpuSpec | None) -> int:
+    if spec is None:
+        return 1
+    a = spec.layout.channel_alignment
+    if spec.layout.activation_layout == "NC1HWC0":
+        a = int(np.lcm(a, spec.layout.c0))
+    return a
+
+
+def _padded_elems(shape: tuple[int, ...], layout: str, align: int) -> int:
+    """Elements of an activation tensor with its channel dimension padded."""
+    if align == 1 or len(shape) < 2:
+        return int(np.prod(shape, dtype=np.int64))
+    c_axis = layout.index("C") if len(shape) == 4 else len(shape) - 1
+    c = shape[c_axis]
+    return int(np.prod(shape, dtype=np.int64)) // c * _pad(c, align)
+
+
+def _placement(node: Node, spec: NpuSpec | None) -> str:
+    """'' if the NPU runs ``node``, else the reason it falls back to the CPU."""
+    if spec is None:
+        if node.op in ("JaxPrimitive", "CpuFallback"):
+            return f"{node.op} has no NPU model"
+        return ""
+    if node.op not in spec.ops.supported:
+        return f"{node.op} not supported by {spec.name}"
+    if node.op == "Conv":
+        k = node.attrs["kernel_shape"]
+        kl = node.attrs["kernel_layout"]
+        kh, kw = k[kl.index("H")], k[kl.index("W")]
+        if max(kh, kw) > spec.ops.conv_max_kernel:
+            return f"{kh}x{kw} kernel > max {spec.ops.conv_max_kernel}"
+        if max(node.attrs["strides"]) > spec.ops.conv_max_stride:
+            return f"stride {max(node.attrs['strides'])} > max {spec.ops.conv_max_stride}"
+    return ""
+
+
+def _gemm(graph: Graph, node: Node, align: int) -> dict:
     x = graph.tensors[node.inputs[0]]
     y = graph.tensors[node.outputs[0]]
     if node.op == "Conv":
         a = node.attrs
         layout, klayout = a["data_layout"], a["kernel_layout"]
-        groups = int(a["groups"])
+        shape = a.get("kernel_shape")
+        if shape is None:
+            raise UnsupportedOpError(
+                f"Conv node {node.name!r} lacks attrs['kernel_shape']; build graphs with the "
+                "npujax importers (they record it)."
+            )
+        k = dict(zip(klayout, (int(d) for d in shape)))
         out = dict(zip(layout, y.shape))
-        kshape = dict(zip(klayout, (int(d) for d in _kernel_shape(graph, node))))
+        c_in, c_out, groups = dict(zip(layout, x.shape))["C"], out["C"], int(a["groups"])
+        macs = out["N"] * out["H"] * out["W"] * k["H"] * k["W"] * k["I"] * c_out
+        if groups == c_in == c_out and groups > 1:  # depthwise: pad the channel count
+            groups = _pad(groups, align)
+            cin_g, cout_g = 1, 1
+        elif groups == 1:
+            cin_g, cout_g = _pad(c_in, align), _pad(c_out, align)
+        else:  # grouped: per-group channels are not padded
+            cin_g, cout_g = c_in // groups, c_out // groups
         M = out["N"] * out["H"] * out["W"]
-        K = kshape["I"] * kshape["H"] * kshape["W"]
-        N = out["C"] // groups
-        weight = kshape["O"] * kshape["I"] * kshape["H"] * kshape["W"]
-        bias = out["C"]
+        K = cin_g * k["H"] * k["W"]
+        N = cout_g
+        weight = groups * K * N
+        bias = groups * N
     else:  # Gemm: x[..., K] @ kernel[K, N]
-        K, N = int(x.shape[-1]), int(y.shape[-1])
+        K, N = _pad(int(x.shape[-1]), align), _pad(int(y.shape[-1]), align)
         M = int(np.prod(x.shape[:-1]))
+        macs = M * int(x.shape[-1]) * int(y.shape[-1])
         groups, weight, bias = 1, K * N, N
-    return Workload(
-        node.name, node.op, "gemm", M=M, K=K, N=N, groups=groups, weight_elems=weight,
-        bias_elems=bias if "bias" in node.params else 0, in_elems=x.size, out_elems=y.size,
-        epilogue=tuple(node.attrs.get("epilogue", ())),
-    )
+    return dict(M=M, K=K, N=N, groups=groups, macs=macs, weight_elems=weight,
+                bias_elems=bias if "bias" in node.params else 0, cpu_ops=2 * macs)
 
 
-def _kernel_shape(graph: Graph, node: Node) -> tuple[int, ...]:
-    shape = node.attrs.get("kernel_shape")
-    if shape is None:
-        raise UnsupportedOpError(
-            f"Conv node {node.name!r} lacks attrs['kernel_shape']; build graphs with "
-            "npujax.graph importers (they record it)."
-        )
-    return tuple(shape)
+def _reaches_npu(graph: Graph, tensor: str, placements: dict[str, str]) -> bool:
+    """Whether ``tensor`` is a graph output or read by an NPU node (looking through free ops)."""
+    if tensor in graph.outputs:
+        return True
+    for c in graph.consumers(tensor):
+        if c.op in FREE_OPS:
+            if any(_reaches_npu(graph, t, placements) for t in c.outputs):
+                return True
+        elif not placements[c.name]:
+            return True
+    return False
 
 
-def workloads(graph: Graph) -> list[Workload]:
-    """The costed layers of ``graph`` in execution order.
+def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
+    """The costed layers of ``graph`` on ``spec``, in execution order.
 
     Run :func:`npujax.graph.optimize` first so BatchNorm is folded and activations are fused, as
-    the NPU compiler would; otherwise they are costed as separate vector layers.
+    the NPU compiler would; otherwise they are costed as separate layers.
+
+    Args:
+      graph: the model graph.
+      spec: the NPU; ``None`` places everything on an NPU with no alignment, layout or operator
+        constraints (the bare GEMM/roofline view).
 
     Returns:
-      One :class:`Workload` per Conv/Gemm node and per non-free vector op (pooling, elementwise,
-      unfused activations, BatchNorm).
+      One :class:`Workload` per costed node, plus layout-transform and unfused-epilogue layers.
     """
-    out = []
+    align = _align(spec)
+    m_layout = model_layout(graph)
+    npu_layout = spec.layout.activation_layout if spec else m_layout
+    device: dict[str, str] = {t: "npu" for t in graph.inputs}
+    made_by: dict[str, int] = {}
+    device.update({t: "const" for t in graph.constants})
+    rows: list[Workload] = []
+    pending_layout_in: set[str] = set(graph.inputs)
+
+    def act_elems(t: str) -> int:
+        return _padded_elems(graph.tensors[t].shape, m_layout, align)
+
+    def layout_row(t: str, direction: str) -> None:
+        shape = graph.tensors[t].shape
+        if npu_layout == m_layout or len(shape) != 4:
+            return
+        n = act_elems(t)
+        target = npu_layout if direction == "in" else m_layout
+        rows.append(Workload(f"{t}:{direction}", f"To{target}", "layout", in_elems=n,
+                             out_elems=n, vector_ops=n, producer=made_by.get(t, -1)))
+
+    placements = {n.name: _placement(n, spec) for n in graph.nodes if n.op not in FREE_OPS}
     for node in graph.nodes:
         if node.op in FREE_OPS:
+            for t in node.outputs:
+                device[t] = device.get(node.inputs[0], "npu")
+                if node.inputs[0] in made_by:
+                    made_by[t] = made_by[node.inputs[0]]
             continue
+        reason = placements[node.name]
+        dev = "cpu" if reason else "npu"
+        ins = [t for t in node.inputs if t not in graph.constants]
+        if dev == "npu":
+            for t in ins:
+                if t in pending_layout_in:  # a graph input entering the NPU
+                    layout_row(t, "in")
+                    pending_layout_in.discard(t)
+                elif device.get(t) == "cpu":
+                    layout_row(t, "in")
+        base: dict = {}
         if node.op in GEMM_OPS:
-            out.append(_gemm(graph, node))
-            continue
-        ins = sum(graph.tensors[t].size for t in node.inputs if t not in graph.constants)
-        y = graph.tensors[node.outputs[0]].size
-        window = int(np.prod(node.attrs.get("window", [1])))
-        out.append(Workload(node.name, node.op, "vector", in_elems=ins, out_elems=y,
-                            vector_ops=y * window))
-    return out
+            base = _gemm(graph, node, align if dev == "npu" else 1)
+            kind = "gemm"
+        else:
+            kind = "vector"
+            y = graph.tensors[node.outputs[0]]
+            window = int(np.prod(node.attrs.get("window", [1])))
+            ops = y.size * window
+            base = dict(vector_ops=ops, cpu_ops=ops)
+        elems_in = sum(act_elems(t) if dev == "npu" else graph.tensors[t].size for t in ins)
+        y_elems = sum(act_elems(t) if dev == "npu" else graph.tensors[t].size
+                      for t in node.outputs)
+        link = {}
+        if dev == "cpu":
+            to_cpu = [t for t in ins if device.get(t) == "npu"]
+            back = [t for t in node.outputs if _reaches_npu(graph, t, placements)]
+            for t in to_cpu:
+                if t in pending_layout_in:
+                    pending_layout_in.discard(t)
+                else:
+                    layout_row(t, "out")
+            link = dict(link_in_elems=sum(graph.tensors[t].size for t in to_cpu),
+                        link_out_elems=sum(graph.tensors[t].size for t in back),
+                        link_transfers=len(to_cpu) + len(back))
+        epilogue = tuple(node.attrs.get("epilogue", ()))
+        fused = tuple(e for e in epilogue if spec is None or e in spec.ops.fused_activations)
+        rows.append(Workload(node.name, node.op, kind, device=dev, reason=reason,
+                             in_elems=elems_in, out_elems=y_elems,
+                             epilogue=fused if dev == "npu" else epilogue,
+                             producer=made_by.get(ins[0], -1) if ins else -1, **base, **link))
+        if dev == "npu":
+            for e in epilogue:
+                if e in fused:
+                    continue
+                e_dev = "npu" if e in spec.ops.supported else "cpu"
+                n_out = y_elems
+                extra = {}
+                if e_dev == "cpu":
+                    extra = dict(link_in_elems=n_out, link_out_elems=n_out, link_transfers=2)
+                rows.append(Workload(f"{node.name}/{e}", e, "vector", device=e_dev,
+                                     reason="" if e_dev == "npu" else
+                                     f"{e} not supported by {spec.name}",
+                                     in_elems=n_out, out_elems=n_out, vector_ops=n_out,
+                                     cpu_ops=n_out, producer=len(rows) - 1, **extra))
+        for t in node.outputs:
+            device[t] = dev
+            made_by[t] = len(rows) - 1
+    for t in graph.outputs:
+        if device.get(t) == "npu":
+            layout_row(t, "out")
+    return rows

@@ -1,22 +1,36 @@
-"""Number formats, quantize/dequantize and fake-quant operators (ONNX semantics, STE gradients)."""
+"""Number formats, quantize/dequantize, fake-quant (STE) and learned-step (LSQ/LSQ+) operators."""
 
+from npujax.quant.core import broadcast_qparam as broadcast_qparam
 from npujax.quant.core import dequantize as dequantize
 from npujax.quant.core import fake_quant as fake_quant
 from npujax.quant.core import quantize as quantize
+from npujax.quant.formats import FP8_E4M3FN as FP8_E4M3FN
+from npujax.quant.formats import FP8_E5M2 as FP8_E5M2
 from npujax.quant.formats import INT8 as INT8
 from npujax.quant.formats import UINT8 as UINT8
+from npujax.quant.formats import FloatFormat as FloatFormat
+from npujax.quant.formats import Format as Format
 from npujax.quant.formats import IntFormat as IntFormat
+from npujax.quant.lsq import lsq_fake_quant as lsq_fake_quant
+from npujax.quant.lsq import lsq_init_step as lsq_init_step
 from npujax.quant.qparams import MIN_SCALE as MIN_SCALE
 from npujax.quant.qparams import qparams_from_range as qparams_from_range
 from npujax.quant.qparams import weight_qparams as weight_qparams
 
 __all__ = [
     "IntFormat",
+    "FloatFormat",
+    "Format",
     "INT8",
     "UINT8",
+    "FP8_E4M3FN",
+    "FP8_E5M2",
     "quantize",
     "dequantize",
     "fake_quant",
+    "broadcast_qparam",
+    "lsq_fake_quant",
+    "lsq_init_step",
     "qparams_from_range",
     "weight_qparams",
     "MIN_SCALE",

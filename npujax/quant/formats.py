@@ -1,14 +1,15 @@
-"""Integer number formats for quantization."""
+"""Number formats for quantization: integers of 2-16 bits and the two OCP FP8 formats."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import jax.numpy as jnp
+import ml_dtypes
 
 from npujax.errors import QuantizationError
 
-__all__ = ["IntFormat", "INT8", "UINT8"]
+__all__ = ["IntFormat", "FloatFormat", "INT8", "UINT8", "FP8_E4M3FN", "FP8_E5M2", "Format"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=False)
@@ -79,5 +80,73 @@ class IntFormat:
         return f"{kind}{self.bits}" + ("_narrow" if self.narrow_range else "")
 
 
+_FP8 = {
+    "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
+    "float8_e5m2": ml_dtypes.float8_e5m2,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class FloatFormat:
+    """An 8-bit floating-point format (OCP FP8) with saturating conversion.
+
+    ``E4M3FN``: 4 exponent / 3 mantissa bits, no infinities, largest finite value 448.
+    ``E5M2``: 5 exponent / 2 mantissa bits (IEEE-like, has inf), largest finite value 57344.
+    Quantizing follows ONNX QuantizeLinear with ``saturate=1``: ``x / scale`` is rounded to the
+    nearest representable value (ties to even, via ml_dtypes) after clipping to
+    ``[-max, max]``, so values beyond the range saturate instead of becoming NaN/inf.
+
+    Args:
+      name: ``"float8_e4m3fn"`` or ``"float8_e5m2"``.
+
+    Raises:
+      QuantizationError: for any other name.
+
+    References:
+      Micikevicius et al. 2022, "FP8 Formats for Deep Learning", arXiv:2209.05433.
+    """
+
+    name: str
+
+    def __post_init__(self) -> None:
+        if self.name not in _FP8:
+            raise QuantizationError(
+                f"FloatFormat name must be one of {sorted(_FP8)}, got {self.name!r}."
+            )
+
+    @property
+    def storage_dtype(self) -> jnp.dtype:
+        """The ml_dtypes float8 dtype of the codes."""
+        return jnp.dtype(_FP8[self.name])
+
+    @property
+    def max(self) -> float:
+        """Largest finite magnitude (448 for E4M3FN, 57344 for E5M2)."""
+        return float(ml_dtypes.finfo(_FP8[self.name]).max)
+
+    @property
+    def qmin(self) -> float:
+        """Most negative representable value, ``-max``."""
+        return -self.max
+
+    @property
+    def qmax(self) -> float:
+        """Largest representable value, ``max``."""
+        return self.max
+
+    @property
+    def signed(self) -> bool:
+        """FP8 formats are always signed."""
+        return True
+
+    def __str__(self) -> str:
+        return self.name
+
+
+#: Either number format.
+Format = IntFormat | FloatFormat
+
 INT8 = IntFormat(8)
 UINT8 = IntFormat(8, signed=False)
+FP8_E4M3FN = FloatFormat("float8_e4m3fn")
+FP8_E5M2 = FloatFormat("float8_e5m2")

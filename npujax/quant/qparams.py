@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from npujax.quant.formats import IntFormat
+from npujax.quant.formats import FloatFormat, Format
 
 __all__ = ["qparams_from_range", "weight_qparams", "MIN_SCALE"]
 
@@ -17,7 +17,7 @@ MIN_SCALE = float(jnp.finfo(jnp.float32).eps)
 def qparams_from_range(
     min_val: jax.Array,
     max_val: jax.Array,
-    fmt: IntFormat,
+    fmt: Format,
     symmetric: bool,
 ) -> tuple[jax.Array, jax.Array]:
     """Scale and zero point that map ``[min_val, max_val]`` onto ``fmt``'s code range.
@@ -28,7 +28,9 @@ def qparams_from_range(
     * asymmetric: ``scale = (max - min) / (qmax - qmin)``,
       ``zero_point = clip(qmin - round(min / scale), qmin, qmax)``;
     * symmetric: ``scale = max(|min|, |max|) / ((qmax - qmin) / 2)``, zero point at the middle
-      code (0 for signed formats, ``(qmin + qmax + 1) // 2`` for unsigned).
+      code (0 for signed formats, ``(qmin + qmax + 1) // 2`` for unsigned);
+    * FP8 (:class:`FloatFormat`, always symmetric): ``scale = max(|min|, |max|) / fmt.max``,
+      zero point 0.
 
     Args:
       min_val, max_val: float32 scalars (per-tensor) or ``[C]`` arrays (per-channel).
@@ -45,6 +47,9 @@ def qparams_from_range(
     """
     lo = jnp.minimum(jnp.asarray(min_val, jnp.float32), 0.0)
     hi = jnp.maximum(jnp.asarray(max_val, jnp.float32), 0.0)
+    if isinstance(fmt, FloatFormat):
+        scale = jnp.maximum(jnp.maximum(-lo, hi) / fmt.max, MIN_SCALE)
+        return scale, jnp.zeros(jnp.shape(scale), jnp.int32)
     if symmetric:
         amax = jnp.maximum(-lo, hi)
         scale = jnp.maximum(amax / ((fmt.qmax - fmt.qmin) / 2.0), MIN_SCALE)
@@ -58,7 +63,7 @@ def qparams_from_range(
 
 
 def weight_qparams(
-    w: jax.Array, fmt: IntFormat, axis: int | None
+    w: jax.Array, fmt: Format, axis: int | None
 ) -> tuple[jax.Array, jax.Array]:
     """Symmetric min-max scale for a weight tensor, per channel along ``axis`` (or per tensor).
 

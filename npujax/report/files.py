@@ -16,9 +16,10 @@ __all__ = ["write_json", "write_layers_csv", "LAYER_COLUMNS"]
 
 #: Columns of the per-layer CSV, in order.
 LAYER_COLUMNS = (
-    "name", "op", "kind", "M", "K", "N", "macs", "weight_bits", "act_bits", "compute_cycles",
-    "memory_cycles", "latency_cycles", "latency_s", "bound", "utilization", "mapping_efficiency",
-    "dram_bytes", "folds", "epilogue",
+    "name", "op", "kind", "device", "M", "K", "N", "macs", "weight_bits", "act_bits",
+    "compute_cycles", "fill_drain_cycles", "memory_cycles", "dma_cycles", "stall_cycles",
+    "fallback_cycles", "transfer_cycles", "latency_cycles", "latency_s", "bound", "utilization",
+    "mapping_efficiency", "dram_bytes", "folds", "epilogue", "reason",
 )
 
 

@@ -11,7 +11,7 @@ import numpy as np
 from npujax._atomic import atomic_write_bytes
 from npujax.plan.latency import Schedule
 
-__all__ = ["plot_layer_latency"]
+__all__ = ["plot_layer_latency", "plot_breakdown", "plot_roofline"]
 
 
 def plot_layer_latency(
@@ -19,7 +19,8 @@ def plot_layer_latency(
 ) -> None:
     """Grouped bars of per-layer latency (µs), one group per layer and one bar per schedule.
 
-    Memory-bound layers are hatched, so a reader sees where DRAM bandwidth is the bottleneck.
+    Memory-bound layers are hatched ``//`` and CPU-fallback layers ``xx``, so a reader sees where
+    DRAM bandwidth or operator support is the bottleneck.
     All schedules must have the same layers (e.g. INT8 vs mixed precision, or dataflows).
     """
     import matplotlib
@@ -32,21 +33,106 @@ def plot_layer_latency(
     x = np.arange(len(names))
     width = 0.8 / len(labels)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(names) + 2), 4.2))
+    from matplotlib.patches import Patch
+
+    handles = []
     for i, label in enumerate(labels):
         rows = schedules[label].layers
         lat = [r.latency_s * 1e6 for r in rows]
-        bars = ax.bar(x + (i - (len(labels) - 1) / 2) * width, lat, width,
-                      label=f"{label} (total {schedules[label].latency_s * 1e6:.2f} µs)")
+        color = f"C{i}"
+        bars = ax.bar(x + (i - (len(labels) - 1) / 2) * width, lat, width, color=color)
         for b, r in zip(bars, rows):
             if r.bound == "memory":
                 b.set_hatch("//")
+            elif r.bound == "fallback":
+                b.set_hatch("xx")
+        handles.append(Patch(color=color,
+                             label=f"{label} (total {schedules[label].latency_s * 1e6:.2f} µs)"))
+    handles += [Patch(facecolor="white", edgecolor="black", hatch="//", label="memory-bound"),
+                Patch(facecolor="white", edgecolor="black", hatch="xx", label="CPU fallback")]
     ax.set_xticks(x, names, rotation=30, ha="right")
     ax.set_ylabel("latency (µs)")
     npu = schedules[labels[0]].npu
-    ax.set_title(title or f"per-layer latency on {npu} (hatched: memory-bound)")
+    ax.set_title(title or f"per-layer latency on {npu}")
+    ax.legend(handles=handles, fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    _save(fig, path)
+
+
+_BREAKDOWN_COLORS = {"compute": "C0", "fill_drain": "C9", "convert": "C8", "dma": "C7",
+                     "stall": "C3", "fallback": "C1", "transfer": "C5"}
+
+
+def plot_breakdown(path: str | os.PathLike[str], schedule: Schedule, title: str = "") -> None:
+    """Stacked bars of each layer's latency split into compute, fill/drain, DMA, stall, CPU
+    fallback and host transfer (µs); the stacks sum to the layer latencies."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    from npujax.plan.latency import BREAKDOWN
+
+    rows = schedule.layers
+    x = np.arange(len(rows))
+    fig, ax = plt.subplots(figsize=(max(7.5, 0.55 * len(rows) + 2), 4.4))
+    bottom = np.zeros(len(rows))
+    for part in BREAKDOWN:
+        vals = np.asarray([r.breakdown()[part] / schedule.clock_hz * 1e6 for r in rows])
+        if vals.any():
+            ax.bar(x, vals, 0.8, bottom=bottom, label=part.replace("_", "/"),
+                   color=_BREAKDOWN_COLORS[part])
+            bottom += vals
+    ax.set_xticks(x, [r.name for r in rows], rotation=45, ha="right", fontsize=7)
+    ax.set_ylabel("latency (µs)")
+    ax.set_title(title or f"latency breakdown on {schedule.npu} ({schedule.dataflow})\n"
+                          f"total {schedule.latency_s * 1e6:.2f} µs", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
+    _save(fig, path)
+
+
+def plot_roofline(
+    path: str | os.PathLike[str], schedule: Schedule, peak_macs_per_s: float,
+    dram_bytes_per_s: float, title: str = "",
+) -> None:
+    """The roofline of the NPU with each NPU GEMM layer as a point.
+
+    x: arithmetic intensity (MACs per DRAM byte); y: attained MAC/s (MACs / layer latency).
+    The roof is ``min(peak, intensity x bandwidth)``; the distance below it is lost to fill/drain,
+    poor mapping, alignment padding and exposed DMA (Williams et al., CACM 2009).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    pts = [r for r in schedule.layers if r.kind == "gemm" and r.device == "npu" and r.dram_bytes]
+    fig, ax = plt.subplots(figsize=(6.4, 4.6))
+    ai = np.asarray([r.macs / r.dram_bytes for r in pts]) if pts else np.asarray([1.0])
+    lo, hi = min(ai.min(), peak_macs_per_s / dram_bytes_per_s) / 4, max(ai.max(), 1.0) * 4
+    xs = np.geomspace(lo, max(hi, 4 * peak_macs_per_s / dram_bytes_per_s), 200)
+    ax.loglog(xs, np.minimum(peak_macs_per_s, xs * dram_bytes_per_s), "k-", lw=1.5,
+              label="roof: min(peak, AI × bandwidth)")
+    for r in pts:
+        perf = r.macs / r.latency_s
+        ax.plot(r.macs / r.dram_bytes, perf, "o", color="C3" if r.bound == "memory" else "C0")
+        ax.annotate(r.name, (r.macs / r.dram_bytes, perf), fontsize=7, xytext=(3, 3),
+                    textcoords="offset points")
+    ax.set_xlabel("arithmetic intensity (MACs / DRAM byte)")
+    ax.set_ylabel("attained MAC/s")
+    ax.set_title(title or f"roofline of {schedule.npu} (red: memory-bound layers)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def _save(fig, path) -> None:
+    import matplotlib.pyplot as plt
+
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120)
     plt.close(fig)

@@ -16,31 +16,38 @@ def _us(seconds: float) -> str:
 
 
 def layer_table(schedule: Schedule, title: str | None = None) -> Table:
-    """Per-layer table: name, op, GEMM shape, MACs, bits, cycles, latency (µs), bound, utilization.
+    """Per-layer table: name, op, device, GEMM shape, MACs, bits, cycles, latency (µs), bound,
+    utilization.
 
-    The last row is the end-to-end total (the sum of the per-layer latencies).
+    ``compute`` are array (or vector-unit) cycles including fill/drain; ``other`` are the exposed
+    DMA latency, stalls, CPU fallback and host transfers. The last rows are the end-to-end total
+    (the sum of the per-layer latencies) and its breakdown.
     """
     t = Table(title=title or f"{schedule.npu} — {schedule.dataflow}", title_justify="left")
-    for col, justify in [("layer", "left"), ("op", "left"), ("M", "right"), ("K", "right"),
-                         ("N", "right"), ("MACs", "right"), ("W", "right"), ("A", "right"),
-                         ("compute cyc", "right"), ("memory cyc", "right"), ("latency µs", "right"),
-                         ("bound", "left"), ("util", "right")]:
+    for col, justify in [("layer", "left"), ("op", "left"), ("dev", "left"), ("M", "right"),
+                         ("K", "right"), ("N", "right"), ("MACs", "right"), ("W", "right"),
+                         ("A", "right"), ("compute cyc", "right"), ("memory cyc", "right"),
+                         ("other cyc", "right"), ("latency µs", "right"), ("bound", "left"),
+                         ("util", "right")]:
         t.add_column(col, justify=justify, no_wrap=True)
     for r in schedule.layers:
         gemm = r.kind == "gemm"
         op = r.op + ("+" + "+".join(r.epilogue) if r.epilogue else "")
+        other = r.dma_cycles + r.stall_cycles + r.fallback_cycles + r.transfer_cycles
         t.add_row(
-            r.name, op, str(r.M) if gemm else "", str(r.K) if gemm else "",
-            str(r.N) if gemm else "", f"{r.macs:,}" if gemm else "",
+            r.name, op, r.device, str(r.M) if gemm else "", str(r.K) if gemm else "",
+            str(r.N) if gemm else "", f"{r.macs:,}" if r.macs else "",
             str(r.weight_bits) if gemm else "", str(r.act_bits),
-            f"{r.compute_cycles:,}", f"{r.memory_cycles:,.0f}", _us(r.latency_s),
-            r.bound, f"{r.utilization:.1%}" if gemm else "",
+            f"{r.compute_cycles:,}", f"{r.memory_cycles:,.0f}", f"{other:,.0f}",
+            _us(r.latency_s), r.bound, f"{r.utilization:.1%}" if gemm and r.device == "npu" else "",
         )
     t.add_section()
-    t.add_row("total", "", "", "", "", f"{schedule.macs:,}", "", "",
+    t.add_row("total", "", "", "", "", "", f"{schedule.macs:,}", "", "",
               f"{sum(r.compute_cycles for r in schedule.layers):,}",
-              f"{sum(r.memory_cycles for r in schedule.layers):,.0f}",
+              f"{sum(r.memory_cycles for r in schedule.layers):,.0f}", "",
               _us(schedule.latency_s), "", "")
+    parts = ", ".join(f"{k} {v * 1e6:,.3f}" for k, v in schedule.breakdown_s().items() if v)
+    t.caption = f"latency breakdown (µs): {parts}; throughput {schedule.throughput_per_s:,.0f}/s"
     return t
 
 

@@ -1,9 +1,40 @@
-"""Mixed-precision search: the differentiable latency cost and the gradient searcher."""
+"""Mixed-precision search: differentiable latency cost, sensitivities and three searchers
+(gradient, HAWQ-V3 integer program, greedy) that produce precision policies."""
 
+from npujax.search.api import SEARCHERS as SEARCHERS
+from npujax.search.api import search_precision as search_precision
 from npujax.search.cost import LatencyTable as LatencyTable
 from npujax.search.cost import expected_latency as expected_latency
 from npujax.search.cost import latency_table as latency_table
 from npujax.search.gradient import SearchResult as SearchResult
 from npujax.search.gradient import gradient_search as gradient_search
+from npujax.search.policy import PrecisionPolicy as PrecisionPolicy
+from npujax.search.policy import load_policy as load_policy
+from npujax.search.policy import save_policy as save_policy
+from npujax.search.sensitivity import activation_sensitivity as activation_sensitivity
+from npujax.search.sensitivity import hawq_sensitivity as hawq_sensitivity
+from npujax.search.sensitivity import hessian_traces as hessian_traces
+from npujax.search.sensitivity import weight_perturbation as weight_perturbation
+from npujax.search.solvers import fastest_latency_s as fastest_latency_s
+from npujax.search.solvers import greedy_policy as greedy_policy
+from npujax.search.solvers import ilp_policy as ilp_policy
 
-__all__ = ["LatencyTable", "latency_table", "expected_latency", "SearchResult", "gradient_search"]
+__all__ = [
+    "SEARCHERS",
+    "search_precision",
+    "LatencyTable",
+    "latency_table",
+    "expected_latency",
+    "SearchResult",
+    "gradient_search",
+    "PrecisionPolicy",
+    "save_policy",
+    "load_policy",
+    "hessian_traces",
+    "activation_sensitivity",
+    "weight_perturbation",
+    "hawq_sensitivity",
+    "ilp_policy",
+    "greedy_policy",
+    "fastest_latency_s",
+]

@@ -1,88 +1,125 @@
 """Differentiable latency cost of per-layer bit-width choices, from the same lowering as ``lower``.
 
-For GEMM layer ``l`` with candidate weight widths ``b_1..b_n`` and selection probabilities
-``p_l`` (a softmax over learned logits), the relaxed latency is the expectation
+For GEMM layer ``l`` with candidate (weight, activation) widths ``c_1..c_n`` and selection
+probabilities ``p_l`` (a softmax over learned logits), the relaxed latency is the expectation
 
-    E[latency] = sum_l sum_i p_li * latency_l(b_i)  +  latency of the other (vector) layers,
+    E[latency] = sum_l sum_i p_li * latency_l(c_i)  +  latency of the other (vector) layers,
 
-where ``latency_l(b_i)`` is the exact per-layer latency of :func:`npujax.plan.layer_costs`
+where ``latency_l(c_i)`` is the exact per-layer latency of :func:`npujax.plan.layer_costs`
 (the same numbers ``npujax lower`` prints). At one-hot ``p`` it equals the exact latency of that
 policy; its gradient w.r.t. the logits orders candidates as their exact latencies do. This is the
 expected-cost relaxation of differentiable NAS (FBNet: Wu et al., CVPR 2019; EdMIPS: Cai and
 Vasconcelos, CVPR 2020).
+
+A layer's latency depends only on its own widths (a GEMM's output stage requantizes for free, so
+chains of layers never pay conversions); vector layers (pooling, ...) are costed at the widest
+activation candidate, an upper bound. :func:`npujax.plan.lower` gives the exact latency of the
+final policy.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import itertools
+from collections.abc import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from npujax.errors import ConfigError
 from npujax.graph.ir import Graph
 from npujax.hw.spec import NpuSpec
-from npujax.plan.latency import layer_costs
+from npujax.plan.latency import HwParams, layer_costs
 from npujax.plan.workload import workloads
 
 __all__ = ["LatencyTable", "latency_table", "expected_latency"]
 
+Choice = tuple[int, int]  # (weight_bits, act_bits)
+
 
 @dataclasses.dataclass(frozen=True)
 class LatencyTable:
-    """Exact per-layer latencies for every candidate weight width.
+    """Exact per-layer latencies for every candidate (weight, activation) width pair.
 
     Attributes:
       layers: GEMM layer names, in graph order (rows of ``seconds``).
-      candidates: candidate weight widths (columns of ``seconds``).
-      seconds: float32 ``[L, n]``, latency of layer ``l`` at width ``candidates[i]`` (s).
-      fixed_s: latency of the layers whose cost does not depend on weight bits (s).
+      candidates: ``(weight_bits, act_bits)`` per column of ``seconds``.
+      seconds: float32 ``[L, n]``, latency of layer ``l`` with candidate ``i`` (s).
+      fixed_s: latency of the layers whose cost does not depend on the choice (s).
     """
 
     layers: tuple[str, ...]
-    candidates: tuple[int, ...]
+    candidates: tuple[Choice, ...]
     seconds: jax.Array
     fixed_s: float
 
-    def latency_s(self, policy: dict[str, int]) -> float:
-        """Exact latency of a one-hot policy ``{layer: weight_bits}`` (s)."""
-        cols = [self.candidates.index(int(policy[n])) for n in self.layers]
-        return float(np.sum(np.asarray(self.seconds)[np.arange(len(cols)), cols]) + self.fixed_s)
+    @property
+    def weight_candidates(self) -> tuple[int, ...]:
+        """The distinct weight widths, in column order."""
+        return tuple(dict.fromkeys(w for w, _ in self.candidates))
+
+    def column(self, choice: int | Sequence[int]) -> int:
+        """Column of a choice: ``(w, a)``, or ``w`` when there is one activation width."""
+        if isinstance(choice, (int, np.integer)):
+            cols = [i for i, (w, _) in enumerate(self.candidates) if w == int(choice)]
+            if len(cols) != 1:
+                raise ConfigError(
+                    f"weight width {choice} matches {len(cols)} candidates {self.candidates}; "
+                    "give (weight_bits, act_bits)."
+                )
+            return cols[0]
+        key = (int(choice[0]), int(choice[1]))
+        if key not in self.candidates:
+            raise ConfigError(f"{key} is not among the candidates {self.candidates}.")
+        return self.candidates.index(key)
+
+    def latency_s(self, policy: Mapping[str, int | Sequence[int]]) -> float:
+        """Latency of a one-hot policy ``{layer: w or (w, a)}`` under this table (s)."""
+        cols = [self.column(policy[n]) for n in self.layers]
+        sec = np.asarray(self.seconds, np.float64)
+        return float(np.sum(sec[np.arange(len(cols)), cols]) + self.fixed_s)
 
 
 def latency_table(
     graph: Graph,
     spec: NpuSpec,
     candidates: Sequence[int],
-    act_bits: int = 8,
+    act_bits: int | Sequence[int] = 8,
     dataflow: str | None = None,
 ) -> LatencyTable:
-    """Tabulate exact GEMM-layer latency per candidate weight width on ``spec``.
+    """Tabulate exact GEMM-layer latency for every (weight, activation) candidate on ``spec``.
 
     Args:
       graph: optimized graph (BN folded, activations fused).
       spec: the NPU.
       candidates: candidate weight widths, e.g. ``(2, 4, 8)``.
-      act_bits: activation width of every layer.
+      act_bits: one activation width, or the candidate activation widths.
       dataflow: overrides the preset's dataflow.
 
     Returns:
-      A :class:`LatencyTable`.
+      A :class:`LatencyTable` with one column per (weight, activation) pair.
     """
-    layers = workloads(graph)
+    acts = (act_bits,) if isinstance(act_bits, int) else tuple(act_bits)
+    pairs = tuple((int(w), int(a)) for w, a in itertools.product(candidates, acts))
+    if not pairs:
+        raise ConfigError("latency_table needs at least one candidate width.")
+    layers = workloads(graph, spec)
     gemm = [i for i, w in enumerate(layers) if w.kind == "gemm"]
-    cols = []
-    for b in candidates:
-        c = layer_costs(layers, spec, jnp.full(len(layers), float(b)),
-                        jnp.full(len(layers), float(act_bits)), dataflow)
-        cols.append(c["latency_cycles"] / spec.array.clock_hz)
-    table = jnp.stack(cols, axis=1)  # [all layers, n]
-    fixed = float(sum(float(table[i, 0]) for i in range(len(layers)) if i not in gemm))
-    return LatencyTable(
-        tuple(layers[i].name for i in gemm), tuple(int(b) for b in candidates),
-        table[jnp.asarray(gemm, jnp.int32)], fixed,
-    )
+    hw = HwParams.from_spec(spec)
+    df = dataflow or spec.array.dataflow
+    n = len(layers)
+
+    def column(w, a):
+        c = layer_costs(layers, hw, jnp.full(n, float(w)), jnp.full(n, float(a)), df,
+                        spec.array.precision_scaling)
+        return c["latency_cycles"] / spec.array.clock_hz
+
+    table = jnp.stack([column(w, a) for w, a in pairs], axis=1)  # [all layers, n]
+    widest = pairs.index((pairs[0][0], max(acts)))
+    fixed = float(sum(float(table[i, widest]) for i in range(n) if i not in gemm))
+    return LatencyTable(tuple(layers[i].name for i in gemm), pairs,
+                        table[jnp.asarray(gemm, jnp.int32)], fixed)
 
 
 def expected_latency(probs: jax.Array, table: LatencyTable) -> jax.Array:

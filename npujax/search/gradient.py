@@ -106,7 +106,7 @@ def gradient_search(
     candidates = tuple(sorted(int(b) for b in candidates))
     if not candidates:
         raise ConfigError("candidates must name at least one weight width, e.g. (2, 4, 8).")
-    table = latency_table(graph, spec, candidates, act_bits, dataflow)
+    table = latency_table(graph, spec, candidates, int(act_bits), dataflow)
     reference = table.latency_s({n: max(candidates) for n in table.layers})
     if budget_s is None:
         if not 0 < budget_ratio <= 1:

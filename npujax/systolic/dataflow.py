@@ -1,26 +1,44 @@
-"""Systolic-array dataflows and the fold-based compute-cycle model.
+"""Systolic-array dataflows and the closed-form fold model, exact to SCALE-Sim's cycle count.
 
-A GEMM ``out[M, N] = a[M, K] @ b[K, N]`` (a convolution after im2col: M = batch x output pixels,
-K = C_in/groups x k_h x k_w, N = C_out) is mapped onto an R x C PE array by a dataflow, which
-chooses which two GEMM dimensions are laid out spatially (on the array rows and columns) and which
-one streams in time (Samajdar et al., "SCALE-Sim: Systolic CNN Accelerator Simulator",
-arXiv:1811.02883; Samajdar et al., ISPASS 2020):
+A GEMM ``out[M, N] = a[M, K] @ b[K, N]`` (a convolution after im2col: M = batch x output
+pixels, K = C_in/groups x k_h x k_w, N = C_out/groups) is mapped onto an R x C PE array by a
+dataflow, which lays two GEMM dimensions out spatially (on the array rows and columns) and streams
+the third in time (Samajdar et al., "SCALE-Sim: Systolic CNN Accelerator Simulator",
+arXiv:1811.02883):
 
-===================  ======================  ======================  =============
-dataflow             array rows hold (S_R)   array cols hold (S_C)   time (T)
-===================  ======================  ======================  =============
-weight_stationary    K (reduction)           N (filters)             M (pixels)
-output_stationary    M (pixels)              N (filters)             K (reduction)
-input_stationary     K (reduction)           M (pixels)              N (filters)
-===================  ======================  ======================  =============
+=================  ==============  ==============  ==========  ====  =========
+dataflow           rows hold S_R   cols hold S_C   time T      fill  drain
+=================  ==============  ==============  ==========  ====  =========
+weight_stationary  K (reduction)   N (filters)     M (pixels)  R     R + C - 2
+output_stationary  M (pixels)      N (filters)     K           0     R + C - 2
+input_stationary   K (reduction)   M (pixels)      N           R     R + C - 2
+=================  ==============  ==============  ==========  ====  =========
 
-When S_R > R or S_C > C the mapping is *folded*: ``ceil(S_R / R) * ceil(S_C / C)`` folds run one
-after another. Each fold costs ``2R + C + T - 2`` cycles (SCALE-Sim's analytical runtime with the
-array dimensions): a *fill* of R cycles (stationary operands loaded / skewed into the rows), T
-cycles of *streaming*, and a *drain* of R + C - 2 cycles for the last partial sums to ripple out.
+When S_R > R or S_C > C the mapping is *folded*: ``folds = ceil(S_R / R) * ceil(S_C / C)`` folds
+run one after another, and each fold costs ``fill + T + drain`` cycles:
 
-All functions here are pure ``jnp`` over (possibly traced) integers, so they ``jit`` and ``vmap``
-over layers and hardware configurations.
+* weight/input stationary: the stationary operand is shifted into the R rows (*fill*, R cycles),
+  then T vectors stream through (T cycles), and the last one needs R + C - 2 cycles of skew to
+  reach the far corner and leave the array (*drain*): ``2R + C + T - 2`` per fold.
+* output stationary: both operands stream in skewed, nothing is preloaded (fill 0); the last
+  partial sum is complete R + C - 2 cycles after the last operand enters: ``R + C + T - 2``.
+
+``compute_cycles = folds x (fill + T + drain)`` counts cycles 1..n from the first operand request to
+the last output write. SCALE-Sim 3.0.0 reports the same run as ``Total Cycles`` = the 0-based index
+of the last output write = ``compute_cycles - 1`` (one cycle per GEMM, not per fold; its per-fold
+demand matrices have exactly ``fill + T + drain`` rows and its compute report takes the largest
+cycle stamp of the OFMAP writes). :func:`gemm_cycles` returns both (``scalesim_cycles``); the
+cross-check in ``tests/systolic/test_scalesim_reference.py`` shows agreement on every stored case.
+
+SRAM traffic follows from the mapping alone: an operand is read again for every fold of the
+GEMM dimension it does *not* contain (``a[M,K]`` once per fold of N, ``b[K,N]`` once per fold of
+M) and the output is written once per fold of K (partial sums go back to the output buffer
+between K folds). A dimension folds ``ceil(D/R)`` times on the rows, ``ceil(D/C)`` on the
+columns, once in time.
+
+All functions here are pure ``jnp`` over (possibly traced) int32 integers, so they ``jit`` and
+``vmap`` over layers and hardware configurations. Counts are int32: keep ``M*K*N`` per GEMM below
+2**31 (ResNet-50 at batch 8 fits) or split the batch.
 """
 
 from __future__ import annotations
@@ -41,7 +59,11 @@ __all__ = [
     "InputStationary",
     "get_dataflow",
     "gemm_cycles",
+    "SCALESIM_CYCLE_OFFSET",
 ]
+
+#: ``compute_cycles - SCALESIM_CYCLE_OFFSET`` is SCALE-Sim 3.0.0's ``Total Cycles`` for one GEMM.
+SCALESIM_CYCLE_OFFSET = 1
 
 
 def _ceil_div(a, b):
@@ -51,27 +73,38 @@ def _ceil_div(a, b):
 class Dataflow(abc.ABC):
     """How a GEMM's three dimensions map onto an R x C systolic array.
 
-    Subclasses only state the mapping; the fold and fill/drain arithmetic is shared.
+    A subclass states only its mapping (:meth:`map_gemm`, as the dimension names in
+    :attr:`layout`) and its fill cost; the fold, drain and SRAM arithmetic is shared here.
     """
 
     name: ClassVar[str]
+    #: GEMM dimension names on (array rows, array columns, time), e.g. ``("K", "N", "M")``.
+    layout: ClassVar[tuple[str, str, str]]
 
-    @abc.abstractmethod
     def map_gemm(self, M, K, N):
         """Return ``(S_R, S_C, T)``: the GEMM extents on array rows, array columns and time."""
+        dims = {"M": M, "K": K, "N": N}
+        return tuple(dims[d] for d in self.layout)
 
+    @abc.abstractmethod
     def fill_cycles(self, rows, cols):
-        """Cycles to load/skew the stationary operand into the array before streaming (R)."""
-        del cols
-        return rows
+        """Cycles before the first streamed operand enters a fold (preloading the stationary)."""
 
     def drain_cycles(self, rows, cols):
-        """Cycles for the last results to leave the array after streaming (R + C - 2)."""
+        """Cycles after the last streamed operand enters until the last result leaves: R + C - 2."""
         return rows + cols - 2
 
     def fold_cycles(self, rows, cols, temporal):
-        """Cycles of one fold: fill + T + drain = ``2R + C + T - 2``."""
+        """Cycles of one fold: ``fill + T + drain``."""
         return self.fill_cycles(rows, cols) + temporal + self.drain_cycles(rows, cols)
+
+    def dim_folds(self, dim: str, extent, rows, cols):
+        """How many times GEMM dimension ``dim`` ("M", "K" or "N") of size ``extent`` folds."""
+        if dim == self.layout[0]:
+            return _ceil_div(extent, rows)
+        if dim == self.layout[1]:
+            return _ceil_div(extent, cols)
+        return jnp.ones_like(extent)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -79,32 +112,47 @@ class Dataflow(abc.ABC):
 
 @final
 class WeightStationary(Dataflow):
-    """Weights stay in the PEs (TPU v1); K on rows, N on columns, pixels M stream in time."""
+    """Weights stay in the PEs (TPU v1); K on rows, N on columns, pixels M stream in time.
+
+    Fill: the R rows of a weight tile are shifted in from the top, one row per cycle (R cycles).
+    """
 
     name = "weight_stationary"
+    layout = ("K", "N", "M")
 
-    def map_gemm(self, M, K, N):
-        return K, N, M
+    def fill_cycles(self, rows, cols):
+        del cols
+        return rows
 
 
 @final
 class OutputStationary(Dataflow):
-    """Partial sums stay in the PEs (ShiDianNao); M on rows, N on columns, K streams in time."""
+    """Partial sums stay in the PEs (ShiDianNao); M on rows, N on columns, K streams in time.
+
+    Fill: none, both operands stream in skewed from the left and top edges.
+    """
 
     name = "output_stationary"
+    layout = ("M", "N", "K")
 
-    def map_gemm(self, M, K, N):
-        return M, N, K
+    def fill_cycles(self, rows, cols):
+        del cols
+        return jnp.zeros_like(rows)
 
 
 @final
 class InputStationary(Dataflow):
-    """Input pixels stay in the PEs; K on rows, M on columns, filters N stream in time."""
+    """Input pixels stay in the PEs; K on rows, M on columns, filters N stream in time.
+
+    Fill: the R rows of an im2col input tile are shifted in (R cycles), as weights are in WS.
+    """
 
     name = "input_stationary"
+    layout = ("K", "M", "N")
 
-    def map_gemm(self, M, K, N):
-        return K, M, N
+    def fill_cycles(self, rows, cols):
+        del cols
+        return rows
 
 
 _BY_NAME: dict[str, Dataflow] = {
@@ -131,7 +179,7 @@ def get_dataflow(dataflow: str | Dataflow) -> Dataflow:
 
 
 def gemm_cycles(M, K, N, rows, cols, dataflow: str | Dataflow) -> dict[str, jax.Array]:
-    """Compute cycles of an ``[M,K] x [K,N]`` GEMM on a ``rows x cols`` array.
+    """Compute cycles, efficiency and SRAM traffic of an ``[M,K] x [K,N]`` GEMM on an array.
 
     Args:
       M, K, N: GEMM extents (int scalars or arrays, may be traced), >= 1.
@@ -139,27 +187,45 @@ def gemm_cycles(M, K, N, rows, cols, dataflow: str | Dataflow) -> dict[str, jax.
       dataflow: a :class:`Dataflow` or its name (static).
 
     Returns:
-      dict of int32 arrays (broadcast over the inputs) ``folds``, ``compute_cycles`` and float32
-      ``mapping_efficiency`` (fraction of PEs holding work, averaged over folds) and
+      dict of arrays broadcast over the inputs. int32: ``folds``; ``fold_cycles`` (fill + T +
+      drain); ``compute_cycles`` (folds x fold_cycles, cycles); ``scalesim_cycles``
+      (``compute_cycles - 1``, SCALE-Sim's ``Total Cycles``); ``sram_reads_a`` (reads of the
+      ``[M,K]`` operand, SCALE-Sim's IFMAP reads), ``sram_reads_b`` (the ``[K,N]`` operand, its
+      Filter reads), ``sram_writes_out`` (output writes incl. partial sums), all in elements.
+      float32: ``mapping_efficiency`` (fraction of PEs holding work, averaged over folds) and
       ``utilization`` (MACs / (compute_cycles x rows x cols)); ``utilization <=
       mapping_efficiency <= 1``.
 
+    Raises:
+      ConfigError: unknown dataflow name.
+
     Example:
       >>> int(gemm_cycles(64, 9, 16, 16, 16, "output_stationary")["compute_cycles"])
-      220
+      156
+
+    References:
+      Samajdar et al., arXiv:1811.02883 (the fold model); SCALE-Sim 3.0.0
+      ``scalesim/compute/systolic_compute_{ws,os,is}.py`` (the per-fold demand matrices whose row
+      counts give ``fill + T + drain``).
     """
     df = get_dataflow(dataflow)
     M, K, N, rows, cols = (jnp.asarray(v, jnp.int32) for v in (M, K, N, rows, cols))
     s_r, s_c, t = df.map_gemm(M, K, N)
     folds = _ceil_div(s_r, rows) * _ceil_div(s_c, cols)
-    cycles = folds * df.fold_cycles(rows, cols, t)
+    per_fold = df.fold_cycles(rows, cols, t)
+    cycles = folds * per_fold
     pes = (rows * cols).astype(jnp.float32)
     mapping = (s_r * s_c).astype(jnp.float32) / (folds.astype(jnp.float32) * pes)
     macs = M.astype(jnp.float32) * K.astype(jnp.float32) * N.astype(jnp.float32)
     util = macs / (cycles.astype(jnp.float32) * pes)
     return {
         "folds": folds,
+        "fold_cycles": per_fold + jnp.zeros_like(folds),
         "compute_cycles": cycles,
+        "scalesim_cycles": cycles - SCALESIM_CYCLE_OFFSET,
         "mapping_efficiency": mapping,
         "utilization": util,
+        "sram_reads_a": M * K * df.dim_folds("N", N, rows, cols),
+        "sram_reads_b": K * N * df.dim_folds("M", M, rows, cols),
+        "sram_writes_out": M * N * df.dim_folds("K", K, rows, cols),
     }

@@ -1,23 +1,11 @@
+import importlib.resources
+
 import pytest
 
 from npujax.errors import ConfigError
-from npujax.hw import list_presets, load_npu_spec
+from npujax.hw import LAYOUTS, list_presets, load_npu_spec
 
-GOOD = """
-name = "t"
-[array]
-rows = 8
-cols = 4
-dataflow = "weight_stationary"
-clock_hz = 5e8
-[memory]
-ifmap_sram_bytes = 1024
-filter_sram_bytes = 1024
-ofmap_sram_bytes = 1024
-dram_bytes_per_s = 1e9
-[vector]
-lanes = 4
-"""
+GOOD = importlib.resources.files("npujax.presets").joinpath("edge_16x16.toml").read_text()
 
 
 def write(tmp_path, text):
@@ -28,37 +16,62 @@ def write(tmp_path, text):
 
 def test_default_preset_loads_with_units():
     spec = load_npu_spec("edge_16x16")
-    assert "edge_16x16" in list_presets()
     assert (spec.array.rows, spec.array.cols) == (16, 16)
     assert spec.array.clock_hz > 0 and spec.memory.dram_bytes_per_s > 0
     assert spec.peak_macs_per_s == 256 * spec.array.clock_hz
+    assert spec.layout.activation_layout in LAYOUTS
+    assert "Conv" in spec.ops.supported
+
+
+@pytest.mark.parametrize("name", ["edge_16x16", "tpu_v1", "gemmini_16x16"])
+def test_shipped_presets(name):
+    assert name in list_presets()
+    spec = load_npu_spec(name)
+    assert spec.name == name and spec.description
+
+
+def test_tpu_v1_figures_from_the_paper():
+    spec = load_npu_spec("tpu_v1")
+    assert (spec.array.rows, spec.array.cols, spec.array.clock_hz) == (256, 256, 7.0e8)
+    assert spec.peak_macs_per_s * 2 == pytest.approx(92e12, rel=0.01)  # 92 TOPS
+    assert spec.memory.ifmap_sram_bytes == 24 * 2**20
 
 
 def test_file_preset(tmp_path):
-    spec = load_npu_spec(write(tmp_path, GOOD))
-    assert spec.array.operand_bits == 8  # default
-    assert spec.dram_bytes_per_cycle == 2.0
+    spec = load_npu_spec(write(tmp_path, GOOD.replace('name = "edge_16x16"', 'name = "t"')))
+    assert spec.name == "t"
+    assert spec.dram_bytes_per_cycle == pytest.approx(6.4)
 
 
 @pytest.mark.parametrize(
     "old,new,match",
     [
-        ("ifmap_sram_bytes = 1024", "ifmap_sram_bytes = -1024", "ifmap_sram_bytes.*positive"),
-        ("lanes = 4", "lanes = 4\nwidth = 3", "unknown key.*'width'"),
-        ("rows = 8", "", "missing required key 'rows'"),
-        ('"weight_stationary"', '"row_stationary"', "unknown dataflow"),
-        ("rows = 8", "rows = 8.5", "whole number"),
-        ("clock_hz = 5e8", 'clock_hz = "fast"', "must be a number"),
-        ('name = "t"', 'name = "t"\nfoo = 1', "unknown top-level"),
-        ("[vector]\nlanes = 4", "", "missing section"),
-        ("rows = 8", "rows = = 8", "not valid TOML"),
-        ("dram_bytes_per_s = 1e9", "dram_bytes_per_s = inf", "positive finite"),
+        ("ifmap_sram_bytes = 131072", "ifmap_sram_bytes = -1024", "ifmap_sram_bytes.*positive"),
+        ("lanes = 16", "lanes = 16\nwidth = 3", "unknown key.*'width'"),
+        ("rows = 16", "", "missing required key.*'rows'"),
+        ('"output_stationary"', '"row_stationary"', "unknown dataflow"),
+        ('"NHWC"', '"HWCN"', "unknown activation_layout"),
+        ("rows = 16", "rows = 8.5", "whole number"),
+        ("clock_hz = 1.0e9", 'clock_hz = "fast"', "must be a number"),
+        ('name = "edge_16x16"', 'name = "t"\nfoo = 1', "unknown top-level"),
+        ("[vector]\nlanes = 16", "", "missing section"),
+        ("rows = 16", "rows = = 8", "not valid TOML"),
+        ("dram_bytes_per_s = 6.4e9", "dram_bytes_per_s = inf", "positive finite"),
+        ("dram_latency_s = 1.0e-7", "dram_latency_s = -1.0", "non-negative"),
+        ('supported = ["Conv"', 'supported = [1, "Conv"', "list of strings"),
+        ("cores = 1", "cores = 0", "'cores' must be a positive"),
     ],
 )
 def test_bad_presets_raise_config_error(tmp_path, old, new, match):
     assert old in GOOD
     with pytest.raises(ConfigError, match=match):
-        load_npu_spec(write(tmp_path, GOOD.replace(old, new)))
+        load_npu_spec(write(tmp_path, GOOD.replace(old, new, 1)))
+
+
+def test_zero_latency_is_allowed(tmp_path):
+    spec = load_npu_spec(write(tmp_path, GOOD.replace("dram_latency_s = 1.0e-7",
+                                                      "dram_latency_s = 0")))
+    assert spec.memory.dram_latency_s == 0.0
 
 
 def test_missing_preset_lists_available():

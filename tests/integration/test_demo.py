@@ -34,7 +34,7 @@ def check_report(report, out):
     assert report["dataflow_latency_s"][report["dataflow"]] == pytest.approx(
         report["int8_latency_s"], rel=1e-9)
     for name in ("report.json", "layers_int8.csv", "layers_mixed.csv", "layer_latency.png",
-                 "dataflow_latency.png", "model.npz"):
+                 "dataflow_latency.png", "breakdown_mixed.png", "roofline.png", "model.npz"):
         assert (out / name).stat().st_size > 0, name
     with open(out / "layers_int8.csv") as f:
         rows = list(csv.DictReader(f))

@@ -1,0 +1,171 @@
+"""Benchmarks of the systolic models, printed side by side in one run.
+
+(a) The same layer set through SCALE-Sim 3.0.0 and through npujax's closed form (and the
+    bit-exact emulator): wall time and whether every cycle count is equal. SCALE-Sim runs live when
+    its venv exists (``experiments/scalesim_reference/make_reference.sh`` makes it; override with
+    ``SCALESIM_VENV``); otherwise its stored timings from ``tests/systolic/data`` are used.
+(b) Analytical cycles for every layer of ResNet-50 across 10,000 hardware configurations in one
+    vmapped, jitted call: compute cycles alone, and with the memory model.
+(c) Bit-exact emulation of a ResNet-18 conv layer (3x3, 64->64, 56x56, int8) vs a plain ``jnp``
+    int32 matmul of the same GEMM shape.
+
+Usage: PYTHONPATH=. python experiments/bench/emulator.py [--quick]
+CPU only here (no GPU in this environment).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "experiments"))
+
+from networks import resnet  # noqa: E402
+
+from npujax.systolic import emulate_conv, gemm_cycles, gemm_memory  # noqa: E402
+from npujax.systolic.scalesim import scalesim_report  # noqa: E402
+
+DF = {"ws": "weight_stationary", "os": "output_stationary", "is": "input_stationary"}
+
+
+def _median_time(f, n=10):
+    jax.block_until_ready(f())
+    ts = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f())
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
+
+
+def _scalesim_cases(arrays: str):
+    venv = Path(os.environ.get("SCALESIM_VENV", ROOT / "experiments/scalesim_reference/.venv"))
+    py = venv / "bin" / "python"
+    if py.exists():
+        with tempfile.TemporaryDirectory() as d:
+            out = Path(d) / "s.json"
+            subprocess.run([str(py), str(ROOT / "experiments/scalesim_reference/run_scalesim.py"),
+                            str(out), "--kinds", "gemm", "--arrays", arrays], check=True,
+                           capture_output=True)
+            doc = json.loads(out.read_text())
+        return doc, "live"
+    doc = json.loads((ROOT / "tests/systolic/data/scalesim_gemm.json").read_text())
+    keep = {int(a) for a in arrays.split(",")}
+    doc["cases"] = [c for c in doc["cases"] if c["rows"] in keep]
+    doc["timings"] = [t for t in doc["timings"] if t["rows"] in keep]
+    return doc, "stored (no SCALE-Sim venv found)"
+
+
+def bench_scalesim(arrays: str):
+    doc, how = _scalesim_cases(arrays)
+    cases = doc["cases"]
+    ss_seconds = sum(t["seconds"] for t in doc["timings"])
+    by_df = {}
+    for df in ("ws", "os", "is"):
+        sel = [c for c in cases if c["dataflow"] == df]
+        by_df[df] = {k: jnp.asarray([c[k] for c in sel], jnp.int32)
+                     for k in ("M", "K", "N", "rows", "cols")}
+
+    @jax.jit
+    def all_cycles(d):
+        return {df: scalesim_report(v["M"], v["K"], v["N"], v["rows"], v["cols"], df)[
+            "total_cycles"] for df, v in d.items()}
+
+    t = _median_time(lambda: all_cycles(by_df), n=50)
+    got = jax.tree.map(np.asarray, all_cycles(by_df))
+    equal = all(
+        np.array_equal(got[df], [c["total_cycles"] for c in cases if c["dataflow"] == df])
+        for df in by_df)
+    return {"source": how, "cases": len(cases), "scalesim_s": ss_seconds, "npujax_s": t,
+            "ratio": ss_seconds / t, "cycles_equal": equal}
+
+
+def _hw_configs(n, seed=0):
+    rng = np.random.default_rng(seed)
+    rows = jnp.asarray(2 ** rng.integers(2, 9, n), jnp.int32)      # 4 .. 256
+    cols = jnp.asarray(2 ** rng.integers(2, 9, n), jnp.int32)
+    sram = jnp.asarray(2.0 ** rng.integers(12, 22, n), jnp.float32)  # 4 KiB .. 2 MiB
+    bw = jnp.asarray(2.0 ** rng.uniform(0, 7, n), jnp.float32)       # 1 .. 128 B/cycle
+    return rows, cols, sram, bw
+
+
+def bench_sweep(n_configs: int):
+    layers = resnet(50)
+    L = len(layers)
+    M, K, N, G = (jnp.asarray([lay[i] for lay in layers], jnp.int32) for i in range(1, 5))
+    rows, cols, sram, bw = _hw_configs(n_configs)
+
+    @jax.jit
+    def compute(rows, cols):
+        f = lambda r, c: G * gemm_cycles(M, K, N, r, c, "weight_stationary")["compute_cycles"]
+        return jax.vmap(f)(rows, cols)
+
+    @jax.jit
+    def with_memory(rows, cols, sram, bw):
+        def f(r, c, s, b):
+            m = gemm_memory(M, K, N, r, c, "weight_stationary", sram_bytes_a=s, sram_bytes_b=s,
+                            sram_bytes_out=s, dram_bytes_per_cycle=b)
+            return G.astype(jnp.float32) * m["total_cycles"]
+        return jax.vmap(f)(rows, cols, sram, bw)
+
+    t_c = _median_time(lambda: compute(rows, cols))
+    t_m = _median_time(lambda: with_memory(rows, cols, sram, bw))
+    evals = n_configs * L
+    return {"layers": L, "configs": n_configs, "compute_s": t_c, "compute_eval_per_s": evals / t_c,
+            "memory_s": t_m, "memory_eval_per_s": evals / t_m}
+
+
+def bench_emulation(rows: int, dataflow: str):
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.integers(-128, 128, (1, 56, 56, 64)), jnp.int8)
+    w = jnp.asarray(rng.integers(-128, 128, (3, 3, 64, 64)), jnp.int8)
+    a = jnp.asarray(rng.integers(-128, 128, (3136, 576)), jnp.int32)
+    b = jnp.asarray(rng.integers(-128, 128, (576, 64)), jnp.int32)
+    mm = jax.jit(jnp.matmul)
+    t_ref = _median_time(lambda: mm(a, b), n=20)
+    t_emu = _median_time(lambda: emulate_conv(x, w, rows, rows, dataflow, padding=1)[0], n=20)
+    return {"array": f"{rows}x{rows}", "dataflow": dataflow, "emulate_s": t_emu,
+            "matmul_s": t_ref, "slowdown": t_emu / t_ref}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="fewer SCALE-Sim arrays")
+    p.add_argument("--configs", type=int, default=10_000)
+    args = p.parse_args(argv)
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform} "
+          f"({os.cpu_count()} CPUs visible); no GPU run in this environment.\n")
+
+    a = bench_scalesim("32,128" if args.quick else "8,16,32,128")
+    b = bench_sweep(args.configs)
+    c = [bench_emulation(r, df) for r in (16, 128) for df in ("ws", "os", "is")]
+
+    print(f"(a) SCALE-Sim vs npujax, {a['cases']} GEMM cases (SCALE-Sim timings: {a['source']})")
+    print(f"    SCALE-Sim {a['scalesim_s']:10.3f} s | npujax {a['npujax_s'] * 1e6:10.1f} us | "
+          f"ratio {a['ratio']:,.0f}x | cycles equal: {a['cycles_equal']}")
+    print(f"(b) ResNet-50 ({b['layers']} layers) x {b['configs']:,} hardware configs, one call")
+    print(f"    compute cycles     {b['compute_s'] * 1e3:8.2f} ms  "
+          f"{b['compute_eval_per_s']:.3e} evals/s (target 1e7)")
+    print(f"    + memory model     {b['memory_s'] * 1e3:8.2f} ms  "
+          f"{b['memory_eval_per_s']:.3e} evals/s (target 1e6)")
+    print("(c) bit-exact conv emulation (ResNet-18 3x3 64->64 @56x56, int8) vs jnp int32 matmul "
+          "[3136,576]x[576,64]")
+    for r in c:
+        print(f"    {r['array']:>7s} {r['dataflow']:2s}  emulate {r['emulate_s'] * 1e3:7.2f} ms  "
+              f"matmul {r['matmul_s'] * 1e3:7.2f} ms  -> {r['slowdown']:.2f}x (target <= 2x)")
+    return {"scalesim": a, "sweep": b, "emulation": c}
+
+
+if __name__ == "__main__":
+    main()

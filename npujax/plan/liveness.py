@@ -1,0 +1,51 @@
+"""Activation memory over time: which tensors are alive at each step of the execution order."""
+
+from __future__ import annotations
+
+from npujax.graph.ir import Graph
+from npujax.plan.workload import FREE_OPS
+
+__all__ = ["peak_activation_bytes"]
+
+
+def peak_activation_bytes(graph: Graph, act_bits: int = 8) -> int:
+    """Peak bytes of live activations when the nodes run in graph order.
+
+    A tensor is live from the step that produces it (graph inputs: from the start) until the last
+    step that reads it (graph outputs: until the end). Shape-only ops (Reshape, ...) alias their
+    input and add nothing. Weights and constants are not activations and are not counted.
+
+    Args:
+      graph: the model graph.
+      act_bits: bits per activation element.
+
+    Returns:
+      The peak over all steps of the summed live activation sizes (bytes, rounded up).
+    """
+    alias: dict[str, str] = {}
+
+    def root(t: str) -> str:
+        while t in alias:
+            t = alias[t]
+        return t
+
+    for n in graph.nodes:
+        if n.op in FREE_OPS:
+            alias[n.outputs[0]] = n.inputs[0]
+    last_use: dict[str, int] = {}
+    for i, n in enumerate(graph.nodes):
+        for t in n.inputs:
+            if t not in graph.constants:
+                last_use[root(t)] = i
+    end = len(graph.nodes)
+    for t in graph.outputs:
+        last_use[root(t)] = end
+    size = {t: -(-graph.tensors[t].size * act_bits // 8) for t in graph.tensors}
+    live = {root(t) for t in graph.inputs}
+    peak = sum(size[t] for t in live)
+    for i, n in enumerate(graph.nodes):
+        if n.op not in FREE_OPS:
+            live |= {root(t) for t in n.outputs}
+        peak = max(peak, sum(size[t] for t in live))
+        live = {t for t in live if last_use.get(t, -1) > i}
+    return int(peak)

@@ -1,0 +1,120 @@
+"""One entry point for the three precision searchers, returning a :class:`PrecisionPolicy`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from npujax.errors import ConfigError
+from npujax.graph.execute import execute
+from npujax.graph.ir import Graph, Params
+from npujax.hw.spec import NpuSpec
+from npujax.plan.latency import lower
+from npujax.search.cost import latency_table
+from npujax.search.gradient import gradient_search
+from npujax.search.policy import PrecisionPolicy
+from npujax.search.sensitivity import (
+    activation_sensitivity,
+    hawq_sensitivity,
+    hessian_traces,
+    weight_perturbation,
+)
+from npujax.search.solvers import fastest_latency_s, greedy_policy, ilp_policy
+
+__all__ = ["SEARCHERS", "search_precision"]
+
+#: Searcher names accepted by :func:`search_precision`.
+SEARCHERS = ("gradient", "ilp", "greedy")
+
+
+def search_precision(
+    graph: Graph,
+    params: Params,
+    spec: NpuSpec,
+    x: np.ndarray,
+    y: np.ndarray,
+    qstate: Mapping[str, Mapping[str, jax.Array]],
+    *,
+    method: str = "ilp",
+    budget_s: float | None = None,
+    budget_ratio: float = 0.75,
+    candidates: Sequence[int] = (2, 4, 8),
+    act_candidates: Sequence[int] = (8,),
+    sensitivity_samples: int = 16,
+    sensitivity_batch: int = 256,
+    steps: int = 300,
+    seed: int = 0,
+    progress: bool = False,
+) -> PrecisionPolicy:
+    """Choose per-layer weight (and activation) widths that meet a latency budget on ``spec``.
+
+    Args:
+      graph, params: the optimized float (or QAT) model.
+      spec: the NPU whose latency model (:func:`npujax.plan.lower`) is the cost.
+      x, y: training/calibration inputs and integer labels (the task loss).
+      qstate: calibrated activation ranges.
+      method: ``gradient`` (learned widths, EdMIPS-style; weights only), ``ilp`` (HAWQ-V3
+        integer program over Hessian-trace sensitivities) or ``greedy`` (by sensitivity).
+      budget_s: latency budget (s); default ``budget_ratio`` x the uniform 8-bit latency.
+      budget_ratio: see ``budget_s``.
+      candidates: candidate weight widths.
+      act_candidates: candidate activation widths (``ilp``/``greedy``; ``gradient`` uses the
+        widest).
+      sensitivity_samples: Hutchinson probes for the Hessian traces.
+      sensitivity_batch: examples used by the sensitivity analysis.
+      steps: optimisation steps of the gradient searcher.
+      seed: random seed.
+      progress: show progress bars.
+
+    Returns:
+      A :class:`PrecisionPolicy` whose ``meta`` records the method, budget, the exact modelled
+      latency of the policy and that of uniform 8-bit.
+
+    Raises:
+      ConfigError: unknown method, infeasible budget.
+    """
+    if method not in SEARCHERS:
+        raise ConfigError(f"unknown search method {method!r}; use one of {', '.join(SEARCHERS)}.")
+    layers = [n.name for n in graph.gemm_nodes]
+    int8 = lower(graph, spec).latency_s
+    if budget_s is None:
+        if not 0 < budget_ratio <= 1:
+            raise ConfigError(f"budget_ratio must be in (0, 1], got {budget_ratio}.")
+        budget_s = budget_ratio * int8
+    if method == "gradient":
+        a = max(act_candidates)
+        res = gradient_search(graph, params, x, y, spec, qstate, candidates=candidates,
+                              act_bits=a, budget_s=budget_s, steps=steps, seed=seed,
+                              progress=progress)
+        wbits, abits = dict(res.policy), {n: a for n in layers}
+    else:
+        table = latency_table(graph, spec, candidates, tuple(act_candidates))
+        if budget_s < fastest_latency_s(table) * (1 - 1e-9):
+            raise ConfigError(
+                f"latency budget {budget_s * 1e6:.3f} µs is below the fastest policy the "
+                f"candidates allow ({fastest_latency_s(table) * 1e6:.3f} µs); raise the budget or "
+                "add narrower candidates."
+            )
+        n = min(sensitivity_batch, len(x))
+        xb, yb = jnp.asarray(x[:n], jnp.float32), jnp.asarray(y[:n])
+        from npujax.train import cross_entropy
+
+        traces = hessian_traces(lambda p, b: cross_entropy(execute(graph, p, b[0]), b[1]),
+                                params, (xb, yb), layers, samples=sensitivity_samples,
+                                seed=seed, progress=progress)
+        w_omega = hawq_sensitivity(traces, weight_perturbation(graph, params, layers,
+                                                               candidates))
+        a_omega = activation_sensitivity(graph, params, xb, yb, layers, act_candidates, qstate)
+        omega = {ln: {(w, a): w_omega[ln][w] + a_omega[ln][a] for w in candidates
+                      for a in act_candidates} for ln in layers}
+        solver = ilp_policy if method == "ilp" else greedy_policy
+        choice = solver(table, omega, budget_s)
+        wbits = {ln: int(c[0]) for ln, c in choice.items()}
+        abits = {ln: int(c[1]) for ln, c in choice.items()}
+    exact = lower(graph, spec, weight_bits=wbits, act_bits=abits).latency_s
+    meta = {"method": method, "npu": spec.name, "budget_s": float(budget_s),
+            "latency_s": exact, "int8_latency_s": int8, "speedup_vs_int8": int8 / exact}
+    return PrecisionPolicy(wbits, abits, meta)

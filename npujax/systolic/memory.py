@@ -1,0 +1,143 @@
+"""Memory model of one GEMM on a systolic array: double-buffered SRAMs, DRAM traffic, stalls.
+
+Each operand has its own SRAM (SCALE-Sim's ifmap / filter / ofmap buffers; ``a[M,K]`` is the
+ifmap operand, ``b[K,N]`` the filter, the output the ofmap). Every SRAM is *double buffered*: one
+half feeds the array while the other half is filled from (or drained to) DRAM, so only half of
+each SRAM holds data that can be reused (SCALE-Sim's ``active_buf_frac = 0.5``).
+
+Folds are visited as SCALE-Sim does: the fold index of the dimension on the array columns is the
+outer loop, the one on the rows the inner loop (``for fc: for fr:``). An operand is read once per
+fold of the GEMM dimension it does not contain (see :func:`npujax.systolic.gemm_cycles`); it comes
+from DRAM only once when the data reused between those folds stays in its active half-buffer:
+
+* other dimension in time (folds once): read once, nothing to keep;
+* other dimension on the rows (inner loop): reused by consecutive folds, so one column-fold's
+  tile must fit (e.g. output stationary keeps a ``K x C`` slice of ``b``);
+* other dimension on the columns (outer loop): reused only after a whole sweep of the inner
+  loop, so the whole operand must fit.
+
+Otherwise it is fetched again for every such fold. Partial sums across K folds (weight and input
+stationary put K on the rows) stay in the output SRAM when one column-fold's output tile of int32
+partial sums fits in its half; otherwise each K fold but the last spills them to DRAM (4 bytes per
+element) and reads them back. The final outputs are written once at ``elem_bytes_out``.
+
+Time: the first fold's input tiles must arrive before computing starts (*prologue*) and the last
+fold's outputs leave after it ends (*epilogue*); all other DRAM traffic overlaps compute through the
+double buffers and stalls only the part of it that is slower than compute, spread evenly over the
+folds::
+
+    stall_cycles = prologue + epilogue + max(0, steady_dram_cycles - compute_cycles)
+    total_cycles = compute_cycles + stall_cycles
+
+so ``total_cycles >= max(compute_cycles, dram_bytes / dram_bytes_per_cycle)`` (the roofline of
+Williams et al., CACM 2009). Memory-side figures are float32 cycles (fractional when bytes do not
+divide the bandwidth), as in :mod:`npujax.plan.latency`.
+
+All arguments may be traced jnp scalars or arrays (``vmap`` over hardware configurations); the
+dataflow is static.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from npujax.systolic.dataflow import Dataflow, gemm_cycles, get_dataflow
+
+__all__ = ["gemm_memory", "PSUM_BYTES"]
+
+#: Bytes of one int32 partial sum spilled to DRAM between K folds.
+PSUM_BYTES = 4
+
+
+def _f32(x):
+    return jnp.asarray(x, jnp.float32)
+
+
+def gemm_memory(
+    M, K, N, rows, cols, dataflow: str | Dataflow, *,
+    sram_bytes_a, sram_bytes_b, sram_bytes_out,
+    elem_bytes_a=1, elem_bytes_b=1, elem_bytes_out=1,
+    dram_bytes_per_cycle,
+) -> dict[str, jax.Array]:
+    """DRAM traffic and memory stalls of an ``[M,K] x [K,N]`` GEMM (pure jnp, vmappable).
+
+    Args:
+      M, K, N: GEMM extents (ints, may be traced), >= 1.
+      rows, cols: array size in PEs, >= 1.
+      dataflow: a :class:`Dataflow` or its name (static).
+      sram_bytes_a, sram_bytes_b, sram_bytes_out: total bytes of the ifmap, filter and ofmap SRAMs
+        (each double buffered: half is active).
+      elem_bytes_a, elem_bytes_b, elem_bytes_out: bytes per element of ``a``, ``b`` and the final
+        output (e.g. 1 for int8; fractional values model sub-byte formats).
+      dram_bytes_per_cycle: DRAM bandwidth in bytes per array clock cycle (> 0).
+
+    Returns:
+      dict of float32 arrays: ``dram_read_bytes_a``, ``dram_read_bytes_b``,
+      ``dram_write_bytes_out``, ``dram_read_bytes_out`` (partial sums read back), ``dram_bytes``
+      (their sum); ``memory_cycles`` (dram_bytes / bandwidth); ``stall_cycles``;
+      ``total_cycles`` (compute + stalls); bool ``resident_a``, ``resident_b``, ``resident_out``
+      (whether the reused data fits its active half-buffer); int32 ``compute_cycles`` (from
+      :func:`gemm_cycles`).
+
+    Raises:
+      ConfigError: unknown dataflow name.
+    """
+    df = get_dataflow(dataflow)
+    g = gemm_cycles(M, K, N, rows, cols, df)
+    ext = {"M": _f32(M), "K": _f32(K), "N": _f32(N)}
+    r, c = _f32(rows), _f32(cols)
+    inner, outer, _ = df.layout
+    folds = {d: _f32(df.dim_folds(d, jnp.asarray(v, jnp.int32), rows, cols))
+             for d, v in (("M", M), ("K", K), ("N", N))}
+
+    def tile(d):  # extent of dimension d inside one fold
+        return jnp.minimum(ext[d], r) if d == inner else (
+            jnp.minimum(ext[d], c) if d == outer else ext[d])
+
+    def reused_elems(dims, other):
+        """Elements that must stay resident for reuse across the folds of ``other``."""
+        size = ext[dims[0]] * ext[dims[1]]
+        if other == inner and outer in dims:
+            return size / folds[outer]  # one column-fold's slice
+        if other == inner or other == outer:
+            return size
+        return jnp.zeros_like(size)  # other dimension is temporal: read once
+
+    def operand(dims, other, sram, eb):
+        size = ext[dims[0]] * ext[dims[1]]
+        resident = reused_elems(dims, other) * _f32(eb) <= _f32(sram) / 2
+        reads = size * _f32(eb) * jnp.where(resident, 1.0, folds[other])
+        return reads, resident
+
+    rd_a, res_a = operand(("M", "K"), "N", sram_bytes_a, elem_bytes_a)
+    rd_b, res_b = operand(("K", "N"), "M", sram_bytes_b, elem_bytes_b)
+    out_elems = ext["M"] * ext["N"]
+    res_out = reused_elems(("M", "N"), "K") * PSUM_BYTES <= _f32(sram_bytes_out) / 2
+    spills = jnp.where(res_out, 0.0, folds["K"] - 1.0)
+    wr_out = out_elems * (_f32(elem_bytes_out) + spills * PSUM_BYTES)
+    rd_out = out_elems * spills * PSUM_BYTES
+    dram = rd_a + rd_b + wr_out + rd_out
+
+    bw = _f32(dram_bytes_per_cycle)
+    prologue = (tile("M") * tile("K") * _f32(elem_bytes_a)
+                + tile("K") * tile("N") * _f32(elem_bytes_b)) / bw
+    epilogue = tile("M") * tile("N") * _f32(elem_bytes_out) / bw
+    memory = dram / bw
+    steady = jnp.maximum(memory - prologue - epilogue, 0.0)
+    compute = g["compute_cycles"].astype(jnp.float32)
+    stall = prologue + epilogue + jnp.maximum(steady - compute, 0.0)
+    return {
+        "dram_read_bytes_a": rd_a,
+        "dram_read_bytes_b": rd_b,
+        "dram_write_bytes_out": wr_out,
+        "dram_read_bytes_out": rd_out,
+        "dram_bytes": dram,
+        "memory_cycles": memory,
+        "stall_cycles": stall,
+        "total_cycles": compute + stall,
+        "compute_cycles": g["compute_cycles"],
+        "resident_a": res_a,
+        "resident_b": res_b,
+        "resident_out": res_out,
+    }

@@ -1,0 +1,136 @@
+"""Histogram observers (percentile, MSE, entropy) and the invariants every observer keeps."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from npujax.calib import (
+    OBSERVERS,
+    check_finite_state,
+    entropy_observer,
+    get_observer,
+    mse_observer,
+    percentile_observer,
+)
+from npujax.errors import CalibrationError
+from npujax.quant import MIN_SCALE, IntFormat, fake_quant, qparams_from_range
+
+U8, I8 = IntFormat(8, signed=False), IntFormat(8)
+
+
+def small(name, axis=None):
+    """The observer with a small histogram (fast tests; the invariants do not depend on it)."""
+    return get_observer(name, axis=axis, **({"bins": 256} if name in
+                                            ("percentile", "mse", "entropy") else {}))
+
+
+def run(obs, batches):
+    state = obs.init(batches[0])
+    upd = jax.jit(obs.update)  # one compile per observer and batch shape
+    for b in batches:
+        state = upd(state, jnp.asarray(b, jnp.float32))
+    return state
+
+
+def test_histogram_keeps_mass_when_range_grows():
+    obs = percentile_observer(bins=64)
+    rng = np.random.default_rng(0)
+    batches = [rng.normal(size=500) * s for s in (0.1, 1.0, 5.0)]
+    state = run(obs, batches)
+    np.testing.assert_allclose(float(jnp.sum(state["hist"])), 1500.0, rtol=1e-5)
+    assert float(state["amax"]) == pytest.approx(max(np.abs(b).max() for b in batches))
+
+
+def test_percentile_matches_numpy_quantile():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=100_000).astype(np.float32)
+    lo, hi = percentile_observer(99.0).compute_range(run(percentile_observer(99.0), [x]), U8)
+    q_lo, q_hi = np.quantile(x, [0.01, 0.99])
+    width = 2 * np.abs(x).max() / 4096
+    assert abs(float(lo) - q_lo) < 2 * width and abs(float(hi) - q_hi) < 2 * width
+
+
+def test_mse_clips_a_heavy_tail_at_4_bits():
+    # Laplace data with a few far outliers: the MSE-optimal 4-bit clip lies well inside max|x|,
+    # and its expected error is lower than min-max's.
+    rng = np.random.default_rng(2)
+    x = np.concatenate([rng.laplace(size=50_000), [40.0, -40.0]]).astype(np.float32)
+    fmt = IntFormat(4)
+    obs = mse_observer(bins=512)
+    lo, hi = obs.compute_range(run(obs, [x]), fmt, True)
+    assert 1.0 < float(hi) < 20.0
+
+    def mse(lo, hi):
+        s, z = qparams_from_range(jnp.float32(lo), jnp.float32(hi), fmt, True)
+        return float(jnp.mean((fake_quant(jnp.asarray(x), s, z, fmt) - x) ** 2))
+
+    assert mse(lo, hi) < 0.5 * mse(x.min(), x.max())
+
+
+def test_entropy_threshold_inside_range_for_gaussian():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=200_000).astype(np.float32)
+    obs = entropy_observer()
+    lo, hi = obs.compute_range(run(obs, [x]), I8, True)
+    # TensorRT-style KL calibration of N(0, 1) at int8 clips at a few sigma, below max|x| (~4.5)
+    assert 2.0 < float(hi) < float(np.abs(x).max())
+    assert float(lo) == pytest.approx(-float(hi), rel=1e-6)
+
+
+@pytest.mark.parametrize("name", OBSERVERS)
+def test_invariants_every_observer(name):
+    fmt = U8
+    obs = small(name)
+    # all-zero tensor -> finite positive scale, exact zeros
+    z = jnp.zeros((64, 8), jnp.float32)
+    lo, hi = obs.compute_range(run(obs, [z]), fmt, False)
+    s, zp = qparams_from_range(lo, hi, fmt, False)
+    assert np.isfinite(float(s)) and float(s) >= MIN_SCALE
+    assert np.all(np.asarray(fake_quant(z, s, zp, fmt)) == 0.0)
+    # one-signed (positive) data -> zero point at qmin; negative -> at qmax
+    x = jnp.asarray(np.random.default_rng(4).uniform(0.5, 3.0, (64, 8)), jnp.float32)
+    for data, want in ((x, fmt.qmin), (-x, fmt.qmax)):
+        lo, hi = obs.compute_range(run(obs, [data]), fmt, False)
+        _, zp = qparams_from_range(lo, hi, fmt, False)
+        assert int(zp) == want
+    # NaN / inf -> CalibrationError naming the layer
+    for bad in (np.nan, np.inf):
+        y = x.at[3, 5].set(bad)
+        with pytest.raises(CalibrationError, match="fc3"):
+            check_finite_state(run(obs, [y]), "fc3")
+
+
+@pytest.mark.parametrize("name", ["minmax", "percentile", "mse", "entropy"])
+def test_dead_channel_per_channel(name):
+    obs = small(name, axis=1)
+    x = np.random.default_rng(5).normal(size=(128, 3)).astype(np.float32)
+    x[:, 1] = 0.0  # a dead channel
+    lo, hi = obs.compute_range(run(obs, [x]), I8, True)
+    assert lo.shape == (3,)
+    s, zp = qparams_from_range(lo, hi, I8, True)
+    assert np.all(np.isfinite(np.asarray(s))) and np.all(np.asarray(s) > 0)
+    out = fake_quant(jnp.asarray(x), s, zp, I8, axis=1)
+    assert np.all(np.asarray(out)[:, 1] == 0.0)
+
+
+def test_unknown_observer_and_bad_args():
+    with pytest.raises(CalibrationError, match="entropy"):
+        get_observer("kl")
+    with pytest.raises(CalibrationError):
+        percentile_observer(40.0)
+
+
+@pytest.mark.parametrize("name", ["entropy", "mse"])
+def test_sparse_relu_data_is_not_clipped_to_the_zero_spike(name):
+    # 90 % exact zeros (post-ReLU sparsity) must not pull the threshold towards 0: zeros are
+    # exact on every grid, so the criteria ignore them.
+    rng = np.random.default_rng(6)
+    dense = np.abs(rng.normal(size=50_000)).astype(np.float32)
+    sparse = dense.copy()
+    sparse[rng.uniform(size=sparse.size) < 0.9] = 0.0
+    his = []
+    for x in (dense, sparse):
+        obs = small(name)
+        his.append(float(obs.compute_range(run(obs, [x]), U8, False)[1]))
+    assert his[1] > 0.7 * his[0], his

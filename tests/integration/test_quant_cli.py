@@ -1,0 +1,42 @@
+"""`npujax calibrate` and `npujax qat` end to end (separate processes; slow)."""
+
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+from npujax.demo.model import DigitsCNN
+from npujax.graph import optimize, save_graph, trace_flax
+
+pytestmark = [pytest.mark.integration, pytest.mark.flax_model]
+
+
+def run(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "npujax.cli", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=900)
+
+
+def test_calibrate_writes_model_and_sqnr_report(tmp_path):
+    graph, params = optimize(*trace_flax(DigitsCNN(rngs=nnx.Rngs(0)),
+                                         jnp.zeros((1, 8, 8, 1), jnp.float32)))
+    save_graph(tmp_path / "model.npz", graph, params)
+    r = run("calibrate", str(tmp_path / "model.npz"), "--observer", "entropy", "--batches", "2",
+            "--out", str(tmp_path / "out"), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert "SQNR" in r.stdout and "fc2" in r.stdout
+    for f in ("model_calibrated.npz", "sqnr.md", "sqnr.csv", "sqnr.png"):
+        assert (tmp_path / "out" / f).exists()
+
+
+
+def test_qat_tiny_config(tmp_path):
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text("[qat]\nfloat_epochs = 2\nqat_steps = 5\ncalibration_batches = 1\n"
+                   "schemes = [\"W8A8\"]\nobservers = [\"minmax\"]\nqat_observer = \"minmax\"\n")
+    r = run("qat", "--config", str(cfg), "--out", str(tmp_path / "out"), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    md = (tmp_path / "out" / "quantization.md").read_text()
+    assert "| PTQ minmax |" in md and "| QAT (from PTQ minmax) |" in md
+    assert "integer-only" in md

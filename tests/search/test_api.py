@@ -1,0 +1,74 @@
+import json
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+from npujax.demo.data import load_digits_nhwc
+from npujax.demo.model import DigitsCNN
+from npujax.errors import ConfigError
+from npujax.graph import calibrate, optimize, quant_spec, save_graph, trace_flax
+from npujax.hw import load_npu_spec
+from npujax.search import load_policy, search_precision
+
+pytestmark = pytest.mark.flax_model
+
+
+@pytest.fixture(scope="module")
+def problem():
+    data = load_digits_nhwc()
+    g, p = optimize(*trace_flax(DigitsCNN(rngs=nnx.Rngs(0)), jnp.zeros((1, 8, 8, 1),
+                                                                        jnp.float32)))
+    x, y = data.x_train[:128], data.y_train[:128]
+    qs = calibrate(g, p, [x], quant_spec(g, 8, 8))
+    return g, p, x, y, qs
+
+
+@pytest.mark.parametrize("method", ["ilp", "greedy"])
+def test_searchers_meet_the_budget(problem, method):
+    g, p, x, y, qs = problem
+    spec = load_npu_spec("bitserial_16x16")
+    pol = search_precision(g, p, spec, x, y, qs, method=method, budget_ratio=0.7,
+                           act_candidates=(4, 8), sensitivity_samples=2, sensitivity_batch=32)
+    assert set(pol.weight_bits) == {"conv1", "conv2", "fc1", "fc2"}
+    assert pol.meta["latency_s"] <= 0.7 * pol.meta["int8_latency_s"] * (1 + 1e-6)
+    assert pol.meta["speedup_vs_int8"] >= 1 / 0.7 * (1 - 1e-6)
+
+
+def test_gradient_searcher_through_the_same_interface(problem):
+    g, p, x, y, qs = problem
+    pol = search_precision(g, p, load_npu_spec("edge_16x16"), x, y, qs, method="gradient",
+                           budget_ratio=0.8, steps=30)
+    assert set(pol.act_bits.values()) == {8}
+    assert pol.meta["latency_s"] > 0
+
+
+def test_unknown_method_and_infeasible_budget(problem):
+    g, p, x, y, qs = problem
+    spec = load_npu_spec("edge_16x16")
+    with pytest.raises(ConfigError, match="unknown search method"):
+        search_precision(g, p, spec, x, y, qs, method="random")
+    with pytest.raises(ConfigError, match="below the fastest"):
+        search_precision(g, p, spec, x, y, qs, method="ilp", budget_s=1e-9,
+                         sensitivity_samples=1, sensitivity_batch=8)
+
+
+def test_cli_search_writes_a_policy(problem, tmp_path):
+    g, p, x, y, qs = problem
+    with jax.numpy_dtype_promotion("standard"):
+        save_graph(tmp_path / "m.npz", g, p, qs)
+    r = subprocess.run([sys.executable, "-m", "npujax.cli", "search", str(tmp_path / "m.npz"),
+                        "--npu", "bitfusion_16x16", "--method", "greedy", "--budget-ratio", "0.95",
+                        "--act-candidates", "4,8", "--sensitivity-samples", "2",
+                        "--out", str(tmp_path / "pol.json")],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    pol = load_policy(tmp_path / "pol.json")
+    assert pol.meta["method"] == "greedy" and pol.meta["npu"] == "bitfusion_16x16"
+    assert json.loads((tmp_path / "pol.json").read_text())["format"].startswith("npujax")
+    bad = subprocess.run([sys.executable, "-m", "npujax.cli", "search", str(tmp_path / "m.npz"),
+                          "--candidates", "2,x"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "comma-separated" in bad.stderr

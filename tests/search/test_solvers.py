@@ -1,0 +1,113 @@
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from npujax.errors import ConfigError
+from npujax.search import (
+    LatencyTable,
+    PrecisionPolicy,
+    fastest_latency_s,
+    greedy_policy,
+    hessian_traces,
+    ilp_policy,
+    load_policy,
+    save_policy,
+)
+
+
+def table_from(lat, cands=((2, 8), (4, 8), (8, 8)), fixed=1e-6):
+    names = tuple(f"l{i}" for i in range(len(lat)))
+    return LatencyTable(names, tuple(cands), jnp.asarray(lat, jnp.float32), fixed)
+
+
+@given(seed=st.integers(0, 10_000), frac=st.floats(0.0, 1.0))
+@settings(max_examples=40, deadline=None)
+def test_ilp_is_the_exact_optimum_and_greedy_is_feasible(seed, frac):
+    rng = np.random.default_rng(seed)
+    n = 4
+    lat = np.sort(rng.uniform(1e-6, 1e-5, (n, 3)), axis=1)  # cheaper for narrower widths
+    omega = np.sort(rng.uniform(0, 1, (n, 3)), axis=1)[:, ::-1]  # narrower = more sensitive
+    table = table_from(lat)
+    lat = np.asarray(table.seconds, np.float64)
+    sens = {name: {c: float(omega[i, j]) for j, c in enumerate(table.candidates)}
+            for i, name in enumerate(table.layers)}
+    lo, hi = fastest_latency_s(table), table.latency_s({x: (8, 8) for x in table.layers})
+    budget = lo + frac * (hi - lo)
+    best = min(
+        (sum(omega[i, c] for i, c in enumerate(choice)), choice)
+        for choice in itertools.product(range(3), repeat=n)
+        if lat[np.arange(n), choice].sum() + table.fixed_s <= budget * (1 + 1e-6)
+    )
+    ilp = ilp_policy(table, sens, budget)
+    ilp_cost = sum(sens[k][v] for k, v in ilp.items())
+    assert ilp_cost == pytest.approx(best[0], rel=1e-6, abs=1e-9)
+    assert table.latency_s(ilp) <= budget * (1 + 1e-6)
+    greedy = greedy_policy(table, sens, budget)
+    assert table.latency_s(greedy) <= budget * (1 + 1e-6)
+    assert sum(sens[k][v] for k, v in greedy.items()) >= ilp_cost - 1e-9
+
+
+def test_infeasible_budget_is_a_clear_error():
+    table = table_from([[1e-6, 2e-6, 3e-6]])
+    sens = {"l0": {2: 3.0, 4: 2.0, 8: 1.0}}  # keyed by weight width works too
+    with pytest.raises(ConfigError, match="below the fastest"):
+        ilp_policy(table, sens, 1e-7)
+    with pytest.raises(ConfigError, match="below the fastest"):
+        greedy_policy(table, sens, 1e-7)
+    assert ilp_policy(table, sens, 10e-6) == {"l0": (8, 8)}
+
+
+def test_hutchinson_matches_exact_trace_of_a_quadratic():
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(6, 6)).astype(np.float32)
+    h = jnp.asarray(a @ a.T)  # PSD Hessian of 0.5 w^T H w for w = kernel.ravel()
+    params = {"l": {"kernel": jnp.ones((2, 3), jnp.float32)}}
+
+    def loss(p, batch):
+        w = p["l"]["kernel"].reshape(-1)
+        return 0.5 * w @ (batch @ w)
+
+    est = hessian_traces(loss, params, h, ["l"], samples=4000, seed=1)["l"]
+    assert est == pytest.approx(float(jnp.trace(h)) / 6, rel=0.05)
+
+
+def test_policy_file_round_trip_and_errors(tmp_path):
+    pol = PrecisionPolicy({"a": 4, "b": 8}, {"a": 8, "b": 8}, {"searcher": "ilp"})
+    save_policy(tmp_path / "p.json", pol)
+    back = load_policy(tmp_path / "p.json")
+    assert back == pol
+    with pytest.raises(ConfigError, match="\\[2, 16\\]"):
+        PrecisionPolicy({"a": 1}, {"a": 8})
+    with pytest.raises(ConfigError, match="same layers"):
+        PrecisionPolicy({"a": 4}, {"b": 8})
+    (tmp_path / "x.json").write_text('{"weight_bits": {}}')
+    with pytest.raises(ConfigError, match="not an npujax precision policy"):
+        load_policy(tmp_path / "x.json")
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_policy(tmp_path / "none.json")
+
+
+def test_latency_table_columns_and_lookup(edge_spec):
+    from flax import nnx
+
+    from npujax.demo.model import DigitsCNN
+    from npujax.graph import optimize, trace_flax
+    from npujax.plan import lower
+    from npujax.search import latency_table
+
+    with jax.numpy_dtype_promotion("standard"):
+        g, _ = optimize(*trace_flax(DigitsCNN(rngs=nnx.Rngs(0)),
+                                    jnp.zeros((1, 8, 8, 1), jnp.float32)))
+    t = latency_table(g, edge_spec, (2, 4, 8), (4, 8))
+    assert t.candidates == ((2, 4), (2, 8), (4, 4), (4, 8), (8, 4), (8, 8))
+    pol = {"conv1": (8, 8), "conv2": (4, 8), "fc1": (2, 8), "fc2": (4, 8)}
+    exact = lower(g, edge_spec, weight_bits={k: v[0] for k, v in pol.items()},
+                  act_bits={k: v[1] for k, v in pol.items()})
+    assert t.latency_s(pol) == pytest.approx(exact.latency_s, rel=1e-6)
+    with pytest.raises(ConfigError, match="matches 2 candidates"):
+        t.column(4)
