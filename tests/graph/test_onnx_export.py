@@ -10,7 +10,16 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from npujax.errors import ConfigError, UnsupportedOpError
-from npujax.graph import calibrate, execute, from_onnx, optimize, quant_spec, to_onnx
+from npujax.graph import (
+    calibrate,
+    convert,
+    execute,
+    execute_integer,
+    from_onnx,
+    optimize,
+    quant_spec,
+    to_onnx,
+)
 from tests.helpers import assert_close
 from tests.onnx_models import ort_run, text_images, zoo_path
 
@@ -85,6 +94,19 @@ def test_qdq_export_runs_in_onnxruntime_close_to_fake_quant(cls_quantized, int32
     # layers. Measured max |dp|: 0.021 with int32 biases, 0.017 with float biases.
     assert np.abs(y - yq).max() < 0.05
     np.testing.assert_array_equal(y.argmax(1), ORIENTATION)
+
+
+def test_qdq_export_in_onnxruntime_equals_the_integer_path(cls_quantized):
+    """onnxruntime fuses the exported QDQ pairs into its integer kernels (QLinearConv, float
+    requantization); npujax's integer path with ``requant="float"`` computes the same codes."""
+    graph, params, q, qstate, xs, *_ = cls_quantized
+    model = to_onnx(graph, params, q, qstate).SerializeToString()
+    integer = convert(graph, params, q, qstate, requant="float")
+    run = jax.jit(lambda x: execute_integer(integer, x))
+    for x in xs[:4]:
+        (y,) = ort_run(model, {"x": x[None]})
+        # Measured: identical codes; outputs equal up to the float softmax (<= 3.6e-8).
+        np.testing.assert_allclose(np.asarray(run(x[None])), y, rtol=0, atol=1e-6)
 
 
 def _small_model():
