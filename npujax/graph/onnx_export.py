@@ -235,37 +235,68 @@ def _conv_transpose(w: _Writer, node: Node, lq, qstate) -> None:
         _epilogue(w, node, y, node.outputs[0])
 
 
+def _to_channels_first(w: _Writer, node: Node, axis: int, rank: int):
+    """Input name and output name for an op whose channels sit on ``axis`` (not 1).
+
+    Adds ``Transpose`` nodes so the ONNX op sees ``[N, C, *spatial]``; returns
+    ``(x, y, perm)`` where ``perm`` maps the channels-first axes back to the node's axes, or
+    ``(input, output, None)`` when the channels are already on axis 1.
+    """
+    if axis == 1:
+        return node.inputs[0], node.outputs[0], None
+    perm = [0, axis] + [i for i in range(1, rank) if i != axis]
+    x = w.name(f"{node.inputs[0]}/nchw")
+    w.add("Transpose", [node.inputs[0]], [x], f"{node.name}/to_nchw", perm=perm)
+    y = w.name(f"{node.outputs[0]}/nchw")
+    w.nodes_after = [helper.make_node("Transpose", [y], [node.outputs[0]],
+                                      name=w.name(f"{node.name}/from_nchw"),
+                                      perm=list(np.argsort(perm)))]
+    return x, y, perm
+
+
+def _flush(w: _Writer) -> None:
+    w.nodes.extend(getattr(w, "nodes_after", []))
+    w.nodes_after = []
+
+
 def _batchnorm(w: _Writer, node: Node, lq, qstate) -> None:
     p = w.params[node.name]
     c = np.asarray(p["mean"]).shape[0]
-    ins = [node.inputs[0]]
+    rank = len(w.graph.tensors[node.inputs[0]].shape)
+    x, y, _ = _to_channels_first(w, node, node.attrs["axis"] % rank, rank)
+    ins = [x]
     for role, default in (("scale", 1.0), ("bias", 0.0), ("mean", None), ("var", None)):
         v = np.asarray(p[role], np.float32) if role in p else np.full((c,), default, np.float32)
         ins.append(w.init(f"{node.name}.{role}", v))
-    if node.attrs["axis"] % len(w.graph.tensors[node.inputs[0]].shape) != 1:
-        raise UnsupportedOpError(f"node {node.name!r}: BatchNormalization over axis "
-                                 f"{node.attrs['axis']} cannot be exported (ONNX uses axis 1).")
-    w.add("BatchNormalization", ins, list(node.outputs), node.name,
-          epsilon=float(node.attrs["epsilon"]))
+    w.add("BatchNormalization", ins, [y], node.name, epsilon=float(node.attrs["epsilon"]))
+    _flush(w)
 
 
 def _pool(w: _Writer, node: Node, lq, qstate) -> None:
     a = node.attrs
-    win, strides = list(a["window"]), list(a["strides"])
-    if win[:2] != [1, 1] or strides[:2] != [1, 1]:
-        raise UnsupportedOpError(f"node {node.name!r}: {node.op} over non-spatial or "
-                                 "channels-last axes cannot be exported as an ONNX pool.")
-    extra = list(a.get("ceil_extra", [0] * len(win)))[2:]
-    padding = [list(p) for p in a["padding"]][2:]
+    rank = len(a["window"])
+    def plain(i):
+        return a["window"][i] == 1 and a["strides"][i] == 1 and list(a["padding"][i]) == [0, 0]
+
+    if not plain(0) or not (plain(1) or plain(rank - 1)):
+        raise UnsupportedOpError(f"node {node.name!r}: {node.op} pooling over the batch or "
+                                 "without a channel axis cannot be exported as an ONNX pool.")
+    axis = 1 if plain(1) else rank - 1
+    x, y, perm = _to_channels_first(w, node, axis, rank)
+    perm = perm or list(range(rank))
+    win = [a["window"][i] for i in perm][2:]
+    strides = [a["strides"][i] for i in perm][2:]
+    padding = [list(a["padding"][i]) for i in perm][2:]
+    extra = [list(a.get("ceil_extra", [0] * rank))[i] for i in perm][2:]
     pads = [p[0] for p in padding] + [p[1] - e for p, e in zip(padding, extra)]
-    attrs = {"kernel_shape": win[2:], "strides": strides[2:], "pads": pads,
-             "ceil_mode": int(any(extra))}
-    dil = list(a.get("window_dilation", [1] * len(win)))[2:]
+    attrs = {"kernel_shape": win, "strides": strides, "pads": pads, "ceil_mode": int(any(extra))}
+    dil = [list(a.get("window_dilation", [1] * rank))[i] for i in perm][2:]
     if any(d != 1 for d in dil):
         attrs["dilations"] = dil
     if node.op == "AveragePool":
         attrs["count_include_pad"] = int(a.get("count_include_pad", 1))
-    w.add(node.op, [node.inputs[0]], list(node.outputs), node.name, **attrs)
+    w.add(node.op, [x], [y], node.name, **attrs)
+    _flush(w)
 
 
 def _i64(w: _Writer, node: Node, what: str, v) -> str:
@@ -394,8 +425,10 @@ def to_onnx(
     """
     quant = quant or {}
     w = _Writer(graph, params, int32_bias)
+    used = {t for n in graph.nodes for t in n.inputs} | set(graph.outputs)
     for name, t in graph.constants.items():
-        w.inits[name] = numpy_helper.from_array(np.asarray(t), name)
+        if name in used:
+            w.inits[name] = numpy_helper.from_array(np.asarray(t), name)
     for node in graph.nodes:
         _EXPORTERS.get(node.op, _generic)(w, node, quant.get(node.name), qstate)
 

@@ -31,7 +31,7 @@ from npujax.errors import GraphError, UnsupportedOpError
 from npujax.graph.ir import Graph, Node, Params, TensorType
 from npujax.graph.ops import OPS
 
-__all__ = ["from_onnx", "SUPPORTED_ONNX_OPS", "load_onnx_model"]
+__all__ = ["from_onnx", "SUPPORTED_ONNX_OPS", "load_onnx_model", "parse_input_shapes"]
 
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 
@@ -118,6 +118,33 @@ def _load_external_data(model: onnx.ModelProto, base: Path | None) -> None:
         t.raw_data = data
         t.data_location = onnx.TensorProto.DEFAULT
         del t.external_data[:]
+
+
+def parse_input_shapes(specs: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    """Parse command-line shapes ``["NAME=1,3,224,224", ...]`` into ``{name: shape}``.
+
+    Raises:
+      ConfigError: a spec without ``=``, an empty name, a non-integer or non-positive dimension,
+        or the same name twice.
+    """
+    from npujax.errors import ConfigError
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for spec in specs:
+        name, sep, dims = spec.partition("=")
+        name = name.strip()
+        try:
+            shape = tuple(int(d) for d in dims.split(",")) if sep and dims.strip() else None
+        except ValueError:
+            shape = None
+        if not name or shape is None or any(d <= 0 for d in shape):
+            raise ConfigError(
+                f"input shape {spec!r} is not NAME=D1,D2,...; e.g. --input-shape x=1,3,224,224 "
+                "(positive integers, the input's name as in the ONNX model).")
+        if name in shapes:
+            raise ConfigError(f"input shape for {name!r} is given twice.")
+        shapes[name] = shape
+    return shapes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -841,6 +868,10 @@ def from_onnx(
         ``"fallback"`` keeps it as an opaque ``CpuFallback`` node (``attrs['onnx_op']``) with
         output shapes from ONNX shape inference, executed on the host by ``onnx.reference`` and
         costed by the NPU model as host-CPU fallback.
+
+    The graph is specialised to the input shapes: shape computations are folded with them, so
+    executing with another batch size works only where no folded shape depends on the batch
+    (import once per batch size otherwise).
 
     Returns:
       ``(graph, params)``: ``graph.source == "onnx"``; tensor names are the ONNX names; node names

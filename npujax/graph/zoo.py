@@ -20,9 +20,13 @@ from pathlib import Path
 from npujax._atomic import atomic_write_bytes
 from npujax.errors import FetchError
 
-__all__ = ["ZooModel", "MODELS", "fetch_model", "default_cache_dir"]
+__all__ = ["ZooModel", "MODELS", "fetch_model", "default_cache_dir", "DownloadError"]
 
 _WHEEL = "rapidocr-onnxruntime==1.4.4"
+
+
+class DownloadError(FetchError):
+    """pip could not download the wheel (no network, PyPI unreachable, pip missing)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -87,8 +91,8 @@ def fetch_model(name: str, cache_dir: str | os.PathLike[str] | None = None,
 
     Raises:
       KeyError: unknown ``name`` (lists the known ones).
-      FetchError: pip could not download the wheel (e.g. no network), the member is missing, or
-        the sha256 does not match the pinned one.
+      DownloadError: pip could not download the wheel (e.g. no network).
+      FetchError: the member is missing, or the sha256 does not match the pinned one.
     """
     if name not in MODELS:
         raise KeyError(f"unknown zoo model {name!r}; known: {sorted(MODELS)}.")
@@ -103,10 +107,10 @@ def fetch_model(name: str, cache_dir: str | os.PathLike[str] | None = None,
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
         except (OSError, subprocess.TimeoutExpired) as e:
-            raise FetchError(f"could not run pip to download {m.requirement}: {e}") from None
+            raise DownloadError(f"could not run pip to download {m.requirement}: {e}") from None
         wheels = list(Path(tmp).glob("*.whl"))
         if proc.returncode != 0 or not wheels:
-            raise FetchError(
+            raise DownloadError(
                 f"pip download {m.requirement} failed (exit {proc.returncode}); is PyPI "
                 f"reachable? {proc.stderr.strip()[-500:]}"
             )
