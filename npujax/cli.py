@@ -121,19 +121,10 @@ def _cmd_lower(args: argparse.Namespace) -> int:
 
 
 def _input_shapes(items: list[str] | None) -> dict[str, tuple[int, ...]]:
-    """``["x=1,3,224,224", ...]`` -> ``{"x": (1, 3, 224, 224)}``."""
-    out = {}
-    for item in items or []:
-        name, sep, dims = item.partition("=")
-        try:
-            shape = tuple(int(d) for d in dims.split(","))
-        except ValueError:
-            shape = ()
-        if not sep or not name or not shape or min(shape) < 1:
-            raise ConfigError(f"bad --input-shape {item!r}; use NAME=1,3,224,224 (positive "
-                              "integers).")
-        out[name.strip()] = shape
-    return out
+    """``["x=1,3,224,224", ...]`` -> ``{"x": (1, 3, 224, 224)}`` (ConfigError if malformed)."""
+    from npujax.graph.onnx_import import parse_input_shapes
+
+    return parse_input_shapes(items or [])
 
 
 def _import_onnx(path, shapes, batch):

@@ -125,8 +125,10 @@ def _padded_elems(shape: tuple[int, ...], layout: str, align: int) -> int:
 
 def _placement(node: Node, spec: NpuSpec | None) -> str:
     """'' if the NPU runs ``node``, else the reason it falls back to the CPU."""
+    if node.op == "CpuFallback":
+        return f"{node.attrs.get('onnx_op', 'operator')} has no npujax implementation"
     if spec is None:
-        if node.op in ("JaxPrimitive", "CpuFallback"):
+        if node.op == "JaxPrimitive":
             return f"{node.op} has no NPU model"
         return ""
     if node.op not in spec.ops.supported:
