@@ -57,7 +57,10 @@ def main() -> None:
     lines += ["", "Reading the table: on the edge-class presets both models are dominated by "
               "stalls and fill/drain of depthwise and 1x1 convolutions rather than MAC throughput; "
               "the TPU-v1-like 256x256 array is badly under-utilised by these small mobile layers; "
-              "Gemmini falls back to the host for average pooling, hard-sigmoid and the like.", ""]
+              "Gemmini falls back to the host for average pooling, hard-sigmoid and the like. At "
+              "uniform INT8 the bit-composable and bit-serial presets equal the edge preset (same "
+              "array, memory and dataflow; they differ only below 8 bits — see "
+              "`precision_search.md`).", ""]
     atomic_write_text(args.out, "\n".join(lines))
     print(f"wrote {args.out}")
 
