@@ -34,5 +34,5 @@ def test_bn_folded_qat_zero_scale_no_nan_and_stats_frozen():
                            np.asarray(params["conv1"]["kernel"]))
     folded = fold_batchnorm(graph, trained)[1]
     assert np.all(np.asarray(folded["conv1"]["kernel"])[..., :3] == 0.0)
-    out = execute(fgraph, folded, jnp.asarray(x), quant=q, qstate=qstate)
+    out = jax.jit(lambda v: execute(fgraph, folded, v, quant=q, qstate=qstate))(jnp.asarray(x))
     assert np.all(np.isfinite(np.asarray(out)))
