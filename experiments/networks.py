@@ -1,7 +1,9 @@
 """Layer lists (as per-group GEMMs) of the networks used by the experiments and benchmarks.
 
-Every layer is ``(name, M, K, N, groups)`` with ``M = batch x out_h x out_w``, ``K = C_in/groups x
-k_h x k_w``, ``N = C_out/groups`` (conv after im2col, see ``npujax.systolic.conv_gemm_shape``).
+Every layer is ``(name, M, K, N, groups, in_elems)`` with ``M = batch x out_h x out_w``,
+``K = C_in/groups x k_h x k_w``, ``N = C_out/groups`` (conv after im2col, see
+``npujax.systolic.conv_gemm_shape``) and ``in_elems`` the distinct input elements per group
+(``batch x H x W x C_in/groups`` for a conv, ``M x K`` for a GEMM) for the memory model.
 Batch 1, 224 x 224 inputs for the CNNs.
 
 Sources: ResNet-18/50 — He et al., "Deep Residual Learning", CVPR 2016 (Table 1, torchvision's
@@ -14,14 +16,14 @@ from __future__ import annotations
 
 from npujax.systolic import conv_gemm_shape
 
-Layer = tuple[str, int, int, int, int]
+Layer = tuple[str, int, int, int, int, int]
 
 
 def _conv(layers, name, hw, c_in, c_out, k, stride, groups=1):
     pad = k // 2
     s = conv_gemm_shape((1, hw, hw, c_in), (k, k, c_in // groups, c_out), stride=stride,
                         padding=pad, groups=groups)
-    layers.append((name, s["M"], s["K"], s["N"], s["groups"]))
+    layers.append((name, s["M"], s["K"], s["N"], s["groups"], hw * hw * (c_in // groups)))
     return s["out_h"]
 
 
@@ -47,7 +49,7 @@ def resnet(depth: int = 18) -> list[Layer]:
             if stride != 1 or c_in != out:
                 _conv(layers, f"{p}.downsample", hw, c_in, out, 1, stride)
             c_in, hw = out, hw2
-    layers.append(("fc", 1, c_in, 1000, 1))
+    layers.append(("fc", 1, c_in, 1000, 1, c_in))
     return layers
 
 
@@ -69,7 +71,7 @@ def mobilenet_v2() -> list[Layer]:
             _conv(layers, f"block{b}.project", hw2, hidden, c, 1, 1)
             c_in, hw, b = c, hw2, b + 1
     _conv(layers, "head", hw, c_in, 1280, 1, 1)
-    layers.append(("fc", 1, 1280, 1000, 1))
+    layers.append(("fc", 1, 1280, 1000, 1, 1280))
     return layers
 
 
@@ -77,12 +79,12 @@ def transformer_encoder(seq: int = 128, d_model: int = 768, heads: int = 12,
                         d_ff: int = 3072) -> list[Layer]:
     dh = d_model // heads
     return [
-        ("qkv_proj", seq, d_model, 3 * d_model, 1),
-        ("attn_scores", seq, dh, seq, heads),     # Q K^T per head
-        ("attn_context", seq, seq, dh, heads),    # softmax(.) V per head
-        ("out_proj", seq, d_model, d_model, 1),
-        ("ffn1", seq, d_model, d_ff, 1),
-        ("ffn2", seq, d_ff, d_model, 1),
+        ("qkv_proj", seq, d_model, 3 * d_model, 1, seq * d_model),
+        ("attn_scores", seq, dh, seq, heads, seq * dh),     # Q K^T per head
+        ("attn_context", seq, seq, dh, heads, seq * seq),   # softmax(.) V per head
+        ("out_proj", seq, d_model, d_model, 1, seq * d_model),
+        ("ffn1", seq, d_model, d_ff, 1, seq * d_model),
+        ("ffn2", seq, d_ff, d_model, 1, seq * d_ff),
     ]
 
 

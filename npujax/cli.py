@@ -70,23 +70,46 @@ def _cmd_lower(args: argparse.Namespace) -> int:
     wbits = _bits(args.weight_bits) if args.weight_bits not in (None, "saved") else 8
     abits = _bits(args.act_bits) if args.act_bits else 8
     spec = load_npu_spec(args.npu)
-    graph, _, _, meta = load_graph(args.model)
+    shapes = _input_shapes(args.input_shape)
+    onnx_model = str(args.model).lower().endswith(".onnx")
+    batch = args.batch
+    if onnx_model:
+        graph, meta = _import_onnx(args.model, shapes, args.batch), {}
+        batch = None  # the batch is part of the imported shapes
+    else:
+        if shapes:
+            raise ConfigError("--input-shape applies to .onnx models; a saved npujax model "
+                              "has fixed shapes (use --batch to change the batch size).")
+        graph, _, _, meta = load_graph(args.model)
     if args.weight_bits == "saved":
         if "mixed_precision_policy" not in meta:
             raise ConfigError(f"{args.model} holds no saved precision policy; pass --weight-bits "
                               "8 or layer=bits pairs.")
         wbits = meta["mixed_precision_policy"]
-    kw = dict(weight_bits=wbits, act_bits=abits, batch=args.batch)
+    kw = dict(weight_bits=wbits, act_bits=abits, batch=batch)
     schedule = lower(graph, spec, dataflow=args.dataflow, **kw)
     by_df = {df: lower(graph, spec, dataflow=df, **kw) for df in DATAFLOWS}
     console = _console()
     console.print(layer_table(schedule, f"{Path(args.model).name} on {spec.name} "
                                         f"({schedule.dataflow})"))
     console.print(dataflow_table(by_df, reference=schedule.dataflow))
+    cpu = [r for r in schedule.layers if r.device == "cpu"]
+    if cpu:
+        console.print(f"{len(cpu)} layer(s) fall back to the host CPU: "
+                      + "; ".join(f"{r.name} ({r.reason})" for r in cpu[:8])
+                      + (" ..." if len(cpu) > 8 else ""))
+    sweep = None
+    if args.sweep_resolution:
+        if not onnx_model:
+            raise ConfigError("--sweep-resolution re-imports the model at other input sizes; "
+                              "it needs an .onnx model.")
+        sweep = _resolution_sweep(args.model, graph, spec, shapes, args.batch, args.dataflow,
+                                  kw, console)
     if args.out:
         out = Path(args.out)
         write_json(out / "schedule.json", {**schedule.to_dict(), "dataflow_latency_s":
-                                           {df: s.latency_s for df, s in by_df.items()}})
+                                           {df: s.latency_s for df, s in by_df.items()},
+                                           **({"resolution_sweep": sweep} if sweep else {})})
         write_layers_csv(out / "layers.csv", schedule)
         plot_layer_latency(out / "layer_latency.png", {schedule.dataflow: schedule})
         plot_breakdown(out / "breakdown.png", schedule)
@@ -95,6 +118,65 @@ def _cmd_lower(args: argparse.Namespace) -> int:
         console.print(f"wrote {out}/schedule.json, layers.csv, layer_latency.png, "
                       "breakdown.png, roofline.png")
     return 0
+
+
+def _input_shapes(items: list[str] | None) -> dict[str, tuple[int, ...]]:
+    """``["x=1,3,224,224", ...]`` -> ``{"x": (1, 3, 224, 224)}`` (ConfigError if malformed)."""
+    from npujax.graph.onnx_import import parse_input_shapes
+
+    return parse_input_shapes(items or [])
+
+
+def _import_onnx(path, shapes, batch):
+    from npujax.graph import from_onnx, optimize
+    from npujax.graph.onnx_import import load_onnx_model
+
+    if batch is not None:
+        model = load_onnx_model(path)
+        inits = {i.name for i in model.graph.initializer}
+        for inp in model.graph.input:
+            if inp.name in inits:
+                continue
+            if inp.name in shapes:
+                shapes[inp.name] = (batch, *shapes[inp.name][1:])
+            else:
+                dims = [d.dim_value if d.dim_value > 0 else None
+                        for d in inp.type.tensor_type.shape.dim]
+                if dims and all(d is not None for d in dims[1:]):
+                    shapes[inp.name] = (batch, *dims[1:])
+    graph, params = from_onnx(path, shapes or None, unsupported="fallback")
+    return optimize(graph, params)[0]
+
+
+def _resolution_sweep(path, graph, spec, shapes, batch, dataflow, kw, console) -> dict:
+    """Latency at half, the given and double input resolution (H and W of the 4-D inputs)."""
+    from rich.table import Table
+
+    from npujax.plan import lower
+
+    base = {t: graph.tensors[t].shape for t in graph.inputs}
+    rows = {}
+    for factor in (0.5, 1.0, 2.0):
+        s = {t: (sh[0], sh[1], max(1, int(sh[2] * factor)), max(1, int(sh[3] * factor)))
+             if len(sh) == 4 else sh for t, sh in base.items()}
+        g = graph if factor == 1.0 else _import_onnx(path, dict(s), batch)
+        sched = lower(g, spec, dataflow=dataflow, **{**kw, "batch": None})
+        rows[factor] = {"input_shapes": {k: list(v) for k, v in s.items()},
+                        "latency_s": sched.latency_s, "macs": sched.macs,
+                        "memory_bound_layers": sum(r.bound == "memory" for r in sched.layers),
+                        "layers": len(sched.layers)}
+    t = Table(title="resolution sweep (H and W scaled; pixels x4 per step)", title_justify="left")
+    for col in ("scale", "input", "MACs", "latency µs", "× vs 1.0", "memory-bound"):
+        t.add_column(col, justify="right")
+    ref = rows[1.0]["latency_s"]
+    for f, r in rows.items():
+        t.add_row(f"{f:g}", "; ".join(f"{k}={tuple(v)}" for k, v in r["input_shapes"].items()),
+                  f"{r['macs']:,}", f"{r['latency_s'] * 1e6:,.1f}",
+                  f"{r['latency_s'] / ref:.2f}", f"{r['memory_bound_layers']}/{r['layers']}")
+    console.print(t)
+    console.print("latency growing ~4x per doubling means compute- or activation-bound; much "
+                  "less means weight-bandwidth or fixed overheads (fallback, transfers) dominate.")
+    return {str(k): v for k, v in rows.items()}
 
 
 def _cmd_search(args: argparse.Namespace) -> int:
@@ -216,10 +298,16 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--no-progress", action="store_true", help="hide progress bars")
     d.set_defaults(fn=_cmd_demo)
 
-    lo = sub.add_parser("lower", help="per-layer NPU latency of a saved model",
-                        description="Lower a saved npujax model (model.npz from 'npujax demo') "
-                                    "onto a hardware preset and print the per-layer table.")
-    lo.add_argument("model", help="model file written by 'npujax demo' (model.npz)")
+    lo = sub.add_parser("lower", help="per-layer NPU latency of an ONNX or saved model",
+                        description="Lower an ONNX model or a saved npujax model (model.npz "
+                                    "from 'npujax demo') onto a hardware preset and print the "
+                                    "per-layer table: placement (NPU or CPU fallback), GEMM "
+                                    "shape, cycles, latency breakdown, bound.")
+    lo.add_argument("model", help="an .onnx model, or a model.npz written by 'npujax demo'")
+    lo.add_argument("--input-shape", action="append", metavar="NAME=1,3,224,224",
+                    help="static shape of an ONNX input (repeat for several inputs)")
+    lo.add_argument("--sweep-resolution", action="store_true",
+                    help="also lower at half and double the input resolution (ONNX models)")
     lo.add_argument("--npu", default="edge_16x16", help="preset name or TOML path")
     lo.add_argument("--dataflow", help="override the preset's dataflow "
                     "(weight_stationary, output_stationary, input_stationary)")

@@ -15,6 +15,7 @@ __all__ = [
     "GraphError",
     "UnsupportedOpError",
     "ShapeError",
+    "FetchError",
 ]
 
 
@@ -61,3 +62,9 @@ class ShapeError(NpujaxError, ValueError):
     """Array shapes or dtypes do not match what an operation requires."""
 
     exit_code = 7
+
+
+class FetchError(NpujaxError, OSError):
+    """A packaged model could not be downloaded, or its bytes do not match the pinned sha256."""
+
+    exit_code = 8

@@ -42,11 +42,11 @@ BEGIN, END = "<!-- tables:begin -->", "<!-- tables:end -->"
 
 
 def evaluate(layers, size: int, dataflow: str):
-    M, K, N, G = (jnp.asarray([lay[i] for lay in layers], jnp.int32) for i in range(1, 5))
+    M, K, N, G, U = (jnp.asarray([lay[i] for lay in layers], jnp.int32) for i in range(1, 6))
     hw = HARDWARE[size]
     m = jax.jit(lambda: gemm_memory(M, K, N, size, size, dataflow, sram_bytes_a=hw["sram"],
                                     sram_bytes_b=hw["sram"], sram_bytes_out=hw["sram"],
-                                    dram_bytes_per_cycle=hw["bw"]))()
+                                    dram_bytes_per_cycle=hw["bw"], unique_elems_a=U))()
     g = np.asarray(G, np.float64)
     return {"compute": np.asarray(m["compute_cycles"], np.float64) * g,
             "total": np.asarray(m["total_cycles"], np.float64) * g,

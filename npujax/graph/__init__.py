@@ -1,4 +1,4 @@
-"""The Graph IR, Flax tracing, passes, execution and calibration."""
+"""The Graph IR, Flax tracing, ONNX import/export, passes, execution and calibration."""
 
 from npujax.graph.calibrate import calibrate as calibrate
 from npujax.graph.execute import LayerQuant as LayerQuant
@@ -13,6 +13,8 @@ from npujax.graph.ir import Graph as Graph
 from npujax.graph.ir import Node as Node
 from npujax.graph.ir import Params as Params
 from npujax.graph.ir import TensorType as TensorType
+from npujax.graph.onnx_export import to_onnx as to_onnx
+from npujax.graph.onnx_import import from_onnx as from_onnx
 from npujax.graph.passes import fold_batchnorm as fold_batchnorm
 from npujax.graph.passes import fuse_epilogues as fuse_epilogues
 from npujax.graph.passes import optimize as optimize
@@ -34,6 +36,8 @@ __all__ = [
     "Params",
     "GEMM_OPS",
     "trace_flax",
+    "from_onnx",
+    "to_onnx",
     "execute",
     "LayerQuant",
     "QuantSpec",

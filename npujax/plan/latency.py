@@ -59,6 +59,7 @@ from npujax.hw.spec import NpuSpec
 from npujax.plan.liveness import peak_activation_bytes
 from npujax.plan.workload import Workload, workloads
 from npujax.systolic.dataflow import gemm_cycles, get_dataflow
+from npujax.systolic.memory import gemm_memory
 
 __all__ = ["HwParams", "LayerReport", "Schedule", "layer_costs", "lower", "BREAKDOWN"]
 
@@ -82,6 +83,9 @@ class HwParams(NamedTuple):
     dram_bytes_per_s: Any
     dram_latency_s: Any
     dram_burst_bytes: Any
+    ifmap_sram_bytes: Any
+    filter_sram_bytes: Any
+    ofmap_sram_bytes: Any
     lanes: Any
     brick_bits: Any
     cpu_ops_per_s: Any
@@ -99,6 +103,8 @@ class HwParams(NamedTuple):
             operand_bits=f32(a.operand_bits), accumulator_bits=f32(a.accumulator_bits),
             dram_bytes_per_s=f32(m.dram_bytes_per_s), dram_latency_s=f32(m.dram_latency_s),
             dram_burst_bytes=f32(spec.layout.dram_burst_bytes), lanes=i32(spec.vector.lanes),
+            ifmap_sram_bytes=f32(m.ifmap_sram_bytes), filter_sram_bytes=f32(m.filter_sram_bytes),
+            ofmap_sram_bytes=f32(m.ofmap_sram_bytes),
             brick_bits=f32(a.brick_bits),
             cpu_ops_per_s=f32(h.cpu_ops_per_s), link_bytes_per_s=f32(h.link_bytes_per_s),
             link_latency_s=f32(h.link_latency_s),
@@ -190,17 +196,40 @@ def layer_costs(
     fill_drain = jnp.where(is_gemm, gemm_fill_drain, 0)
 
     burst = hw.dram_burst_bytes
-    dram_bytes = (
-        _bursts(f32(lambda w: w.weight_elems) * wb / 8.0, burst)
-        + _bursts(f32(lambda w: w.bias_elems) * hw.accumulator_bits / 8.0, burst)
-        + _bursts(f32(lambda w: w.in_elems) * ab / 8.0, burst)
-        + _bursts(f32(lambda w: w.out_elems) * ab / 8.0, burst)
-    )
-    dram_bytes = jnp.where(on_npu, dram_bytes, 0.0)
-    memory = dram_bytes / (hw.dram_bytes_per_s / hw.clock_hz)
+    bpc = hw.dram_bytes_per_s / hw.clock_hz
+    in_elems, out_elems = f32(lambda w: w.in_elems), f32(lambda w: w.out_elems)
+    bias_bytes = _bursts(f32(lambda w: w.bias_elems) * hw.accumulator_bits / 8.0, burst)
+    # every operand once: the traffic if SRAM were large enough (vector layers always)
+    once = (_bursts(f32(lambda w: w.weight_elems) * wb / 8.0, burst) + bias_bytes
+            + _bursts(in_elems * ab / 8.0, burst) + _bursts(out_elems * ab / 8.0, burst))
+    # GEMM layers: the tiled traffic of the systolic memory model (SRAM capacity, reuse, spills).
+    # im2col happens on chip: the [M, K] operand costs DRAM reads of its distinct elements only.
+    fcores = cores.astype(jnp.float32)
+    mem = gemm_memory(M, K, N, R, C, df, sram_bytes_a=hw.ifmap_sram_bytes * fcores,
+                      sram_bytes_b=hw.filter_sram_bytes * fcores,
+                      sram_bytes_out=hw.ofmap_sram_bytes * fcores,
+                      elem_bytes_a=ab / 8.0, elem_bytes_b=wb / 8.0,
+                      elem_bytes_out=ab / 8.0, dram_bytes_per_cycle=bpc,
+                      unique_elems_a=in_elems / groups.astype(jnp.float32))
+    gf = groups.astype(jnp.float32)
+    tiled = (_bursts(gf * mem["dram_read_bytes_a"], burst)
+             + _bursts(gf * mem["dram_read_bytes_b"], burst) + bias_bytes
+             + _bursts(gf * (mem["dram_write_bytes_out"] + mem["dram_read_bytes_out"]), burst))
+    dram_bytes = jnp.where(on_npu, jnp.where(is_gemm, tiled, once), 0.0)
+    refetch = jnp.where(on_npu, dram_bytes / jnp.maximum(once, 1.0), 0.0)
+    memory = dram_bytes / bpc
+    # the first tiles in and the last tile out cannot overlap compute
+    exposed = jnp.where(is_gemm, jnp.minimum(mem["prologue_cycles"] + mem["epilogue_cycles"],
+                                             memory), 0.0)
     tc = total_compute.astype(jnp.float32)
-    stall = jnp.maximum(memory - tc, 0.0)
-    dma = jnp.where(on_npu, hw.dram_latency_s * hw.clock_hz, 0.0) * jnp.ones_like(memory)
+    stall = jnp.maximum(memory - exposed - tc, 0.0)
+    fused = jnp.asarray([bool(w.fused_into) for w in layers])
+    dma = jnp.where(on_npu & ~fused, hw.dram_latency_s * hw.clock_hz + exposed, 0.0)
+    sram_peak = jnp.where(is_gemm, (
+        jnp.minimum(in_elems * ab / 8.0, hw.ifmap_sram_bytes * fcores)
+        + jnp.minimum(f32(lambda w: w.weight_elems) * wb / 8.0, hw.filter_sram_bytes * fcores)
+        + jnp.minimum(out_elems * jnp.where(mem["resident_out"], hw.accumulator_bits, ab) / 8.0,
+                      hw.ofmap_sram_bytes * fcores)), 0.0)
 
     # precision conversion: a GEMM's output stage requantizes to the width of its first consumer
     # for free; a vector layer keeps its width. A consumer wanting another width pays a pass.
@@ -243,6 +272,8 @@ def layer_costs(
         "latency_cycles": latency,
         "memory_cycles": memory,
         "dram_bytes": dram_bytes,
+        "refetch_factor": refetch,
+        "sram_peak_bytes": sram_peak,
         "folds": jnp.where(is_gemm, groups * g["folds"] * passes, 0),
         "utilization": util,
         "mapping_efficiency": jnp.where(is_gemm, g["mapping_efficiency"], zero),
@@ -283,6 +314,8 @@ class LayerReport:
     utilization: float
     mapping_efficiency: float
     dram_bytes: float
+    refetch_factor: float
+    sram_peak_bytes: float
     folds: int
     epilogue: tuple[str, ...] = ()
 
@@ -454,7 +487,9 @@ def lower(
                 latency_cycles=c["latency_cycles"], latency_s=c["latency_cycles"] / clock,
                 memory_cycles=c["memory_cycles"], bound=bound,
                 utilization=c["utilization"], mapping_efficiency=c["mapping_efficiency"],
-                dram_bytes=c["dram_bytes"], folds=int(costs["folds"][i]), epilogue=w.epilogue,
+                dram_bytes=c["dram_bytes"], refetch_factor=c["refetch_factor"],
+                sram_peak_bytes=c["sram_peak_bytes"], folds=int(costs["folds"][i]),
+                epilogue=w.epilogue,
             )
         )
     batch = int(graph.tensors[graph.inputs[0]].shape[0]) if graph.inputs else 1

@@ -12,6 +12,11 @@ This is the bridge from the Graph to the NPU model. Each costed node becomes one
   channel count (63 and 64 channels cost the same, 65 costs a whole extra block).
 * **Layout.** If the NPU keeps activations in another layout than the model (e.g. NHWC vs an ONNX
   model's NCHW), a transform layer is added where tensors enter or leave the NPU.
+* **Elementwise fusion.** An elementwise op on the NPU whose activation inputs all come from the
+  current fusion group (a GEMM and the elementwise ops already fused after it) joins the group:
+  it costs vector-unit cycles but no DRAM traffic (``fused_into`` names the group's layer). So
+  hard-swish written as ``x * clip(x + 3, 0, 6) / 6`` after a convolution stays on chip, while a
+  residual ``Add`` that also reads an older tensor is costed with its DRAM reads.
 * **Transfers.** A CPU layer receives every input produced on the NPU and returns every output
   consumed there over the host link (``link_in_elems``, ``link_out_elems``, ``link_transfers``).
 """
@@ -26,7 +31,14 @@ from npujax.errors import UnsupportedOpError
 from npujax.graph.ir import GEMM_OPS, Graph, Node
 from npujax.hw.spec import NpuSpec
 
-__all__ = ["Workload", "workloads", "FREE_OPS", "model_layout"]
+__all__ = ["Workload", "workloads", "FREE_OPS", "ARRAY_OPS", "model_layout"]
+
+#: Ops that run on the MAC array (Conv and Gemm also carry quantized weights).
+ARRAY_OPS = GEMM_OPS | {"ConvTranspose", "MatMul"}
+
+#: Elementwise ops an NPU fuses into the output stage of the layer that produced their inputs.
+ELEMENTWISE_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Clip", "Relu", "Relu6",
+                             "LeakyRelu", "PRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh"})
 
 #: Ops that only relabel a buffer (no data movement) and so cost no time.
 FREE_OPS = frozenset({"Reshape", "Identity", "Squeeze", "Unsqueeze", "Flatten"})
@@ -53,6 +65,8 @@ class Workload:
       epilogue: activations applied in the layer's output stage.
       producer: index (in the workload list) of the layer that produced this layer's first
         activation input, -1 for a graph input; used to cost precision conversions.
+      fused_into: for an elementwise layer fused into a preceding GEMM's output stage, that
+        layer's name (its DRAM traffic is then zero).
     """
 
     name: str
@@ -76,6 +90,7 @@ class Workload:
     link_transfers: int = 0
     epilogue: tuple[str, ...] = ()
     producer: int = -1
+    fused_into: str = ""
 
 
 def _pad(c: int, align: int) -> int:
@@ -110,8 +125,10 @@ def _padded_elems(shape: tuple[int, ...], layout: str, align: int) -> int:
 
 def _placement(node: Node, spec: NpuSpec | None) -> str:
     """'' if the NPU runs ``node``, else the reason it falls back to the CPU."""
+    if node.op == "CpuFallback":
+        return f"{node.attrs.get('onnx_op', 'operator')} has no npujax implementation"
     if spec is None:
-        if node.op in ("JaxPrimitive", "CpuFallback"):
+        if node.op == "JaxPrimitive":
             return f"{node.op} has no NPU model"
         return ""
     if node.op not in spec.ops.supported:
@@ -155,6 +172,24 @@ def _gemm(graph: Graph, node: Node, align: int) -> dict:
         N = cout_g
         weight = groups * K * N
         bias = groups * N
+    elif node.op == "ConvTranspose":  # scatter form: every input pixel x every kernel tap
+        c_in, cout_g, kh, kw = (int(d) for d in node.attrs["kernel_shape"])
+        groups = int(node.attrs["groups"])
+        n_, _, h, w_ = x.shape  # ONNX NCHW
+        M = n_ * h * w_
+        K = _pad(c_in // groups, align) if groups == 1 else c_in // groups
+        N = (_pad(cout_g, align) if groups == 1 else cout_g) * kh * kw
+        macs = M * c_in * cout_g * kh * kw
+        weight, bias = groups * K * N, groups * N // (kh * kw)
+    elif node.op == "MatMul":  # activation x activation (e.g. attention): b is read like weights
+        b = graph.tensors[node.inputs[1]]
+        K, N = int(x.shape[-1]), int(y.shape[-1])
+        groups = int(np.prod(b.shape[:-2])) if len(b.shape) > 2 else 1
+        M = int(np.prod(x.shape[:-1])) // groups
+        macs = groups * M * K * N
+        weight, bias = groups * K * N, 0
+        return dict(M=M, K=K, N=N, groups=groups, macs=macs, weight_elems=weight,
+                    bias_elems=0, cpu_ops=2 * macs)
     else:  # Gemm: x[..., K] @ kernel[K, N]
         K, N = _pad(int(x.shape[-1]), align), _pad(int(y.shape[-1]), align)
         M = int(np.prod(x.shape[:-1]))
@@ -213,16 +248,22 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
                              out_elems=n, vector_ops=n, producer=made_by.get(t, -1)))
 
     placements = {n.name: _placement(n, spec) for n in graph.nodes if n.op not in FREE_OPS}
+    group: set[str] = set()  # tensors of the current fusion group (a GEMM and its elementwise ops)
+    group_head = ""
     for node in graph.nodes:
         if node.op in FREE_OPS:
             for t in node.outputs:
                 device[t] = device.get(node.inputs[0], "npu")
                 if node.inputs[0] in made_by:
                     made_by[t] = made_by[node.inputs[0]]
+                if node.inputs[0] in group:
+                    group.add(t)
             continue
         reason = placements[node.name]
         dev = "cpu" if reason else "npu"
         ins = [t for t in node.inputs if t not in graph.constants]
+        if node.op == "MatMul":
+            ins = ins[:1]  # the second operand is costed as the array's stationary operand
         if dev == "npu":
             for t in ins:
                 if t in pending_layout_in:  # a graph input entering the NPU
@@ -231,7 +272,7 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
                 elif device.get(t) == "cpu":
                     layout_row(t, "in")
         base: dict = {}
-        if node.op in GEMM_OPS:
+        if node.op in ARRAY_OPS:
             base = _gemm(graph, node, align if dev == "npu" else 1)
             kind = "gemm"
         else:
@@ -243,6 +284,16 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
         elems_in = sum(act_elems(t) if dev == "npu" else graph.tensors[t].size for t in ins)
         y_elems = sum(act_elems(t) if dev == "npu" else graph.tensors[t].size
                       for t in node.outputs)
+        fused_into = ""
+        if dev == "npu" and kind == "gemm":
+            group, group_head = set(node.outputs), node.name
+        elif (dev == "npu" and node.op in ELEMENTWISE_OPS and group and ins
+              and all(t in group for t in ins)):
+            fused_into = group_head  # stays on chip: no DRAM traffic
+            elems_in, y_elems = 0, 0
+            group |= set(node.outputs)
+        else:
+            group, group_head = set(), ""
         link = {}
         if dev == "cpu":
             to_cpu = [t for t in ins if device.get(t) == "npu"]
@@ -260,7 +311,8 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
         rows.append(Workload(node.name, node.op, kind, device=dev, reason=reason,
                              in_elems=elems_in, out_elems=y_elems,
                              epilogue=fused if dev == "npu" else epilogue,
-                             producer=made_by.get(ins[0], -1) if ins else -1, **base, **link))
+                             producer=made_by.get(ins[0], -1) if ins else -1,
+                             fused_into=fused_into, **base, **link))
         if dev == "npu":
             for e in epilogue:
                 if e in fused:

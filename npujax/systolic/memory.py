@@ -21,8 +21,10 @@ stationary put K on the rows) stay in the output SRAM when one column-fold's out
 partial sums fits in its half; otherwise each K fold but the last spills them to DRAM (4 bytes per
 element) and reads them back. The final outputs are written once at ``elem_bytes_out``.
 
-Time: the first fold's input tiles must arrive before computing starts (*prologue*) and the last
-fold's outputs leave after it ends (*epilogue*); all other DRAM traffic overlaps compute through the
+Time: before computing starts the first stationary tile must be in the array's SRAM, and the
+first vector of each streamed operand (*prologue*); after the last fold ends its last results must
+be written (*epilogue*: the whole output tile for output stationary, whose results appear at the
+end of a fold, one output vector otherwise). All other DRAM traffic overlaps compute through the
 double buffers and stalls only the part of it that is slower than compute, spread evenly over the
 folds::
 
@@ -59,6 +61,7 @@ def gemm_memory(
     sram_bytes_a, sram_bytes_b, sram_bytes_out,
     elem_bytes_a=1, elem_bytes_b=1, elem_bytes_out=1,
     dram_bytes_per_cycle,
+    unique_elems_a=None,
 ) -> dict[str, jax.Array]:
     """DRAM traffic and memory stalls of an ``[M,K] x [K,N]`` GEMM (pure jnp, vmappable).
 
@@ -71,11 +74,16 @@ def gemm_memory(
       elem_bytes_a, elem_bytes_b, elem_bytes_out: bytes per element of ``a``, ``b`` and the final
         output (e.g. 1 for int8; fractional values model sub-byte formats).
       dram_bytes_per_cycle: DRAM bandwidth in bytes per array clock cycle (> 0).
+      unique_elems_a: distinct elements behind ``a`` (default ``M*K``, a plain GEMM). For a conv,
+        ``a`` is the im2col matrix whose windows overlap; pass the input size per group
+        (``batch*H*W*C_in/groups``) and ``a`` costs DRAM reads of its distinct elements, as in
+        SCALE-Sim, whose DRAM IFMAP reads count distinct addresses.
 
     Returns:
       dict of float32 arrays: ``dram_read_bytes_a``, ``dram_read_bytes_b``,
       ``dram_write_bytes_out``, ``dram_read_bytes_out`` (partial sums read back), ``dram_bytes``
-      (their sum); ``memory_cycles`` (dram_bytes / bandwidth); ``stall_cycles``;
+      (their sum); ``memory_cycles`` (dram_bytes / bandwidth); ``prologue_cycles`` and
+      ``epilogue_cycles`` (the first tiles in, the last tile out); ``stall_cycles``;
       ``total_cycles`` (compute + stalls); bool ``resident_a``, ``resident_b``, ``resident_out``
       (whether the reused data fits its active half-buffer); int32 ``compute_cycles`` (from
       :func:`gemm_cycles`).
@@ -104,14 +112,16 @@ def gemm_memory(
             return size
         return jnp.zeros_like(size)  # other dimension is temporal: read once
 
-    def operand(dims, other, sram, eb):
+    def operand(dims, other, sram, eb, unique):
         size = ext[dims[0]] * ext[dims[1]]
-        resident = reused_elems(dims, other) * _f32(eb) <= _f32(sram) / 2
-        reads = size * _f32(eb) * jnp.where(resident, 1.0, folds[other])
+        dedup = jnp.minimum(unique / size, 1.0)  # im2col duplicates come from SRAM, not DRAM
+        resident = reused_elems(dims, other) * dedup * _f32(eb) <= _f32(sram) / 2
+        reads = jnp.minimum(unique, size) * _f32(eb) * jnp.where(resident, 1.0, folds[other])
         return reads, resident
 
-    rd_a, res_a = operand(("M", "K"), "N", sram_bytes_a, elem_bytes_a)
-    rd_b, res_b = operand(("K", "N"), "M", sram_bytes_b, elem_bytes_b)
+    uniq_a = ext["M"] * ext["K"] if unique_elems_a is None else _f32(unique_elems_a)
+    rd_a, res_a = operand(("M", "K"), "N", sram_bytes_a, elem_bytes_a, uniq_a)
+    rd_b, res_b = operand(("K", "N"), "M", sram_bytes_b, elem_bytes_b, ext["K"] * ext["N"])
     out_elems = ext["M"] * ext["N"]
     res_out = reused_elems(("M", "N"), "K") * PSUM_BYTES <= _f32(sram_bytes_out) / 2
     spills = jnp.where(res_out, 0.0, folds["K"] - 1.0)
@@ -120,9 +130,17 @@ def gemm_memory(
     dram = rd_a + rd_b + wr_out + rd_out
 
     bw = _f32(dram_bytes_per_cycle)
-    prologue = (tile("M") * tile("K") * _f32(elem_bytes_a)
-                + tile("K") * tile("N") * _f32(elem_bytes_b)) / bw
-    epilogue = tile("M") * tile("N") * _f32(elem_bytes_out) / bw
+
+    def first_bytes(dims, eb):
+        """Bytes needed before the first (last) cycle of a fold: a stationary tile (both dims on
+        the array) entirely, a streamed operand only its first vector (its spatial extent)."""
+        spatial = [tile(d) for d in dims if d != df.layout[2]]
+        return spatial[0] * (spatial[1] if len(spatial) == 2 else 1.0) * _f32(eb)
+
+    dedup_a = jnp.minimum(uniq_a / (ext["M"] * ext["K"]), 1.0)
+    prologue = (first_bytes(("M", "K"), elem_bytes_a) * dedup_a
+                + first_bytes(("K", "N"), elem_bytes_b)) / bw
+    epilogue = first_bytes(("M", "N"), elem_bytes_out) / bw
     memory = dram / bw
     steady = jnp.maximum(memory - prologue - epilogue, 0.0)
     compute = g["compute_cycles"].astype(jnp.float32)
@@ -134,6 +152,8 @@ def gemm_memory(
         "dram_read_bytes_out": rd_out,
         "dram_bytes": dram,
         "memory_cycles": memory,
+        "prologue_cycles": prologue,
+        "epilogue_cycles": epilogue,
         "stall_cycles": stall,
         "total_cycles": compute + stall,
         "compute_cycles": g["compute_cycles"],

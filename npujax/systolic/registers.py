@@ -151,9 +151,10 @@ def _simulate(a, b, rows: int, cols: int, dataflow: str):
         out = out.transpose(1, 0, 2).reshape(T, fx * cols)[:, : stat.shape[1]]
         if df.layout[1] != "N":
             out = out.T
-    fold_len = jnp.max(ext.reshape(-1, ext.shape[-2] * ext.shape[-1]), axis=1) + 1
+    ext = ext.reshape(-1, ext.shape[-2] * ext.shape[-1])  # [folds, output slots]
+    fold_len = jnp.max(ext, axis=1) + 1
     complete = jnp.all(ext >= 0)
-    return out, fold_len, complete
+    return out, fold_len, complete, ext
 
 
 def simulate_gemm(a, b, rows: int, cols: int, dataflow: str | Dataflow):
@@ -168,7 +169,9 @@ def simulate_gemm(a, b, rows: int, cols: int, dataflow: str | Dataflow):
       dict: ``out`` int32 ``[M, N]``; ``fold_cycles`` int32 ``[folds]``, the measured length of
       each fold (cycle 0 = its first operand request, to the cycle its last result leaves,
       inclusive); ``compute_cycles`` their sum; ``complete`` whether every output slot of every
-      fold left the array within the simulated window.
+      fold left the array within the simulated window; ``exit_cycles`` int32 ``[folds, slots]``,
+      the cycle (within its fold) at which each output slot left the array (padded slots of
+      partly filled folds included; -1 if it never did).
 
     Raises:
       ShapeError, ConfigError: as :func:`npujax.systolic.emulate_gemm`.
@@ -180,7 +183,7 @@ def simulate_gemm(a, b, rows: int, cols: int, dataflow: str | Dataflow):
         raise ShapeError(
             f"simulate_gemm needs a [M, K] and b [K, N]; got a {a.shape}, b {b.shape}."
         )
-    out, fold_len, complete = _simulate(a, b, rows=rows, cols=cols, dataflow=df.name)
+    out, fold_len, complete, ext = _simulate(a, b, rows=rows, cols=cols, dataflow=df.name)
     return {"out": out, "fold_cycles": fold_len, "compute_cycles": jnp.sum(fold_len),
-            "complete": complete}
+            "complete": complete, "exit_cycles": ext}
 

@@ -37,3 +37,18 @@ def check_shapes(df, shapes):
 @pytest.mark.parametrize("df", DATAFLOWS)
 def test_register_simulation_proves_closed_form(df):
     check_shapes(df, SHAPES)
+
+
+def test_exit_times_follow_the_skew():
+    # WS on a 4x3 array, one fold: output (m, c) leaves the bottom edge at 2R - 1 + m + c
+    # (R cycles of fill, row skew R - 1, column skew c).
+    a = jnp.ones((5, 4), jnp.int8)
+    b = jnp.ones((4, 3), jnp.int8)
+    sim = simulate_gemm(a, b, 4, 3, "weight_stationary")
+    m, c = np.meshgrid(np.arange(5), np.arange(3), indexing="ij")
+    np.testing.assert_array_equal(np.asarray(sim["exit_cycles"])[0], (2 * 4 - 1 + m + c).ravel())
+    # OS: PE (r, c) adds its last (K-th) product at K - 1 + r + c
+    sim = simulate_gemm(jnp.ones((4, 6), jnp.int8), jnp.ones((6, 3), jnp.int8), 4, 3,
+                        "output_stationary")
+    r, c = np.meshgrid(np.arange(4), np.arange(3), indexing="ij")
+    np.testing.assert_array_equal(np.asarray(sim["exit_cycles"])[0], (6 - 1 + r + c).ravel())

@@ -1,0 +1,131 @@
+"""Benchmark: ONNX import + lowering time, vmapped lowering over hardware configurations, and the
+jitted JAX forward pass against onnxruntime — all measured side by side in one run.
+
+Usage:  python experiments/bench/lowering.py [--configs 1000] [--model ppocr_det]
+
+Prints (and writes as JSON with --out):
+  (1) import + optimize + lower wall time for the model (first call, incl. compilation) and the
+      steady-state lowering time;
+  (2) the full lowering of the model vmapped across N hardware configurations (array size, SRAM
+      sizes and DRAM bandwidth as traced numbers) in one jitted call: (configuration x layer)
+      evaluations per second (target >= 1e6 on 2 CPU cores);
+  (3) the jitted JAX forward pass vs onnxruntime on the same input (target: <= 2x ORT's time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from npujax.graph import execute, from_onnx, optimize
+from npujax.graph.zoo import fetch_model
+from npujax.hw import load_npu_spec
+from npujax.plan import HwParams, layer_costs, lower, workloads
+
+SHAPES = {"ppocr_det": (1, 3, 640, 640), "ppocr_cls": (1, 3, 48, 192)}
+
+
+def _best(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="ppocr_det", choices=sorted(SHAPES))
+    ap.add_argument("--configs", type=int, default=1000)
+    ap.add_argument("--npu", default="edge_16x16")
+    ap.add_argument("--out", help="write the figures as JSON here")
+    args = ap.parse_args()
+    path = fetch_model(args.model)
+    shape = SHAPES[args.model]
+    spec = load_npu_spec(args.npu)
+    res: dict = {"model": args.model, "input_shape": shape, "npu": spec.name,
+                 "backend": jax.default_backend()}
+
+    # (1) import + lowering
+    t = time.perf_counter()
+    graph, params = from_onnx(path, {"x": shape})
+    t_import = time.perf_counter() - t
+    t = time.perf_counter()
+    og, op = optimize(graph, params)
+    sched = lower(og, spec)
+    t_lower_first = time.perf_counter() - t
+    t_lower = _best(lambda: lower(og, spec), 3)
+    res.update(import_s=t_import, optimize_and_first_lower_s=t_lower_first,
+               lower_steady_s=t_lower, layers=len(sched.layers), latency_s=sched.latency_s,
+               macs=sched.macs)
+    print(f"(1) import {t_import:.2f} s; optimize + first lower {t_lower_first:.2f} s "
+          f"(incl. compile); steady lower {t_lower * 1e3:.1f} ms; {len(sched.layers)} layers, "
+          f"{sched.macs / 1e9:.2f} GMACs, {sched.latency_s * 1e3:.2f} ms on {spec.name}")
+
+    # (2) vmapped lowering across hardware configurations
+    layers = tuple(workloads(og, spec))
+    n, L = args.configs, len(layers)
+    rng = np.random.default_rng(0)
+    base = HwParams.from_spec(spec)
+    sizes = rng.choice([8, 16, 32, 64, 128], n).astype(np.int32)
+    batch = {f: jnp.broadcast_to(getattr(base, f), (n,)) for f in HwParams._fields}
+    batch.update(
+        rows=jnp.asarray(sizes), cols=jnp.asarray(sizes),
+        ifmap_sram_bytes=jnp.asarray(rng.choice([32, 64, 128, 256, 512], n) * 1024.0,
+                                     jnp.float32),
+        filter_sram_bytes=jnp.asarray(rng.choice([32, 64, 128, 256, 512], n) * 1024.0,
+                                      jnp.float32),
+        ofmap_sram_bytes=jnp.asarray(rng.choice([32, 64, 128, 256], n) * 1024.0, jnp.float32),
+        dram_bytes_per_s=jnp.asarray(rng.uniform(2e9, 5e10, n), jnp.float32),
+    )
+    hw = HwParams(**batch)
+    wb = jnp.full(L, 8.0)
+    ab = jnp.full(L, 8.0)
+    sweep = jax.jit(jax.vmap(
+        lambda h: jnp.sum(layer_costs(layers, h, wb, ab, spec.array.dataflow,
+                                      spec.array.precision_scaling)["latency_cycles"])))
+    t = time.perf_counter()
+    out = sweep(hw).block_until_ready()
+    t_compile = time.perf_counter() - t
+    t_sweep = _best(lambda: sweep(hw).block_until_ready(), 5)
+    rate = n * L / t_sweep
+    i = int(np.argmin(np.asarray(out) / np.asarray(hw.clock_hz)))
+    res.update(configs=n, sweep_compile_s=t_compile, sweep_s=t_sweep,
+               config_layer_evals_per_s=rate, best_config_index=i,
+               best_config_latency_s=float(out[i] / hw.clock_hz[i]))
+    print(f"(2) {n} configurations x {L} layers in one jitted vmapped call: {t_sweep * 1e3:.1f} ms "
+          f"(compile {t_compile:.1f} s) = {rate:.3g} (configuration x layer)/s "
+          f"[target >= 1e6: {'met' if rate >= 1e6 else 'NOT met'}]")
+
+    # (3) jitted JAX forward vs onnxruntime
+    import onnxruntime as ort
+
+    x = np.random.default_rng(1).uniform(-1, 1, shape).astype(np.float32)
+    fwd = jax.jit(lambda p, v: execute(graph, p, v))
+    y = np.asarray(fwd(params, x))
+    t_jax = _best(lambda: jax.block_until_ready(fwd(params, x)), 5)
+    so = ort.SessionOptions()
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    y_ort = sess.run(None, {"x": x})[0]
+    t_ort = _best(lambda: sess.run(None, {"x": x}), 5)
+    err = float(np.max(np.abs(y - y_ort)))
+    res.update(jax_forward_s=t_jax, ort_forward_s=t_ort, jax_over_ort=t_jax / t_ort,
+               max_abs_diff_vs_ort=err)
+    print(f"(3) forward: JAX {t_jax * 1e3:.1f} ms vs onnxruntime {t_ort * 1e3:.1f} ms = "
+          f"{t_jax / t_ort:.2f}x ORT [target <= 2x: {'met' if t_jax <= 2 * t_ort else 'NOT met'}]"
+          f"; max |diff| {err:.2e}")
+    if args.out:
+        from npujax.report import write_json
+
+        write_json(args.out, res)
+    print(json.dumps({k: (round(v, 6) if isinstance(v, float) else v) for k, v in res.items()}))
+
+
+if __name__ == "__main__":
+    main()
