@@ -44,7 +44,8 @@ class QATConfig:
       qat_observer: observer of the PTQ start point of QAT.
       schemes: subset of :data:`SCHEMES`.
       observers: PTQ observers compared (names of :data:`npujax.calib.OBSERVERS`).
-      edge_bits: width of the first and last layers (None: quantize them like the rest).
+      edge_bits: width of the first and last layers (None, or 0 in a TOML file: quantize them
+        like the rest).
       bias_correction: apply bias correction after calibration.
       progress: progress bars.
     """
@@ -106,8 +107,11 @@ def load_qat_config(path: str | Path, **overrides: Any) -> QATConfig:
     for k in ("schemes", "observers"):
         if k in raw:
             raw[k] = tuple(raw[k])
+    merged = {**raw, **overrides}
+    if merged.get("edge_bits") == 0:  # TOML has no null: 0 = quantize first/last like the rest
+        merged["edge_bits"] = None
     try:
-        return QATConfig(**{**raw, **overrides})
+        return QATConfig(**merged)
     except TypeError as e:
         raise ConfigError(f"config file {str(path)!r}: {e}.") from None
 
@@ -217,8 +221,9 @@ def run_qat_experiment(config: QATConfig = QATConfig(), console: Any = None,
         if out_dir is not None and scheme == config.schemes[-1]:
             p, qstate = ptq_results[config.qat_observer]
             sq = layer_sqnr(graph, p, spec, qstate, calib[:2])
-            write_sqnr_report(Path(out_dir) / f"sqnr_{config.dataset}_{config.model}_{scheme}",
-                              sq)
+            edge = "" if config.edge_bits else "_alllayers"
+            write_sqnr_report(
+                Path(out_dir) / f"sqnr_{config.dataset}_{config.model}{edge}_{scheme}", sq)
     return {
         "dataset": config.dataset,
         "model": config.model,
@@ -242,7 +247,10 @@ def results_markdown(results: list[dict[str, Any]]) -> str:
         lines.append(f"### {r['dataset']} ({r['train_images']} train / {r['test_images']} test), "
                      f"{r['model']}: float accuracy {r['float_accuracy']:.4f} "
                      f"(fine-tuned in float for the QAT steps: "
-                     f"{r['float_finetuned_accuracy']:.4f})\n")
+                     f"{r['float_finetuned_accuracy']:.4f}); "
+                     + (f"first/last layers at {r['config']['edge_bits']} bits"
+                        if r["config"]["edge_bits"] else "all layers at the scheme's widths")
+                     + "\n")
         lines.append("| method | " + " | ".join(schemes) + " |")
         lines.append("|---|" + "---:|" * len(schemes))
         for m in methods:

@@ -76,7 +76,8 @@ def train_graph(
       steps: optimizer steps (>= 1).
       learning_rate: peak Adam learning rate.
       batch_size: mini-batch size.
-      quant, qstate: fake-quant placement and calibrated ranges; None trains in float.
+      quant, qstate: fake-quant placement and calibrated ranges; None trains in float. Layers
+        with ``stochastic_rounding`` round stochastically, a fresh key per step from ``seed``.
       seed: shuffling seed.
       progress: show a progress bar with the running loss.
       description: label of the progress bar.
@@ -102,10 +103,13 @@ def train_graph(
         run_graph = fold_batchnorm(graph, params)[0]
         transform = lambda p: fold_batchnorm(graph, frozen_bn_stats(graph, p))[1]
 
+    stochastic = any(lq.stochastic_rounding for lq in (quant or {}).values())
+
     @jax.jit
-    def step(params, opt_state, xb, yb):
+    def step(params, opt_state, xb, yb, key):
         def loss_fn(p):
-            logits = execute(run_graph, transform(p), xb, quant=quant, qstate=qstate)
+            logits = execute(run_graph, transform(p), xb, quant=quant, qstate=qstate,
+                             key=key if stochastic else None)
             return cross_entropy(logits, yb)
 
         loss, grads = jax.value_and_grad(loss_fn)(params)
@@ -113,10 +117,12 @@ def train_graph(
         return optax.apply_updates(params, updates), opt_state, loss
 
     batches = batch_iterator(x, y, batch_size, seed)
+    base_key = jax.random.key(seed)
     with _progress(progress, description, steps) as advance:
-        for _ in range(steps):
+        for i in range(steps):
             xb, yb = next(batches)
-            params, opt_state, loss = step(params, opt_state, xb, yb)
+            params, opt_state, loss = step(params, opt_state, xb, yb,
+                                           jax.random.fold_in(base_key, i))
             advance(loss)
     return params
 

@@ -53,6 +53,12 @@ def main() -> None:
     console.print(f"wrote {out / 'quantization.md'}")
 
 
+def sqnr_tag(config: dict) -> str:
+    """The SQNR report folder name of a run (matches npujax.qat.run_qat_experiment)."""
+    edge = "" if config["edge_bits"] else "_alllayers"
+    return f"{config['dataset']}_{config['model']}{edge}"
+
+
 def write_report(out: Path, results: list[dict]) -> None:
     """quantization.md: header, accuracy tables, the per-layer SQNR tables written by the run."""
     header = (
@@ -61,7 +67,8 @@ def write_report(out: Path, results: list[dict]) -> None:
         f"({dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, JAX {jax.__version__} on "
         f"{jax.default_backend()}, {platform.machine()}). Test-set top-1 accuracy. "
         "Weights: signed narrow-range symmetric per output channel; activations: unsigned "
-        "asymmetric per tensor; first and last layers kept at 8 bits. PTQ = calibration with "
+        "asymmetric per tensor; first and last layers at 8 bits unless a table says otherwise. "
+        "PTQ = calibration with "
         "the named observer + bias correction; QAT = straight-through fake-quant fine-tuning "
         "from the PTQ (MSE) ranges with BatchNorm folded using frozen running statistics. "
         "'integer-only' = the converted model run with int8 codes, int32 accumulation and "
@@ -71,9 +78,10 @@ def write_report(out: Path, results: list[dict]) -> None:
     sqnr = ["## Per-layer SQNR of the lowest-precision PTQ (MSE calibration), worst first\n"]
     for r in results:
         scheme = r["config"]["schemes"][-1]
-        f = out / "sqnr" / f"sqnr_{r['dataset']}_{r['model']}_{scheme}" / "sqnr.md"
+        tag = sqnr_tag(r["config"])
+        f = out / "sqnr" / f"sqnr_{tag}_{scheme}" / "sqnr.md"
         if f.exists():
-            sqnr.append(f"### {r['dataset']}, {r['model']}, {scheme}\n\n{f.read_text()}")
+            sqnr.append(f"### {tag.replace('_', ', ')}, {scheme}\n\n{f.read_text()}")
     atomic_write_text(out / "quantization.md",
                       header + results_markdown(results) + "\n".join(sqnr))
 

@@ -42,6 +42,7 @@ from npujax.quant.qparams import qparams_from_range
 __all__ = ["histogram_observer", "percentile_observer", "mse_observer", "entropy_observer"]
 
 _TINY = 1e-12
+_START_BIN = 128
 
 
 def _moveaxis_flat(x: jax.Array, axis: int | None) -> jax.Array:
@@ -161,7 +162,10 @@ def _entropy_range(state, fmt, levels):
         terms = jnp.where(p > 0, p * (jnp.log(p) - jnp.log(jnp.maximum(q, 1e-10))), 0.0)
         return jnp.sum(terms)
 
-    ii = jnp.arange(levels, b + 1)
+    # thresholds from bin max(levels, 128) on: TensorRT starts at 128 whatever the width (as
+    # pytorch-quantization's start_bin); below that, low-bit Q's few levels let a single spike
+    # (e.g. ReLU(bias) over a constant background) win with a threshold just past the spike.
+    ii = jnp.arange(min(max(levels, _START_BIN), b), b + 1)
     divs = jax.vmap(kl)(ii)
     t = ii[jnp.argmin(divs)].astype(jnp.float32) * width
     return _clip_to_t(state, t)

@@ -37,12 +37,16 @@ class LayerQuant:
       act: input-activation format (per tensor, calibrated); None keeps float inputs.
       weight_per_channel: per-output-channel weight scales (else one per tensor).
       act_symmetric: symmetric activation range (zero point at mid-code) instead of asymmetric.
+      stochastic_rounding: round weights and activations stochastically (``floor(v + u)``, see
+        :func:`npujax.quant.fake_quant`) when :func:`execute` is given a ``key`` (QAT); without
+        a key (evaluation, deployment) rounding is to nearest, ties to even.
     """
 
     weight: IntFormat | tuple[IntFormat, ...] | None = None
     act: IntFormat | None = None
     weight_per_channel: bool = True
     act_symmetric: bool = False
+    stochastic_rounding: bool = False
 
     @property
     def weight_candidates(self) -> tuple[IntFormat, ...]:
@@ -105,10 +109,13 @@ def quant_spec(
     return spec
 
 
-def quantize_weight(w: jax.Array, fmt: IntFormat, axis: int | None) -> jax.Array:
-    """Fake-quantize a weight tensor with a symmetric min-max scale (per channel on ``axis``)."""
+def quantize_weight(
+    w: jax.Array, fmt: IntFormat, axis: int | None, key: jax.Array | None = None
+) -> jax.Array:
+    """Fake-quantize a weight tensor with a symmetric min-max scale (per channel on ``axis``);
+    ``key`` selects stochastic rounding."""
     scale, zero_point = weight_qparams(w, fmt, axis)
-    return fake_quant(w, scale, zero_point, fmt, axis)
+    return fake_quant(w, scale, zero_point, fmt, axis, key=key)
 
 
 def _as_inputs(graph: Graph, x: jax.Array | Sequence[jax.Array]) -> list[jax.Array]:
@@ -135,6 +142,7 @@ def execute(
     bit_probs: Mapping[str, jax.Array] | None = None,
     taps: Collection[str] = (),
     input_offsets: Mapping[str, jax.Array] | None = None,
+    key: jax.Array | None = None,
 ) -> Any:
     """Evaluate ``graph`` on ``x``.
 
@@ -151,6 +159,8 @@ def execute(
       taps: node names whose first input and first output should also be returned.
       input_offsets: ``{node: array}`` added to a node's first input before quantization (zeros
         give the gradient of the output w.r.t. that activation, as sensitivity analysis needs).
+      key: a ``jax.random`` key for the layers with ``stochastic_rounding`` (one key per call,
+        e.g. per training step; folded with the node index); None rounds to nearest.
 
     Returns:
       The graph output (a tuple if it has several). With ``taps``, a pair
@@ -165,15 +175,18 @@ def execute(
     env.update(zip(graph.inputs, _as_inputs(graph, x)))
     quant = quant or {}
     tapped: dict[str, tuple[jax.Array, jax.Array]] = {}
-    for node in graph.nodes:
+    for index, node in enumerate(graph.nodes):
         ins = [env[t] for t in node.inputs]
         p = dict(params.get(node.name, {}))
         if input_offsets and node.name in input_offsets:
             ins[0] = ins[0] + input_offsets[node.name]
         lq = quant.get(node.name)
         if lq is not None:
-            ins[0] = _quantize_input(node.name, lq, ins[0], qstate)
-            p["kernel"] = _quantize_kernel(node, lq, p["kernel"], bit_probs)
+            ka = kw = None
+            if key is not None and lq.stochastic_rounding:
+                ka, kw = jax.random.split(jax.random.fold_in(key, index))
+            ins[0] = _quantize_input(node.name, lq, ins[0], qstate, ka)
+            p["kernel"] = _quantize_kernel(node, lq, p["kernel"], bit_probs, kw)
         outs = run_op(node, ins, p)
         env.update(zip(node.outputs, outs))
         if node.name in taps:
@@ -183,7 +196,7 @@ def execute(
     return (result, tapped) if taps else result
 
 
-def _quantize_input(name: str, lq: LayerQuant, x: jax.Array, qstate) -> jax.Array:
+def _quantize_input(name: str, lq: LayerQuant, x: jax.Array, qstate, key=None) -> jax.Array:
     if lq.act is None:
         return x
     if qstate is None or name not in qstate:
@@ -192,16 +205,16 @@ def _quantize_input(name: str, lq: LayerQuant, x: jax.Array, qstate) -> jax.Arra
             "run calibration first (npujax.graph.calibrate) and pass its result as qstate."
         )
     s = qstate[name]
-    return fake_quant(x, s["act_scale"], s["act_zero_point"], lq.act)
+    return fake_quant(x, s["act_scale"], s["act_zero_point"], lq.act, key=key)
 
 
-def _quantize_kernel(node, lq: LayerQuant, w: jax.Array, bit_probs) -> jax.Array:
+def _quantize_kernel(node, lq: LayerQuant, w: jax.Array, bit_probs, key=None) -> jax.Array:
     fmts = lq.weight_candidates
     if not fmts:
         return w
     axis = kernel_out_axis(node) if lq.weight_per_channel else None
     if len(fmts) == 1:
-        return quantize_weight(w, fmts[0], axis)
+        return quantize_weight(w, fmts[0], axis, key)
     if bit_probs is None or node.name not in bit_probs:
         raise ConfigError(
             f"layer {node.name!r} has {len(fmts)} candidate weight formats but bit_probs has no "

@@ -297,17 +297,22 @@ def convert(
             if lq is not None and len(lq.weight_candidates) > 1:
                 raise ConfigError(
                     f"layer {node.name!r} has {len(lq.weight_candidates)} candidate weight "
-                    "formats; "
-                    "fix one precision (quant_spec(graph, policy)) before converting."
+                    "formats; fix one precision (quant_spec(graph, policy)) before converting."
                 )
             continue
         if node.name not in qstate:
             raise ConfigError(f"qstate has no entry for layer {node.name!r}; calibrate first.")
         wfmt = lq.weight_candidates[0]
+        if not (isinstance(wfmt, IntFormat) and wfmt.signed and isinstance(lq.act, IntFormat)):
+            raise ConfigError(
+                f"layer {node.name!r}: the integer path needs signed integer weights (zero point "
+                f"0) and integer activations, got weight {wfmt} and activation {lq.act}; use "
+                "IntFormat(b, narrow_range=True) weights or keep this model in fake-quant."
+            )
         p = params[node.name]
         axis = kernel_out_axis(node)
         w = jnp.asarray(p["kernel"], jnp.float32)
-        ws, wz = weight_qparams(w, wfmt, axis if lq.weight_per_channel else None)
+        ws, _ = weight_qparams(w, wfmt, axis if lq.weight_per_channel else None)
         c_out = w.shape[axis]
         ws = jnp.broadcast_to(ws, (c_out,))
         wq = quantize(w, ws, jnp.zeros((c_out,), jnp.int32), wfmt, axis)

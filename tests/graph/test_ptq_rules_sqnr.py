@@ -41,8 +41,9 @@ def test_bias_correction_removes_the_mean_output_shift(digits):
     graph, params, batches = digits
     q = {"fc2": LayerQuant(weight=IntFormat(3, narrow_range=True))}  # coarse weights, last layer
     x = np.concatenate(batches)
-    shift = lambda p: np.mean(np.asarray(execute(graph, p, x, quant=q))
-                              - np.asarray(execute(graph, params, x)), axis=0)
+    run_q = jax.jit(lambda p: execute(graph, p, x, quant=q))
+    ref = np.asarray(jax.jit(lambda p: execute(graph, p, x))(params))
+    shift = lambda p: np.mean(np.asarray(run_q(p)) - ref, axis=0)
     before = np.abs(shift(params)).max()
     corrected = bias_correction(graph, params, q, batches)
     after = np.abs(shift(corrected)).max()
@@ -55,8 +56,8 @@ def test_ptq_then_integer_execution(digits):
     p2, qstate = ptq(graph, params, batches, q, observer="percentile")
     model = convert(graph, p2, q, qstate)
     x = batches[0]
-    fq = np.asarray(execute(graph, p2, x, quant=q, qstate=qstate))
-    out = np.asarray(execute_integer(model, x))
+    fq = np.asarray(jax.jit(lambda v: execute(graph, p2, v, quant=q, qstate=qstate))(x))
+    out = np.asarray(jax.jit(lambda v: execute_integer(model, v))(x))
     assert np.mean(np.argmax(fq, -1) == np.argmax(out, -1)) >= 0.95
 
 
