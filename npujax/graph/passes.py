@@ -15,7 +15,6 @@ from npujax.graph.ops import UNARY_EPILOGUES, kernel_out_axis
 __all__ = [
     "fold_batchnorm",
     "fuse_epilogues",
-    "divide_by_constant_as_multiply",
     "optimize",
     "rebatch",
     "frozen_bn_stats",
@@ -128,35 +127,9 @@ def fuse_epilogues(graph: Graph, params: Params) -> tuple[Graph, Params]:
     return graph.replace(nodes=tuple(nodes)), params
 
 
-def divide_by_constant_as_multiply(graph: Graph, params: Params) -> tuple[Graph, Params]:
-    """Rewrite ``Div(x, c)`` with a constant, non-zero ``c`` as ``Mul(x, 1/c)``.
-
-    NPUs scale by multiplication (a division by a constant is a requantization multiplier), so a
-    compiler never runs such a division on the host; without this rewrite, hard-swish written as
-    ``x * clip(x + 3, 0, 6) / 6`` would fall back to the CPU. Float results may differ in the last
-    ulp.
-    """
-    import numpy as np
-
-    nodes = []
-    constants = dict(graph.constants)
-    tensors = dict(graph.tensors)
-    for n in graph.nodes:
-        c = constants.get(n.inputs[1]) if n.op == "Div" and len(n.inputs) == 2 else None
-        if c is not None and np.issubdtype(np.asarray(c).dtype, np.floating) and np.all(
-                np.asarray(c) != 0):
-            name = f"{n.inputs[1]}:reciprocal"
-            constants[name] = (1.0 / np.asarray(c)).astype(np.asarray(c).dtype)
-            tensors[name] = graph.tensors[n.inputs[1]]
-            n = n.replace(op="Mul", inputs=(n.inputs[0], name))
-        nodes.append(n)
-    return graph.replace(nodes=tuple(nodes), constants=constants, tensors=tensors), params
-
-
 def optimize(graph: Graph, params: Params) -> tuple[Graph, Params]:
-    """The standard inference pipeline: :func:`divide_by_constant_as_multiply`,
-    :func:`fold_batchnorm`, then :func:`fuse_epilogues`."""
-    return fuse_epilogues(*fold_batchnorm(*divide_by_constant_as_multiply(graph, params)))
+    """The standard inference pipeline: :func:`fold_batchnorm` then :func:`fuse_epilogues`."""
+    return fuse_epilogues(*fold_batchnorm(graph, params))
 
 
 def rebatch(graph: Graph, batch: int) -> Graph:

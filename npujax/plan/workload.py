@@ -123,7 +123,7 @@ def _padded_elems(shape: tuple[int, ...], layout: str, align: int) -> int:
     return int(np.prod(shape, dtype=np.int64)) // c * _pad(c, align)
 
 
-def _placement(node: Node, spec: NpuSpec | None) -> str:
+def _placement(node: Node, spec: NpuSpec | None, graph_constants=frozenset()) -> str:
     """'' if the NPU runs ``node``, else the reason it falls back to the CPU."""
     if node.op == "CpuFallback":
         return f"{node.attrs.get('onnx_op', 'operator')} has no npujax implementation"
@@ -131,6 +131,8 @@ def _placement(node: Node, spec: NpuSpec | None) -> str:
         if node.op == "JaxPrimitive":
             return f"{node.op} has no NPU model"
         return ""
+    if node.op == "Div" and node.inputs[1] in graph_constants and "Mul" in spec.ops.supported:
+        return ""  # a division by a constant is a multiplier (requantization scale) on an NPU
     if node.op not in spec.ops.supported:
         return f"{node.op} not supported by {spec.name}"
     if node.op == "Conv":
@@ -247,7 +249,8 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
         rows.append(Workload(f"{t}:{direction}", f"To{target}", "layout", in_elems=n,
                              out_elems=n, vector_ops=n, producer=made_by.get(t, -1)))
 
-    placements = {n.name: _placement(n, spec) for n in graph.nodes if n.op not in FREE_OPS}
+    placements = {n.name: _placement(n, spec, graph.constants) for n in graph.nodes
+                  if n.op not in FREE_OPS}
     group: set[str] = set()  # tensors of the current fusion group (a GEMM and its elementwise ops)
     group_head = ""
     for node in graph.nodes:
