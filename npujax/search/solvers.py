@@ -77,9 +77,11 @@ def ilp_policy(
         one_hot[i, i * n_cand:(i + 1) * n_cand] = 1.0
     constraints = [
         LinearConstraint(one_hot, 1.0, 1.0),
-        # in µs, with a relative slack of 1e-9 for float rounding of the table
+        # in µs, never below the fastest policy (feasible by _check) and with a relative slack
+        # of 1e-7 so that a budget equal to the fastest latency survives the solver's tolerances
         LinearConstraint(lat.reshape(1, -1) * 1e6, -np.inf,
-                         (budget_s - table.fixed_s) * 1e6 * (1 + 1e-9)),
+                         max(budget_s - table.fixed_s, lat.min(axis=1).sum()) * 1e6
+                         * (1 + 1e-7) + 1e-9),
     ]
     res = milp(omega.reshape(-1), constraints=constraints,
                integrality=np.ones(n_layers * n_cand), bounds=Bounds(0, 1))
