@@ -56,7 +56,7 @@ from jax import lax
 from npujax.errors import ConfigError, QuantizationError
 from npujax.graph.execute import QuantSpec, _as_inputs
 from npujax.graph.ir import Graph, Node, Params
-from npujax.graph.ops import apply_epilogue, kernel_out_axis, run_op
+from npujax.graph.ops import _dense_conv, apply_epilogue, kernel_out_axis, run_op
 from npujax.quant import IntFormat, dequantize, quantize, weight_qparams
 
 __all__ = [
@@ -384,17 +384,7 @@ def _int_gemm(node: Node, x: jax.Array, w: jax.Array) -> jax.Array:
     """The node's GEMM on int32 operands with int32 accumulation (no bias, no epilogue)."""
     if node.op == "Gemm":
         return jnp.matmul(x, w, preferred_element_type=jnp.int32)
-    a = node.attrs
-    return lax.conv_general_dilated(
-        x, w,
-        window_strides=tuple(a["strides"]),
-        padding=[tuple(p) for p in a["padding"]],
-        lhs_dilation=tuple(a.get("lhs_dilation", (1,) * len(a["strides"]))),
-        rhs_dilation=tuple(a["dilations"]),
-        dimension_numbers=(a["data_layout"], a["kernel_layout"], a["data_layout"]),
-        feature_group_count=int(a["groups"]),
-        preferred_element_type=jnp.int32,
-    )
+    return _dense_conv(x, w, node.attrs, preferred_element_type=jnp.int32)
 
 
 def _run_layer(model: IntegerModel, node: Node, layer: IntegerLayer, v: Any) -> Any:

@@ -139,7 +139,9 @@ def _conv(node: Node, inputs, params):
     return [apply_epilogue(node, y)]
 
 
-def _dense_conv(x: jax.Array, kernel: jax.Array, a: dict) -> jax.Array:
+def _dense_conv(x: jax.Array, kernel: jax.Array, a: dict,
+                preferred_element_type: Any = None) -> jax.Array:
+    """A Conv node's convolution with XLA (``preferred_element_type=int32`` for integer codes)."""
     return lax.conv_general_dilated(
         x,
         kernel,
@@ -149,6 +151,7 @@ def _dense_conv(x: jax.Array, kernel: jax.Array, a: dict) -> jax.Array:
         rhs_dilation=tuple(a["dilations"]),
         dimension_numbers=(a["data_layout"], a["kernel_layout"], a["data_layout"]),
         feature_group_count=int(a["groups"]),
+        preferred_element_type=preferred_element_type,
     )
 
 
