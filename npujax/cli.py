@@ -255,11 +255,57 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _qat_with_policy(args: argparse.Namespace) -> int:
+    """Fine-tune a saved model with a precision policy; report accuracy and modelled latency."""
+    from npujax.demo.data import load_digits_nhwc
+    from npujax.graph import calibrate, load_graph, quant_spec, save_graph
+    from npujax.hw import load_npu_spec
+    from npujax.plan import lower
+    from npujax.search import load_policy
+    from npujax.train import evaluate, train_graph
+
+    if not args.model:
+        raise ConfigError("--policy fine-tunes a saved model: pass --model model.npz too.")
+    policy = load_policy(args.policy)
+    graph, params, _, meta = load_graph(args.model)
+    layers = {n.name for n in graph.gemm_nodes}
+    if set(policy.weight_bits) != layers:
+        raise ConfigError(f"policy {args.policy} names layers {sorted(policy.weight_bits)}, the "
+                          f"model has {sorted(layers)}.")
+    spec = load_npu_spec(args.npu)
+    data = load_digits_nhwc(seed=args.seed)
+    q = quant_spec(graph, dict(policy.weight_bits), dict(policy.act_bits))
+    calib = [data.x_train[i * 64:(i + 1) * 64] for i in range(8)]
+    qstate = calibrate(graph, params, calib, q)
+    params = train_graph(graph, params, data.x_train, data.y_train, steps=args.steps,
+                         learning_rate=1e-4, quant=q, qstate=qstate, seed=args.seed,
+                         progress=not args.no_progress, description="QAT with policy")
+    acc = evaluate(graph, params, data.x_test, data.y_test, quant=q, qstate=qstate)
+    lat = lower(graph, spec, weight_bits=dict(policy.weight_bits),
+                act_bits=dict(policy.act_bits)).latency_s
+    int8 = lower(graph, spec).latency_s
+    print(f"QAT with {args.policy}: test accuracy {acc:.4f}; modelled latency on {spec.name} "
+          f"{lat * 1e6:.3f} µs ({int8 / lat:.2f}x faster than INT8 {int8 * 1e6:.3f} µs)")
+    if args.out:
+        out = Path(args.out)
+        save_graph(out / "model.npz", graph, params, qstate,
+                   meta={**meta, "policy": dict(policy.weight_bits),
+                         "act_policy": dict(policy.act_bits), "accuracy": acc})
+        print(f"wrote {out}/model.npz")
+    return 0
+
+
 def _cmd_qat(args: argparse.Namespace) -> int:
     import json
 
     from npujax._atomic import atomic_write_text
     from npujax.qat import load_qat_config, results_markdown, run_qat_experiment
+
+    if args.policy:
+        return _qat_with_policy(args)
+    if not args.config:
+        raise ConfigError("npujax qat needs --config FILE (an experiment) or --policy FILE "
+                          "--model model.npz (fine-tune a saved model with a precision policy).")
 
     overrides = {"progress": not args.no_progress}
     config = load_qat_config(args.config, **overrides)
@@ -341,8 +387,13 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Train a CNN, then compare PTQ (min-max, percentile, MSE, "
                                     "entropy) with QAT at W8A8/W4A8/W4A4 as the TOML config says "
                                     "(keys: the fields of npujax.qat.QATConfig).")
-    qa.add_argument("--config", required=True, help="TOML file (see "
-                    "experiments/qat_finetune/config.toml)")
+    qa.add_argument("--config", help="TOML file (see experiments/qat_finetune/config.toml)")
+    qa.add_argument("--policy", help="precision policy JSON from 'npujax search': fine-tune "
+                    "--model with it on the digits data instead of running an experiment")
+    qa.add_argument("--model", help="with --policy: model.npz written by 'npujax demo'")
+    qa.add_argument("--npu", default="edge_16x16", help="with --policy: preset for the latency")
+    qa.add_argument("--steps", type=int, default=300, help="with --policy: QAT steps")
+    qa.add_argument("--seed", type=int, default=0)
     qa.add_argument("--out", help="write quantization.md/.json and SQNR reports here")
     qa.add_argument("--no-progress", action="store_true", help="hide progress bars")
     qa.set_defaults(fn=_cmd_qat)

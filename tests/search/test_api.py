@@ -69,6 +69,14 @@ def test_cli_search_writes_a_policy(problem, tmp_path):
     pol = load_policy(tmp_path / "pol.json")
     assert pol.meta["method"] == "greedy" and pol.meta["npu"] == "bitfusion_16x16"
     assert json.loads((tmp_path / "pol.json").read_text())["format"].startswith("npujax")
+    qat = subprocess.run([sys.executable, "-m", "npujax.cli", "qat", "--policy",
+                          str(tmp_path / "pol.json"), "--model", str(tmp_path / "m.npz"),
+                          "--npu", "bitfusion_16x16", "--steps", "5", "--no-progress",
+                          "--out", str(tmp_path / "q")], capture_output=True, text=True,
+                         timeout=600)
+    assert qat.returncode == 0, qat.stderr
+    assert "test accuracy" in qat.stdout and "faster than INT8" in qat.stdout
+    assert (tmp_path / "q" / "model.npz").stat().st_size > 0
     bad = subprocess.run([sys.executable, "-m", "npujax.cli", "search", str(tmp_path / "m.npz"),
                           "--candidates", "2,x"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "comma-separated" in bad.stderr
