@@ -21,7 +21,7 @@ from npujax.errors import ConfigError, ShapeError
 from npujax.graph.execute import QuantSpec, execute
 from npujax.graph.ir import Graph, Params
 
-__all__ = ["batch_iterator", "train_graph", "evaluate", "cross_entropy"]
+__all__ = ["batch_iterator", "train_graph", "evaluate", "cross_entropy", "progress_bar"]
 
 
 def batch_iterator(
@@ -118,7 +118,7 @@ def train_graph(
 
     batches = batch_iterator(x, y, batch_size, seed)
     base_key = jax.random.key(seed)
-    with _progress(progress, description, steps) as advance:
+    with progress_bar(progress, description, steps) as advance:
         for i in range(steps):
             xb, yb = next(batches)
             params, opt_state, loss = step(params, opt_state, xb, yb,
@@ -148,8 +148,12 @@ def evaluate(
     return correct / len(x)
 
 
-class _progress:
-    """A rich progress bar showing the running loss, or nothing."""
+class progress_bar:
+    """Context manager: a rich progress bar of ``total`` steps showing the running loss.
+
+    ``with progress_bar(enabled, "QAT", steps) as advance: advance(loss)`` per step. Shown only
+    when ``enabled`` and stderr is a terminal (logs get the callers' per-stage lines instead).
+    """
 
     def __init__(self, enabled: bool, description: str, total: int) -> None:
         import sys

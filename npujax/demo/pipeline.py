@@ -33,7 +33,7 @@ from npujax.report import (
     write_layers_csv,
 )
 from npujax.search import gradient_search
-from npujax.train import batch_iterator, cross_entropy, evaluate, train_graph
+from npujax.train import batch_iterator, cross_entropy, evaluate, progress_bar, train_graph
 
 __all__ = ["DemoConfig", "run_demo", "train_float", "default_out_dir"]
 
@@ -107,9 +107,7 @@ def train_float(
 
     model.train()
     batches = batch_iterator(data.x_train, data.y_train, batch_size, seed)
-    from npujax.train import _progress
-
-    with _progress(progress, "float training", epochs * steps_per_epoch) as advance:
+    with progress_bar(progress, "float training", epochs * steps_per_epoch) as advance:
         for _ in range(epochs * steps_per_epoch):
             advance(step(model, optimizer, *next(batches)))
     model.eval()

@@ -107,7 +107,7 @@ def search_precision(
                                 seed=seed, progress=progress)
         w_omega = hawq_sensitivity(traces, weight_perturbation(graph, params, layers,
                                                                candidates))
-        a_omega = activation_sensitivity(graph, params, xb, yb, layers, act_candidates, qstate)
+        a_omega = activation_sensitivity(graph, params, xb, yb, layers, act_candidates)
         omega = {ln: {(w, a): w_omega[ln][w] + a_omega[ln][a] for w in candidates
                       for a in act_candidates} for ln in layers}
         solver = ilp_policy if method == "ilp" else greedy_policy

@@ -27,7 +27,7 @@ from npujax.graph.execute import execute, quant_spec
 from npujax.graph.ir import Graph, Params
 from npujax.hw.spec import NpuSpec
 from npujax.search.cost import LatencyTable, expected_latency, latency_table
-from npujax.train import _progress, batch_iterator, cross_entropy
+from npujax.train import batch_iterator, cross_entropy, progress_bar
 
 __all__ = ["SearchResult", "gradient_search"]
 
@@ -141,7 +141,7 @@ def gradient_search(
 
     lam_arr = jnp.asarray(lam, jnp.float32)
     batches = batch_iterator(x, y, batch_size, seed)
-    with _progress(progress, "precision search", steps) as advance:
+    with progress_bar(progress, "precision search", steps) as advance:
         for _ in range(steps):
             xb, yb = next(batches)
             state, opt_state, lam_arr, loss = step(state, opt_state, lam_arr, xb, yb)

@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -90,21 +90,19 @@ def activation_sensitivity(
     y: jax.Array,
     layers: Sequence[str],
     candidates: Sequence[int],
-    qstate: Mapping[str, Mapping[str, jax.Array]],
 ) -> dict[str, dict[int, float]]:
     """Empirical-Fisher sensitivity of each layer's input activation to ``a``-bit quantization.
 
     ``Omega_l(a) = E[||dL/dx_l||^2] / n_l * ||Q_a(x_l) - x_l||^2``: the mean squared loss
     gradient w.r.t. the activation (the empirical Fisher approximation of the Hessian diagonal,
-    as in HAWQ's activation analysis) times the quantization noise power at ``a`` bits, with the
-    calibrated range of ``qstate``.
+    as in HAWQ's activation analysis) times the quantization noise power at ``a`` bits on the
+    batch's own min-max range (unsigned, asymmetric, as :func:`npujax.graph.quant_spec`).
 
     Args:
       graph, params: the float model.
       x, y: a batch of inputs and integer labels.
       layers: GEMM layers to analyse.
       candidates: activation widths.
-      qstate: calibrated activation ranges (their min/max define the ``a``-bit grids).
 
     Returns:
       ``{layer: {bits: Omega}}``.
@@ -124,9 +122,7 @@ def activation_sensitivity(
     for n in layers:
         act = taps[n][0]
         fisher = float(jnp.mean(jnp.square(grads[n])))
-        s, z = qstate[n]["act_scale"], qstate[n]["act_zero_point"]
-        old = IntFormat(8, signed=False)
-        lo, hi = (old.qmin - z) * s, (old.qmax - z) * s  # the calibrated range
+        lo, hi = jnp.min(act), jnp.max(act)
         out[n] = {}
         for b in candidates:
             fmt = IntFormat(int(b), signed=False)
