@@ -179,29 +179,58 @@ def _resolution_sweep(path, graph, spec, shapes, batch, dataflow, kw, console) -
     return {str(k): v for k, v in rows.items()}
 
 
+def _load_for_search(args: argparse.Namespace, act_bits: int):
+    """Model, data and calibration state for ``search`` and ``qat --policy``.
+
+    Returns ``(graph, params, qstate, meta, (x_train, y_train, x_test, y_test))``; labels are None
+    for unlabelled data (the searchers then distil from the float model).
+    """
+    from npujax.demo.sources import load_inputs
+    from npujax.graph import calibrate, load_graph, quant_spec
+
+    if str(args.model).lower().endswith(".onnx"):
+        from npujax.graph import from_onnx, optimize
+
+        if not args.data:
+            raise ConfigError("an ONNX model needs calibration data: pass --data text, --data "
+                              "photos (images generated at the model's input size) or --data "
+                              "FILE.npy/.npz (your own preprocessed inputs).")
+        graph, params = optimize(*from_onnx(args.model, _input_shapes(args.input_shape) or None))
+        qstate, meta = None, {"source": str(args.model)}
+    else:
+        if args.input_shape:
+            raise ConfigError("--input-shape applies to .onnx models; a saved npujax model has "
+                              "fixed shapes.")
+        graph, params, qstate, meta = load_graph(args.model)
+    data = load_inputs(args.data or "digits", graph.tensors[graph.inputs[0]].shape,
+                       n=args.examples, seed=args.seed)
+    if not qstate:
+        q = quant_spec(graph, 8, act_bits)
+        x = data[0]
+        qstate = calibrate(graph, params, [x[i:i + 32] for i in range(0, min(len(x), 128), 32)],
+                           q, progress=not getattr(args, "no_progress", False))
+        print(f"calibrated activation ranges (min-max) on {min(len(x), 128)} examples of "
+              f"--data {args.data}")
+    return graph, params, qstate, meta, data
+
+
 def _cmd_search(args: argparse.Namespace) -> int:
-    from npujax.demo.data import load_digits_nhwc
-    from npujax.graph import load_graph
     from npujax.hw import load_npu_spec
     from npujax.search import save_policy, search_precision
 
     cands = _int_list(args.candidates, "--candidates")
     acts = _int_list(args.act_candidates, "--act-candidates")
     spec = load_npu_spec(args.npu)
-    graph, params, qstate, _ = load_graph(args.model)
-    if not qstate:
-        raise ConfigError(f"{args.model} has no calibration state; save the model with its "
-                          "qstate (as 'npujax demo' does).")
-    data = load_digits_nhwc(seed=args.seed)
+    graph, params, qstate, _, (x, y, _, _) = _load_for_search(args, max(acts))
     policy = search_precision(
-        graph, params, spec, data.x_train, data.y_train, qstate, method=args.method,
+        graph, params, spec, x, y, qstate, method=args.method,
         budget_s=args.budget_latency, budget_ratio=args.budget_ratio, candidates=cands,
         act_candidates=acts, steps=args.steps, sensitivity_samples=args.sensitivity_samples,
-        seed=args.seed, progress=True)
+        sensitivity_batch=args.sensitivity_batch, seed=args.seed, progress=True)
     m = policy.meta
-    print(f"{m['method']} on {m['npu']}: latency {m['latency_s'] * 1e6:.3f} µs "
-          f"(budget {m['budget_s'] * 1e6:.3f} µs, INT8 {m['int8_latency_s'] * 1e6:.3f} µs, "
-          f"{m['speedup_vs_int8']:.2f}x faster)")
+    print(f"{m['method']} on {m['npu']} (loss: {m['loss']}, labels: {m['labels']}): latency "
+          f"{m['latency_s'] * 1e6:.3f} µs (budget {m['budget_s'] * 1e6:.3f} µs, INT8 "
+          f"{m['int8_latency_s'] * 1e6:.3f} µs, {m['speedup_vs_int8']:.2f}x faster)")
     for layer in policy.weight_bits:
         print(f"  {layer:<16} W{policy.weight_bits[layer]} A{policy.act_bits[layer]}")
     save_policy(args.out, policy)
@@ -256,41 +285,53 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def _qat_with_policy(args: argparse.Namespace) -> int:
-    """Fine-tune a saved model with a precision policy; report accuracy and modelled latency."""
-    from npujax.demo.data import load_digits_nhwc
-    from npujax.graph import calibrate, load_graph, quant_spec, save_graph
+    """Fine-tune a saved or ONNX model with a precision policy; report accuracy and latency."""
+    import jax
+
+    from npujax.graph import calibrate, execute, quant_spec, save_graph
     from npujax.hw import load_npu_spec
     from npujax.plan import lower
     from npujax.search import load_policy
+    from npujax.search.objective import search_targets, task_loss
     from npujax.train import evaluate, train_graph
 
     if not args.model:
-        raise ConfigError("--policy fine-tunes a saved model: pass --model model.npz too.")
+        raise ConfigError("--policy fine-tunes a model: pass --model model.npz or model.onnx.")
     policy = load_policy(args.policy)
-    graph, params, _, meta = load_graph(args.model)
+    graph, params, _, meta, (x, y, xte, yte) = _load_for_search(args, 8)
     layers = {n.name for n in graph.gemm_nodes}
     if set(policy.weight_bits) != layers:
         raise ConfigError(f"policy {args.policy} names layers {sorted(policy.weight_bits)}, the "
                           f"model has {sorted(layers)}.")
     spec = load_npu_spec(args.npu)
-    data = load_digits_nhwc(seed=args.seed)
+    task = task_loss(graph)
+    targets = search_targets(graph, params, x, y, task)
     q = quant_spec(graph, dict(policy.weight_bits), dict(policy.act_bits))
-    calib = [data.x_train[i * 64:(i + 1) * 64] for i in range(8)]
-    qstate = calibrate(graph, params, calib, q)
-    params = train_graph(graph, params, data.x_train, data.y_train, steps=args.steps,
-                         learning_rate=1e-4, quant=q, qstate=qstate, seed=args.seed,
-                         progress=not args.no_progress, description="QAT with policy")
-    acc = evaluate(graph, params, data.x_test, data.y_test, quant=q, qstate=qstate)
+    qstate = calibrate(graph, params, [x[i:i + 64] for i in range(0, min(len(x), 512), 64)], q)
+    tuned = train_graph(graph, params, x, targets, steps=args.steps, learning_rate=1e-4, quant=q,
+                        qstate=qstate, seed=args.seed, loss_fn=task,
+                        progress=not args.no_progress, description="QAT with policy")
+    if yte is not None:
+        what, score = "test accuracy", evaluate(graph, tuned, xte, yte, quant=q, qstate=qstate)
+    else:
+        teacher = search_targets(graph, params, xte, None, task)
+        if task.classification:
+            what = "top-1 agreement with the float model on held-out data"
+            score = evaluate(graph, tuned, xte, teacher, quant=q, qstate=qstate)
+        else:
+            what = "normalized MSE to the float model on held-out data"
+            out = jax.jit(lambda p, xb: execute(graph, p, xb, quant=q, qstate=qstate))(tuned, xte)
+            score = float(task(out, teacher))
     lat = lower(graph, spec, weight_bits=dict(policy.weight_bits),
                 act_bits=dict(policy.act_bits)).latency_s
     int8 = lower(graph, spec).latency_s
-    print(f"QAT with {args.policy}: test accuracy {acc:.4f}; modelled latency on {spec.name} "
+    print(f"QAT with {args.policy}: {what} {score:.4f}; modelled latency on {spec.name} "
           f"{lat * 1e6:.3f} µs ({int8 / lat:.2f}x faster than INT8 {int8 * 1e6:.3f} µs)")
     if args.out:
         out = Path(args.out)
-        save_graph(out / "model.npz", graph, params, qstate,
+        save_graph(out / "model.npz", graph, tuned, qstate,
                    meta={**meta, "policy": dict(policy.weight_bits),
-                         "act_policy": dict(policy.act_bits), "accuracy": acc})
+                         "act_policy": dict(policy.act_bits), what: score})
         print(f"wrote {out}/model.npz")
     return 0
 
@@ -319,6 +360,16 @@ def _cmd_qat(args: argparse.Namespace) -> int:
         atomic_write_text(out / "quantization.json", json.dumps(result, indent=1, default=str))
         console.print(f"wrote {out}/quantization.md, quantization.json")
     return 0
+
+
+def _data_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input-shape", action="append", metavar="NAME=1,3,48,192",
+                   help="static shape of an ONNX input with dynamic dimensions")
+    p.add_argument("--data", help="digits (default for model.npz), mnist5k, text or photos "
+                   "(images generated at the ONNX model's input size), or FILE.npy / FILE.npz "
+                   "('x' inputs, optional 'y' int labels)")
+    p.add_argument("--examples", type=int, default=256,
+                   help="images generated for --data text/photos (default 256)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -389,8 +440,10 @@ def build_parser() -> argparse.ArgumentParser:
                                     "(keys: the fields of npujax.qat.QATConfig).")
     qa.add_argument("--config", help="TOML file (see experiments/qat_finetune/config.toml)")
     qa.add_argument("--policy", help="precision policy JSON from 'npujax search': fine-tune "
-                    "--model with it on the digits data instead of running an experiment")
-    qa.add_argument("--model", help="with --policy: model.npz written by 'npujax demo'")
+                    "--model with it instead of running an experiment")
+    qa.add_argument("--model", help="with --policy: model.npz written by 'npujax demo', or an "
+                    ".onnx model (fine-tuned by distillation from its float outputs)")
+    _data_args(qa)
     qa.add_argument("--npu", default="edge_16x16", help="with --policy: preset for the latency")
     qa.add_argument("--steps", type=int, default=300, help="with --policy: QAT steps")
     qa.add_argument("--seed", type=int, default=0)
@@ -400,10 +453,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     se = sub.add_parser("search", help="choose per-layer bit widths for a latency budget",
                         description="Mixed-precision search on a saved model (model.npz from "
-                                    "'npujax demo', trained on the digits data): per-layer "
-                                    "weight/activation widths that meet a latency budget on "
-                                    "the NPU, written as a policy JSON file.")
-    se.add_argument("model", help="model file written by 'npujax demo' (model.npz)")
+                                    "'npujax demo') or an ONNX model: per-layer weight/"
+                                    "activation widths that meet a latency budget on the NPU, "
+                                    "written as a policy JSON file. Unlabelled data (ONNX "
+                                    "models) is searched by distillation from the float model.")
+    se.add_argument("model", help="model.npz written by 'npujax demo', or an .onnx model")
+    _data_args(se)
+    se.add_argument("--sensitivity-batch", type=int, default=256,
+                    help="examples for the sensitivity analysis (ilp, greedy; default 256)")
     se.add_argument("--npu", default="edge_16x16", help="preset name or TOML path")
     se.add_argument("--method", default="ilp", choices=["ilp", "greedy", "gradient"],
                     help="ilp: HAWQ-V3 integer program; greedy: by sensitivity; gradient: "

@@ -9,7 +9,7 @@ calibrated values.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -66,13 +66,15 @@ def train_graph(
     progress: bool = False,
     description: str = "training",
     fold_bn: bool = False,
+    loss_fn: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
 ) -> Params:
     """Fine-tune ``params`` of ``graph`` by Adam with a cosine-decayed learning rate.
 
     Args:
       graph: the model graph.
       params: initial params ``{node: {role: array}}``.
-      x, y: training inputs ``(n, ...)`` float32 and integer labels ``(n,)``.
+      x, y: training inputs ``(n, ...)`` float32 and integer labels ``(n,)`` (or the targets
+        of ``loss_fn``).
       steps: optimizer steps (>= 1).
       learning_rate: peak Adam learning rate.
       batch_size: mini-batch size.
@@ -86,6 +88,8 @@ def train_graph(
         trainable BN scale/shift into the kernel and bias before fake-quantization, so QAT sees
         the weight grid deployment uses (Krishnamoorthi 2018, arXiv:1806.08342, section 3.2;
         Jacob et al. 2018, section 3.2). A BN scale of zero folds to a zero channel, not NaN.
+      loss_fn: ``loss_fn(output, target_batch) -> f32[]``; softmax cross-entropy by default
+        (e.g. a distillation loss from :mod:`npujax.search.objective`).
 
     Returns:
       The trained params (unfolded when ``fold_bn``; fold them with
@@ -103,6 +107,7 @@ def train_graph(
         run_graph = fold_batchnorm(graph, params)[0]
         transform = lambda p: fold_batchnorm(graph, frozen_bn_stats(graph, p))[1]
 
+    task = cross_entropy if loss_fn is None else loss_fn
     stochastic = any(lq.stochastic_rounding for lq in (quant or {}).values())
 
     @jax.jit
@@ -110,7 +115,7 @@ def train_graph(
         def loss_fn(p):
             logits = execute(run_graph, transform(p), xb, quant=quant, qstate=qstate,
                              key=key if stochastic else None)
-            return cross_entropy(logits, yb)
+            return task(logits, yb)
 
         loss, grads = jax.value_and_grad(loss_fn)(params)
         updates, opt_state = opt.update(grads, opt_state, params)

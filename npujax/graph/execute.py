@@ -166,13 +166,22 @@ def execute(
       The graph output (a tuple if it has several). With ``taps``, a pair
       ``(output, {node: (input, output)})``.
 
+    A graph imported at batch 1 whose shapes fold the batch size (e.g. a classifier head written
+    ``x.reshape(x.shape[0], -1)``) runs a larger batch by mapping over its examples with
+    ``jax.vmap``: same numbers as one call per example, one compiled program.
+
     Raises:
       ShapeError: if ``x`` does not match the graph's input shapes.
       ConfigError: if ``qstate`` or ``bit_probs`` lacks an entry a quantized node needs.
       UnsupportedOpError: if a node's operator has no implementation.
     """
+    xs = _as_inputs(graph, x)
+    if xs and xs[0].shape[0] != 1 and _batch_folded(graph):
+        return _execute_per_example(graph, params, xs, quant=quant, qstate=qstate,
+                                    bit_probs=bit_probs, taps=taps, input_offsets=input_offsets,
+                                    key=key)
     env: dict[str, jax.Array] = {k: jnp.asarray(v) for k, v in graph.constants.items()}
-    env.update(zip(graph.inputs, _as_inputs(graph, x)))
+    env.update(zip(graph.inputs, xs))
     quant = quant or {}
     tapped: dict[str, tuple[jax.Array, jax.Array]] = {}
     for index, node in enumerate(graph.nodes):
@@ -194,6 +203,26 @@ def execute(
     result = tuple(env[t] for t in graph.outputs)
     result = result[0] if len(result) == 1 else result
     return (result, tapped) if taps else result
+
+
+def _batch_folded(graph: Graph) -> bool:
+    """Whether ``graph`` was specialised to batch 1 with the batch folded into a shape (an
+    imported ``x.reshape(x.shape[0], -1)`` becomes a Reshape to ``[1, -1]``)."""
+    if not graph.inputs or graph.tensors[graph.inputs[0]].shape[:1] != (1,):
+        return False
+    return any(n.op == "Reshape" and n.attrs.get("shape") and n.attrs["shape"][0] not in (0, -1)
+               for n in graph.nodes)
+
+
+def _execute_per_example(graph, params, xs, *, taps, input_offsets, **kw):
+    """Run a batch-1 graph on a batch by mapping over examples (``jax.vmap``; one program)."""
+
+    def one(xi, offsets):
+        offs = None if offsets is None else {k: v[None] for k, v in offsets.items()}
+        return execute(graph, params, [v[None] for v in xi], taps=taps, input_offsets=offs, **kw)
+
+    out = jax.vmap(one)(xs, dict(input_offsets) if input_offsets else None)
+    return jax.tree.map(lambda a: a.reshape(a.shape[0], *a.shape[2:]), out)
 
 
 def _quantize_input(name: str, lq: LayerQuant, x: jax.Array, qstate, key=None) -> jax.Array:

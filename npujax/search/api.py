@@ -15,6 +15,7 @@ from npujax.hw.spec import NpuSpec
 from npujax.plan.latency import lower
 from npujax.search.cost import latency_table
 from npujax.search.gradient import gradient_search
+from npujax.search.objective import TaskLoss, fisher_targets, search_targets, task_loss
 from npujax.search.policy import PrecisionPolicy
 from npujax.search.sensitivity import (
     activation_sensitivity,
@@ -35,10 +36,11 @@ def search_precision(
     params: Params,
     spec: NpuSpec,
     x: np.ndarray,
-    y: np.ndarray,
+    y: np.ndarray | None,
     qstate: Mapping[str, Mapping[str, jax.Array]],
     *,
     method: str = "ilp",
+    loss: str | TaskLoss | None = None,
     budget_s: float | None = None,
     budget_ratio: float = 0.75,
     candidates: Sequence[int] = (2, 4, 8),
@@ -54,10 +56,15 @@ def search_precision(
     Args:
       graph, params: the optimized float (or QAT) model.
       spec: the NPU whose latency model (:func:`npujax.plan.lower`) is the cost.
-      x, y: training/calibration inputs and integer labels (the task loss).
+      x, y: training/calibration inputs and integer labels; ``y=None`` (an unlabelled, e.g.
+        imported, model) distils from the float model instead: its top-1 classes as labels for a
+        classifier, its outputs (variance-normalized MSE) otherwise
+        (:mod:`npujax.search.objective`).
       qstate: calibrated activation ranges.
       method: ``gradient`` (learned widths, EdMIPS-style; weights only), ``ilp`` (HAWQ-V3
         integer program over Hessian-trace sensitivities) or ``greedy`` (by sensitivity).
+      loss: the task loss: a :class:`TaskLoss`, one of its kinds (``logits``,
+        ``probabilities``, ``dense``), or None to infer it from the graph's output.
       budget_s: latency budget (s); default ``budget_ratio`` x the uniform 8-bit latency.
       budget_ratio: see ``budget_s``.
       candidates: candidate weight widths.
@@ -74,22 +81,29 @@ def search_precision(
       latency of the policy and that of uniform 8-bit.
 
     Raises:
-      ConfigError: unknown method, infeasible budget.
+      ConfigError: unknown method or loss kind, infeasible budget, labels for a dense output, a
+        graph with several outputs.
+      ShapeError: labels of another length than ``x``.
     """
     if method not in SEARCHERS:
         raise ConfigError(f"unknown search method {method!r}; use one of {', '.join(SEARCHERS)}.")
     layers = [n.name for n in graph.gemm_nodes]
+    task = loss if isinstance(loss, TaskLoss) else task_loss(graph, loss)
+    targets = search_targets(graph, params, x, y, task)
     int8 = lower(graph, spec).latency_s
     if budget_s is None:
         if not 0 < budget_ratio <= 1:
             raise ConfigError(f"budget_ratio must be in (0, 1], got {budget_ratio}.")
         budget_s = budget_ratio * int8
+    extra: dict = {}
     if method == "gradient":
         a = max(act_candidates)
-        res = gradient_search(graph, params, x, y, spec, qstate, candidates=candidates,
+        res = gradient_search(graph, params, x, targets, spec, qstate, candidates=candidates,
                               act_bits=a, budget_s=budget_s, steps=steps, seed=seed,
-                              progress=progress)
+                              loss_fn=task, progress=progress)
         wbits, abits = dict(res.policy), {n: a for n in layers}
+        extra = {"probabilities": {n: [float(v) for v in p] for n, p in res.probs.items()},
+                 "candidates": list(res.table.candidates), "final_lambda": res.lam}
     else:
         table = latency_table(graph, spec, candidates, tuple(act_candidates))
         if budget_s < fastest_latency_s(table) * (1 - 1e-9):
@@ -99,15 +113,15 @@ def search_precision(
                 "add narrower candidates."
             )
         n = min(sensitivity_batch, len(x))
-        xb, yb = jnp.asarray(x[:n], jnp.float32), jnp.asarray(y[:n])
-        from npujax.train import cross_entropy
-
-        traces = hessian_traces(lambda p, b: cross_entropy(execute(graph, p, b[0]), b[1]),
+        xb, yb = jnp.asarray(x[:n], jnp.float32), jnp.asarray(targets[:n])
+        traces = hessian_traces(lambda p, b: task(execute(graph, p, b[0]), b[1]),
                                 params, (xb, yb), layers, samples=sensitivity_samples,
                                 seed=seed, progress=progress)
         w_omega = hawq_sensitivity(traces, weight_perturbation(graph, params, layers,
                                                                candidates))
-        a_omega = activation_sensitivity(graph, params, xb, yb, layers, act_candidates)
+        a_omega = activation_sensitivity(graph, params, xb,
+                                         jnp.asarray(fisher_targets(targets[:n], task, seed)),
+                                         layers, act_candidates, loss_fn=task)
         omega = {ln: {(w, a): w_omega[ln][w] + a_omega[ln][a] for w in candidates
                       for a in act_candidates} for ln in layers}
         solver = ilp_policy if method == "ilp" else greedy_policy
@@ -115,6 +129,8 @@ def search_precision(
         wbits = {ln: int(c[0]) for ln, c in choice.items()}
         abits = {ln: int(c[1]) for ln, c in choice.items()}
     exact = lower(graph, spec, weight_bits=wbits, act_bits=abits).latency_s
-    meta = {"method": method, "npu": spec.name, "budget_s": float(budget_s),
-            "latency_s": exact, "int8_latency_s": int8, "speedup_vs_int8": int8 / exact}
+    meta = {"method": method, "npu": spec.name, "loss": task.kind,
+            "labels": "given" if y is not None else "float model (distillation)",
+            "budget_s": float(budget_s),
+            "latency_s": exact, "int8_latency_s": int8, "speedup_vs_int8": int8 / exact, **extra}
     return PrecisionPolicy(wbits, abits, meta)

@@ -15,7 +15,7 @@ expected latency is driven to the budget. The policy is the per-layer argmax.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -75,13 +75,15 @@ def gradient_search(
     batch_size: int = 64,
     seed: int = 0,
     dataflow: str | None = None,
+    loss_fn: Callable[[jax.Array, jax.Array], jax.Array] = cross_entropy,
     progress: bool = False,
 ) -> SearchResult:
     """Learn per-layer weight widths from ``candidates`` against the NPU latency of ``spec``.
 
     Args:
       graph, params: optimized float model (BN folded) and its params.
-      x, y: training data (float32 inputs, integer labels).
+      x, y: training data: float32 inputs and targets of ``loss_fn`` (integer labels by
+        default; teacher outputs for distillation, see :mod:`npujax.search.objective`).
       spec: the NPU whose latency model is the cost.
       qstate: calibrated activation ranges (activations stay at ``act_bits``).
       candidates: candidate weight widths (each 2..16).
@@ -95,6 +97,8 @@ def gradient_search(
       learning_rate, logits_learning_rate: Adam rates for weights and bit logits.
       batch_size, seed: mini-batching.
       dataflow: overrides the preset's dataflow.
+      loss_fn: task loss ``loss_fn(output, target_batch) -> f32[]``; softmax cross-entropy by
+        default.
       progress: show a progress bar.
 
     Returns:
@@ -128,13 +132,13 @@ def gradient_search(
 
     @jax.jit
     def step(state, opt_state, lam, xb, yb):
-        def loss_fn(s):
+        def objective(s):
             probs = probs_of(s["a"])
             out = execute(graph, s["w"], xb, quant=quant, qstate=qstate, bit_probs=probs)
             lat = expected_latency(jnp.stack([probs[n] for n in table.layers]), table)
-            return cross_entropy(out, yb) + lam * lat / reference, lat
+            return loss_fn(out, yb) + lam * lat / reference, lat
 
-        (loss, lat), grads = jax.value_and_grad(loss_fn, has_aux=True)(state)
+        (loss, lat), grads = jax.value_and_grad(objective, has_aux=True)(state)
         updates, opt_state = opt.update(grads, opt_state, state)
         lam = jnp.clip(lam * jnp.exp(dual_rate * (lat / budget_s - 1.0)), 1e-4, 1e4)
         return optax.apply_updates(state, updates), opt_state, lam, loss

@@ -90,6 +90,7 @@ def activation_sensitivity(
     y: jax.Array,
     layers: Sequence[str],
     candidates: Sequence[int],
+    loss_fn: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
 ) -> dict[str, dict[int, float]]:
     """Empirical-Fisher sensitivity of each layer's input activation to ``a``-bit quantization.
 
@@ -100,22 +101,26 @@ def activation_sensitivity(
 
     Args:
       graph, params: the float model.
-      x, y: a batch of inputs and integer labels.
+      x, y: a batch of inputs and the targets of ``loss_fn`` (integer labels by default).
       layers: GEMM layers to analyse.
       candidates: activation widths.
+      loss_fn: ``loss_fn(output, y) -> f32[]``; softmax cross-entropy by default. (A
+        distillation loss has zero gradient at the teacher: pass sampled targets, see
+        :func:`npujax.search.objective.fisher_targets`.)
 
     Returns:
       ``{layer: {bits: Omega}}``.
     """
     from npujax.quant import fake_quant, qparams_from_range
-    from npujax.train import cross_entropy
+    if loss_fn is None:
+        from npujax.train import cross_entropy as loss_fn
 
     zeros = {n: jnp.zeros((x.shape[0], *graph.tensors[graph.node(n).inputs[0]].shape[1:]),
                           jnp.float32) for n in layers}
 
     def loss(offsets):
         out, taps = execute(graph, params, x, taps=layers, input_offsets=offsets)
-        return cross_entropy(out, y), taps
+        return loss_fn(out, y), taps
 
     grads, taps = jax.grad(loss, has_aux=True)(zeros)
     out: dict[str, dict[int, float]] = {}

@@ -1,0 +1,110 @@
+"""Real image inputs for the imported OCR models, with no data download.
+
+* :func:`text_images`: lines of words rendered by matplotlib (its bundled DejaVu font) in dark ink
+  on paper-like backgrounds, optionally every other one rotated by 180 degrees -- labelled data for
+  the PP-OCR text-orientation classifier (class 0 upright, class 1 rotated) and realistic inputs
+  for the text detector.
+* :func:`photo_crops`: crops of scikit-learn's two real photographs (``china``, ``flower``).
+
+Both return ``[n, 3, h, w]`` float32 channels-first batches normalized as PaddleOCR feeds its
+models, ``(pixel / 255 - 0.5) / 0.5`` (values in [-1, 1]).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from npujax.errors import ConfigError
+
+__all__ = ["text_images", "photo_crops", "orientation_labels"]
+
+_WORDS = ("npujax systolic array quantization int8 latency roofline weight stationary ONNX "
+          "export calibration observer fold tile SRAM DRAM bandwidth vector unit fallback "
+          "accumulator scale zero point per channel gradient search Pareto front").split()
+
+
+def _check(h: int, w: int, n: int) -> None:
+    if h < 8 or w < 8 or n < 1:
+        raise ConfigError(f"image size must be at least 8x8 and n >= 1, got {h}x{w}, n={n}.")
+
+
+def _normalize(x: np.ndarray) -> np.ndarray:
+    return ((x.astype(np.float32) / 255.0 - 0.5) / 0.5).astype(np.float32)
+
+
+def text_images(h: int, w: int, n: int, seed: int = 0, flip_odd: bool = False) -> np.ndarray:
+    """``n`` rendered text images.
+
+    Args:
+      h, w: image height and width in pixels (at least 8).
+      n: number of images.
+      seed: words, sizes, colours and positions.
+      flip_odd: rotate every odd-indexed image by 180 degrees (see :func:`orientation_labels`).
+
+    Returns:
+      float32 ``[n, 3, h, w]``, PaddleOCR-normalized to [-1, 1].
+
+    Raises:
+      ConfigError: an image smaller than 8x8 or ``n`` < 1.
+    """
+    _check(h, w, n)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        fig = Figure(figsize=(w / 100, h / 100), dpi=100)
+        FigureCanvasAgg(fig)
+        fig.patch.set_facecolor(tuple(rng.uniform(0.8, 1.0, 3)))
+        n_lines = max(1, h // 80)
+        for j in range(n_lines):
+            words = " ".join(rng.choice(_WORDS, size=int(rng.integers(2, 5))))
+            size = int(rng.integers(12, 24)) if h >= 80 else int(h * 0.45)
+            fig.text(rng.uniform(0.0, 0.2), 0.85 - j * 0.85 / n_lines if h >= 80 else 0.25,
+                     words, fontsize=size, color=tuple(rng.uniform(0.0, 0.3, 3)))
+        fig.canvas.draw()
+        img = np.asarray(fig.canvas.buffer_rgba())[..., :3].transpose(2, 0, 1)
+        if flip_odd and i % 2:
+            img = img[:, ::-1, ::-1]
+        out.append(img)
+    return _normalize(np.stack(out))
+
+
+def orientation_labels(n: int) -> np.ndarray:
+    """Labels of ``text_images(..., flip_odd=True)``: int32 ``[n]``, 0 upright, 1 rotated."""
+    return (np.arange(n) % 2).astype(np.int32)
+
+
+def photo_crops(h: int, w: int, n: int, seed: int = 0) -> np.ndarray:
+    """``n`` random crops of scikit-learn's two real photographs, resized (nearest) to ``h x w``.
+
+    Args:
+      h, w: output height and width in pixels (at least 8).
+      n: number of crops.
+      seed: crop positions and sizes.
+
+    Returns:
+      float32 ``[n, 3, h, w]``, PaddleOCR-normalized to [-1, 1].
+
+    Raises:
+      ConfigError: an image smaller than 8x8 or ``n`` < 1.
+    """
+    _check(h, w, n)
+    from sklearn.datasets import load_sample_images
+
+    imgs = list(load_sample_images().images)
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        img = imgs[i % len(imgs)]
+        ch = int(rng.integers(min(h, img.shape[0] // 2), img.shape[0] + 1))
+        cw = min(img.shape[1], max(1, int(ch * w / h)))
+        y0 = int(rng.integers(0, img.shape[0] - ch + 1))
+        x0 = int(rng.integers(0, img.shape[1] - cw + 1))
+        crop = img[y0:y0 + ch, x0:x0 + cw]
+        out.append(crop[np.arange(h) * ch // h][:, np.arange(w) * cw // w].transpose(2, 0, 1))
+    return _normalize(np.stack(out))
