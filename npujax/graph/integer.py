@@ -55,8 +55,8 @@ from jax import lax
 
 from npujax.errors import ConfigError, QuantizationError
 from npujax.graph.execute import QuantSpec, _as_inputs, layer_weight_qparams
-from npujax.graph.learned_steps import deploy_qstate
 from npujax.graph.ir import Graph, Node, Params
+from npujax.graph.learned_steps import deploy_qstate
 from npujax.graph.ops import _dense_conv, apply_epilogue, kernel_out_axis, run_op
 from npujax.quant import IntFormat, dequantize, quantize
 
