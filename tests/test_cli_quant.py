@@ -34,6 +34,9 @@ def test_qat_shipped_config_loads():
     cfg = load_qat_config(Path(__file__).parents[1] / "experiments" / "qat_finetune" /
                           "config.toml")
     assert cfg.schemes == ("W8A8", "W4A8", "W4A4") and cfg.edge_bits == 8
+    lsq = load_qat_config(Path(__file__).parents[1] / "experiments" / "qat_finetune" /
+                          "lsq_w4a4.toml")
+    assert lsq.quantizers == ("ste", "lsq", "lsq+") and lsq.schemes == ("W4A4",)
 
 
 def test_qat_config_quantizer_string_or_list(tmp_path):
