@@ -3,8 +3,9 @@
 
 One run trains a Flax CNN in float, traces it to one Graph, then for each weight/activation
 scheme (W8A8, W4A8, W4A4) compares PTQ with each calibration observer (min-max, percentile,
-MSE, entropy; bias correction on) against QAT fine-tuning (straight-through estimator, BN folded
-with frozen running statistics), and checks the integer-only model of the W8A8 PTQ result.
+MSE, entropy; bias correction on) against QAT fine-tuning (straight-through estimator, or
+learned step sizes LSQ / LSQ+ with ``quantizer``; BN folded with frozen running statistics), and
+checks the integer-only model of the W8A8 PTQ result (and of every LSQ-trained model).
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ class QATConfig:
       edge_bits: width of the first and last layers (None, or 0 in a TOML file: quantize them
         like the rest).
       bias_correction: apply bias correction after calibration.
+      quantizer: QAT quantizer(s), ``"ste"``, ``"lsq"`` or ``"lsq+"`` (a TOML string or list);
+        each gives one QAT row per scheme (LSQ ones also an integer-only row).
       progress: progress bars.
     """
 
@@ -64,10 +67,22 @@ class QATConfig:
     observers: tuple[str, ...] = ("minmax", "percentile", "mse", "entropy")
     edge_bits: int | None = 8
     bias_correction: bool = True
+    quantizer: str | tuple[str, ...] = "ste"
     progress: bool = False
+
+    @property
+    def quantizers(self) -> tuple[str, ...]:
+        """``quantizer`` as a tuple."""
+        return (self.quantizer,) if isinstance(self.quantizer, str) else tuple(self.quantizer)
 
     def __post_init__(self) -> None:
         from npujax.calib import OBSERVERS
+        from npujax.graph.execute import METHODS
+
+        bad = [q for q in self.quantizers if q not in METHODS]
+        if bad or not self.quantizers:
+            raise ConfigError(f"QATConfig.quantizer must be one or more of {list(METHODS)}, got "
+                              f"{self.quantizer!r}.")
 
         if self.dataset not in DATASETS:
             raise ConfigError(f"dataset must be one of {DATASETS}, got {self.dataset!r}.")
@@ -104,7 +119,8 @@ def load_qat_config(path: str | Path, **overrides: Any) -> QATConfig:
     if unknown:
         raise ConfigError(f"config file {str(path)!r} has unknown key(s) {unknown}; known keys: "
                           f"{sorted(fields)}.")
-    for k in ("schemes", "observers"):
+    for k in ("schemes", "observers") + (("quantizer",) if isinstance(
+            raw.get("quantizer"), list) else ()):
         if k in raw:
             raw[k] = tuple(raw[k])
     merged = {**raw, **overrides}
@@ -130,13 +146,17 @@ def _model(config: QATConfig, in_shape):
     return cls(rngs=nnx.Rngs(config.seed), in_shape=in_shape)
 
 
-def _spec(graph, config: QATConfig, wbits: int, abits: int):
+def _spec(graph, config: QATConfig, wbits: int, abits: int, method: str = "ste"):
     from npujax.graph import first_last_rules, quant_spec, quant_spec_from_rules
 
     if config.edge_bits is None:
-        return quant_spec(graph, wbits, abits)
+        return quant_spec(graph, wbits, abits, method=method)
     return quant_spec_from_rules(graph, first_last_rules(graph, wbits, abits,
-                                                         edge_bits=config.edge_bits))
+                                                         edge_bits=config.edge_bits,
+                                                         method=method))
+
+
+_QAT_NAMES = {"ste": "QAT", "lsq": "QAT LSQ", "lsq+": "QAT LSQ+"}
 
 
 def run_qat_experiment(config: QATConfig = QATConfig(), console: Any = None,
@@ -144,7 +164,9 @@ def run_qat_experiment(config: QATConfig = QATConfig(), console: Any = None,
     """Run the comparison; returns ``{"float_accuracy", "rows": [...], ...}``.
 
     Each row: ``{"scheme", "method", "accuracy"}`` with ``method`` ``"PTQ <observer>"``,
-    ``"QAT"`` or ``"PTQ minmax, integer-only"``. With ``out_dir`` the per-layer SQNR report of
+    ``"QAT (from PTQ <observer>)"`` (STE), ``"QAT LSQ (...)"``, ``"QAT LSQ+ (...)"``,
+    ``"QAT LSQ, integer-only"`` (the LSQ model converted with its learned steps) or
+    ``"PTQ minmax, integer-only"``. With ``out_dir`` the per-layer SQNR report of
     the lowest-precision PTQ (observer ``qat_observer``) is written there.
 
     Raises:
@@ -161,6 +183,7 @@ def run_qat_experiment(config: QATConfig = QATConfig(), console: Any = None,
         ptq,
         trace_flax,
     )
+    from npujax.graph.learned_steps import init_lsq_state
     from npujax.report import write_sqnr_report
     from npujax.train import evaluate, train_graph
 
@@ -208,16 +231,32 @@ def run_qat_experiment(config: QATConfig = QATConfig(), console: Any = None,
                          "accuracy": acc})
             say(f"  {scheme} integer-only  {acc:.4f}")
         # QAT from the unfolded graph, BN folded on the fly with frozen running statistics
-        _, qstate = ptq_results[config.qat_observer]
-        trained = train_graph(raw_graph, raw_params, xtr, ytr, steps=config.qat_steps,
-                              learning_rate=config.qat_learning_rate, batch_size=bs, quant=spec,
-                              qstate=qstate, seed=config.seed + 1, progress=config.progress,
-                              description=f"QAT {scheme}", fold_bn=True)
-        qgraph, qparams = fuse_epilogues(*fold_batchnorm(raw_graph, trained))
-        acc = evaluate(qgraph, qparams, xte, yte, quant=spec, qstate=qstate)
-        rows.append({"scheme": scheme, "method": f"QAT (from PTQ {config.qat_observer})",
-                     "accuracy": acc})
-        say(f"  {scheme} QAT           {acc:.4f}")
+        for quantizer in config.quantizers:
+            _, qstate = ptq_results[config.qat_observer]
+            qspec = spec if quantizer == "ste" else _spec(graph, config, wbits, abits, quantizer)
+            if quantizer != "ste":  # learned steps start from the PTQ grid (min-max weights)
+                qstate = init_lsq_state(graph, params, qspec, qstate)
+            trained, qstate = train_graph(
+                raw_graph, raw_params, xtr, ytr, steps=config.qat_steps,
+                learning_rate=config.qat_learning_rate, batch_size=bs, quant=qspec,
+                qstate=qstate, seed=config.seed + 1, progress=config.progress,
+                description=f"{_QAT_NAMES[quantizer]} {scheme}", fold_bn=True,
+                return_qstate=True)
+            qgraph, qparams = fuse_epilogues(*fold_batchnorm(raw_graph, trained))
+            acc = evaluate(qgraph, qparams, xte, yte, quant=qspec, qstate=qstate)
+            name = _QAT_NAMES[quantizer]
+            rows.append({"scheme": scheme, "method": f"{name} (from PTQ {config.qat_observer})",
+                         "accuracy": acc})
+            say(f"  {scheme} {name:<13} {acc:.4f}")
+            if quantizer != "ste":
+                imodel = convert(qgraph, qparams, qspec, qstate)
+                run = jax.jit(lambda v, m=imodel: execute_integer(m, v))
+                pred = np.concatenate([np.argmax(np.asarray(run(xte[i:i + 500])), -1)
+                                       for i in range(0, len(xte), 500)])
+                acc = float(np.mean(pred == yte))
+                rows.append({"scheme": scheme, "method": f"{name}, integer-only",
+                             "accuracy": acc})
+                say(f"  {scheme} {name}, integer-only {acc:.4f}")
         if out_dir is not None and scheme == config.schemes[-1]:
             p, qstate = ptq_results[config.qat_observer]
             sq = layer_sqnr(graph, p, spec, qstate, calib[:2])

@@ -3,8 +3,10 @@
 QAT here is fake-quant fine-tuning: :func:`npujax.graph.execute` inserts fake-quant operators
 (straight-through gradients, see :mod:`npujax.quant.core`) on every quantized layer's weights and
 input activation, and optax updates the float "shadow" weights (Jacob et al. 2018,
-arXiv:1712.05877; Krishnamoorthi 2018, arXiv:1806.08342). Activation ranges stay at their
-calibrated values.
+arXiv:1712.05877; Krishnamoorthi 2018, arXiv:1806.08342). With the STE, activation ranges stay
+at their calibrated values; layers with ``LayerQuant.method`` ``"lsq"``/``"lsq+"`` learn their
+steps (and LSQ+ offsets) jointly with the weights (Esser et al. 2020, arXiv:1902.08153; Bhalgat
+et al. 2020, arXiv:2004.09576; see :mod:`npujax.graph.learned_steps`).
 """
 
 from __future__ import annotations
@@ -67,7 +69,8 @@ def train_graph(
     description: str = "training",
     fold_bn: bool = False,
     loss_fn: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
-) -> Params:
+    return_qstate: bool = False,
+) -> Params | tuple[Params, dict[str, dict[str, jax.Array]]]:
     """Fine-tune ``params`` of ``graph`` by Adam with a cosine-decayed learning rate.
 
     Args:
@@ -90,15 +93,29 @@ def train_graph(
         Jacob et al. 2018, section 3.2). A BN scale of zero folds to a zero channel, not NaN.
       loss_fn: ``loss_fn(output, target_batch) -> f32[]``; softmax cross-entropy by default
         (e.g. a distillation loss from :mod:`npujax.search.objective`).
+      return_qstate: also return the qstate with the learned LSQ/LSQ+ entries (``act_scale``,
+        ``act_offset``, ``weight_step`` of LSQ layers), which are optimised jointly with the
+        params by the same Adam (steps projected onto ``>= MIN_SCALE`` after each update).
+        Required when ``quant`` has LSQ layers, so learned steps are never dropped silently.
 
     Returns:
       The trained params (unfolded when ``fold_bn``; fold them with
-      :func:`npujax.graph.fold_batchnorm` for deployment).
+      :func:`npujax.graph.fold_batchnorm` for deployment); with ``return_qstate``, the pair
+      ``(params, qstate)``.
+
+    Raises:
+      ConfigError: ``steps`` < 1, or LSQ layers in ``quant`` without ``return_qstate=True``.
     """
+    from npujax.graph.learned_steps import clamp_steps, merge_learned, split_learned
+
     if steps < 1:
         raise ConfigError(f"steps must be >= 1, got {steps}.")
+    learned, fixed = split_learned(quant or {}, qstate)
+    if learned and not return_qstate:
+        raise ConfigError(f"layers {sorted(learned)} learn their quantization steps (LSQ); pass "
+                          "return_qstate=True and use the returned qstate with the params.")
     opt = optax.adam(optax.cosine_decay_schedule(learning_rate, steps))
-    opt_state = opt.init(params)
+    opt_state = opt.init((params, learned))
 
     run_graph, transform = graph, lambda p: p
     if fold_bn:
@@ -111,24 +128,31 @@ def train_graph(
     stochastic = any(lq.stochastic_rounding for lq in (quant or {}).values())
 
     @jax.jit
-    def step(params, opt_state, xb, yb, key):
-        def loss_fn(p):
-            logits = execute(run_graph, transform(p), xb, quant=quant, qstate=qstate,
+    def step(state, opt_state, xb, yb, key):
+        def objective(st):
+            p, lq = st
+            qs = merge_learned(lq, fixed) if lq else qstate
+            logits = execute(run_graph, transform(p), xb, quant=quant, qstate=qs,
                              key=key if stochastic else None)
             return task(logits, yb)
 
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+        loss, grads = jax.value_and_grad(objective)(state)
+        updates, opt_state = opt.update(grads, opt_state, state)
+        p, lq = optax.apply_updates(state, updates)
+        return (p, clamp_steps(lq)), opt_state, loss
 
     batches = batch_iterator(x, y, batch_size, seed)
     base_key = jax.random.key(seed)
+    state = (params, learned)
     with progress_bar(progress, description, steps) as advance:
         for i in range(steps):
             xb, yb = next(batches)
-            params, opt_state, loss = step(params, opt_state, xb, yb,
-                                           jax.random.fold_in(base_key, i))
+            state, opt_state, loss = step(state, opt_state, xb, yb,
+                                          jax.random.fold_in(base_key, i))
             advance(loss)
+    params, learned = state
+    if return_qstate:
+        return params, merge_learned(learned, fixed)
     return params
 
 

@@ -12,6 +12,7 @@ from npujax.calib.observers import Observer, check_finite_state, get_observer, m
 from npujax.errors import CalibrationError
 from npujax.graph.execute import QuantSpec, execute
 from npujax.graph.ir import Graph, Params
+from npujax.graph.learned_steps import init_lsq_state
 from npujax.quant.qparams import qparams_from_range
 
 __all__ = ["calibrate"]
@@ -38,7 +39,10 @@ def calibrate(
       progress: show a progress bar (rich) on stderr.
 
     Returns:
-      qstate ``{layer: {"act_scale": f32[], "act_zero_point": i32[]}}`` for :func:`execute`.
+      qstate ``{layer: {"act_scale": f32[], "act_zero_point": i32[]}}`` for :func:`execute`
+      (FP8 activations: ``act_scale = amax / fmt.max``, zero point 0). Layers with
+      ``method="lsq"``/``"lsq+"`` also get their initial ``weight_step`` (per-channel min-max)
+      and LSQ+ ``act_offset`` (see :func:`npujax.graph.learned_steps.init_lsq_state`).
 
     Raises:
       CalibrationError: no batches, or NaN/inf reaching a layer (names the layer).
@@ -74,4 +78,6 @@ def calibrate(
         lo, hi = obs[n].compute_range(states[n], quant[n].act, quant[n].act_symmetric)
         scale, zp = qparams_from_range(lo, hi, quant[n].act, quant[n].act_symmetric)
         qstate[n] = {"act_scale": scale, "act_zero_point": zp}
+    if any(lq.method != "ste" for lq in quant.values()):
+        qstate = init_lsq_state(graph, params, quant, qstate)
     return qstate

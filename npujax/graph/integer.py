@@ -54,10 +54,11 @@ import numpy as np
 from jax import lax
 
 from npujax.errors import ConfigError, QuantizationError
-from npujax.graph.execute import QuantSpec, _as_inputs
+from npujax.graph.execute import QuantSpec, _as_inputs, layer_weight_qparams
 from npujax.graph.ir import Graph, Node, Params
+from npujax.graph.learned_steps import deploy_qstate
 from npujax.graph.ops import _dense_conv, apply_epilogue, kernel_out_axis, run_op
-from npujax.quant import IntFormat, dequantize, quantize, weight_qparams
+from npujax.quant import IntFormat, dequantize, quantize
 
 __all__ = [
     "IntegerLayer",
@@ -283,7 +284,11 @@ def convert(
 
     Raises:
       ConfigError: unknown ``requant``, a mixture of weight formats, a missing qstate entry.
-      QuantizationError: if int32 accumulation could overflow for a layer.
+      QuantizationError: if int32 accumulation could overflow for a layer; for FP8 or
+        per-block (``weight_block_size``) layers, which the int-only path does not support.
+
+    LSQ/LSQ+ layers convert with their learned steps (weight zero point 0), see
+    :func:`npujax.graph.learned_steps.deploy_qstate`.
 
     References:
       Jacob et al. 2018, arXiv:1712.05877, section 2.
@@ -291,6 +296,7 @@ def convert(
     if requant not in ("fixed_point", "float"):
         raise ConfigError(f"requant must be 'fixed_point' or 'float', got {requant!r}.")
     layers: dict[str, IntegerLayer] = {}
+    qstate = deploy_qstate(quant, qstate)
     for node in graph.gemm_nodes:
         lq = quant.get(node.name)
         if lq is None or lq.act is None or len(lq.weight_candidates) != 1:
@@ -303,6 +309,13 @@ def convert(
         if node.name not in qstate:
             raise ConfigError(f"qstate has no entry for layer {node.name!r}; calibrate first.")
         wfmt = lq.weight_candidates[0]
+        if not (isinstance(wfmt, IntFormat) and isinstance(lq.act, IntFormat)) \
+                or lq.weight_block_size is not None:
+            raise QuantizationError(
+                f"layer {node.name!r}: the integer path is int-only with per-channel/per-tensor "
+                f"weight scales, got weight {wfmt}, activation {lq.act}, weight_block_size "
+                f"{lq.weight_block_size}; run this model with fake-quant execute "
+                "(npujax.graph.execute) or export it with npujax.graph.to_onnx instead.")
         if not (isinstance(wfmt, IntFormat) and wfmt.signed and isinstance(lq.act, IntFormat)):
             raise ConfigError(
                 f"layer {node.name!r}: the integer path needs signed integer weights (zero point "
@@ -312,7 +325,7 @@ def convert(
         p = params[node.name]
         axis = kernel_out_axis(node)
         w = jnp.asarray(p["kernel"], jnp.float32)
-        ws, _ = weight_qparams(w, wfmt, axis if lq.weight_per_channel else None)
+        ws = layer_weight_qparams(node, lq, w, qstate.get(node.name))[0]
         c_out = w.shape[axis]
         ws = jnp.broadcast_to(ws, (c_out,))
         wq = quantize(w, ws, jnp.zeros((c_out,), jnp.int32), wfmt, axis)

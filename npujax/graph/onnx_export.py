@@ -12,6 +12,14 @@ pattern onnxruntime and NPU compilers recognise:
   with that per-channel scale (the integer-NPU convention, where the bias is added to the int32
   accumulator).
 
+FP8 layers (E4M3FN / E5M2) export the same pattern with float8 codes and float8 zero points
+(``float8e4m3fn`` / ``float8e5m2``, opset 19) and a float bias; per-block weights
+(``weight_block_size``) export a ``DequantizeLinear`` with the ``block_size`` attribute (opset 21
+blocked quantization, ``axis`` = the input-channel axis: 1 for ``OIHW``, 0 for ``[K, N]``) and a
+float bias. Models with such layers are written at opset :data:`QDQ_EXTENDED_OPSET`; others keep
+:data:`EXPORT_OPSET`. LSQ/LSQ+ layers export their learned steps (see
+:func:`npujax.graph.learned_steps.deploy_qstate`).
+
 Formats narrower than 8 bits are stored in int8/uint8 (their codes fit); an activation format
 narrower than 8 bits gets a ``Clip`` to its float range before ``QuantizeLinear``, so the codes
 stay in the format's range. All other nodes map back to their ONNX operators. The file is written
@@ -33,14 +41,17 @@ from onnx import helper, numpy_helper
 
 from npujax._atomic import atomic_write_bytes
 from npujax.errors import ConfigError, UnsupportedOpError
-from npujax.graph.execute import LayerQuant, QuantSpec
+from npujax.graph.execute import LayerQuant, QuantSpec, layer_weight_qparams
 from npujax.graph.ir import Graph, Node, Params
-from npujax.quant import IntFormat, weight_qparams
+from npujax.graph.learned_steps import deploy_qstate
+from npujax.quant import FloatFormat, IntFormat
 
-__all__ = ["to_onnx", "EXPORT_OPSET"]
+__all__ = ["to_onnx", "EXPORT_OPSET", "QDQ_EXTENDED_OPSET"]
 
 #: ONNX opset of exported models (HardSwish needs 14; ReduceMean keeps ``axes`` as attribute).
 EXPORT_OPSET = 17
+#: Opset of models with FP8 (needs 19) or per-block (needs 21) quantized layers.
+QDQ_EXTENDED_OPSET = 21
 _INT64_MIN = np.iinfo(np.int64).min
 
 
@@ -73,7 +84,9 @@ class _Writer:
         return np.asarray(self.params[node.name][role], np.float32)
 
 
-def _int_dtype(fmt: IntFormat) -> np.dtype:
+def _int_dtype(fmt: IntFormat | FloatFormat) -> np.dtype:
+    if isinstance(fmt, FloatFormat):
+        return np.dtype(fmt.storage_dtype)
     if fmt.bits > 8:
         return np.dtype(np.int16 if fmt.signed else np.uint16)
     return np.dtype(np.int8 if fmt.signed else np.uint8)
@@ -91,8 +104,8 @@ def _qdq_input(w: _Writer, node: Node, x: str, lq: LayerQuant, qstate) -> str:
     zp = int(np.asarray(qstate[node.name]["act_zero_point"]).reshape(()))
     scale = w.init(f"{node.name}.act_scale", s)
     zero = w.init(f"{node.name}.act_zero_point", zp, dt)
-    info = np.iinfo(dt)
-    if (fmt.qmin, fmt.qmax) != (int(info.min), int(info.max)):
+    if isinstance(fmt, IntFormat) and (fmt.qmin, fmt.qmax) != (int(np.iinfo(dt).min),
+                                                              int(np.iinfo(dt).max)):
         lo = w.init(f"{node.name}.act_min", np.float32((fmt.qmin - zp) * s))
         hi = w.init(f"{node.name}.act_max", np.float32((fmt.qmax - zp) * s))
         clipped = w.name(f"{x}/clip")
@@ -105,7 +118,8 @@ def _qdq_input(w: _Writer, node: Node, x: str, lq: LayerQuant, qstate) -> str:
 
 
 def _weights(w: _Writer, node: Node, lq: LayerQuant | None, kernel: np.ndarray, axis: int,
-             act_scale: np.ndarray | None) -> tuple[str, str | None]:
+             act_scale: np.ndarray | None, qstate=None,
+             in_axis: int = 0) -> tuple[str, str | None]:
     if not w.int32_bias:
         act_scale = None
     """Weight (and bias) tensor names: float initializers, or int initializers + DQ."""
@@ -120,20 +134,35 @@ def _weights(w: _Writer, node: Node, lq: LayerQuant | None, kernel: np.ndarray, 
             "choose one width per layer (quant_spec(graph, weight_bits={...})) before exporting.")
     fmt = fmts[0]
     per_channel = lq.weight_per_channel
-    scale, zp = weight_qparams(kernel, fmt, axis if per_channel else None)
+    scale, zp, qaxis, block = layer_weight_qparams(
+        node, lq, kernel, (qstate or {}).get(node.name), out_axis=axis, in_axis=in_axis)
     scale = np.asarray(scale, np.float32)
     zp = np.asarray(zp, np.int32)
-    shape = [1] * kernel.ndim
-    if per_channel:
-        shape[axis] = -1
-    q = np.clip(np.round(kernel / scale.reshape(shape)) + zp.reshape(shape), fmt.qmin, fmt.qmax)
     dt = _int_dtype(fmt)
+    if block is not None:
+        act_scale = None  # no per-channel bias scale: the bias stays float
+        sb = np.repeat(scale, block, axis=qaxis)[tuple(
+            slice(0, kernel.shape[qaxis]) if i == qaxis else slice(None)
+            for i in range(kernel.ndim))]
+        zb = np.zeros_like(sb, np.int32)
+    else:
+        shape = [1] * kernel.ndim
+        if per_channel:
+            shape[axis] = -1
+        sb, zb = scale.reshape(shape), zp.reshape(shape)
+    if isinstance(fmt, FloatFormat):
+        act_scale = None  # FP8 layers keep a float bias, as fake-quant execute computes
+        q = np.clip(kernel / sb, -fmt.max, fmt.max).astype(dt)
+    else:
+        q = np.clip(np.round(kernel / sb) + zb, fmt.qmin, fmt.qmax)
     wq = w.init(f"{node.name}.kernel_q", q, dt)
     ws = w.init(f"{node.name}.kernel_scale", scale)
-    wz = w.init(f"{node.name}.kernel_zero_point", zp, dt)
+    wz = w.init(f"{node.name}.kernel_zero_point", np.zeros_like(zp) if isinstance(
+        fmt, FloatFormat) else zp, dt)
     wdq = w.name(f"{node.name}.kernel_dq")
-    w.add("DequantizeLinear", [wq, ws, wz], [wdq], f"{node.name}/weight_dequant",
-          **({"axis": axis} if per_channel else {}))
+    attrs = ({"axis": qaxis, "block_size": block} if block is not None
+             else {"axis": axis} if per_channel else {})
+    w.add("DequantizeLinear", [wq, ws, wz], [wdq], f"{node.name}/weight_dequant", **attrs)
     if bias is None:
         return wdq, None
     if act_scale is None:
@@ -186,7 +215,7 @@ def _conv(w: _Writer, node: Node, lq, qstate) -> None:
         w.add("Transpose", [x], [t], f"{node.name}/to_nchw", perm=perm)
         x = t
     x = _qdq_input(w, node, x, lq, qstate) if lq is not None else x
-    kname, bname = _weights(w, node, lq, kernel, 0, _act_scale(lq, node, qstate))
+    kname, bname = _weights(w, node, lq, kernel, 0, _act_scale(lq, node, qstate), qstate, 1)
     padding = [list(p) for p in a["padding"]]
     pads = [p[0] for p in padding] + [p[1] for p in padding]
     y = w.name(f"{node.name}/conv") if (a.get("epilogue") or layout != channels_first) else \
@@ -206,7 +235,7 @@ def _conv(w: _Writer, node: Node, lq, qstate) -> None:
 def _gemm(w: _Writer, node: Node, lq, qstate) -> None:
     x = _qdq_input(w, node, node.inputs[0], lq, qstate) if lq is not None else node.inputs[0]
     kname, bname = _weights(w, node, lq, w.param(node, "kernel"), 1,
-                            _act_scale(lq, node, qstate))
+                            _act_scale(lq, node, qstate), qstate, 0)
     rank = len(w.graph.tensors[node.inputs[0]].shape)
     y = w.name(f"{node.name}/gemm") if node.attrs.get("epilogue") else node.outputs[0]
     if rank == 2:
@@ -360,6 +389,9 @@ def _generic(w: _Writer, node: Node, lq, qstate) -> None:
         w.add(op, ins + ["", "", _i64(w, node, "sizes", a["sizes"])], outs, node.name,
               mode=a["mode"], nearest_mode=a["nearest_mode"],
               coordinate_transformation_mode=a["coordinate_transformation_mode"])
+    elif op in ("ReduceMean", "ReduceMax") and w.opset >= 18:  # axes became an input
+        w.add(op, ins + [_i64(w, node, "axes", a["axes"])], outs, node.name,
+              keepdims=int(a["keepdims"]))
     elif op in ("ReduceMean", "ReduceMax"):
         w.add(op, ins, outs, node.name, axes=list(a["axes"]), keepdims=int(a["keepdims"]))
     elif op == "ReduceSum":
@@ -417,14 +449,21 @@ def to_onnx(
         bias that would overflow int32 (a channel whose weights are all ~0) stays float.
 
     Returns:
-      The ``onnx.ModelProto`` (opset :data:`EXPORT_OPSET`), checked by ``onnx.checker``.
+      The ``onnx.ModelProto`` (opset :data:`EXPORT_OPSET`, or :data:`QDQ_EXTENDED_OPSET` when a
+      layer has an FP8 format or per-block weights), checked by ``onnx.checker``.
 
     Raises:
       ConfigError: a quantized layer has no qstate entry or several candidate formats.
       UnsupportedOpError: a node has no ONNX equivalent (e.g. a raw ``JaxPrimitive``).
     """
     quant = quant or {}
+    qstate = deploy_qstate(quant, qstate)
     w = _Writer(graph, params, int32_bias)
+    w.opset = EXPORT_OPSET
+    if any(lq.weight_block_size is not None or any(
+            isinstance(f, FloatFormat) for f in (*lq.weight_candidates, lq.act))
+           for lq in quant.values()):
+        w.opset = QDQ_EXTENDED_OPSET
     used = {t for n in graph.nodes for t in n.inputs} | set(graph.outputs)
     for name, t in graph.constants.items():
         if name in used:
@@ -440,9 +479,9 @@ def to_onnx(
     g = helper.make_graph(w.nodes, f"npujax_{graph.source or 'graph'}",
                           [vi(i) for i in graph.inputs], [vi(o) for o in graph.outputs],
                           list(w.inits.values()))
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", EXPORT_OPSET)],
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", w.opset)],
                               producer_name="npujax")
-    model.ir_version = 8
+    model.ir_version = 8 if w.opset == EXPORT_OPSET else 10  # float8 and opset 21 need IR 10
     onnx.checker.check_model(model)
     if path is not None:
         atomic_write_bytes(path, model.SerializeToString())

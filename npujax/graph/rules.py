@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 
 from npujax.errors import ConfigError
-from npujax.graph.execute import LayerQuant
+from npujax.graph.execute import FORMATS, LayerQuant
 from npujax.graph.ir import Graph
 from npujax.quant import IntFormat
 
@@ -33,9 +33,15 @@ class QuantRule:
       weight_per_channel: per-output-channel weight scales (else per tensor).
       act_symmetric: symmetric signed activations instead of asymmetric unsigned.
       skip: leave matching layers in float entirely.
+      weight_format, act_format: ``"int"`` (the widths above), ``"fp8_e4m3fn"`` or
+        ``"fp8_e5m2"`` (FP8, Micikevicius et al. 2022; the width is then unused).
+      weight_block_size: per-block weight scales over this many input channels (ONNX opset-21
+        blocked quantization), or None.
+      method: ``"ste"``, ``"lsq"`` or ``"lsq+"`` (see :class:`npujax.graph.LayerQuant`).
 
     Raises:
-      ConfigError: if ``pattern`` is not a valid regular expression or a width is out of range.
+      ConfigError: if ``pattern`` is not a valid regular expression, a width is out of range, a
+        format name is unknown or the combination is invalid (see ``LayerQuant``).
     """
 
     pattern: str
@@ -44,6 +50,10 @@ class QuantRule:
     weight_per_channel: bool = True
     act_symmetric: bool = False
     skip: bool = False
+    weight_format: str = "int"
+    act_format: str = "int"
+    weight_block_size: int | None = None
+    method: str = "ste"
 
     def __post_init__(self) -> None:
         try:
@@ -55,16 +65,23 @@ class QuantRule:
             v = getattr(self, f)
             if v is not None and not (isinstance(v, int) and 2 <= v <= 16):
                 raise ConfigError(f"QuantRule.{f} must be an int in [2, 16] or None, got {v!r}.")
+        for f in ("weight_format", "act_format"):
+            if getattr(self, f) not in FORMATS:
+                raise ConfigError(f"QuantRule.{f} must be one of {list(FORMATS)}, got "
+                                  f"{getattr(self, f)!r}.")
+        self.layer_quant()  # validates the combination (method, formats, block size)
 
     def layer_quant(self) -> LayerQuant | None:
         """The :class:`LayerQuant` this rule gives (None when it skips the layer)."""
         if self.skip or (self.weight_bits is None and self.act_bits is None):
             return None
-        w = None if self.weight_bits is None else IntFormat(self.weight_bits, narrow_range=True)
-        a = None if self.act_bits is None else IntFormat(self.act_bits,
-                                                          signed=self.act_symmetric)
+        w = None if self.weight_bits is None else (
+            FORMATS[self.weight_format] or IntFormat(self.weight_bits, narrow_range=True))
+        a = None if self.act_bits is None else (
+            FORMATS[self.act_format] or IntFormat(self.act_bits, signed=self.act_symmetric))
         return LayerQuant(weight=w, act=a, weight_per_channel=self.weight_per_channel,
-                          act_symmetric=self.act_symmetric)
+                          act_symmetric=self.act_symmetric, method=self.method,
+                          weight_block_size=self.weight_block_size)
 
 
 def quant_spec_from_rules(
@@ -110,14 +127,17 @@ def quant_spec_from_rules(
 
 
 def first_last_rules(graph: Graph, weight_bits: int, act_bits: int, *,
-                     edge_bits: int = 8) -> list[QuantRule]:
-    """Rules keeping the first and last GEMM layers at ``edge_bits``, the rest as given."""
+                     edge_bits: int = 8, method: str = "ste") -> list[QuantRule]:
+    """Rules keeping the first and last GEMM layers at ``edge_bits``, the rest as given; every
+    layer quantized with ``method`` (``"ste"``, ``"lsq"``, ``"lsq+"``)."""
     names = [n.name for n in graph.gemm_nodes]
     if not names:
         raise ConfigError("the graph has no Conv/Gemm layer to quantize.")
     edges = sorted({names[0], names[-1]})
     pat = "^(" + "|".join(re.escape(n) for n in edges) + ")$"
-    rules = [QuantRule(pattern=pat, weight_bits=edge_bits, act_bits=max(edge_bits, act_bits))]
+    rules = [QuantRule(pattern=pat, weight_bits=edge_bits, act_bits=max(edge_bits, act_bits),
+                       method=method)]
     if len(names) > len(edges):
-        rules.append(QuantRule(pattern=".*", weight_bits=weight_bits, act_bits=act_bits))
+        rules.append(QuantRule(pattern=".*", weight_bits=weight_bits, act_bits=act_bits,
+                               method=method))
     return rules

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from npujax.errors import QuantizationError
 from npujax.quant.formats import FloatFormat, Format
 
 __all__ = ["qparams_from_range", "weight_qparams", "MIN_SCALE"]
@@ -63,21 +64,50 @@ def qparams_from_range(
 
 
 def weight_qparams(
-    w: jax.Array, fmt: Format, axis: int | None
+    w: jax.Array, fmt: Format, axis: int | None, *, block_size: int | None = None
 ) -> tuple[jax.Array, jax.Array]:
-    """Symmetric min-max scale for a weight tensor, per channel along ``axis`` (or per tensor).
+    """Symmetric min-max scale for a weight tensor, per channel along ``axis`` (or per tensor),
+    or per block of ``block_size`` consecutive elements along ``axis``.
+
+    Per block (ONNX opset-21 blocked quantization), ``axis`` is the blocked axis (the kernel's
+    input channels) and the scale has ``w``'s rank with ``ceil(w.shape[axis] / block_size)``
+    entries on ``axis``: one scale per block and per position on every other axis,
+    ``amax(|block|) / (qmax - qmin) * 2`` (integers) or ``amax(|block|) / fmt.max`` (FP8).
 
     Args:
       w: float weight array (e.g. HWIO conv kernel, ``[in, out]`` dense kernel).
-      fmt: target format (usually signed, narrow range).
-      axis: output-channel axis for per-channel scales, ``None`` for one scale.
+      fmt: target format (usually signed, narrow range), integer or FP8.
+      axis: output-channel axis for per-channel scales, the blocked axis with ``block_size``,
+        ``None`` for one scale.
+      block_size: block length along ``axis`` (>= 1), or None.
 
     Returns:
-      ``(scale, zero_point)`` of shape ``[w.shape[axis]]`` (or scalars), gradient-stopped.
+      ``(scale, zero_point)`` of shape ``[w.shape[axis]]`` (or scalars, or the per-block shape
+      above), gradient-stopped; float32 and int32.
+
+    Raises:
+      QuantizationError: ``block_size`` without an axis, or not a positive int.
     """
     w = jax.lax.stop_gradient(jnp.asarray(w, jnp.float32))
+    if block_size is not None:
+        return _block_qparams(w, fmt, axis, block_size)
     if axis is None:
         return qparams_from_range(jnp.min(w), jnp.max(w), fmt, symmetric=True)
     axis = axis % w.ndim
     reduce = tuple(i for i in range(w.ndim) if i != axis)
     return qparams_from_range(jnp.min(w, axis=reduce), jnp.max(w, axis=reduce), fmt, True)
+
+
+def _block_qparams(w: jax.Array, fmt: Format, axis: int | None, block_size: int):
+    if axis is None:
+        raise QuantizationError(f"block_size={block_size} needs the blocked axis; pass axis=.")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise QuantizationError(f"block_size must be a positive int, got {block_size!r}.")
+    axis %= w.ndim
+    n = w.shape[axis]
+    nb = -(-n // block_size)
+    pad = [(0, nb * block_size - n if i == axis else 0) for i in range(w.ndim)]
+    a = jnp.abs(jnp.pad(w, pad))  # zero padding never raises a block's amax
+    a = a.reshape(w.shape[:axis] + (nb, block_size) + w.shape[axis + 1:])
+    amax = jnp.max(a, axis=axis + 1)
+    return qparams_from_range(-amax, amax, fmt, symmetric=True)

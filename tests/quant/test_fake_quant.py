@@ -10,6 +10,7 @@ from hypothesis.extra import numpy as hnp
 
 from npujax.errors import QuantizationError
 from npujax.quant import (
+    FP8_E4M3FN,
     MIN_SCALE,
     IntFormat,
     dequantize,
@@ -155,3 +156,15 @@ def test_rounding_noise_is_uniform_with_variance_step_squared_over_12():
     assert np.max(np.abs(err)) <= s / 2 * (1 + 1e-5)
     np.testing.assert_allclose(err.var(), s**2 / 12, rtol=0.02)
     np.testing.assert_allclose(err.mean(), 0.0, atol=s * 0.01)
+
+
+def test_weight_qparams_per_block_shapes_and_values():
+    from npujax.quant import weight_qparams
+
+    w = jnp.arange(2 * 10, dtype=jnp.float32).reshape(10, 2) - 7.0  # [K=10, N=2]
+    s, z = weight_qparams(w, IntFormat(8, narrow_range=True), 0, block_size=4)
+    assert s.shape == (3, 2) and z.shape == (3, 2) and s.dtype == jnp.float32
+    amax = np.abs(np.pad(np.asarray(w), ((0, 2), (0, 0)))).reshape(3, 4, 2).max(1)
+    np.testing.assert_allclose(s, amax / 127, rtol=1e-6)
+    s8, _ = weight_qparams(w, FP8_E4M3FN, 0, block_size=4)
+    np.testing.assert_allclose(s8, amax / 448, rtol=1e-6)

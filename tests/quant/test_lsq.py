@@ -90,8 +90,12 @@ def np_lsq(x, s, beta, qmin, qmax, g):
 
 
 @pytest.mark.parametrize("fmt", [IntFormat(4), IntFormat(8, signed=False), IntFormat(2)], ids=str)
-@given(x=hnp.arrays(np.float32, (32,), elements=st.floats(-20, 20, width=32)),
-       s=st.sampled_from([0.0625, 0.1, 0.25, 0.3, 1.0, 1.7]), beta=st.floats(-1, 1, width=32))
+# No subnormals: XLA on CPU flushes them to zero (x = 1e-43 becomes v = 0, on the uint8 bound),
+# where the numpy reference keeps them just inside the range.
+@given(x=hnp.arrays(np.float32, (32,),
+                    elements=st.floats(-20, 20, width=32, allow_subnormal=False)),
+       s=st.sampled_from([0.0625, 0.1, 0.25, 0.3, 1.0, 1.7]),
+       beta=st.floats(-1, 1, width=32, allow_subnormal=False))
 @settings(max_examples=25, deadline=None)
 def test_lsq_plus_matches_numpy_reference(fmt, x, s, beta):
     g = 0.5
