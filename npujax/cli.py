@@ -46,6 +46,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in {
         "float_epochs": args.epochs, "qat_steps": args.qat_steps,
         "search_steps": args.search_steps, "finetune_steps": args.finetune_steps,
+        "search_method": args.search_method,
     }.items() if v is not None}
     config = DemoConfig(npu=args.npu, out=args.out, seed=args.seed,
                         progress=not args.no_progress, **overrides)
@@ -392,6 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--qat-steps", type=int, help="QAT steps (default 300)")
     d.add_argument("--search-steps", type=int, help="precision search steps (default 300)")
     d.add_argument("--finetune-steps", type=int, help="fine-tune steps after search (default 300)")
+    d.add_argument("--search-method", choices=("gradient", "ilp", "greedy"),
+                   help="precision searcher (default gradient)")
     d.add_argument("--no-progress", action="store_true", help="hide progress bars")
     d.set_defaults(fn=_cmd_demo)
 

@@ -32,7 +32,7 @@ from npujax.report import (
     write_json,
     write_layers_csv,
 )
-from npujax.search import gradient_search
+from npujax.search import search_precision
 from npujax.train import batch_iterator, cross_entropy, evaluate, progress_bar, train_graph
 
 __all__ = ["DemoConfig", "run_demo", "train_float", "default_out_dir"]
@@ -54,6 +54,8 @@ class DemoConfig:
       search_steps: joint weight/bit-logit steps of the precision search.
       finetune_steps: QAT steps with the searched policy.
       candidates: candidate weight widths of the search.
+      search_method: searcher of :func:`npujax.search.search_precision` (``gradient``,
+        ``ilp`` or ``greedy``).
       budget_ratio: latency budget of the search as a fraction of the INT8 latency.
       progress: show progress bars.
     """
@@ -69,10 +71,16 @@ class DemoConfig:
     search_steps: int = 300
     finetune_steps: int = 300
     candidates: tuple[int, ...] = (2, 4, 8)
+    search_method: str = "gradient"
     budget_ratio: float = 0.75
     progress: bool = True
 
     def __post_init__(self) -> None:
+        from npujax.search import SEARCHERS
+
+        if self.search_method not in SEARCHERS:
+            raise ConfigError(f"--search-method must be one of {', '.join(SEARCHERS)}, got "
+                              f"{self.search_method!r}.")
         flags = {"float_epochs": "--epochs", "qat_steps": "--qat-steps",
                  "search_steps": "--search-steps", "finetune_steps": "--finetune-steps",
                  "batch_size": None, "calibration_batches": None}
@@ -162,13 +170,16 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
     qat_acc = evaluate(graph, qat_params, xte, yte, quant=q8, qstate=qstate)
     console.print(f"QAT INT8 (W8A8) accuracy  {qat_acc:.4f}")
 
-    # 6. mixed-precision search by gradient against the NPU latency model, then fine-tune
-    result = gradient_search(graph, qat_params, xtr, ytr, spec, qstate,
-                             candidates=config.candidates, budget_ratio=config.budget_ratio,
-                             steps=config.search_steps, batch_size=bs, seed=config.seed + 2,
-                             progress=config.progress)
-    q_mp = quant_spec(graph, result.policy, 8)
-    mp_params = train_graph(graph, result.params, xtr, ytr, steps=config.finetune_steps,
+    # 6. mixed-precision search against the NPU latency model (weights; activations at 8 bits),
+    #    then QAT fine-tuning of the W8A8 QAT model with the chosen policy
+    policy = search_precision(graph, qat_params, spec, xtr, ytr, qstate,
+                              method=config.search_method, budget_ratio=config.budget_ratio,
+                              candidates=config.candidates, act_candidates=(8,),
+                              steps=config.search_steps, seed=config.seed + 2,
+                              progress=config.progress)
+    wpolicy = dict(policy.weight_bits)
+    q_mp = quant_spec(graph, wpolicy, 8)
+    mp_params = train_graph(graph, qat_params, xtr, ytr, steps=config.finetune_steps,
                             learning_rate=1e-4, batch_size=bs, quant=q_mp, qstate=qstate,
                             seed=config.seed + 3, progress=config.progress,
                             description="QAT mixed precision")
@@ -176,9 +187,10 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
 
     # 7. lowering
     int8 = lower(graph, spec)
-    mixed = lower(graph, spec, weight_bits=result.policy)
+    mixed = lower(graph, spec, weight_bits=wpolicy)
     by_dataflow: dict[str, Schedule] = {df: lower(graph, spec, dataflow=df) for df in DATAFLOWS}
-    console.print(f"mixed precision {result.policy}: accuracy {mp_acc:.4f}, "
+    console.print(f"mixed precision ({config.search_method} search) {wpolicy}: "
+                  f"accuracy {mp_acc:.4f}, "
                   f"latency {mixed.latency_s * 1e6:.3f} µs vs INT8 {int8.latency_s * 1e6:.3f} µs "
                   f"({int8.latency_s / mixed.latency_s:.2f}× faster)")
     console.print(layer_table(int8, f"INT8 on {spec.name} ({int8.dataflow})"))
@@ -194,12 +206,14 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
         "ptq_int8_accuracy": ptq_acc,
         "qat_int8_accuracy": qat_acc,
         "mixed_precision": {
-            "weight_bits": result.policy,
+            "method": config.search_method,
+            "weight_bits": wpolicy,
             "act_bits": 8,
             "accuracy": mp_acc,
             "latency_s": mixed.latency_s,
-            "budget_s": result.budget_s,
-            "probabilities": {k: v.tolist() for k, v in result.probs.items()},
+            "budget_s": policy.meta["budget_s"],
+            **({"probabilities": policy.meta["probabilities"]}
+               if "probabilities" in policy.meta else {}),
             "layers": mixed.to_dict()["layers"],
         },
         "int8_latency_s": int8.latency_s,
@@ -222,7 +236,7 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
     plot_roofline(out / "roofline.png", int8, spec.peak_macs_per_s, spec.memory.dram_bytes_per_s,
                   title=f"roofline of {spec.name}, INT8 layers (red: memory-bound)")
     save_graph(out / "model.npz", graph, qat_params, qstate,
-               meta={"weight_bits": 8, "act_bits": 8, "mixed_precision_policy": result.policy})
+               meta={"weight_bits": 8, "act_bits": 8, "mixed_precision_policy": wpolicy})
     console.print(f"wrote {out}/report.json, layers_int8.csv, layers_mixed.csv, "
                   "layer_latency.png, dataflow_latency.png, breakdown_mixed.png, roofline.png, "
                   f"model.npz ({elapsed:.1f} s)")
