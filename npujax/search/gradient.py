@@ -7,9 +7,17 @@ Weights and logits are trained jointly on
 
     loss = cross_entropy + lambda * E[latency] / latency_int8,
 
-with ``E[latency]`` the relaxed NPU latency of :mod:`npujax.search.cost`. ``lambda`` follows a
-multiplicative dual-ascent rule, ``lambda <- lambda * exp(eta * (E[latency] / budget - 1))``, so the
-expected latency is driven to the budget. The policy is the per-layer argmax.
+with ``E[latency]`` the relaxed NPU latency of :mod:`npujax.search.cost`. ``lambda`` is the
+Lagrange multiplier of the budget constraint ``E[latency] <= budget``, updated by projected dual
+ascent, ``lambda <- max(0, lambda + eta * (E[latency] / budget - 1))`` from ``lambda = 0``: it grows
+only while the expected latency is over the budget, so the search narrows layers only as far as the
+budget requires (a multiplier that starts high pushes every layer to the narrowest width, and the
+task loss of a robust model hardly pushes back).
+
+The policy is decoded as the most probable one that meets the budget: ``argmin sum_l -log p_l(b_l)``
+subject to the exact latency ``<= budget`` (the integer program of :func:`ilp_policy`). When the
+per-layer argmax meets the budget it is that argmax; otherwise the layers whose probabilities are
+least decided give way first.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from npujax.graph.execute import execute, quant_spec
 from npujax.graph.ir import Graph, Params
 from npujax.hw.spec import NpuSpec
 from npujax.search.cost import LatencyTable, expected_latency, latency_table
+from npujax.search.solvers import fastest_latency_s, ilp_policy
 from npujax.train import batch_iterator, cross_entropy, progress_bar
 
 __all__ = ["SearchResult", "gradient_search"]
@@ -37,7 +46,7 @@ class SearchResult:
     """Outcome of :func:`gradient_search`.
 
     Attributes:
-      policy: ``{layer: weight_bits}``, the argmax choice per GEMM layer.
+      policy: ``{layer: weight_bits}``, the most probable choice that meets the budget.
       probs: ``{layer: f32[n]}`` final selection probabilities over ``table.candidates``.
       latency_s: exact modelled latency of ``policy`` (s).
       budget_s: the latency budget the search aimed at (s).
@@ -67,7 +76,7 @@ def gradient_search(
     act_bits: int = 8,
     budget_s: float | None = None,
     budget_ratio: float = 0.8,
-    lam: float = 0.5,
+    lam: float = 0.0,
     dual_rate: float = 0.05,
     steps: int = 300,
     learning_rate: float = 1e-4,
@@ -91,8 +100,8 @@ def gradient_search(
       budget_s: latency budget (s); default ``budget_ratio x`` the uniform ``max(candidates)``
         latency.
       budget_ratio: see ``budget_s``; in (0, 1].
-      lam: initial latency weight.
-      dual_rate: step of the multiplicative lambda update.
+      lam: initial latency weight (Lagrange multiplier, >= 0).
+      dual_rate: step of the dual-ascent update of ``lam``.
       steps: joint optimisation steps.
       learning_rate, logits_learning_rate: Adam rates for weights and bit logits.
       batch_size, seed: mini-batching.
@@ -105,7 +114,7 @@ def gradient_search(
       A :class:`SearchResult`.
 
     Raises:
-      ConfigError: empty candidates or a budget that is not positive.
+      ConfigError: empty candidates, or a budget below the fastest policy the candidates allow.
     """
     candidates = tuple(sorted(int(b) for b in candidates))
     if not candidates:
@@ -116,8 +125,13 @@ def gradient_search(
         if not 0 < budget_ratio <= 1:
             raise ConfigError(f"budget_ratio must be in (0, 1], got {budget_ratio}.")
         budget_s = budget_ratio * reference
-    if budget_s <= 0:
-        raise ConfigError(f"budget_s must be positive, got {budget_s}.")
+    fastest = fastest_latency_s(table)
+    if budget_s < fastest * (1 - 1e-9):
+        raise ConfigError(
+            f"latency budget {budget_s * 1e6:.3f} µs is below the fastest policy the candidates "
+            f"allow ({fastest * 1e6:.3f} µs); raise the budget or add narrower candidates.")
+    if lam < 0:
+        raise ConfigError(f"lam must be >= 0, got {lam}.")
     quant = quant_spec(graph, {n: candidates for n in table.layers}, act_bits)
     logits = {n: jnp.zeros(len(candidates), jnp.float32) for n in table.layers}
     opt = optax.multi_transform(
@@ -140,7 +154,7 @@ def gradient_search(
 
         (loss, lat), grads = jax.value_and_grad(objective, has_aux=True)(state)
         updates, opt_state = opt.update(grads, opt_state, state)
-        lam = jnp.clip(lam * jnp.exp(dual_rate * (lat / budget_s - 1.0)), 1e-4, 1e4)
+        lam = jnp.clip(lam + dual_rate * (lat / budget_s - 1.0), 0.0, 1e4)
         return optax.apply_updates(state, updates), opt_state, lam, loss
 
     lam_arr = jnp.asarray(lam, jnp.float32)
@@ -151,6 +165,8 @@ def gradient_search(
             state, opt_state, lam_arr, loss = step(state, opt_state, lam_arr, xb, yb)
             advance(loss)
     probs = {n: np.asarray(p) for n, p in probs_of(state["a"]).items()}
-    policy = {n: candidates[int(np.argmax(p))] for n, p in probs.items()}
+    nll = {n: {(w, int(act_bits)): -float(np.log(max(float(p[i]), 1e-30)))
+               for i, w in enumerate(candidates)} for n, p in probs.items()}
+    policy = {n: int(c[0]) for n, c in ilp_policy(table, nll, budget_s).items()}
     return SearchResult(policy, probs, table.latency_s(policy), float(budget_s),
                         float(lam_arr), state["w"], table)

@@ -27,12 +27,13 @@ def problem():
     return g, p, x, y, qs
 
 
-@pytest.mark.parametrize("method", ["ilp", "greedy"])
+@pytest.mark.parametrize("method", ["ilp", "greedy", "gradient"])
 def test_searchers_meet_the_budget(problem, method):
     g, p, x, y, qs = problem
     spec = load_npu_spec("bitserial_16x16")
     pol = search_precision(g, p, spec, x, y, qs, method=method, budget_ratio=0.7,
-                           act_candidates=(4, 8), sensitivity_samples=2, sensitivity_batch=32)
+                           act_candidates=(4, 8), sensitivity_samples=2, sensitivity_batch=32,
+                           steps=30)
     assert set(pol.weight_bits) == {"conv1", "conv2", "fc1", "fc2"}
     assert pol.meta["latency_s"] <= 0.7 * pol.meta["int8_latency_s"] * (1 + 1e-6)
     assert pol.meta["speedup_vs_int8"] >= 1 / 0.7 * (1 - 1e-6)
@@ -43,7 +44,17 @@ def test_gradient_searcher_through_the_same_interface(problem):
     pol = search_precision(g, p, load_npu_spec("edge_16x16"), x, y, qs, method="gradient",
                            budget_ratio=0.8, steps=30)
     assert set(pol.act_bits.values()) == {8}
-    assert pol.meta["latency_s"] > 0
+    assert 0 < pol.meta["latency_s"] <= pol.meta["budget_s"] * (1 + 1e-6)
+    assert pol.meta["final_lambda"] >= 0
+    # the decoded policy is the most probable one within the budget: the argmax where it fits
+    probs = pol.meta["probabilities"]
+    argmax = {n: pol.meta["candidates"][int(max(range(3), key=lambda i: probs[n][i]))][0]
+              for n in probs}
+    from npujax.search import latency_table
+
+    table = latency_table(g, load_npu_spec("edge_16x16"), (2, 4, 8), 8)
+    if table.latency_s(argmax) <= pol.meta["budget_s"]:
+        assert dict(pol.weight_bits) == argmax
 
 
 def test_unknown_method_and_infeasible_budget(problem):
