@@ -53,6 +53,8 @@ def test_demo_tiny_budget(tmp_path):
     assert report["float_accuracy"] >= 0.93
     assert report["qat_int8_accuracy"] >= report["float_accuracy"] - 0.03
     assert report["mixed_precision"]["latency_s"] < report["int8_latency_s"]
+    assert report["mixed_precision"]["latency_s"] <= report["mixed_precision"]["budget_s"] * (
+        1 + 1e-9)
 
 
 def test_demo_cli_default_meets_targets(tmp_path):
