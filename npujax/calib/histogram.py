@@ -8,7 +8,9 @@ leading channel dimension)::
 ``hist`` counts values in ``2 * bins`` equal bins over ``[-amax, amax]``; ``zeros`` counts exact
 zeros (ReLU outputs, padding), which the MSE and entropy criteria leave out because every grid
 represents 0 exactly -- with them, the spike at 0 of sparse post-ReLU data pulls the KL
-threshold far too low (a 90 %-sparse ReLU'd Gaussian would be clipped near 0.3 sigma).
+threshold far too low (a 90 %-sparse ReLU'd Gaussian would be clipped near 0.3 sigma). The
+entropy criterion keeps them as a separate bin shared by ``P`` and ``Q`` (never merged into a
+level), which keeps the clipped mass visible when the kept non-zero values fill a single bin.
 When a batch extends ``amax``, the old counts are re-binned onto the wider grid by linear
 interpolation of their cumulative distribution (mass is spread uniformly inside each old bin, as
 PyTorch's HistogramObserver does), then the batch is added. ``update`` is pure and jit-able;
