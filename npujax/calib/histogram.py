@@ -8,7 +8,9 @@ leading channel dimension)::
 ``hist`` counts values in ``2 * bins`` equal bins over ``[-amax, amax]``; ``zeros`` counts exact
 zeros (ReLU outputs, padding), which the MSE and entropy criteria leave out because every grid
 represents 0 exactly -- with them, the spike at 0 of sparse post-ReLU data pulls the KL
-threshold far too low (a 90 %-sparse ReLU'd Gaussian would be clipped near 0.3 sigma).
+threshold far too low (a 90 %-sparse ReLU'd Gaussian would be clipped near 0.3 sigma). The
+entropy criterion keeps them as a separate bin shared by ``P`` and ``Q`` (never merged into a
+level), which keeps the clipped mass visible when the kept non-zero values fill a single bin.
 When a batch extends ``amax``, the old counts are re-binned onto the wider grid by linear
 interpolation of their cumulative distribution (mass is spread uniformly inside each old bin, as
 PyTorch's HistogramObserver does), then the batch is added. ``update`` is pure and jit-able;
@@ -143,7 +145,8 @@ def _mse_range(state, fmt, symmetric, candidates):
 def _entropy_range(state, fmt, levels):
     hist2 = _without_exact_zeros(state)
     b = hist2.shape[0] // 2
-    h = hist2[b:] + hist2[:b][::-1]  # |x| histogram over [0, amax]
+    h = hist2[b:] + hist2[:b][::-1]  # |x| histogram over [0, amax], exact zeros left out
+    z = state["zeros"]
     width = state["amax"] / b
     j = jnp.arange(b)
 
@@ -156,11 +159,22 @@ def _entropy_range(state, fmt, levels):
         gsum = jax.ops.segment_sum(hin, grp, num_segments=levels + 1)
         gcnt = jax.ops.segment_sum((hin > 0).astype(jnp.float32), grp, num_segments=levels + 1)
         q = jnp.where((hin > 0), gsum[grp] / jnp.maximum(gcnt[grp], 1.0), 0.0)
-        p = p / jnp.maximum(jnp.sum(p), _TINY)
-        q = q / jnp.maximum(jnp.sum(q), _TINY)
+        # The exact zeros are one more bin, equal in P and Q (every grid holds 0 exactly): they
+        # are not merged into Q's first level (whose smeared spike would pull the threshold
+        # towards 0), but they keep P's and Q's masses comparable, so the clipped mass still
+        # costs KL when the kept non-zero values fill a single bin (e.g. a first pixel level).
+        pn = jnp.maximum(z + jnp.sum(p), _TINY)
+        qn = jnp.maximum(z + jnp.sum(q), _TINY)
+        p, q, pz, qz = p / pn, q / qn, z / pn, z / qn
         # P > 0 where Q == 0 only at the outlier bin; TensorRT smooths Q, here a floor does.
         terms = jnp.where(p > 0, p * (jnp.log(p) - jnp.log(jnp.maximum(q, 1e-10))), 0.0)
-        return jnp.sum(terms)
+        zterm = jnp.where(pz > 0, pz * (jnp.log(jnp.maximum(pz, _TINY))
+                                        - jnp.log(jnp.maximum(qz, _TINY))), 0.0)
+        div = jnp.sum(terms) + zterm
+        # Clipping with all kept mass in one bin and no zeros: P and Q are the same spike once
+        # normalized, KL is 0 however much is clipped -- no evidence for this threshold.
+        single = (jnp.sum((p > 0).astype(jnp.int32)) + (pz > 0).astype(jnp.int32)) < 2
+        return jnp.where(single & (outliers > 0), jnp.inf, div)
 
     # thresholds from bin max(levels, 128) on: TensorRT starts at 128 whatever the width (as
     # pytorch-quantization's start_bin); below that, low-bit Q's few levels let a single spike

@@ -134,3 +134,57 @@ def test_sparse_relu_data_is_not_clipped_to_the_zero_spike(name):
         obs = small(name)
         his.append(float(obs.compute_range(run(obs, [x]), U8, False)[1]))
     assert his[1] > 0.7 * his[0], his
+
+
+def _pixels(rng, n=20_000):
+    """Digits-like image input: intensities k/16 (k = 0..16), about half exact zeros."""
+    p = np.r_[0.49, np.full(15, 0.025), 0.135]
+    return (rng.choice(17, size=n, p=p / p.sum()) / 16.0).astype(np.float32)
+
+
+def _relu_with_outliers(rng, n=20_000):
+    x = np.maximum(rng.normal(size=n), 0.0)
+    x[:10] *= 8.0
+    return x.astype(np.float32)
+
+
+def _fq_mse(x, lo, hi, fmt, sym):
+    s, z = qparams_from_range(lo, hi, fmt, sym)
+    return float(jnp.mean((fake_quant(jnp.asarray(x), s, z, fmt) - x) ** 2))
+
+
+def test_entropy_4bit_discrete_input_not_clipped_to_first_level():
+    # Regression: at 4 bits the first KL candidate (128 of 2048 bins = amax / 16) held only the
+    # first non-zero pixel level; with exact zeros left out, P and Q were the same single spike
+    # and KL = 0, so the input was clipped at 1/16 (digits LeNet all-4-bit PTQ: 10 % accuracy).
+    rng = np.random.default_rng(7)
+    x = _pixels(rng)
+    fmt = IntFormat(4, signed=False)
+    ent, mse = entropy_observer(), mse_observer()
+    state = run(ent, [x])  # both are 2048-bin histogram observers: one state serves both
+    lo, hi = jax.jit(lambda s: ent.compute_range(s, fmt, False))(state)
+    assert float(hi) >= np.median(x[x > 0]), float(hi)
+    mlo, mhi = jax.jit(lambda s: mse.compute_range(s, fmt, False))(state)
+    assert _fq_mse(x, lo, hi, fmt, False) <= 2.0 * _fq_mse(x, mlo, mhi, fmt, False) + 1e-6
+
+
+@pytest.fixture(scope="module")
+def entropy_states():
+    rng = np.random.default_rng(8)
+    obs = entropy_observer()
+    return obs, [(x, run(obs, [x])) for x in (_pixels(rng), _relu_with_outliers(rng))]
+
+
+@pytest.mark.parametrize("bits", range(2, 9))
+def test_entropy_sensible_range_at_every_width(bits, entropy_states):
+    # pixels: unsigned asymmetric and signed symmetric; ReLU data with outliers: unsigned
+    obs, [(pix, pix_state), (relu, relu_state)] = entropy_states
+    cases = ((pix, pix_state, IntFormat(bits, signed=False), False),
+             (pix, pix_state, IntFormat(bits), True),
+             (relu, relu_state, IntFormat(bits, signed=False), False))
+    for data, state, fmt, sym in cases:
+        lo, hi = obs.compute_range(state, fmt, sym)
+        s, _ = qparams_from_range(lo, hi, fmt, sym)
+        assert np.isfinite(float(s)) and float(s) > 0
+        # the clip keeps at least the median of the non-zero values
+        assert float(hi) >= np.median(data[data > 0]), (bits, str(fmt), sym, float(hi))
