@@ -40,7 +40,9 @@ def calibrate(
 
     Returns:
       qstate ``{layer: {"act_scale": f32[], "act_zero_point": i32[]}}`` for :func:`execute`
-      (FP8 activations: ``act_scale = amax / fmt.max``, zero point 0). Layers with
+      (FP8 activations: ``act_scale = amax / fmt.max``, zero point 0); layers with
+      ``act_candidates`` (a search mixture) also get ``"act_scales"`` f32[n] and
+      ``"act_zero_points"`` i32[n], one grid per candidate over the same range. Layers with
       ``method="lsq"``/``"lsq+"`` also get their initial ``weight_step`` (per-channel min-max)
       and LSQ+ ``act_offset`` (see :func:`npujax.graph.learned_steps.init_lsq_state`).
 
@@ -78,6 +80,11 @@ def calibrate(
         lo, hi = obs[n].compute_range(states[n], quant[n].act, quant[n].act_symmetric)
         scale, zp = qparams_from_range(lo, hi, quant[n].act, quant[n].act_symmetric)
         qstate[n] = {"act_scale": scale, "act_zero_point": zp}
+        if quant[n].act_candidates:  # a search mixture: one grid per candidate, same range
+            grids = [qparams_from_range(lo, hi, f, quant[n].act_symmetric)
+                     for f in quant[n].act_candidates]
+            qstate[n]["act_scales"] = jnp.stack([g[0] for g in grids])
+            qstate[n]["act_zero_points"] = jnp.stack([g[1] for g in grids])
     if any(lq.method != "ste" for lq in quant.values()):
         qstate = init_lsq_state(graph, params, quant, qstate)
     return qstate

@@ -79,11 +79,17 @@ class LayerQuant:
         2020). LSQ needs integer formats, a single weight format and no per-block weights.
       weight_block_size: per-block weight scales over blocks of this many input channels (ONNX
         opset-21 blocked quantization); None for per-channel/per-tensor.
+      act_candidates: integer activation formats of a differentiable search mixture: the input
+        is ``sum_j act_probs[node][j] * fake_quant(x, grid_j)`` with the per-candidate grids
+        ``qstate[node]["act_scales"/"act_zero_points"]`` that :func:`npujax.graph.calibrate`
+        computes over one range; ``act`` must be the widest of them (it is what calibration
+        and a non-search run use). Empty: no mixture.
 
     Raises:
       ConfigError: an unknown ``method``, LSQ with an FP8 format, a mixture, per-block weights
         or stochastic rounding; stochastic rounding with FP8; a ``weight_block_size`` that is
-        not a positive int.
+        not a positive int; ``act_candidates`` that are not integer formats with ``act`` the
+        widest, or combined with LSQ.
     """
 
     weight: Format | tuple[Format, ...] | None = None
@@ -93,10 +99,18 @@ class LayerQuant:
     stochastic_rounding: bool = False
     method: str = "ste"
     weight_block_size: int | None = None
+    act_candidates: tuple[IntFormat, ...] = ()
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ConfigError(f"LayerQuant.method must be one of {METHODS}, got {self.method!r}.")
+        if self.act_candidates:
+            ok = all(isinstance(f, IntFormat) for f in self.act_candidates)
+            if not ok or not isinstance(self.act, IntFormat) or self.act != max(
+                    self.act_candidates, key=lambda f: f.bits) or self.method != "ste":
+                raise ConfigError("act_candidates must be integer formats, act the widest of "
+                                  f"them, and method 'ste'; got act={self.act}, candidates="
+                                  f"{self.act_candidates}, method={self.method!r}.")
         b = self.weight_block_size
         if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
             raise ConfigError(f"LayerQuant.weight_block_size must be a positive int or None, "
@@ -133,7 +147,7 @@ QuantSpec = Mapping[str, LayerQuant]
 def quant_spec(
     graph: Graph,
     weight_bits: int | Mapping[str, int | Sequence[int]] = 8,
-    act_bits: int | Mapping[str, int] = 8,
+    act_bits: int | Mapping[str, int | Sequence[int]] = 8,
     *,
     method: str = "ste",
     weight_format: str = "int",
@@ -150,7 +164,9 @@ def quant_spec(
       graph: the graph whose Conv/Gemm nodes are quantized.
       weight_bits: one width for all layers, or ``{node: bits}``; a sequence of widths makes that
         layer a search mixture over the candidates.
-      act_bits: one width for all layers, or ``{node: bits}``.
+      act_bits: one width for all layers, or ``{node: bits}``; a sequence of widths makes that
+        layer's input a search mixture (:attr:`LayerQuant.act_candidates`, weighted by
+        ``act_probs``).
       method: ``"ste"``, ``"lsq"`` or ``"lsq+"`` (see :class:`LayerQuant`).
       weight_format, act_format: ``"int"``, ``"fp8_e4m3fn"`` or ``"fp8_e5m2"``.
       weight_block_size: per-block weight scales over this many input channels, or None.
@@ -192,9 +208,13 @@ def quant_spec(
             if isinstance(w, Sequence)
             else IntFormat(int(w), narrow_range=True)
         )
-        afmt = FORMATS[act_format] or IntFormat(int(ab[n]), signed=False)
+        a = ab[n]
+        acands = (tuple(IntFormat(int(b), signed=False) for b in sorted(a))
+                  if isinstance(a, Sequence) else ())
+        afmt = FORMATS[act_format] or (acands[-1] if acands else IntFormat(int(a), signed=False))
         spec[n] = LayerQuant(weight=FORMATS[weight_format] or wfmt, act=afmt, method=method,
-                             weight_block_size=weight_block_size)
+                             weight_block_size=weight_block_size,
+                             act_candidates=acands if len(acands) > 1 else ())
     return spec
 
 
@@ -265,6 +285,7 @@ def execute(
     taps: Collection[str] = (),
     input_offsets: Mapping[str, jax.Array] | None = None,
     key: jax.Array | None = None,
+    act_probs: Mapping[str, jax.Array] | None = None,
 ) -> Any:
     """Evaluate ``graph`` on ``x``.
 
@@ -285,6 +306,8 @@ def execute(
         give the gradient of the output w.r.t. that activation, as sensitivity analysis needs).
       key: a ``jax.random`` key for the layers with ``stochastic_rounding`` (one key per call,
         e.g. per training step; folded with the node index); None rounds to nearest.
+      act_probs: ``{node: f32[len(act_candidates)]}`` mixture weights for nodes whose
+        :class:`LayerQuant` has ``act_candidates``.
 
     Returns:
       The graph output (a tuple if it has several). With ``taps``, a pair
@@ -303,7 +326,7 @@ def execute(
     if xs and xs[0].shape[0] != 1 and _batch_folded(graph):
         return _execute_per_example(graph, params, xs, quant=quant, qstate=qstate,
                                     bit_probs=bit_probs, taps=taps, input_offsets=input_offsets,
-                                    key=key)
+                                    key=key, act_probs=act_probs)
     env: dict[str, jax.Array] = {k: jnp.asarray(v) for k, v in graph.constants.items()}
     env.update(zip(graph.inputs, xs))
     quant = quant or {}
@@ -318,7 +341,7 @@ def execute(
             ka = kw = None
             if key is not None and lq.stochastic_rounding:
                 ka, kw = jax.random.split(jax.random.fold_in(key, index))
-            ins[0] = _quantize_input(node.name, lq, ins[0], qstate, ka)
+            ins[0] = _quantize_input(node.name, lq, ins[0], qstate, ka, act_probs)
             if lq.method != "ste" and lq.weight is not None and (
                     qstate is None or "weight_step" not in qstate.get(node.name, {})):
                 raise ConfigError(
@@ -355,7 +378,8 @@ def _execute_per_example(graph, params, xs, *, taps, input_offsets, **kw):
     return jax.tree.map(lambda a: a.reshape(a.shape[0], *a.shape[2:]), out)
 
 
-def _quantize_input(name: str, lq: LayerQuant, x: jax.Array, qstate, key=None) -> jax.Array:
+def _quantize_input(name: str, lq: LayerQuant, x: jax.Array, qstate, key=None,
+                    act_probs=None) -> jax.Array:
     if lq.act is None:
         return x
     if qstate is None or name not in qstate:
@@ -364,6 +388,16 @@ def _quantize_input(name: str, lq: LayerQuant, x: jax.Array, qstate, key=None) -
             "run calibration first (npujax.graph.calibrate) and pass its result as qstate."
         )
     s = qstate[name]
+    if lq.act_candidates:
+        if act_probs is None or name not in act_probs or "act_scales" not in s:
+            raise ConfigError(
+                f"layer {name!r} mixes {len(lq.act_candidates)} activation widths; pass "
+                "act_probs={node: probabilities} and a qstate calibrated with this spec "
+                "(it holds act_scales/act_zero_points).")
+        probs = act_probs[name]
+        return sum(probs[j] * fake_quant(x, s["act_scales"][j], s["act_zero_points"][j], f,
+                                         key=key)
+                   for j, f in enumerate(lq.act_candidates))
     if lq.method == "ste":
         return fake_quant(x, s["act_scale"], s["act_zero_point"], lq.act, key=key)
     # LSQ: the paper's activation gradient scale 1 / sqrt(features per sample * Q_p).

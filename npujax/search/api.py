@@ -61,15 +61,14 @@ def search_precision(
         classifier, its outputs (variance-normalized MSE) otherwise
         (:mod:`npujax.search.objective`).
       qstate: calibrated activation ranges.
-      method: ``gradient`` (learned widths, EdMIPS-style; weights only), ``ilp`` (HAWQ-V3
+      method: ``gradient`` (learned weight and activation widths, EdMIPS-style), ``ilp`` (HAWQ-V3
         integer program over Hessian-trace sensitivities) or ``greedy`` (by sensitivity).
       loss: the task loss: a :class:`TaskLoss`, one of its kinds (``logits``,
         ``probabilities``, ``dense``), or None to infer it from the graph's output.
       budget_s: latency budget (s); default ``budget_ratio`` x the uniform 8-bit latency.
       budget_ratio: see ``budget_s``.
       candidates: candidate weight widths.
-      act_candidates: candidate activation widths (``ilp``/``greedy``; ``gradient`` uses the
-        widest).
+      act_candidates: candidate activation widths.
       sensitivity_samples: Hutchinson probes for the Hessian traces.
       sensitivity_batch: examples used by the sensitivity analysis.
       steps: optimisation steps of the gradient searcher.
@@ -97,13 +96,16 @@ def search_precision(
         budget_s = budget_ratio * int8
     extra: dict = {}
     if method == "gradient":
-        a = max(act_candidates)
         res = gradient_search(graph, params, x, targets, spec, qstate, candidates=candidates,
-                              act_bits=a, budget_s=budget_s, steps=steps, seed=seed,
-                              loss_fn=task, progress=progress)
-        wbits, abits = dict(res.policy), {n: a for n in layers}
+                              act_bits=tuple(act_candidates), budget_s=budget_s, steps=steps,
+                              seed=seed, loss_fn=task, progress=progress)
+        wbits, abits = dict(res.policy), dict(res.act_policy)
         extra = {"probabilities": {n: [float(v) for v in p] for n, p in res.probs.items()},
-                 "candidates": list(res.table.candidates), "final_lambda": res.lam}
+                 "act_probabilities": {n: [float(v) for v in p]
+                                       for n, p in res.act_probs.items()},
+                 "candidates": sorted({int(w) for w, _ in res.table.candidates}),
+                 "act_candidates": sorted({int(a) for _, a in res.table.candidates}),
+                 "final_lambda": res.lam}
     else:
         table = latency_table(graph, spec, candidates, tuple(act_candidates))
         if budget_s < fastest_latency_s(table) * (1 - 1e-9):

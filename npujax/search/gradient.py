@@ -53,6 +53,8 @@ class SearchResult:
       lam: final latency weight.
       params: the weights after the joint search (a good start for fine-tuning).
       table: the per-layer, per-candidate latency table used.
+      act_policy: ``{layer: act_bits}`` chosen with ``policy``.
+      act_probs: ``{layer: f32[n_a]}`` final probabilities over the activation candidates.
     """
 
     policy: dict[str, int]
@@ -62,6 +64,8 @@ class SearchResult:
     lam: float
     params: Params
     table: LatencyTable
+    act_policy: dict[str, int]
+    act_probs: dict[str, np.ndarray]
 
 
 def gradient_search(
@@ -73,7 +77,7 @@ def gradient_search(
     qstate: Mapping[str, Mapping[str, jax.Array]],
     *,
     candidates: Sequence[int] = (2, 4, 8),
-    act_bits: int = 8,
+    act_bits: int | Sequence[int] = 8,
     budget_s: float | None = None,
     budget_ratio: float = 0.8,
     lam: float = 0.0,
@@ -94,9 +98,13 @@ def gradient_search(
       x, y: training data: float32 inputs and targets of ``loss_fn`` (integer labels by
         default; teacher outputs for distillation, see :mod:`npujax.search.objective`).
       spec: the NPU whose latency model is the cost.
-      qstate: calibrated activation ranges (activations stay at ``act_bits``).
+      qstate: calibrated activation ranges. With several activation candidates the search
+        re-calibrates (min-max over the first 512 examples of ``x``) to get one grid per
+        candidate over the same range.
       candidates: candidate weight widths (each 2..16).
-      act_bits: activation width of every layer.
+      act_bits: activation width of every layer, or a sequence of candidate widths: each layer's
+        input is then also a learned mixture (EdMIPS searches both operands), and the latency
+        relaxation takes the joint probabilities ``p_w(w) * p_a(a)``.
       budget_s: latency budget (s); default ``budget_ratio x`` the uniform ``max(candidates)``
         latency.
       budget_ratio: see ``budget_s``; in (0, 1].
@@ -117,10 +125,12 @@ def gradient_search(
       ConfigError: empty candidates, or a budget below the fastest policy the candidates allow.
     """
     candidates = tuple(sorted(int(b) for b in candidates))
-    if not candidates:
-        raise ConfigError("candidates must name at least one weight width, e.g. (2, 4, 8).")
-    table = latency_table(graph, spec, candidates, int(act_bits), dataflow)
-    reference = table.latency_s({n: max(candidates) for n in table.layers})
+    acts = tuple(sorted({int(b) for b in (act_bits if isinstance(act_bits, Sequence)
+                                          else (act_bits,))}))
+    if not candidates or not acts:
+        raise ConfigError("candidates and act_bits must name at least one width, e.g. (2, 4, 8).")
+    table = latency_table(graph, spec, candidates, acts, dataflow)
+    reference = table.latency_s({n: (max(candidates), max(acts)) for n in table.layers})
     if budget_s is None:
         if not 0 < budget_ratio <= 1:
             raise ConfigError(f"budget_ratio must be in (0, 1], got {budget_ratio}.")
@@ -132,24 +142,37 @@ def gradient_search(
             f"allow ({fastest * 1e6:.3f} µs); raise the budget or add narrower candidates.")
     if lam < 0:
         raise ConfigError(f"lam must be >= 0, got {lam}.")
-    quant = quant_spec(graph, {n: candidates for n in table.layers}, act_bits)
+    mixed_acts = len(acts) > 1
+    quant = quant_spec(graph, {n: candidates for n in table.layers},
+                       {n: acts if mixed_acts else acts[0] for n in table.layers})
+    if mixed_acts:
+        from npujax.graph.calibrate import calibrate
+
+        xc = np.asarray(x[:512], np.float32)
+        qstate = calibrate(graph, params, [xc[i:i + 64] for i in range(0, len(xc), 64)], quant)
     logits = {n: jnp.zeros(len(candidates), jnp.float32) for n in table.layers}
+    act_logits = {n: jnp.zeros(len(acts), jnp.float32) for n in table.layers}
     opt = optax.multi_transform(
         {"w": optax.adam(learning_rate), "a": optax.adam(logits_learning_rate)},
-        {"w": jax.tree.map(lambda _: "w", params), "a": jax.tree.map(lambda _: "a", logits)},
+        {"w": jax.tree.map(lambda _: "w", params), "a": jax.tree.map(lambda _: "a", logits),
+         "x": jax.tree.map(lambda _: "a", act_logits)},
     )
-    state = {"w": params, "a": logits}
+    state = {"w": params, "a": logits, "x": act_logits}
     opt_state = opt.init(state)
 
     def probs_of(a):
         return {n: jax.nn.softmax(v) for n, v in a.items()}
 
+    def joint(pw, pa):  # [L, n_w * n_a] in the table's (w-major) column order
+        return jnp.stack([jnp.outer(pw[n], pa[n]).reshape(-1) for n in table.layers])
+
     @jax.jit
     def step(state, opt_state, lam, xb, yb):
         def objective(s):
-            probs = probs_of(s["a"])
-            out = execute(graph, s["w"], xb, quant=quant, qstate=qstate, bit_probs=probs)
-            lat = expected_latency(jnp.stack([probs[n] for n in table.layers]), table)
+            probs, aprobs = probs_of(s["a"]), probs_of(s["x"])
+            out = execute(graph, s["w"], xb, quant=quant, qstate=qstate, bit_probs=probs,
+                          act_probs=aprobs if mixed_acts else None)
+            lat = expected_latency(joint(probs, aprobs), table)
             return loss_fn(out, yb) + lam * lat / reference, lat
 
         (loss, lat), grads = jax.value_and_grad(objective, has_aux=True)(state)
@@ -165,8 +188,15 @@ def gradient_search(
             state, opt_state, lam_arr, loss = step(state, opt_state, lam_arr, xb, yb)
             advance(loss)
     probs = {n: np.asarray(p) for n, p in probs_of(state["a"]).items()}
-    nll = {n: {(w, int(act_bits)): -float(np.log(max(float(p[i]), 1e-30)))
-               for i, w in enumerate(candidates)} for n, p in probs.items()}
-    policy = {n: int(c[0]) for n, c in ilp_policy(table, nll, budget_s).items()}
-    return SearchResult(policy, probs, table.latency_s(policy), float(budget_s),
-                        float(lam_arr), state["w"], table)
+    aprobs = {n: np.asarray(p) for n, p in probs_of(state["x"]).items()}
+
+    def nlog(v):
+        return -float(np.log(max(float(v), 1e-30)))
+
+    nll = {n: {(w, a): nlog(probs[n][i]) + nlog(aprobs[n][j]) for i, w in enumerate(candidates)
+               for j, a in enumerate(acts)} for n in table.layers}
+    choice = ilp_policy(table, nll, budget_s)
+    policy = {n: int(c[0]) for n, c in choice.items()}
+    act_policy = {n: int(c[1]) for n, c in choice.items()}
+    return SearchResult(policy, probs, table.latency_s(choice), float(budget_s),
+                        float(lam_arr), state["w"], table, act_policy, aprobs)
