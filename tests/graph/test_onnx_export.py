@@ -20,6 +20,7 @@ from npujax.graph import (
     quant_spec,
     to_onnx,
 )
+from npujax.graph.integer import requant_target
 from tests.helpers import assert_close
 from tests.onnx_models import ort_run, text_images, zoo_path
 
@@ -70,18 +71,26 @@ def test_qdq_export_structure_and_atomic_write(cls_quantized, tmp_path):
     act_scale = float(np.asarray(qstate[conv.name]["act_scale"]))
     np.testing.assert_allclose(bs, act_scale * ws, rtol=1e-6)
     assert inits[f"{conv.name}.act_zero_point"].dtype == np.uint8
+    # one QuantizeLinear per layer input, plus one on the output of each layer that the
+    # integer path requantizes to its consumer's grid (onnxruntime fuses it into QLinearConv)
     n_q = sum(n.op_type == "QuantizeLinear" for n in model.graph.node)
-    assert n_q == len(graph.gemm_nodes)
+    n_out = sum(requant_target(graph, q, n)[0] is not None for n in graph.gemm_nodes)
+    assert n_out > 0 and sum(n.name.endswith("/out_quant") for n in model.graph.node) == n_out
+    assert n_q == len(graph.gemm_nodes) + n_out
 
 
 def test_qdq_round_trip_through_npujax_is_exact(cls_quantized):
-    graph, params, q, qstate, xs, yq, _ = cls_quantized
-    model = to_onnx(graph, params, q, qstate, int32_bias=False)
+    graph, params, q, qstate, xs, *_ = cls_quantized
+    model = to_onnx(graph, params, q, qstate, int32_bias=False, requantize_outputs=False)
     g2, p2 = from_onnx(model)
     assert sum(n.op == "QuantizeLinear" for n in g2.nodes) == len(graph.gemm_nodes)
     y = np.asarray(jax.jit(lambda p, x: execute(g2, p, x))(p2, xs[:1]))
-    # Same XLA ops on the same values: measured exactly equal.
-    np.testing.assert_allclose(y, yq[:1], rtol=0, atol=1e-6)
+    ref = np.asarray(jax.jit(lambda p, x: execute(graph, p, x, quant=q, qstate=qstate))(
+        params, xs[:1]))
+    # Same XLA ops on the same values: measured exactly equal. (Not against the fixture's
+    # vmapped run: a batch of 8 compiles to other XLA convolutions, whose last-bit differences
+    # move a code at a rounding tie on image 0: 0.006 in p.)
+    np.testing.assert_allclose(y, ref, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("int32_bias", [True, False])
@@ -97,16 +106,26 @@ def test_qdq_export_runs_in_onnxruntime_close_to_fake_quant(cls_quantized, int32
 
 
 def test_qdq_export_in_onnxruntime_equals_the_integer_path(cls_quantized):
-    """onnxruntime fuses the exported QDQ pairs into its integer kernels (QLinearConv, float
-    requantization); npujax's integer path with ``requant="float"`` computes the same codes."""
+    """onnxruntime fuses the exported QDQ groups it can into its integer kernels (here 15
+    QLinearConv, the ReLU layers, and the QGemm; QLinearConv/QGemm requantize in float, as
+    ``requant="float"`` does). The other 39 convs feed HardSwish, SE blocks or residual Adds:
+    they have no calibrated output grid, so onnxruntime runs them in float (MLAS sgemm on
+    dequantized values), which the integer path's dequantized accumulators equal only up to
+    float rounding -- a value at a rounding tie of the next quantizer can flip a code. The digits
+    CNN (tests/graph/test_integer_ort.py), all of whose layers ORT runs in integers, is exact."""
     graph, params, q, qstate, xs, *_ = cls_quantized
     model = to_onnx(graph, params, q, qstate).SerializeToString()
     integer = convert(graph, params, q, qstate, requant="float")
     run = jax.jit(lambda x: execute_integer(integer, x))
+    diff = []
     for x in xs[:4]:
         (y,) = ort_run(model, {"x": x[None]})
-        # Measured: identical codes; outputs equal up to the float softmax (<= 3.6e-8).
-        np.testing.assert_allclose(np.asarray(run(x[None])), y, rtol=0, atol=1e-6)
+        got = np.asarray(run(x[None]))
+        np.testing.assert_array_equal(got.argmax(1), y.argmax(1))
+        diff.append(float(np.abs(got - y).max()))
+    # Measured: three images equal up to the float softmax (<= 6e-8); on image 0 one code
+    # flips in a float conv and propagates (0.013 in p).
+    assert max(diff) < 0.05 and sum(d <= 1e-6 for d in diff) >= 2, diff
 
 
 def _small_model():
@@ -146,7 +165,8 @@ def test_float_export_matches_and_low_bit_export_stays_in_range():
     # 4-bit weights and 6-bit activations: stored in int8/uint8, codes within the narrow range.
     q = quant_spec(graph, weight_bits=4, act_bits=6)
     qstate = calibrate(graph, params, list(x), q)
-    model = to_onnx(graph, params, q, qstate, int32_bias=False)
+    model = to_onnx(graph, params, q, qstate, int32_bias=False,
+                    requantize_outputs=False)
     inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     assert all(np.abs(v).max() <= 7 for k, v in inits.items() if k.endswith("kernel_q"))
     assert any(n.name.endswith("/act_clip") for n in model.graph.node)
@@ -190,7 +210,8 @@ def test_flax_traced_nhwc_model_exports():
             assert_close(ort_run(model, {name: xi})[0], execute(g, p, xi), atol=1e-5)
     q = quant_spec(g)
     qstate = calibrate(g, p, list(x), q)
-    model = to_onnx(g, p, q, qstate, int32_bias=False).SerializeToString()
+    model = to_onnx(g, p, q, qstate, int32_bias=False,
+                    requantize_outputs=False).SerializeToString()
     for xi in x:
         # Few layers, float biases, no graph rewrites in onnxruntime: measured 1.5e-7.
         assert_close(ort_run(model, {name: xi}, disable_optimizations=True)[0],
