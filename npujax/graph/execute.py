@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from npujax.errors import ConfigError, ShapeError
 from npujax.graph.ir import Graph, Params
-from npujax.graph.ops import kernel_out_axis, run_op
+from npujax.graph.ops import out_channel_view, run_op
 from npujax.quant import IntFormat, fake_quant, weight_qparams
 
 __all__ = ["LayerQuant", "QuantSpec", "quant_spec", "execute", "quantize_weight"]
@@ -212,13 +212,15 @@ def _quantize_kernel(node, lq: LayerQuant, w: jax.Array, bit_probs, key=None) ->
     fmts = lq.weight_candidates
     if not fmts:
         return w
-    axis = kernel_out_axis(node) if lq.weight_per_channel else None
+    axis, back = None, lambda v: v
+    if lq.weight_per_channel:  # one scale per output channel (a grouped ConvTranspose: a view)
+        w, axis, back = out_channel_view(node, w)
     if len(fmts) == 1:
-        return quantize_weight(w, fmts[0], axis, key)
+        return back(quantize_weight(w, fmts[0], axis, key))
     if bit_probs is None or node.name not in bit_probs:
         raise ConfigError(
             f"layer {node.name!r} has {len(fmts)} candidate weight formats but bit_probs has no "
             "entry for it; pass bit_probs={node: probabilities} or a single format."
         )
     probs = bit_probs[node.name]
-    return sum(probs[i] * quantize_weight(w, f, axis) for i, f in enumerate(fmts))
+    return back(sum(probs[i] * quantize_weight(w, f, axis) for i, f in enumerate(fmts)))

@@ -36,6 +36,7 @@ from npujax.errors import ConfigError, UnsupportedOpError
 from npujax.graph.execute import LayerQuant, QuantSpec
 from npujax.graph.integer import quantize_bias, requant_target
 from npujax.graph.ir import Graph, Node, Params
+from npujax.graph.ops import out_channel_view
 from npujax.quant import IntFormat, weight_qparams
 
 __all__ = ["to_onnx", "EXPORT_OPSET"]
@@ -243,16 +244,37 @@ def _gemm(w: _Writer, node: Node, lq, qstate) -> None:
 
 
 def _conv_transpose(w: _Writer, node: Node, lq, qstate) -> None:
+    """ConvTranspose; quantized as Conv is (input QDQ, int8 kernel + DequantizeLinear, int32
+    bias). Per-channel weights of an ungrouped ConvTranspose dequantize along axis 1 of the
+    ``[C_in, C_out, *k]`` kernel. DequantizeLinear has one scale per index of one axis, which a
+    grouped kernel ``[C_in, C_out/g, *k]`` lacks (see :func:`npujax.graph.ops.out_channel_view`):
+    its codes are stored as ``[C_out, C_in/g, *k]``, dequantized along axis 0, and moved back by
+    Reshape-Transpose-Reshape (exact; onnxruntime runs ConvTranspose in float either way)."""
     a = node.attrs
     nsp = len(a["strides"])
-    ins = [node.inputs[0], w.init(f"{node.name}.kernel", w.param(node, "kernel"))]
-    if "bias" in w.params[node.name]:
-        ins.append(w.init(f"{node.name}.bias", w.param(node, "bias")))
+    x = _qdq_input(w, node, node.inputs[0], lq, qstate) if lq is not None else node.inputs[0]
+    kernel = w.param(node, "kernel")
+    per_channel = lq is not None and lq.weight_per_channel and bool(lq.weight_candidates)
+    view, axis, _ = out_channel_view(node, kernel) if per_channel else (kernel, 1, None)
+    kname, bname = _weights(w, node, lq, view, axis, _act_scale(lq, node, qstate))
+    if view is not kernel:
+        g = int(a["groups"])
+        c_in, c_out_g, *k = kernel.shape
+        shape1 = w.init(f"{node.name}.kernel_grouped_shape", np.asarray(
+            [g, c_out_g, c_in // g, *k], np.int64))
+        shape2 = w.init(f"{node.name}.kernel_shape", np.asarray(kernel.shape, np.int64))
+        t1, t2, t3 = (w.name(f"{node.name}.kernel_{s}") for s in ("grouped", "swapped", "onnx"))
+        w.add("Reshape", [kname, shape1], [t1], f"{node.name}/kernel_group")
+        w.add("Transpose", [t1], [t2], f"{node.name}/kernel_swap",
+              perm=[0, 2, 1] + list(range(3, 3 + len(k))))
+        w.add("Reshape", [t2, shape2], [t3], f"{node.name}/kernel_ungroup")
+        kname = t3
     pads = [p[0] for p in a["pads"]] + [p[1] for p in a["pads"]]
     y = w.name(f"{node.name}/convt") if a.get("epilogue") else node.outputs[0]
-    w.add("ConvTranspose", ins, [y], node.name, strides=list(a["strides"]), pads=pads,
-          dilations=list(a["dilations"]), output_padding=list(a["output_padding"]),
-          group=int(a["groups"]), kernel_shape=list(a["kernel_shape"][2:2 + nsp]))
+    w.add("ConvTranspose", [x, kname] + ([bname] if bname else []), [y], node.name,
+          strides=list(a["strides"]), pads=pads, dilations=list(a["dilations"]),
+          output_padding=list(a["output_padding"]), group=int(a["groups"]),
+          kernel_shape=list(a["kernel_shape"][2:2 + nsp]))
     if a.get("epilogue"):
         _epilogue(w, node, y, node.outputs[0])
 

@@ -17,11 +17,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from npujax.errors import UnsupportedOpError
+from npujax.errors import QuantizationError, UnsupportedOpError
 from npujax.graph.ir import Node
 from npujax.quant.core import true_divide
 
-__all__ = ["OPS", "apply_epilogue", "avgpool_count", "kernel_out_axis", "UNARY_EPILOGUES"]
+__all__ = [
+    "OPS", "apply_epilogue", "avgpool_count", "kernel_out_axis", "out_channel_view",
+    "UNARY_EPILOGUES",
+]
 
 OpFn = Callable[[Node, Sequence[jax.Array], dict[str, jax.Array]], list[jax.Array]]
 OPS: dict[str, OpFn] = {}
@@ -37,14 +40,54 @@ def _register(*names: str) -> Callable[[OpFn], OpFn]:
 
 
 def kernel_out_axis(node: Node) -> int:
-    """Axis of the output channels in a GEMM node's ``kernel`` (the per-channel quant axis)."""
+    """Axis of the output channels in a GEMM node's ``kernel`` (the per-channel quant axis).
+
+    Raises:
+      QuantizationError: for a grouped ConvTranspose, whose kernel has no such axis (use
+        :func:`out_channel_view`).
+      UnsupportedOpError: for a node without a weight kernel.
+    """
     if node.op == "Conv":
         return node.attrs["kernel_layout"].index("O")
     if node.op == "Gemm":
         return 1  # kernel is [in_features, out_features]
     if node.op == "ConvTranspose":
-        return 1  # ONNX ConvTranspose kernel is [C_in, C_out / groups, *k] (exact for groups=1)
+        if int(node.attrs["groups"]) > 1:
+            raise QuantizationError(
+                f"node {node.name!r}: a ConvTranspose with groups={node.attrs['groups']} has no "
+                "single output-channel axis in its [C_in, C_out/groups, *k] kernel; quantize "
+                "per channel through npujax.graph.ops.out_channel_view.")
+        return 1  # ONNX ConvTranspose kernel is [C_in, C_out, *k]
     raise UnsupportedOpError(f"node {node.name!r} ({node.op}) has no weight kernel.")
+
+
+def out_channel_view(node: Node, kernel: Any) -> tuple[Any, int, Callable[[Any], Any]]:
+    """The kernel seen with its output channels on one axis, that axis, and the map back.
+
+    Per-channel quantization needs one scale per output channel. For Conv, Gemm and an
+    ungrouped ConvTranspose that is one axis of the kernel (:func:`kernel_out_axis`) and the view
+    is the kernel itself. A grouped ConvTranspose kernel ``[C_in, C_out/g, *k]`` keeps output
+    channel ``i*(C_out/g) + j`` in rows ``i*C_in/g .. (i+1)*C_in/g - 1`` of column ``j``; its
+    view is ``[C_out, C_in/g, *k]`` (axis 0), the layout the op runs in.
+
+    Args:
+      node: a GEMM-like node.
+      kernel: its kernel (numpy or JAX array).
+
+    Returns:
+      ``(view, axis, back)`` with ``back(view) == kernel``.
+    """
+    if node.op == "ConvTranspose" and int(node.attrs["groups"]) > 1:
+        g = int(node.attrs["groups"])
+        c_in, c_out_g, *k = kernel.shape
+        view = kernel.reshape(g, c_in // g, c_out_g, *k).swapaxes(1, 2).reshape(
+            g * c_out_g, c_in // g, *k)
+
+        def back(v: Any) -> Any:
+            return v.reshape(g, c_out_g, c_in // g, *k).swapaxes(1, 2).reshape(c_in, c_out_g, *k)
+
+        return view, 0, back
+    return kernel, kernel_out_axis(node), lambda v: v
 
 
 UNARY_EPILOGUES: dict[str, Callable[[jax.Array], jax.Array]] = {

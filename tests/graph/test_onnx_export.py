@@ -231,3 +231,58 @@ def test_cpu_fallback_node_exports_back():
     x = np.linspace(-2, 2, 6, dtype=np.float32).reshape(2, 3)
     exported = to_onnx(graph, params).SerializeToString()
     assert_close(ort_run(exported, {"x": x})[0], ort_run(m.SerializeToString(), {"x": x})[0])
+
+
+def _conv_transpose_model(groups: int):
+    rng = np.random.default_rng(groups)
+    c_in, c_out_g = 4, 3
+    w = rng.normal(size=(c_in, c_out_g, 3, 3)).astype(np.float32)
+    w[: c_in // groups] *= 20.0  # the first group's channels are 20x larger than the others'
+    b = rng.normal(size=(groups * c_out_g,)).astype(np.float32)
+    node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], strides=[2, 2],
+                            pads=[1, 1, 1, 1], output_padding=[1, 1], group=groups, name="up")
+    g = helper.make_graph([node], "convt",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c_in, 5, 5])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT,
+                                                         [1, groups * c_out_g, 10, 10])],
+                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m, w
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_conv_transpose_per_channel_qdq_export_runs_in_onnxruntime(groups):
+    from npujax.graph.execute import LayerQuant, quantize_weight
+    from npujax.errors import QuantizationError
+    from npujax.graph.ops import kernel_out_axis, out_channel_view
+    from npujax.quant import IntFormat
+
+    m, w = _conv_transpose_model(groups)
+    graph, params = from_onnx(m)
+    (node,) = graph.nodes
+    # one scale per output channel o = i * (C_out/g) + j, i.e. kernel[i*C_in/g:(i+1)*C_in/g, j]
+    view, axis, back = out_channel_view(node, w)
+    assert axis == (0 if groups > 1 else 1) and view.shape[axis] == groups * 3
+    np.testing.assert_array_equal(back(view), w)
+    if groups > 1:  # axis 1 would share a scale between channel j of every group
+        with pytest.raises(QuantizationError, match="out_channel_view"):
+            kernel_out_axis(node)
+    wq = np.asarray(quantize_weight(view, IntFormat(8, narrow_range=True), axis))
+    step = np.abs(view).max(axis=tuple(i for i in range(4) if i != axis), keepdims=True) / 127
+    assert np.all(np.abs(wq - view) <= step / 2 * (1 + 1e-6))
+    q = {"up": LayerQuant(weight=IntFormat(8, narrow_range=True), act=IntFormat(8, signed=False))}
+    x = np.random.default_rng(5).normal(size=(4, 1, 4, 5, 5)).astype(np.float32)
+    qstate = calibrate(graph, params, list(x), q)
+    for int32_bias in (False, True):
+        model = to_onnx(graph, params, q, qstate, int32_bias=int32_bias)
+        dq = [n for n in model.graph.node if n.name == "up/weight_dequant"][0]
+        assert {a.name: a.i for a in dq.attribute}["axis"] == axis  # ONNX DQ axis 1: [C_in, C_out]
+        model = model.SerializeToString()
+        for xi in x:
+            want = np.asarray(execute(graph, params, xi, quant=q, qstate=qstate))
+            # onnxruntime runs ConvTranspose in float on the dequantized kernel: float rounding
+            # (measured <= 2.3e-5 on outputs up to 180) and, with int32 biases, their rounding
+            # to the grid s_x * s_w (measured 0.0028; half a step is up to 0.007 here)
+            assert_close(ort_run(model, {"x": xi})[0], want, rtol=1e-5,
+                         atol=1e-2 if int32_bias else 1e-5)
