@@ -253,8 +253,8 @@ def _conv_transpose_model(groups: int):
 
 @pytest.mark.parametrize("groups", [1, 2])
 def test_conv_transpose_per_channel_qdq_export_runs_in_onnxruntime(groups):
-    from npujax.graph.execute import LayerQuant, quantize_weight
     from npujax.errors import QuantizationError
+    from npujax.graph.execute import LayerQuant, quantize_weight
     from npujax.graph.ops import kernel_out_axis, out_channel_view
     from npujax.quant import IntFormat
 
