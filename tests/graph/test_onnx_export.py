@@ -100,7 +100,7 @@ def test_qdq_export_runs_in_onnxruntime_close_to_fake_quant(cls_quantized, int32
     y = np.concatenate([ort_run(model, {"x": x[None]})[0] for x in xs])
     # Not bit-exact: onnxruntime's float conv accumulates in another order (and int32 biases
     # round), which flips a few activation codes by 1 LSB; flips compound over 54 quantized
-    # layers. Measured max |dp|: 0.021 with int32 biases, 0.017 with float biases.
+    # layers. Measured max |dp|: 0.038 with int32 biases, 0.031 with float biases.
     assert np.abs(y - yq).max() < 0.05
     np.testing.assert_array_equal(y.argmax(1), ORIENTATION)
 
