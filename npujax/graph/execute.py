@@ -36,7 +36,7 @@ import jax.numpy as jnp
 
 from npujax.errors import ConfigError, ShapeError
 from npujax.graph.ir import Graph, Params
-from npujax.graph.ops import kernel_out_axis, run_op
+from npujax.graph.ops import kernel_out_axis, out_channel_view, run_op
 from npujax.quant import (
     FP8_E4M3FN,
     FP8_E5M2,
@@ -417,19 +417,22 @@ def _quantize_kernel(node, lq: LayerQuant, w: jax.Array, bit_probs, key=None,
     fmts = lq.weight_candidates
     if not fmts:
         return w
-    axis = kernel_out_axis(node) if lq.weight_per_channel else None
     state = (qstate or {}).get(node.name, {})
     if lq.method != "ste" and "weight_step" in state:
+        axis = kernel_out_axis(node) if lq.weight_per_channel else None
         return lsq_fake_quant(w, state["weight_step"], fmts[0], axis=axis)
     if lq.weight_block_size is not None:
         return quantize_weight(w, fmts[0], kernel_in_axis(node), key,
                                block_size=lq.weight_block_size)
+    axis, back = None, lambda v: v
+    if lq.weight_per_channel:  # one scale per output channel (a grouped ConvTranspose: a view)
+        w, axis, back = out_channel_view(node, w)
     if len(fmts) == 1:
-        return quantize_weight(w, fmts[0], axis, key)
+        return back(quantize_weight(w, fmts[0], axis, key))
     if bit_probs is None or node.name not in bit_probs:
         raise ConfigError(
             f"layer {node.name!r} has {len(fmts)} candidate weight formats but bit_probs has no "
             "entry for it; pass bit_probs={node: probabilities} or a single format."
         )
     probs = bit_probs[node.name]
-    return sum(probs[i] * quantize_weight(w, f, axis) for i, f in enumerate(fmts))
+    return back(sum(probs[i] * quantize_weight(w, f, axis) for i, f in enumerate(fmts)))

@@ -20,17 +20,30 @@
     after ORT fuses DequantizeLinear-Conv-QuantizeLinear into QLinearConv.
 
 A fused ReLU/ReLU6 epilogue becomes a clamp of the codes (``>= z_y`` / ``<= z_y +
-round(6 / s_y)``), exact because quantization is monotone. Between GEMMs, Reshape, Transpose,
-Identity, MaxPool and ReLU act on codes exactly; AveragePool sums codes in int32 and divides with
-round-half-to-even. Requantized codes travel as int32 and are saturated to ``[qmin, qmax]``
-where the consumer reads them, so an AveragePool in between averages unsaturated values as the
-float model does (on an NPU: its int32 pooling unit); with only exact code ops in between this
-equals saturating at once. A GEMM followed by an AveragePool requantizes with 8 extra fraction
-bits, so the average is rounded once (to the consumer's grid), not twice. A GEMM whose
-output does not reach exactly one quantized GEMM through those ops (the last layer, residual
-branches) returns ``float32(acc) * s_x * s_w`` -- its dequantized accumulator -- and any other
-operator runs in float on dequantized values (as ORT runs an operator it has no QLinear kernel
-for between DequantizeLinear and QuantizeLinear).
+round(6 / s_y)``), exact because quantization is monotone. A GEMM whose output reaches exactly
+one quantized GEMM through code ops only (:func:`requant_target`) is requantized to that
+consumer's input grid. Between GEMMs, Reshape, Transpose, Identity, MaxPool and ReLU act on
+codes exactly (they commute with saturation). At most one AveragePool may lie on the way; there
+the two modes differ, each modelling its target:
+
+* ``requant="fixed_point"`` (an NPU with an int32 pooling unit): the GEMM requantizes with 8
+  extra fraction bits and does not saturate; the pool sums in int32 and divides with round half
+  to even, then the codes saturate. The average of unsaturated values is rounded once, as the
+  fake-quant model's float pool is, so the codes stay within one step of fake-quant.
+* ``requant="float"`` (onnxruntime running the QDQ model :func:`npujax.graph.to_onnx` writes,
+  which has ``QuantizeLinear -> DequantizeLinear`` on such a GEMM's output): the GEMM output
+  saturates to the consumer's grid at once (QLinearConv/QGemm); the pool is ORT's
+  QLinearAveragePool in float32 -- ``v = s * float(q - z)`` summed over the window in row-major
+  order, divided by the count, ``nearbyint(v / s + z)`` -- bit for bit (not for a window that
+  covers the whole input, which ORT sends to its integer global-pool kernel). Rounding twice
+  and saturating before the pool can move a pooled code by more than a step from fake-quant
+  where the GEMM's output exceeds the (post-pool) calibrated range.
+
+A GEMM whose output does not reach exactly one quantized GEMM through those ops (the last layer,
+residual branches) returns ``float32(acc) * s_x * s_w`` -- its dequantized accumulator -- and any
+other operator runs in float on dequantized values (as ORT runs an operator it has no QLinear
+kernel for between DequantizeLinear and QuantizeLinear). Divisions by scales are correctly
+rounded (:func:`npujax.quant.core.true_divide`) as ORT's are.
 
 Overflow: with ``b_x``-bit activations and ``b_w``-bit weights, ``|acc| <= K * 2^b_x *
 2^(b_w - 1)`` (K the reduction length); :func:`convert` raises if that bound could exceed
@@ -55,17 +68,20 @@ from jax import lax
 
 from npujax.errors import ConfigError, QuantizationError
 from npujax.graph.execute import QuantSpec, _as_inputs, layer_weight_qparams
-from npujax.graph.ir import Graph, Node, Params
+from npujax.graph.ir import GEMM_OPS, Graph, Node, Params
 from npujax.graph.learned_steps import deploy_qstate
-from npujax.graph.ops import _dense_conv, apply_epilogue, kernel_out_axis, run_op
+from npujax.graph.ops import _dense_conv, apply_epilogue, avgpool_count, kernel_out_axis, run_op
 from npujax.quant import IntFormat, dequantize, quantize
+from npujax.quant.core import true_divide
 
 __all__ = [
     "IntegerLayer",
     "IntegerModel",
     "convert",
     "execute_integer",
+    "quantize_bias",
     "quantize_multiplier",
+    "requant_target",
     "requantize",
     "rounding_doubling_high_mul",
     "rounding_divide_by_pot",
@@ -158,6 +174,24 @@ def requantize(acc: jax.Array, m0: jax.Array, shift: jax.Array) -> jax.Array:
     return rounding_divide_by_pot(rounding_doubling_high_mul(acc << left, m0), right)
 
 
+def quantize_bias(bias: np.ndarray, act_scale: Any, weight_scale: Any) -> np.ndarray:
+    """int32-grid bias codes ``round_half_even(b / (s_x * s_w))``, as int64 (not yet clipped).
+
+    The scale ``s_x * s_w`` is the float32 product (ONNX's QDQ bias convention; what
+    onnxruntime's kernels assume), and the division is done in float64 on the host so that
+    :func:`convert` and :func:`npujax.graph.to_onnx` write the same codes.
+
+    Args:
+      bias: float32 ``[C_out]``.
+      act_scale: the layer's input scale (float32 scalar).
+      weight_scale: float32 ``[C_out]`` (or scalar) weight scales.
+    """
+    scale = np.float32(np.asarray(act_scale, np.float32).reshape(())) * np.asarray(
+        weight_scale, np.float32)
+    scale = np.broadcast_to(scale, np.shape(bias)).astype(np.float32)
+    return np.round(np.asarray(bias, np.float64) / scale.astype(np.float64)).astype(np.int64)
+
+
 # --------------------------------------------------------------------------------------------
 # The converted model.
 
@@ -174,7 +208,7 @@ class QTensor(NamedTuple):
     zero_point: jax.Array
     fmt: IntFormat
     owner: str
-    frac_bits: int = 0
+    frac_bits: int = 0  # codes with frac_bits == 0 are saturated (QuantizeLinear)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,9 +262,22 @@ class IntegerModel:
     requant: str = "fixed_point"
 
 
-def _follow_codes(graph: Graph, quant: QuantSpec, node: Node) -> tuple[str | None, bool]:
-    """The quantized GEMM that reads ``node``'s output through code ops only (if one), and
-    whether an AveragePool lies on the way."""
+def _is_integer_layer(lq: Any) -> bool:
+    return (lq is not None and isinstance(lq.act, IntFormat) and len(lq.weight_candidates) == 1
+            and isinstance(lq.weight_candidates[0], IntFormat) and lq.weight_candidates[0].signed)
+
+
+def requant_target(graph: Graph, quant: QuantSpec, node: Node) -> tuple[str | None, bool]:
+    """The layer whose input grid ``node``'s output is requantized to (or None), and whether an
+    AveragePool lies on the way.
+
+    That is the one quantized GEMM reading ``node``'s output through code ops only (Reshape,
+    Transpose, Identity, MaxPool, Relu, at most one AveragePool), when ``node`` is itself an
+    integer GEMM layer with at most a ReLU/ReLU6 epilogue. :func:`convert` requantizes there and
+    :func:`npujax.graph.to_onnx` writes ``QuantizeLinear -> DequantizeLinear`` there.
+    """
+    if node.op not in GEMM_OPS or not _is_integer_layer(quant.get(node.name)):
+        return None, False
     if any(e not in _INT_EPILOGUES for e in node.attrs.get("epilogue", ())):
         return None, False
     t = node.outputs[0]
@@ -248,8 +295,8 @@ def _follow_codes(graph: Graph, quant: QuantSpec, node: Node) -> tuple[str | Non
             t = u.outputs[0]
             continue
         lq = quant.get(u.name)
-        if u.op in ("Conv", "Gemm") and lq is not None and lq.act is not None \
-                and isinstance(lq.act, IntFormat) and u.inputs[0] == t:
+        if u.op in GEMM_OPS and lq is not None and isinstance(lq.act, IntFormat) \
+                and u.inputs[0] == t:
             return u.name, pooled
         return None, False
 
@@ -339,17 +386,17 @@ def convert(
                 f"{lq.act.bits}-bit activations, {wfmt.bits}-bit weights: |acc| <= {bound}); "
                 "lower the bit widths or split the reduction."
             )
-        acc_scale = s_in * ws  # float32, the bias scale (ONNX QDQ bias convention)
-        bias = jnp.asarray(p.get("bias", jnp.zeros((c_out,), jnp.float32)), jnp.float32)
-        bias_q = jnp.round(bias / acc_scale)
-        bias_q = jnp.clip(bias_q, -(2.0**31), 2.0**31 - 1).astype(jnp.int32)
+        bias = np.asarray(p.get("bias", np.zeros((c_out,), np.float32)), np.float32)
+        bias_q = jnp.asarray(np.clip(quantize_bias(bias, s_in, ws), -(2**31), 2**31 - 1),
+                             jnp.int32)
         layer = IntegerLayer(weight=wq, weight_scale=ws, bias=bias_q, input_scale=s_in,
                              input_zero_point=z_in, input_format=lq.act)
-        nxt, pooled = _follow_codes(graph, quant, node)
+        nxt, pooled = requant_target(graph, quant, node)
         if nxt is not None and nxt in qstate:
-            fb = _POOL_FRAC_BITS if pooled else 0
+            fb = _POOL_FRAC_BITS if pooled and requant == "fixed_point" else 0
             s_out = jnp.asarray(qstate[nxt]["act_scale"], jnp.float32)
             z_out = jnp.asarray(qstate[nxt]["act_zero_point"], jnp.int32)
+            # float32 as ORT's QLinearConv / QGemm compute it: (s_x * s_w) / s_y
             mult32 = (np.float32(s_in) * np.asarray(ws, np.float32)) / np.float32(s_out)
             mult32 = mult32 * np.float32(2**fb)
             m0, shift = quantize_multiplier(
@@ -367,8 +414,8 @@ def convert(
 # Execution.
 
 
-def _div_round_half_even(n: jax.Array, d: int) -> jax.Array:
-    """``n / d`` for int32 ``n`` and a positive int ``d``, rounded half to even."""
+def _div_round_half_even(n: jax.Array, d: jax.Array) -> jax.Array:
+    """``n / d`` for int32 ``n`` and positive int32 ``d``, rounded half to even."""
     q = jnp.floor_divide(n, d)
     r = n - q * d
     up = (2 * r > d) | ((2 * r == d) & (q % 2 == 1))
@@ -420,23 +467,51 @@ def _run_layer(model: IntegerModel, node: Node, layer: IntegerLayer, v: Any) -> 
     else:
         r = requantize(acc, layer.m0.reshape(cshape), layer.shift.reshape(cshape))
     fb = layer.output_frac_bits
-    q = r + (zp << fb)  # int32; saturated to the format where the consumer reads it
+    q = r + (zp << fb)  # int32
     for e in node.attrs.get("epilogue", ()):
         q = jnp.maximum(q, zp << fb)
         if e == "Relu6":
             six = jnp.round(jnp.float32(6.0 * 2**fb) / layer.output_scale).astype(jnp.int32)
             q = jnp.minimum(q, six + (zp << fb))
+    if fb == 0:
+        q = jnp.clip(q, fmt.qmin, fmt.qmax)  # QuantizeLinear saturates
     return x_in, QTensor(q, layer.output_scale, zp, fmt, layer.output, fb)
 
 
-def _avgpool_codes(node: Node, v: QTensor) -> QTensor:
+def _window_sum_in_order(node: Node, v: jax.Array) -> jax.Array:
+    """Sum over each pooling window, adding the elements in row-major window order as ORT's
+    pool loops do (padding adds zeros)."""
     a = node.attrs
-    window = int(np.prod(a["window"]))
+    v = jnp.pad(v, [tuple(p) for p in a["padding"]])
+    dil = tuple(a.get("window_dilation", (1,) * v.ndim))
+    out_shape = [(v.shape[i] - (a["window"][i] - 1) * dil[i] - 1) // a["strides"][i] + 1
+                 for i in range(v.ndim)]
+    total = None
+    for offset in np.ndindex(*a["window"]):
+        start = [o * d for o, d in zip(offset, dil)]
+        limit = [b + (n - 1) * st + 1 for b, n, st in zip(start, out_shape, a["strides"])]
+        term = lax.slice(v, start, limit, tuple(a["strides"]))
+        total = term if total is None else total + term
+    return total
+
+
+def _avgpool_codes(node: Node, v: QTensor) -> QTensor:
+    """``DQ -> AveragePool -> Q`` on one grid (see the module docstring for the two modes)."""
+    a = node.attrs
+    count = avgpool_count(node, v.codes.shape)
     x = v.codes - (v.zero_point << v.frac_bits)
-    s = lax.reduce_window(x, jnp.int32(0), lax.add, tuple(a["window"]), tuple(a["strides"]),
-                          [tuple(p) for p in a["padding"]])
-    q = _div_round_half_even(s, window * 2**v.frac_bits) + v.zero_point
-    return v._replace(codes=q, frac_bits=0)
+    if v.frac_bits == 0:  # saturated codes: onnxruntime's QLinearAveragePool, float32
+        xd = v.scale * x.astype(jnp.float32)
+        avg = true_divide(_window_sum_in_order(node, xd), count)
+        q = jnp.round(true_divide(avg, v.scale) + v.zero_point.astype(jnp.float32))
+        q = q.astype(jnp.int32)
+    else:  # int32 pooling unit: one rounding of the unsaturated sum
+        s = lax.reduce_window(x, jnp.int32(0), lax.add, tuple(a["window"]), tuple(a["strides"]),
+                              [tuple(p) for p in a["padding"]],
+                              window_dilation=tuple(a.get("window_dilation", (1,) * x.ndim)))
+        d = jnp.asarray(count, jnp.int32) * jnp.int32(2**v.frac_bits)
+        q = _div_round_half_even(s, d) + v.zero_point
+    return v._replace(codes=jnp.clip(q, v.fmt.qmin, v.fmt.qmax), frac_bits=0)
 
 
 def _code_op(node: Node, v: QTensor) -> QTensor:

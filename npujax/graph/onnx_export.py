@@ -42,8 +42,10 @@ from onnx import helper, numpy_helper
 from npujax._atomic import atomic_write_bytes
 from npujax.errors import ConfigError, UnsupportedOpError
 from npujax.graph.execute import LayerQuant, QuantSpec, layer_weight_qparams
+from npujax.graph.integer import quantize_bias, requant_target
 from npujax.graph.ir import Graph, Node, Params
 from npujax.graph.learned_steps import deploy_qstate
+from npujax.graph.ops import out_channel_view
 from npujax.quant import FloatFormat, IntFormat
 
 __all__ = ["to_onnx", "EXPORT_OPSET", "QDQ_EXTENDED_OPSET"]
@@ -92,29 +94,52 @@ def _int_dtype(fmt: IntFormat | FloatFormat) -> np.dtype:
     return np.dtype(np.int8 if fmt.signed else np.uint8)
 
 
+def _qdq(w: _Writer, x: str, out: str | None, fmt: IntFormat | FloatFormat, qs, prefix: str,
+         what: str) -> str:
+    """``[Clip ->] QuantizeLinear -> DequantizeLinear`` of ``x`` on the grid ``qs`` (the Clip
+    only for integer formats narrower than their storage type)."""
+    dt = _int_dtype(fmt)
+    s = np.asarray(qs["act_scale"], np.float32).reshape(())
+    zp = int(np.asarray(qs["act_zero_point"]).reshape(()))
+    scale = w.init(f"{prefix}.{what}_scale", s)
+    zero = w.init(f"{prefix}.{what}_zero_point", zp, dt)
+    if isinstance(fmt, IntFormat) and (fmt.qmin, fmt.qmax) != (int(np.iinfo(dt).min),
+                                                              int(np.iinfo(dt).max)):
+        lo = w.init(f"{prefix}.{what}_min", np.float32((fmt.qmin - zp) * s))
+        hi = w.init(f"{prefix}.{what}_max", np.float32((fmt.qmax - zp) * s))
+        clipped = w.name(f"{x}/clip")
+        w.add("Clip", [x, lo, hi], [clipped], f"{prefix}/{what}_clip")
+        x = clipped
+    q = w.name(f"{prefix}/{what}_q")
+    dq = out if out is not None else w.name(f"{prefix}/{what}_dq")
+    w.add("QuantizeLinear", [x, scale, zero], [q], f"{prefix}/{what}_quant")
+    w.add("DequantizeLinear", [q, scale, zero], [dq], f"{prefix}/{what}_dequant")
+    return dq
+
+
 def _qdq_input(w: _Writer, node: Node, x: str, lq: LayerQuant, qstate) -> str:
     if lq.act is None:
         return x
     if qstate is None or node.name not in qstate:
         raise ConfigError(f"layer {node.name!r} quantizes its input but qstate has no entry for "
                           "it; pass the result of npujax.graph.calibrate as qstate.")
-    fmt = lq.act
-    dt = _int_dtype(fmt)
-    s = np.asarray(qstate[node.name]["act_scale"], np.float32).reshape(())
-    zp = int(np.asarray(qstate[node.name]["act_zero_point"]).reshape(()))
-    scale = w.init(f"{node.name}.act_scale", s)
-    zero = w.init(f"{node.name}.act_zero_point", zp, dt)
-    if isinstance(fmt, IntFormat) and (fmt.qmin, fmt.qmax) != (int(np.iinfo(dt).min),
-                                                              int(np.iinfo(dt).max)):
-        lo = w.init(f"{node.name}.act_min", np.float32((fmt.qmin - zp) * s))
-        hi = w.init(f"{node.name}.act_max", np.float32((fmt.qmax - zp) * s))
-        clipped = w.name(f"{x}/clip")
-        w.add("Clip", [x, lo, hi], [clipped], f"{node.name}/act_clip")
-        x = clipped
-    q, dq = w.name(f"{node.name}/x_q"), w.name(f"{node.name}/x_dq")
-    w.add("QuantizeLinear", [x, scale, zero], [q], f"{node.name}/act_quant")
-    w.add("DequantizeLinear", [q, scale, zero], [dq], f"{node.name}/act_dequant")
-    return dq
+    return _qdq(w, x, None, lq.act, qstate[node.name], node.name, "act")
+
+
+def _requantize_output(w: _Writer, node: Node, lq: LayerQuant, qs) -> None:
+    """``QuantizeLinear -> DequantizeLinear`` on ``node``'s output, on the grid of the GEMM that
+    reads it through code ops (where the integer path requantizes; see
+    :func:`npujax.graph.integer.requant_target`).
+
+    onnxruntime fuses ``DQ -> Conv/Gemm [-> Relu] -> Q`` into QLinearConv/QGemm, and
+    ``DQ -> AveragePool -> Q`` into QLinearAveragePool; without this pair a GEMM followed by a
+    pool would run in float (MLAS sgemm), whose rounding no integer model reproduces.
+    """
+    out = node.outputs[0]
+    pre = w.name(f"{out}/pre_q")
+    (producer,) = [n for n in w.nodes if out in n.output]
+    producer.output[list(producer.output).index(out)] = pre
+    _qdq(w, pre, out, lq.act, qs, node.name, "out")
 
 
 def _weights(w: _Writer, node: Node, lq: LayerQuant | None, kernel: np.ndarray, axis: int,
@@ -168,7 +193,7 @@ def _weights(w: _Writer, node: Node, lq: LayerQuant | None, kernel: np.ndarray, 
     if act_scale is None:
         return wdq, w.init(f"{node.name}.bias", bias)
     bscale = (act_scale * scale * np.ones_like(bias)).astype(np.float32)
-    bq = np.round(bias.astype(np.float64) / bscale)
+    bq = quantize_bias(bias, act_scale, scale)  # the codes convert() adds to the accumulator
     if np.abs(bq).max() > np.iinfo(np.int32).max:
         # A channel with (near-)zero weights has a tiny scale: its bias does not fit in int32.
         return wdq, w.init(f"{node.name}.bias", bias)
@@ -250,16 +275,37 @@ def _gemm(w: _Writer, node: Node, lq, qstate) -> None:
 
 
 def _conv_transpose(w: _Writer, node: Node, lq, qstate) -> None:
+    """ConvTranspose; quantized as Conv is (input QDQ, int8 kernel + DequantizeLinear, int32
+    bias). Per-channel weights of an ungrouped ConvTranspose dequantize along axis 1 of the
+    ``[C_in, C_out, *k]`` kernel. DequantizeLinear has one scale per index of one axis, which a
+    grouped kernel ``[C_in, C_out/g, *k]`` lacks (see :func:`npujax.graph.ops.out_channel_view`):
+    its codes are stored as ``[C_out, C_in/g, *k]``, dequantized along axis 0, and moved back by
+    Reshape-Transpose-Reshape (exact; onnxruntime runs ConvTranspose in float either way)."""
     a = node.attrs
     nsp = len(a["strides"])
-    ins = [node.inputs[0], w.init(f"{node.name}.kernel", w.param(node, "kernel"))]
-    if "bias" in w.params[node.name]:
-        ins.append(w.init(f"{node.name}.bias", w.param(node, "bias")))
+    x = _qdq_input(w, node, node.inputs[0], lq, qstate) if lq is not None else node.inputs[0]
+    kernel = w.param(node, "kernel")
+    per_channel = lq is not None and lq.weight_per_channel and bool(lq.weight_candidates)
+    view, axis, _ = out_channel_view(node, kernel) if per_channel else (kernel, 1, None)
+    kname, bname = _weights(w, node, lq, view, axis, _act_scale(lq, node, qstate))
+    if view is not kernel:
+        g = int(a["groups"])
+        c_in, c_out_g, *k = kernel.shape
+        shape1 = w.init(f"{node.name}.kernel_grouped_shape", np.asarray(
+            [g, c_out_g, c_in // g, *k], np.int64))
+        shape2 = w.init(f"{node.name}.kernel_shape", np.asarray(kernel.shape, np.int64))
+        t1, t2, t3 = (w.name(f"{node.name}.kernel_{s}") for s in ("grouped", "swapped", "onnx"))
+        w.add("Reshape", [kname, shape1], [t1], f"{node.name}/kernel_group")
+        w.add("Transpose", [t1], [t2], f"{node.name}/kernel_swap",
+              perm=[0, 2, 1] + list(range(3, 3 + len(k))))
+        w.add("Reshape", [t2, shape2], [t3], f"{node.name}/kernel_ungroup")
+        kname = t3
     pads = [p[0] for p in a["pads"]] + [p[1] for p in a["pads"]]
     y = w.name(f"{node.name}/convt") if a.get("epilogue") else node.outputs[0]
-    w.add("ConvTranspose", ins, [y], node.name, strides=list(a["strides"]), pads=pads,
-          dilations=list(a["dilations"]), output_padding=list(a["output_padding"]),
-          group=int(a["groups"]), kernel_shape=list(a["kernel_shape"][2:2 + nsp]))
+    w.add("ConvTranspose", [x, kname] + ([bname] if bname else []), [y], node.name,
+          strides=list(a["strides"]), pads=pads, dilations=list(a["dilations"]),
+          output_padding=list(a["output_padding"]), group=int(a["groups"]),
+          kernel_shape=list(a["kernel_shape"][2:2 + nsp]))
     if a.get("epilogue"):
         _epilogue(w, node, y, node.outputs[0])
 
@@ -432,6 +478,7 @@ def to_onnx(
     path: str | os.PathLike[str] | None = None,
     *,
     int32_bias: bool = True,
+    requantize_outputs: bool = True,
 ) -> onnx.ModelProto:
     """Write ``graph`` with ``params`` as an ONNX model, in QDQ form for the layers in ``quant``.
 
@@ -447,6 +494,13 @@ def to_onnx(
         weight scale, the integer-NPU convention). False keeps float biases, which is what
         :func:`npujax.graph.execute`'s fake-quant computes (for a like-for-like comparison). A
         bias that would overflow int32 (a channel whose weights are all ~0) stays float.
+      requantize_outputs: put ``QuantizeLinear -> DequantizeLinear`` (the consumer's grid) on
+        the output of every quantized GEMM that :func:`npujax.graph.convert` requantizes to its
+        consumer's grid (:func:`npujax.graph.integer.requant_target`), so that onnxruntime runs
+        it in its integer kernels and its result equals ``execute_integer(convert(...,
+        requant="float"))`` bit for bit. False leaves those outputs in float, which is the
+        fake-quant model :func:`npujax.graph.execute` computes (a GEMM followed by a pool then
+        runs in float in onnxruntime).
 
     Returns:
       The ``onnx.ModelProto`` (opset :data:`EXPORT_OPSET`, or :data:`QDQ_EXTENDED_OPSET` when a
@@ -470,6 +524,9 @@ def to_onnx(
             w.inits[name] = numpy_helper.from_array(np.asarray(t), name)
     for node in graph.nodes:
         _EXPORTERS.get(node.op, _generic)(w, node, quant.get(node.name), qstate)
+        target = requant_target(graph, quant, node)[0] if requantize_outputs else None
+        if target is not None and qstate is not None and target in qstate:
+            _requantize_output(w, node, quant[target], qstate[target])
 
     def vi(name):
         t = graph.tensors[name]

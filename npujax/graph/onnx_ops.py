@@ -18,6 +18,7 @@ from jax import lax
 from npujax.errors import UnsupportedOpError
 from npujax.graph.ir import Node
 from npujax.graph.ops import _register, align_ranks, apply_epilogue
+from npujax.quant.core import true_divide
 
 __all__: list[str] = []
 
@@ -230,7 +231,7 @@ def _quantize_linear(node: Node, inputs, params):
     dtype = np.dtype(node.attrs["dtype"])
     axis = int(node.attrs.get("axis", 1))
     scale = _per_axis(scale, x, axis).astype(x.dtype)
-    q = jnp.round(x / scale)
+    q = jnp.round(true_divide(x, scale))  # correctly rounded, as ONNX and onnxruntime divide
     if len(inputs) > 2:
         q = q + _per_axis(inputs[2], x, axis).astype(q.dtype)
     info = np.iinfo(dtype)

