@@ -223,8 +223,17 @@ def _cmd_search(args: argparse.Namespace) -> int:
     acts = _int_list(args.act_candidates, "--act-candidates")
     spec = load_npu_spec(args.npu)
     graph, params, qstate, _, (x, y, _, _) = _load_for_search(args, max(acts))
+    layers = [n.name for n in graph.gemm_nodes]
+    if args.pin in (None, ""):
+        pinned = None
+    elif args.pin == "first-last":
+        pinned = {layers[0]: 8, layers[-1]: 8}
+    else:
+        pinned = _bits(args.pin)
+        if not isinstance(pinned, dict):
+            raise ConfigError(f"--pin takes layer=bits pairs or 'first-last', got {args.pin!r}.")
     policy = search_precision(
-        graph, params, spec, x, y, qstate, method=args.method,
+        graph, params, spec, x, y, qstate, method=args.method, pinned=pinned,
         budget_s=args.budget_latency, budget_ratio=args.budget_ratio, candidates=cands,
         act_candidates=acts, steps=args.steps, sensitivity_samples=args.sensitivity_samples,
         sensitivity_batch=args.sensitivity_batch, seed=args.seed, progress=True)
@@ -487,6 +496,8 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--candidates", default="2,4,8", help="weight widths (default 2,4,8)")
     se.add_argument("--act-candidates", default="8", help="activation widths (default 8)")
     se.add_argument("--steps", type=int, default=300, help="gradient-search steps")
+    se.add_argument("--pin", help="layers held at fixed widths: 'first-last' (the first and last "
+                    "GEMM layers at 8 bits) or layer=bits pairs, e.g. conv1=8,fc2=8")
     se.add_argument("--sensitivity-samples", type=int, default=16,
                     help="Hutchinson probes for the Hessian traces (ilp, greedy; default 16)")
     se.add_argument("--seed", type=int, default=0)

@@ -15,6 +15,7 @@ from npujax.search.sensitivity import activation_sensitivity as activation_sensi
 from npujax.search.sensitivity import hawq_sensitivity as hawq_sensitivity
 from npujax.search.sensitivity import hessian_traces as hessian_traces
 from npujax.search.sensitivity import weight_perturbation as weight_perturbation
+from npujax.search.solvers import allowed_mask as allowed_mask
 from npujax.search.solvers import fastest_latency_s as fastest_latency_s
 from npujax.search.solvers import greedy_policy as greedy_policy
 from npujax.search.solvers import ilp_policy as ilp_policy
@@ -37,4 +38,5 @@ __all__ = [
     "ilp_policy",
     "greedy_policy",
     "fastest_latency_s",
+    "allowed_mask",
 ]

@@ -41,6 +41,7 @@ def search_precision(
     *,
     method: str = "ilp",
     loss: str | TaskLoss | None = None,
+    pinned: Mapping[str, int | tuple[int, int]] | None = None,
     budget_s: float | None = None,
     budget_ratio: float = 0.75,
     candidates: Sequence[int] = (2, 4, 8),
@@ -65,6 +66,9 @@ def search_precision(
         integer program over Hessian-trace sensitivities) or ``greedy`` (by sensitivity).
       loss: the task loss: a :class:`TaskLoss`, one of its kinds (``logits``,
         ``probabilities``, ``dense``), or None to infer it from the graph's output.
+      pinned: ``{layer: w or (w, a)}`` layers every searcher must keep at that choice (e.g.
+        the first and last layers at ``(8, 8)``, the convention of HAWQ-V3 and HAQ); the
+        choice must be among the candidates.
       budget_s: latency budget (s); default ``budget_ratio`` x the uniform 8-bit latency.
       budget_ratio: see ``budget_s``.
       candidates: candidate weight widths.
@@ -98,7 +102,7 @@ def search_precision(
     if method == "gradient":
         res = gradient_search(graph, params, x, targets, spec, qstate, candidates=candidates,
                               act_bits=tuple(act_candidates), budget_s=budget_s, steps=steps,
-                              seed=seed, loss_fn=task, progress=progress)
+                              seed=seed, loss_fn=task, pinned=pinned, progress=progress)
         wbits, abits = dict(res.policy), dict(res.act_policy)
         extra = {"probabilities": {n: [float(v) for v in p] for n, p in res.probs.items()},
                  "act_probabilities": {n: [float(v) for v in p]
@@ -108,11 +112,12 @@ def search_precision(
                  "final_lambda": res.lam}
     else:
         table = latency_table(graph, spec, candidates, tuple(act_candidates))
-        if budget_s < fastest_latency_s(table) * (1 - 1e-9):
+        fastest = fastest_latency_s(table, pinned)
+        if budget_s < fastest * (1 - 1e-9):
             raise ConfigError(
                 f"latency budget {budget_s * 1e6:.3f} µs is below the fastest policy the "
-                f"candidates allow ({fastest_latency_s(table) * 1e6:.3f} µs); raise the budget or "
-                "add narrower candidates."
+                f"candidates allow ({fastest * 1e6:.3f} µs); raise the budget or add narrower "
+                "candidates."
             )
         n = min(sensitivity_batch, len(x))
         xb, yb = jnp.asarray(x[:n], jnp.float32), jnp.asarray(targets[:n])
@@ -127,11 +132,13 @@ def search_precision(
         omega = {ln: {(w, a): w_omega[ln][w] + a_omega[ln][a] for w in candidates
                       for a in act_candidates} for ln in layers}
         solver = ilp_policy if method == "ilp" else greedy_policy
-        choice = solver(table, omega, budget_s)
+        choice = solver(table, omega, budget_s, pinned)
         wbits = {ln: int(c[0]) for ln, c in choice.items()}
         abits = {ln: int(c[1]) for ln, c in choice.items()}
     exact = lower(graph, spec, weight_bits=wbits, act_bits=abits).latency_s
     meta = {"method": method, "npu": spec.name, "loss": task.kind,
+            "pinned": {k: list(v) if isinstance(v, tuple) else v
+                       for k, v in (pinned or {}).items()},
             "labels": "given" if y is not None else "float model (distillation)",
             "budget_s": float(budget_s),
             "latency_s": exact, "int8_latency_s": int8, "speedup_vs_int8": int8 / exact, **extra}

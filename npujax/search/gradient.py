@@ -35,7 +35,7 @@ from npujax.graph.execute import execute, quant_spec
 from npujax.graph.ir import Graph, Params
 from npujax.hw.spec import NpuSpec
 from npujax.search.cost import LatencyTable, expected_latency, latency_table
-from npujax.search.solvers import fastest_latency_s, ilp_policy
+from npujax.search.solvers import Pinned, allowed_mask, fastest_latency_s, ilp_policy
 from npujax.train import batch_iterator, cross_entropy, progress_bar
 
 __all__ = ["SearchResult", "gradient_search"]
@@ -89,6 +89,7 @@ def gradient_search(
     seed: int = 0,
     dataflow: str | None = None,
     loss_fn: Callable[[jax.Array, jax.Array], jax.Array] = cross_entropy,
+    pinned: Pinned | None = None,
     progress: bool = False,
 ) -> SearchResult:
     """Learn per-layer weight widths from ``candidates`` against the NPU latency of ``spec``.
@@ -116,6 +117,8 @@ def gradient_search(
       dataflow: overrides the preset's dataflow.
       loss_fn: task loss ``loss_fn(output, target_batch) -> f32[]``; softmax cross-entropy by
         default.
+      pinned: ``{layer: w or (w, a)}`` layers held at one choice (their probabilities are
+        one-hot throughout).
       progress: show a progress bar.
 
     Returns:
@@ -135,7 +138,13 @@ def gradient_search(
         if not 0 < budget_ratio <= 1:
             raise ConfigError(f"budget_ratio must be in (0, 1], got {budget_ratio}.")
         budget_s = budget_ratio * reference
-    fastest = fastest_latency_s(table)
+    fastest = fastest_latency_s(table, pinned)
+    allowed = allowed_mask(table, pinned).reshape(len(table.layers), len(candidates), len(acts))
+    # additive logit masks: 0 where allowed, -1e9 (probability exactly 0) elsewhere
+    wmask = {n: jnp.asarray(np.where(allowed[i].any(1), 0.0, -1e9), jnp.float32)
+             for i, n in enumerate(table.layers)}
+    amask = {n: jnp.asarray(np.where(allowed[i].any(0), 0.0, -1e9), jnp.float32)
+             for i, n in enumerate(table.layers)}
     if budget_s < fastest * (1 - 1e-9):
         raise ConfigError(
             f"latency budget {budget_s * 1e6:.3f} µs is below the fastest policy the candidates "
@@ -160,8 +169,8 @@ def gradient_search(
     state = {"w": params, "a": logits, "x": act_logits}
     opt_state = opt.init(state)
 
-    def probs_of(a):
-        return {n: jax.nn.softmax(v) for n, v in a.items()}
+    def probs_of(a, mask):
+        return {n: jax.nn.softmax(v + mask[n]) for n, v in a.items()}
 
     def joint(pw, pa):  # [L, n_w * n_a] in the table's (w-major) column order
         return jnp.stack([jnp.outer(pw[n], pa[n]).reshape(-1) for n in table.layers])
@@ -169,7 +178,7 @@ def gradient_search(
     @jax.jit
     def step(state, opt_state, lam, xb, yb):
         def objective(s):
-            probs, aprobs = probs_of(s["a"]), probs_of(s["x"])
+            probs, aprobs = probs_of(s["a"], wmask), probs_of(s["x"], amask)
             out = execute(graph, s["w"], xb, quant=quant, qstate=qstate, bit_probs=probs,
                           act_probs=aprobs if mixed_acts else None)
             lat = expected_latency(joint(probs, aprobs), table)
@@ -187,15 +196,15 @@ def gradient_search(
             xb, yb = next(batches)
             state, opt_state, lam_arr, loss = step(state, opt_state, lam_arr, xb, yb)
             advance(loss)
-    probs = {n: np.asarray(p) for n, p in probs_of(state["a"]).items()}
-    aprobs = {n: np.asarray(p) for n, p in probs_of(state["x"]).items()}
+    probs = {n: np.asarray(p) for n, p in probs_of(state["a"], wmask).items()}
+    aprobs = {n: np.asarray(p) for n, p in probs_of(state["x"], amask).items()}
 
     def nlog(v):
         return -float(np.log(max(float(v), 1e-30)))
 
     nll = {n: {(w, a): nlog(probs[n][i]) + nlog(aprobs[n][j]) for i, w in enumerate(candidates)
                for j, a in enumerate(acts)} for n in table.layers}
-    choice = ilp_policy(table, nll, budget_s)
+    choice = ilp_policy(table, nll, budget_s, pinned)
     policy = {n: int(c[0]) for n, c in choice.items()}
     act_policy = {n: int(c[1]) for n, c in choice.items()}
     return SearchResult(policy, probs, table.latency_s(choice), float(budget_s),

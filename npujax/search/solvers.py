@@ -20,19 +20,47 @@ import numpy as np
 from npujax.errors import ConfigError
 from npujax.search.cost import LatencyTable
 
-__all__ = ["ilp_policy", "greedy_policy", "fastest_latency_s"]
+__all__ = ["ilp_policy", "greedy_policy", "fastest_latency_s", "allowed_mask", "Pinned"]
 
 
-def fastest_latency_s(table: LatencyTable) -> float:
-    """The lowest latency any policy over ``table`` can reach (s)."""
-    return float(np.asarray(table.seconds).min(axis=1).sum() + table.fixed_s)
+#: ``{layer: weight_bits or (weight_bits, act_bits)}``: layers whose choice is fixed (e.g. the
+#: first and last layers at 8 bits, as HAWQ-V3 and HAQ keep them).
+Pinned = Mapping[str, "int | tuple[int, int]"]
 
 
-def _check(table: LatencyTable, sensitivity: Mapping[str, Mapping[int, float]], budget_s: float):
+def allowed_mask(table: LatencyTable, pinned: Pinned | None = None) -> np.ndarray:
+    """bool ``[L, n]``: which candidates each layer may take (all, or only its pinned choice).
+
+    Raises:
+      ConfigError: a pinned layer that is not in the table, or a pinned choice that is not
+        among the candidates.
+    """
+    mask = np.ones((len(table.layers), len(table.candidates)), bool)
+    for layer, choice in (pinned or {}).items():
+        if layer not in table.layers:
+            raise ConfigError(f"pinned layer {layer!r} is not a GEMM layer; layers: "
+                              f"{list(table.layers)}.")
+        i = table.layers.index(layer)
+        if isinstance(choice, (int, np.integer)) and (int(choice), int(choice)) in \
+                table.candidates and len({a for _, a in table.candidates}) > 1:
+            choice = (int(choice), int(choice))  # "8 bits" = W8A8 when activations vary
+        mask[i] = False
+        mask[i, table.column(choice)] = True
+    return mask
+
+
+def fastest_latency_s(table: LatencyTable, pinned: Pinned | None = None) -> float:
+    """The lowest latency any policy over ``table`` (respecting ``pinned``) can reach (s)."""
+    sec = np.where(allowed_mask(table, pinned), np.asarray(table.seconds, np.float64), np.inf)
+    return float(sec.min(axis=1).sum() + table.fixed_s)
+
+
+def _check(table: LatencyTable, sensitivity: Mapping[str, Mapping[int, float]], budget_s: float,
+           pinned: Pinned | None = None):
     missing = [n for n in table.layers if n not in sensitivity]
     if missing:
         raise ConfigError(f"sensitivity has no entry for layers {missing}.")
-    best = fastest_latency_s(table)
+    best = fastest_latency_s(table, pinned)
     if budget_s < best * (1 - 1e-9):
         raise ConfigError(
             f"latency budget {budget_s * 1e6:.3f} µs is below the fastest policy the candidates "
@@ -53,7 +81,8 @@ def _omega(per_layer: Mapping, choice: tuple[int, int]) -> float:
 
 
 def ilp_policy(
-    table: LatencyTable, sensitivity: Mapping[str, Mapping[int, float]], budget_s: float
+    table: LatencyTable, sensitivity: Mapping[str, Mapping[int, float]], budget_s: float,
+    pinned: Pinned | None = None,
 ) -> dict[str, int]:
     """Minimise ``sum_l Omega_l(b_l)`` subject to ``latency <= budget_s`` exactly (MILP).
 
@@ -61,16 +90,18 @@ def ilp_policy(
       table: exact per-layer, per-candidate latencies (:func:`npujax.search.latency_table`).
       sensitivity: ``{layer: {(w, a): Omega}}`` or ``{layer: {w: Omega}}``.
       budget_s: latency budget (s).
+      pinned: ``{layer: w or (w, a)}`` layers held at one choice.
 
     Returns:
       ``{layer: (weight_bits, act_bits)}``.
 
     Raises:
-      ConfigError: infeasible budget or missing sensitivities.
+      ConfigError: infeasible budget, missing sensitivities, a bad pinned entry.
     """
     from scipy.optimize import Bounds, LinearConstraint, milp
 
-    lat, omega = _check(table, sensitivity, budget_s)
+    lat, omega = _check(table, sensitivity, budget_s, pinned)
+    allowed = allowed_mask(table, pinned)
     n_layers, n_cand = lat.shape
     one_hot = np.zeros((n_layers, n_layers * n_cand))
     for i in range(n_layers):
@@ -80,11 +111,13 @@ def ilp_policy(
         # in µs, never below the fastest policy (feasible by _check) and with a relative slack
         # of 1e-7 so that a budget equal to the fastest latency survives the solver's tolerances
         LinearConstraint(lat.reshape(1, -1) * 1e6, -np.inf,
-                         max(budget_s - table.fixed_s, lat.min(axis=1).sum()) * 1e6
+                         max(budget_s - table.fixed_s,
+                             np.where(allowed, lat, np.inf).min(axis=1).sum()) * 1e6
                          * (1 + 1e-7) + 1e-9),
     ]
     res = milp(omega.reshape(-1), constraints=constraints,
-               integrality=np.ones(n_layers * n_cand), bounds=Bounds(0, 1))
+               integrality=np.ones(n_layers * n_cand),
+               bounds=Bounds(0, allowed.reshape(-1).astype(np.float64)))
     if not res.success:
         raise ConfigError(f"the integer program found no policy: {res.message}")
     choice = np.asarray(res.x).reshape(n_layers, n_cand).argmax(axis=1)
@@ -92,22 +125,24 @@ def ilp_policy(
 
 
 def greedy_policy(
-    table: LatencyTable, sensitivity: Mapping[str, Mapping[int, float]], budget_s: float
+    table: LatencyTable, sensitivity: Mapping[str, Mapping[int, float]], budget_s: float,
+    pinned: Pinned | None = None,
 ) -> dict[str, int]:
     """Narrow layers one step at a time, best latency saved per sensitivity added first.
 
     Args and Returns as :func:`ilp_policy`.
     """
-    lat, omega = _check(table, sensitivity, budget_s)
-    widest = max(range(len(table.candidates)), key=lambda i: (sum(table.candidates[i]), -i))
-    pos = np.full(len(table.layers), widest)
+    lat, omega = _check(table, sensitivity, budget_s, pinned)
+    allowed = allowed_mask(table, pinned)
+    order = sorted(range(len(table.candidates)), key=lambda i: (sum(table.candidates[i]), -i))
+    pos = np.asarray([[j for j in order if allowed[i, j]][-1] for i in range(len(table.layers))])
     total = lat[np.arange(len(pos)), pos].sum() + table.fixed_s
     while total > budget_s * (1 + 1e-12):
         best, best_score = None, -np.inf
         for i in range(len(pos)):
             for j in range(lat.shape[1]):  # any candidate that is faster than the current one
                 saved = lat[i, pos[i]] - lat[i, j]
-                if saved <= 0:
+                if saved <= 0 or not allowed[i, j]:
                     continue
                 score = saved / max(omega[i, j] - omega[i, pos[i]], 1e-30)
                 if score > best_score:

@@ -38,6 +38,13 @@ def test_gradient_search_learns_activation_widths_too(problem):
     assert pol.meta["act_candidates"] == [4, 8]
     assert all(len(v) == 2 and abs(sum(v) - 1) < 1e-5
                for v in pol.meta["act_probabilities"].values())
+    # pinned layers are held at their choice, with one-hot probabilities
+    pinned = search_precision(g, p, spec, x, y, qs, method="gradient", budget_ratio=0.6,
+                              act_candidates=(4, 8), steps=10, pinned={"conv1": 8, "fc2": 8})
+    assert (pinned.weight_bits["conv1"], pinned.act_bits["conv1"]) == (8, 8)
+    assert (pinned.weight_bits["fc2"], pinned.act_bits["fc2"]) == (8, 8)
+    assert pinned.meta["probabilities"]["conv1"] == [0.0, 0.0, 1.0]
+    assert pinned.meta["pinned"] == {"conv1": 8, "fc2": 8}
     # the activation logits were trained (they start uniform)
     assert any(abs(v[0] - 0.5) > 1e-3 for v in pol.meta["act_probabilities"].values())
 

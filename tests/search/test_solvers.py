@@ -11,6 +11,7 @@ from npujax.errors import ConfigError
 from npujax.search import (
     LatencyTable,
     PrecisionPolicy,
+    allowed_mask,
     fastest_latency_s,
     greedy_policy,
     hessian_traces,
@@ -111,3 +112,26 @@ def test_latency_table_columns_and_lookup(edge_spec):
     assert t.latency_s(pol) == pytest.approx(exact.latency_s, rel=1e-6)
     with pytest.raises(ConfigError, match="matches 2 candidates"):
         t.column(4)
+
+
+def test_pinned_layers_keep_their_choice_in_every_solver():
+    rng = np.random.default_rng(3)
+    cands = tuple(itertools.product((2, 4, 8), (4, 8)))
+    cost = np.asarray([w * a for w, a in cands], np.float64)
+    table = table_from(rng.uniform(1e-7, 1e-6, (5, 1)) * cost, cands)
+    sens = {n: {c: float(rng.uniform(0.5, 1)) * (64 / (c[0] * c[1])) for c in table.candidates}
+            for n in table.layers}
+    pinned = {table.layers[0]: (8, 8), table.layers[-1]: (8, 8)}
+    budget = 0.5 * (fastest_latency_s(table, pinned)
+                    + table.latency_s({n: (8, 8) for n in table.layers}))
+    assert fastest_latency_s(table, pinned) >= fastest_latency_s(table)
+    for solver in (ilp_policy, greedy_policy):
+        pol = solver(table, sens, budget, pinned)
+        assert all(pol[n] == c for n, c in pinned.items())
+        assert table.latency_s(pol) <= budget * (1 + 1e-6)
+    with pytest.raises(ConfigError, match="below the fastest"):
+        ilp_policy(table, sens, fastest_latency_s(table) * 1.0001, pinned)
+    with pytest.raises(ConfigError, match="not a GEMM layer"):
+        allowed_mask(table, {"nope": 8})
+    # an int pin means W=A when activations vary
+    assert allowed_mask(table, {table.layers[1]: 8})[1].sum() == 1
