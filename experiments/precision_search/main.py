@@ -3,15 +3,15 @@
 Usage:  python experiments/precision_search/main.py [--models digits,mnist-resnet]
                                                   [--out docs/results] [--qat-steps 300]
 
-Models: the demo CNN on the digits (``digits``) and a ResNet-style CNN (stem + two residual blocks,
-:class:`npujax.demo.model.SmallResNet`) on the 5,000-image MNIST subset (``mnist-resnet``, 1,000
-test images). For the int8 array (edge_16x16), the bit-composable array (bitfusion_16x16) and the
-bit-serial array (bitserial_16x16): uniform INT8, uniform INT4 (first and last layers at 8 bits),
-and the greedy, integer-program (HAWQ-V3) and gradient searchers at several latency budgets, all
-with the first and last layers pinned at W8A8 (the convention of HAWQ-V3 and HAQ). Every
-policy is QAT-fine-tuned for the same number of steps from the same W8A8 QAT model; accuracy is on
-the held-out test split, latency from npujax.plan.lower. Writes precision_search.md (tables +
-Pareto points) and one Pareto plot per model and preset.
+Models: the demo CNN on the digits (``digits``) and a ResNet-style CNN (stem + two residual blocks
+of width 32, :class:`npujax.demo.model.SmallResNet`) on the 5,000-image MNIST subset
+(``mnist-resnet``, 1,000 test images). For the int8 array (edge_16x16), the bit-composable array
+(bitfusion_16x16) and the bit-serial array (bitserial_16x16): uniform INT8, uniform INT4 (first
+and last layers at 8 bits), and the greedy, integer-program (HAWQ-V3) and gradient searchers at
+several latency budgets, all with the first and last layers pinned at W8A8 (the convention of
+HAWQ-V3 and HAQ). Every policy is QAT-fine-tuned for the same number of steps from the same W8A8
+QAT model; accuracy is on the held-out test split, latency from npujax.plan.lower. Writes
+precision_search.md (tables + Pareto points) and one Pareto plot per model and preset.
 """
 
 from __future__ import annotations
@@ -52,9 +52,10 @@ def pareto(points):
 MODELS = {
     "digits": ("Demo CNN on digits (360 test images: one image is 0.28 points)",
                load_digits_nhwc, None, 30),
-    "mnist-resnet": ("ResNet-style CNN on MNIST-5k (1,000 test images: one image is 0.1 points)",
+    "mnist-resnet": ("ResNet-style CNN (width 32) on MNIST-5k (1,000 test images: one image is 0.1 "
+                     "points)",
                      load_mnist5k_nhwc,
-                     lambda: SmallResNet(rngs=nnx.Rngs(0), in_shape=(28, 28, 1)), 8),
+                     lambda: SmallResNet(rngs=nnx.Rngs(0), in_shape=(28, 28, 1), width=32), 8),
 }
 
 
