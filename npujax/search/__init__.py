@@ -6,6 +6,7 @@ from npujax.search.api import search_precision as search_precision
 from npujax.search.cost import LatencyTable as LatencyTable
 from npujax.search.cost import expected_latency as expected_latency
 from npujax.search.cost import latency_table as latency_table
+from npujax.search.cost import policy_latency_s as policy_latency_s
 from npujax.search.gradient import SearchResult as SearchResult
 from npujax.search.gradient import gradient_search as gradient_search
 from npujax.search.policy import PrecisionPolicy as PrecisionPolicy
@@ -17,6 +18,7 @@ from npujax.search.sensitivity import hessian_traces as hessian_traces
 from npujax.search.sensitivity import weight_perturbation as weight_perturbation
 from npujax.search.solvers import allowed_mask as allowed_mask
 from npujax.search.solvers import fastest_latency_s as fastest_latency_s
+from npujax.search.solvers import fit_exact_budget as fit_exact_budget
 from npujax.search.solvers import greedy_policy as greedy_policy
 from npujax.search.solvers import ilp_policy as ilp_policy
 
@@ -26,6 +28,7 @@ __all__ = [
     "LatencyTable",
     "latency_table",
     "expected_latency",
+    "policy_latency_s",
     "SearchResult",
     "gradient_search",
     "PrecisionPolicy",
@@ -38,5 +41,6 @@ __all__ = [
     "ilp_policy",
     "greedy_policy",
     "fastest_latency_s",
+    "fit_exact_budget",
     "allowed_mask",
 ]

@@ -13,7 +13,7 @@ from npujax.graph.execute import execute
 from npujax.graph.ir import Graph, Params
 from npujax.hw.spec import NpuSpec
 from npujax.plan.latency import lower
-from npujax.search.cost import latency_table
+from npujax.search.cost import latency_table, policy_latency_s
 from npujax.search.gradient import gradient_search
 from npujax.search.objective import TaskLoss, fisher_targets, search_targets, task_loss
 from npujax.search.policy import PrecisionPolicy
@@ -23,7 +23,12 @@ from npujax.search.sensitivity import (
     hessian_traces,
     weight_perturbation,
 )
-from npujax.search.solvers import fastest_latency_s, greedy_policy, ilp_policy
+from npujax.search.solvers import (
+    fastest_latency_s,
+    fit_exact_budget,
+    greedy_policy,
+    ilp_policy,
+)
 
 __all__ = ["SEARCHERS", "search_precision"]
 
@@ -132,7 +137,8 @@ def search_precision(
         omega = {ln: {(w, a): w_omega[ln][w] + a_omega[ln][a] for w in candidates
                       for a in act_candidates} for ln in layers}
         solver = ilp_policy if method == "ilp" else greedy_policy
-        choice = solver(table, omega, budget_s, pinned)
+        choice, _ = fit_exact_budget(lambda b: solver(table, omega, b, pinned),
+                                     lambda c: policy_latency_s(graph, spec, c), budget_s, fastest)
         wbits = {ln: int(c[0]) for ln, c in choice.items()}
         abits = {ln: int(c[1]) for ln, c in choice.items()}
     exact = lower(graph, spec, weight_bits=wbits, act_bits=abits).latency_s
@@ -140,6 +146,7 @@ def search_precision(
             "pinned": {k: list(v) if isinstance(v, tuple) else v
                        for k, v in (pinned or {}).items()},
             "labels": "given" if y is not None else "float model (distillation)",
-            "budget_s": float(budget_s),
+            "budget_s": float(budget_s), "budget_met": bool(exact <= budget_s * (1 + 1e-9)),
             "latency_s": exact, "int8_latency_s": int8, "speedup_vs_int8": int8 / exact, **extra}
     return PrecisionPolicy(wbits, abits, meta)
+

@@ -30,10 +30,10 @@ import numpy as np
 from npujax.errors import ConfigError
 from npujax.graph.ir import Graph
 from npujax.hw.spec import NpuSpec
-from npujax.plan.latency import HwParams, layer_costs
+from npujax.plan.latency import HwParams, layer_costs, lower
 from npujax.plan.workload import workloads
 
-__all__ = ["LatencyTable", "latency_table", "expected_latency"]
+__all__ = ["LatencyTable", "latency_table", "expected_latency", "policy_latency_s"]
 
 Choice = tuple[int, int]  # (weight_bits, act_bits)
 
@@ -133,3 +133,12 @@ def expected_latency(probs: jax.Array, table: LatencyTable) -> jax.Array:
       float32 scalar, differentiable w.r.t. ``probs``.
     """
     return jnp.sum(probs * table.seconds) + table.fixed_s
+
+
+def policy_latency_s(graph: Graph, spec: NpuSpec, choice: Mapping[str, Sequence[int]],
+                     dataflow: str | None = None) -> float:
+    """Exact lowered latency (s) of a ``{layer: (weight_bits, act_bits)}`` policy on ``spec``
+    (:func:`npujax.plan.lower`, including the precision conversions the table leaves out)."""
+    return lower(graph, spec, dataflow=dataflow,
+                 weight_bits={n: int(c[0]) for n, c in choice.items()},
+                 act_bits={n: int(c[1]) for n, c in choice.items()}).latency_s

@@ -1,4 +1,4 @@
-"""Mixed-precision search by gradient: learned per-layer weight bit widths under a latency budget.
+"""Mixed-precision search by gradient: learned per-layer bit widths under a latency budget.
 
 Each GEMM layer ``l`` holds logits ``alpha_l`` over candidate weight widths; its weight is the
 probability-weighted mixture of the fake-quantized weights at each width (EdMIPS: Cai and
@@ -34,8 +34,19 @@ from npujax.errors import ConfigError
 from npujax.graph.execute import execute, quant_spec
 from npujax.graph.ir import Graph, Params
 from npujax.hw.spec import NpuSpec
-from npujax.search.cost import LatencyTable, expected_latency, latency_table
-from npujax.search.solvers import Pinned, allowed_mask, fastest_latency_s, ilp_policy
+from npujax.search.cost import (
+    LatencyTable,
+    expected_latency,
+    latency_table,
+    policy_latency_s,
+)
+from npujax.search.solvers import (
+    Pinned,
+    allowed_mask,
+    fastest_latency_s,
+    fit_exact_budget,
+    ilp_policy,
+)
 from npujax.train import batch_iterator, cross_entropy, progress_bar
 
 __all__ = ["SearchResult", "gradient_search"]
@@ -48,7 +59,7 @@ class SearchResult:
     Attributes:
       policy: ``{layer: weight_bits}``, the most probable choice that meets the budget.
       probs: ``{layer: f32[n]}`` final selection probabilities over ``table.candidates``.
-      latency_s: exact modelled latency of ``policy`` (s).
+      latency_s: exact modelled latency of ``policy`` (:func:`npujax.plan.lower`, s).
       budget_s: the latency budget the search aimed at (s).
       lam: final latency weight.
       params: the weights after the joint search (a good start for fine-tuning).
@@ -92,7 +103,7 @@ def gradient_search(
     pinned: Pinned | None = None,
     progress: bool = False,
 ) -> SearchResult:
-    """Learn per-layer weight widths from ``candidates`` against the NPU latency of ``spec``.
+    """Learn per-layer weight (and activation) widths against the NPU latency of ``spec``.
 
     Args:
       graph, params: optimized float model (BN folded) and its params.
@@ -204,8 +215,10 @@ def gradient_search(
 
     nll = {n: {(w, a): nlog(probs[n][i]) + nlog(aprobs[n][j]) for i, w in enumerate(candidates)
                for j, a in enumerate(acts)} for n in table.layers}
-    choice = ilp_policy(table, nll, budget_s, pinned)
+    choice, exact = fit_exact_budget(lambda b: ilp_policy(table, nll, b, pinned),
+                                     lambda c: policy_latency_s(graph, spec, c, dataflow),
+                                     budget_s, fastest)
     policy = {n: int(c[0]) for n, c in choice.items()}
     act_policy = {n: int(c[1]) for n, c in choice.items()}
-    return SearchResult(policy, probs, table.latency_s(choice), float(budget_s),
+    return SearchResult(policy, probs, exact, float(budget_s),
                         float(lam_arr), state["w"], table, act_policy, aprobs)

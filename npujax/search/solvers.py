@@ -13,14 +13,15 @@ Both choose one candidate weight width per layer so that the modelled latency
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
 from npujax.errors import ConfigError
 from npujax.search.cost import LatencyTable
 
-__all__ = ["ilp_policy", "greedy_policy", "fastest_latency_s", "allowed_mask", "Pinned"]
+__all__ = ["ilp_policy", "greedy_policy", "fastest_latency_s", "allowed_mask", "Pinned",
+           "fit_exact_budget"]
 
 
 #: ``{layer: weight_bits or (weight_bits, act_bits)}``: layers whose choice is fixed (e.g. the
@@ -153,3 +154,42 @@ def greedy_policy(
         total -= lat[i, pos[i]] - lat[i, j]
         pos[i] = j
     return {n: table.candidates[int(p)] for n, p in zip(table.layers, pos)}
+
+
+def fit_exact_budget(
+    solve: Callable[[float], dict],
+    exact_latency_s: Callable[[dict], float],
+    budget_s: float,
+    floor_s: float,
+    max_rounds: int = 8,
+) -> tuple[dict, float]:
+    """Solve against the table, then tighten the table budget until the *exact* latency fits.
+
+    The table's per-layer latencies ignore what couples layers in the exact lowering
+    (precision conversions where a tensor is read at two widths, vector layers at other than the
+    widest width), so a table-feasible policy can exceed the budget by a little. Each round
+    lowers the table budget by the measured excess and solves again.
+
+    Args:
+      solve: ``solve(table_budget_s) -> policy``.
+      exact_latency_s: ``exact_latency_s(policy) -> s`` (e.g. :func:`npujax.plan.lower`).
+      budget_s: the budget the exact latency must meet (s).
+      floor_s: the lowest table budget that is still feasible (s).
+      max_rounds: re-solves at most.
+
+    Returns:
+      ``(policy, exact latency)``; the latency may still exceed ``budget_s`` when no table
+      budget down to ``floor_s`` gives a fitting policy (callers report it).
+    """
+    target = budget_s
+    choice = solve(target)
+    lat = exact_latency_s(choice)
+    for _ in range(max_rounds):
+        if lat <= budget_s * (1 + 1e-9) or target <= floor_s:
+            break
+        target = max(floor_s, target - (lat - budget_s))
+        new = solve(target)
+        if new == choice:
+            continue
+        choice, lat = new, exact_latency_s(new)
+    return choice, lat

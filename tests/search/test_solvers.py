@@ -13,6 +13,7 @@ from npujax.search import (
     PrecisionPolicy,
     allowed_mask,
     fastest_latency_s,
+    fit_exact_budget,
     greedy_policy,
     hessian_traces,
     ilp_policy,
@@ -135,3 +136,20 @@ def test_pinned_layers_keep_their_choice_in_every_solver():
         allowed_mask(table, {"nope": 8})
     # an int pin means W=A when activations vary
     assert allowed_mask(table, {table.layers[1]: 8})[1].sum() == 1
+
+
+def test_fit_exact_budget_tightens_the_table_budget_until_the_exact_latency_fits():
+    """The exact lowering adds costs the table leaves out (here a constant 1.5); the first
+    table-feasible policy overshoots, the refit one meets the budget; an impossible budget
+    returns the floor's policy for the caller to report."""
+    table_latency = {"w8": 10.0, "w4": 8.0, "w2": 5.0}
+
+    def solve(b):
+        return {"l0": max((v, k) for k, v in table_latency.items() if v <= b)[1]}
+
+    def exact(c):
+        return table_latency[c["l0"]] + 1.5
+
+    assert fit_exact_budget(solve, exact, 10.0, 5.0) == ({"l0": "w4"}, 9.5)
+    assert fit_exact_budget(solve, exact, 11.5, 5.0) == ({"l0": "w8"}, 11.5)
+    assert fit_exact_budget(solve, exact, 6.0, 5.0) == ({"l0": "w2"}, 6.5)  # best effort
