@@ -47,7 +47,8 @@ def calibrate(
       and LSQ+ ``act_offset`` (see :func:`npujax.graph.learned_steps.init_lsq_state`).
 
     Raises:
-      CalibrationError: no batches, or NaN/inf reaching a layer (names the layer).
+      CalibrationError: no batches, an empty batch, or NaN/inf reaching a layer (names the
+        layer).
     """
     names = [n for n, lq in quant.items() if lq.act is not None]
     if isinstance(observer, str):
@@ -65,7 +66,10 @@ def calibrate(
 
         it = track(batches, description="calibrating", transient=True,
                    console=Console(stderr=True))
-    for x in it:
+    for i, x in enumerate(it):
+        if jnp.shape(x)[:1] == (0,):
+            raise CalibrationError(f"calibration batch {i} is empty (0 examples); pass only "
+                                   "non-empty batches (e.g. slice up to len(x), not past it).")
         taps = run(params, jnp.asarray(x, jnp.float32))
         if states is None:
             states = {n: obs[n].init(taps[n][0]) for n in names}

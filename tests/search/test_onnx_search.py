@@ -15,7 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from npujax.demo.images import photo_crops
-from npujax.errors import ConfigError, ShapeError
+from npujax.errors import CalibrationError, ConfigError, ShapeError
 from npujax.graph import calibrate, execute, from_onnx, optimize, quant_spec
 from npujax.hw import load_npu_spec
 from npujax.search import activation_sensitivity, load_policy, search_precision
@@ -210,3 +210,9 @@ def test_cli_search_and_qat_on_an_onnx_model(tmp_path):
                           "--data", str(tmp_path / "bad.npy")],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 7 and "model takes (3, 32, 32)" in bad.stderr
+
+
+def test_an_empty_calibration_batch_is_a_clear_error(cls):
+    _, graph, params, x, _ = cls
+    with pytest.raises(CalibrationError, match="batch 1 is empty"):
+        calibrate(graph, params, [x[:4], x[48:]], quant_spec(graph))
