@@ -205,6 +205,8 @@ def _load_for_search(args: argparse.Namespace, act_bits: int):
         graph, params, qstate, meta = load_graph(args.model)
     data = load_inputs(args.data or "digits", graph.tensors[graph.inputs[0]].shape,
                        n=args.examples, seed=args.seed)
+    print(f"data {args.data or 'digits'}: {len(data[0])} examples for search/fine-tuning, "
+          f"{len(data[2])} held out ({'labelled' if data[1] is not None else 'unlabelled'})")
     if not qstate:
         q = quant_spec(graph, 8, act_bits)
         x = data[0]
@@ -237,13 +239,13 @@ def _cmd_search(args: argparse.Namespace) -> int:
         budget_s=args.budget_latency, budget_ratio=args.budget_ratio, candidates=cands,
         act_candidates=acts, steps=args.steps, sensitivity_samples=args.sensitivity_samples,
         sensitivity_batch=args.sensitivity_batch, seed=args.seed, progress=True)
+    save_policy(args.out, policy)  # before printing: a closed pipe must not lose the result
     m = policy.meta
     print(f"{m['method']} on {m['npu']} (loss: {m['loss']}, labels: {m['labels']}): latency "
           f"{m['latency_s'] * 1e6:.3f} µs (budget {m['budget_s'] * 1e6:.3f} µs, INT8 "
           f"{m['int8_latency_s'] * 1e6:.3f} µs, {m['speedup_vs_int8']:.2f}x faster)")
     for layer in policy.weight_bits:
         print(f"  {layer:<16} W{policy.weight_bits[layer]} A{policy.act_bits[layer]}")
-    save_policy(args.out, policy)
     print(f"wrote {args.out}")
     return 0
 
@@ -321,8 +323,12 @@ def _qat_with_policy(args: argparse.Namespace) -> int:
     graph, params, _, meta, (x, y, xte, yte) = _load_for_search(args, 8)
     layers = {n.name for n in graph.gemm_nodes}
     if set(policy.weight_bits) != layers:
-        raise ConfigError(f"policy {args.policy} names layers {sorted(policy.weight_bits)}, the "
-                          f"model has {sorted(layers)}.")
+        def some(names):
+            names = sorted(names)
+            return ", ".join(names[:6]) + (f", ... ({len(names)} layers)" if len(names) > 6 else "")
+
+        raise ConfigError(f"policy {args.policy} is for another model: it names layers "
+                          f"{some(policy.weight_bits)}; the model has {some(layers)}.")
     spec = load_npu_spec(args.npu)
     task = task_loss(graph)
     targets = search_targets(graph, params, x, y, task)
@@ -345,14 +351,14 @@ def _qat_with_policy(args: argparse.Namespace) -> int:
     lat = lower(graph, spec, weight_bits=dict(policy.weight_bits),
                 act_bits=dict(policy.act_bits)).latency_s
     int8 = lower(graph, spec).latency_s
+    if args.out:  # saved before printing: a closed pipe must not lose the fine-tuned model
+        save_graph(Path(args.out) / "model.npz", graph, tuned, qstate,
+                   meta={**meta, "policy": dict(policy.weight_bits),
+                         "act_policy": dict(policy.act_bits), what: score})
     print(f"QAT with {args.policy}: {what} {score:.4f}; modelled latency on {spec.name} "
           f"{lat * 1e6:.3f} µs ({int8 / lat:.2f}x faster than INT8 {int8 * 1e6:.3f} µs)")
     if args.out:
-        out = Path(args.out)
-        save_graph(out / "model.npz", graph, tuned, qstate,
-                   meta={**meta, "policy": dict(policy.weight_bits),
-                         "act_policy": dict(policy.act_bits), what: score})
-        print(f"wrote {out}/model.npz")
+        print(f"wrote {args.out}/model.npz")
     return 0
 
 
@@ -457,18 +463,24 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("--out", help="write model_calibrated.npz and the SQNR report here")
     ca.set_defaults(fn=_cmd_calibrate)
 
-    qa = sub.add_parser("qat", help="QAT fine-tuning vs PTQ observers, from a config file",
-                        description="Train a CNN, then compare PTQ (min-max, percentile, MSE, "
-                                    "entropy) with QAT at W8A8/W4A8/W4A4 as the TOML config says "
-                                    "(keys: the fields of npujax.qat.QATConfig).")
+    qa = sub.add_parser("qat", help="QAT vs PTQ experiment from a config file, or QAT of a "
+                        "model with a precision policy",
+                        description="--config FILE: train a CNN, then compare PTQ (min-max, "
+                                    "percentile, MSE, entropy) with QAT at W8A8/W4A8/W4A4 as the "
+                                    "TOML config says (keys: the fields of npujax.qat.QATConfig). "
+                                    "--policy FILE --model MODEL: QAT-fine-tune a saved or ONNX "
+                                    "model with a policy from 'npujax search' and report accuracy "
+                                    "and modelled latency.")
     qa.add_argument("--config", help="TOML file (see experiments/qat_finetune/config.toml)")
     qa.add_argument("--policy", help="precision policy JSON from 'npujax search': fine-tune "
                     "--model with it instead of running an experiment")
-    qa.add_argument("--model", help="with --policy: model.npz written by 'npujax demo', or an "
-                    ".onnx model (fine-tuned by distillation from its float outputs)")
+    qa.add_argument("--model", help="with --policy: model.npz written by 'npujax demo', an "
+                    ".onnx model or zoo:ppocr_cls (unlabelled data: fine-tuned by distillation "
+                    "from its float outputs)")
     _data_args(qa)
     qa.add_argument("--npu", default="edge_16x16", help="with --policy: preset for the latency")
-    qa.add_argument("--steps", type=int, default=300, help="with --policy: QAT steps")
+    qa.add_argument("--steps", type=int, default=300, help="with --policy: QAT steps "
+                    "(default 300)")
     qa.add_argument("--seed", type=int, default=0)
     qa.add_argument("--out", help="write quantization.md/.json and SQNR reports here")
     qa.add_argument("--no-progress", action="store_true", help="hide progress bars")
@@ -523,6 +535,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("npujax: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # e.g. `npujax search ... | head`: the reader left; outputs are already written
+        # (atomically), so exit quietly as Unix tools do
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -110,6 +110,18 @@ def test_cli_search_writes_a_policy(problem, tmp_path):
     assert qat.returncode == 0, qat.stderr
     assert "test accuracy" in qat.stdout and "faster than INT8" in qat.stdout
     assert (tmp_path / "q" / "model.npz").stat().st_size > 0
+    # a reader that leaves early (`npujax search ... | head -1`): the policy is written first,
+    # and the exit is quiet (141, as Unix tools exit on SIGPIPE), with no traceback
+    piped = subprocess.Popen([sys.executable, "-m", "npujax.cli", "search", str(tmp_path / "m.npz"),
+                              "--method", "greedy", "--sensitivity-samples", "2",
+                              "--out", str(tmp_path / "piped.json")],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert piped.stdout.readline().startswith("data digits")
+    piped.stdout.close()
+    err = piped.stderr.read()
+    piped.stderr.close()
+    assert piped.wait(timeout=600) == 141 and "Traceback" not in err, err
+    assert load_policy(tmp_path / "piped.json").meta["method"] == "greedy"
     bad = subprocess.run([sys.executable, "-m", "npujax.cli", "search", str(tmp_path / "m.npz"),
                           "--candidates", "2,x"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "comma-separated" in bad.stderr
