@@ -236,6 +236,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
             raise ConfigError(f"--pin takes layer=bits pairs or 'first-last', got {args.pin!r}.")
     policy = search_precision(
         graph, params, spec, x, y, qstate, method=args.method, pinned=pinned,
+        sensitivity=args.sensitivity,
         budget_s=args.budget_latency, budget_ratio=args.budget_ratio, candidates=cands,
         act_candidates=acts, steps=args.steps, sensitivity_samples=args.sensitivity_samples,
         sensitivity_batch=args.sensitivity_batch, seed=args.seed, progress=True)
@@ -495,6 +496,9 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("model", help="model.npz written by 'npujax demo', an .onnx model, or "
                     "zoo:ppocr_cls / zoo:ppocr_det (real models fetched with pip once)")
     _data_args(se)
+    se.add_argument("--sensitivity", choices=("hessian", "loss"), default="hessian",
+                    help="ilp/greedy objective: hessian (HAWQ-V3 trace x perturbation, default) "
+                         "or loss (measured loss increase, one layer quantized at a time)")
     se.add_argument("--sensitivity-batch", type=int, default=256,
                     help="examples for the sensitivity analysis (ilp, greedy; default 256)")
     se.add_argument("--npu", default="edge_16x16", help="preset name or TOML path")

@@ -2,6 +2,7 @@
 (gradient, HAWQ-V3 integer program, greedy) that produce precision policies."""
 
 from npujax.search.api import SEARCHERS as SEARCHERS
+from npujax.search.api import SENSITIVITIES as SENSITIVITIES
 from npujax.search.api import search_precision as search_precision
 from npujax.search.cost import LatencyTable as LatencyTable
 from npujax.search.cost import expected_latency as expected_latency
@@ -15,6 +16,7 @@ from npujax.search.policy import save_policy as save_policy
 from npujax.search.sensitivity import activation_sensitivity as activation_sensitivity
 from npujax.search.sensitivity import hawq_sensitivity as hawq_sensitivity
 from npujax.search.sensitivity import hessian_traces as hessian_traces
+from npujax.search.sensitivity import loss_sensitivity as loss_sensitivity
 from npujax.search.sensitivity import weight_perturbation as weight_perturbation
 from npujax.search.solvers import allowed_mask as allowed_mask
 from npujax.search.solvers import fastest_latency_s as fastest_latency_s
@@ -24,6 +26,7 @@ from npujax.search.solvers import ilp_policy as ilp_policy
 
 __all__ = [
     "SEARCHERS",
+    "SENSITIVITIES",
     "search_precision",
     "LatencyTable",
     "latency_table",
@@ -35,6 +38,7 @@ __all__ = [
     "save_policy",
     "load_policy",
     "hessian_traces",
+    "loss_sensitivity",
     "activation_sensitivity",
     "weight_perturbation",
     "hawq_sensitivity",

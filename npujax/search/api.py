@@ -21,6 +21,7 @@ from npujax.search.sensitivity import (
     activation_sensitivity,
     hawq_sensitivity,
     hessian_traces,
+    loss_sensitivity,
     weight_perturbation,
 )
 from npujax.search.solvers import (
@@ -34,6 +35,8 @@ __all__ = ["SEARCHERS", "search_precision"]
 
 #: Searcher names accepted by :func:`search_precision`.
 SEARCHERS = ("gradient", "ilp", "greedy")
+#: Sensitivity measures of the ``ilp`` and ``greedy`` searchers.
+SENSITIVITIES = ("hessian", "loss")
 
 
 def search_precision(
@@ -46,6 +49,7 @@ def search_precision(
     *,
     method: str = "ilp",
     loss: str | TaskLoss | None = None,
+    sensitivity: str = "hessian",
     pinned: Mapping[str, int | tuple[int, int]] | None = None,
     budget_s: float | None = None,
     budget_ratio: float = 0.75,
@@ -71,6 +75,10 @@ def search_precision(
         integer program over Hessian-trace sensitivities) or ``greedy`` (by sensitivity).
       loss: the task loss: a :class:`TaskLoss`, one of its kinds (``logits``,
         ``probabilities``, ``dense``), or None to infer it from the graph's output.
+      sensitivity: what ``ilp``/``greedy`` minimise: ``hessian`` (HAWQ-V3: Hutchinson trace x
+        weight perturbation, plus the empirical-Fisher activation term) or ``loss`` (the
+        measured loss increase with one layer quantized at a time,
+        :func:`npujax.search.loss_sensitivity`).
       pinned: ``{layer: w or (w, a)}`` layers every searcher must keep at that choice (e.g.
         the first and last layers at ``(8, 8)``, the convention of HAWQ-V3 and HAQ); the
         choice must be among the candidates.
@@ -95,6 +103,9 @@ def search_precision(
     """
     if method not in SEARCHERS:
         raise ConfigError(f"unknown search method {method!r}; use one of {', '.join(SEARCHERS)}.")
+    if sensitivity not in SENSITIVITIES:
+        raise ConfigError(f"unknown sensitivity {sensitivity!r}; use one of "
+                          f"{', '.join(SENSITIVITIES)}.")
     layers = [n.name for n in graph.gemm_nodes]
     task = loss if isinstance(loss, TaskLoss) else task_loss(graph, loss)
     targets = search_targets(graph, params, x, y, task)
@@ -126,21 +137,26 @@ def search_precision(
             )
         n = min(sensitivity_batch, len(x))
         xb, yb = jnp.asarray(x[:n], jnp.float32), jnp.asarray(targets[:n])
-        traces = hessian_traces(lambda p, b: task(execute(graph, p, b[0]), b[1]),
-                                params, (xb, yb), layers, samples=sensitivity_samples,
-                                seed=seed, progress=progress)
-        w_omega = hawq_sensitivity(traces, weight_perturbation(graph, params, layers,
-                                                               candidates))
-        a_omega = activation_sensitivity(graph, params, xb,
-                                         jnp.asarray(fisher_targets(targets[:n], task, seed)),
-                                         layers, act_candidates, loss_fn=task)
-        omega = {ln: {(w, a): w_omega[ln][w] + a_omega[ln][a] for w in candidates
-                      for a in act_candidates} for ln in layers}
+        if sensitivity == "loss":
+            omega = loss_sensitivity(graph, params, xb, yb, layers, candidates, act_candidates,
+                                     loss_fn=task, progress=progress)
+        else:
+            traces = hessian_traces(lambda p, b: task(execute(graph, p, b[0]), b[1]),
+                                    params, (xb, yb), layers, samples=sensitivity_samples,
+                                    seed=seed, progress=progress)
+            w_omega = hawq_sensitivity(traces, weight_perturbation(graph, params, layers,
+                                                                   candidates))
+            a_omega = activation_sensitivity(
+                graph, params, xb, jnp.asarray(fisher_targets(targets[:n], task, seed)), layers,
+                act_candidates, loss_fn=task)
+            omega = {ln: {(w, a): w_omega[ln][w] + a_omega[ln][a] for w in candidates
+                          for a in act_candidates} for ln in layers}
         solver = ilp_policy if method == "ilp" else greedy_policy
         choice, _ = fit_exact_budget(lambda b: solver(table, omega, b, pinned),
                                      lambda c: policy_latency_s(graph, spec, c), budget_s, fastest)
         wbits = {ln: int(c[0]) for ln, c in choice.items()}
         abits = {ln: int(c[1]) for ln, c in choice.items()}
+        extra = {"sensitivity": sensitivity}
     exact = lower(graph, spec, weight_bits=wbits, act_bits=abits).latency_s
     meta = {"method": method, "npu": spec.name, "loss": task.kind,
             "pinned": {k: list(v) if isinstance(v, tuple) else v

@@ -79,6 +79,25 @@ def test_gradient_searcher_through_the_same_interface(problem):
         assert dict(pol.weight_bits) == argmax
 
 
+def test_loss_sensitivity_ranks_narrow_widths_worse_and_drives_the_ilp(problem):
+    g, p, x, y, qs = problem
+    from npujax.search import loss_sensitivity
+    from npujax.train import train_graph
+
+    p = train_graph(g, p, x, y, steps=60, learning_rate=3e-3)  # the fixture is untrained
+    om = loss_sensitivity(g, p, jnp.asarray(x), jnp.asarray(y), ["conv1", "fc2"], (2, 8), (4, 8))
+    for layer in ("conv1", "fc2"):
+        assert set(om[layer]) == {(2, 4), (2, 8), (8, 4), (8, 8)}
+        assert min(om[layer].values()) >= 0.0
+        assert om[layer][(2, 4)] > om[layer][(8, 8)]
+    spec = load_npu_spec("bitserial_16x16")
+    pol = search_precision(g, p, spec, x, y, qs, method="ilp", sensitivity="loss",
+                           budget_ratio=0.6, act_candidates=(4, 8), sensitivity_batch=64)
+    assert pol.meta["sensitivity"] == "loss" and pol.meta["budget_met"]
+    with pytest.raises(ConfigError, match="unknown sensitivity"):
+        search_precision(g, p, spec, x, y, qs, method="ilp", sensitivity="fisher")
+
+
 def test_unknown_method_and_infeasible_budget(problem):
     g, p, x, y, qs = problem
     spec = load_npu_spec("edge_16x16")
