@@ -159,6 +159,16 @@ def _spec(graph, config: QATConfig, wbits: int, abits: int, method: str = "ste")
 _QAT_NAMES = {"ste": "QAT", "lsq": "QAT LSQ", "lsq+": "QAT LSQ+"}
 
 
+def _integer_accuracy(imodel, x: np.ndarray, y: np.ndarray, batch: int = 500) -> float:
+    """Top-1 accuracy of a converted integer-only model (int8 codes, int32 accumulation)."""
+    from npujax.graph import execute_integer
+
+    run = jax.jit(lambda v: execute_integer(imodel, v))
+    pred = np.concatenate([np.argmax(np.asarray(run(x[i:i + batch])), -1)
+                           for i in range(0, len(x), batch)])
+    return float(np.mean(pred == y))
+
+
 def run_qat_experiment(config: QATConfig = QATConfig(), console: Any = None,
                        out_dir: str | Path | None = None) -> dict[str, Any]:
     """Run the comparison; returns ``{"float_accuracy", "rows": [...], ...}``.
@@ -175,7 +185,6 @@ def run_qat_experiment(config: QATConfig = QATConfig(), console: Any = None,
     from npujax.demo.pipeline import train_float
     from npujax.graph import (
         convert,
-        execute_integer,
         fold_batchnorm,
         fuse_epilogues,
         layer_sqnr,
@@ -222,11 +231,7 @@ def run_qat_experiment(config: QATConfig = QATConfig(), console: Any = None,
                 say(f"  {scheme} PTQ {obs:<10} {acc:.4f}")
         if scheme == "W8A8" or scheme == config.schemes[0]:
             p, qstate = ptq_results[config.observers[0]]
-            imodel = convert(graph, p, spec, qstate)
-            run = jax.jit(lambda v, m=imodel: execute_integer(m, v))
-            pred = np.concatenate([np.argmax(np.asarray(run(xte[i:i + 500])), -1)
-                                   for i in range(0, len(xte), 500)])
-            acc = float(np.mean(pred == yte))
+            acc = _integer_accuracy(convert(graph, p, spec, qstate), xte, yte)
             rows.append({"scheme": scheme, "method": f"PTQ {config.observers[0]}, integer-only",
                          "accuracy": acc})
             say(f"  {scheme} integer-only  {acc:.4f}")
@@ -249,11 +254,7 @@ def run_qat_experiment(config: QATConfig = QATConfig(), console: Any = None,
                          "accuracy": acc})
             say(f"  {scheme} {name:<13} {acc:.4f}")
             if quantizer != "ste":
-                imodel = convert(qgraph, qparams, qspec, qstate)
-                run = jax.jit(lambda v, m=imodel: execute_integer(m, v))
-                pred = np.concatenate([np.argmax(np.asarray(run(xte[i:i + 500])), -1)
-                                       for i in range(0, len(xte), 500)])
-                acc = float(np.mean(pred == yte))
+                acc = _integer_accuracy(convert(qgraph, qparams, qspec, qstate), xte, yte)
                 rows.append({"scheme": scheme, "method": f"{name}, integer-only",
                              "accuracy": acc})
                 say(f"  {scheme} {name}, integer-only {acc:.4f}")
