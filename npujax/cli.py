@@ -180,11 +180,13 @@ def _resolution_sweep(path, graph, spec, shapes, batch, dataflow, kw, console) -
     return {str(k): v for k, v in rows.items()}
 
 
-def _load_for_search(args: argparse.Namespace, act_bits: int):
+def _load_for_search(args: argparse.Namespace, act_bits: int | None):
     """Model, data and calibration state for ``search`` and ``qat --policy``.
 
     Returns ``(graph, params, qstate, meta, (x_train, y_train, x_test, y_test))``; labels are None
-    for unlabelled data (the searchers then distil from the float model).
+    for unlabelled data (the searchers then distil from the float model). A model without
+    calibration state is calibrated (min-max, ``act_bits``) unless ``act_bits`` is None (the
+    caller calibrates with its own spec).
     """
     from npujax.demo.sources import load_inputs
     from npujax.graph import calibrate, load_graph, quant_spec
@@ -207,7 +209,7 @@ def _load_for_search(args: argparse.Namespace, act_bits: int):
                        n=args.examples, seed=args.seed)
     print(f"data {args.data or 'digits'}: {len(data[0])} examples for search/fine-tuning, "
           f"{len(data[2])} held out ({'labelled' if data[1] is not None else 'unlabelled'})")
-    if not qstate:
+    if not qstate and act_bits is not None:
         q = quant_spec(graph, 8, act_bits)
         x = data[0]
         qstate = calibrate(graph, params, [x[i:i + 32] for i in range(0, min(len(x), 128), 32)],
@@ -321,7 +323,8 @@ def _qat_with_policy(args: argparse.Namespace) -> int:
     if not args.model:
         raise ConfigError("--policy fine-tunes a model: pass --model model.npz or model.onnx.")
     policy = load_policy(args.policy)
-    graph, params, _, meta, (x, y, xte, yte) = _load_for_search(args, 8)
+    # no calibration here: it is done below with the policy's own spec
+    graph, params, _, meta, (x, y, xte, yte) = _load_for_search(args, None)
     layers = {n.name for n in graph.gemm_nodes}
     if set(policy.weight_bits) != layers:
         def some(names):

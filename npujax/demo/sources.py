@@ -88,8 +88,8 @@ def load_inputs(
     if len(x) < 2:
         raise ConfigError(f"--data {source}: need at least 2 examples, got {len(x)}.")
     perm = np.random.default_rng(seed).permutation(len(x))
-    cut = max(1, int(round(0.8 * len(x))))
-    tr, te = perm[:cut], perm[cut:] if cut < len(x) else perm[:1]
+    cut = min(max(1, int(round(0.8 * len(x)))), len(x) - 1)  # at least one held out
+    tr, te = perm[:cut], perm[cut:]
     return x[tr], None if y is None else y[tr], x[te], None if y is None else y[te]
 
 

@@ -21,7 +21,7 @@ from npujax.errors import ConfigError
 from npujax.search.cost import LatencyTable
 
 __all__ = ["ilp_policy", "greedy_policy", "fastest_latency_s", "allowed_mask", "Pinned",
-           "fit_exact_budget"]
+           "fit_exact_budget", "check_budget"]
 
 
 #: ``{layer: weight_bits or (weight_bits, act_bits)}``: layers whose choice is fixed (e.g. the
@@ -56,11 +56,12 @@ def fastest_latency_s(table: LatencyTable, pinned: Pinned | None = None) -> floa
     return float(sec.min(axis=1).sum() + table.fixed_s)
 
 
-def _check(table: LatencyTable, sensitivity: Mapping[str, Mapping[int, float]], budget_s: float,
-           pinned: Pinned | None = None):
-    missing = [n for n in table.layers if n not in sensitivity]
-    if missing:
-        raise ConfigError(f"sensitivity has no entry for layers {missing}.")
+def check_budget(table: LatencyTable, budget_s: float, pinned: Pinned | None = None) -> float:
+    """The fastest latency over ``table`` (s), after checking that ``budget_s`` can be met.
+
+    Raises:
+      ConfigError: ``budget_s`` below the fastest policy the candidates (and pins) allow.
+    """
     best = fastest_latency_s(table, pinned)
     if budget_s < best * (1 - 1e-9):
         raise ConfigError(
@@ -68,6 +69,15 @@ def _check(table: LatencyTable, sensitivity: Mapping[str, Mapping[int, float]], 
             f"{table.candidates} allow ({best * 1e6:.3f} µs); raise the budget or add narrower "
             "candidates."
         )
+    return best
+
+
+def _check(table: LatencyTable, sensitivity: Mapping[str, Mapping[int, float]], budget_s: float,
+           pinned: Pinned | None = None):
+    missing = [n for n in table.layers if n not in sensitivity]
+    if missing:
+        raise ConfigError(f"sensitivity has no entry for layers {missing}.")
+    check_budget(table, budget_s, pinned)
     lat = np.asarray(table.seconds, np.float64)
     omega = np.asarray([[float(_omega(sensitivity[n], c)) for c in table.candidates]
                         for n in table.layers], np.float64)

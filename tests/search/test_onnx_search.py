@@ -216,3 +216,15 @@ def test_an_empty_calibration_batch_is_a_clear_error(cls):
     _, graph, params, x, _ = cls
     with pytest.raises(CalibrationError, match="batch 1 is empty"):
         calibrate(graph, params, [x[:4], x[48:]], quant_spec(graph))
+
+
+def test_data_files_split_without_overlap(tmp_path):
+    from npujax.demo.sources import load_inputs
+
+    for n in (2, 3, 10):
+        x = np.arange(n * 3 * 8 * 8, dtype=np.float32).reshape(n, 3, 8, 8)
+        np.savez(tmp_path / "d.npz", x=x, y=np.arange(n, dtype=np.int32))
+        xtr, ytr, xte, yte = load_inputs(str(tmp_path / "d.npz"), (1, 3, 8, 8))
+        assert len(xte) >= 1 and len(xtr) + len(xte) == n
+        assert not set(ytr.tolist()) & set(yte.tolist())
+        np.testing.assert_array_equal(xtr[:, 0, 0, 0], x[ytr][:, 0, 0, 0])
