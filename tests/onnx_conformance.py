@@ -83,7 +83,8 @@ def run_case(case) -> None:
     """Import and execute one case; raise AssertionError if an output differs from onnx's."""
     import jax.numpy as jnp
 
-    from npujax.graph import execute, from_onnx
+    from npujax.frontends.onnx import from_onnx
+    from npujax.quantize.execute import execute
 
     model, inputs, outputs = load_case(case)
     model, inputs = freeze_inputs(model, inputs)

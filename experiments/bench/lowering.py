@@ -22,10 +22,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from npujax.graph import execute, from_onnx, optimize
-from npujax.graph.zoo import fetch_model
+from npujax.frontends.onnx import from_onnx
 from npujax.hw import load_npu_spec
+from npujax.ir.passes import optimize
+from npujax.models.zoo import fetch_model
 from npujax.plan import HwParams, layer_costs, lower, workloads
+from npujax.quantize.execute import execute
 
 SHAPES = {"ppocr_det": (1, 3, 640, 640), "ppocr_cls": (1, 3, 48, 192)}
 

@@ -2,7 +2,7 @@
 
 Usage: python experiments/bench/qat_step.py [--model lenet|resnet] [--batch 64] [--repeats 50]
 
-Both steps are ``value_and_grad`` of the cross-entropy of ``npujax.graph.execute`` plus an Adam
+Both steps are ``value_and_grad`` of the cross-entropy of ``npujax.quantize.execute`` plus an Adam
 update, jitted once; the QAT step adds W8A8 fake-quant (per-channel weight scales from the
 current weights, calibrated per-tensor activation ranges, straight-through gradients). The two
 are timed interleaved (median of ``repeats`` rounds, each step blocked on), so load on a shared
@@ -21,10 +21,12 @@ import numpy as np
 import optax
 from flax import nnx
 
-from npujax.demo.model import LeNet, SmallResNet
-from npujax.graph import calibrate, optimize, quant_spec, trace_flax
-from npujax.graph.execute import execute
-from npujax.train import cross_entropy
+from npujax.frontends.flax import trace_flax
+from npujax.ir.passes import optimize
+from npujax.models.cnn import LeNet, SmallResNet
+from npujax.quantize.calibrate import calibrate
+from npujax.quantize.execute import execute, quant_spec
+from npujax.quantize.train import cross_entropy
 
 
 def make_step(graph, opt, quant=None, qstate=None):

@@ -13,12 +13,15 @@ from __future__ import annotations
 import argparse
 import time
 
-from npujax.demo.data import load_digits_nhwc
-from npujax.demo.pipeline import train_float
-from npujax.graph import calibrate, optimize, quant_spec, trace_flax
+from npujax.data.datasets import load_digits_nhwc
+from npujax.frontends.flax import trace_flax
 from npujax.hw import load_npu_spec
+from npujax.ir.passes import optimize
+from npujax.quantize.calibrate import calibrate
+from npujax.quantize.execute import quant_spec
+from npujax.quantize.train import train_graph
 from npujax.search import search_precision
-from npujax.train import train_graph
+from npujax.workflows.demo import train_float
 
 
 def main() -> None:

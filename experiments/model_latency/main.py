@@ -2,7 +2,7 @@
 
 Usage:  python experiments/model_latency/main.py [--out docs/results/models.md]
 
-The models ship inside the rapidocr-onnxruntime wheel (npujax.graph.zoo fetches and checks them).
+The models ship inside the rapidocr-onnxruntime wheel (npujax.models.zoo fetches and checks them).
 Each is imported at its documented input shape, optimized (BN folding, epilogue fusion) and lowered
 at INT8 on each preset; the table gives end-to-end latency, throughput, the share of time per
 breakdown component, CPU-fallback layers and the peak activation memory.
@@ -14,9 +14,10 @@ import argparse
 import datetime
 
 from npujax._atomic import atomic_write_text
-from npujax.graph import from_onnx, optimize
-from npujax.graph.zoo import fetch_model
+from npujax.frontends.onnx import from_onnx
 from npujax.hw import list_presets, load_npu_spec
+from npujax.ir.passes import optimize
+from npujax.models.zoo import fetch_model
 from npujax.plan import BREAKDOWN, lower
 
 MODELS = {"ppocr_cls": {"x": (1, 3, 48, 192)}, "ppocr_det": {"x": (1, 3, 640, 640)}}

@@ -4,7 +4,7 @@ Usage:  python experiments/precision_search/main.py [--models digits,mnist-resne
                                                   [--out docs/results] [--qat-steps 300]
 
 Models: the demo CNN on the digits (``digits``) and a ResNet-style CNN (stem + two residual blocks
-of width 32, :class:`npujax.demo.model.SmallResNet`) on the 5,000-image MNIST subset
+of width 32, :class:`npujax.models.cnn.SmallResNet`) on the 5,000-image MNIST subset
 (``mnist-resnet``, 1,000 test images). For the int8 array (edge_16x16), the bit-composable array
 (bitfusion_16x16) and the bit-serial array (bitserial_16x16): uniform INT8, uniform INT4 (first
 and last layers at 8 bits), and the greedy, integer-program (HAWQ-V3) and gradient searchers at
@@ -24,15 +24,18 @@ from pathlib import Path
 from flax import nnx
 
 from npujax._atomic import atomic_write_bytes, atomic_write_text
-from npujax.demo.data import load_digits_nhwc, load_mnist5k_nhwc
-from npujax.demo.model import SmallResNet
-from npujax.demo.pipeline import train_float
+from npujax.data.datasets import load_digits_nhwc, load_mnist5k_nhwc
 from npujax.errors import ConfigError
-from npujax.graph import calibrate, optimize, quant_spec, trace_flax
+from npujax.frontends.flax import trace_flax
 from npujax.hw import load_npu_spec
+from npujax.ir.passes import optimize
+from npujax.models.cnn import SmallResNet
 from npujax.plan import lower
+from npujax.quantize.calibrate import calibrate
+from npujax.quantize.execute import quant_spec
+from npujax.quantize.train import evaluate, train_graph
 from npujax.search import search_precision
-from npujax.train import evaluate, train_graph
+from npujax.workflows.demo import train_float
 
 PRESETS = ("edge_16x16", "bitfusion_16x16", "bitserial_16x16")
 BUDGETS = (0.85, 0.7, 0.55)

@@ -20,7 +20,7 @@ import tomllib
 from rich.console import Console
 
 from npujax._atomic import atomic_write_text
-from npujax.qat import load_qat_config, results_markdown, run_qat_experiment
+from npujax.workflows.qat_experiment import load_qat_config, results_markdown, run_qat_experiment
 
 HERE = Path(__file__).resolve().parent
 
@@ -54,7 +54,7 @@ def main() -> None:
 
 
 def sqnr_tag(config: dict) -> str:
-    """The SQNR report folder name of a run (matches npujax.qat.run_qat_experiment)."""
+    """The SQNR report folder name of a run (as ``run_qat_experiment`` names it)."""
     edge = "" if config["edge_bits"] else "_alllayers"
     return f"{config['dataset']}_{config['model']}{edge}"
 
@@ -72,7 +72,7 @@ def write_report(out: Path, results: list[dict]) -> None:
         "the named observer + bias correction; QAT = straight-through fake-quant fine-tuning "
         "from the PTQ (MSE) ranges with BatchNorm folded using frozen running statistics. "
         "'integer-only' = the converted model run with int8 codes, int32 accumulation and "
-        "fixed-point requantization (npujax.graph.integer). The float fine-tuned figure is the "
+        "fixed-point requantization (npujax.backends.integer). The float fine-tuned figure is the "
         "fair baseline for QAT: the float model trained for the same extra steps.\n\n"
     )
     sqnr = ["## Per-layer SQNR of the lowest-precision PTQ (MSE calibration), worst first\n"]

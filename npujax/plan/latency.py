@@ -53,9 +53,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from npujax.errors import ConfigError, QuantizationError
-from npujax.graph.ir import Graph
-from npujax.graph.passes import rebatch
 from npujax.hw.spec import NpuSpec
+from npujax.ir.graph import Graph
+from npujax.ir.passes import rebatch
 from npujax.plan.liveness import peak_activation_bytes
 from npujax.plan.workload import Workload, workloads
 from npujax.systolic.dataflow import gemm_cycles, get_dataflow
@@ -430,13 +430,13 @@ def lower(
     """Lower ``graph`` onto ``spec`` and return the per-layer :class:`Schedule`.
 
     Args:
-      graph: an optimized graph (see :func:`npujax.graph.optimize`); its traced batch size is the
+      graph: an optimized graph (see :func:`npujax.optimize`); its traced batch size is the
         inference batch.
       spec: the NPU.
       weight_bits: one width or ``{layer: bits}`` (layers not named get 8).
       act_bits: one width or ``{layer: bits}``.
       dataflow: overrides the preset's dataflow (``weight_stationary`` etc.).
-      batch: inference batch size (default: the graph's own; see :func:`npujax.graph.rebatch`).
+      batch: inference batch size (default: the graph's own; see :func:`npujax.rebatch`).
 
     Returns:
       The :class:`Schedule`; its per-layer ``latency_s`` sum to ``Schedule.latency_s``.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from npujax.graph.ir import Graph
+from npujax.ir.graph import Graph
 from npujax.plan.workload import FREE_OPS
 
 __all__ = ["peak_activation_bytes"]

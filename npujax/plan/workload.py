@@ -28,8 +28,8 @@ import dataclasses
 import numpy as np
 
 from npujax.errors import UnsupportedOpError
-from npujax.graph.ir import GEMM_OPS, Graph, Node
 from npujax.hw.spec import NpuSpec
+from npujax.ir.graph import GEMM_OPS, Graph, Node
 
 __all__ = ["Workload", "workloads", "FREE_OPS", "ARRAY_OPS", "model_layout"]
 
@@ -217,7 +217,7 @@ def _reaches_npu(graph: Graph, tensor: str, placements: dict[str, str]) -> bool:
 def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
     """The costed layers of ``graph`` on ``spec``, in execution order.
 
-    Run :func:`npujax.graph.optimize` first so BatchNorm is folded and activations are fused, as
+    Run :func:`npujax.optimize` first so BatchNorm is folded and activations are fused, as
     the NPU compiler would; otherwise they are costed as separate layers.
 
     Args:

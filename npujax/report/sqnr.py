@@ -20,7 +20,7 @@ _COLS = ("name", "op", "weight_bits", "act_bits", "sqnr_db")
 
 def sqnr_table(rows: Sequence[dict[str, Any]],
                title: str = "per-layer SQNR (worst first)") -> Table:
-    """A rich table of :func:`npujax.graph.ptq.layer_sqnr` rows."""
+    """A rich table of :func:`npujax.quantize.ptq.layer_sqnr` rows."""
     t = Table(title=title)
     for c in ("layer", "op", "W bits", "A bits", "SQNR (dB)"):
         t.add_column(c, justify="right" if c != "layer" else "left")

@@ -9,10 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from npujax.errors import ConfigError
-from npujax.graph.execute import execute
-from npujax.graph.ir import Graph, Params
 from npujax.hw.spec import NpuSpec
+from npujax.ir.graph import Graph, Params
 from npujax.plan.latency import lower
+from npujax.quantize.execute import execute
 from npujax.search.cost import latency_table, policy_latency_s
 from npujax.search.gradient import gradient_search
 from npujax.search.objective import TaskLoss, fisher_targets, search_targets, task_loss

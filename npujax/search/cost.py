@@ -28,8 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from npujax.errors import ConfigError
-from npujax.graph.ir import Graph
 from npujax.hw.spec import NpuSpec
+from npujax.ir.graph import Graph
 from npujax.plan.latency import HwParams, layer_costs, lower
 from npujax.plan.workload import workloads
 

@@ -31,9 +31,10 @@ import numpy as np
 import optax
 
 from npujax.errors import ConfigError
-from npujax.graph.execute import execute, quant_spec
-from npujax.graph.ir import Graph, Params
 from npujax.hw.spec import NpuSpec
+from npujax.ir.graph import Graph, Params
+from npujax.quantize.execute import execute, quant_spec
+from npujax.quantize.train import batch_iterator, cross_entropy, progress_bar
 from npujax.search.cost import (
     LatencyTable,
     expected_latency,
@@ -47,7 +48,6 @@ from npujax.search.solvers import (
     fit_exact_budget,
     ilp_policy,
 )
-from npujax.train import batch_iterator, cross_entropy, progress_bar
 
 __all__ = ["SearchResult", "gradient_search"]
 
@@ -162,7 +162,7 @@ def gradient_search(
     quant = quant_spec(graph, {n: candidates for n in table.layers},
                        {n: acts if mixed_acts else acts[0] for n in table.layers})
     if mixed_acts:
-        from npujax.graph.calibrate import calibrate
+        from npujax.quantize.calibrate import calibrate
 
         xc = np.asarray(x[:512], np.float32)
         qstate = calibrate(graph, params, [xc[i:i + 64] for i in range(0, len(xc), 64)], quant)

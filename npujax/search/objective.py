@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from npujax.errors import ConfigError, ShapeError
-from npujax.graph.ir import Graph, Params
+from npujax.ir.graph import Graph, Params
 
 __all__ = ["LOSS_KINDS", "TaskLoss", "task_loss", "search_targets", "fisher_targets"]
 
@@ -94,7 +94,7 @@ def task_loss(graph: Graph, kind: str | None = None) -> TaskLoss:
 
 
 def _float_outputs(graph: Graph, params: Params, x: np.ndarray, batch: int) -> np.ndarray:
-    from npujax.graph.execute import execute
+    from npujax.quantize.execute import execute
 
     run = jax.jit(lambda p, xb: execute(graph, p, xb))
     return np.concatenate([np.asarray(run(params, x[i:i + batch]))

@@ -22,10 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from npujax.errors import ConfigError
-from npujax.graph.execute import execute, quantize_weight
-from npujax.graph.ir import Graph, Params
-from npujax.graph.ops import kernel_out_axis
+from npujax.ir.graph import Graph, Params
+from npujax.ops.core import kernel_out_axis
 from npujax.quant import IntFormat
+from npujax.quantize.execute import execute, quantize_weight
 
 __all__ = ["hessian_traces", "activation_sensitivity", "weight_perturbation", "hawq_sensitivity",
            "loss_sensitivity"]
@@ -98,7 +98,7 @@ def activation_sensitivity(
     ``Omega_l(a) = E[||dL/dx_l||^2] / n_l * ||Q_a(x_l) - x_l||^2``: the mean squared loss
     gradient w.r.t. the activation (the empirical Fisher approximation of the Hessian diagonal,
     as in HAWQ's activation analysis) times the quantization noise power at ``a`` bits on the
-    batch's own min-max range (unsigned, asymmetric, as :func:`npujax.graph.quant_spec`).
+    batch's own min-max range (unsigned, asymmetric, as :func:`npujax.quant_spec`).
 
     Args:
       graph, params: the float model.
@@ -114,7 +114,7 @@ def activation_sensitivity(
     """
     from npujax.quant import fake_quant, qparams_from_range
     if loss_fn is None:
-        from npujax.train import cross_entropy as loss_fn
+        from npujax.quantize.train import cross_entropy as loss_fn
 
     zeros = {n: jnp.zeros((x.shape[0], *graph.tensors[graph.node(n).inputs[0]].shape[1:]),
                           jnp.float32) for n in layers}
@@ -154,7 +154,7 @@ def weight_perturbation(
 ) -> dict[str, dict[int, float]]:
     """``||Q_b(W_l) - W_l||_2^2`` of each layer's kernel for each candidate width ``b``.
 
-    ``Q_b`` is the scheme :func:`npujax.graph.quant_spec` uses: signed, narrow-range, symmetric,
+    ``Q_b`` is the scheme :func:`npujax.quant_spec` uses: signed, narrow-range, symmetric,
     per output channel.
     """
     out: dict[str, dict[int, float]] = {}
@@ -195,7 +195,7 @@ def loss_sensitivity(
     Sony MCT, and the direct form of what HAWQ's second-order term estimates. It needs no
     Hessian and sees effects a per-weight trace misses (a 2-bit depthwise or 1-input-channel
     layer), at the price of ``len(layers) * len(pairs)`` forward passes -- all through one
-    compiled program (the mixture form of :func:`npujax.graph.execute` with one-hot
+    compiled program (the mixture form of :func:`npujax.quantize.execute` with one-hot
     probabilities), so the cost is forward passes, not compilations.
 
     Args:
@@ -212,11 +212,11 @@ def loss_sensitivity(
       ``{layer: {(w, a): Omega}}`` (clipped at 0: a quantization that happens to lower the loss
       on this batch is not rewarded).
     """
-    from npujax.graph.calibrate import calibrate
-    from npujax.graph.execute import quant_spec
+    from npujax.quantize.calibrate import calibrate
+    from npujax.quantize.execute import quant_spec
 
     if loss_fn is None:
-        from npujax.train import cross_entropy as loss_fn
+        from npujax.quantize.train import cross_entropy as loss_fn
     wc = sorted({int(b) for b in candidates} | {reference_bits})
     ac = sorted({int(b) for b in act_candidates} | {reference_bits})
     names = [n.name for n in graph.gemm_nodes]

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from npujax.demo.pipeline import DemoConfig, run_demo
-from npujax.graph import load_graph
+from npujax.ir.serialize import load_graph
+from npujax.workflows.demo import DemoConfig, run_demo
 
 pytestmark = [pytest.mark.integration, pytest.mark.flax_model]
 

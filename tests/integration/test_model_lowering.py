@@ -6,8 +6,9 @@ import sys
 
 import pytest
 
-from npujax.graph import from_onnx, optimize
+from npujax.frontends.onnx import from_onnx
 from npujax.hw import list_presets, load_npu_spec
+from npujax.ir.passes import optimize
 from npujax.plan import lower
 from tests.onnx_models import zoo_path
 

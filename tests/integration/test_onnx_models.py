@@ -8,7 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from npujax.graph import calibrate, execute, from_onnx, optimize, quant_spec, to_onnx
+from npujax.backends.onnx_export import to_onnx
+from npujax.frontends.onnx import from_onnx
+from npujax.ir.passes import optimize
+from npujax.quantize.calibrate import calibrate
+from npujax.quantize.execute import execute, quant_spec
 from tests.helpers import assert_close
 from tests.onnx_claimed import CLAIMED
 from tests.onnx_models import ort_run, text_images, zoo_path

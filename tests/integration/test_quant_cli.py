@@ -7,8 +7,10 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from npujax.demo.model import DigitsCNN
-from npujax.graph import optimize, save_graph, trace_flax
+from npujax.frontends.flax import trace_flax
+from npujax.ir.passes import optimize
+from npujax.ir.serialize import save_graph
+from npujax.models.cnn import DigitsCNN
 
 pytestmark = [pytest.mark.integration, pytest.mark.flax_model]
 

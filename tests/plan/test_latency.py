@@ -8,10 +8,11 @@ from flax import nnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from npujax.demo.model import DigitsCNN
 from npujax.errors import ConfigError
-from npujax.graph import optimize, trace_flax
+from npujax.frontends.flax import trace_flax
 from npujax.hw import DATAFLOWS, load_npu_spec
+from npujax.ir.passes import optimize
+from npujax.models.cnn import DigitsCNN
 from npujax.plan import BREAKDOWN, HwParams, layer_costs, lower, workloads
 
 

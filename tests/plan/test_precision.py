@@ -5,9 +5,10 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from npujax.demo.model import DigitsCNN
-from npujax.graph import optimize, trace_flax
+from npujax.frontends.flax import trace_flax
 from npujax.hw import load_npu_spec
+from npujax.ir.passes import optimize
+from npujax.models.cnn import DigitsCNN
 from npujax.plan import lower
 
 

@@ -7,11 +7,15 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from npujax.demo.data import load_digits_nhwc
-from npujax.demo.model import DigitsCNN
+from npujax.data.datasets import load_digits_nhwc
 from npujax.errors import ConfigError
-from npujax.graph import calibrate, optimize, quant_spec, save_graph, trace_flax
+from npujax.frontends.flax import trace_flax
 from npujax.hw import load_npu_spec
+from npujax.ir.passes import optimize
+from npujax.ir.serialize import save_graph
+from npujax.models.cnn import DigitsCNN
+from npujax.quantize.calibrate import calibrate
+from npujax.quantize.execute import quant_spec
 from npujax.search import load_policy, search_precision
 
 pytestmark = pytest.mark.flax_model
@@ -81,8 +85,8 @@ def test_gradient_searcher_through_the_same_interface(problem):
 
 def test_loss_sensitivity_ranks_narrow_widths_worse_and_drives_the_ilp(problem):
     g, p, x, y, qs = problem
+    from npujax.quantize.train import train_graph
     from npujax.search import loss_sensitivity
-    from npujax.train import train_graph
 
     p = train_graph(g, p, x, y, steps=60, learning_rate=3e-3)  # the fixture is untrained
     om = loss_sensitivity(g, p, jnp.asarray(x), jnp.asarray(y), ["conv1", "fc2"], (2, 8), (4, 8))

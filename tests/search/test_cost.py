@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from npujax.demo.model import DigitsCNN
-from npujax.graph import optimize, trace_flax
+from npujax.frontends.flax import trace_flax
+from npujax.ir.passes import optimize
+from npujax.models.cnn import DigitsCNN
 from npujax.plan import lower
 from npujax.search import expected_latency, latency_table
 

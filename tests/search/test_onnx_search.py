@@ -14,10 +14,13 @@ import optax
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from npujax.demo.images import photo_crops
+from npujax.data.images import photo_crops
 from npujax.errors import CalibrationError, ConfigError, ShapeError
-from npujax.graph import calibrate, execute, from_onnx, optimize, quant_spec
+from npujax.frontends.onnx import from_onnx
 from npujax.hw import load_npu_spec
+from npujax.ir.passes import optimize
+from npujax.quantize.calibrate import calibrate
+from npujax.quantize.execute import execute, quant_spec
 from npujax.search import activation_sensitivity, load_policy, search_precision
 from npujax.search.objective import TaskLoss, fisher_targets, search_targets, task_loss
 from tests.onnx_models import ort_run
@@ -219,7 +222,7 @@ def test_an_empty_calibration_batch_is_a_clear_error(cls):
 
 
 def test_data_files_split_without_overlap(tmp_path):
-    from npujax.demo.sources import load_inputs
+    from npujax.data.sources import load_inputs
 
     for n in (2, 3, 10):
         x = np.arange(n * 3 * 8 * 8, dtype=np.float32).reshape(n, 3, 8, 8)

@@ -97,8 +97,9 @@ def test_policy_file_round_trip_and_errors(tmp_path):
 def test_latency_table_columns_and_lookup(edge_spec):
     from flax import nnx
 
-    from npujax.demo.model import DigitsCNN
-    from npujax.graph import optimize, trace_flax
+    from npujax.frontends.flax import trace_flax
+    from npujax.ir.passes import optimize
+    from npujax.models.cnn import DigitsCNN
     from npujax.plan import lower
     from npujax.search import latency_table
 

@@ -1,0 +1,1 @@
+"""Data sets, generated images and named data sources for the CLI."""

@@ -1,0 +1,99 @@
+"""Named data sources for the command line: built-in real data or a user's ``.npy``/``.npz``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from npujax.errors import ConfigError, ShapeError
+
+__all__ = ["DATA_SOURCES", "load_inputs"]
+
+#: Built-in sources: name -> (layout, labelled).
+DATA_SOURCES = {
+    "digits": ("NHWC 8x8x1", True),
+    "mnist5k": ("NHWC 28x28x1", True),
+    "text": ("NCHW 3-channel rendered text lines, PaddleOCR-normalized", False),
+    "photos": ("NCHW 3-channel crops of two photographs, PaddleOCR-normalized", False),
+}
+
+
+def load_inputs(
+    source: str,
+    input_shape: tuple[int, ...],
+    n: int = 256,
+    seed: int = 0,
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray | None]:
+    """Inputs (and labels where the source has them) for a model taking ``input_shape``.
+
+    Args:
+      source: ``digits``, ``mnist5k`` (labelled, their own train/test split), ``text`` or
+        ``photos`` (unlabelled images generated at the model's size, see
+        :mod:`npujax.data.images`; 80 % / 20 % split), or the path of a ``.npy`` file (inputs) or
+        ``.npz`` file (``x``, optional int ``y``; 80 % / 20 % split).
+      input_shape: the model's input shape ``(batch, ...)``; the batch size is ignored.
+      n: examples generated for ``text``/``photos``.
+      seed: split and generation seed.
+
+    Returns:
+      ``(x_train, y_train, x_test, y_test)`` as float32 inputs and int32 labels (None when the
+      source has no labels).
+
+    Raises:
+      ConfigError: unknown source, unreadable file, an ``.npz`` without ``x``.
+      ShapeError: the data's per-example shape is not the model's.
+    """
+    want = tuple(int(d) for d in input_shape[1:])
+    if source in ("digits", "mnist5k"):
+        from npujax.data.datasets import load_digits_nhwc, load_mnist5k_nhwc
+
+        d = (load_digits_nhwc if source == "digits" else load_mnist5k_nhwc)(seed=seed)
+        _check(source, d.x_train, want)
+        return d.x_train, d.y_train, d.x_test, d.y_test
+    if source in ("text", "photos"):
+        if len(want) != 3 or want[0] != 3:
+            raise ShapeError(f"--data {source} makes 3-channel NCHW images, but the model takes "
+                             f"inputs of shape {want}; pass a .npy/.npz file of inputs instead.")
+        from npujax.data.images import photo_crops, text_images
+
+        make = text_images if source == "text" else photo_crops
+        x, y = make(want[1], want[2], n, seed=seed), None
+    else:
+        path = Path(source)
+        if path.suffix not in (".npy", ".npz") or not path.is_file():
+            raise ConfigError(f"--data must be one of {sorted(DATA_SOURCES)} or an existing .npy/"
+                              f".npz file of inputs, got {source!r}.")
+        try:
+            loaded = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"cannot read {path}: {e}") from None
+        if isinstance(loaded, np.ndarray):
+            x, y = loaded, None
+        else:
+            if "x" not in loaded:
+                raise ConfigError(f"{path} must hold an array 'x' (inputs) and optionally 'y' "
+                                  f"(int labels); it holds {sorted(loaded.files)}.")
+            x, y = loaded["x"], (loaded["y"] if "y" in loaded else None)
+        x = np.asarray(x, np.float32)
+        if y is not None:
+            y = np.asarray(y)
+            if y.shape != (len(x),) or not np.issubdtype(y.dtype, np.integer):
+                raise ShapeError(f"{path}: 'y' must be int labels of shape ({len(x)},), got "
+                                 f"{y.dtype} {y.shape}.")
+            y = y.astype(np.int32)
+    _check(source, x, want)
+    if not np.isfinite(x).all():
+        raise ConfigError(f"--data {source}: the inputs hold NaN or inf values.")
+    if len(x) < 2:
+        raise ConfigError(f"--data {source}: need at least 2 examples, got {len(x)}.")
+    perm = np.random.default_rng(seed).permutation(len(x))
+    cut = min(max(1, int(round(0.8 * len(x)))), len(x) - 1)  # at least one held out
+    tr, te = perm[:cut], perm[cut:]
+    return x[tr], None if y is None else y[tr], x[te], None if y is None else y[te]
+
+
+def _check(source: str, x: np.ndarray, want: tuple[int, ...]) -> None:
+    if tuple(x.shape[1:]) != want:
+        raise ShapeError(f"--data {source} has examples of shape {tuple(x.shape[1:])}, the model "
+                         f"takes {want}; pick data of the model's input size.")

@@ -1,0 +1,1 @@
+"""Model frontends: Flax tracing (:mod:`.flax`) and ONNX import (:mod:`.onnx`)."""

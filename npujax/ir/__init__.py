@@ -1,0 +1,16 @@
+"""The Graph IR: nodes over named tensors, graph passes, and the model file format."""
+
+from npujax.ir.graph import GEMM_OPS as GEMM_OPS
+from npujax.ir.graph import Graph as Graph
+from npujax.ir.graph import Node as Node
+from npujax.ir.graph import Params as Params
+from npujax.ir.graph import TensorType as TensorType
+from npujax.ir.passes import fold_batchnorm as fold_batchnorm
+from npujax.ir.passes import fuse_epilogues as fuse_epilogues
+from npujax.ir.passes import optimize as optimize
+from npujax.ir.passes import rebatch as rebatch
+from npujax.ir.serialize import load_graph as load_graph
+from npujax.ir.serialize import save_graph as save_graph
+
+__all__ = ["Graph", "Node", "TensorType", "Params", "GEMM_OPS", "fold_batchnorm",
+           "fuse_epilogues", "optimize", "rebatch", "save_graph", "load_graph"]

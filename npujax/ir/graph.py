@@ -1,0 +1,142 @@
+"""The npujax Graph: the one model representation every feature reads.
+
+A :class:`Graph` is a topologically ordered tuple of :class:`Node` objects over named tensors.
+Importers (Flax tracing, ONNX import) produce it; passes (BN folding, epilogue fusion) rewrite it;
+:func:`npujax.quantize.execute` runs it in JAX and :func:`npujax.plan.lower` maps it to the NPU.
+
+Trainable arrays are *not* stored in the graph: they live in a params pytree
+``{node_name: {role: array}}`` (roles such as ``kernel``, ``bias``, ``scale``, ``mean``), so the
+same graph is executed, differentiated and optimised with different parameter values.
+Non-trainable tensors (literals, folded constants) live in ``Graph.constants``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from npujax.errors import GraphError
+
+__all__ = ["TensorType", "Node", "Graph", "Params", "GEMM_OPS"]
+
+#: params pytree: ``{node_name: {role: array}}``.
+Params = dict[str, dict[str, Any]]
+
+#: Operators that run on the MAC array as a GEMM after im2col, and whose weights are quantized.
+GEMM_OPS = frozenset({"Conv", "Gemm"})
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorType:
+    """Static shape and dtype of a graph tensor (the traced batch size is part of the shape)."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Node:
+    """One operator application.
+
+    Attributes:
+      name: stable, unique name (the Flax module path such as ``conv1`` or the ONNX node name).
+      op: operator type, ONNX spelling where one exists (``Conv``, ``Gemm``, ``Relu``, ...).
+      inputs: names of the activation/constant tensors it reads, in operator order.
+      outputs: names of the tensors it writes.
+      attrs: operator attributes (strides, padding, layouts, epilogue, ...), JSON-serialisable
+        except for the ``JaxPrimitive`` op.
+      params: roles of the trainable arrays it reads from ``params[name]``.
+    """
+
+    name: str
+    op: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    params: tuple[str, ...] = ()
+
+    def replace(self, **changes: Any) -> Node:
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Graph:
+    """A dataflow graph of :class:`Node` in topological order.
+
+    Attributes:
+      nodes: the operators, each after all producers of its inputs.
+      inputs: names of the graph inputs (activations fed by the caller).
+      outputs: names of the graph outputs.
+      tensors: static :class:`TensorType` of every tensor (inputs, node outputs, constants).
+      constants: non-trainable arrays by tensor name.
+      source: where the graph came from (``"flax.nnx"``, ``"flax.linen"``, ``"onnx"``).
+    """
+
+    nodes: tuple[Node, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    tensors: Mapping[str, TensorType]
+    constants: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        seen = set(self.inputs) | set(self.constants)
+        names = set()
+        for node in self.nodes:
+            if node.name in names:
+                raise GraphError(f"duplicate node name {node.name!r}; node names must be unique.")
+            names.add(node.name)
+            for t in node.inputs:
+                if t not in seen:
+                    raise GraphError(
+                        f"node {node.name!r} ({node.op}) reads tensor {t!r} before it is produced; "
+                        "nodes must be in topological order."
+                    )
+            seen.update(node.outputs)
+        for t in self.outputs:
+            if t not in seen:
+                raise GraphError(f"graph output {t!r} is produced by no node.")
+
+    def node(self, name: str) -> Node:
+        """The node called ``name``; raises GraphError listing the names if absent."""
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise GraphError(f"no node named {name!r}; nodes are {[n.name for n in self.nodes]}.")
+
+    def producer(self, tensor: str) -> Node | None:
+        """The node that writes ``tensor`` (None for graph inputs and constants)."""
+        for n in self.nodes:
+            if tensor in n.outputs:
+                return n
+        return None
+
+    def consumers(self, tensor: str) -> list[Node]:
+        """Nodes that read ``tensor``, in graph order."""
+        return [n for n in self.nodes if tensor in n.inputs]
+
+    @property
+    def gemm_nodes(self) -> list[Node]:
+        """Nodes that run as GEMMs on the MAC array (Conv, Gemm), in graph order."""
+        return [n for n in self.nodes if n.op in GEMM_OPS]
+
+    def replace(self, **changes: Any) -> Graph:
+        """A copy with some fields changed (re-validated)."""
+        return dataclasses.replace(self, **changes)
+
+    def summary(self) -> str:
+        """One line per node: name, op, output shape."""
+        lines = []
+        for n in self.nodes:
+            shapes = ", ".join(str(self.tensors[t].shape) for t in n.outputs)
+            lines.append(f"{n.name:<24} {n.op:<20} {shapes}")
+        return "\n".join(lines)

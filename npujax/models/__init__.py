@@ -1,0 +1,1 @@
+"""Reference Flax models (:mod:`.cnn`) and the zoo of real ONNX models (:mod:`.zoo`)."""

@@ -1,0 +1,224 @@
+"""Training and evaluation of a Graph with optax: float fine-tuning and QAT.
+
+QAT here is fake-quant fine-tuning: :func:`npujax.quantize.execute` inserts fake-quant operators
+(straight-through gradients, see :mod:`npujax.quant.core`) on every quantized layer's weights and
+input activation, and optax updates the float "shadow" weights (Jacob et al. 2018,
+arXiv:1712.05877; Krishnamoorthi 2018, arXiv:1806.08342). With the STE, activation ranges stay
+at their calibrated values; layers with ``LayerQuant.method`` ``"lsq"``/``"lsq+"`` learn their
+steps (and LSQ+ offsets) jointly with the weights (Esser et al. 2020, arXiv:1902.08153; Bhalgat
+et al. 2020, arXiv:2004.09576; see :mod:`npujax.quantize.learned_steps`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from npujax.errors import ConfigError, ShapeError
+from npujax.ir.graph import Graph, Params
+from npujax.quantize.execute import QuantSpec, execute
+
+__all__ = ["batch_iterator", "train_graph", "evaluate", "cross_entropy", "progress_bar"]
+
+
+def batch_iterator(
+    x: np.ndarray, y: np.ndarray, batch_size: int, seed: int
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Endless shuffled mini-batches; each epoch is a new permutation (seeded, reproducible).
+
+    Raises:
+      ShapeError: if ``x`` and ``y`` have different lengths or are empty.
+      ConfigError: if ``batch_size`` < 1.
+    """
+    if len(x) != len(y) or len(x) == 0:
+        raise ShapeError(f"x and y must be non-empty and of equal length, got {len(x)}, {len(y)}.")
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}.")
+    rng = np.random.default_rng(seed)
+    bs = min(batch_size, len(x))
+    while True:
+        perm = rng.permutation(len(x))
+        for i in range(0, len(x) - bs + 1, bs):
+            idx = perm[i : i + bs]
+            yield x[idx], y[idx]
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Mean softmax cross-entropy with integer labels (``optax``)."""
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+
+def train_graph(
+    graph: Graph,
+    params: Params,
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    steps: int,
+    learning_rate: float = 1e-4,
+    batch_size: int = 64,
+    quant: QuantSpec | None = None,
+    qstate: Mapping[str, Mapping[str, jax.Array]] | None = None,
+    seed: int = 0,
+    progress: bool = False,
+    description: str = "training",
+    fold_bn: bool = False,
+    loss_fn: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
+    return_qstate: bool = False,
+) -> Params | tuple[Params, dict[str, dict[str, jax.Array]]]:
+    """Fine-tune ``params`` of ``graph`` by Adam with a cosine-decayed learning rate.
+
+    Args:
+      graph: the model graph.
+      params: initial params ``{node: {role: array}}``.
+      x, y: training inputs ``(n, ...)`` float32 and integer labels ``(n,)`` (or the targets
+        of ``loss_fn``).
+      steps: optimizer steps (>= 1).
+      learning_rate: peak Adam learning rate.
+      batch_size: mini-batch size.
+      quant, qstate: fake-quant placement and calibrated ranges; None trains in float. Layers
+        with ``stochastic_rounding`` round stochastically, a fresh key per step from ``seed``.
+      seed: shuffling seed.
+      progress: show a progress bar with the running loss.
+      description: label of the progress bar.
+      fold_bn: train an unfolded graph (Conv/Gemm followed by BatchNormalization) through its
+        BN-folded form: every step folds the BN running statistics (frozen, no gradient) and the
+        trainable BN scale/shift into the kernel and bias before fake-quantization, so QAT sees
+        the weight grid deployment uses (Krishnamoorthi 2018, arXiv:1806.08342, section 3.2;
+        Jacob et al. 2018, section 3.2). A BN scale of zero folds to a zero channel, not NaN.
+      loss_fn: ``loss_fn(output, target_batch) -> f32[]``; softmax cross-entropy by default
+        (e.g. a distillation loss from :mod:`npujax.search.objective`).
+      return_qstate: also return the qstate with the learned LSQ/LSQ+ entries (``act_scale``,
+        ``act_offset``, ``weight_step`` of LSQ layers), which are optimised jointly with the
+        params by the same Adam (steps projected onto ``>= MIN_SCALE`` after each update).
+        Required when ``quant`` has LSQ layers, so learned steps are never dropped silently.
+
+    Returns:
+      The trained params (unfolded when ``fold_bn``; fold them with
+      :func:`npujax.fold_batchnorm` for deployment); with ``return_qstate``, the pair
+      ``(params, qstate)``.
+
+    Raises:
+      ConfigError: ``steps`` < 1, or LSQ layers in ``quant`` without ``return_qstate=True``.
+    """
+    from npujax.quantize.learned_steps import clamp_steps, merge_learned, split_learned
+
+    if steps < 1:
+        raise ConfigError(f"steps must be >= 1, got {steps}.")
+    learned, fixed = split_learned(quant or {}, qstate)
+    if learned and not return_qstate:
+        raise ConfigError(f"layers {sorted(learned)} learn their quantization steps (LSQ); pass "
+                          "return_qstate=True and use the returned qstate with the params.")
+    opt = optax.adam(optax.cosine_decay_schedule(learning_rate, steps))
+    opt_state = opt.init((params, learned))
+
+    run_graph, transform = graph, lambda p: p
+    if fold_bn:
+        from npujax.ir.passes import fold_batchnorm, frozen_bn_stats
+
+        run_graph = fold_batchnorm(graph, params)[0]
+        transform = lambda p: fold_batchnorm(graph, frozen_bn_stats(graph, p))[1]
+
+    task = cross_entropy if loss_fn is None else loss_fn
+    stochastic = any(lq.stochastic_rounding for lq in (quant or {}).values())
+
+    @jax.jit
+    def step(state, opt_state, xb, yb, key):
+        def objective(st):
+            p, lq = st
+            qs = merge_learned(lq, fixed) if lq else qstate
+            logits = execute(run_graph, transform(p), xb, quant=quant, qstate=qs,
+                             key=key if stochastic else None)
+            return task(logits, yb)
+
+        loss, grads = jax.value_and_grad(objective)(state)
+        updates, opt_state = opt.update(grads, opt_state, state)
+        p, lq = optax.apply_updates(state, updates)
+        return (p, clamp_steps(lq)), opt_state, loss
+
+    batches = batch_iterator(x, y, batch_size, seed)
+    base_key = jax.random.key(seed)
+    state = (params, learned)
+    with progress_bar(progress, description, steps) as advance:
+        for i in range(steps):
+            xb, yb = next(batches)
+            state, opt_state, loss = step(state, opt_state, xb, yb,
+                                          jax.random.fold_in(base_key, i))
+            advance(loss)
+    params, learned = state
+    if return_qstate:
+        return params, merge_learned(learned, fixed)
+    return params
+
+
+def evaluate(
+    graph: Graph,
+    params: Params,
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    quant: QuantSpec | None = None,
+    qstate: Mapping[str, Mapping[str, jax.Array]] | None = None,
+    bit_probs: Mapping[str, jax.Array] | None = None,
+    batch_size: int = 512,
+) -> float:
+    """Top-1 accuracy of ``graph`` on ``(x, y)`` (float, or fake-quant with ``quant``)."""
+    fn = jax.jit(lambda p, xb: execute(graph, p, xb, quant=quant, qstate=qstate,
+                                       bit_probs=bit_probs))
+    correct = 0
+    for i in range(0, len(x), batch_size):
+        logits = fn(params, jnp.asarray(x[i : i + batch_size]))
+        correct += int(jnp.sum(jnp.argmax(logits, -1) == jnp.asarray(y[i : i + batch_size])))
+    return correct / len(x)
+
+
+class progress_bar:
+    """Context manager: a rich progress bar of ``total`` steps showing the running loss.
+
+    ``with progress_bar(enabled, "QAT", steps) as advance: advance(loss)`` per step. Shown only
+    when ``enabled`` and stderr is a terminal (logs get the callers' per-stage lines instead).
+    """
+
+    def __init__(self, enabled: bool, description: str, total: int) -> None:
+        import sys
+
+        # A bar only where a person watches (a terminal on stderr); logs and pipes get the
+        # per-stage summary lines the callers print instead of bar residue.
+        self.enabled = enabled and sys.stderr.isatty()
+        self.description, self.total = description, total
+
+    def __enter__(self) -> Any:
+        if not self.enabled:
+            return lambda loss: None
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
+
+        self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                             TextColumn("loss {task.fields[loss]}"), TimeRemainingColumn(),
+                             transient=True, console=Console(stderr=True))
+        self._bar.__enter__()
+        task = self._bar.add_task(self.description, total=self.total, loss="-")
+        count = [0]
+
+        def advance(loss):
+            count[0] += 1
+            if count[0] % 10 == 0 or count[0] == self.total:
+                self._bar.update(task, advance=10 if count[0] % 10 == 0 else count[0] % 10,
+                                 loss=f"{float(loss):.4f}")
+
+        return advance
+
+    def __exit__(self, *exc) -> None:
+        if self.enabled:
+            self._bar.__exit__(*exc)

@@ -1,0 +1,1 @@
+"""End-to-end workflows built on the library: the demo, the QAT-vs-PTQ experiment, ..."""

@@ -1,0 +1,114 @@
+"""The CLI as a user runs it: a separate process, exit codes and messages, no tracebacks."""
+
+import importlib.resources
+import subprocess
+import sys
+
+import pytest
+
+GOOD = importlib.resources.files("npujax.presets").joinpath("edge_16x16.toml").read_text()
+
+
+def run(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "npujax.cli", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=300)
+
+
+def test_help():
+    r = run("--help")
+    assert r.returncode == 0 and "demo" in r.stdout and "lower" in r.stdout
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        (GOOD.replace("ifmap_sram_bytes = 131072", "ifmap_sram_bytes = -1"), "ifmap_sram_bytes"),
+        (GOOD.replace("lanes = 16", "lanes = 16\nbogus = 2"), "unknown key"),
+        ("this is not toml [", "not valid TOML"),
+    ],
+)
+def test_malformed_preset_exits_nonzero_without_traceback(tmp_path, text, message):
+    p = tmp_path / "bad.toml"
+    p.write_text(text)
+    r = run("demo", "--npu", str(p), "--out", str(tmp_path / "o"))
+    assert r.returncode == 2
+    assert message in r.stderr and r.stderr.startswith("npujax: error:")
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_missing_preset(tmp_path):
+    r = run("demo", "--npu", str(tmp_path / "nope.toml"))
+    assert r.returncode == 2 and "not found" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_lower_missing_model(tmp_path):
+    r = run("lower", str(tmp_path / "none.npz"))
+    assert r.returncode == 5 and "does not exist" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bad_bits_spec(tmp_path):
+    r = run("lower", str(tmp_path / "x.npz"), "--weight-bits", "fc1=four")
+    assert r.returncode == 2 and "bit-width" in r.stderr
+
+
+def test_presets_lists_default():
+    r = run("presets")
+    assert r.returncode == 0 and "edge_16x16" in r.stdout
+
+
+@pytest.fixture(scope="module")
+def saved_model(tmp_path_factory):
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from npujax.frontends.flax import trace_flax
+    from npujax.ir.passes import optimize
+    from npujax.ir.serialize import save_graph
+    from npujax.models.cnn import DigitsCNN
+
+    with jax.numpy_dtype_promotion("standard"):
+        g, p = optimize(*trace_flax(DigitsCNN(rngs=nnx.Rngs(0)),
+                                    jnp.zeros((1, 8, 8, 1), jnp.float32)))
+    path = tmp_path_factory.mktemp("m") / "model.npz"
+    save_graph(path, g, p)
+    return path
+
+
+@pytest.mark.parametrize("bits,code,message", [
+    ("fc1=-4", 3, "[2, 16]"), ("fc1=0", 3, "[2, 16]"), ("64", 3, "[2, 16]"),
+    ("fc1=4,fc1=2", 2, "twice"), ("avgpool_0=4", 2, "without weights"),
+])
+def test_lower_rejects_bad_bit_widths(saved_model, bits, code, message):
+    r = run("lower", str(saved_model), "--weight-bits", bits)
+    assert r.returncode == code and message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_lower_writes_readable_outputs(saved_model, tmp_path):
+    import os
+    import stat
+
+    r = run("lower", str(saved_model), "--npu", "gemmini_16x16", "--out", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    assert "fallback" in r.stdout  # gemmini has no average pooling: it runs on the CPU
+    mode = stat.S_IMODE(os.stat(tmp_path / "o" / "schedule.json").st_mode)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert mode == 0o666 & ~umask
+
+
+def test_out_that_is_a_file_is_a_clear_error(saved_model, tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    r = run("lower", str(saved_model), "--out", str(f / "sub"))
+    assert r.returncode == 2 and "cannot create output folder" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_not_an_npz_model(tmp_path):
+    f = tmp_path / "README.md"
+    f.write_text("# hello")
+    r = run("lower", str(f))
+    assert r.returncode == 5 and "not an npujax graph file" in r.stderr
+    assert "pickle" not in r.stderr

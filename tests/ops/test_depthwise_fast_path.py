@@ -1,0 +1,51 @@
+"""The shift-and-multiply depthwise convolution equals XLA's grouped convolution."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from npujax.ops.core import _dense_conv, _depthwise_conv, _is_depthwise
+
+
+@pytest.mark.parametrize("layout,klayout", [("NCHW", "OIHW"), ("NHWC", "HWIO")])
+@pytest.mark.parametrize("c,m,k,s,d,pad", [
+    (8, 1, 3, 1, 1, ((1, 1), (1, 1))), (6, 2, 5, 2, 1, ((2, 1), (0, 2))),
+    (4, 1, 3, 2, 2, ((2, 2), (2, 2))), (5, 1, 1, 1, 1, ((0, 0), (0, 0))),
+    (3, 1, 7, 3, 1, ((3, 3), (3, 3))),
+])
+def test_depthwise_matches_grouped_conv(layout, klayout, c, m, k, s, d, pad):
+    rng = np.random.default_rng(c * 100 + k)
+    x = rng.normal(size=(2, c, 11, 13)).astype(np.float32)
+    w = rng.normal(size=(c * m, 1, k, k)).astype(np.float32)
+    xl = jnp.asarray(np.transpose(x, ["NCHW".index(a) for a in layout]))
+    wl = jnp.asarray(np.transpose(w, ["OIHW".index(a) for a in klayout]))
+    a = dict(data_layout=layout, kernel_layout=klayout, strides=[s, s], dilations=[d, d],
+             padding=[list(p) for p in pad], groups=c)
+    assert _is_depthwise(xl, wl, a)
+    fast, ref = _depthwise_conv(xl, wl, a), _dense_conv(xl, wl, a)
+    assert fast.shape == ref.shape
+    np.testing.assert_allclose(np.asarray(fast), np.asarray(ref), rtol=1e-5, atol=1e-5)
+
+
+def test_grouped_but_not_depthwise_uses_xla():
+    x = jnp.ones((1, 8, 5, 5), jnp.float32)
+    w = jnp.ones((8, 2, 3, 3), jnp.float32)  # 4 groups of 2 channels
+    a = dict(data_layout="NCHW", kernel_layout="OIHW", strides=[1, 1], dilations=[1, 1],
+             padding=[[1, 1], [1, 1]], groups=4)
+    assert not _is_depthwise(x, w, a)
+
+
+@pytest.mark.parametrize("layout,klayout", [("NCHW", "OIHW"), ("NHWC", "HWIO")])
+def test_pointwise_matches_conv(layout, klayout):
+    from npujax.ops.core import _is_pointwise, _pointwise_conv
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 6, 5, 7)).astype(np.float32)
+    w = rng.normal(size=(4, 6, 1, 1)).astype(np.float32)
+    xl = jnp.asarray(np.transpose(x, ["NCHW".index(a) for a in layout]))
+    wl = jnp.asarray(np.transpose(w, ["OIHW".index(a) for a in klayout]))
+    a = dict(data_layout=layout, kernel_layout=klayout, strides=[1, 1], dilations=[1, 1],
+             padding=[[0, 0], [0, 0]], groups=1)
+    assert _is_pointwise(wl, a)
+    np.testing.assert_allclose(np.asarray(_pointwise_conv(xl, wl, a)),
+                               np.asarray(_dense_conv(xl, wl, a)), rtol=1e-5, atol=1e-5)
