@@ -30,6 +30,7 @@ from npujax.frontends.flax import trace_flax
 from npujax.hw import load_npu_spec
 from npujax.ir.passes import optimize
 from npujax.models.cnn import SmallResNet
+from npujax.ops import gemm_nodes
 from npujax.plan import lower
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.execute import quant_spec
@@ -69,7 +70,7 @@ def run_model(name: str, qat_steps: int, search_steps: int) -> tuple[dict, list[
     model = train_float(data, epochs=epochs, learning_rate=3e-3, batch_size=64, seed=0,
                         model=factory() if factory else None)
     graph, params = optimize(*trace_flax(model, data.x_test[:1]))
-    layers = [n.name for n in graph.gemm_nodes]
+    layers = [n.name for n in gemm_nodes(graph)]
     float_acc = evaluate(graph, params, data.x_test, data.y_test)
     q8 = quant_spec(graph, 8, 8)
     calib = [data.x_train[i * 64:(i + 1) * 64] for i in range(8)]

@@ -59,156 +59,35 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from npujax.errors import ConfigError, QuantizationError
-from npujax.ir.graph import GEMM_OPS, Graph, Node, Params
-from npujax.ops.core import _dense_conv, apply_epilogue, avgpool_count, kernel_out_axis, run_op
+from npujax.ir.graph import Graph, Node, Params
+from npujax.ops import OPS, apply_epilogue, gemm_nodes, kernel_out_axis, quantized_ops, run_op
+from npujax.ops.gemm import dense_conv
 from npujax.quant import IntFormat, dequantize, quantize
-from npujax.quant.core import true_divide
+from npujax.quant.fixed_point import (
+    QTensor,
+    quantize_bias,
+    quantize_multiplier,
+    requantize,
+    saturate,
+)
 from npujax.quantize.execute import QuantSpec, _as_inputs, layer_weight_qparams
 from npujax.quantize.learned_steps import deploy_qstate
 
-__all__ = [
-    "IntegerLayer",
-    "IntegerModel",
-    "convert",
-    "execute_integer",
-    "quantize_bias",
-    "quantize_multiplier",
-    "requant_target",
-    "requantize",
-    "rounding_doubling_high_mul",
-    "rounding_divide_by_pot",
-]
+__all__ = ["IntegerLayer", "IntegerModel", "convert", "execute_integer", "requant_target"]
 
-_CODE_OPS = frozenset({"Reshape", "Transpose", "Identity", "MaxPool", "Relu", "AveragePool"})
 _INT_EPILOGUES = frozenset({"Relu", "Relu6"})
 _POOL_FRAC_BITS = 8
 
 
 # --------------------------------------------------------------------------------------------
-# Fixed-point arithmetic (gemmlowp / TFLite), int32 only (no 64-bit JAX types needed).
-
-
-def quantize_multiplier(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Split real multipliers ``0 < M`` into a Q31 ``m0`` and a shift: ``M ~= m0 * 2^(shift-31)``.
-
-    Args:
-      m: float array of positive multipliers (computed in float64 on the host).
-
-    Returns:
-      ``(m0, shift)``: int32 arrays; ``m0`` in ``[2^30, 2^31 - 1]``, ``shift`` the power of two
-      (negative for ``M < 0.5``), as TFLite's ``QuantizeMultiplier``.
-
-    Raises:
-      QuantizationError: if some multiplier is not positive and finite.
-    """
-    m = np.asarray(m, np.float64)
-    if not np.all(np.isfinite(m) & (m > 0)):
-        raise QuantizationError(f"requantization multipliers must be positive and finite, got {m}.")
-    frac, exp = np.frexp(m)  # m = frac * 2^exp, frac in [0.5, 1)
-    m0 = np.round(frac * 2.0**31).astype(np.int64)
-    carry = m0 == 2**31
-    m0 = np.where(carry, m0 // 2, m0)
-    exp = np.where(carry, exp + 1, exp)
-    return m0.astype(np.int32), exp.astype(np.int32)
-
-
-def rounding_doubling_high_mul(a: jax.Array, b: jax.Array) -> jax.Array:
-    """gemmlowp ``SaturatingRoundingDoublingHighMul`` for int32 ``a`` and positive int32 ``b``.
-
-    ``round(a * b / 2^31)`` with ties away from zero, computed exactly with 16-bit limbs in
-    uint32 (the 64-bit product never materialises). ``b > 0`` so the single saturating case
-    (``a = b = -2^31``) cannot occur.
-    """
-    a = jnp.asarray(a, jnp.int32)
-    b = jnp.asarray(b, jnp.int32)
-    neg = a < 0
-    ua = jnp.where(neg, -a, a)  # |a|; -2^31 wraps to itself, read as uint32 it is 2^31
-    ua = lax.bitcast_convert_type(ua, jnp.uint32)  # -2^31 -> 2^31 as uint32: exact
-    ub = lax.bitcast_convert_type(b, jnp.uint32)
-    m16 = jnp.uint32(0xFFFF)
-    a1, a0 = ua >> 16, ua & m16
-    b1, b0 = ub >> 16, ub & m16
-    p00, p01, p10, p11 = a0 * b0, a0 * b1, a1 * b0, a1 * b1
-    mid = (p00 >> 16) + (p01 & m16) + (p10 & m16)
-    lo = (mid << 16) | (p00 & m16)
-    hi = p11 + (p01 >> 16) + (p10 >> 16) + (mid >> 16)
-    # positive: floor((P + 2^30) / 2^31); negative: -floor((P + 2^30 - 1) / 2^31)
-    nudge = jnp.where(neg, jnp.uint32(2**30 - 1), jnp.uint32(2**30))
-    lo2 = lo + nudge
-    hi2 = hi + (lo2 < lo).astype(jnp.uint32)
-    q = (hi2 << 1) | (lo2 >> 31)
-    q = lax.bitcast_convert_type(q, jnp.int32)
-    return jnp.where(neg, -q, q)
-
-
-def rounding_divide_by_pot(x: jax.Array, exponent: jax.Array) -> jax.Array:
-    """gemmlowp ``RoundingDivideByPOT``: ``x / 2^exponent`` rounded half away from zero (int32)."""
-    x = jnp.asarray(x, jnp.int32)
-    exponent = jnp.asarray(exponent, jnp.int32)
-    mask = (jnp.int32(1) << exponent) - 1
-    remainder = x & mask
-    threshold = (mask >> 1) + (x < 0).astype(jnp.int32)
-    return (x >> exponent) + (remainder > threshold).astype(jnp.int32)
-
-
-def requantize(acc: jax.Array, m0: jax.Array, shift: jax.Array) -> jax.Array:
-    """``acc * M`` rounded, ``M = m0 * 2^(shift - 31)`` (TFLite ``MultiplyByQuantizedMultiplier``).
-
-    Args:
-      acc: int32 accumulators.
-      m0, shift: from :func:`quantize_multiplier`, broadcastable against ``acc``.
-
-    Returns:
-      int32 array, ``acc * M`` rounded (gemmlowp rounding, see module docstring).
-    """
-    left = jnp.maximum(shift, 0)
-    right = jnp.maximum(-shift, 0)
-    return rounding_divide_by_pot(rounding_doubling_high_mul(acc << left, m0), right)
-
-
-def quantize_bias(bias: np.ndarray, act_scale: Any, weight_scale: Any) -> np.ndarray:
-    """int32-grid bias codes ``round_half_even(b / (s_x * s_w))``, as int64 (not yet clipped).
-
-    The scale ``s_x * s_w`` is the float32 product (ONNX's QDQ bias convention; what
-    onnxruntime's kernels assume), and the division is done in float64 on the host so that
-    :func:`convert` and :func:`npujax.to_onnx` write the same codes.
-
-    Args:
-      bias: float32 ``[C_out]``.
-      act_scale: the layer's input scale (float32 scalar).
-      weight_scale: float32 ``[C_out]`` (or scalar) weight scales.
-    """
-    scale = np.float32(np.asarray(act_scale, np.float32).reshape(())) * np.asarray(
-        weight_scale, np.float32)
-    scale = np.broadcast_to(scale, np.shape(bias)).astype(np.float32)
-    return np.round(np.asarray(bias, np.float64) / scale.astype(np.float64)).astype(np.int64)
-
-
-# --------------------------------------------------------------------------------------------
 # The converted model.
-
-
-class QTensor(NamedTuple):
-    """int32 codes on a per-tensor grid (``owner``: the layer whose input qparams they use).
-
-    ``codes`` count steps of ``scale / 2^frac_bits`` (``frac_bits`` > 0 only between a GEMM and
-    an AveragePool, see the module docstring) and are not yet saturated.
-    """
-
-    codes: jax.Array
-    scale: jax.Array
-    zero_point: jax.Array
-    fmt: IntFormat
-    owner: str
-    frac_bits: int = 0  # codes with frac_bits == 0 are saturated (QuantizeLinear)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,7 +155,8 @@ def requant_target(graph: Graph, quant: QuantSpec, node: Node) -> tuple[str | No
     integer GEMM layer with at most a ReLU/ReLU6 epilogue. :func:`convert` requantizes there and
     :func:`npujax.to_onnx` writes ``QuantizeLinear -> DequantizeLinear`` there.
     """
-    if node.op not in GEMM_OPS or not _is_integer_layer(quant.get(node.name)):
+    gemm = quantized_ops()
+    if node.op not in gemm or not _is_integer_layer(quant.get(node.name)):
         return None, False
     if any(e not in _INT_EPILOGUES for e in node.attrs.get("epilogue", ())):
         return None, False
@@ -287,15 +167,16 @@ def requant_target(graph: Graph, quant: QuantSpec, node: Node) -> tuple[str | No
         if len(users) != 1 or t in graph.outputs:
             return None, False
         (u,) = users
-        if u.op in _CODE_OPS and len(u.inputs) == 1:
-            if u.op == "AveragePool":
+        codes = OPS[u.op].codes if u.op in OPS else None
+        if codes is not None and len(u.inputs) == 1:
+            if codes == "rounding":
                 if pooled:  # one pooling step keeps the single-rounding guarantee
                     return None, False
                 pooled = True
             t = u.outputs[0]
             continue
         lq = quant.get(u.name)
-        if u.op in GEMM_OPS and lq is not None and isinstance(lq.act, IntFormat) \
+        if u.op in gemm and lq is not None and isinstance(lq.act, IntFormat) \
                 and u.inputs[0] == t:
             return u.name, pooled
         return None, False
@@ -344,7 +225,7 @@ def convert(
         raise ConfigError(f"requant must be 'fixed_point' or 'float', got {requant!r}.")
     layers: dict[str, IntegerLayer] = {}
     qstate = deploy_qstate(quant, qstate)
-    for node in graph.gemm_nodes:
+    for node in gemm_nodes(graph):
         lq = quant.get(node.name)
         if lq is None or lq.act is None or len(lq.weight_candidates) != 1:
             if lq is not None and len(lq.weight_candidates) > 1:
@@ -414,23 +295,9 @@ def convert(
 # Execution.
 
 
-def _div_round_half_even(n: jax.Array, d: jax.Array) -> jax.Array:
-    """``n / d`` for int32 ``n`` and positive int32 ``d``, rounded half to even."""
-    q = jnp.floor_divide(n, d)
-    r = n - q * d
-    up = (2 * r > d) | ((2 * r == d) & (q % 2 == 1))
-    return q + up.astype(jnp.int32)
-
-
-def _saturate(v: QTensor) -> jax.Array:
-    """The codes (fraction bits rounded off) clamped to their format, in its storage dtype."""
-    c = v.codes if v.frac_bits == 0 else _div_round_half_even(v.codes, 2**v.frac_bits)
-    return jnp.clip(c, v.fmt.qmin, v.fmt.qmax).astype(v.fmt.storage_dtype)
-
-
 def _to_float(v: Any) -> jax.Array:
     if isinstance(v, QTensor):
-        return dequantize(_saturate(v), v.scale, v.zero_point)
+        return dequantize(saturate(v), v.scale, v.zero_point)
     return v
 
 
@@ -444,12 +311,12 @@ def _int_gemm(node: Node, x: jax.Array, w: jax.Array) -> jax.Array:
     """The node's GEMM on int32 operands with int32 accumulation (no bias, no epilogue)."""
     if node.op == "Gemm":
         return jnp.matmul(x, w, preferred_element_type=jnp.int32)
-    return _dense_conv(x, w, node.attrs, preferred_element_type=jnp.int32)
+    return dense_conv(x, w, node.attrs, preferred_element_type=jnp.int32)
 
 
 def _run_layer(model: IntegerModel, node: Node, layer: IntegerLayer, v: Any) -> Any:
     if isinstance(v, QTensor) and v.owner == node.name:
-        codes = _saturate(v)
+        codes = saturate(v)
     else:
         codes = quantize(_to_float(v), layer.input_scale, layer.input_zero_point,
                          layer.input_format)
@@ -478,54 +345,12 @@ def _run_layer(model: IntegerModel, node: Node, layer: IntegerLayer, v: Any) -> 
     return x_in, QTensor(q, layer.output_scale, zp, fmt, layer.output, fb)
 
 
-def _window_sum_in_order(node: Node, v: jax.Array) -> jax.Array:
-    """Sum over each pooling window, adding the elements in row-major window order as ORT's
-    pool loops do (padding adds zeros)."""
-    a = node.attrs
-    v = jnp.pad(v, [tuple(p) for p in a["padding"]])
-    dil = tuple(a.get("window_dilation", (1,) * v.ndim))
-    out_shape = [(v.shape[i] - (a["window"][i] - 1) * dil[i] - 1) // a["strides"][i] + 1
-                 for i in range(v.ndim)]
-    total = None
-    for offset in np.ndindex(*a["window"]):
-        start = [o * d for o, d in zip(offset, dil)]
-        limit = [b + (n - 1) * st + 1 for b, n, st in zip(start, out_shape, a["strides"])]
-        term = lax.slice(v, start, limit, tuple(a["strides"]))
-        total = term if total is None else total + term
-    return total
-
-
-def _avgpool_codes(node: Node, v: QTensor) -> QTensor:
-    """``DQ -> AveragePool -> Q`` on one grid (see the module docstring for the two modes)."""
-    a = node.attrs
-    count = avgpool_count(node, v.codes.shape)
-    x = v.codes - (v.zero_point << v.frac_bits)
-    if v.frac_bits == 0:  # saturated codes: onnxruntime's QLinearAveragePool, float32
-        xd = v.scale * x.astype(jnp.float32)
-        avg = true_divide(_window_sum_in_order(node, xd), count)
-        q = jnp.round(true_divide(avg, v.scale) + v.zero_point.astype(jnp.float32))
-        q = q.astype(jnp.int32)
-    else:  # int32 pooling unit: one rounding of the unsaturated sum
-        s = lax.reduce_window(x, jnp.int32(0), lax.add, tuple(a["window"]), tuple(a["strides"]),
-                              [tuple(p) for p in a["padding"]],
-                              window_dilation=tuple(a.get("window_dilation", (1,) * x.ndim)))
-        d = jnp.asarray(count, jnp.int32) * jnp.int32(2**v.frac_bits)
-        q = _div_round_half_even(s, d) + v.zero_point
-    return v._replace(codes=jnp.clip(q, v.fmt.qmin, v.fmt.qmax), frac_bits=0)
-
-
-def _code_op(node: Node, v: QTensor) -> QTensor:
-    if node.op == "AveragePool":
-        return _avgpool_codes(node, v)
-    if node.op == "Relu":
-        return v._replace(codes=jnp.maximum(v.codes, v.zero_point << v.frac_bits))
-    if node.op == "MaxPool":
-        a = node.attrs
-        init = jnp.asarray(jnp.iinfo(v.codes.dtype).min, v.codes.dtype)
-        c = lax.reduce_window(v.codes, init, lax.max, tuple(a["window"]), tuple(a["strides"]),
-                              [tuple(p) for p in a["padding"]])
-        return v._replace(codes=c)
-    (out,) = run_op(node, [v.codes], {})  # Reshape / Transpose / Identity move codes only
+def _run_codes(node: Node, v: QTensor) -> QTensor:
+    """An operator on integer codes: its ``run_codes``, or (data movement) ``run`` on the codes."""
+    d = OPS[node.op]
+    if d.run_codes is not None:
+        return d.run_codes(node, v)
+    (out,) = d.run(node, [v.codes], {})
     return v._replace(codes=out)
 
 
@@ -558,8 +383,9 @@ def execute_integer(
         if layer is not None:
             x_in, out = _run_layer(model, node, layer, ins[0])
             outs = [out]
-        elif node.op in _CODE_OPS and len(ins) == 1 and isinstance(ins[0], QTensor):
-            outs = [_code_op(node, ins[0])]
+        elif (node.op in OPS and OPS[node.op].codes is not None and len(ins) == 1
+              and isinstance(ins[0], QTensor)):
+            outs = [_run_codes(node, ins[0])]
         else:
             outs = run_op(node, [_to_float(v) for v in ins], dict(model.params.get(node.name, {})))
         env.update(zip(node.outputs, outs))

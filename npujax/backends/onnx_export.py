@@ -30,7 +30,6 @@ atomically. Source of the semantics: the ONNX operator specification
 
 from __future__ import annotations
 
-import base64
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -40,11 +39,12 @@ import onnx
 from onnx import helper, numpy_helper
 
 from npujax._atomic import atomic_write_bytes
-from npujax.backends.integer import quantize_bias, requant_target
+from npujax.backends.integer import requant_target
 from npujax.errors import ConfigError, UnsupportedOpError
 from npujax.ir.graph import Graph, Node, Params
-from npujax.ops.core import out_channel_view
+from npujax.ops import OPS
 from npujax.quant import FloatFormat, IntFormat
+from npujax.quant.fixed_point import quantize_bias
 from npujax.quantize.execute import LayerQuant, QuantSpec, layer_weight_qparams
 from npujax.quantize.learned_steps import deploy_qstate
 
@@ -54,36 +54,6 @@ __all__ = ["to_onnx", "EXPORT_OPSET", "QDQ_EXTENDED_OPSET"]
 EXPORT_OPSET = 17
 #: Opset of models with FP8 (needs 19) or per-block (needs 21) quantized layers.
 QDQ_EXTENDED_OPSET = 21
-_INT64_MIN = np.iinfo(np.int64).min
-
-
-class _Writer:
-    def __init__(self, graph: Graph, params: Params, int32_bias: bool):
-        self.int32_bias = int32_bias
-        self.graph = graph
-        self.params = params
-        self.nodes: list[onnx.NodeProto] = []
-        self.inits: dict[str, onnx.TensorProto] = {}
-        self.used: set[str] = set(graph.tensors) | {n.name for n in graph.nodes}
-
-    def name(self, base: str) -> str:
-        n, i = base, 1
-        while n in self.used:
-            n, i = f"{base}_{i}", i + 1
-        self.used.add(n)
-        return n
-
-    def init(self, base: str, value: Any, dtype: Any = None) -> str:
-        arr = np.asarray(value, dtype)
-        name = self.name(base)
-        self.inits[name] = numpy_helper.from_array(arr, name)
-        return name
-
-    def add(self, op: str, inputs: list[str], outputs: list[str], name: str, **attrs) -> None:
-        self.nodes.append(helper.make_node(op, inputs, outputs, name=self.name(name), **attrs))
-
-    def param(self, node: Node, role: str) -> np.ndarray:
-        return np.asarray(self.params[node.name][role], np.float32)
 
 
 def _int_dtype(fmt: IntFormat | FloatFormat) -> np.dtype:
@@ -94,380 +64,225 @@ def _int_dtype(fmt: IntFormat | FloatFormat) -> np.dtype:
     return np.dtype(np.int8 if fmt.signed else np.uint8)
 
 
-def _qdq(w: _Writer, x: str, out: str | None, fmt: IntFormat | FloatFormat, qs, prefix: str,
-         what: str) -> str:
-    """``[Clip ->] QuantizeLinear -> DequantizeLinear`` of ``x`` on the grid ``qs`` (the Clip
-    only for integer formats narrower than their storage type)."""
-    dt = _int_dtype(fmt)
-    s = np.asarray(qs["act_scale"], np.float32).reshape(())
-    zp = int(np.asarray(qs["act_zero_point"]).reshape(()))
-    scale = w.init(f"{prefix}.{what}_scale", s)
-    zero = w.init(f"{prefix}.{what}_zero_point", zp, dt)
-    if isinstance(fmt, IntFormat) and (fmt.qmin, fmt.qmax) != (int(np.iinfo(dt).min),
-                                                              int(np.iinfo(dt).max)):
-        lo = w.init(f"{prefix}.{what}_min", np.float32((fmt.qmin - zp) * s))
-        hi = w.init(f"{prefix}.{what}_max", np.float32((fmt.qmax - zp) * s))
-        clipped = w.name(f"{x}/clip")
-        w.add("Clip", [x, lo, hi], [clipped], f"{prefix}/{what}_clip")
-        x = clipped
-    q = w.name(f"{prefix}/{what}_q")
-    dq = out if out is not None else w.name(f"{prefix}/{what}_dq")
-    w.add("QuantizeLinear", [x, scale, zero], [q], f"{prefix}/{what}_quant")
-    w.add("DequantizeLinear", [q, scale, zero], [dq], f"{prefix}/{what}_dequant")
-    return dq
+class _Writer:
+    """The ONNX graph being written; each operator's ``export(writer, node)`` calls these.
 
-
-def _qdq_input(w: _Writer, node: Node, x: str, lq: LayerQuant, qstate) -> str:
-    if lq.act is None:
-        return x
-    if qstate is None or node.name not in qstate:
-        raise ConfigError(f"layer {node.name!r} quantizes its input but qstate has no entry for "
-                          "it; pass the result of npujax.quantize.calibrate as qstate.")
-    return _qdq(w, x, None, lq.act, qstate[node.name], node.name, "act")
-
-
-def _requantize_output(w: _Writer, node: Node, lq: LayerQuant, qs) -> None:
-    """``QuantizeLinear -> DequantizeLinear`` on ``node``'s output, on the grid of the GEMM that
-    reads it through code ops (where the integer path requantizes; see
-    :func:`npujax.backends.integer.requant_target`).
-
-    onnxruntime fuses ``DQ -> Conv/Gemm [-> Relu] -> Q`` into QLinearConv/QGemm, and
-    ``DQ -> AveragePool -> Q`` into QLinearAveragePool; without this pair a GEMM followed by a
-    pool would run in float (MLAS sgemm), whose rounding no integer model reproduces.
+    Attributes:
+      graph, params: the model being exported.
+      quant, qstate: its quantization spec and (deployment) state.
+      opset: the ONNX opset being written.
+      nodes: the ONNX nodes written so far.
     """
-    out = node.outputs[0]
-    pre = w.name(f"{out}/pre_q")
-    (producer,) = [n for n in w.nodes if out in n.output]
-    producer.output[list(producer.output).index(out)] = pre
-    _qdq(w, pre, out, lq.act, qs, node.name, "out")
 
+    def __init__(self, graph: Graph, params: Params, quant: QuantSpec, qstate: Any,
+                 int32_bias: bool, opset: int):
+        self.graph, self.params = graph, params
+        self.quant, self.qstate = quant, qstate
+        self.int32_bias = int32_bias
+        self.opset = opset
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: dict[str, onnx.TensorProto] = {}
+        self.used: set[str] = set(graph.tensors) | {n.name for n in graph.nodes}
+        self._after: list[onnx.NodeProto] = []
 
-def _weights(w: _Writer, node: Node, lq: LayerQuant | None, kernel: np.ndarray, axis: int,
-             act_scale: np.ndarray | None, qstate=None,
-             in_axis: int = 0) -> tuple[str, str | None]:
-    if not w.int32_bias:
+    # -- names, initializers, nodes
+    def name(self, base: str) -> str:
+        """A new unique ONNX name starting with ``base``."""
+        n, i = base, 1
+        while n in self.used:
+            n, i = f"{base}_{i}", i + 1
+        self.used.add(n)
+        return n
+
+    def init(self, base: str, value: Any, dtype: Any = None) -> str:
+        """Add an initializer; returns its (unique) name."""
+        arr = np.asarray(value, dtype)
+        name = self.name(base)
+        self.inits[name] = numpy_helper.from_array(arr, name)
+        return name
+
+    def i64(self, node: Node, what: str, value: Any) -> str:
+        """An int64 initializer ``<node>.<what>`` (shapes, axes, pads as ONNX inputs)."""
+        return self.init(f"{node.name}.{what}", np.asarray(value, np.int64))
+
+    def add(self, op: str, inputs: list[str], outputs: list[str], name: str, **attrs: Any) -> None:
+        """Add an ONNX node (its name made unique)."""
+        self.nodes.append(helper.make_node(op, inputs, outputs, name=self.name(name), **attrs))
+
+    @staticmethod
+    def onnx_dtype(dtype: np.dtype) -> int:
+        """The ONNX element type of a numpy dtype."""
+        return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+    def param(self, node: Node, role: str) -> np.ndarray:
+        """A parameter of ``node`` as float32 numpy."""
+        return np.asarray(self.params[node.name][role], np.float32)
+
+    def layer_quant(self, node: Node) -> LayerQuant | None:
+        """How ``node`` is quantized (None: float)."""
+        return self.quant.get(node.name)
+
+    # -- layout helpers
+    def to_channels_first(self, node: Node, axis: int, rank: int
+                          ) -> tuple[str, str, list[int] | None]:
+        """Input name and output name for an op whose channels sit on ``axis`` (not 1).
+
+        Adds ``Transpose`` nodes so the ONNX op sees ``[N, C, *spatial]`` (the one after the op
+        is written by :meth:`flush`); returns ``(x, y, perm)`` where ``perm`` maps the
+        channels-first axes back to the node's axes, or ``(input, output, None)`` when the
+        channels are already on axis 1.
+        """
+        if axis == 1:
+            return node.inputs[0], node.outputs[0], None
+        perm = [0, axis] + [i for i in range(1, rank) if i != axis]
+        x = self.name(f"{node.inputs[0]}/nchw")
+        self.add("Transpose", [node.inputs[0]], [x], f"{node.name}/to_nchw", perm=perm)
+        y = self.name(f"{node.outputs[0]}/nchw")
+        self._after = [helper.make_node("Transpose", [y], [node.outputs[0]],
+                                        name=self.name(f"{node.name}/from_nchw"),
+                                        perm=list(np.argsort(perm)))]
+        return x, y, perm
+
+    def flush(self) -> None:
+        """Write the nodes :meth:`to_channels_first` deferred."""
+        self.nodes.extend(self._after)
+        self._after = []
+
+    def epilogue(self, node: Node, y: str, out: str) -> None:
+        """The activations fused into ``node`` (``attrs['epilogue']``), from ``y`` to ``out``,
+        each written by its operator's exporter."""
+        epi = list(node.attrs.get("epilogue", ()))
+        for i, op in enumerate(epi):
+            nxt = out if i == len(epi) - 1 else self.name(f"{node.name}/{op}")
+            act = Node(f"{node.name}/{op}", op, (y,), (nxt,))
+            export = OPS[op].export
+            assert export is not None, op
+            export(self, act)
+            y = nxt
+
+    # -- quantization (QDQ)
+    def _qdq(self, x: str, out: str | None, fmt: IntFormat | FloatFormat, qs: Any, prefix: str,
+             what: str) -> str:
+        """``[Clip ->] QuantizeLinear -> DequantizeLinear`` of ``x`` on the grid ``qs`` (the
+        Clip only for integer formats narrower than their storage type)."""
+        dt = _int_dtype(fmt)
+        s = np.asarray(qs["act_scale"], np.float32).reshape(())
+        zp = int(np.asarray(qs["act_zero_point"]).reshape(()))
+        scale = self.init(f"{prefix}.{what}_scale", s)
+        zero = self.init(f"{prefix}.{what}_zero_point", zp, dt)
+        if isinstance(fmt, IntFormat) and (fmt.qmin, fmt.qmax) != (int(np.iinfo(dt).min),
+                                                                  int(np.iinfo(dt).max)):
+            lo = self.init(f"{prefix}.{what}_min", np.float32((fmt.qmin - zp) * s))
+            hi = self.init(f"{prefix}.{what}_max", np.float32((fmt.qmax - zp) * s))
+            clipped = self.name(f"{x}/clip")
+            self.add("Clip", [x, lo, hi], [clipped], f"{prefix}/{what}_clip")
+            x = clipped
+        q = self.name(f"{prefix}/{what}_q")
+        dq = out if out is not None else self.name(f"{prefix}/{what}_dq")
+        self.add("QuantizeLinear", [x, scale, zero], [q], f"{prefix}/{what}_quant")
+        self.add("DequantizeLinear", [q, scale, zero], [dq], f"{prefix}/{what}_dequant")
+        return dq
+
+    def qdq_input(self, node: Node, x: str) -> str:
+        """``x`` through the QDQ pair of ``node``'s input grid, or ``x`` if it is not quantized.
+
+        Raises:
+          ConfigError: the layer quantizes its input but qstate has no entry for it.
+        """
+        lq = self.layer_quant(node)
+        if lq is None or lq.act is None:
+            return x
+        if self.qstate is None or node.name not in self.qstate:
+            raise ConfigError(f"layer {node.name!r} quantizes its input but qstate has no entry "
+                              "for it; pass the result of npujax.calibrate as qstate.")
+        return self._qdq(x, None, lq.act, self.qstate[node.name], node.name, "act")
+
+    def requantize_output(self, node: Node, lq: LayerQuant, qs: Any) -> None:
+        """``QuantizeLinear -> DequantizeLinear`` on ``node``'s output, on the grid of the GEMM
+        that reads it through code ops (where the integer path requantizes; see
+        :func:`npujax.backends.integer.requant_target`).
+
+        onnxruntime fuses ``DQ -> Conv/Gemm [-> Relu] -> Q`` into QLinearConv/QGemm, and
+        ``DQ -> AveragePool -> Q`` into QLinearAveragePool; without this pair a GEMM followed by
+        a pool would run in float (MLAS sgemm), whose rounding no integer model reproduces.
+        """
+        out = node.outputs[0]
+        pre = self.name(f"{out}/pre_q")
+        (producer,) = [n for n in self.nodes if out in n.output]
+        producer.output[list(producer.output).index(out)] = pre
+        self._qdq(pre, out, lq.act, qs, node.name, "out")
+
+    def weights(self, node: Node, kernel: np.ndarray, axis: int, in_axis: int
+                ) -> tuple[str, str | None]:
+        """Names of ``node``'s weight and bias: float initializers, or integer initializers and
+        ``DequantizeLinear`` for a quantized layer (``axis``: output channels, ``in_axis``:
+        input channels of ``kernel``).
+
+        Raises:
+          ConfigError: the layer has several candidate formats (a search mixture).
+        """
+        lq = self.layer_quant(node)
         act_scale = None
-    """Weight (and bias) tensor names: float initializers, or int initializers + DQ."""
-    bias = w.param(node, "bias") if "bias" in w.params[node.name] else None
-    fmts = lq.weight_candidates if lq is not None else ()
-    if not fmts:
-        b = None if bias is None else w.init(f"{node.name}.bias", bias)
-        return w.init(f"{node.name}.kernel", kernel), b
-    if len(fmts) > 1:
-        raise ConfigError(
-            f"layer {node.name!r} has {len(fmts)} candidate weight formats (a search mixture); "
-            "choose one width per layer (quant_spec(graph, weight_bits={...})) before exporting.")
-    fmt = fmts[0]
-    per_channel = lq.weight_per_channel
-    scale, zp, qaxis, block = layer_weight_qparams(
-        node, lq, kernel, (qstate or {}).get(node.name), out_axis=axis, in_axis=in_axis)
-    scale = np.asarray(scale, np.float32)
-    zp = np.asarray(zp, np.int32)
-    dt = _int_dtype(fmt)
-    if block is not None:
-        act_scale = None  # no per-channel bias scale: the bias stays float
-        sb = np.repeat(scale, block, axis=qaxis)[tuple(
-            slice(0, kernel.shape[qaxis]) if i == qaxis else slice(None)
-            for i in range(kernel.ndim))]
-        zb = np.zeros_like(sb, np.int32)
-    else:
-        shape = [1] * kernel.ndim
-        if per_channel:
-            shape[axis] = -1
-        sb, zb = scale.reshape(shape), zp.reshape(shape)
-    if isinstance(fmt, FloatFormat):
-        act_scale = None  # FP8 layers keep a float bias, as fake-quant execute computes
-        q = np.clip(kernel / sb, -fmt.max, fmt.max).astype(dt)
-    else:
-        q = np.clip(np.round(kernel / sb) + zb, fmt.qmin, fmt.qmax)
-    wq = w.init(f"{node.name}.kernel_q", q, dt)
-    ws = w.init(f"{node.name}.kernel_scale", scale)
-    wz = w.init(f"{node.name}.kernel_zero_point", np.zeros_like(zp) if isinstance(
-        fmt, FloatFormat) else zp, dt)
-    wdq = w.name(f"{node.name}.kernel_dq")
-    attrs = ({"axis": qaxis, "block_size": block} if block is not None
-             else {"axis": axis} if per_channel else {})
-    w.add("DequantizeLinear", [wq, ws, wz], [wdq], f"{node.name}/weight_dequant", **attrs)
-    if bias is None:
-        return wdq, None
-    if act_scale is None:
-        return wdq, w.init(f"{node.name}.bias", bias)
-    bscale = (act_scale * scale * np.ones_like(bias)).astype(np.float32)
-    bq = quantize_bias(bias, act_scale, scale)  # the codes convert() adds to the accumulator
-    if np.abs(bq).max() > np.iinfo(np.int32).max:
-        # A channel with (near-)zero weights has a tiny scale: its bias does not fit in int32.
-        return wdq, w.init(f"{node.name}.bias", bias)
-    bqn = w.init(f"{node.name}.bias_q", bq, np.int32)
-    bs = w.init(f"{node.name}.bias_scale", bscale)
-    bz = w.init(f"{node.name}.bias_zero_point", np.zeros_like(bq, np.int32))
-    bdq = w.name(f"{node.name}.bias_dq")
-    w.add("DequantizeLinear", [bqn, bs, bz], [bdq], f"{node.name}/bias_dequant", axis=0)
-    return wdq, bdq
-
-
-def _act_scale(lq: LayerQuant | None, node: Node, qstate) -> np.ndarray | None:
-    if lq is None or lq.act is None or qstate is None or node.name not in qstate:
-        return None
-    return np.asarray(qstate[node.name]["act_scale"], np.float32).reshape(())
-
-
-def _epilogue(w: _Writer, node: Node, y: str, out: str) -> None:
-    epi = list(node.attrs.get("epilogue", ()))
-    for i, op in enumerate(epi):
-        nxt = out if i == len(epi) - 1 else w.name(f"{node.name}/{op}")
-        if op == "Relu6":
-            lo, hi = w.init(f"{node.name}.relu6_min", np.float32(0)), w.init(
-                f"{node.name}.relu6_max", np.float32(6))
-            w.add("Clip", [y, lo, hi], [nxt], f"{node.name}/{op}")
+        if self.int32_bias and lq is not None and lq.act is not None and self.qstate is not None \
+                and node.name in self.qstate:
+            act_scale = np.asarray(self.qstate[node.name]["act_scale"], np.float32).reshape(())
+        bias = self.param(node, "bias") if "bias" in self.params[node.name] else None
+        fmts = lq.weight_candidates if lq is not None else ()
+        if not fmts:
+            b = None if bias is None else self.init(f"{node.name}.bias", bias)
+            return self.init(f"{node.name}.kernel", kernel), b
+        assert lq is not None
+        if len(fmts) > 1:
+            raise ConfigError(
+                f"layer {node.name!r} has {len(fmts)} candidate weight formats (a search "
+                "mixture); choose one width per layer (quant_spec(graph, weight_bits={...})) "
+                "before exporting.")
+        fmt = fmts[0]
+        per_channel = lq.weight_per_channel
+        scale, zp, qaxis, block = layer_weight_qparams(
+            node, lq, kernel, (self.qstate or {}).get(node.name), out_axis=axis, in_axis=in_axis)
+        scale = np.asarray(scale, np.float32)
+        zp = np.asarray(zp, np.int32)
+        dt = _int_dtype(fmt)
+        if block is not None:
+            act_scale = None  # no per-channel bias scale: the bias stays float
+            sb = np.repeat(scale, block, axis=qaxis)[tuple(
+                slice(0, kernel.shape[qaxis]) if i == qaxis else slice(None)
+                for i in range(kernel.ndim))]
+            zb = np.zeros_like(sb, np.int32)
         else:
-            w.add(op, [y], [nxt], f"{node.name}/{op}")
-        y = nxt
-
-
-def _conv(w: _Writer, node: Node, lq, qstate) -> None:
-    a = node.attrs
-    layout, klayout = a["data_layout"], a["kernel_layout"]
-    nsp = len(layout) - 2
-    channels_first = "NC" + "DHW"[3 - nsp:]
-    kernel = w.param(node, "kernel")
-    kernel = np.transpose(kernel, [klayout.index(c) for c in "OI" + channels_first[2:]])
-    if any(d != 1 for d in a.get("lhs_dilation", [1] * nsp)):
-        raise UnsupportedOpError(f"node {node.name!r}: Conv with lhs_dilation cannot be exported.")
-    x = node.inputs[0]
-    if layout != channels_first:
-        perm = [layout.index(c) for c in channels_first]
-        t = w.name(f"{x}/to_nchw")
-        w.add("Transpose", [x], [t], f"{node.name}/to_nchw", perm=perm)
-        x = t
-    x = _qdq_input(w, node, x, lq, qstate) if lq is not None else x
-    kname, bname = _weights(w, node, lq, kernel, 0, _act_scale(lq, node, qstate), qstate, 1)
-    padding = [list(p) for p in a["padding"]]
-    pads = [p[0] for p in padding] + [p[1] for p in padding]
-    y = w.name(f"{node.name}/conv") if (a.get("epilogue") or layout != channels_first) else \
-        node.outputs[0]
-    w.add("Conv", [x, kname] + ([bname] if bname else []), [y], node.name,
-          strides=list(a["strides"]), pads=pads, dilations=list(a["dilations"]),
-          group=int(a["groups"]), kernel_shape=list(kernel.shape[2:]))
-    if layout != channels_first:
-        back = [channels_first.index(c) for c in layout]
-        t = w.name(f"{node.name}/to_layout") if a.get("epilogue") else node.outputs[0]
-        w.add("Transpose", [y], [t], f"{node.name}/from_nchw", perm=back)
-        y = t
-    if a.get("epilogue"):
-        _epilogue(w, node, y, node.outputs[0])
-
-
-def _gemm(w: _Writer, node: Node, lq, qstate) -> None:
-    x = _qdq_input(w, node, node.inputs[0], lq, qstate) if lq is not None else node.inputs[0]
-    kname, bname = _weights(w, node, lq, w.param(node, "kernel"), 1,
-                            _act_scale(lq, node, qstate), qstate, 0)
-    rank = len(w.graph.tensors[node.inputs[0]].shape)
-    y = w.name(f"{node.name}/gemm") if node.attrs.get("epilogue") else node.outputs[0]
-    if rank == 2:
-        w.add("Gemm", [x, kname] + ([bname] if bname else []), [y], node.name)
-    else:
-        mm = w.name(f"{node.name}/matmul") if bname else y
-        w.add("MatMul", [x, kname], [mm], node.name)
-        if bname:
-            w.add("Add", [mm, bname], [y], f"{node.name}/bias")
-    if node.attrs.get("epilogue"):
-        _epilogue(w, node, y, node.outputs[0])
-
-
-def _conv_transpose(w: _Writer, node: Node, lq, qstate) -> None:
-    """ConvTranspose; quantized as Conv is (input QDQ, int8 kernel + DequantizeLinear, int32
-    bias). Per-channel weights of an ungrouped ConvTranspose dequantize along axis 1 of the
-    ``[C_in, C_out, *k]`` kernel. DequantizeLinear has one scale per index of one axis, which a
-    grouped kernel ``[C_in, C_out/g, *k]`` lacks (see :func:`npujax.ops.core.out_channel_view`):
-    its codes are stored as ``[C_out, C_in/g, *k]``, dequantized along axis 0, and moved back by
-    Reshape-Transpose-Reshape (exact; onnxruntime runs ConvTranspose in float either way)."""
-    a = node.attrs
-    nsp = len(a["strides"])
-    x = _qdq_input(w, node, node.inputs[0], lq, qstate) if lq is not None else node.inputs[0]
-    kernel = w.param(node, "kernel")
-    per_channel = lq is not None and lq.weight_per_channel and bool(lq.weight_candidates)
-    view, axis, _ = out_channel_view(node, kernel) if per_channel else (kernel, 1, None)
-    kname, bname = _weights(w, node, lq, view, axis, _act_scale(lq, node, qstate))
-    if view is not kernel:
-        g = int(a["groups"])
-        c_in, c_out_g, *k = kernel.shape
-        shape1 = w.init(f"{node.name}.kernel_grouped_shape", np.asarray(
-            [g, c_out_g, c_in // g, *k], np.int64))
-        shape2 = w.init(f"{node.name}.kernel_shape", np.asarray(kernel.shape, np.int64))
-        t1, t2, t3 = (w.name(f"{node.name}.kernel_{s}") for s in ("grouped", "swapped", "onnx"))
-        w.add("Reshape", [kname, shape1], [t1], f"{node.name}/kernel_group")
-        w.add("Transpose", [t1], [t2], f"{node.name}/kernel_swap",
-              perm=[0, 2, 1] + list(range(3, 3 + len(k))))
-        w.add("Reshape", [t2, shape2], [t3], f"{node.name}/kernel_ungroup")
-        kname = t3
-    pads = [p[0] for p in a["pads"]] + [p[1] for p in a["pads"]]
-    y = w.name(f"{node.name}/convt") if a.get("epilogue") else node.outputs[0]
-    w.add("ConvTranspose", [x, kname] + ([bname] if bname else []), [y], node.name,
-          strides=list(a["strides"]), pads=pads, dilations=list(a["dilations"]),
-          output_padding=list(a["output_padding"]), group=int(a["groups"]),
-          kernel_shape=list(a["kernel_shape"][2:2 + nsp]))
-    if a.get("epilogue"):
-        _epilogue(w, node, y, node.outputs[0])
-
-
-def _to_channels_first(w: _Writer, node: Node, axis: int, rank: int):
-    """Input name and output name for an op whose channels sit on ``axis`` (not 1).
-
-    Adds ``Transpose`` nodes so the ONNX op sees ``[N, C, *spatial]``; returns
-    ``(x, y, perm)`` where ``perm`` maps the channels-first axes back to the node's axes, or
-    ``(input, output, None)`` when the channels are already on axis 1.
-    """
-    if axis == 1:
-        return node.inputs[0], node.outputs[0], None
-    perm = [0, axis] + [i for i in range(1, rank) if i != axis]
-    x = w.name(f"{node.inputs[0]}/nchw")
-    w.add("Transpose", [node.inputs[0]], [x], f"{node.name}/to_nchw", perm=perm)
-    y = w.name(f"{node.outputs[0]}/nchw")
-    w.nodes_after = [helper.make_node("Transpose", [y], [node.outputs[0]],
-                                      name=w.name(f"{node.name}/from_nchw"),
-                                      perm=list(np.argsort(perm)))]
-    return x, y, perm
-
-
-def _flush(w: _Writer) -> None:
-    w.nodes.extend(getattr(w, "nodes_after", []))
-    w.nodes_after = []
-
-
-def _batchnorm(w: _Writer, node: Node, lq, qstate) -> None:
-    p = w.params[node.name]
-    c = np.asarray(p["mean"]).shape[0]
-    rank = len(w.graph.tensors[node.inputs[0]].shape)
-    x, y, _ = _to_channels_first(w, node, node.attrs["axis"] % rank, rank)
-    ins = [x]
-    for role, default in (("scale", 1.0), ("bias", 0.0), ("mean", None), ("var", None)):
-        v = np.asarray(p[role], np.float32) if role in p else np.full((c,), default, np.float32)
-        ins.append(w.init(f"{node.name}.{role}", v))
-    w.add("BatchNormalization", ins, [y], node.name, epsilon=float(node.attrs["epsilon"]))
-    _flush(w)
-
-
-def _pool(w: _Writer, node: Node, lq, qstate) -> None:
-    a = node.attrs
-    rank = len(a["window"])
-    def plain(i):
-        return a["window"][i] == 1 and a["strides"][i] == 1 and list(a["padding"][i]) == [0, 0]
-
-    if not plain(0) or not (plain(1) or plain(rank - 1)):
-        raise UnsupportedOpError(f"node {node.name!r}: {node.op} pooling over the batch or "
-                                 "without a channel axis cannot be exported as an ONNX pool.")
-    axis = 1 if plain(1) else rank - 1
-    x, y, perm = _to_channels_first(w, node, axis, rank)
-    perm = perm or list(range(rank))
-    win = [a["window"][i] for i in perm][2:]
-    strides = [a["strides"][i] for i in perm][2:]
-    padding = [list(a["padding"][i]) for i in perm][2:]
-    extra = [list(a.get("ceil_extra", [0] * rank))[i] for i in perm][2:]
-    pads = [p[0] for p in padding] + [p[1] - e for p, e in zip(padding, extra)]
-    attrs = {"kernel_shape": win, "strides": strides, "pads": pads, "ceil_mode": int(any(extra))}
-    dil = [list(a.get("window_dilation", [1] * rank))[i] for i in perm][2:]
-    if any(d != 1 for d in dil):
-        attrs["dilations"] = dil
-    if node.op == "AveragePool":
-        attrs["count_include_pad"] = int(a.get("count_include_pad", 1))
-    w.add(node.op, [x], [y], node.name, **attrs)
-    _flush(w)
-
-
-def _i64(w: _Writer, node: Node, what: str, v) -> str:
-    return w.init(f"{node.name}.{what}", np.asarray(v, np.int64))
-
-
-def _generic(w: _Writer, node: Node, lq, qstate) -> None:
-    a, op, ins, outs = node.attrs, node.op, list(node.inputs), list(node.outputs)
-    if op in ("Relu", "Sigmoid", "Tanh", "Identity", "Add", "Sub", "Mul", "Div", "Max", "Min",
-              "GlobalAveragePool", "HardSwish", "PRelu", "MatMul"):
-        w.add(op, ins, outs, node.name)
-    elif op == "Relu6":
-        w.add("Clip", ins + [w.init(f"{node.name}.min", np.float32(0)),
-                             w.init(f"{node.name}.max", np.float32(6))], outs, node.name)
-    elif op == "Clip":
-        dt = np.dtype(w.graph.tensors[ins[0]].dtype)
-        lo = "" if a.get("min") is None else w.init(f"{node.name}.min", a["min"], dt)
-        hi = "" if a.get("max") is None else w.init(f"{node.name}.max", a["max"], dt)
-        w.add("Clip", ins + [lo, hi], outs, node.name)
-    elif op == "LeakyRelu":
-        w.add(op, ins, outs, node.name, alpha=float(a["alpha"]))
-    elif op == "HardSigmoid":
-        w.add(op, ins, outs, node.name, alpha=float(a["alpha"]), beta=float(a["beta"]))
-    elif op == "Softmax":
-        shape = w.graph.tensors[ins[0]].shape
-        axis = int(a.get("axis", -1)) % len(shape)
-        if a.get("coerce_2d") and axis != len(shape) - 1:
-            flat = w.name(f"{node.name}/flat")
-            sm = w.name(f"{node.name}/softmax")
-            w.add("Flatten", ins, [flat], f"{node.name}/flatten", axis=axis)
-            w.add("Softmax", [flat], [sm], node.name, axis=-1)
-            w.add("Reshape", [sm, _i64(w, node, "shape", shape)], outs, f"{node.name}/reshape")
+            shape = [1] * kernel.ndim
+            if per_channel:
+                shape[axis] = -1
+            sb, zb = scale.reshape(shape), zp.reshape(shape)
+        if isinstance(fmt, FloatFormat):
+            act_scale = None  # FP8 layers keep a float bias, as fake-quant execute computes
+            q = np.clip(kernel / sb, -fmt.max, fmt.max).astype(dt)
         else:
-            w.add("Softmax", ins, outs, node.name, axis=axis)
-    elif op == "Reshape":
-        w.add(op, ins + [_i64(w, node, "shape", a["shape"])], outs, node.name)
-    elif op == "Flatten":
-        w.add(op, ins, outs, node.name, axis=int(a["axis"]))
-    elif op == "Transpose":
-        w.add(op, ins, outs, node.name, perm=list(a["perm"]))
-    elif op in ("Squeeze", "Unsqueeze"):
-        w.add(op, ins + [_i64(w, node, "axes", a["axes"])], outs, node.name)
-    elif op == "Concat":
-        w.add(op, ins, outs, node.name, axis=int(a["axis"]))
-    elif op == "Split":
-        w.add(op, ins + [_i64(w, node, "split", a["sizes"])], outs, node.name,
-              axis=int(a["axis"]))
-    elif op == "Slice":
-        ends = [e if e >= 0 else _INT64_MIN for e in a["ends"]]
-        w.add(op, ins + [_i64(w, node, "starts", a["starts"]), _i64(w, node, "ends", ends),
-                         _i64(w, node, "axes", a["axes"]), _i64(w, node, "steps", a["steps"])],
-              outs, node.name)
-    elif op == "Pad":
-        pads = [p[0] for p in a["pads"]] + [p[1] for p in a["pads"]]
-        extra = []
-        if a["mode"] == "constant":
-            extra = [w.init(f"{node.name}.value", a["value"],
-                            np.dtype(w.graph.tensors[ins[0]].dtype))]
-        w.add(op, ins + [_i64(w, node, "pads", pads)] + extra, outs, node.name, mode=a["mode"])
-    elif op == "Resize":
-        w.add(op, ins + ["", "", _i64(w, node, "sizes", a["sizes"])], outs, node.name,
-              mode=a["mode"], nearest_mode=a["nearest_mode"],
-              coordinate_transformation_mode=a["coordinate_transformation_mode"])
-    elif op in ("ReduceMean", "ReduceMax") and w.opset >= 18:  # axes became an input
-        w.add(op, ins + [_i64(w, node, "axes", a["axes"])], outs, node.name,
-              keepdims=int(a["keepdims"]))
-    elif op in ("ReduceMean", "ReduceMax"):
-        w.add(op, ins, outs, node.name, axes=list(a["axes"]), keepdims=int(a["keepdims"]))
-    elif op == "ReduceSum":
-        w.add(op, ins + [_i64(w, node, "axes", a["axes"])], outs, node.name,
-              keepdims=int(a["keepdims"]))
-    elif op in ("QuantizeLinear", "DequantizeLinear"):
-        w.add(op, ins, outs, node.name, axis=int(a.get("axis", 1)))
-    elif op == "Cast":
-        w.add(op, ins, outs, node.name,
-              to=helper.np_dtype_to_tensor_dtype(np.dtype(a["to"])))
-    elif op == "CpuFallback":
-        sub = onnx.load_from_string(base64.b64decode(a["onnx_model"]))
-        (orig,) = sub.graph.node
-        rename = {f"in{k}": t for k, t in enumerate(ins)}
-        rename.update({f"out{k}": t for k, t in enumerate(outs)})
-        n = onnx.NodeProto()
-        n.CopyFrom(orig)
-        del n.input[:]
-        n.input.extend(rename.get(t, "") for t in orig.input)
-        del n.output[:]
-        n.output.extend(rename[t] for t in orig.output)
-        n.name = w.name(node.name)
-        w.nodes.append(n)
-    else:
-        raise UnsupportedOpError(f"node {node.name!r} has operator {op!r}, which to_onnx cannot "
-                                 "export.")
-
-
-_EXPORTERS = {"Conv": _conv, "Gemm": _gemm, "ConvTranspose": _conv_transpose,
-              "BatchNormalization": _batchnorm, "MaxPool": _pool, "AveragePool": _pool}
+            q = np.clip(np.round(kernel / sb) + zb, fmt.qmin, fmt.qmax)
+        wq = self.init(f"{node.name}.kernel_q", q, dt)
+        ws = self.init(f"{node.name}.kernel_scale", scale)
+        wz = self.init(f"{node.name}.kernel_zero_point", np.zeros_like(zp) if isinstance(
+            fmt, FloatFormat) else zp, dt)
+        wdq = self.name(f"{node.name}.kernel_dq")
+        attrs = ({"axis": qaxis, "block_size": block} if block is not None
+                 else {"axis": axis} if per_channel else {})
+        self.add("DequantizeLinear", [wq, ws, wz], [wdq], f"{node.name}/weight_dequant", **attrs)
+        if bias is None:
+            return wdq, None
+        if act_scale is None:
+            return wdq, self.init(f"{node.name}.bias", bias)
+        bscale = (act_scale * scale * np.ones_like(bias)).astype(np.float32)
+        bq = quantize_bias(bias, act_scale, scale)  # the codes convert() adds to the accumulator
+        if np.abs(bq).max() > np.iinfo(np.int32).max:
+            # A channel with (near-)zero weights has a tiny scale: its bias does not fit in int32.
+            return wdq, self.init(f"{node.name}.bias", bias)
+        bqn = self.init(f"{node.name}.bias_q", bq, np.int32)
+        bs = self.init(f"{node.name}.bias_scale", bscale)
+        bz = self.init(f"{node.name}.bias_zero_point", np.zeros_like(bq, np.int32))
+        bdq = self.name(f"{node.name}.bias_dq")
+        self.add("DequantizeLinear", [bqn, bs, bz], [bdq], f"{node.name}/bias_dequant", axis=0)
+        return wdq, bdq
 
 
 def to_onnx(
@@ -512,21 +327,24 @@ def to_onnx(
     """
     quant = quant or {}
     qstate = deploy_qstate(quant, qstate)
-    w = _Writer(graph, params, int32_bias)
-    w.opset = EXPORT_OPSET
-    if any(lq.weight_block_size is not None or any(
-            isinstance(f, FloatFormat) for f in (*lq.weight_candidates, lq.act))
-           for lq in quant.values()):
-        w.opset = QDQ_EXTENDED_OPSET
+    extended = any(lq.weight_block_size is not None or any(
+        isinstance(f, FloatFormat) for f in (*lq.weight_candidates, lq.act))
+        for lq in quant.values())
+    w = _Writer(graph, params, quant, qstate, int32_bias,
+                QDQ_EXTENDED_OPSET if extended else EXPORT_OPSET)
     used = {t for n in graph.nodes for t in n.inputs} | set(graph.outputs)
     for name, t in graph.constants.items():
         if name in used:
             w.inits[name] = numpy_helper.from_array(np.asarray(t), name)
     for node in graph.nodes:
-        _EXPORTERS.get(node.op, _generic)(w, node, quant.get(node.name), qstate)
+        export = OPS[node.op].export if node.op in OPS else None
+        if export is None:
+            raise UnsupportedOpError(f"node {node.name!r} has operator {node.op!r}, which "
+                                     "to_onnx cannot export.")
+        export(w, node)
         target = requant_target(graph, quant, node)[0] if requantize_outputs else None
         if target is not None and qstate is not None and target in qstate:
-            _requantize_output(w, node, quant[target], qstate[target])
+            w.requantize_output(node, quant[target], qstate[target])
 
     def vi(name):
         t = graph.tensors[name]

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from npujax.errors import ConfigError, NpujaxError
+from npujax.ops import gemm_nodes
 
 __all__ = ["main"]
 
@@ -230,7 +231,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
     acts = _int_list(args.act_candidates, "--act-candidates")
     spec = load_npu_spec(args.npu)
     graph, params, qstate, _, (x, y, _, _) = _load_for_search(args, max(acts))
-    layers = [n.name for n in graph.gemm_nodes]
+    layers = [n.name for n in gemm_nodes(graph)]
     if args.pin in (None, ""):
         pinned = None
     elif args.pin == "first-last":
@@ -332,7 +333,7 @@ def _qat_with_policy(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy)
     # no calibration here: it is done below with the policy's own spec
     graph, params, _, meta, (x, y, xte, yte) = _load_for_search(args, None)
-    layers = {n.name for n in graph.gemm_nodes}
+    layers = {n.name for n in gemm_nodes(graph)}
     if set(policy.weight_bits) != layers:
         def some(names):
             names = sorted(names)

@@ -26,6 +26,7 @@ from jax.extend import core as jex
 
 from npujax.errors import GraphError, UnsupportedOpError
 from npujax.ir.graph import Graph, Node, Params, TensorType
+from npujax.ops import OPS
 
 __all__ = ["trace_flax"]
 
@@ -277,7 +278,8 @@ def _leaf_node(leaf: _Leaf, eqns: list[_Eqn], ext_in: list[str], ext_out: list[s
     return Node(leaf.path, leaf.op, tuple(ext_in), tuple(ext_out), attrs, tuple(leaf.params))
 
 
-_BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "max": "Max", "min": "Min"}
+#: JAX primitives that map one to one onto a registered operator (``OpDef.jax_primitives``).
+_PRIMITIVE_OPS = {prim: d.name for d in OPS.values() for prim in d.jax_primitives}
 _UNARY_PRIMS = {"exp", "log", "tanh", "logistic", "neg", "abs", "sqrt", "rsqrt", "sign",
                 "floor", "ceil", "round", "integer_pow", "pow", "erf", "sin", "cos",
                 "square", "log1p", "expm1", "stop_gradient", "erf_inv", "is_finite"}
@@ -334,8 +336,8 @@ class _Builder:
         ):
             x = [i for i in ins if isinstance(i, str)][0]
             return self.add("Relu", [x], outs)
-        if p in _BINARY:
-            return self.add(_BINARY[p], ins, outs)
+        if p in _PRIMITIVE_OPS:
+            return self.add(_PRIMITIVE_OPS[p], ins, outs)
         if p == "reduce_window_max":
             return self.add("MaxPool", ins, outs, _window_attrs(e))
         if p == "reduce_window_sum":
@@ -362,10 +364,6 @@ class _Builder:
             if p == "clamp" and isinstance(ins[0], _Const) and isinstance(ins[2], _Const):
                 return self.add("Clip", [ins[1]], outs,
                                 {"min": float(ins[0].value), "max": float(ins[2].value)})
-            if p == "logistic":
-                return self.add("Sigmoid", ins, outs)
-            if p == "tanh":
-                return self.add("Tanh", ins, outs)
             return self.add("JaxPrimitive", ins, outs,
                             {"primitive": e.prim, "primitive_params": e.params}, base=p)
         raise UnsupportedOpError(
@@ -516,7 +514,7 @@ def trace_flax(
     graph = Graph(tuple(nodes), (in_name,), outputs, tensors, builder.constants, source)
 
     if check:
-        from npujax.quantize.execute import execute
+        from npujax.quantize.execute import execute  # noqa: PLC0415
 
         want = np.asarray(reference(x))
         got = np.asarray(execute(graph, params, x))

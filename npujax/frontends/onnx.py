@@ -14,7 +14,6 @@ Source of the semantics: the ONNX operator specification, https://onnx.ai/onnx/o
 from __future__ import annotations
 
 import base64
-import math
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -29,7 +28,7 @@ from onnx import helper, numpy_helper
 
 from npujax.errors import GraphError, UnsupportedOpError
 from npujax.ir.graph import Graph, Node, Params, TensorType
-from npujax.ops.core import OPS
+from npujax.ops import ONNX_IMPORTERS, ONNX_WEIGHT_OPS, get_op
 
 __all__ = ["from_onnx", "SUPPORTED_ONNX_OPS", "load_onnx_model", "parse_input_shapes"]
 
@@ -203,7 +202,8 @@ class _Ctx:
             self.params[name] = p
         specs = [self._spec(t) for t in node.inputs]
         try:
-            outs = jax.eval_shape(lambda xs, pp: OPS[op](node, xs, pp), specs, p)
+            run = get_op(op, name).run
+            outs = jax.eval_shape(lambda xs, pp: run(node, xs, pp), specs, p)
         except UnsupportedOpError:
             raise
         except Exception as e:
@@ -224,7 +224,19 @@ class _Ctx:
         return jax.ShapeDtypeStruct(tt.shape, np.dtype(tt.dtype))
 
     def tmp(self, base: str) -> str:
+        """A new unique tensor name for an intermediate result."""
         return self.unique(f"{base}:tmp")
+
+    def new_const(self, value: np.ndarray, what: str) -> str:
+        """Add a constant tensor made by an importer; returns its (unique) name."""
+        name = self.unique(f"{self.node_name}:{what}")
+        self.consts[name] = value
+        return name
+
+    @staticmethod
+    def np_dtype(elem_type: int) -> np.dtype:
+        """The numpy dtype of an ONNX ``TensorProto`` element type code."""
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
 
 
 def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
@@ -237,474 +249,9 @@ def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# Converters: fn(ctx, onnx_node, attrs) -> None (they call ctx.emit)
-
-
-def _conv_pads(a: Mapping[str, Any], in_spatial: Sequence[int], k: Sequence[int],
-               strides: Sequence[int], dil: Sequence[int]) -> list[list[int]]:
-    n = len(k)
-    auto = a.get("auto_pad", "NOTSET")
-    if auto in ("NOTSET", ""):
-        p = list(a.get("pads", [0] * 2 * n))
-        return [[int(p[i]), int(p[i + n])] for i in range(n)]
-    if auto == "VALID":
-        return [[0, 0] for _ in range(n)]
-    if auto in ("SAME_UPPER", "SAME_LOWER"):
-        out = []
-        for size, kk, s, d in zip(in_spatial, k, strides, dil):
-            o = -(-size // s)
-            total = max(0, (o - 1) * s + (kk - 1) * d + 1 - size)
-            small, big = total // 2, total - total // 2
-            out.append([small, big] if auto == "SAME_UPPER" else [big, small])
-        return out
-    raise UnsupportedOpError(f"auto_pad={auto!r} is not an ONNX auto_pad mode.")
-
-
-def _conv(ctx: _Ctx, n: onnx.NodeProto, a: dict) -> None:
-    w = ctx.const(n.input[1], "weight W")
-    b = ctx.opt_const(2, "bias B")
-    k = list(w.shape[2:])
-    nsp = len(k)
-    strides = list(a.get("strides", [1] * nsp))
-    dil = list(a.get("dilations", [1] * nsp))
-    x_shape = ctx.shape(n.input[0])
-    pads = _conv_pads(a, x_shape[2:], k, strides, dil)
-    layout = "NC" + "DHW"[3 - nsp:] if nsp <= 3 else None
-    if layout is None:
-        raise UnsupportedOpError(f"Conv with {nsp} spatial dimensions is not supported.")
-    params = {"kernel": w}
-    if b is not None:
-        params["bias"] = b
-    ctx.emit("Conv", [n.input[0]], [n.output[0]], {
-        "data_layout": layout, "kernel_layout": "OI" + layout[2:], "strides": strides,
-        "padding": pads, "dilations": dil, "groups": int(a.get("group", 1)),
-        "kernel_shape": [int(d) for d in w.shape],
-    }, params)
-
-
-def _conv_transpose(ctx: _Ctx, n: onnx.NodeProto, a: dict) -> None:
-    w = ctx.const(n.input[1], "weight W")
-    b = ctx.opt_const(2, "bias B")
-    k = list(w.shape[2:])
-    nsp = len(k)
-    g = int(a.get("group", 1))
-    strides = list(a.get("strides", [1] * nsp))
-    dil = list(a.get("dilations", [1] * nsp))
-    opad = list(a.get("output_padding", [0] * nsp))
-    in_sp = ctx.shape(n.input[0])[2:]
-    auto = a.get("auto_pad", "NOTSET")
-    eff = [(kk - 1) * d + 1 for kk, d in zip(k, dil)]
-    if "output_shape" in a or auto in ("SAME_UPPER", "SAME_LOWER"):
-        out_sp = list(a["output_shape"])[-nsp:] if "output_shape" in a else \
-            [i * s for i, s in zip(in_sp, strides)]
-        pads = []
-        for j, (i, s, e, op, o) in enumerate(zip(in_sp, strides, eff, opad, out_sp)):
-            total = s * (i - 1) + op + e - o
-            # A requested output larger than the transposed conv's gets zeros at the end (as
-            # onnxruntime's ComputeTransposePadAndOutputShape does).
-            opad[j] += max(0, -total)
-            total = max(0, total)
-            if auto == "SAME_UPPER":
-                pads.append([total // 2, total - total // 2])
-            else:  # SAME_LOWER, and NOTSET with output_shape (ONNX: extra pad at the beginning)
-                pads.append([total - total // 2, total // 2])
-    elif auto == "VALID":
-        pads = [[0, 0] for _ in range(nsp)]
-    else:
-        p = list(a.get("pads", [0] * 2 * nsp))
-        pads = [[int(p[i]), int(p[i + nsp])] for i in range(nsp)]
-    params = {"kernel": w}
-    if b is not None:
-        params["bias"] = b
-    ctx.emit("ConvTranspose", [n.input[0]], [n.output[0]], {
-        "strides": strides, "dilations": dil, "pads": pads, "output_padding": opad,
-        "groups": g, "kernel_shape": [int(d) for d in w.shape],
-    }, params)
-
-
-def _gemm(ctx: _Ctx, n: onnx.NodeProto, a: dict) -> None:
-    alpha, beta = float(a.get("alpha", 1.0)), float(a.get("beta", 1.0))
-    x = n.input[0]
-    if a.get("transA", 0):
-        t = ctx.tmp(x)
-        ctx.emit("Transpose", [x], [t], {"perm": [1, 0]}, name=f"{ctx.node_name}/transA")
-        x = t
-    c = ctx.opt_const(2, "C") if len(n.input) > 2 and n.input[2] in ctx.consts else None
-    has_c = len(n.input) > 2 and bool(n.input[2])
-    if n.input[1] in ctx.consts:
-        w = ctx.consts[n.input[1]].astype(np.float32)
-        w = (w.T if a.get("transB", 0) else w) * np.float32(alpha)
-        N = w.shape[1]
-        params = {"kernel": w}
-        bias_is_vector = c is not None and c.size in (1, N) and (c.ndim < 2 or c.shape[0] == 1)
-        if bias_is_vector:
-            params["bias"] = np.broadcast_to(c.astype(np.float32).reshape(-1) * beta, (N,))
-        if not has_c or bias_is_vector:
-            ctx.emit("Gemm", [x], [n.output[0]], {}, params)
-            return
-        y = ctx.tmp(n.output[0])
-        ctx.emit("Gemm", [x], [y], {}, params)
-    else:
-        b = n.input[1]
-        if a.get("transB", 0):
-            t = ctx.tmp(b)
-            ctx.emit("Transpose", [b], [t], {"perm": [1, 0]}, name=f"{ctx.node_name}/transB")
-            b = t
-        y = ctx.tmp(n.output[0]) if (alpha != 1.0 or has_c) else n.output[0]
-        ctx.emit("MatMul", [x, b], [y], name=f"{ctx.node_name}/matmul")
-        if alpha != 1.0:
-            s = _new_const(ctx, np.asarray(alpha, np.float32), "alpha")
-            y2 = ctx.tmp(n.output[0]) if has_c else n.output[0]
-            ctx.emit("Mul", [y, s], [y2], name=f"{ctx.node_name}/alpha")
-            y = y2
-        if not has_c:
-            return
-    cname = n.input[2]
-    if beta != 1.0:
-        if cname in ctx.consts:
-            cname = _new_const(ctx, (ctx.consts[cname] * np.float32(beta)).astype(np.float32),
-                               "beta_C")
-        else:
-            s = _new_const(ctx, np.asarray(beta, np.float32), "beta")
-            t = ctx.tmp(cname)
-            ctx.emit("Mul", [cname, s], [t], name=f"{ctx.node_name}/beta")
-            cname = t
-    ctx.emit("Add", [y, cname], [n.output[0]], name=f"{ctx.node_name}/bias")
-
-
-def _new_const(ctx: _Ctx, value: np.ndarray, what: str) -> str:
-    name = ctx.unique(f"{ctx.node_name}:{what}")
-    ctx.consts[name] = value
-    return name
-
-
-def _matmul(ctx: _Ctx, n: onnx.NodeProto, a: dict) -> None:
-    b = ctx.consts.get(n.input[1])
-    if b is not None and b.ndim == 2 and len(ctx.shape(n.input[0])) >= 2:
-        ctx.emit("Gemm", [n.input[0]], [n.output[0]], {}, {"kernel": b})
-    else:
-        ctx.emit("MatMul", [n.input[0], n.input[1]], [n.output[0]])
-
-
-def _batchnorm(ctx: _Ctx, n: onnx.NodeProto, a: dict) -> None:
-    if a.get("training_mode", 0) or len(n.output) > 1 and any(n.output[1:]):
-        raise UnsupportedOpError("BatchNormalization in training mode (running-statistics "
-                                 "outputs) is not supported; export the model for inference.")
-    roles = ("scale", "bias", "mean", "var")
-    params = {r: ctx.const(t, r) for r, t in zip(roles, n.input[1:5])}
-    ctx.emit("BatchNormalization", [n.input[0]], [n.output[0]],
-             {"axis": 1, "epsilon": float(a.get("epsilon", 1e-5))}, params)
-
-
-def _clip(ctx: _Ctx, n: onnx.NodeProto, a: dict) -> None:
-    if ctx.opset < 11:
-        lo, hi = a.get("min"), a.get("max")
-    else:
-        lo, hi = ctx.opt_const(1, "min"), ctx.opt_const(2, "max")
-        lo = None if lo is None else lo.item()
-        hi = None if hi is None else hi.item()
-    ctx.emit("Clip", [n.input[0]], [n.output[0]], {"min": lo, "max": hi})
-
-
-def _simple(op: str, **defaults: Any):
-    def conv(ctx: _Ctx, n: onnx.NodeProto, a: dict) -> None:
-        attrs = {k: a.get(k, v) for k, v in defaults.items()}
-        ctx.emit(op, list(n.input), list(n.output), attrs)
-
-    return conv
-
-
-def _softmax(ctx: _Ctx, n: onnx.NodeProto, a: dict) -> None:
-    legacy = ctx.opset < 13
-    ctx.emit("Softmax", [n.input[0]], [n.output[0]],
-             {"axis": int(a.get("axis", 1 if legacy else -1)), "coerce_2d": legacy})
-
-
-def _split(ctx: _Ctx, n: onnx.NodeProto, a: dict) -> None:
-    rank = len(ctx.shape(n.input[0]))
-    axis = int(a.get("axis", 0)) % rank
-    dim = ctx.shape(n.input[0])[axis]
-    sizes = a.get("split")
-    if sizes is None:
-        s = ctx.opt_const(1, "split")
-        sizes = None if s is None else s.tolist()
-    if sizes is None:
-        k = int(a.get("num_outputs", len(n.output)))
-        chunk = -(-dim // k)
-        sizes = [min(chunk, dim - i * chunk) for i in range(k)]
-    ctx.emit("Split", [n.input[0]], list(n.output), {"axis": axis, "sizes": [int(v) for v in
-                                                                          sizes]})
-
-
-def _slice(ctx: _Ctx, n: onnx.NodeProto, a: dict) -> None:
-    shape = ctx.shape(n.input[0])
-    if ctx.opset < 10:
-        starts, ends = a["starts"], a["ends"]
-        axes = a.get("axes", list(range(len(starts))))
-        steps = [1] * len(starts)
-    else:
-        starts = ctx.const(n.input[1], "starts").tolist()
-        ends = ctx.const(n.input[2], "ends").tolist()
-        ax = ctx.opt_const(3, "axes")
-        axes = list(range(len(starts))) if ax is None else ax.tolist()
-        st = ctx.opt_const(4, "steps")
-        steps = [1] * len(starts) if st is None else st.tolist()
-    rs, re_, rax, rst = [], [], [], []
-    for s, e, ax, st in zip(starts, ends, axes, steps):
-        ax = int(ax) % len(shape)
-        d = shape[ax]
-        if st == 0:
-            raise GraphError("Slice step must not be 0.")
-        s = s + d if s < 0 else s
-        e = e + d if e < 0 else e
-        if st > 0:
-            s, e = min(max(s, 0), d), min(max(e, 0), d)
-        else:
-            s, e = min(max(s, 0), d - 1), min(max(e, -1), d - 1)
-        rax.append(ax)
-        rs.append(int(s))
-        re_.append(int(e))
-        rst.append(int(st))
-    ctx.emit("Slice", [n.input[0]], [n.output[0]],
-             {"axes": rax, "starts": rs, "ends": re_, "steps": rst})
-
-
-def _pool(ctx: _Ctx, n: onnx.NodeProto, a: dict) -> None:
-    if len(n.output) > 1 and n.output[1]:
-        raise UnsupportedOpError("MaxPool with the Indices output is not supported.")
-    shape = ctx.shape(n.input[0])
-    k = list(a["kernel_shape"])
-    nsp = len(k)
-    strides = list(a.get("strides", [1] * nsp))
-    dil = list(a.get("dilations", [1] * nsp))
-    eff = [(kk - 1) * d + 1 for kk, d in zip(k, dil)]
-    auto = a.get("auto_pad", "NOTSET")
-    ceil = bool(a.get("ceil_mode", 0))
-    pads = _conv_pads(a, shape[2:], k, strides, dil)
-    extra = []
-    for size, e, s, (pb, pe) in zip(shape[2:], eff, strides, pads):
-        if auto in ("SAME_UPPER", "SAME_LOWER"):
-            out = -(-size // s)
-        elif auto == "VALID":
-            out = (size - e) // s + 1
-        else:
-            span = size + pb + pe - e
-            out = (-(-span // s) if ceil else span // s) + 1
-            if ceil and (out - 1) * s >= size + pb:
-                out -= 1  # the last window must start inside the input or the begin padding
-        extra.append(max(0, (out - 1) * s + e - (size + pb + pe)))
-    attrs = {
-        "window": [1, 1, *k], "strides": [1, 1, *strides],
-        "padding": [[0, 0], [0, 0]] + [[pb, pe + x] for (pb, pe), x in zip(pads, extra)],
-        "window_dilation": [1, 1, *dil],
-    }
-    if n.op_type == "AveragePool":
-        attrs["count_include_pad"] = int(a.get("count_include_pad", 0))
-        attrs["ceil_extra"] = [0, 0, *extra]
-    ctx.emit(n.op_type, [n.input[0]], [n.output[0]], attrs)
-
-
-def _reshape(ctx: _Ctx, n: onnx.NodeProto, a: dict) -> None:
-    shape = [int(v) for v in ctx.const(n.input[1], "shape").tolist()]
-    if a.get("allowzero", 0) and 0 in shape:
-        raise UnsupportedOpError("Reshape with allowzero=1 and a 0 in the shape is not supported.")
-    ctx.emit("Reshape", [n.input[0]], [n.output[0]], {"shape": shape})
-
-
-def _axes(ctx: _Ctx, n: onnx.NodeProto, a: dict, idx: int) -> list[int] | None:
-    if "axes" in a:
-        return [int(v) for v in a["axes"]]
-    v = ctx.opt_const(idx, "axes")
-    return None if v is None else [int(x) for x in v.reshape(-1).tolist()]
-
-
-def _squeeze(ctx: _Ctx, n: onnx.NodeProto, a: dict) -> None:
-    shape = ctx.shape(n.input[0])
-    axes = _axes(ctx, n, a, 1)
-    axes = [i for i, d in enumerate(shape) if d == 1] if axes is None else \
-        sorted(x % len(shape) for x in axes)
-    ctx.emit("Squeeze", [n.input[0]], [n.output[0]], {"axes": axes})
-
-
-def _unsqueeze(ctx: _Ctx, n: onnx.NodeProto, a: dict) -> None:
-    rank = len(ctx.shape(n.input[0]))
-    axes = _axes(ctx, n, a, 1) or []
-    out_rank = rank + len(axes)
-    ctx.emit("Unsqueeze", [n.input[0]], [n.output[0]],
-             {"axes": sorted(x % out_rank for x in axes)})
-
-
-def _transpose(ctx: _Ctx, n: onnx.NodeProto, a: dict) -> None:
-    rank = len(ctx.shape(n.input[0]))
-    perm = [int(p) for p in a.get("perm", list(range(rank))[::-1])]
-    ctx.emit("Transpose", [n.input[0]], [n.output[0]], {"perm": perm})
-
-
-def _reduce_mean(ctx: _Ctx, n: onnx.NodeProto, a: dict) -> None:
-    rank = len(ctx.shape(n.input[0]))
-    axes = _axes(ctx, n, a, 1)
-    if not axes:
-        if a.get("noop_with_empty_axes", 0):
-            ctx.emit("Identity", [n.input[0]], [n.output[0]])
-            return
-        axes = list(range(rank))
-    ctx.emit("ReduceMean", [n.input[0]], [n.output[0]],
-             {"axes": sorted(x % rank for x in axes), "keepdims": int(a.get("keepdims", 1))})
-
-
-def _pad(ctx: _Ctx, n: onnx.NodeProto, a: dict) -> None:
-    rank = len(ctx.shape(n.input[0]))
-    if ctx.opset < 11:
-        pads, value = list(a["pads"]), float(a.get("value", 0.0))
-        axes = list(range(rank))
-    else:
-        pads = ctx.const(n.input[1], "pads").tolist()
-        v = ctx.opt_const(2, "constant_value")
-        value = 0 if v is None else v.item()
-        ax = ctx.opt_const(3, "axes")
-        axes = list(range(rank)) if ax is None else [int(x) % rank for x in ax.tolist()]
-    pairs = [[0, 0] for _ in range(rank)]
-    for i, ax in enumerate(axes):
-        pairs[ax] = [int(pads[i]), int(pads[i + len(axes)])]
-    ctx.emit("Pad", [n.input[0]], [n.output[0]],
-             {"pads": pairs, "mode": a.get("mode", "constant"), "value": value})
-
-
-def _resize(ctx: _Ctx, n: onnx.NodeProto, a: dict) -> None:
-    shape = ctx.shape(n.input[0])
-    rank = len(shape)
-    mode = a.get("mode", "nearest")
-    if mode not in ("nearest", "linear"):
-        raise UnsupportedOpError(f"Resize mode {mode!r} is not supported (nearest, linear are).")
-    if a.get("antialias", 0):
-        raise UnsupportedOpError("Resize with antialias=1 is not supported.")
-    if a.get("keep_aspect_ratio_policy", "stretch") != "stretch":
-        raise UnsupportedOpError("Resize keep_aspect_ratio_policy other than 'stretch' is not "
-                                 "supported.")
-    if ctx.opset < 11:
-        scales, sizes = ctx.const(n.input[1], "scales"), None
-        coord, nearest = "asymmetric", "floor"
-    else:
-        scales = ctx.opt_const(2, "scales")
-        sizes = ctx.opt_const(3, "sizes")
-        coord = a.get("coordinate_transformation_mode", "half_pixel")
-        nearest = a.get("nearest_mode", "round_prefer_floor")
-    if coord == "tf_crop_and_resize":
-        raise UnsupportedOpError("Resize coordinate_transformation_mode 'tf_crop_and_resize' is "
-                                 "not supported.")
-    axes = [int(x) % rank for x in a.get("axes", range(rank))]
-    full_scales, full_sizes = [1.0] * rank, list(shape)
-    if sizes is not None and sizes.size:
-        for ax, s in zip(axes, sizes.tolist()):
-            full_sizes[ax] = int(s)
-            full_scales[ax] = int(s) / shape[ax]
-    elif scales is not None and scales.size:
-        for ax, s in zip(axes, scales.tolist()):
-            full_scales[ax] = float(s)
-            full_sizes[ax] = int(math.floor(shape[ax] * float(s)))
-    else:
-        raise GraphError("Resize needs either scales or sizes.")
-    ctx.emit("Resize", [n.input[0]], [n.output[0]], {
-        "mode": mode, "coordinate_transformation_mode": coord, "nearest_mode": nearest,
-        "scales": full_scales, "sizes": full_sizes,
-    })
-
-
-def _quantize_linear(ctx: _Ctx, n: onnx.NodeProto, a: dict) -> None:
-    if a.get("block_size", 0):
-        raise UnsupportedOpError("blocked QuantizeLinear (block_size > 0) is not supported.")
-    scale = ctx.const(n.input[1], "y_scale")
-    zp = ctx.opt_const(2, "y_zero_point")
-    if zp is not None:
-        dtype = zp.dtype
-    elif "output_dtype" in a and a["output_dtype"]:
-        dtype = helper.tensor_dtype_to_np_dtype(a["output_dtype"])
-    else:
-        dtype = np.dtype(np.uint8)
-    if np.dtype(dtype).kind not in "iu":
-        raise UnsupportedOpError(f"QuantizeLinear to {np.dtype(dtype)} is not supported "
-                                 "(integer types only).")
-    ins = [n.input[0], n.input[1]] + ([n.input[2]] if zp is not None else [])
-    del scale
-    ctx.emit("QuantizeLinear", ins, [n.output[0]],
-             {"axis": int(a.get("axis", 1)), "dtype": str(np.dtype(dtype))})
-
-
-def _dequantize_linear(ctx: _Ctx, n: onnx.NodeProto, a: dict) -> None:
-    if a.get("block_size", 0):
-        raise UnsupportedOpError("blocked DequantizeLinear (block_size > 0) is not supported.")
-    ctx.const(n.input[1], "x_scale")
-    zp = ctx.opt_const(2, "x_zero_point")
-    ins = [n.input[0], n.input[1]] + ([n.input[2]] if zp is not None else [])
-    ctx.emit("DequantizeLinear", ins, [n.output[0]], {"axis": int(a.get("axis", 1))})
-
-
-def _cast(ctx: _Ctx, n: onnx.NodeProto, a: dict) -> None:
-    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(int(a["to"])))
-    if dtype.kind not in "iufb":
-        raise UnsupportedOpError(f"Cast to {dtype} is not supported.")
-    ctx.emit("Cast", [n.input[0]], [n.output[0]], {"to": str(dtype)})
-
-
-def _flatten(ctx: _Ctx, n: onnx.NodeProto, a: dict) -> None:
-    rank = len(ctx.shape(n.input[0]))
-    axis = int(a.get("axis", 1))
-    ctx.emit("Flatten", [n.input[0]], [n.output[0]], {"axis": axis + rank if axis < 0 else axis})
-
-
-def _concat(ctx: _Ctx, n: onnx.NodeProto, a: dict) -> None:
-    rank = len(ctx.shape(n.input[0]))
-    ctx.emit("Concat", list(n.input), [n.output[0]], {"axis": int(a["axis"]) % rank})
-
-
-_CONVERTERS = {
-    "Conv": _conv,
-    "ConvTranspose": _conv_transpose,
-    "Gemm": _gemm,
-    "MatMul": _matmul,
-    "BatchNormalization": _batchnorm,
-    "Relu": _simple("Relu"),
-    "Sigmoid": _simple("Sigmoid"),
-    "Tanh": _simple("Tanh"),
-    "Identity": _simple("Identity"),
-    "HardSwish": _simple("HardSwish"),
-    "LeakyRelu": _simple("LeakyRelu", alpha=0.01),
-    "HardSigmoid": _simple("HardSigmoid", alpha=0.2, beta=0.5),
-    "PRelu": _simple("PRelu"),
-    "Clip": _clip,
-    "Softmax": _softmax,
-    "Add": _simple("Add"),
-    "Sub": _simple("Sub"),
-    "Mul": _simple("Mul"),
-    "Div": _simple("Div"),
-    "Max": _simple("Max"),
-    "Min": _simple("Min"),
-    "Concat": _concat,
-    "Split": _split,
-    "Slice": _slice,
-    "MaxPool": _pool,
-    "AveragePool": _pool,
-    "GlobalAveragePool": _simple("GlobalAveragePool"),
-    "Reshape": _reshape,
-    "Flatten": _flatten,
-    "Transpose": _transpose,
-    "Squeeze": _squeeze,
-    "Unsqueeze": _unsqueeze,
-    "Pad": _pad,
-    "Resize": _resize,
-    "ReduceMean": _reduce_mean,
-    "QuantizeLinear": _quantize_linear,
-    "DequantizeLinear": _dequantize_linear,
-    "Cast": _cast,
-}
-
-#: ONNX operators (default domain) that import as npujax nodes; ``Constant`` and shape
-#: computations on constants are folded at import.
-SUPPORTED_ONNX_OPS = frozenset(_CONVERTERS) | {"Constant"}
-
-#: Ops whose constant inputs are weights (params), so they are never folded into a constant.
-_WEIGHT_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "BatchNormalization"})
+#: ONNX operators (default domain) that import as npujax nodes (one importer each in
+#: :mod:`npujax.ops`); ``Constant`` and shape computations on constants are folded at import.
+SUPPORTED_ONNX_OPS = frozenset(ONNX_IMPORTERS) | {"Constant"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -924,11 +471,11 @@ def from_onnx(
                 ctx.consts[n.output[0]] = shape[a.get("start", 0):a.get("end", None)]
             continue
         present = [t for t in n.input if t]
-        if (n.op_type not in _WEIGHT_OPS and n.domain in ("", "ai.onnx")
+        if (n.op_type not in ONNX_WEIGHT_OPS and n.domain in ("", "ai.onnx")
                 and present and all(t in ctx.consts for t in present)):
             _fold(ctx, n)
             continue
-        conv = _CONVERTERS.get(n.op_type) if n.domain in ("", "ai.onnx") else None
+        conv = ONNX_IMPORTERS.get(n.op_type) if n.domain in ("", "ai.onnx") else None
         if conv is None:
             if unsupported == "fallback":
                 _fallback(ctx, n)

@@ -1,6 +1,5 @@
 """The Graph IR: nodes over named tensors, graph passes, and the model file format."""
 
-from npujax.ir.graph import GEMM_OPS as GEMM_OPS
 from npujax.ir.graph import Graph as Graph
 from npujax.ir.graph import Node as Node
 from npujax.ir.graph import Params as Params
@@ -12,5 +11,5 @@ from npujax.ir.passes import rebatch as rebatch
 from npujax.ir.serialize import load_graph as load_graph
 from npujax.ir.serialize import save_graph as save_graph
 
-__all__ = ["Graph", "Node", "TensorType", "Params", "GEMM_OPS", "fold_batchnorm",
+__all__ = ["Graph", "Node", "TensorType", "Params", "fold_batchnorm",
            "fuse_epilogues", "optimize", "rebatch", "save_graph", "load_graph"]

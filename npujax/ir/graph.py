@@ -20,13 +20,10 @@ import numpy as np
 
 from npujax.errors import GraphError
 
-__all__ = ["TensorType", "Node", "Graph", "Params", "GEMM_OPS"]
+__all__ = ["TensorType", "Node", "Graph", "Params"]
 
 #: params pytree: ``{node_name: {role: array}}``.
 Params = dict[str, dict[str, Any]]
-
-#: Operators that run on the MAC array as a GEMM after im2col, and whose weights are quantized.
-GEMM_OPS = frozenset({"Conv", "Gemm"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,11 +120,6 @@ class Graph:
     def consumers(self, tensor: str) -> list[Node]:
         """Nodes that read ``tensor``, in graph order."""
         return [n for n in self.nodes if tensor in n.inputs]
-
-    @property
-    def gemm_nodes(self) -> list[Node]:
-        """Nodes that run as GEMMs on the MAC array (Conv, Gemm), in graph order."""
-        return [n for n in self.nodes if n.op in GEMM_OPS]
 
     def replace(self, **changes: Any) -> Graph:
         """A copy with some fields changed (re-validated)."""

@@ -9,8 +9,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from npujax.errors import ConfigError, GraphError
-from npujax.ir.graph import GEMM_OPS, Graph, Node, Params, TensorType
-from npujax.ops.core import UNARY_EPILOGUES, kernel_out_axis
+from npujax.ir.graph import Graph, Node, Params, TensorType
+from npujax.ops import epilogue_ops, get_op, kernel_out_axis, quantized_ops
 
 __all__ = [
     "fold_batchnorm",
@@ -19,12 +19,6 @@ __all__ = [
     "rebatch",
     "frozen_bn_stats",
 ]
-
-
-def _rewire(nodes: list[Node], old: str, new: str) -> list[Node]:
-    return [
-        n.replace(inputs=tuple(new if t == old else t for t in n.inputs)) for n in nodes
-    ]
 
 
 def _single_consumer(graph: Graph, tensor: str) -> Node | None:
@@ -52,8 +46,9 @@ def fold_batchnorm(graph: Graph, params: Params) -> tuple[Graph, Params]:
     """
     nodes = list(graph.nodes)
     params = {k: dict(v) for k, v in params.items()}
+    gemm = quantized_ops()
     for node in graph.nodes:
-        if node.op not in GEMM_OPS or node.attrs.get("epilogue"):
+        if node.op not in gemm or node.attrs.get("epilogue"):
             continue
         bn = _single_consumer(graph, node.outputs[0])
         if bn is None or bn.op != "BatchNormalization":
@@ -109,15 +104,16 @@ def fuse_epilogues(graph: Graph, params: Params) -> tuple[Graph, Params]:
       ``(graph, params)``; params are unchanged.
     """
     nodes = list(graph.nodes)
+    gemm, epilogues = quantized_ops(), epilogue_ops()
     changed = True
     while changed:
         changed = False
         current = graph.replace(nodes=tuple(nodes))
         for node in current.nodes:
-            if node.op not in GEMM_OPS:
+            if node.op not in gemm:
                 continue
             act = _single_consumer(current, node.outputs[0])
-            if act is None or act.op not in UNARY_EPILOGUES:
+            if act is None or act.op not in epilogues:
                 continue
             epi = tuple(node.attrs.get("epilogue", ())) + (act.op,)
             fused = node.replace(outputs=act.outputs, attrs={**node.attrs, "epilogue": epi})
@@ -155,7 +151,7 @@ def rebatch(graph: Graph, batch: int) -> Graph:
                 f"{n.attrs['shape'][0]}, so the graph cannot be re-batched; re-import the model "
                 "with the wanted input shape."
             )
-        if n.op in ("JaxPrimitive", "CpuFallback"):
+        if get_op(n.op, n.name).batch_dependent:
             raise GraphError(
                 f"node {n.name!r} ({n.op}) may depend on the batch size; re-import the model "
                 "with the wanted input shape."

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from npujax.ir.graph import Graph
-from npujax.plan.workload import FREE_OPS
+from npujax.ops import get_op
 
 __all__ = ["peak_activation_bytes"]
 
@@ -30,7 +30,7 @@ def peak_activation_bytes(graph: Graph, act_bits: int = 8) -> int:
         return t
 
     for n in graph.nodes:
-        if n.op in FREE_OPS:
+        if get_op(n.op, n.name).cost == "free":
             alias[n.outputs[0]] = n.inputs[0]
     last_use: dict[str, int] = {}
     for i, n in enumerate(graph.nodes):
@@ -44,7 +44,7 @@ def peak_activation_bytes(graph: Graph, act_bits: int = 8) -> int:
     live = {root(t) for t in graph.inputs}
     peak = sum(size[t] for t in live)
     for i, n in enumerate(graph.nodes):
-        if n.op not in FREE_OPS:
+        if get_op(n.op, n.name).cost != "free":
             live |= {root(t) for t in n.outputs}
         peak = max(peak, sum(size[t] for t in live))
         live = {t for t in live if last_use.get(t, -1) > i}

@@ -27,21 +27,11 @@ import dataclasses
 
 import numpy as np
 
-from npujax.errors import UnsupportedOpError
 from npujax.hw.spec import NpuSpec
-from npujax.ir.graph import GEMM_OPS, Graph, Node
+from npujax.ir.graph import Graph, Node
+from npujax.ops import OPS, get_op
 
-__all__ = ["Workload", "workloads", "FREE_OPS", "ARRAY_OPS", "model_layout"]
-
-#: Ops that run on the MAC array (Conv and Gemm also carry quantized weights).
-ARRAY_OPS = GEMM_OPS | {"ConvTranspose", "MatMul"}
-
-#: Elementwise ops an NPU fuses into the output stage of the layer that produced their inputs.
-ELEMENTWISE_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Clip", "Relu", "Relu6",
-                             "LeakyRelu", "PRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh"})
-
-#: Ops that only relabel a buffer (no data movement) and so cost no time.
-FREE_OPS = frozenset({"Reshape", "Identity", "Squeeze", "Unsqueeze", "Flatten"})
+__all__ = ["Workload", "workloads", "model_layout"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +118,7 @@ def _placement(node: Node, spec: NpuSpec | None, graph_constants=frozenset()) ->
     if node.op == "CpuFallback":
         return f"{node.attrs.get('onnx_op', 'operator')} has no npujax implementation"
     if spec is None:
-        if node.op == "JaxPrimitive":
+        if OPS[node.op].cost == "host":
             return f"{node.op} has no NPU model"
         return ""
     if node.op == "Div" and node.inputs[1] in graph_constants and "Mul" in spec.ops.supported:
@@ -146,59 +136,12 @@ def _placement(node: Node, spec: NpuSpec | None, graph_constants=frozenset()) ->
     return ""
 
 
-def _gemm(graph: Graph, node: Node, align: int) -> dict:
-    x = graph.tensors[node.inputs[0]]
-    y = graph.tensors[node.outputs[0]]
-    if node.op == "Conv":
-        a = node.attrs
-        layout, klayout = a["data_layout"], a["kernel_layout"]
-        shape = a.get("kernel_shape")
-        if shape is None:
-            raise UnsupportedOpError(
-                f"Conv node {node.name!r} lacks attrs['kernel_shape']; build graphs with the "
-                "npujax importers (they record it)."
-            )
-        k = dict(zip(klayout, (int(d) for d in shape)))
-        out = dict(zip(layout, y.shape))
-        c_in, c_out, groups = dict(zip(layout, x.shape))["C"], out["C"], int(a["groups"])
-        macs = out["N"] * out["H"] * out["W"] * k["H"] * k["W"] * k["I"] * c_out
-        if groups == c_in == c_out and groups > 1:  # depthwise: pad the channel count
-            groups = _pad(groups, align)
-            cin_g, cout_g = 1, 1
-        elif groups == 1:
-            cin_g, cout_g = _pad(c_in, align), _pad(c_out, align)
-        else:  # grouped: per-group channels are not padded
-            cin_g, cout_g = c_in // groups, c_out // groups
-        M = out["N"] * out["H"] * out["W"]
-        K = cin_g * k["H"] * k["W"]
-        N = cout_g
-        weight = groups * K * N
-        bias = groups * N
-    elif node.op == "ConvTranspose":  # scatter form: every input pixel x every kernel tap
-        c_in, cout_g, kh, kw = (int(d) for d in node.attrs["kernel_shape"])
-        groups = int(node.attrs["groups"])
-        n_, _, h, w_ = x.shape  # ONNX NCHW
-        M = n_ * h * w_
-        K = _pad(c_in // groups, align) if groups == 1 else c_in // groups
-        N = (_pad(cout_g, align) if groups == 1 else cout_g) * kh * kw
-        macs = M * c_in * cout_g * kh * kw
-        weight, bias = groups * K * N, groups * N // (kh * kw)
-    elif node.op == "MatMul":  # activation x activation (e.g. attention): b is read like weights
-        b = graph.tensors[node.inputs[1]]
-        K, N = int(x.shape[-1]), int(y.shape[-1])
-        groups = int(np.prod(b.shape[:-2])) if len(b.shape) > 2 else 1
-        M = int(np.prod(x.shape[:-1])) // groups
-        macs = groups * M * K * N
-        weight, bias = groups * K * N, 0
-        return dict(M=M, K=K, N=N, groups=groups, macs=macs, weight_elems=weight,
-                    bias_elems=0, cpu_ops=2 * macs)
-    else:  # Gemm: x[..., K] @ kernel[K, N]
-        K, N = _pad(int(x.shape[-1]), align), _pad(int(y.shape[-1]), align)
-        M = int(np.prod(x.shape[:-1]))
-        macs = M * int(x.shape[-1]) * int(y.shape[-1])
-        groups, weight, bias = 1, K * N, N
-    return dict(M=M, K=K, N=N, groups=groups, macs=macs, weight_elems=weight,
-                bias_elems=bias if "bias" in node.params else 0, cpu_ops=2 * macs)
+def _array_work(graph: Graph, node: Node, align: int) -> dict:
+    fn = get_op(node.op, node.name).array_work
+    assert fn is not None
+    w = fn(node, [graph.tensors[t].shape for t in node.inputs],
+           [graph.tensors[t].shape for t in node.outputs], align)
+    return dict(w._asdict(), cpu_ops=2 * w.macs)
 
 
 def _reaches_npu(graph: Graph, tensor: str, placements: dict[str, str]) -> bool:
@@ -206,7 +149,7 @@ def _reaches_npu(graph: Graph, tensor: str, placements: dict[str, str]) -> bool:
     if tensor in graph.outputs:
         return True
     for c in graph.consumers(tensor):
-        if c.op in FREE_OPS:
+        if OPS[c.op].cost == "free":
             if any(_reaches_npu(graph, t, placements) for t in c.outputs):
                 return True
         elif not placements[c.name]:
@@ -249,12 +192,13 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
         rows.append(Workload(f"{t}:{direction}", f"To{target}", "layout", in_elems=n,
                              out_elems=n, vector_ops=n, producer=made_by.get(t, -1)))
 
+    cost = {n.name: get_op(n.op, n.name).cost for n in graph.nodes}
     placements = {n.name: _placement(n, spec, graph.constants) for n in graph.nodes
-                  if n.op not in FREE_OPS}
+                  if cost[n.name] != "free"}
     group: set[str] = set()  # tensors of the current fusion group (a GEMM and its elementwise ops)
     group_head = ""
     for node in graph.nodes:
-        if node.op in FREE_OPS:
+        if cost[node.name] == "free":
             for t in node.outputs:
                 device[t] = device.get(node.inputs[0], "npu")
                 if node.inputs[0] in made_by:
@@ -275,8 +219,8 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
                 elif device.get(t) == "cpu":
                     layout_row(t, "in")
         base: dict = {}
-        if node.op in ARRAY_OPS:
-            base = _gemm(graph, node, align if dev == "npu" else 1)
+        if cost[node.name] == "array":
+            base = _array_work(graph, node, align if dev == "npu" else 1)
             kind = "gemm"
         else:
             kind = "vector"
@@ -290,7 +234,7 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
         fused_into = ""
         if dev == "npu" and kind == "gemm":
             group, group_head = set(node.outputs), node.name
-        elif (dev == "npu" and node.op in ELEMENTWISE_OPS and group and ins
+        elif (dev == "npu" and cost[node.name] == "elementwise" and group and ins
               and all(t in group for t in ins)):
             fused_into = group_head  # stays on chip: no DRAM traffic
             elems_in, y_elems = 0, 0

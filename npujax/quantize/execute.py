@@ -36,7 +36,7 @@ import jax.numpy as jnp
 
 from npujax.errors import ConfigError, ShapeError
 from npujax.ir.graph import Graph, Params
-from npujax.ops.core import kernel_out_axis, out_channel_view, run_op
+from npujax.ops import gemm_nodes, kernel_in_axis, kernel_out_axis, out_channel_view, run_op
 from npujax.quant import (
     FP8_E4M3FN,
     FP8_E5M2,
@@ -185,7 +185,7 @@ def quant_spec(
     for what, f in (("weight_format", weight_format), ("act_format", act_format)):
         if f not in FORMATS:
             raise ConfigError(f"{what} must be one of {list(FORMATS)}, got {f!r}.")
-    names = [n.name for n in graph.gemm_nodes]
+    names = [n.name for n in gemm_nodes(graph)]
 
     def per_layer(v, what):
         if isinstance(v, Mapping):
@@ -226,11 +226,6 @@ def quantize_weight(
     per block of ``block_size`` along ``axis``); ``key`` selects stochastic rounding."""
     scale, zero_point = weight_qparams(w, fmt, axis, block_size=block_size)
     return fake_quant(w, scale, zero_point, fmt, axis, block_size=block_size, key=key)
-
-
-def kernel_in_axis(node) -> int:
-    """Axis of the input channels in a Conv/Gemm ``kernel`` (the per-block quant axis)."""
-    return node.attrs["kernel_layout"].index("I") if node.op == "Conv" else 0
 
 
 def layer_weight_qparams(

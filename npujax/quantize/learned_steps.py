@@ -45,7 +45,7 @@ import jax.numpy as jnp
 
 from npujax.errors import ConfigError
 from npujax.ir.graph import Graph, Params
-from npujax.ops.core import kernel_out_axis
+from npujax.ops import gemm_nodes, kernel_out_axis
 from npujax.quant import MIN_SCALE, lsq_init_step, weight_qparams
 from npujax.quantize.execute import QuantSpec
 
@@ -79,7 +79,7 @@ def init_lsq_state(graph: Graph, params: Params, quant: QuantSpec, qstate: QStat
     if weight_init not in ("minmax", "lsq"):
         raise ConfigError(f"weight_init must be 'minmax' or 'lsq', got {weight_init!r}.")
     out = {k: dict(v) for k, v in qstate.items()}
-    for node in graph.gemm_nodes:
+    for node in gemm_nodes(graph):
         lq = quant.get(node.name)
         if lq is None or lq.method == "ste":
             continue

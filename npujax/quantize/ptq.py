@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from npujax.calib.observers import Observer
 from npujax.errors import CalibrationError
 from npujax.ir.graph import Graph, Node, Params
-from npujax.ops.core import run_op
+from npujax.ops import gemm_nodes, run_op
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.execute import QuantSpec, _quantize_kernel, execute
 
@@ -51,10 +51,10 @@ def bias_correction(
       Nagel et al. 2019, "Data-Free Quantization Through Weight Equalization and Bias
       Correction", arXiv:1906.04721, section 4.2 (the empirical variant with data).
     """
-    names = [n.name for n in graph.gemm_nodes
+    names = [n.name for n in gemm_nodes(graph)
              if n.name in quant and len(quant[n.name].weight_candidates) == 1]
     nodes = {n.name: n.replace(attrs={k: v for k, v in n.attrs.items() if k != "epilogue"})
-             for n in graph.gemm_nodes if n.name in names}
+             for n in gemm_nodes(graph) if n.name in names}
 
     def shift(p, x):
         _, taps = execute(graph, p, x, taps=names)

@@ -3,7 +3,7 @@
 A rule matches layer names -- the Flax module path (``"encoder/conv1"``, ``"layers/0"``) or the
 ONNX node name -- with a regular expression (``re.search``); the first matching rule decides how
 that layer is quantized, as in Qwix's ``QuantizationRule`` list. The per-channel weight axis
-comes from the op (:func:`npujax.ops.core.kernel_out_axis`: Conv -> the kernel's output
+comes from the op (:func:`npujax.ops.kernel_out_axis`: Conv -> the kernel's output
 channels, Dense/Gemm -> output features), so no rule has to name an axis.
 """
 
@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from npujax.errors import ConfigError
 from npujax.ir.graph import Graph
+from npujax.ops import gemm_nodes
 from npujax.quant import IntFormat
 from npujax.quantize.execute import FORMATS, LayerQuant
 
@@ -105,7 +106,7 @@ def quant_spec_from_rules(
       >>> rules = [QuantRule(pattern="conv1|fc2", weight_bits=8),   # first/last at 8 bits
       ...          QuantRule(pattern=".*", weight_bits=4)]
     """
-    names = [n.name for n in graph.gemm_nodes]
+    names = [n.name for n in gemm_nodes(graph)]
     used = [False] * len(rules)
     spec: dict[str, LayerQuant] = {}
     for name in names:
@@ -130,7 +131,7 @@ def first_last_rules(graph: Graph, weight_bits: int, act_bits: int, *,
                      edge_bits: int = 8, method: str = "ste") -> list[QuantRule]:
     """Rules keeping the first and last GEMM layers at ``edge_bits``, the rest as given; every
     layer quantized with ``method`` (``"ste"``, ``"lsq"``, ``"lsq+"``)."""
-    names = [n.name for n in graph.gemm_nodes]
+    names = [n.name for n in gemm_nodes(graph)]
     if not names:
         raise ConfigError("the graph has no Conv/Gemm layer to quantize.")
     edges = sorted({names[0], names[-1]})

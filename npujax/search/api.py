@@ -11,6 +11,7 @@ import numpy as np
 from npujax.errors import ConfigError
 from npujax.hw.spec import NpuSpec
 from npujax.ir.graph import Graph, Params
+from npujax.ops import gemm_nodes
 from npujax.plan.latency import lower
 from npujax.quantize.execute import execute
 from npujax.search.cost import latency_table, policy_latency_s
@@ -106,7 +107,7 @@ def search_precision(
     if sensitivity not in SENSITIVITIES:
         raise ConfigError(f"unknown sensitivity {sensitivity!r}; use one of "
                           f"{', '.join(SENSITIVITIES)}.")
-    layers = [n.name for n in graph.gemm_nodes]
+    layers = [n.name for n in gemm_nodes(graph)]
     task = loss if isinstance(loss, TaskLoss) else task_loss(graph, loss)
     targets = search_targets(graph, params, x, y, task)
     int8 = lower(graph, spec).latency_s

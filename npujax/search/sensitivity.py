@@ -23,7 +23,7 @@ import numpy as np
 
 from npujax.errors import ConfigError
 from npujax.ir.graph import Graph, Params
-from npujax.ops.core import kernel_out_axis
+from npujax.ops import gemm_nodes, kernel_out_axis
 from npujax.quant import IntFormat
 from npujax.quantize.execute import execute, quantize_weight
 
@@ -219,7 +219,7 @@ def loss_sensitivity(
         from npujax.quantize.train import cross_entropy as loss_fn
     wc = sorted({int(b) for b in candidates} | {reference_bits})
     ac = sorted({int(b) for b in act_candidates} | {reference_bits})
-    names = [n.name for n in graph.gemm_nodes]
+    names = [n.name for n in gemm_nodes(graph)]
     q = quant_spec(graph, {n: tuple(wc) for n in names}, {n: tuple(ac) for n in names})
     qstate = calibrate(graph, params, [x], q)
 

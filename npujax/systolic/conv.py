@@ -22,7 +22,8 @@ import jax.numpy as jnp
 from npujax.errors import ConfigError, ShapeError
 from npujax.systolic.dataflow import Dataflow, gemm_cycles
 
-__all__ = ["normalize_conv_args", "conv_out_size", "conv_gemm_shape", "conv_cycles"]
+__all__ = ["normalize_conv_args", "conv_out_size", "im2col_extents", "conv_gemm_shape",
+           "conv_cycles"]
 
 Padding = str | int | Sequence[int] | Sequence[tuple[int, int]]
 
@@ -84,6 +85,17 @@ def conv_out_size(n, k, stride, pad_lo, pad_hi, dilation):
     return (n + pad_lo + pad_hi - dilation * (k - 1) - 1) // stride + 1
 
 
+def im2col_extents(batch: int, out_pixels: int, kernel_taps: int, c_in_per_group: int,
+                   c_out_per_group: int) -> tuple[int, int, int]:
+    """``(M, K, N)`` of one group's GEMM after im2col: ``M = batch x output pixels``,
+    ``K = C_in/groups x kernel taps`` (``k_h x k_w``), ``N = C_out/groups``.
+
+    The one definition of the conv-to-GEMM mapping, used by :func:`conv_gemm_shape` and by the
+    NPU cost model (:mod:`npujax.ops.gemm`, with padded channel counts).
+    """
+    return batch * out_pixels, c_in_per_group * kernel_taps, c_out_per_group
+
+
 def conv_gemm_shape(x_shape, w_shape, *, stride=1, padding: Padding = 0, dilation=1, groups=1):
     """The per-group GEMM of an NHWC x HWIO convolution.
 
@@ -124,8 +136,8 @@ def conv_gemm_shape(x_shape, w_shape, *, stride=1, padding: Padding = 0, dilatio
             f"conv output would be {oh}x{ow}: the (dilated) kernel is larger than the padded input "
             f"{h}x{w}; add padding or use a smaller kernel/dilation."
         )
-    return {"M": b * oh * ow, "K": c_g * kh * kw, "N": c_out // groups, "groups": groups,
-            "out_h": oh, "out_w": ow}
+    M, K, N = im2col_extents(b, oh * ow, kh * kw, c_g, c_out // groups)
+    return {"M": M, "K": K, "N": N, "groups": groups, "out_h": oh, "out_w": ow}
 
 
 def conv_cycles(M, K, N, groups, rows, cols, dataflow: str | Dataflow) -> dict[str, jax.Array]:

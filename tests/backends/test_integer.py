@@ -1,4 +1,4 @@
-"""Integer-only execution: fixed-point arithmetic exactness, and agreement with fake-quant."""
+"""Integer-only execution: agreement with fake-quant, errors, int8/int32 in the jaxpr."""
 
 import jax
 import jax.numpy as jnp
@@ -6,42 +6,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from npujax.backends.integer import (
-    convert,
-    execute_integer,
-    quantize_multiplier,
-    requantize,
-    rounding_doubling_high_mul,
-)
+from npujax.backends.integer import convert, execute_integer
 from npujax.errors import ConfigError
 from npujax.frontends.flax import trace_flax
 from npujax.ir.passes import optimize
 from npujax.models.cnn import DigitsCNN
+from npujax.ops import gemm_nodes
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.execute import execute, quant_spec
-
-
-def test_rounding_doubling_high_mul_matches_int64_reference():
-    rng = np.random.default_rng(0)
-    a = np.concatenate([rng.integers(-2**31, 2**31, 4000), [-2**31, 2**31 - 1, 0, -1, 1]])
-    b = rng.integers(2**30, 2**31, a.size)
-    ab = a.astype(np.int64) * b.astype(np.int64)
-    s = ab + np.where(ab >= 0, 1 << 30, 1 - (1 << 30))
-    want = np.where(s >= 0, s // (1 << 31), -((-s) // (1 << 31)))  # truncating division
-    got = rounding_doubling_high_mul(jnp.asarray(a, jnp.int32), jnp.asarray(b, jnp.int32))
-    np.testing.assert_array_equal(np.asarray(got).astype(np.int64), want)
-
-
-def test_requantize_is_within_half_a_step_of_exact():
-    rng = np.random.default_rng(1)
-    m = np.exp(rng.uniform(np.log(1e-6), np.log(3.0), 64))
-    m0, shift = quantize_multiplier(m)
-    assert np.all(m0 >= 2**30) and np.all(m0 <= 2**31 - 1)
-    acc = rng.integers(-2**20, 2**20, (500, 64)).astype(np.int32)
-    m0, shift = m0[None], shift[None]
-    got = np.asarray(requantize(jnp.asarray(acc), jnp.asarray(m0), jnp.asarray(shift)))
-    exact = acc.astype(np.float64) * m
-    assert np.max(np.abs(got - exact)) <= 0.5 + 1e-6 * np.max(np.abs(exact)) + 1e-9
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +38,7 @@ def test_integer_model_matches_fake_quant_within_one_step(model_and_data, requan
     assert model.layers["conv1"].output == "conv2"  # through fused ReLU: codes stay codes
     assert model.layers["conv2"].output == "fc1"    # through AveragePool and Reshape
     assert model.layers["fc2"].output is None        # last layer: dequantized accumulator
-    names = [n.name for n in graph.gemm_nodes]
+    names = [n.name for n in gemm_nodes(graph)]
     fq_out, fq_taps = jax.jit(lambda p, v: execute(graph, p, v, quant=q, qstate=qstate,
                                                    taps=names))(params, x)
     int_out, int_taps = jax.jit(lambda v: execute_integer(model, v, taps=names))(x)

@@ -14,6 +14,7 @@ from npujax.backends.onnx_export import to_onnx
 from npujax.errors import ConfigError, UnsupportedOpError
 from npujax.frontends.onnx import from_onnx
 from npujax.ir.passes import optimize
+from npujax.ops import gemm_nodes
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.execute import execute, quant_spec
 from tests.helpers import assert_close
@@ -55,7 +56,7 @@ def test_qdq_export_structure_and_atomic_write(cls_quantized, tmp_path):
     onnx.checker.check_model(onnx.load(path))
     inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     nodes = {n.name: n for n in model.graph.node}
-    conv = graph.gemm_nodes[3]
+    conv = gemm_nodes(graph)[3]
     wq = inits[f"{conv.name}.kernel_q"]
     ws = inits[f"{conv.name}.kernel_scale"]
     assert wq.dtype == np.int8 and np.abs(wq).max() == 127 and ws.shape == (wq.shape[0],)
@@ -69,16 +70,16 @@ def test_qdq_export_structure_and_atomic_write(cls_quantized, tmp_path):
     # one QuantizeLinear per layer input, plus one on the output of each layer that the
     # integer path requantizes to its consumer's grid (onnxruntime fuses it into QLinearConv)
     n_q = sum(n.op_type == "QuantizeLinear" for n in model.graph.node)
-    n_out = sum(requant_target(graph, q, n)[0] is not None for n in graph.gemm_nodes)
+    n_out = sum(requant_target(graph, q, n)[0] is not None for n in gemm_nodes(graph))
     assert n_out > 0 and sum(n.name.endswith("/out_quant") for n in model.graph.node) == n_out
-    assert n_q == len(graph.gemm_nodes) + n_out
+    assert n_q == len(gemm_nodes(graph)) + n_out
 
 
 def test_qdq_round_trip_through_npujax_is_exact(cls_quantized):
     graph, params, q, qstate, xs, *_ = cls_quantized
     model = to_onnx(graph, params, q, qstate, int32_bias=False, requantize_outputs=False)
     g2, p2 = from_onnx(model)
-    assert sum(n.op == "QuantizeLinear" for n in g2.nodes) == len(graph.gemm_nodes)
+    assert sum(n.op == "QuantizeLinear" for n in g2.nodes) == len(gemm_nodes(graph))
     y = np.asarray(jax.jit(lambda p, x: execute(g2, p, x))(p2, xs[:1]))
     ref = np.asarray(jax.jit(lambda p, x: execute(graph, p, x, quant=q, qstate=qstate))(
         params, xs[:1]))
@@ -176,9 +177,9 @@ def test_export_errors():
     q = quant_spec(graph)
     with pytest.raises(ConfigError, match="qstate has no entry"):
         to_onnx(graph, params, q, {})
-    mixed = quant_spec(graph, weight_bits={n.name: (4, 8) for n in graph.gemm_nodes})
+    mixed = quant_spec(graph, weight_bits={n.name: (4, 8) for n in gemm_nodes(graph)})
     fake_qstate = {n.name: {"act_scale": np.float32(0.1), "act_zero_point": np.int32(0)}
-                   for n in graph.gemm_nodes}
+                   for n in gemm_nodes(graph)}
     with pytest.raises(ConfigError, match="candidate weight formats"):
         to_onnx(graph, params, mixed, fake_qstate)
     bad = graph.replace(nodes=graph.nodes[:1] + (graph.nodes[1].replace(op="Mystery"),)
@@ -249,7 +250,7 @@ def _conv_transpose_model(groups: int):
 @pytest.mark.parametrize("groups", [1, 2])
 def test_conv_transpose_per_channel_qdq_export_runs_in_onnxruntime(groups):
     from npujax.errors import QuantizationError
-    from npujax.ops.core import kernel_out_axis, out_channel_view
+    from npujax.ops import kernel_out_axis, out_channel_view
     from npujax.quant import IntFormat
     from npujax.quantize.execute import LayerQuant, quantize_weight
 

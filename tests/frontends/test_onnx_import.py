@@ -11,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from npujax.errors import GraphError, NpujaxError, UnsupportedOpError
 from npujax.frontends.onnx import from_onnx
+from npujax.ops import gemm_nodes
 from npujax.quantize.execute import execute
 from tests.helpers import assert_close
 from tests.onnx_claimed import CLAIMED
@@ -32,10 +33,10 @@ def test_cls_structure(cls_model):
     ops = [n.op for n in graph.nodes]
     assert ops.count("Conv") == 53 and ops.count("BatchNormalization") == 35
     assert ops.count("Gemm") == 1  # MatMul by a constant + Add -> Gemm with a bias
-    assert "bias" in params[graph.gemm_nodes[-1].name]
+    assert "bias" in params[gemm_nodes(graph)[-1].name]
     assert graph.source == "onnx" and graph.tensors[graph.outputs[0]].shape == (1, 2)
     # Weights are params (trainable), the SE-block broadcast constants are Graph.constants.
-    assert all("kernel" in params[n.name] for n in graph.gemm_nodes)
+    assert all("kernel" in params[n.name] for n in gemm_nodes(graph))
     assert not any(v.size > 10_000 for v in graph.constants.values())
 
 
@@ -116,7 +117,7 @@ def test_grouped_and_depthwise_conv_vs_onnxruntime(cin, cout, groups, k, strides
                [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
     x = rng.normal(size=(2, cin, 11, 13)).astype(np.float32)
     graph, params = _check_vs_ort(m, {"x": x})
-    (conv,) = graph.gemm_nodes
+    (conv,) = gemm_nodes(graph)
     assert conv.attrs["groups"] == groups and params[conv.name]["kernel"].shape == w.shape
 
 
@@ -153,7 +154,7 @@ def test_gemm_with_weights_vs_onnxruntime(trans_a, trans_b, alpha, beta, c_shape
     m = _model([node], [helper.make_tensor_value_info("a", TensorProto.FLOAT, list(a_shape))],
                [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
     graph, _ = _check_vs_ort(m, {"a": rng.normal(size=a_shape).astype(np.float32)})
-    assert len(graph.gemm_nodes) == 1  # the weight stays a quantizable Gemm kernel
+    assert len(gemm_nodes(graph)) == 1  # the weight stays a quantizable Gemm kernel
 
 
 def test_pools_and_resize_vs_onnxruntime():
@@ -271,7 +272,7 @@ def test_external_data_must_stay_inside_model_folder(tmp_path):
     onnx.save(m, model_dir / "ok.onnx", save_as_external_data=True, location="w.bin",
               size_threshold=0)
     graph, params = from_onnx(model_dir / "ok.onnx")
-    np.testing.assert_array_equal(params[graph.gemm_nodes[0].name]["kernel"], w)
+    np.testing.assert_array_equal(params[gemm_nodes(graph)[0].name]["kernel"], w)
     # Point the tensor at a file outside the folder.
     (tmp_path / "secret.bin").write_bytes(w.tobytes())
     m2 = onnx.load(model_dir / "ok.onnx", load_external_data=False)

@@ -4,7 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from npujax.ops.core import _dense_conv, _depthwise_conv, _is_depthwise
+from npujax.ops.gemm import _depthwise_conv, _is_depthwise
+from npujax.ops.gemm import dense_conv as _dense_conv
 
 
 @pytest.mark.parametrize("layout,klayout", [("NCHW", "OIHW"), ("NHWC", "HWIO")])
@@ -37,7 +38,7 @@ def test_grouped_but_not_depthwise_uses_xla():
 
 @pytest.mark.parametrize("layout,klayout", [("NCHW", "OIHW"), ("NHWC", "HWIO")])
 def test_pointwise_matches_conv(layout, klayout):
-    from npujax.ops.core import _is_pointwise, _pointwise_conv
+    from npujax.ops.gemm import _is_pointwise, _pointwise_conv
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(2, 6, 5, 7)).astype(np.float32)

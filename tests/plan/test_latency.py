@@ -13,6 +13,7 @@ from npujax.frontends.flax import trace_flax
 from npujax.hw import DATAFLOWS, load_npu_spec
 from npujax.ir.passes import optimize
 from npujax.models.cnn import DigitsCNN
+from npujax.ops import gemm_nodes
 from npujax.plan import BREAKDOWN, HwParams, layer_costs, lower, workloads
 
 
@@ -75,7 +76,7 @@ def test_roofline_breakdown_and_sum(graph, df, preset):
        layer=st.integers(0, 3))
 @settings(max_examples=20, deadline=None)
 def test_latency_non_increasing_as_weight_bits_drop(graph, edge_spec, bits, layer):
-    names = [n.name for n in graph.gemm_nodes]
+    names = [n.name for n in gemm_nodes(graph)]
     policy = dict(zip(names, bits))
     base = lower(graph, edge_spec, weight_bits=policy)
     if policy[names[layer]] > 2:

@@ -13,6 +13,7 @@ from npujax.errors import ConfigError
 from npujax.frontends.flax import trace_flax
 from npujax.ir.passes import fold_batchnorm
 from npujax.models.cnn import DigitsCNN
+from npujax.ops import gemm_nodes
 from npujax.quant import FP8_E4M3FN, MIN_SCALE, IntFormat
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.execute import LayerQuant, execute, quant_spec
@@ -56,7 +57,7 @@ def _loss(graph, p, q, qs, x, y):
 def test_calibration_initialises_learned_entries(model, trained):
     graph, params, *_ = model
     method, q, qstate, *_ = trained
-    for node in graph.gemm_nodes:
+    for node in gemm_nodes(graph):
         e = qstate[node.name]
         c = np.shape(params[node.name]["kernel"])[-1]
         assert e["weight_step"].shape == (c,) and e["weight_step"].dtype == jnp.float32
@@ -89,7 +90,7 @@ def test_lsq_qat_lowers_loss_and_learns_positive_steps(model, trained):
 def test_convert_and_export_use_the_learned_steps(model, trained):
     graph, _, x, _ = model
     method, q, _, p2, qs2 = trained
-    names = [n.name for n in graph.gemm_nodes]
+    names = [n.name for n in gemm_nodes(graph)]
     imodel = convert(graph, p2, q, qs2)
     for name in names:
         np.testing.assert_array_equal(imodel.layers[name].weight_scale, qs2[name]["weight_step"])

@@ -13,6 +13,7 @@ from npujax.errors import ConfigError
 from npujax.frontends.flax import trace_flax
 from npujax.ir.passes import optimize
 from npujax.models.cnn import DigitsCNN
+from npujax.ops import gemm_nodes
 from npujax.quant import IntFormat
 from npujax.quantize.execute import LayerQuant, execute, quant_spec
 from npujax.quantize.ptq import bias_correction, layer_sqnr, ptq
@@ -97,7 +98,7 @@ def test_linen_model_rules_by_module_path():
     x = jnp.asarray(np.random.default_rng(2).normal(size=(16, 6, 6, 2)), jnp.float32)
     variables = net.init(jax.random.key(0), x)
     graph, params = optimize(*trace_flax(net, x[:1], variables=variables))
-    names = [n.name for n in graph.gemm_nodes]
+    names = [n.name for n in gemm_nodes(graph)]
     assert names == ["stem/conv", "body/conv", "head"]
     spec = quant_spec_from_rules(graph, [QuantRule(pattern="^body/", weight_bits=4),
                                          QuantRule(pattern=".*", weight_bits=8)])

@@ -1,0 +1,174 @@
+"""Activations and normalising functions: Relu, Relu6, Sigmoid, Tanh (fusible into a GEMM's
+output stage), Clip, LeakyRelu, PRelu, HardSigmoid, HardSwish and Softmax.
+
+Semantics follow ONNX: ``Clip`` is ``min(max(x, lo), hi)`` (so ``hi`` wins when ``lo > hi``),
+``HardSigmoid`` is ``clip(alpha x + beta, 0, 1)``, ``HardSwish`` is ``x * clip(x/6 + 1/2, 0, 1)``,
+``Softmax`` with ``coerce_2d`` (opset < 13) normalises over the whole trailing block
+``[prod(shape[:axis]), rest]``. ``Relu6`` (``clip(x, 0, 6)``) has no ONNX operator and exports
+as ``Clip``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from npujax.ops._onnx import simple_importer
+from npujax.ops.elementwise import align_ranks
+from npujax.ops.registry import OpDef, onnx_importer, register
+
+if TYPE_CHECKING:
+    from npujax.ir.graph import Node
+    from npujax.quant.fixed_point import QTensor
+
+
+def _unary(fn: Callable[[jax.Array], jax.Array]):
+    def run(node: Node, inputs: Sequence[jax.Array], params: Mapping[str, jax.Array]):
+        return [fn(inputs[0])]
+
+    return run
+
+
+def _relu6(x: jax.Array) -> jax.Array:
+    return jnp.clip(x, 0.0, 6.0)
+
+
+def _relu_codes(node: Node, v: QTensor) -> QTensor:
+    """ReLU on codes: ``max(q, z)`` (quantization is monotone and maps 0 to the zero point)."""
+    return v._replace(codes=jnp.maximum(v.codes, v.zero_point << v.frac_bits))
+
+
+def _clip(node: Node, inputs: Sequence[jax.Array], params: Mapping[str, jax.Array]):
+    x = inputs[0]
+    lo, hi = node.attrs.get("min"), node.attrs.get("max")
+    # ONNX Clip: min(max(x, lo), hi), so hi wins when lo > hi.
+    if lo is not None:
+        x = jnp.maximum(x, jnp.asarray(lo, x.dtype))
+    if hi is not None:
+        x = jnp.minimum(x, jnp.asarray(hi, x.dtype))
+    return [x]
+
+
+def _leaky_relu(node: Node, inputs: Sequence[jax.Array], params: Mapping[str, jax.Array]):
+    x = inputs[0]
+    return [jnp.where(x >= 0, x, x * jnp.asarray(node.attrs["alpha"], x.dtype))]
+
+
+def _prelu(node: Node, inputs: Sequence[jax.Array], params: Mapping[str, jax.Array]):
+    x, slope = align_ranks(*inputs)
+    return [jnp.where(x >= 0, x, x * slope)]
+
+
+def _hard_sigmoid(node: Node, inputs: Sequence[jax.Array], params: Mapping[str, jax.Array]):
+    x = inputs[0]
+    alpha = jnp.asarray(node.attrs["alpha"], x.dtype)
+    beta = jnp.asarray(node.attrs["beta"], x.dtype)
+    return [jnp.clip(alpha * x + beta, jnp.asarray(0, x.dtype), jnp.asarray(1, x.dtype))]
+
+
+def _hard_swish(node: Node, inputs: Sequence[jax.Array], params: Mapping[str, jax.Array]):
+    x = inputs[0]
+    one_sixth = jnp.asarray(1.0 / 6.0, x.dtype)
+    return [x * jnp.clip(x * one_sixth + jnp.asarray(0.5, x.dtype), jnp.asarray(0, x.dtype),
+                         jnp.asarray(1, x.dtype))]
+
+
+def _softmax(node: Node, inputs: Sequence[jax.Array], params: Mapping[str, jax.Array]):
+    x = inputs[0]
+    axis = node.attrs.get("axis", -1) % max(x.ndim, 1)
+    if node.attrs.get("coerce_2d") and axis != x.ndim - 1:
+        flat = jnp.reshape(x, (int(np.prod(x.shape[:axis], dtype=np.int64)), -1))
+        return [jnp.reshape(jax.nn.softmax(flat, axis=-1), x.shape)]
+    return [jax.nn.softmax(x, axis=axis)]
+
+
+# --------------------------------------------------------------------------------------------
+# ONNX
+
+
+@onnx_importer("Clip")
+def _import_clip(ctx: Any, n: Any, a: Mapping[str, Any]) -> None:
+    if ctx.opset < 11:
+        lo, hi = a.get("min"), a.get("max")
+    else:
+        lo, hi = ctx.opt_const(1, "min"), ctx.opt_const(2, "max")
+        lo = None if lo is None else lo.item()
+        hi = None if hi is None else hi.item()
+    ctx.emit("Clip", [n.input[0]], [n.output[0]], {"min": lo, "max": hi})
+
+
+@onnx_importer("Softmax")
+def _import_softmax(ctx: Any, n: Any, a: Mapping[str, Any]) -> None:
+    legacy = ctx.opset < 13
+    ctx.emit("Softmax", [n.input[0]], [n.output[0]],
+             {"axis": int(a.get("axis", 1 if legacy else -1)), "coerce_2d": legacy})
+
+
+for _op in ("Relu", "Sigmoid", "Tanh", "HardSwish", "PRelu"):
+    onnx_importer(_op)(simple_importer(_op))
+onnx_importer("LeakyRelu")(simple_importer("LeakyRelu", alpha=0.01))
+onnx_importer("HardSigmoid")(simple_importer("HardSigmoid", alpha=0.2, beta=0.5))
+
+
+def _export_plain(w: Any, node: Node) -> None:
+    w.add(node.op, list(node.inputs), list(node.outputs), node.name)
+
+
+def _export_relu6(w: Any, node: Node) -> None:
+    lo, hi = w.init(f"{node.name}.min", np.float32(0)), w.init(f"{node.name}.max", np.float32(6))
+    w.add("Clip", [*node.inputs, lo, hi], list(node.outputs), node.name)
+
+
+def _export_clip(w: Any, node: Node) -> None:
+    a = node.attrs
+    dt = np.dtype(w.graph.tensors[node.inputs[0]].dtype)
+    lo = "" if a.get("min") is None else w.init(f"{node.name}.min", a["min"], dt)
+    hi = "" if a.get("max") is None else w.init(f"{node.name}.max", a["max"], dt)
+    w.add("Clip", [*node.inputs, lo, hi], list(node.outputs), node.name)
+
+
+def _export_leaky_relu(w: Any, node: Node) -> None:
+    w.add("LeakyRelu", list(node.inputs), list(node.outputs), node.name,
+          alpha=float(node.attrs["alpha"]))
+
+
+def _export_hard_sigmoid(w: Any, node: Node) -> None:
+    w.add("HardSigmoid", list(node.inputs), list(node.outputs), node.name,
+          alpha=float(node.attrs["alpha"]), beta=float(node.attrs["beta"]))
+
+
+def _export_softmax(w: Any, node: Node) -> None:
+    a, ins, outs = node.attrs, list(node.inputs), list(node.outputs)
+    shape = w.graph.tensors[ins[0]].shape
+    axis = int(a.get("axis", -1)) % len(shape)
+    if a.get("coerce_2d") and axis != len(shape) - 1:
+        flat = w.name(f"{node.name}/flat")
+        sm = w.name(f"{node.name}/softmax")
+        w.add("Flatten", ins, [flat], f"{node.name}/flatten", axis=axis)
+        w.add("Softmax", [flat], [sm], node.name, axis=-1)
+        w.add("Reshape", [sm, w.i64(node, "shape", shape)], outs, f"{node.name}/reshape")
+    else:
+        w.add("Softmax", ins, outs, node.name, axis=axis)
+
+
+register(
+    OpDef(name="Relu", run=_unary(jax.nn.relu), cost="elementwise", export=_export_plain,
+          unary=jax.nn.relu, epilogue=True, codes="exact", run_codes=_relu_codes),
+    OpDef(name="Relu6", run=_unary(_relu6), cost="elementwise", export=_export_relu6,
+          unary=_relu6, epilogue=True),
+    OpDef(name="Sigmoid", run=_unary(jax.nn.sigmoid), cost="elementwise", export=_export_plain,
+          unary=jax.nn.sigmoid, epilogue=True, jax_primitives=("logistic",)),
+    OpDef(name="Tanh", run=_unary(jnp.tanh), cost="elementwise", export=_export_plain,
+          unary=jnp.tanh, epilogue=True, jax_primitives=("tanh",)),
+    OpDef(name="Clip", run=_clip, cost="elementwise", export=_export_clip),
+    OpDef(name="LeakyRelu", run=_leaky_relu, cost="elementwise", export=_export_leaky_relu),
+    OpDef(name="PRelu", run=_prelu, cost="elementwise", export=_export_plain),
+    OpDef(name="HardSigmoid", run=_hard_sigmoid, cost="elementwise",
+          export=_export_hard_sigmoid),
+    OpDef(name="HardSwish", run=_hard_swish, cost="elementwise", export=_export_plain),
+    OpDef(name="Softmax", run=_softmax, cost="vector", export=_export_softmax),
+)

@@ -1,0 +1,252 @@
+"""The operator registry: one :class:`OpDef` per Graph operator, the single source of op knowledge.
+
+An operator's definition says everything the pipeline needs to know about it:
+
+* ``run`` -- its JAX semantics (``fn(node, inputs, params) -> outputs``; ONNX semantics where
+  the op has an ONNX name), used by :func:`npujax.execute`, the importers' shape inference and
+  the integer path for operators that run in float;
+* ``cost`` -- its class in the NPU cost model (:mod:`npujax.plan`): ``array`` (a GEMM on the MAC
+  array, with ``array_work`` giving its im2col extents), ``elementwise`` (vector unit, fusible into
+  the producing GEMM's output stage), ``vector`` (vector unit), ``free`` (relabels a buffer) or
+  ``host`` (no NPU model: always the host CPU);
+* ``export`` -- how :func:`npujax.to_onnx` writes it (``fn(writer, node)``);
+* ``codes`` / ``run_codes`` -- whether the integer path (:mod:`npujax.backends.integer`) runs it
+  on integer codes (``"exact"``: commutes with quantization; ``"rounding"``: rounds once);
+* kernel axes and ``quantized`` for the operators whose weights the quantization schemes
+  quantize, ``epilogue`` for activations a GEMM's output stage can apply, ``jax_primitives``
+  for the JAX primitives the Flax tracer maps 1:1 onto the op.
+
+ONNX importers are registered separately (:func:`onnx_importer`), keyed by the ONNX operator
+type, because one ONNX operator may become several Graph operators (ONNX ``MatMul`` by a
+constant is a ``Gemm``). Each op family lives in one module of :mod:`npujax.ops`; the package
+imports every module, so a new operator is one new file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+
+import jax
+
+from npujax.errors import UnsupportedOpError
+
+if TYPE_CHECKING:
+    from npujax.ir.graph import Graph, Node
+    from npujax.quant.fixed_point import QTensor
+
+__all__ = [
+    "OpDef", "ArrayWork", "CostClass", "OPS", "ONNX_IMPORTERS", "ONNX_WEIGHT_OPS", "register",
+    "onnx_importer", "get_op", "run_op", "gemm_nodes", "quantized_ops", "kernel_out_axis",
+    "kernel_in_axis", "out_channel_view", "apply_epilogue", "epilogue_ops", "ops_with",
+]
+
+#: Cost classes of the NPU model (see the module docstring).
+CostClass = Literal["array", "elementwise", "vector", "free", "host"]
+
+#: ``fn(node, inputs, params) -> outputs``: ``inputs`` are the arrays named by ``node.inputs``,
+#: ``params`` is ``params[node.name]`` (possibly fake-quantized already).
+OpFn = Callable[["Node", Sequence[jax.Array], Mapping[str, jax.Array]], list[jax.Array]]
+Shape = tuple[int, ...]
+
+
+class ArrayWork(NamedTuple):
+    """The GEMM an ``array`` operator runs: ``groups`` GEMMs of ``[M, K] x [K, N]`` after im2col
+    and channel padding, its true MACs, and the weight and (int32) bias elements it reads."""
+
+    M: int
+    K: int
+    N: int
+    groups: int
+    macs: int
+    weight_elems: int
+    bias_elems: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OpDef:
+    """Everything npujax knows about one Graph operator (see the module docstring).
+
+    Attributes:
+      name: the operator name (ONNX spelling where one exists).
+      run: JAX implementation, ``fn(node, inputs, params) -> list of outputs``.
+      cost: cost class in the NPU model.
+      export: ONNX export, ``fn(writer, node)`` (see :mod:`npujax.backends.onnx_export`); None
+        when the op cannot be exported.
+      unary: for pure unary elementwise ops, the function of one array (the epilogue form).
+      epilogue: whether :func:`npujax.fuse_epilogues` may fuse it into a GEMM's output stage.
+      codes: ``"exact"`` if the op acts on integer codes exactly (data movement, max, ReLU),
+        ``"rounding"`` if it does with one rounding (average pooling); None otherwise.
+      run_codes: the code-level implementation, ``fn(node, qtensor) -> qtensor``; None runs
+        ``run`` on the codes (data movement).
+      array_work: for ``array`` ops, ``fn(node, input_shapes, output_shapes, align) -> ArrayWork``
+        with channels padded to multiples of ``align``.
+      kernel_out_axis, kernel_in_axis: for ops with a ``kernel`` parameter, ``fn(node) -> axis``
+        of its output channels (per-channel quantization) and input channels (per-block).
+      channel_view: for kernels without a single output-channel axis, ``fn(node, kernel) ->
+        (view, axis, back)`` (see :func:`out_channel_view`).
+      quantized: the standard schemes (:func:`npujax.quant_spec`, rules) quantize its kernel and
+        input activation.
+      jax_primitives: JAX primitives the Flax tracer maps onto this op one to one.
+      batch_dependent: its attributes may depend on the batch size (``rebatch`` refuses).
+    """
+
+    name: str
+    run: OpFn
+    cost: CostClass
+    export: Callable[[Any, Node], None] | None = None
+    unary: Callable[[jax.Array], jax.Array] | None = None
+    epilogue: bool = False
+    codes: Literal["exact", "rounding"] | None = None
+    run_codes: Callable[[Node, QTensor], QTensor] | None = None
+    array_work: Callable[[Node, Sequence[Shape], Sequence[Shape], int], ArrayWork] | None = None
+    kernel_out_axis: Callable[[Node], int] | None = None
+    kernel_in_axis: Callable[[Node], int] | None = None
+    channel_view: Callable[[Node, Any], tuple[Any, int, Callable[[Any], Any]]] | None = None
+    quantized: bool = False
+    jax_primitives: tuple[str, ...] = ()
+    batch_dependent: bool = False
+
+
+#: Every registered operator by name.
+OPS: dict[str, OpDef] = {}
+#: ONNX importers by ONNX operator type: ``fn(ctx, onnx_node, attrs)``.
+ONNX_IMPORTERS: dict[str, Callable[..., None]] = {}
+#: ONNX operator types whose constant inputs are weights (kept as params, never folded).
+ONNX_WEIGHT_OPS: set[str] = set()
+
+
+def register(*defs: OpDef) -> None:
+    """Add operator definitions to :data:`OPS` (a name may be registered once)."""
+    for d in defs:
+        if d.name in OPS:
+            raise ValueError(f"operator {d.name!r} is registered twice.")
+        if d.cost == "array" and d.array_work is None:
+            raise ValueError(f"array operator {d.name!r} needs array_work.")
+        OPS[d.name] = d
+
+
+def onnx_importer(*onnx_types: str, weights: bool = False) -> Callable:
+    """Decorator registering an ONNX importer for ``onnx_types`` (default domain).
+
+    ``weights=True``: the operator's constant inputs are weights, kept as params rather than
+    folded into constants.
+    """
+
+    def deco(fn: Callable[..., None]) -> Callable[..., None]:
+        for t in onnx_types:
+            if t in ONNX_IMPORTERS:
+                raise ValueError(f"ONNX operator {t!r} has two importers.")
+            ONNX_IMPORTERS[t] = fn
+            if weights:
+                ONNX_WEIGHT_OPS.add(t)
+        return fn
+
+    return deco
+
+
+def get_op(name: str, node: str | None = None) -> OpDef:
+    """The definition of operator ``name``.
+
+    Raises:
+      UnsupportedOpError: unknown operator (names the node when given, lists the known ones).
+    """
+    d = OPS.get(name)
+    if d is None:
+        where = f"node {node!r} has operator {name!r}" if node else f"operator {name!r}"
+        raise UnsupportedOpError(f"{where}, which npujax cannot execute; supported operators: "
+                                 f"{sorted(OPS)}.")
+    return d
+
+
+def run_op(node: Node, inputs: Sequence[jax.Array], params: Mapping[str, jax.Array]
+           ) -> list[jax.Array]:
+    """Run one node with its operator's JAX implementation.
+
+    Raises:
+      UnsupportedOpError: the node's operator is not registered.
+    """
+    return get_op(node.op, node.name).run(node, inputs, params)
+
+
+def quantized_ops() -> frozenset[str]:
+    """Operators whose kernels and inputs the standard quantization schemes quantize."""
+    return frozenset(n for n, d in OPS.items() if d.quantized)
+
+
+def gemm_nodes(graph: Graph) -> list[Node]:
+    """The graph's quantizable GEMM layers (Conv, Gemm), in graph order."""
+    q = quantized_ops()
+    return [n for n in graph.nodes if n.op in q]
+
+
+def epilogue_ops() -> frozenset[str]:
+    """Activations a GEMM's output stage may apply (fused by :func:`npujax.fuse_epilogues`)."""
+    return frozenset(n for n, d in OPS.items() if d.epilogue)
+
+
+def apply_epilogue(node: Node, y: jax.Array) -> jax.Array:
+    """Apply the activations fused into a GEMM node (``attrs['epilogue']``), in order."""
+    for op in node.attrs.get("epilogue", ()):
+        fn = OPS[op].unary
+        assert fn is not None, op
+        y = fn(y)
+    return y
+
+
+def _weighted(node: Node) -> OpDef:
+    d = get_op(node.op, node.name)
+    if d.kernel_out_axis is None or d.kernel_in_axis is None:
+        raise UnsupportedOpError(f"node {node.name!r} ({node.op}) has no weight kernel.")
+    return d
+
+
+def kernel_out_axis(node: Node) -> int:
+    """Axis of the output channels in a node's ``kernel`` (the per-channel quantization axis).
+
+    Raises:
+      QuantizationError: for a kernel without a single output-channel axis (a grouped
+        ConvTranspose; use :func:`out_channel_view`).
+      UnsupportedOpError: for a node without a weight kernel.
+    """
+    fn = _weighted(node).kernel_out_axis
+    assert fn is not None
+    return fn(node)
+
+
+def kernel_in_axis(node: Node) -> int:
+    """Axis of the input channels in a node's ``kernel`` (the per-block quantization axis).
+
+    Raises:
+      UnsupportedOpError: for a node without a weight kernel.
+    """
+    fn = _weighted(node).kernel_in_axis
+    assert fn is not None
+    return fn(node)
+
+
+def out_channel_view(node: Node, kernel: Any) -> tuple[Any, int, Callable[[Any], Any]]:
+    """The kernel seen with its output channels on one axis, that axis, and the map back.
+
+    Per-channel quantization needs one scale per output channel. For most kernels that is one
+    axis (:func:`kernel_out_axis`) and the view is the kernel itself; an operator whose kernel
+    has no such axis (a grouped ConvTranspose) defines ``channel_view``.
+
+    Args:
+      node: a node with a weight kernel.
+      kernel: its kernel (numpy or JAX array).
+
+    Returns:
+      ``(view, axis, back)`` with ``back(view) == kernel``.
+    """
+    d = _weighted(node)
+    if d.channel_view is not None:
+        return d.channel_view(node, kernel)
+    return kernel, kernel_out_axis(node), lambda v: v
+
+
+def ops_with(cost: Iterable[str]) -> frozenset[str]:
+    """Names of the operators of the given cost classes."""
+    want = set(cost)
+    return frozenset(n for n, d in OPS.items() if d.cost in want)
