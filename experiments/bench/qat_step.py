@@ -25,7 +25,8 @@ from npujax.frontends.flax import trace_flax
 from npujax.ir.passes import optimize
 from npujax.models.cnn import LeNet, SmallResNet
 from npujax.quantize.calibrate import calibrate
-from npujax.quantize.execute import execute, quant_spec
+from npujax.quantize.execute import execute
+from npujax.quantize.spec import quant_spec
 from npujax.quantize.train import cross_entropy
 
 

@@ -18,7 +18,7 @@ from npujax.frontends.flax import trace_flax
 from npujax.hw import load_npu_spec
 from npujax.ir.passes import optimize
 from npujax.quantize.calibrate import calibrate
-from npujax.quantize.execute import quant_spec
+from npujax.quantize.spec import quant_spec
 from npujax.quantize.train import train_graph
 from npujax.search import search_precision
 from npujax.workflows.demo import train_float

@@ -33,7 +33,7 @@ from npujax.models.cnn import SmallResNet
 from npujax.ops import gemm_nodes
 from npujax.plan import lower
 from npujax.quantize.calibrate import calibrate
-from npujax.quantize.execute import quant_spec
+from npujax.quantize.spec import quant_spec
 from npujax.quantize.train import evaluate, train_graph
 from npujax.search import search_precision
 from npujax.workflows.demo import train_float

@@ -77,8 +77,9 @@ from npujax.quant.fixed_point import (
     requantize,
     saturate,
 )
-from npujax.quantize.execute import QuantSpec, _as_inputs, layer_weight_qparams
-from npujax.quantize.learned_steps import deploy_qstate
+from npujax.quantize.execute import as_inputs, layer_state
+from npujax.quantize.quantizers import QState
+from npujax.quantize.spec import QuantSpec
 
 __all__ = ["IntegerLayer", "IntegerModel", "convert", "execute_integer", "requant_target"]
 
@@ -190,7 +191,7 @@ def convert(
     graph: Graph,
     params: Params,
     quant: QuantSpec,
-    qstate: Mapping[str, Mapping[str, jax.Array]],
+    qstate: QState,
     *,
     requant: str = "fixed_point",
 ) -> IntegerModel:
@@ -204,7 +205,7 @@ def convert(
     Args:
       graph, params: the (BN-folded) model and its float params.
       quant: the quantization spec; layers must have per-channel symmetric weights.
-      qstate: calibrated activation qparams ``{layer: {"act_scale", "act_zero_point"}}``.
+      qstate: the layers' calibrated (or learned) states, from :func:`npujax.calibrate` or QAT.
       requant: ``"fixed_point"`` or ``"float"`` (see module docstring).
 
     Returns:
@@ -215,8 +216,8 @@ def convert(
       QuantizationError: if int32 accumulation could overflow for a layer; for FP8 or
         per-block (``weight_block_size``) layers, which the int-only path does not support.
 
-    LSQ/LSQ+ layers convert with their learned steps (weight zero point 0), see
-    :func:`npujax.quantize.learned_steps.deploy_qstate`.
+    Each layer converts on the grid its quantizer deploys (``act_grid``/``weight_grid``):
+    LSQ/LSQ+ layers with their learned steps (weight zero point 0).
 
     References:
       Jacob et al. 2018, arXiv:1712.05877, section 2.
@@ -224,7 +225,12 @@ def convert(
     if requant not in ("fixed_point", "float"):
         raise ConfigError(f"requant must be 'fixed_point' or 'float', got {requant!r}.")
     layers: dict[str, IntegerLayer] = {}
-    qstate = deploy_qstate(quant, qstate)
+
+    def act_grid(name: str) -> tuple[jax.Array, jax.Array]:
+        lq = quant[name]
+        s, z = lq.quantizer.act_grid(lq, layer_state(quant, qstate, name))
+        return jnp.asarray(s, jnp.float32), jnp.asarray(z, jnp.int32)
+
     for node in gemm_nodes(graph):
         lq = quant.get(node.name)
         if lq is None or lq.act is None or len(lq.weight_candidates) != 1:
@@ -253,12 +259,11 @@ def convert(
         p = params[node.name]
         axis = kernel_out_axis(node)
         w = jnp.asarray(p["kernel"], jnp.float32)
-        ws = layer_weight_qparams(node, lq, w, qstate.get(node.name))[0]
+        ws = lq.quantizer.weight_grid(node, lq, w, layer_state(quant, qstate, node.name)).scale
         c_out = w.shape[axis]
         ws = jnp.broadcast_to(ws, (c_out,))
         wq = quantize(w, ws, jnp.zeros((c_out,), jnp.int32), wfmt, axis)
-        s_in = jnp.asarray(qstate[node.name]["act_scale"], jnp.float32)
-        z_in = jnp.asarray(qstate[node.name]["act_zero_point"], jnp.int32)
+        s_in, z_in = act_grid(node.name)
         k = _reduction_length(node, np.asarray(w))
         bound = k * (2 ** lq.act.bits) * (2 ** (wfmt.bits - 1))
         if bound > 2**31 - 1:
@@ -275,8 +280,7 @@ def convert(
         nxt, pooled = requant_target(graph, quant, node)
         if nxt is not None and nxt in qstate:
             fb = _POOL_FRAC_BITS if pooled and requant == "fixed_point" else 0
-            s_out = jnp.asarray(qstate[nxt]["act_scale"], jnp.float32)
-            z_out = jnp.asarray(qstate[nxt]["act_zero_point"], jnp.int32)
+            s_out, z_out = act_grid(nxt)
             # float32 as ORT's QLinearConv / QGemm compute it: (s_x * s_w) / s_y
             mult32 = (np.float32(s_in) * np.asarray(ws, np.float32)) / np.float32(s_out)
             mult32 = mult32 * np.float32(2**fb)
@@ -374,7 +378,7 @@ def execute_integer(
     """
     graph = model.graph
     env: dict[str, Any] = {k: jnp.asarray(v) for k, v in graph.constants.items()}
-    env.update(zip(graph.inputs, _as_inputs(graph, x)))
+    env.update(zip(graph.inputs, as_inputs(graph, x)))
     tapped = {}
     for node in graph.nodes:
         ins = [env[t] for t in node.inputs]

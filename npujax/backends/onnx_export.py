@@ -17,8 +17,8 @@ FP8 layers (E4M3FN / E5M2) export the same pattern with float8 codes and float8 
 (``weight_block_size``) export a ``DequantizeLinear`` with the ``block_size`` attribute (opset 21
 blocked quantization, ``axis`` = the input-channel axis: 1 for ``OIHW``, 0 for ``[K, N]``) and a
 float bias. Models with such layers are written at opset :data:`QDQ_EXTENDED_OPSET`; others keep
-:data:`EXPORT_OPSET`. LSQ/LSQ+ layers export their learned steps (see
-:func:`npujax.quantize.learned_steps.deploy_qstate`).
+:data:`EXPORT_OPSET`. Each layer is written on the grid its quantizer deploys (``act_grid``,
+``weight_grid``): LSQ/LSQ+ layers with their learned steps.
 
 Formats narrower than 8 bits are stored in int8/uint8 (their codes fit); an activation format
 narrower than 8 bits gets a ``Clip`` to its float range before ``QuantizeLinear``, so the codes
@@ -31,7 +31,6 @@ atomically. Source of the semantics: the ONNX operator specification
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -45,8 +44,9 @@ from npujax.ir.graph import Graph, Node, Params
 from npujax.ops import OPS
 from npujax.quant import FloatFormat, IntFormat
 from npujax.quant.fixed_point import quantize_bias
-from npujax.quantize.execute import LayerQuant, QuantSpec, layer_weight_qparams
-from npujax.quantize.learned_steps import deploy_qstate
+from npujax.quantize.execute import layer_state
+from npujax.quantize.quantizers import QState
+from npujax.quantize.spec import LayerQuant, QuantSpec
 
 __all__ = ["to_onnx", "EXPORT_OPSET", "QDQ_EXTENDED_OPSET"]
 
@@ -122,6 +122,24 @@ class _Writer:
         """How ``node`` is quantized (None: float)."""
         return self.quant.get(node.name)
 
+    def state(self, name: str) -> Any:
+        """The quantization state of layer ``name`` (None if it has none)."""
+        return layer_state(self.quant, self.qstate, name)
+
+    def act_grid(self, name: str) -> tuple[np.ndarray, int]:
+        """The deployed input grid ``(scale, zero_point)`` of layer ``name``.
+
+        Raises:
+          ConfigError: the layer quantizes its input but has no calibrated state.
+        """
+        lq = self.quant[name]
+        state = self.state(name)
+        if state is None:
+            raise ConfigError(f"layer {name!r} quantizes its input but qstate has no entry "
+                              "for it; pass the result of npujax.calibrate as qstate.")
+        s, z = lq.quantizer.act_grid(lq, state)
+        return np.asarray(s, np.float32).reshape(()), int(np.asarray(z).reshape(()))
+
     # -- layout helpers
     def to_channels_first(self, node: Node, axis: int, rank: int
                           ) -> tuple[str, str, list[int] | None]:
@@ -161,13 +179,12 @@ class _Writer:
             y = nxt
 
     # -- quantization (QDQ)
-    def _qdq(self, x: str, out: str | None, fmt: IntFormat | FloatFormat, qs: Any, prefix: str,
-             what: str) -> str:
-        """``[Clip ->] QuantizeLinear -> DequantizeLinear`` of ``x`` on the grid ``qs`` (the
-        Clip only for integer formats narrower than their storage type)."""
+    def _qdq(self, x: str, out: str | None, fmt: IntFormat | FloatFormat, layer: str,
+             prefix: str, what: str) -> str:
+        """``[Clip ->] QuantizeLinear -> DequantizeLinear`` of ``x`` on the input grid of
+        ``layer`` (the Clip only for integer formats narrower than their storage type)."""
         dt = _int_dtype(fmt)
-        s = np.asarray(qs["act_scale"], np.float32).reshape(())
-        zp = int(np.asarray(qs["act_zero_point"]).reshape(()))
+        s, zp = self.act_grid(layer)
         scale = self.init(f"{prefix}.{what}_scale", s)
         zero = self.init(f"{prefix}.{what}_zero_point", zp, dt)
         if isinstance(fmt, IntFormat) and (fmt.qmin, fmt.qmax) != (int(np.iinfo(dt).min),
@@ -192,12 +209,9 @@ class _Writer:
         lq = self.layer_quant(node)
         if lq is None or lq.act is None:
             return x
-        if self.qstate is None or node.name not in self.qstate:
-            raise ConfigError(f"layer {node.name!r} quantizes its input but qstate has no entry "
-                              "for it; pass the result of npujax.calibrate as qstate.")
-        return self._qdq(x, None, lq.act, self.qstate[node.name], node.name, "act")
+        return self._qdq(x, None, lq.act, node.name, node.name, "act")
 
-    def requantize_output(self, node: Node, lq: LayerQuant, qs: Any) -> None:
+    def requantize_output(self, node: Node, target: str) -> None:
         """``QuantizeLinear -> DequantizeLinear`` on ``node``'s output, on the grid of the GEMM
         that reads it through code ops (where the integer path requantizes; see
         :func:`npujax.backends.integer.requant_target`).
@@ -210,7 +224,9 @@ class _Writer:
         pre = self.name(f"{out}/pre_q")
         (producer,) = [n for n in self.nodes if out in n.output]
         producer.output[list(producer.output).index(out)] = pre
-        self._qdq(pre, out, lq.act, qs, node.name, "out")
+        act = self.quant[target].act
+        assert act is not None
+        self._qdq(pre, out, act, target, node.name, "out")
 
     def weights(self, node: Node, kernel: np.ndarray, axis: int, in_axis: int
                 ) -> tuple[str, str | None]:
@@ -223,9 +239,9 @@ class _Writer:
         """
         lq = self.layer_quant(node)
         act_scale = None
-        if self.int32_bias and lq is not None and lq.act is not None and self.qstate is not None \
-                and node.name in self.qstate:
-            act_scale = np.asarray(self.qstate[node.name]["act_scale"], np.float32).reshape(())
+        if self.int32_bias and lq is not None and lq.act is not None \
+                and self.state(node.name) is not None:
+            act_scale = self.act_grid(node.name)[0]
         bias = self.param(node, "bias") if "bias" in self.params[node.name] else None
         fmts = lq.weight_candidates if lq is not None else ()
         if not fmts:
@@ -239,8 +255,8 @@ class _Writer:
                 "before exporting.")
         fmt = fmts[0]
         per_channel = lq.weight_per_channel
-        scale, zp, qaxis, block = layer_weight_qparams(
-            node, lq, kernel, (self.qstate or {}).get(node.name), out_axis=axis, in_axis=in_axis)
+        scale, zp, qaxis, block = lq.quantizer.weight_grid(
+            node, lq, kernel, self.state(node.name), out_axis=axis, in_axis=in_axis)
         scale = np.asarray(scale, np.float32)
         zp = np.asarray(zp, np.int32)
         dt = _int_dtype(fmt)
@@ -289,7 +305,7 @@ def to_onnx(
     graph: Graph,
     params: Params,
     quant: QuantSpec | None = None,
-    qstate: Mapping[str, Mapping[str, Any]] | None = None,
+    qstate: QState | None = None,
     path: str | os.PathLike[str] | None = None,
     *,
     int32_bias: bool = True,
@@ -326,7 +342,6 @@ def to_onnx(
       UnsupportedOpError: a node has no ONNX equivalent (e.g. a raw ``JaxPrimitive``).
     """
     quant = quant or {}
-    qstate = deploy_qstate(quant, qstate)
     extended = any(lq.weight_block_size is not None or any(
         isinstance(f, FloatFormat) for f in (*lq.weight_candidates, lq.act))
         for lq in quant.values())
@@ -343,8 +358,8 @@ def to_onnx(
                                      "to_onnx cannot export.")
         export(w, node)
         target = requant_target(graph, quant, node)[0] if requantize_outputs else None
-        if target is not None and qstate is not None and target in qstate:
-            w.requantize_output(node, quant[target], qstate[target])
+        if target is not None and w.state(target) is not None:
+            w.requantize_output(node, target)
 
     def vi(name):
         t = graph.tensors[name]

@@ -57,8 +57,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _cmd_lower(args: argparse.Namespace) -> int:
     from npujax.hw import DATAFLOWS, load_npu_spec
-    from npujax.ir.serialize import load_graph
     from npujax.plan import lower
+    from npujax.quantize.model_file import load_graph
     from npujax.report import (
         dataflow_table,
         layer_table,
@@ -190,9 +190,9 @@ def _load_for_search(args: argparse.Namespace, act_bits: int | None):
     caller calibrates with its own spec).
     """
     from npujax.data.sources import load_inputs
-    from npujax.ir.serialize import load_graph
     from npujax.quantize.calibrate import calibrate
-    from npujax.quantize.execute import quant_spec
+    from npujax.quantize.model_file import load_graph
+    from npujax.quantize.spec import quant_spec
 
     if str(args.model).lower().endswith(".onnx"):
         from npujax.frontends.onnx import from_onnx
@@ -285,9 +285,9 @@ def _cmd_presets(args: argparse.Namespace) -> int:
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from npujax.data.datasets import load_digits_nhwc, load_mnist5k_nhwc
-    from npujax.ir.serialize import load_graph, save_graph
-    from npujax.quantize.execute import quant_spec
+    from npujax.quantize.model_file import load_graph, save_graph
     from npujax.quantize.ptq import layer_sqnr, ptq
+    from npujax.quantize.spec import quant_spec
     from npujax.report import sqnr_table, write_sqnr_report
 
     graph, params, _, meta = load_graph(args.model)
@@ -320,10 +320,11 @@ def _qat_with_policy(args: argparse.Namespace) -> int:
     import jax
 
     from npujax.hw import load_npu_spec
-    from npujax.ir.serialize import save_graph
     from npujax.plan import lower
     from npujax.quantize.calibrate import calibrate
-    from npujax.quantize.execute import execute, quant_spec
+    from npujax.quantize.execute import execute
+    from npujax.quantize.model_file import save_graph
+    from npujax.quantize.spec import quant_spec
     from npujax.quantize.train import evaluate, train_graph
     from npujax.search import load_policy
     from npujax.search.objective import search_targets, task_loss

@@ -1,4 +1,4 @@
-"""The Graph IR: nodes over named tensors, graph passes, and the model file format."""
+"""The Graph IR: nodes over named tensors, graph passes, and the graph's JSON form."""
 
 from npujax.ir.graph import Graph as Graph
 from npujax.ir.graph import Node as Node
@@ -8,8 +8,6 @@ from npujax.ir.passes import fold_batchnorm as fold_batchnorm
 from npujax.ir.passes import fuse_epilogues as fuse_epilogues
 from npujax.ir.passes import optimize as optimize
 from npujax.ir.passes import rebatch as rebatch
-from npujax.ir.serialize import load_graph as load_graph
-from npujax.ir.serialize import save_graph as save_graph
 
 __all__ = ["Graph", "Node", "TensorType", "Params", "fold_batchnorm",
-           "fuse_epilogues", "optimize", "rebatch", "save_graph", "load_graph"]
+           "fuse_epilogues", "optimize", "rebatch"]

@@ -11,6 +11,7 @@ from npujax.quant.formats import UINT8 as UINT8
 from npujax.quant.formats import FloatFormat as FloatFormat
 from npujax.quant.formats import Format as Format
 from npujax.quant.formats import IntFormat as IntFormat
+from npujax.quant.formats import check_bits as check_bits
 from npujax.quant.lsq import lsq_fake_quant as lsq_fake_quant
 from npujax.quant.lsq import lsq_init_step as lsq_init_step
 from npujax.quant.qparams import MIN_SCALE as MIN_SCALE
@@ -21,6 +22,7 @@ __all__ = [
     "IntFormat",
     "FloatFormat",
     "Format",
+    "check_bits",
     "INT8",
     "UINT8",
     "FP8_E4M3FN",

@@ -9,7 +9,40 @@ import ml_dtypes
 
 from npujax.errors import QuantizationError
 
-__all__ = ["IntFormat", "FloatFormat", "INT8", "UINT8", "FP8_E4M3FN", "FP8_E5M2", "Format"]
+__all__ = ["IntFormat", "FloatFormat", "INT8", "UINT8", "FP8_E4M3FN", "FP8_E5M2", "Format",
+           "check_bits", "MIN_BITS", "MAX_BITS"]
+
+#: The integer widths npujax supports, inclusive: 2 to 16 bits.
+MIN_BITS, MAX_BITS = 2, 16
+
+
+def check_bits(bits: object, what: str = "bits") -> int:
+    """``bits`` as an int, after checking that it is a whole number in [2, 16].
+
+    The one place where npujax checks a bit width: number formats, quantization rules and specs,
+    precision policies and the latency model all call it.
+
+    Args:
+      bits: the width (an int, or a float/numpy number with an integer value).
+      what: what the width is, for the message (e.g. ``"weight_bits['fc1']"``).
+
+    Returns:
+      The width as a Python int.
+
+    Raises:
+      QuantizationError: not a number, not whole, or outside [2, 16] (1-bit binary and >16-bit
+        formats are not supported).
+    """
+    try:
+        ok = (not isinstance(bits, bool) and float(bits).is_integer()  # type: ignore[arg-type]
+              and MIN_BITS <= float(bits) <= MAX_BITS)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise QuantizationError(f"{what} must be a whole number of bits in [{MIN_BITS}, "
+                                f"{MAX_BITS}], got {bits!r}; 1-bit (binary) and >16-bit formats "
+                                "are not supported.")
+    return int(float(bits))  # type: ignore[arg-type]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=False)
@@ -45,11 +78,7 @@ class IntFormat:
                 f"IntFormat.bits must be a Python int, got {self.bits!r} "
                 f"({type(self.bits).__name__}); pass e.g. IntFormat(8)."
             )
-        if not 2 <= self.bits <= 16:
-            raise QuantizationError(
-                f"IntFormat.bits must be in [2, 16], got {self.bits}; "
-                "1-bit (binary) and >16-bit formats are not supported."
-            )
+        check_bits(self.bits, "IntFormat.bits")
 
     @property
     def qmin(self) -> int:

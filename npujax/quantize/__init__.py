@@ -1,17 +1,35 @@
-"""Quantization applied to a Graph: per-layer specs, rules, calibration, PTQ, QAT training."""
+"""Quantization applied to a Graph: the precision vocabulary (specs, rules), the quantizers and
+their typed states, fake-quant execution, calibration, PTQ, QAT training and the model file."""
 
 from npujax.quantize.calibrate import calibrate as calibrate
-from npujax.quantize.execute import LayerQuant as LayerQuant
-from npujax.quantize.execute import QuantSpec as QuantSpec
 from npujax.quantize.execute import execute as execute
-from npujax.quantize.execute import quant_spec as quant_spec
+from npujax.quantize.model_file import load_graph as load_graph
+from npujax.quantize.model_file import save_graph as save_graph
 from npujax.quantize.ptq import bias_correction as bias_correction
 from npujax.quantize.ptq import layer_sqnr as layer_sqnr
 from npujax.quantize.ptq import ptq as ptq
+from npujax.quantize.quantizers import LSQ as LSQ
+from npujax.quantize.quantizers import QUANTIZERS as QUANTIZERS
+from npujax.quantize.quantizers import STE as STE
+from npujax.quantize.quantizers import LSQPlus as LSQPlus
+from npujax.quantize.quantizers import Mixture as Mixture
+from npujax.quantize.quantizers import QState as QState
+from npujax.quantize.quantizers import Quantizer as Quantizer
+from npujax.quantize.quantizers import get_quantizer as get_quantizer
+from npujax.quantize.quantizers import init_states as init_states
 from npujax.quantize.rules import QuantRule as QuantRule
 from npujax.quantize.rules import first_last_rules as first_last_rules
 from npujax.quantize.rules import quant_spec_from_rules as quant_spec_from_rules
+from npujax.quantize.spec import LayerQuant as LayerQuant
+from npujax.quantize.spec import QuantSpec as QuantSpec
+from npujax.quantize.spec import quant_spec as quant_spec
+from npujax.quantize.train import batch_iterator as batch_iterator
+from npujax.quantize.train import cross_entropy as cross_entropy
+from npujax.quantize.train import evaluate as evaluate
+from npujax.quantize.train import train_graph as train_graph
 
-__all__ = ["LayerQuant", "QuantSpec", "quant_spec", "execute", "calibrate", "ptq",
-           "bias_correction", "layer_sqnr", "QuantRule", "quant_spec_from_rules",
-           "first_last_rules"]
+__all__ = ["LayerQuant", "QuantSpec", "quant_spec", "QuantRule", "quant_spec_from_rules",
+           "first_last_rules", "Quantizer", "QUANTIZERS", "get_quantizer", "STE", "LSQ",
+           "LSQPlus", "Mixture", "QState", "init_states", "execute", "calibrate", "ptq",
+           "bias_correction", "layer_sqnr", "train_graph", "evaluate", "cross_entropy",
+           "batch_iterator", "save_graph", "load_graph"]

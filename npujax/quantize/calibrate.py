@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from npujax.calib.observers import Observer, check_finite_state, get_observer, minmax_observer
+from npujax._progress import track
+from npujax.calib import Observer, check_finite_state, get_observer, minmax_observer
 from npujax.errors import CalibrationError
 from npujax.ir.graph import Graph, Params
-from npujax.quant.qparams import qparams_from_range
-from npujax.quantize.execute import QuantSpec, execute
-from npujax.quantize.learned_steps import init_lsq_state
+from npujax.quantize.execute import execute
+from npujax.quantize.spec import QuantSpec
 
 __all__ = ["calibrate"]
 
@@ -26,7 +26,7 @@ def calibrate(
     *,
     observer: str | Callable[[], Observer] = minmax_observer,
     progress: bool = False,
-) -> dict[str, dict[str, jax.Array]]:
+) -> dict[str, Any]:
     """Observe the input activation of every quantized layer over ``batches`` (float model).
 
     Args:
@@ -39,12 +39,12 @@ def calibrate(
       progress: show a progress bar (rich) on stderr.
 
     Returns:
-      qstate ``{layer: {"act_scale": f32[], "act_zero_point": i32[]}}`` for :func:`execute`
-      (FP8 activations: ``act_scale = amax / fmt.max``, zero point 0); layers with
-      ``act_candidates`` (a search mixture) also get ``"act_scales"`` f32[n] and
-      ``"act_zero_points"`` i32[n], one grid per candidate over the same range. Layers with
-      ``method="lsq"``/``"lsq+"`` also get their initial ``weight_step`` (per-channel min-max)
-      and LSQ+ ``act_offset`` (see :func:`npujax.quantize.learned_steps.init_lsq_state`).
+      qstate ``{layer: state}`` for :func:`npujax.execute`: every layer of ``quant`` gets its
+      quantizer's initial state (:meth:`~npujax.quantize.quantizers.Quantizer.init_state`) from
+      the observed range of its input: the calibrated grid ``act_scale`` f32[] /
+      ``act_zero_point`` i32[] (FP8 activations: ``act_scale = amax / fmt.max``, zero point 0),
+      and per quantizer the initial LSQ ``weight_step`` and LSQ+ ``act_offset``, or a search
+      mixture's per-candidate grids and uniform probabilities.
 
     Raises:
       CalibrationError: no batches, an empty batch, or NaN/inf reaching a layer (names the
@@ -53,20 +53,13 @@ def calibrate(
     names = [n for n, lq in quant.items() if lq.act is not None]
     if isinstance(observer, str):
         name = observer
-        observer = lambda: get_observer(name)
+        observer = lambda: get_observer(name)  # noqa: E731
     obs = {n: observer() for n in names}
     run = jax.jit(lambda p, x: execute(graph, p, x, taps=names)[1])
     update = jax.jit(lambda states, taps: {n: obs[n].update(states[n], taps[n][0]) for n in names})
     states = None
     count = 0
-    it = batches
-    if progress and sys.stderr.isatty():
-        from rich.console import Console
-        from rich.progress import track
-
-        it = track(batches, description="calibrating", transient=True,
-                   console=Console(stderr=True))
-    for i, x in enumerate(it):
+    for i, x in enumerate(track(batches, "calibrating", progress)):
         if jnp.shape(x)[:1] == (0,):
             raise CalibrationError(f"calibration batch {i} is empty (0 examples); pass only "
                                    "non-empty batches (e.g. slice up to len(x), not past it).")
@@ -79,16 +72,14 @@ def calibrate(
         count += 1
     if count == 0:
         raise CalibrationError("calibration needs at least one batch; the iterator was empty.")
-    qstate = {}
-    for n in names:
-        lo, hi = obs[n].compute_range(states[n], quant[n].act, quant[n].act_symmetric)
-        scale, zp = qparams_from_range(lo, hi, quant[n].act, quant[n].act_symmetric)
-        qstate[n] = {"act_scale": scale, "act_zero_point": zp}
-        if quant[n].act_candidates:  # a search mixture: one grid per candidate, same range
-            grids = [qparams_from_range(lo, hi, f, quant[n].act_symmetric)
-                     for f in quant[n].act_candidates]
-            qstate[n]["act_scales"] = jnp.stack([g[0] for g in grids])
-            qstate[n]["act_zero_points"] = jnp.stack([g[1] for g in grids])
-    if any(lq.method != "ste" for lq in quant.values()):
-        qstate = init_lsq_state(graph, params, quant, qstate)
+    qstate: dict[str, Any] = {}
+    for n, lq in quant.items():
+        act_range = None
+        if n in obs:
+            assert states is not None
+            act_range = obs[n].compute_range(states[n], lq.act, lq.act_symmetric)
+        kernel = params.get(n, {}).get("kernel")
+        qstate[n] = lq.quantizer.init_state(
+            graph.node(n), lq, None if kernel is None else jnp.asarray(kernel, jnp.float32),
+            act_range=act_range)
     return qstate

@@ -7,7 +7,7 @@ empirical bias correction), then :func:`npujax.backends.integer.convert` for int
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax
@@ -17,8 +17,11 @@ from npujax.calib.observers import Observer
 from npujax.errors import CalibrationError
 from npujax.ir.graph import Graph, Node, Params
 from npujax.ops import gemm_nodes, run_op
+from npujax.quant import IntFormat
 from npujax.quantize.calibrate import calibrate
-from npujax.quantize.execute import QuantSpec, _quantize_kernel, execute
+from npujax.quantize.execute import execute, layer_state
+from npujax.quantize.quantizers import QState
+from npujax.quantize.spec import QuantSpec
 
 __all__ = ["bias_correction", "ptq", "layer_sqnr"]
 
@@ -28,7 +31,8 @@ def _channel_axis(node: Node, ndim: int) -> int:
 
 
 def bias_correction(
-    graph: Graph, params: Params, quant: QuantSpec, batches: Sequence[jax.Array]
+    graph: Graph, params: Params, quant: QuantSpec, batches: Sequence[jax.Array],
+    qstate: QState | None = None,
 ) -> Params:
     """Remove the mean output shift that weight quantization causes, per output channel.
 
@@ -40,6 +44,8 @@ def bias_correction(
       graph, params: the BN-folded float model.
       quant: the quantization spec (layers with a single weight format are corrected).
       batches: calibration input batches, float32 ``(batch, ...)``.
+      qstate: the calibrated states (the weight grid of a learned-step layer); layers without
+        one use their quantizer's initial state.
 
     Returns:
       New params with corrected (or added) ``bias`` for every corrected layer.
@@ -62,7 +68,11 @@ def bias_correction(
         for name in names:
             node, xin = nodes[name], taps[name][0]
             pf = {"kernel": p[name]["kernel"]}
-            pq = {"kernel": _quantize_kernel(node, quant[name], p[name]["kernel"], None)}
+            lq, w = quant[name], p[name]["kernel"]
+            state = layer_state(quant, qstate, name)
+            if state is None:
+                state = lq.quantizer.init_state(node, lq, w)
+            pq = {"kernel": lq.quantizer.quantize_kernel(node, lq, w, state)}
             d = run_op(node, [xin], pq)[0] - run_op(node, [xin], pf)[0]
             ax = _channel_axis(node, d.ndim)
             out[name] = jnp.mean(d, axis=tuple(i for i in range(d.ndim) if i != ax))
@@ -92,7 +102,7 @@ def ptq(
     observer: str | Callable[[], Observer] = "minmax",
     bias_correct: bool = True,
     progress: bool = False,
-) -> tuple[Params, dict[str, dict[str, jax.Array]]]:
+) -> tuple[Params, dict[str, Any]]:
     """Calibrate activation ranges, then (optionally) correct biases: the PTQ flow.
 
     Args:
@@ -113,7 +123,7 @@ def ptq(
     batches = list(batches)
     qstate = calibrate(graph, params, batches, quant, observer=observer, progress=progress)
     if bias_correct:
-        params = bias_correction(graph, params, quant, batches)
+        params = bias_correction(graph, params, quant, batches, qstate)
     return params, qstate
 
 
@@ -129,7 +139,7 @@ def layer_sqnr(
     graph: Graph,
     params: Params,
     quant: QuantSpec,
-    qstate: Mapping[str, Mapping[str, jax.Array]],
+    qstate: QState,
     batches: Iterable[jax.Array],
     *,
     isolated: bool = False,
@@ -180,12 +190,12 @@ def layer_sqnr(
     rows = []
     for n in names:
         lq = quant[n]
-        wb = [f.bits for f in lq.weight_candidates if hasattr(f, "bits")]
+        wb = [f.bits for f in lq.weight_candidates if isinstance(f, IntFormat)]
         rows.append({
             "name": n,
             "op": graph.node(n).op,
             "weight_bits": wb[0] if len(wb) == 1 else (wb or None),
-            "act_bits": getattr(lq.act, "bits", None),
+            "act_bits": lq.act.bits if isinstance(lq.act, IntFormat) else None,
             "sqnr_db": _sqnr_db(*acc[n]),
         })
     return sorted(rows, key=lambda r: r["sqnr_db"])

@@ -16,8 +16,9 @@ from collections.abc import Sequence
 from npujax.errors import ConfigError
 from npujax.ir.graph import Graph
 from npujax.ops import gemm_nodes
-from npujax.quant import IntFormat
-from npujax.quantize.execute import FORMATS, LayerQuant
+from npujax.quant import IntFormat, check_bits
+from npujax.quantize.quantizers import Quantizer
+from npujax.quantize.spec import FORMATS, LayerQuant
 
 __all__ = ["QuantRule", "quant_spec_from_rules", "first_last_rules"]
 
@@ -38,11 +39,13 @@ class QuantRule:
         ``"fp8_e5m2"`` (FP8, Micikevicius et al. 2022; the width is then unused).
       weight_block_size: per-block weight scales over this many input channels (ONNX opset-21
         blocked quantization), or None.
-      method: ``"ste"``, ``"lsq"`` or ``"lsq+"`` (see :class:`npujax.LayerQuant`).
+      quantizer: ``"ste"``, ``"lsq"``, ``"lsq+"`` or a :class:`Quantizer` (see
+        :class:`npujax.LayerQuant`).
 
     Raises:
-      ConfigError: if ``pattern`` is not a valid regular expression, a width is out of range, a
-        format name is unknown or the combination is invalid (see ``LayerQuant``).
+      ConfigError: if ``pattern`` is not a valid regular expression, a format name is unknown or
+        the combination is invalid (see ``LayerQuant``).
+      QuantizationError: a width that is not a whole number of bits in [2, 16].
     """
 
     pattern: str
@@ -54,7 +57,7 @@ class QuantRule:
     weight_format: str = "int"
     act_format: str = "int"
     weight_block_size: int | None = None
-    method: str = "ste"
+    quantizer: Quantizer | str = "ste"
 
     def __post_init__(self) -> None:
         try:
@@ -64,8 +67,8 @@ class QuantRule:
                 from None
         for f in ("weight_bits", "act_bits"):
             v = getattr(self, f)
-            if v is not None and not (isinstance(v, int) and 2 <= v <= 16):
-                raise ConfigError(f"QuantRule.{f} must be an int in [2, 16] or None, got {v!r}.")
+            if v is not None:
+                object.__setattr__(self, f, check_bits(v, f"QuantRule.{f}"))
         for f in ("weight_format", "act_format"):
             if getattr(self, f) not in FORMATS:
                 raise ConfigError(f"QuantRule.{f} must be one of {list(FORMATS)}, got "
@@ -81,7 +84,8 @@ class QuantRule:
         a = None if self.act_bits is None else (
             FORMATS[self.act_format] or IntFormat(self.act_bits, signed=self.act_symmetric))
         return LayerQuant(weight=w, act=a, weight_per_channel=self.weight_per_channel,
-                          act_symmetric=self.act_symmetric, method=self.method,
+                          act_symmetric=self.act_symmetric,
+                          quantizer=self.quantizer,  # type: ignore[arg-type]
                           weight_block_size=self.weight_block_size)
 
 
@@ -128,17 +132,21 @@ def quant_spec_from_rules(
 
 
 def first_last_rules(graph: Graph, weight_bits: int, act_bits: int, *,
-                     edge_bits: int = 8, method: str = "ste") -> list[QuantRule]:
+                     edge_bits: int = 8, quantizer: Quantizer | str = "ste") -> list[QuantRule]:
     """Rules keeping the first and last GEMM layers at ``edge_bits``, the rest as given; every
-    layer quantized with ``method`` (``"ste"``, ``"lsq"``, ``"lsq+"``)."""
+    layer quantized with ``quantizer`` (``"ste"``, ``"lsq"``, ``"lsq+"``).
+
+    Raises:
+      ConfigError: a graph without Conv/Gemm layers.
+    """
     names = [n.name for n in gemm_nodes(graph)]
     if not names:
         raise ConfigError("the graph has no Conv/Gemm layer to quantize.")
     edges = sorted({names[0], names[-1]})
     pat = "^(" + "|".join(re.escape(n) for n in edges) + ")$"
     rules = [QuantRule(pattern=pat, weight_bits=edge_bits, act_bits=max(edge_bits, act_bits),
-                       method=method)]
+                       quantizer=quantizer)]
     if len(names) > len(edges):
         rules.append(QuantRule(pattern=".*", weight_bits=weight_bits, act_bits=act_bits,
-                               method=method))
+                               quantizer=quantizer))
     return rules

@@ -11,7 +11,7 @@ et al. 2020, arXiv:2004.09576; see :mod:`npujax.quantize.learned_steps`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -19,11 +19,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from npujax._progress import progress_bar
 from npujax.errors import ConfigError, ShapeError
 from npujax.ir.graph import Graph, Params
-from npujax.quantize.execute import QuantSpec, execute
+from npujax.quantize.execute import execute
+from npujax.quantize.quantizers import QState, merge_learned, split_learned
+from npujax.quantize.spec import QuantSpec
 
-__all__ = ["batch_iterator", "train_graph", "evaluate", "cross_entropy", "progress_bar"]
+__all__ = ["batch_iterator", "train_graph", "evaluate", "cross_entropy"]
 
 
 def batch_iterator(
@@ -63,14 +66,14 @@ def train_graph(
     learning_rate: float = 1e-4,
     batch_size: int = 64,
     quant: QuantSpec | None = None,
-    qstate: Mapping[str, Mapping[str, jax.Array]] | None = None,
+    qstate: QState | None = None,
     seed: int = 0,
     progress: bool = False,
     description: str = "training",
     fold_bn: bool = False,
     loss_fn: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
     return_qstate: bool = False,
-) -> Params | tuple[Params, dict[str, dict[str, jax.Array]]]:
+) -> Params | tuple[Params, dict[str, Any]]:
     """Fine-tune ``params`` of ``graph`` by Adam with a cosine-decayed learning rate.
 
     Args:
@@ -93,10 +96,11 @@ def train_graph(
         Jacob et al. 2018, section 3.2). A BN scale of zero folds to a zero channel, not NaN.
       loss_fn: ``loss_fn(output, target_batch) -> f32[]``; softmax cross-entropy by default
         (e.g. a distillation loss from :mod:`npujax.search.objective`).
-      return_qstate: also return the qstate with the learned LSQ/LSQ+ entries (``act_scale``,
-        ``act_offset``, ``weight_step`` of LSQ layers), which are optimised jointly with the
-        params by the same Adam (steps projected onto ``>= MIN_SCALE`` after each update).
-        Required when ``quant`` has LSQ layers, so learned steps are never dropped silently.
+      return_qstate: also return the qstate with the learned state fields (each quantizer's
+        ``learned_fields``, e.g. LSQ's ``act_scale`` and ``weight_step``), which are optimised
+        jointly with the params by the same Adam and projected after each update (LSQ: steps
+        ``>= MIN_SCALE``). Required when ``quant`` has such layers, so learned steps are never
+        dropped silently.
 
     Returns:
       The trained params (unfolded when ``fold_bn``; fold them with
@@ -106,11 +110,10 @@ def train_graph(
     Raises:
       ConfigError: ``steps`` < 1, or LSQ layers in ``quant`` without ``return_qstate=True``.
     """
-    from npujax.quantize.learned_steps import clamp_steps, merge_learned, split_learned
-
     if steps < 1:
         raise ConfigError(f"steps must be >= 1, got {steps}.")
-    learned, fixed = split_learned(quant or {}, qstate)
+    quant = quant or {}
+    learned, full = split_learned(quant, qstate)
     if learned and not return_qstate:
         raise ConfigError(f"layers {sorted(learned)} learn their quantization steps (LSQ); pass "
                           "return_qstate=True and use the returned qstate with the params.")
@@ -125,13 +128,13 @@ def train_graph(
         transform = lambda p: fold_batchnorm(graph, frozen_bn_stats(graph, p))[1]
 
     task = cross_entropy if loss_fn is None else loss_fn
-    stochastic = any(lq.stochastic_rounding for lq in (quant or {}).values())
+    stochastic = any(lq.stochastic_rounding for lq in quant.values())
 
     @jax.jit
     def step(state, opt_state, xb, yb, key):
         def objective(st):
             p, lq = st
-            qs = merge_learned(lq, fixed) if lq else qstate
+            qs = merge_learned(lq, full) if lq else qstate
             logits = execute(run_graph, transform(p), xb, quant=quant, qstate=qs,
                              key=key if stochastic else None)
             return task(logits, yb)
@@ -139,7 +142,8 @@ def train_graph(
         loss, grads = jax.value_and_grad(objective)(state)
         updates, opt_state = opt.update(grads, opt_state, state)
         p, lq = optax.apply_updates(state, updates)
-        return (p, clamp_steps(lq)), opt_state, loss
+        lq = {n: quant[n].quantizer.project(v) for n, v in lq.items()}
+        return (p, lq), opt_state, loss
 
     batches = batch_iterator(x, y, batch_size, seed)
     base_key = jax.random.key(seed)
@@ -152,7 +156,7 @@ def train_graph(
             advance(loss)
     params, learned = state
     if return_qstate:
-        return params, merge_learned(learned, fixed)
+        return params, merge_learned(learned, full)
     return params
 
 
@@ -163,62 +167,23 @@ def evaluate(
     y: np.ndarray,
     *,
     quant: QuantSpec | None = None,
-    qstate: Mapping[str, Mapping[str, jax.Array]] | None = None,
-    bit_probs: Mapping[str, jax.Array] | None = None,
+    qstate: QState | None = None,
     batch_size: int = 512,
 ) -> float:
-    """Top-1 accuracy of ``graph`` on ``(x, y)`` (float, or fake-quant with ``quant``)."""
-    fn = jax.jit(lambda p, xb: execute(graph, p, xb, quant=quant, qstate=qstate,
-                                       bit_probs=bit_probs))
+    """Top-1 accuracy of ``graph`` on ``(x, y)`` (float, or fake-quant with ``quant``).
+
+    Args:
+      graph, params: the model.
+      x, y: inputs ``(n, ...)`` float32 and integer labels ``(n,)``.
+      quant, qstate: fake-quant spec and state (None: float).
+      batch_size: evaluation batch size.
+
+    Returns:
+      The fraction of correct top-1 predictions.
+    """
+    fn = jax.jit(lambda p, xb: execute(graph, p, xb, quant=quant, qstate=qstate))
     correct = 0
     for i in range(0, len(x), batch_size):
         logits = fn(params, jnp.asarray(x[i : i + batch_size]))
         correct += int(jnp.sum(jnp.argmax(logits, -1) == jnp.asarray(y[i : i + batch_size])))
     return correct / len(x)
-
-
-class progress_bar:
-    """Context manager: a rich progress bar of ``total`` steps showing the running loss.
-
-    ``with progress_bar(enabled, "QAT", steps) as advance: advance(loss)`` per step. Shown only
-    when ``enabled`` and stderr is a terminal (logs get the callers' per-stage lines instead).
-    """
-
-    def __init__(self, enabled: bool, description: str, total: int) -> None:
-        import sys
-
-        # A bar only where a person watches (a terminal on stderr); logs and pipes get the
-        # per-stage summary lines the callers print instead of bar residue.
-        self.enabled = enabled and sys.stderr.isatty()
-        self.description, self.total = description, total
-
-    def __enter__(self) -> Any:
-        if not self.enabled:
-            return lambda loss: None
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-        )
-
-        self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                             TextColumn("loss {task.fields[loss]}"), TimeRemainingColumn(),
-                             transient=True, console=Console(stderr=True))
-        self._bar.__enter__()
-        task = self._bar.add_task(self.description, total=self.total, loss="-")
-        count = [0]
-
-        def advance(loss):
-            count[0] += 1
-            if count[0] % 10 == 0 or count[0] == self.total:
-                self._bar.update(task, advance=10 if count[0] % 10 == 0 else count[0] % 10,
-                                 loss=f"{float(loss):.4f}")
-
-        return advance
-
-    def __exit__(self, *exc) -> None:
-        if self.enabled:
-            self._bar.__exit__(*exc)

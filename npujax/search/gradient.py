@@ -30,11 +30,16 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from npujax._progress import progress_bar
 from npujax.errors import ConfigError
 from npujax.hw.spec import NpuSpec
 from npujax.ir.graph import Graph, Params
-from npujax.quantize.execute import execute, quant_spec
-from npujax.quantize.train import batch_iterator, cross_entropy, progress_bar
+from npujax.quantize.calibrate import calibrate
+from npujax.quantize.execute import execute
+from npujax.quantize.quantizers import init_states
+from npujax.quantize.quantizers.mixture import set_probabilities
+from npujax.quantize.spec import quant_spec
+from npujax.quantize.train import batch_iterator, cross_entropy
 from npujax.search.cost import (
     LatencyTable,
     expected_latency,
@@ -162,10 +167,10 @@ def gradient_search(
     quant = quant_spec(graph, {n: candidates for n in table.layers},
                        {n: acts if mixed_acts else acts[0] for n in table.layers})
     if mixed_acts:
-        from npujax.quantize.calibrate import calibrate
-
         xc = np.asarray(x[:512], np.float32)
         qstate = calibrate(graph, params, [xc[i:i + 64] for i in range(0, len(xc), 64)], quant)
+    else:  # the calibrated grids, as states of the mixture quantizer
+        qstate = init_states(graph, params, quant, qstate)
     logits = {n: jnp.zeros(len(candidates), jnp.float32) for n in table.layers}
     act_logits = {n: jnp.zeros(len(acts), jnp.float32) for n in table.layers}
     opt = optax.multi_transform(
@@ -186,8 +191,8 @@ def gradient_search(
     def step(state, opt_state, lam, xb, yb):
         def objective(s):
             probs, aprobs = probs_of(s["a"], wmask), probs_of(s["x"], amask)
-            out = execute(graph, s["w"], xb, quant=quant, qstate=qstate, bit_probs=probs,
-                          act_probs=aprobs if mixed_acts else None)
+            qs = set_probabilities(quant, qstate, probs, aprobs)
+            out = execute(graph, s["w"], xb, quant=quant, qstate=qs)
             lat = expected_latency(joint(probs, aprobs), table)
             return loss_fn(out, yb) + lam * lat / reference, lat
 

@@ -21,11 +21,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from npujax._progress import track
 from npujax.errors import ConfigError
 from npujax.ir.graph import Graph, Params
 from npujax.ops import gemm_nodes, kernel_out_axis
-from npujax.quant import IntFormat
-from npujax.quantize.execute import execute, quantize_weight
+from npujax.quant import IntFormat, fake_quant, qparams_from_range
+from npujax.quantize.calibrate import calibrate
+from npujax.quantize.execute import execute
+from npujax.quantize.quantizers import quantize_weight
+from npujax.quantize.quantizers.mixture import set_probabilities
+from npujax.quantize.spec import quant_spec
+from npujax.quantize.train import cross_entropy
 
 __all__ = ["hessian_traces", "activation_sensitivity", "weight_perturbation", "hawq_sensitivity",
            "loss_sensitivity"]
@@ -78,7 +84,7 @@ def hessian_traces(
 
     keys = jax.random.split(jax.random.key(seed), samples)
     total = np.zeros(len(layers))
-    for i in _maybe_track(range(samples), "Hessian trace", progress):
+    for i in track(range(samples), "Hessian trace", progress):
         total += np.asarray(probe(keys[i], params, batch), np.float64)
     sizes = np.asarray([params[n]["kernel"].size for n in layers], np.float64)
     return {n: float(t) for n, t in zip(layers, total / samples / sizes)}
@@ -112,9 +118,7 @@ def activation_sensitivity(
     Returns:
       ``{layer: {bits: Omega}}``.
     """
-    from npujax.quant import fake_quant, qparams_from_range
-    if loss_fn is None:
-        from npujax.quantize.train import cross_entropy as loss_fn
+    loss_fn = cross_entropy if loss_fn is None else loss_fn
 
     zeros = {n: jnp.zeros((x.shape[0], *graph.tensors[graph.node(n).inputs[0]].shape[1:]),
                           jnp.float32) for n in layers}
@@ -136,17 +140,6 @@ def activation_sensitivity(
             noise = float(jnp.sum(jnp.square(fake_quant(act, sb, zb, fmt) - act)))
             out[n][int(b)] = fisher * noise / act.shape[0]
     return out
-
-
-def _maybe_track(it, description: str, progress: bool):
-    import sys
-
-    if progress and sys.stderr.isatty():
-        from rich.console import Console
-        from rich.progress import track
-
-        return track(it, description=description, transient=True, console=Console(stderr=True))
-    return it
 
 
 def weight_perturbation(
@@ -212,11 +205,7 @@ def loss_sensitivity(
       ``{layer: {(w, a): Omega}}`` (clipped at 0: a quantization that happens to lower the loss
       on this batch is not rewarded).
     """
-    from npujax.quantize.calibrate import calibrate
-    from npujax.quantize.execute import quant_spec
-
-    if loss_fn is None:
-        from npujax.quantize.train import cross_entropy as loss_fn
+    loss_fn = cross_entropy if loss_fn is None else loss_fn
     wc = sorted({int(b) for b in candidates} | {reference_bits})
     ac = sorted({int(b) for b in act_candidates} | {reference_bits})
     names = [n.name for n in gemm_nodes(graph)]
@@ -227,14 +216,14 @@ def loss_sensitivity(
     def loss(wi, ai):  # wi, ai: int32 [n_layers] candidate index per layer
         bp = {n: jax.nn.one_hot(wi[i], len(wc), dtype=jnp.float32) for i, n in enumerate(names)}
         ap = {n: jax.nn.one_hot(ai[i], len(ac), dtype=jnp.float32) for i, n in enumerate(names)}
-        return loss_fn(execute(graph, params, x, quant=q, qstate=qstate, bit_probs=bp,
-                               act_probs=ap), y)
+        qs = set_probabilities(q, qstate, bp, ap)
+        return loss_fn(execute(graph, params, x, quant=q, qstate=qs), y)
 
     ref_w = np.full(len(names), wc.index(reference_bits), np.int32)
     ref_a = np.full(len(names), ac.index(reference_bits), np.int32)
     base = float(loss(ref_w, ref_a))
     out: dict[str, dict[tuple[int, int], float]] = {}
-    for layer in _maybe_track(list(layers), "loss sensitivity", progress):
+    for layer in track(list(layers), "loss sensitivity", progress):
         i = names.index(layer)
         out[layer] = {}
         for w in candidates:

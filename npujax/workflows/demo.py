@@ -22,11 +22,11 @@ from npujax.errors import ConfigError
 from npujax.frontends.flax import trace_flax
 from npujax.hw import DATAFLOWS, NpuSpec, load_npu_spec
 from npujax.ir.passes import optimize
-from npujax.ir.serialize import save_graph
 from npujax.models.cnn import DigitsCNN
 from npujax.plan import Schedule, lower
 from npujax.quantize.calibrate import calibrate
-from npujax.quantize.execute import quant_spec
+from npujax.quantize.model_file import save_graph
+from npujax.quantize.spec import quant_spec
 from npujax.quantize.train import batch_iterator, cross_entropy, evaluate, progress_bar, train_graph
 from npujax.report import (
     dataflow_table,

@@ -77,11 +77,12 @@ class QATConfig:
 
     def __post_init__(self) -> None:
         from npujax.calib import OBSERVERS
-        from npujax.quantize.execute import METHODS
+        from npujax.quantize.quantizers import QUANTIZERS
 
-        bad = [q for q in self.quantizers if q not in METHODS]
+        names = ("ste", "lsq", "lsq+")
+        bad = [q for q in self.quantizers if q not in names or q not in QUANTIZERS]
         if bad or not self.quantizers:
-            raise ConfigError(f"QATConfig.quantizer must be one or more of {list(METHODS)}, got "
+            raise ConfigError(f"QATConfig.quantizer must be one or more of {list(names)}, got "
                               f"{self.quantizer!r}.")
 
         if self.dataset not in DATASETS:
@@ -146,15 +147,15 @@ def _model(config: QATConfig, in_shape):
     return cls(rngs=nnx.Rngs(config.seed), in_shape=in_shape)
 
 
-def _spec(graph, config: QATConfig, wbits: int, abits: int, method: str = "ste"):
-    from npujax.quantize.execute import quant_spec
+def _spec(graph, config: QATConfig, wbits: int, abits: int, quantizer: str = "ste"):
     from npujax.quantize.rules import first_last_rules, quant_spec_from_rules
+    from npujax.quantize.spec import quant_spec
 
     if config.edge_bits is None:
-        return quant_spec(graph, wbits, abits, method=method)
+        return quant_spec(graph, wbits, abits, quantizer=quantizer)
     return quant_spec_from_rules(graph, first_last_rules(graph, wbits, abits,
                                                          edge_bits=config.edge_bits,
-                                                         method=method))
+                                                         quantizer=quantizer))
 
 
 _QAT_NAMES = {"ste": "QAT", "lsq": "QAT LSQ", "lsq+": "QAT LSQ+"}
@@ -186,8 +187,8 @@ def run_qat_experiment(config: QATConfig = QATConfig(), console: Any = None,
     from npujax.backends.integer import convert
     from npujax.frontends.flax import trace_flax
     from npujax.ir.passes import fold_batchnorm, fuse_epilogues, optimize
-    from npujax.quantize.learned_steps import init_lsq_state
     from npujax.quantize.ptq import layer_sqnr, ptq
+    from npujax.quantize.quantizers import init_states
     from npujax.quantize.train import evaluate, train_graph
     from npujax.report import write_sqnr_report
     from npujax.workflows.demo import train_float
@@ -236,7 +237,7 @@ def run_qat_experiment(config: QATConfig = QATConfig(), console: Any = None,
             _, qstate = ptq_results[config.qat_observer]
             qspec = spec if quantizer == "ste" else _spec(graph, config, wbits, abits, quantizer)
             if quantizer != "ste":  # learned steps start from the PTQ grid (min-max weights)
-                qstate = init_lsq_state(graph, params, qspec, qstate)
+                qstate = init_states(graph, params, qspec, qstate)
             trained, qstate = train_graph(
                 raw_graph, raw_params, xtr, ytr, steps=config.qat_steps,
                 learning_rate=config.qat_learning_rate, batch_size=bs, quant=qspec,

@@ -17,8 +17,9 @@ from npujax.ir.passes import fold_batchnorm
 from npujax.models.cnn import DigitsCNN
 from npujax.quant import FP8_E4M3FN, FP8_E5M2, IntFormat
 from npujax.quantize.calibrate import calibrate
-from npujax.quantize.execute import execute, quant_spec
+from npujax.quantize.execute import execute
 from npujax.quantize.rules import QuantRule, quant_spec_from_rules
+from npujax.quantize.spec import quant_spec
 from tests.onnx_models import ort_run
 
 pytestmark = pytest.mark.flax_model
@@ -75,8 +76,8 @@ def test_fp8_calibration_scale_and_integer_path_refusal(model):
     q = quant_spec(graph, weight_format="fp8_e5m2", act_format="fp8_e4m3fn")
     assert q["conv1"].weight == FP8_E5M2 and q["conv1"].act == FP8_E4M3FN
     qstate = calibrate(graph, params, [x], q)
-    np.testing.assert_allclose(qstate["conv1"]["act_scale"], x.max() / 448.0, rtol=1e-6)
-    assert int(qstate["conv1"]["act_zero_point"]) == 0
+    np.testing.assert_allclose(qstate["conv1"].act_scale, x.max() / 448.0, rtol=1e-6)
+    assert int(qstate["conv1"].act_zero_point) == 0
     with pytest.raises(QuantizationError, match="int-only.*fake-quant execute"):
         convert(graph, params, q, qstate)
     qb = quant_spec(graph, weight_block_size=8)
@@ -92,7 +93,7 @@ def test_format_arguments_and_rules(model):
         quant_spec(graph, weight_block_size=0)
     spec = quant_spec_from_rules(graph, [
         QuantRule(pattern="conv1", weight_format="fp8_e4m3fn", act_format="fp8_e4m3fn"),
-        QuantRule(pattern=".*", weight_bits=4, weight_block_size=16, method="ste")])
+        QuantRule(pattern=".*", weight_bits=4, weight_block_size=16, quantizer="ste")])
     assert spec["conv1"].weight == FP8_E4M3FN
     assert spec["fc1"].weight == IntFormat(4, narrow_range=True)
     assert spec["fc1"].weight_block_size == 16

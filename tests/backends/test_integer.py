@@ -13,7 +13,8 @@ from npujax.ir.passes import optimize
 from npujax.models.cnn import DigitsCNN
 from npujax.ops import gemm_nodes
 from npujax.quantize.calibrate import calibrate
-from npujax.quantize.execute import execute, quant_spec
+from npujax.quantize.execute import execute
+from npujax.quantize.spec import quant_spec
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +52,7 @@ def test_integer_model_matches_fake_quant_within_one_step(model_and_data, requan
     checked = names if requant == "fixed_point" else ["conv1", "conv2"]
     worst = {}
     for name in checked:
-        s = float(qstate[name]["act_scale"])
+        s = float(qstate[name].act_scale)
         steps = np.abs(np.asarray(int_taps[name][0]) - np.asarray(fq_taps[name][0])) / s
         worst[name] = float(steps.max())
         assert steps.max() <= 1.0 + 1e-3, (name, worst)
@@ -61,7 +62,7 @@ def test_integer_model_matches_fake_quant_within_one_step(model_and_data, requan
     assert worst["conv1"] == 0.0  # same float input, same rounding
     # the outputs: identical argmax almost everywhere, error a small fraction of the range
     fq_out, int_out = np.asarray(fq_out), np.asarray(int_out)
-    out_step = float(qstate["fc2"]["act_scale"]) * float(
+    out_step = float(qstate["fc2"].act_scale) * float(
         np.max(np.abs(np.asarray(model.layers["fc2"].weight_scale))))
     assert np.mean(np.argmax(fq_out, -1) == np.argmax(int_out, -1)) >= 0.95
     assert np.max(np.abs(fq_out - int_out)) <= 0.05 * np.ptp(fq_out) + out_step

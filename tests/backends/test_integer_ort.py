@@ -78,7 +78,7 @@ def digits_w8a8():
     from npujax.frontends.flax import trace_flax
     from npujax.ir.passes import optimize
     from npujax.quantize.calibrate import calibrate
-    from npujax.quantize.execute import quant_spec
+    from npujax.quantize.spec import quant_spec
     from npujax.workflows.demo import train_float
 
     data = load_digits_nhwc(seed=0)

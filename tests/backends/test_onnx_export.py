@@ -16,7 +16,8 @@ from npujax.frontends.onnx import from_onnx
 from npujax.ir.passes import optimize
 from npujax.ops import gemm_nodes
 from npujax.quantize.calibrate import calibrate
-from npujax.quantize.execute import execute, quant_spec
+from npujax.quantize.execute import execute
+from npujax.quantize.spec import quant_spec
 from tests.helpers import assert_close
 from tests.onnx_models import ort_run, text_images, zoo_path
 
@@ -64,7 +65,7 @@ def test_qdq_export_structure_and_atomic_write(cls_quantized, tmp_path):
     assert {a.name: a.i for a in wdq.attribute}["axis"] == 0  # OIHW: output channels
     bq, bs = inits[f"{conv.name}.bias_q"], inits[f"{conv.name}.bias_scale"]
     assert bq.dtype == np.int32
-    act_scale = float(np.asarray(qstate[conv.name]["act_scale"]))
+    act_scale = float(np.asarray(qstate[conv.name].act_scale))
     np.testing.assert_allclose(bs, act_scale * ws, rtol=1e-6)
     assert inits[f"{conv.name}.act_zero_point"].dtype == np.uint8
     # one QuantizeLinear per layer input, plus one on the output of each layer that the
@@ -252,7 +253,8 @@ def test_conv_transpose_per_channel_qdq_export_runs_in_onnxruntime(groups):
     from npujax.errors import QuantizationError
     from npujax.ops import kernel_out_axis, out_channel_view
     from npujax.quant import IntFormat
-    from npujax.quantize.execute import LayerQuant, quantize_weight
+    from npujax.quantize.quantizers import quantize_weight
+    from npujax.quantize.spec import LayerQuant
 
     m, w = _conv_transpose_model(groups)
     graph, params = from_onnx(m)

@@ -65,8 +65,8 @@ def saved_model(tmp_path_factory):
 
     from npujax.frontends.flax import trace_flax
     from npujax.ir.passes import optimize
-    from npujax.ir.serialize import save_graph
     from npujax.models.cnn import DigitsCNN
+    from npujax.quantize.model_file import save_graph
 
     with jax.numpy_dtype_promotion("standard"):
         g, p = optimize(*trace_flax(DigitsCNN(rngs=nnx.Rngs(0)),

@@ -8,10 +8,11 @@ from flax import nnx
 from npujax.errors import ConfigError, GraphError, ShapeError, UnsupportedOpError
 from npujax.frontends.flax import trace_flax
 from npujax.ir.passes import fold_batchnorm, optimize
-from npujax.ir.serialize import load_graph, save_graph
 from npujax.models.cnn import DigitsCNN
 from npujax.quantize.calibrate import calibrate
-from npujax.quantize.execute import execute, quant_spec
+from npujax.quantize.execute import execute
+from npujax.quantize.model_file import load_graph, save_graph
+from npujax.quantize.spec import quant_spec
 
 pytestmark = pytest.mark.flax_model
 

@@ -311,7 +311,7 @@ def test_zoo_refuses_a_wrong_sha256(tmp_path, monkeypatch):
 
 
 def test_imported_graph_saves_and_loads(cls_model, tmp_path):
-    from npujax.ir.serialize import load_graph, save_graph
+    from npujax.quantize.model_file import load_graph, save_graph
 
     _, graph, params = cls_model
     save_graph(tmp_path / "cls.npz", graph, params)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from npujax.ir.serialize import load_graph
+from npujax.quantize.model_file import load_graph
 from npujax.workflows.demo import DemoConfig, run_demo
 
 pytestmark = [pytest.mark.integration, pytest.mark.flax_model]

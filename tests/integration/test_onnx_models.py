@@ -12,7 +12,8 @@ from npujax.backends.onnx_export import to_onnx
 from npujax.frontends.onnx import from_onnx
 from npujax.ir.passes import optimize
 from npujax.quantize.calibrate import calibrate
-from npujax.quantize.execute import execute, quant_spec
+from npujax.quantize.execute import execute
+from npujax.quantize.spec import quant_spec
 from tests.helpers import assert_close
 from tests.onnx_claimed import CLAIMED
 from tests.onnx_models import ort_run, text_images, zoo_path

@@ -9,8 +9,8 @@ from flax import nnx
 
 from npujax.frontends.flax import trace_flax
 from npujax.ir.passes import optimize
-from npujax.ir.serialize import save_graph
 from npujax.models.cnn import DigitsCNN
+from npujax.quantize.model_file import save_graph
 
 pytestmark = [pytest.mark.integration, pytest.mark.flax_model]
 

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from npujax.quantize.quantizers import merge_learned, split_learned
 
 from npujax.backends.integer import convert, execute_integer
 from npujax.backends.onnx_export import to_onnx
@@ -16,8 +17,8 @@ from npujax.models.cnn import DigitsCNN
 from npujax.ops import gemm_nodes
 from npujax.quant import FP8_E4M3FN, MIN_SCALE, IntFormat
 from npujax.quantize.calibrate import calibrate
-from npujax.quantize.execute import LayerQuant, execute, quant_spec
-from npujax.quantize.learned_steps import merge_learned, split_learned
+from npujax.quantize.execute import execute
+from npujax.quantize.spec import LayerQuant, quant_spec
 from npujax.quantize.train import cross_entropy, train_graph
 from tests.onnx_models import ort_run
 
@@ -38,7 +39,7 @@ def model():
 @pytest.fixture(scope="module", params=["lsq", pytest.param("lsq+", marks=pytest.mark.integration)])
 def trained(model, request):
     graph, params, x, y = model
-    q = quant_spec(graph, 4, 4, method=request.param)
+    q = quant_spec(graph, 4, 4, quantizer=request.param)
     qstate = calibrate(graph, params, [x], q)
     p2, qs2 = train_graph(graph, params, x, y, steps=15, learning_rate=2e-3, batch_size=64,
                           quant=q, qstate=qstate, return_qstate=True)
@@ -60,13 +61,13 @@ def test_calibration_initialises_learned_entries(model, trained):
     for node in gemm_nodes(graph):
         e = qstate[node.name]
         c = np.shape(params[node.name]["kernel"])[-1]
-        assert e["weight_step"].shape == (c,) and e["weight_step"].dtype == jnp.float32
+        assert e.weight_step.shape == (c,) and e.weight_step.dtype == jnp.float32
         # minmax init: the PTQ grid, max|w| / Q_p per output channel
         w = np.asarray(params[node.name]["kernel"]).reshape(-1, c)
-        np.testing.assert_allclose(e["weight_step"], np.abs(w).max(0) / 7, rtol=1e-6)
+        np.testing.assert_allclose(e.weight_step, np.abs(w).max(0) / 7, rtol=1e-6)
         if method == "lsq+":
-            np.testing.assert_allclose(e["act_offset"],
-                                       -float(e["act_zero_point"]) * float(e["act_scale"]))
+            np.testing.assert_allclose(e.act_offset,
+                                       -float(e.act_zero_point) * float(e.act_scale))
 
 
 def test_lsq_qat_lowers_loss_and_learns_positive_steps(model, trained):
@@ -75,13 +76,14 @@ def test_lsq_qat_lowers_loss_and_learns_positive_steps(model, trained):
     assert _loss(graph, p2, q, qs2, x, y) < _loss(graph, params, q, qstate, x, y)
     for name, e in qs2.items():
         for k in ("act_scale", "weight_step"):
-            assert np.all(np.asarray(e[k]) >= MIN_SCALE), (name, k)
-            assert not np.allclose(np.asarray(e[k]), np.asarray(qstate[name][k])), (name, k)
-        np.testing.assert_array_equal(e["act_zero_point"], qstate[name]["act_zero_point"])
-    learned, fixed = split_learned(q, qs2)
+            assert np.all(np.asarray(getattr(e, k)) >= MIN_SCALE), (name, k)
+            assert not np.allclose(np.asarray(getattr(e, k)),
+                                   np.asarray(getattr(qstate[name], k))), (name, k)
+        np.testing.assert_array_equal(e.act_zero_point, qstate[name].act_zero_point)
+    learned, full = split_learned(q, qs2)
     assert all(k != "act_zero_point" for e in learned.values() for k in e)
     grads = jax.jit(jax.grad(lambda s: cross_entropy(
-        execute(graph, p2, jnp.asarray(x), quant=q, qstate=merge_learned(s, fixed)), y)))(learned)
+        execute(graph, p2, jnp.asarray(x), quant=q, qstate=merge_learned(s, full)), y)))(learned)
     leaves = jax.tree.leaves(grads)
     assert all(np.all(np.isfinite(np.asarray(g))) for g in leaves)
     assert any(np.any(np.asarray(g) != 0) for g in leaves)
@@ -93,8 +95,8 @@ def test_convert_and_export_use_the_learned_steps(model, trained):
     names = [n.name for n in gemm_nodes(graph)]
     imodel = convert(graph, p2, q, qs2)
     for name in names:
-        np.testing.assert_array_equal(imodel.layers[name].weight_scale, qs2[name]["weight_step"])
-        np.testing.assert_array_equal(imodel.layers[name].input_scale, qs2[name]["act_scale"])
+        np.testing.assert_array_equal(imodel.layers[name].weight_scale, qs2[name].weight_step)
+        np.testing.assert_array_equal(imodel.layers[name].input_scale, qs2[name].act_scale)
     fq_out, fq_taps = _run(graph, p2, q, qs2, x, taps=tuple(names))
     int_out, int_taps = jax.jit(lambda v: execute_integer(imodel, v, taps=names))(x)
     # Every layer input on the learned grid: LSQ's first layer sees the same float input and
@@ -103,7 +105,7 @@ def test_convert_and_export_use_the_learned_steps(model, trained):
     # figures as STE at W4A4). LSQ+ also rounds -offset/step to an integer zero point.
     limit = {"conv1": 0.0, "conv2": 1.0} if method == "lsq" else {}
     for name in names:
-        s = float(qs2[name]["act_scale"])
+        s = float(qs2[name].act_scale)
         d = np.abs(np.asarray(int_taps[name][0]) - np.asarray(fq_taps[name][0])) / s
         assert d.max() <= limit.get(name, 2.0 if method == "lsq" else 2.5) + 1e-3, name
     assert np.all(np.isfinite(np.asarray(int_out)))
@@ -117,16 +119,16 @@ def test_convert_and_export_use_the_learned_steps(model, trained):
 
 def test_lsq_configuration_errors(model):
     graph, params, x, y = model
-    with pytest.raises(ConfigError, match="method"):
-        LayerQuant(weight=IntFormat(4), method="pact")
+    with pytest.raises(ConfigError, match="unknown quantizer .pact."):
+        LayerQuant(weight=IntFormat(4), quantizer="pact")
     with pytest.raises(ConfigError, match="FP8"):
-        LayerQuant(weight=FP8_E4M3FN, method="lsq")
+        LayerQuant(weight=FP8_E4M3FN, quantizer="lsq")
     with pytest.raises(ConfigError, match="per-block"):
-        LayerQuant(weight=IntFormat(4), method="lsq", weight_block_size=8)
-    q = quant_spec(graph, 4, 4, method="lsq")
+        LayerQuant(weight=IntFormat(4), quantizer="lsq", weight_block_size=8)
+    q = quant_spec(graph, 4, 4, quantizer="lsq")
     qstate = calibrate(graph, params, [x], q)
     with pytest.raises(ConfigError, match="return_qstate"):
         train_graph(graph, params, x, y, steps=1, quant=q, qstate=qstate)
-    bare = {k: {kk: v for kk, v in e.items() if kk != "weight_step"} for k, e in qstate.items()}
+    bare = {k: e._replace(weight_step=None) for k, e in qstate.items()}
     with pytest.raises(ConfigError, match="weight_step"):
         execute(graph, params, jnp.asarray(x), quant=q, qstate=bare)

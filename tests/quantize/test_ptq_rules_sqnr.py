@@ -9,15 +9,16 @@ import pytest
 from flax import nnx
 
 from npujax.backends.integer import convert, execute_integer
-from npujax.errors import ConfigError
+from npujax.errors import ConfigError, QuantizationError
 from npujax.frontends.flax import trace_flax
 from npujax.ir.passes import optimize
 from npujax.models.cnn import DigitsCNN
 from npujax.ops import gemm_nodes
 from npujax.quant import IntFormat
-from npujax.quantize.execute import LayerQuant, execute, quant_spec
+from npujax.quantize.execute import execute
 from npujax.quantize.ptq import bias_correction, layer_sqnr, ptq
 from npujax.quantize.rules import QuantRule, first_last_rules, quant_spec_from_rules
+from npujax.quantize.spec import LayerQuant, quant_spec
 from npujax.report import write_sqnr_report
 
 
@@ -70,7 +71,7 @@ def test_rule_errors(digits):
         quant_spec_from_rules(graph, [QuantRule(pattern="fc9")])
     with pytest.raises(ConfigError, match="regex"):
         QuantRule(pattern="(")
-    with pytest.raises(ConfigError, match="weight_bits"):
+    with pytest.raises(QuantizationError, match=r"QuantRule.weight_bits .*\[2, 16\]"):
         QuantRule(pattern=".", weight_bits=1)
 
 

@@ -11,7 +11,8 @@ from npujax.frontends.flax import trace_flax
 from npujax.ir.passes import fold_batchnorm
 from npujax.models.cnn import DigitsCNN
 from npujax.quantize.calibrate import calibrate
-from npujax.quantize.execute import execute, quant_spec
+from npujax.quantize.execute import execute
+from npujax.quantize.spec import quant_spec
 from npujax.quantize.train import train_graph
 
 pytestmark = pytest.mark.flax_model

@@ -12,10 +12,10 @@ from npujax.errors import ConfigError
 from npujax.frontends.flax import trace_flax
 from npujax.hw import load_npu_spec
 from npujax.ir.passes import optimize
-from npujax.ir.serialize import save_graph
 from npujax.models.cnn import DigitsCNN
 from npujax.quantize.calibrate import calibrate
-from npujax.quantize.execute import quant_spec
+from npujax.quantize.model_file import save_graph
+from npujax.quantize.spec import quant_spec
 from npujax.search import load_policy, search_precision
 
 pytestmark = pytest.mark.flax_model

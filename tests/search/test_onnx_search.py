@@ -21,7 +21,8 @@ from npujax.hw import load_npu_spec
 from npujax.ir.passes import optimize
 from npujax.ops import gemm_nodes
 from npujax.quantize.calibrate import calibrate
-from npujax.quantize.execute import execute, quant_spec
+from npujax.quantize.execute import execute
+from npujax.quantize.spec import quant_spec
 from npujax.search import activation_sensitivity, load_policy, search_precision
 from npujax.search.objective import TaskLoss, fisher_targets, search_targets, task_loss
 from tests.onnx_models import ort_run

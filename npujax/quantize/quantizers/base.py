@@ -1,0 +1,277 @@
+"""The quantizer interface: how one layer's kernel and input activation are fake-quantized.
+
+A :class:`Quantizer` is configuration (a frozen dataclass, usually without fields); what it
+learns or calibrates per layer is its *state*, a NamedTuple pytree of its own type
+(``state_type``) held in ``qstate[layer]``. Every consumer of a quantized model asks the layer's
+quantizer, never the kind of quantizer:
+
+==========================  ====================================================================
+method                      used by
+==========================  ====================================================================
+``init_state``              :func:`npujax.calibrate` (from the observed activation range) and
+                            :func:`init_states` (from another quantizer's calibrated grid)
+``quantize_input``          :func:`npujax.execute` (fake-quant of the input activation)
+``quantize_kernel``         :func:`npujax.execute`, bias correction (fake-quant of the kernel)
+``act_grid``, ``weight_grid`` the deployed integer grid: :func:`npujax.convert`,
+                            :func:`npujax.to_onnx`
+``learned_fields``,         QAT (:func:`npujax.train_graph`): which state leaves the optimizer
+``project``                 trains, and their projection after each update
+==========================  ====================================================================
+
+Implementations: :class:`~npujax.quantize.quantizers.ste.STE` (calibrated activation grid,
+min-max weight grid, straight-through gradients), :class:`~npujax.quantize.quantizers.lsq.LSQ`
+and :class:`~npujax.quantize.quantizers.lsq.LSQPlus` (learned steps and offsets) and
+:class:`~npujax.quantize.quantizers.mixture.Mixture` (a differentiable mixture over candidate
+widths, for the precision search). Each registers itself in :data:`QUANTIZERS` by name, so a
+new quantizer is one new module in this package.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from npujax.errors import ConfigError
+from npujax.ops import kernel_in_axis, kernel_out_axis, out_channel_view
+from npujax.quant import Format, fake_quant, weight_qparams
+
+if TYPE_CHECKING:
+    from npujax.ir.graph import Graph, Node, Params
+    from npujax.quantize.spec import LayerQuant, QuantSpec
+
+__all__ = ["Quantizer", "WeightGrid", "QUANTIZERS", "register_quantizer", "get_quantizer",
+           "quantize_weight", "init_states", "split_learned", "merge_learned", "QState"]
+
+#: ``{layer: state}``: each quantized layer's state (its quantizer's ``state_type``).
+QState = Mapping[str, Any]
+
+
+class WeightGrid(NamedTuple):
+    """The integer grid a layer's weights deploy on.
+
+    Attributes:
+      scale: float32 scale(s): scalar, ``[C_out]`` (per channel) or the per-block shape.
+      zero_point: int32 zero point(s), same shape.
+      axis: the per-channel or blocked axis of the kernel (None: per tensor).
+      block_size: block length along ``axis`` (None: not per block).
+    """
+
+    scale: jax.Array
+    zero_point: jax.Array
+    axis: int | None
+    block_size: int | None
+
+
+def quantize_weight(w: jax.Array, fmt: Format, axis: int | None, key: jax.Array | None = None,
+                    *, block_size: int | None = None) -> jax.Array:
+    """Fake-quantize a weight tensor with a symmetric min-max scale (per channel on ``axis``, or
+    per block of ``block_size`` along ``axis``); ``key`` selects stochastic rounding.
+
+    Args:
+      w: float32 kernel of any shape.
+      fmt: weight format (integer or FP8).
+      axis: output-channel axis for per-channel scales (or the blocked axis); None per tensor.
+      key: PRNG key for stochastic rounding, or None (round half to even).
+      block_size: per-block scales over this many elements along ``axis``.
+
+    Returns:
+      ``w`` on its grid (float32, same shape); straight-through gradient.
+    """
+    scale, zero_point = weight_qparams(w, fmt, axis, block_size=block_size)
+    return fake_quant(w, scale, zero_point, fmt, axis, block_size=block_size, key=key)
+
+
+class Quantizer(abc.ABC):
+    """How a layer is fake-quantized and deployed (see the module docstring).
+
+    Subclasses are frozen dataclasses; ``name`` is the registered name (``"ste"``, ``"lsq"``,
+    ...), ``state_type`` the NamedTuple of the per-layer state, ``learned_fields`` the state
+    fields QAT optimises.
+    """
+
+    name: ClassVar[str]
+    state_type: ClassVar[type]
+    learned_fields: ClassVar[tuple[str, ...]] = ()
+
+    def validate(self, lq: LayerQuant) -> None:
+        """Raise :class:`~npujax.errors.ConfigError` if ``lq`` cannot use this quantizer."""
+        if len(lq.weight_candidates) > 1 or lq.act_candidates:
+            raise ConfigError(f"quantizer {self.name!r} quantizes with one format per operand; "
+                              "several candidate formats make a search mixture (quantizer "
+                              "'mixture').")
+
+    @abc.abstractmethod
+    def init_state(self, node: Node, lq: LayerQuant, kernel: jax.Array | None, *,
+                   act_range: tuple[jax.Array, jax.Array] | None = None,
+                   act_grid: tuple[jax.Array, jax.Array] | None = None) -> Any:
+        """The layer's initial state.
+
+        Args:
+          node, lq: the layer and its quantization.
+          kernel: its float32 kernel (None for a layer without weights).
+          act_range: the observed ``(min, max)`` of its input (calibration), or None.
+          act_grid: an already calibrated ``(scale, zero_point)`` of its input, or None.
+        """
+
+    @abc.abstractmethod
+    def quantize_input(self, node: Node, lq: LayerQuant, x: jax.Array, state: Any,
+                       key: jax.Array | None = None) -> jax.Array:
+        """The fake-quantized input activation ``x`` (differentiable)."""
+
+    @abc.abstractmethod
+    def quantize_kernel(self, node: Node, lq: LayerQuant, w: jax.Array, state: Any,
+                        key: jax.Array | None = None) -> jax.Array:
+        """The fake-quantized kernel ``w`` (differentiable)."""
+
+    def act_grid(self, lq: LayerQuant, state: Any) -> tuple[jax.Array, jax.Array]:
+        """The deployed input grid ``(scale f32[], zero_point i32[])``.
+
+        Raises:
+          ConfigError: the state has no calibrated activation grid.
+        """
+        if state is None or getattr(state, "act_scale", None) is None:
+            raise ConfigError("the layer quantizes its input but its state has no calibrated "
+                              "activation grid; run npujax.calibrate with this quant spec.")
+        return state.act_scale, state.act_zero_point
+
+    def weight_grid(self, node: Node, lq: LayerQuant, w: jax.Array, state: Any, *,
+                    out_axis: int | None = None, in_axis: int | None = None) -> WeightGrid:
+        """The deployed weight grid: symmetric min-max per block (``weight_block_size``), per
+        output channel or per tensor. ``out_axis``/``in_axis`` default to the node's kernel
+        layout (pass them for a transposed kernel view)."""
+        (fmt,) = lq.weight_candidates
+        out_axis = kernel_out_axis(node) if out_axis is None else out_axis
+        in_axis = kernel_in_axis(node) if in_axis is None else in_axis
+        if lq.weight_block_size is not None:
+            s, z = weight_qparams(w, fmt, in_axis, block_size=lq.weight_block_size)
+            return WeightGrid(s, z, in_axis, lq.weight_block_size)
+        axis = out_axis if lq.weight_per_channel else None
+        s, z = weight_qparams(w, fmt, axis)
+        return WeightGrid(s, z, axis, None)
+
+    def project(self, learned: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+        """Project learned state fields back onto their valid set after an optimizer update."""
+        return dict(learned)
+
+    def coerce(self, state: Any, layer: str) -> Any:
+        """``state`` as this quantizer's ``state_type`` (a mapping of its fields is converted).
+
+        Raises:
+          ConfigError: a state of another quantizer, or unknown fields.
+        """
+        if isinstance(state, self.state_type):
+            return state
+        if isinstance(state, Mapping):
+            fields = self.state_type._fields  # type: ignore[attr-defined]
+            unknown = sorted(set(state) - set(fields))
+            if unknown:
+                raise ConfigError(f"layer {layer!r}: state fields {unknown} do not belong to "
+                                  f"quantizer {self.name!r} (fields {list(fields)}).")
+            return self.state_type(**state)
+        raise ConfigError(
+            f"layer {layer!r} uses quantizer {self.name!r} but its state is a "
+            f"{type(state).__name__}; calibrate with this quant spec (npujax.calibrate) or "
+            "convert the state with npujax.quantize.init_states.")
+
+    # -- helpers for implementations
+    def _kernel(self, node: Node, lq: LayerQuant, w: jax.Array, key: jax.Array | None
+                ) -> jax.Array:
+        """Min-max fake-quant of a single-format kernel (per block, channel or tensor)."""
+        (fmt,) = lq.weight_candidates
+        if lq.weight_block_size is not None:
+            return quantize_weight(w, fmt, kernel_in_axis(node), key,
+                                   block_size=lq.weight_block_size)
+        if not lq.weight_per_channel:
+            return quantize_weight(w, fmt, None, key)
+        view, axis, back = out_channel_view(node, w)  # a grouped ConvTranspose: a view
+        return back(quantize_weight(view, fmt, axis, key))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+#: Registered quantizers by name.
+QUANTIZERS: dict[str, Quantizer] = {}
+
+
+def register_quantizer(q: Quantizer) -> Quantizer:
+    """Register a quantizer instance under its ``name`` (names are unique)."""
+    if q.name in QUANTIZERS:
+        raise ValueError(f"quantizer {q.name!r} is registered twice.")
+    QUANTIZERS[q.name] = q
+    return q
+
+
+def get_quantizer(q: Quantizer | str) -> Quantizer:
+    """A quantizer from an instance or a registered name.
+
+    Raises:
+      ConfigError: an unknown name (lists the registered ones).
+    """
+    if isinstance(q, Quantizer):
+        return q
+    if isinstance(q, str) and q in QUANTIZERS:
+        return QUANTIZERS[q]
+    raise ConfigError(f"unknown quantizer {q!r}; use one of {sorted(QUANTIZERS)} or a "
+                      "npujax.quantize.Quantizer instance.")
+
+
+def init_states(graph: Graph, params: Params, quant: QuantSpec, qstate: QState
+                ) -> dict[str, Any]:
+    """Re-initialise calibrated states for the quantizers of ``quant``.
+
+    A layer whose state already has its quantizer's type keeps it; any other state (e.g. STE
+    states from a PTQ run, before QAT with LSQ) gives its calibrated activation grid to the new
+    quantizer's :meth:`~Quantizer.init_state` (LSQ then starts from the PTQ grid).
+
+    Args:
+      graph, params: the model (kernels initialise weight steps).
+      quant: the spec whose quantizers the states are for.
+      qstate: calibrated states (any quantizer with ``act_scale``/``act_zero_point``).
+
+    Returns:
+      A new qstate (the input is not modified).
+    """
+    out: dict[str, Any] = dict(qstate)
+    for name, lq in quant.items():
+        old = qstate.get(name)
+        q = lq.quantizer
+        if isinstance(old, q.state_type):
+            continue
+        grid = None
+        if old is not None and getattr(old, "act_scale", None) is not None:
+            grid = (old.act_scale, old.act_zero_point)
+        node = graph.node(name)
+        kernel = params.get(name, {}).get("kernel")
+        out[name] = q.init_state(node, lq, None if kernel is None else jnp.asarray(
+            kernel, jnp.float32), act_grid=grid)
+    return out
+
+
+def split_learned(quant: QuantSpec, qstate: QState | None
+                  ) -> tuple[dict[str, dict[str, jax.Array]], dict[str, Any]]:
+    """``(learned, qstate)``: the state leaves QAT optimises (``{layer: {field: array}}``, per
+    each quantizer's ``learned_fields``) and the full qstate they are merged back into."""
+    learned: dict[str, dict[str, jax.Array]] = {}
+    for name, state in (qstate or {}).items():
+        lq = quant.get(name)
+        if lq is None:
+            continue
+        fields = {f: getattr(state, f) for f in lq.quantizer.learned_fields
+                  if getattr(state, f, None) is not None}
+        if fields:
+            learned[name] = fields
+    return learned, dict(qstate or {})
+
+
+def merge_learned(learned: Mapping[str, Mapping[str, jax.Array]], qstate: QState
+                  ) -> dict[str, Any]:
+    """``qstate`` with the learned fields replaced (inverse of :func:`split_learned`)."""
+    out = dict(qstate)
+    for name, fields in learned.items():
+        out[name] = out[name]._replace(**fields)
+    return out

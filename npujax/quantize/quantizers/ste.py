@@ -1,0 +1,86 @@
+"""Straight-through fake quantization (STE) with a calibrated activation grid.
+
+The input activation is fake-quantized per tensor with the calibrated ``scale``/``zero_point``
+(``fake_quant``: ONNX QuantizeLinear/DequantizeLinear forward, clipped straight-through
+gradient); the kernel with a symmetric min-max scale recomputed from the current weights, per
+output channel, per tensor or per block (so QAT sees the grid that conversion uses). Stochastic
+rounding applies when :func:`npujax.execute` gets a ``key``.
+
+References:
+  Bengio et al. 2013, arXiv:1308.3432 (the straight-through estimator); Jacob et al. 2018,
+  arXiv:1712.05877 (QAT with fake quantization); Krishnamoorthi 2018, arXiv:1806.08342.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, NamedTuple, final
+
+import jax
+
+from npujax.errors import ConfigError
+from npujax.quant import fake_quant, qparams_from_range
+from npujax.quantize.quantizers.base import Quantizer, register_quantizer
+
+if TYPE_CHECKING:
+    from npujax.ir.graph import Node
+    from npujax.quantize.spec import LayerQuant
+
+__all__ = ["STE", "STEState"]
+
+
+class STEState(NamedTuple):
+    """Calibrated input grid of an STE layer (both None for weight-only quantization).
+
+    Attributes:
+      act_scale: float32 scalar scale of the input activation.
+      act_zero_point: int32 scalar zero point.
+    """
+
+    act_scale: jax.Array | None = None
+    act_zero_point: jax.Array | None = None
+
+
+def calibrated_grid(lq: LayerQuant, act_range, act_grid):
+    """``(scale, zero_point)`` of the input: the given grid, or one from the observed range."""
+    if lq.act is None:
+        return None, None
+    if act_grid is not None:
+        return act_grid
+    if act_range is None:
+        return None, None
+    return qparams_from_range(act_range[0], act_range[1], lq.act, lq.act_symmetric)
+
+
+def missing_grid(node: Node) -> ConfigError:
+    """The error for a layer that quantizes its input without a calibrated grid."""
+    return ConfigError(
+        f"layer {node.name!r} quantizes its input activation but qstate has no calibrated "
+        "grid for it; run calibration first (npujax.calibrate) and pass its result as qstate.")
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class STE(Quantizer):
+    """Calibrated activation grid, min-max weight grid, straight-through gradients."""
+
+    name = "ste"
+    state_type = STEState
+
+    def init_state(self, node, lq, kernel, *, act_range=None, act_grid=None) -> STEState:
+        return STEState(*calibrated_grid(lq, act_range, act_grid))
+
+    def quantize_input(self, node, lq, x, state, key=None):
+        if lq.act is None:
+            return x
+        if state is None or state.act_scale is None:
+            raise missing_grid(node)
+        return fake_quant(x, state.act_scale, state.act_zero_point, lq.act, key=key)
+
+    def quantize_kernel(self, node, lq, w, state, key=None):
+        if not lq.weight_candidates:
+            return w
+        return self._kernel(node, lq, w, key)
+
+
+register_quantizer(STE())
