@@ -15,6 +15,7 @@ Prints (and writes as JSON with --out):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 
@@ -26,7 +27,7 @@ from npujax.frontends.onnx import from_onnx
 from npujax.hw import load_npu_spec
 from npujax.ir.passes import optimize
 from npujax.models.zoo import fetch_model
-from npujax.plan import HwParams, layer_costs, lower, workloads
+from npujax.plan import layer_costs, lower, workloads
 from npujax.quantize.execute import execute
 
 SHAPES = {"ppocr_det": (1, 3, 640, 640), "ppocr_cls": (1, 3, 48, 192)}
@@ -74,33 +75,32 @@ def main() -> None:
     layers = tuple(workloads(og, spec))
     n, L = args.configs, len(layers)
     rng = np.random.default_rng(0)
-    base = HwParams.from_spec(spec)
     sizes = rng.choice([8, 16, 32, 64, 128], n).astype(np.int32)
-    batch = {f: jnp.broadcast_to(getattr(base, f), (n,)) for f in HwParams._fields}
-    batch.update(
-        rows=jnp.asarray(sizes), cols=jnp.asarray(sizes),
-        ifmap_sram_bytes=jnp.asarray(rng.choice([32, 64, 128, 256, 512], n) * 1024.0,
-                                     jnp.float32),
-        filter_sram_bytes=jnp.asarray(rng.choice([32, 64, 128, 256, 512], n) * 1024.0,
-                                      jnp.float32),
-        ofmap_sram_bytes=jnp.asarray(rng.choice([32, 64, 128, 256], n) * 1024.0, jnp.float32),
-        dram_bytes_per_s=jnp.asarray(rng.uniform(2e9, 5e10, n), jnp.float32),
-    )
-    hw = HwParams(**batch)
+    # the spec itself is the vmapped pytree: one stacked spec with [n] leaves
+    hw = jax.tree.map(lambda v: jnp.broadcast_to(jnp.asarray(v), (n,)), spec)
+    hw = dataclasses.replace(
+        hw, array=dataclasses.replace(hw.array, rows=jnp.asarray(sizes), cols=jnp.asarray(sizes)),
+        memory=dataclasses.replace(
+            hw.memory,
+            ifmap_sram_bytes=jnp.asarray(rng.choice([32, 64, 128, 256, 512], n) * 1024, jnp.int32),
+            filter_sram_bytes=jnp.asarray(rng.choice([32, 64, 128, 256, 512], n) * 1024,
+                                          jnp.int32),
+            ofmap_sram_bytes=jnp.asarray(rng.choice([32, 64, 128, 256], n) * 1024, jnp.int32),
+            dram_bytes_per_s=jnp.asarray(rng.uniform(2e9, 5e10, n), jnp.float32)))
     wb = jnp.full(L, 8.0)
     ab = jnp.full(L, 8.0)
     sweep = jax.jit(jax.vmap(
-        lambda h: jnp.sum(layer_costs(layers, h, wb, ab, spec.array.dataflow,
-                                      spec.array.precision_scaling)["latency_cycles"])))
+        lambda h: jnp.sum(layer_costs(layers, h, wb, ab).latency_cycles)))
     t = time.perf_counter()
     out = sweep(hw).block_until_ready()
     t_compile = time.perf_counter() - t
     t_sweep = _best(lambda: sweep(hw).block_until_ready(), 5)
     rate = n * L / t_sweep
-    i = int(np.argmin(np.asarray(out) / np.asarray(hw.clock_hz)))
+    clock = np.asarray(hw.array.clock_hz)
+    i = int(np.argmin(np.asarray(out) / clock))
     res.update(configs=n, sweep_compile_s=t_compile, sweep_s=t_sweep,
                config_layer_evals_per_s=rate, best_config_index=i,
-               best_config_latency_s=float(out[i] / hw.clock_hz[i]))
+               best_config_latency_s=float(out[i] / clock[i]))
     print(f"(2) {n} configurations x {L} layers in one jitted vmapped call: {t_sweep * 1e3:.1f} ms "
           f"(compile {t_compile:.1f} s) = {rate:.3g} (configuration x layer)/s "
           f"[target >= 1e6: {'met' if rate >= 1e6 else 'NOT met'}]")

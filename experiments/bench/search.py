@@ -17,11 +17,11 @@ from npujax.data.datasets import load_digits_nhwc
 from npujax.frontends.flax import trace_flax
 from npujax.hw import load_npu_spec
 from npujax.ir.passes import optimize
+from npujax.models.train import train_float
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.spec import quant_spec
 from npujax.quantize.train import train_graph
-from npujax.search import search_precision
-from npujax.workflows.demo import train_float
+from npujax.search import SearchConfig, search_precision
 
 
 def main() -> None:
@@ -43,17 +43,17 @@ def main() -> None:
     runs = {
         "QAT W8A8": qat,
         "gradient search": lambda: search_precision(
-            graph, params, spec, x, y, qstate, method="gradient", budget_ratio=0.8,
-            steps=args.steps),
+            graph, params, spec, x, y, qstate, SearchConfig(
+                method="gradient", budget_ratio=0.8, steps=args.steps)),
         "gradient search, W and A widths": lambda: search_precision(
-            graph, params, spec, x, y, qstate, method="gradient", budget_ratio=0.6,
-            act_candidates=(4, 8), steps=args.steps),
+            graph, params, spec, x, y, qstate, SearchConfig(
+                method="gradient", budget_ratio=0.6, act_candidates=(4, 8), steps=args.steps)),
         "ILP (16 Hutchinson probes)": lambda: search_precision(
-            graph, params, spec, x, y, qstate, method="ilp", budget_ratio=0.6,
-            act_candidates=(4, 8)),
+            graph, params, spec, x, y, qstate, SearchConfig(
+                method="ilp", budget_ratio=0.6, act_candidates=(4, 8))),
         "greedy (16 Hutchinson probes)": lambda: search_precision(
-            graph, params, spec, x, y, qstate, method="greedy", budget_ratio=0.6,
-            act_candidates=(4, 8)),
+            graph, params, spec, x, y, qstate, SearchConfig(
+                method="greedy", budget_ratio=0.6, act_candidates=(4, 8))),
     }
     times = {}
     for name, fn in runs.items():

@@ -30,13 +30,13 @@ from npujax.frontends.flax import trace_flax
 from npujax.hw import load_npu_spec
 from npujax.ir.passes import optimize
 from npujax.models.cnn import SmallResNet
+from npujax.models.train import train_float
 from npujax.ops import gemm_nodes
 from npujax.plan import lower
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.spec import quant_spec
 from npujax.quantize.train import evaluate, train_graph
-from npujax.search import search_precision
-from npujax.workflows.demo import train_float
+from npujax.search import SearchConfig, search_precision
 
 PRESETS = ("edge_16x16", "bitfusion_16x16", "bitserial_16x16")
 BUDGETS = (0.85, 0.7, 0.55)
@@ -102,9 +102,10 @@ def run_model(name: str, qat_steps: int, search_steps: int) -> tuple[dict, list[
                 try:
                     t = time.perf_counter()
                     pol = search_precision(graph, base, spec, data.x_train, data.y_train,
-                                           qstate, method=method, budget_ratio=b,
-                                           act_candidates=acts, steps=search_steps,
-                                           pinned={layers[0]: 8, layers[-1]: 8})
+                                           qstate, SearchConfig(
+                                               method=method, budget_ratio=b,
+                                               act_candidates=acts, steps=search_steps,
+                                               pinned={layers[0]: 8, layers[-1]: 8})).policy
                     dt = time.perf_counter() - t
                     search_s.setdefault(method, []).append(dt)
                     print(f"{name} {preset} {method} {b}: {dt:.1f} s", flush=True)
@@ -114,7 +115,7 @@ def run_model(name: str, qat_steps: int, search_steps: int) -> tuple[dict, list[
                 policies[f"{method} @{b:.2f}"] = (dict(pol.weight_bits), dict(pol.act_bits))
         int8 = lower(graph, spec).latency_s
         for pname, (wb, ab) in policies.items():
-            lat = lower(graph, spec, weight_bits=wb, act_bits=ab).latency_s
+            lat = lower(graph, spec, quant_spec(graph, wb, ab)).latency_s
             acc = finetune(wb, ab)
             rows.append(dict(preset=preset, policy=pname, latency_us=lat * 1e6,
                              speedup=int8 / lat, accuracy=acc, weight_bits=wb, act_bits=ab))

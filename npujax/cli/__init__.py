@@ -1,6 +1,78 @@
-"""The ``npujax`` command line."""
+"""The ``npujax`` command line: one thin module per command (arguments, one workflow or API
+call, printing).
 
-from npujax.cli.main import build_parser as build_parser
-from npujax.cli.main import main as main
+Every :class:`~npujax.errors.NpujaxError` becomes a one-line ``npujax: error: ...`` message on
+stderr and the error's exit code (2 config, 3 quantization, 4 calibration, 5 graph, 6 unsupported
+op, 7 shape, 8 fetch); there is never a traceback for bad input. Results go to stdout, progress
+notes to stderr (``-q`` hides them, ``-v`` adds details).
+"""
 
-__all__ = ["main", "build_parser"]
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from npujax._version import __version__
+from npujax.cli import calibrate, demo, lower, presets, qat, search
+from npujax.cli._common import configure_logging
+from npujax.errors import ConfigError, NpujaxError
+
+__all__ = ["main", "build_parser", "COMMANDS"]
+
+#: The command modules, in ``--help`` order; each has ``add_parser(subparsers)`` and ``run``.
+COMMANDS = (demo, lower, search, qat, calibrate, presets)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for documentation and tests)."""
+    p = argparse.ArgumentParser(
+        prog="npujax",
+        description="Differentiable NPU modelling in JAX: QAT, mixed-precision search and "
+                    "per-layer latency on a systolic-array NPU.",
+    )
+    p.add_argument("--version", action="version", version=f"npujax {__version__}")
+    verbosity = p.add_mutually_exclusive_group()
+    verbosity.add_argument("-v", "--verbose", action="store_const", const=1, dest="verbosity",
+                           default=0, help="more messages (debug details) on stderr")
+    verbosity.add_argument("-q", "--quiet", action="store_const", const=-1, dest="verbosity",
+                           help="only warnings and errors on stderr")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        command.add_parser(sub)
+    return p
+
+
+def _zoo_model(name: str) -> str:
+    """``zoo:NAME`` on the command line: the cached path of a real ONNX model of the zoo."""
+    from npujax.models.zoo import MODELS, fetch_model
+
+    if name not in MODELS:
+        raise ConfigError(f"unknown zoo model {name!r}; known: {', '.join(sorted(MODELS))} "
+                          "(write zoo:ppocr_cls).")
+    return str(fetch_model(name))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``npujax`` console script; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    configure_logging(args.verbosity)
+    try:
+        if str(getattr(args, "model", None) or "").startswith("zoo:"):
+            args.model = _zoo_model(args.model[4:])
+        code = int(args.fn(args) or 0)
+        sys.stdout.flush()  # a reader that left shows here, inside the handler below
+        return code
+    except NpujaxError as e:
+        print(f"npujax: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("npujax: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # e.g. `npujax search ... | head`: the reader left; outputs are already written
+        # (atomically), so exit quietly as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141

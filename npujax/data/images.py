@@ -48,9 +48,6 @@ def text_images(h: int, w: int, n: int, seed: int = 0, flip_odd: bool = False) -
       ConfigError: an image smaller than 8x8 or ``n`` < 1.
     """
     _check(h, w, n)
-    import matplotlib
-
-    matplotlib.use("Agg")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

@@ -26,11 +26,12 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from npujax.errors import GraphError, UnsupportedOpError
+from npujax.errors import ConfigError, GraphError, UnsupportedOpError
 from npujax.ir.graph import Graph, Node, Params, TensorType
 from npujax.ops import ONNX_IMPORTERS, ONNX_WEIGHT_OPS, get_op
 
-__all__ = ["from_onnx", "SUPPORTED_ONNX_OPS", "load_onnx_model", "parse_input_shapes"]
+__all__ = ["from_onnx", "SUPPORTED_ONNX_OPS", "load_onnx_model", "parse_input_shapes",
+           "batch_input_shapes"]
 
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 
@@ -126,8 +127,6 @@ def parse_input_shapes(specs: Sequence[str]) -> dict[str, tuple[int, ...]]:
       ConfigError: a spec without ``=``, an empty name, a non-integer or non-positive dimension,
         or the same name twice.
     """
-    from npujax.errors import ConfigError
-
     shapes: dict[str, tuple[int, ...]] = {}
     for spec in specs:
         name, sep, dims = spec.partition("=")
@@ -398,11 +397,37 @@ def _graph_inputs(ctx: _Ctx, model: onnx.ModelProto,
     return names
 
 
+def batch_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None,
+                       batch: int) -> dict[str, tuple[int, ...]]:
+    """Input shapes with the leading (batch) dimension set to ``batch``: the given shapes, and
+    the declared shapes of inputs not given whose other dimensions are static.
+
+    Raises:
+      ConfigError: ``batch`` < 1.
+    """
+    if batch < 1:
+        raise ConfigError(f"batch must be >= 1, got {batch}.")
+    out = {k: tuple(int(d) for d in v) for k, v in (shapes or {}).items()}
+    inits = {i.name for i in model.graph.initializer}
+    for inp in model.graph.input:
+        if inp.name in inits:
+            continue
+        if inp.name in out:
+            out[inp.name] = (batch, *out[inp.name][1:])
+        else:
+            dims = [d.dim_value if d.dim_value > 0 else None
+                    for d in inp.type.tensor_type.shape.dim]
+            if dims and all(d is not None for d in dims[1:]):
+                out[inp.name] = (batch, *dims[1:])  # type: ignore[misc]
+    return out
+
+
 def from_onnx(
     path_or_model: str | os.PathLike[str] | bytes | onnx.ModelProto,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     *,
     unsupported: str = "error",
+    batch: int | None = None,
 ) -> tuple[Graph, Params]:
     """Import an ONNX model as ``(Graph, params)``, specialised to static input shapes.
 
@@ -415,6 +440,9 @@ def from_onnx(
         ``"fallback"`` keeps it as an opaque ``CpuFallback`` node (``attrs['onnx_op']``) with
         output shapes from ONNX shape inference, executed on the host by ``onnx.reference`` and
         costed by the NPU model as host-CPU fallback.
+      batch: import at this batch size: the leading dimension of every input (given in
+        ``input_shapes`` or declared with static other dimensions) is set to it
+        (:func:`batch_input_shapes`).
 
     The graph is specialised to the input shapes: shape computations are folded with them, so
     executing with another batch size works only where no folded shape depends on the batch
@@ -441,6 +469,8 @@ def from_onnx(
     if unsupported not in ("error", "fallback"):
         raise GraphError(f"unsupported={unsupported!r}; use 'error' or 'fallback'.")
     model = load_onnx_model(path_or_model)
+    if batch is not None:
+        input_shapes = batch_input_shapes(model, input_shapes, batch) or None
     ctx = _Ctx(model, unsupported)
     for o in model.opset_import:
         if o.domain not in ("", "ai.onnx") and any(n.domain == o.domain for n in model.graph.node):

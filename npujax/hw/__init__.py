@@ -13,6 +13,7 @@ from npujax.hw.spec import VectorSpec as VectorSpec
 from npujax.hw.spec import list_presets as list_presets
 from npujax.hw.spec import load_npu_spec as load_npu_spec
 from npujax.hw.spec import npu_spec_from_dict as npu_spec_from_dict
+from npujax.hw.spec import stack_specs as stack_specs
 
 __all__ = [
     "ArraySpec",
@@ -28,4 +29,5 @@ __all__ = [
     "load_npu_spec",
     "npu_spec_from_dict",
     "list_presets",
+    "stack_specs",
 ]

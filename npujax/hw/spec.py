@@ -17,6 +17,12 @@ Hardware is data. Every numeric field carries its unit in its name (``clock_hz``
 Unknown keys, missing keys, wrong types, non-positive sizes and unknown names are rejected with a
 :class:`~npujax.errors.ConfigError` that names the file, the section, the key and the fix.
 See ``docs/hw.md`` for the meaning of every field.
+
+The spec is a JAX pytree: its numeric fields are leaves and everything else (names, dataflow,
+layout, operator lists) is static. The cost model (:mod:`npujax.plan`) therefore takes the spec
+itself, and ``jax.vmap`` over a spec whose leaves are arrays (:func:`stack_specs`) sweeps
+hardware configurations; :meth:`NpuSpec.with_fields` changes fields with the same validation as
+a preset file.
 """
 
 from __future__ import annotations
@@ -25,17 +31,17 @@ import dataclasses
 import importlib.resources
 import math
 import os
-import sys
+import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+import jax
+import jax.numpy as jnp
 
 from npujax.errors import ConfigError
+from npujax.systolic.dataflow import DATAFLOWS
+from npujax.systolic.precision import PRECISION_SCALINGS
 
 __all__ = [
     "ArraySpec",
@@ -51,14 +57,11 @@ __all__ = [
     "load_npu_spec",
     "npu_spec_from_dict",
     "list_presets",
+    "stack_specs",
 ]
 
-#: Dataflow names understood by :mod:`npujax.systolic`.
-DATAFLOWS = ("weight_stationary", "output_stationary", "input_stationary")
 #: Activation layouts an NPU may keep in its memory.
 LAYOUTS = ("NHWC", "NCHW", "NC1HWC0")
-#: How the MAC array's speed depends on operand bit widths (see :class:`ArraySpec`).
-PRECISION_SCALINGS = ("fixed", "bit_composable", "bit_serial")
 
 
 def _field(*, zero_ok: bool = False, choices: tuple[str, ...] | None = None, default=None):
@@ -219,6 +222,33 @@ class NpuSpec:
         """Arithmetic intensity (MACs/byte) above which a layer is compute-bound (roofline)."""
         return self.peak_macs_per_s / self.memory.dram_bytes_per_s
 
+    def with_fields(self, changes: Mapping[str, Any], name: str | None = None) -> NpuSpec:
+        """A copy with ``{"section.key": value}`` changed, validated as a preset file is.
+
+        Args:
+          changes: e.g. ``{"array.rows": 32, "memory.dram_bytes_per_s": 12.8e9}``.
+          name: the new spec's name (default: this one's).
+
+        Raises:
+          ConfigError: an unknown section or key, or a value a preset could not hold.
+
+        Example:
+          >>> big = load_npu_spec("edge_16x16").with_fields({"array.rows": 32})  # doctest: +SKIP
+        """
+        sections = {s: dataclasses.asdict(getattr(self, s)) for s in _SECTIONS}
+        for key, value in changes.items():
+            section, _, field = key.partition(".")
+            if section not in sections or field not in sections[section]:
+                raise ConfigError(f"unknown hardware field {key!r}; use 'section.key' with "
+                                  f"sections {list(_SECTIONS)} (see docs/hw.md).")
+            sections[section][field] = list(value) if isinstance(value, tuple) else value
+        for sec in sections.values():
+            for k, v in sec.items():
+                if isinstance(v, tuple):
+                    sec[k] = list(v)
+        return npu_spec_from_dict({"name": name or self.name, "description": self.description,
+                                   **sections}, origin=f"{self.name} with {dict(changes)}")
+
 
 _SECTIONS: dict[str, type] = {
     "array": ArraySpec,
@@ -228,6 +258,40 @@ _SECTIONS: dict[str, type] = {
     "ops": OpsSpec,
     "host": HostSpec,
 }
+
+
+def _numeric(f: dataclasses.Field) -> bool:
+    return str(f.type) in ("int", "float")
+
+
+# Numeric fields are pytree leaves (traced under jit/vmap/grad); names, dataflow, layout and
+# operator lists are static.
+for _cls in _SECTIONS.values():
+    jax.tree_util.register_dataclass(
+        _cls, data_fields=[f.name for f in dataclasses.fields(_cls) if _numeric(f)],
+        meta_fields=[f.name for f in dataclasses.fields(_cls) if not _numeric(f)])
+jax.tree_util.register_dataclass(NpuSpec, data_fields=list(_SECTIONS),
+                                 meta_fields=["name", "description"])
+
+
+def stack_specs(specs: list[NpuSpec]) -> NpuSpec:
+    """One spec whose numeric leaves are arrays ``[len(specs)]``, for ``jax.vmap`` over
+    hardware configurations (int fields int32, float fields float32).
+
+    Raises:
+      ConfigError: no specs, or specs whose static fields (dataflow, layout, operator lists,
+        precision scaling, names) differ.
+    """
+    if not specs:
+        raise ConfigError("stack_specs needs at least one spec.")
+    treedef = jax.tree.structure(specs[0])
+    for s in specs[1:]:
+        if jax.tree.structure(s) != treedef:
+            raise ConfigError(
+                f"specs {specs[0].name!r} and {s.name!r} differ in static fields (dataflow, "
+                "layout, operator lists, precision scaling, name); only numeric fields can be "
+                "stacked for vmap.")
+    return jax.tree.map(lambda *v: jnp.asarray(v), *specs)
 
 
 def _fields(cls: type) -> dict[str, dataclasses.Field]:

@@ -1,23 +1,27 @@
-"""Lowering a Graph onto an NpuSpec: workloads, the latency model and the Schedule."""
+"""The NPU execution model: workloads, per-layer costs (pure jnp), and ``lower``."""
 
-from npujax.plan.latency import BREAKDOWN as BREAKDOWN
-from npujax.plan.latency import HwParams as HwParams
-from npujax.plan.latency import LayerReport as LayerReport
-from npujax.plan.latency import Schedule as Schedule
-from npujax.plan.latency import layer_costs as layer_costs
-from npujax.plan.latency import lower as lower
+from npujax.plan.costs import BREAKDOWN as BREAKDOWN
+from npujax.plan.costs import LayerCosts as LayerCosts
+from npujax.plan.costs import layer_costs as layer_costs
 from npujax.plan.liveness import peak_activation_bytes as peak_activation_bytes
+from npujax.plan.lower import DEFAULT_BITS as DEFAULT_BITS
+from npujax.plan.lower import LayerReport as LayerReport
+from npujax.plan.lower import Schedule as Schedule
+from npujax.plan.lower import layer_bits as layer_bits
+from npujax.plan.lower import lower as lower
 from npujax.plan.workload import Workload as Workload
 from npujax.plan.workload import workloads as workloads
 
 __all__ = [
-    "Workload",
-    "workloads",
-    "HwParams",
-    "layer_costs",
-    "lower",
+    "BREAKDOWN",
+    "LayerCosts",
     "LayerReport",
     "Schedule",
-    "BREAKDOWN",
+    "layer_costs",
+    "layer_bits",
+    "lower",
+    "DEFAULT_BITS",
     "peak_activation_bytes",
+    "Workload",
+    "workloads",
 ]

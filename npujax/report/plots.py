@@ -1,40 +1,63 @@
-"""Plots people would rather look at than read (matplotlib, written atomically as PNG)."""
+"""Plots people would rather look at than read (matplotlib, written atomically as PNG).
+
+Every plot is drawn with matplotlib's object API on its own ``Figure`` (never ``pyplot``), so it
+neither switches nor uses the caller's backend (a notebook keeps its own), and is returned as
+well as saved: ``fig = plot_breakdown(None, schedule)`` only draws it.
+"""
 
 from __future__ import annotations
 
 import io
 import os
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
 from npujax._atomic import atomic_write_bytes
-from npujax.plan.latency import Schedule
+from npujax.plan.costs import BREAKDOWN
+from npujax.plan.lower import Schedule
 
-__all__ = ["plot_layer_latency", "plot_breakdown", "plot_roofline"]
+__all__ = ["plot_layer_latency", "plot_breakdown", "plot_roofline", "new_figure", "save_figure"]
+
+Where = str | os.PathLike[str] | None
+
+
+def new_figure(width: float, height: float) -> tuple[Figure, Any]:
+    """A figure of ``width x height`` inches with one axes, on its own Agg canvas."""
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    return fig, fig.add_subplot()
+
+
+def save_figure(fig: Figure, path: Where) -> Figure:
+    """Write ``fig`` as a PNG at ``path`` atomically (nothing when ``path`` is None); returns it."""
+    fig.tight_layout()
+    if path is not None:
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=120)
+        atomic_write_bytes(path, buf.getvalue())
+    return fig
 
 
 def plot_layer_latency(
-    path: str | os.PathLike[str], schedules: Mapping[str, Schedule], title: str = ""
-) -> None:
+    path: Where, schedules: Mapping[str, Schedule], title: str = ""
+) -> Figure:
     """Grouped bars of per-layer latency (µs), one group per layer and one bar per schedule.
 
     Memory-bound layers are hatched ``//`` and CPU-fallback layers ``xx``, so a reader sees where
     DRAM bandwidth or operator support is the bottleneck.
     All schedules must have the same layers (e.g. INT8 vs mixed precision, or dataflows).
+    Returns the figure (saved at ``path`` unless None).
     """
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
     labels = list(schedules)
     names = [r.name for r in schedules[labels[0]].layers]
     x = np.arange(len(names))
     width = 0.8 / len(labels)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(names) + 2), 4.2))
-    from matplotlib.patches import Patch
-
+    fig, ax = new_figure(max(6.0, 1.1 * len(names) + 2), 4.2)
     handles = []
     for i, label in enumerate(labels):
         rows = schedules[label].layers
@@ -56,27 +79,20 @@ def plot_layer_latency(
     ax.set_title(title or f"per-layer latency on {npu}")
     ax.legend(handles=handles, fontsize=8)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    _save(fig, path)
+    return save_figure(fig, path)
 
 
 _BREAKDOWN_COLORS = {"compute": "C0", "fill_drain": "C9", "convert": "C8", "dma": "C7",
                      "stall": "C3", "fallback": "C1", "transfer": "C5"}
 
 
-def plot_breakdown(path: str | os.PathLike[str], schedule: Schedule, title: str = "") -> None:
+def plot_breakdown(path: Where, schedule: Schedule, title: str = "") -> Figure:
     """Stacked bars of each layer's latency split into compute, fill/drain, DMA, stall, CPU
-    fallback and host transfer (µs); the stacks sum to the layer latencies."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    from npujax.plan.latency import BREAKDOWN
-
+    fallback and host transfer (µs); the stacks sum to the layer latencies. Returns the figure
+    (saved at ``path`` unless None)."""
     rows = schedule.layers
     x = np.arange(len(rows))
-    fig, ax = plt.subplots(figsize=(max(7.5, 0.55 * len(rows) + 2), 4.4))
+    fig, ax = new_figure(max(7.5, 0.55 * len(rows) + 2), 4.4)
     bottom = np.zeros(len(rows))
     for part in BREAKDOWN:
         vals = np.asarray([r.breakdown()[part] / schedule.clock_hz * 1e6 for r in rows])
@@ -90,50 +106,37 @@ def plot_breakdown(path: str | os.PathLike[str], schedule: Schedule, title: str 
                           f"total {schedule.latency_s * 1e6:.2f} µs", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_roofline(
-    path: str | os.PathLike[str], schedule: Schedule, peak_macs_per_s: float,
+    path: Where, schedule: Schedule, peak_macs_per_s: float,
     dram_bytes_per_s: float, title: str = "",
-) -> None:
+) -> Figure:
     """The roofline of the NPU with each NPU GEMM layer as a point.
 
     x: arithmetic intensity (MACs per DRAM byte); y: attained MAC/s (MACs / layer latency).
     The roof is ``min(peak, intensity x bandwidth)``; the distance below it is lost to fill/drain,
-    poor mapping, alignment padding and exposed DMA (Williams et al., CACM 2009).
+    poor mapping, alignment padding and exposed DMA (Williams et al., CACM 2009). Returns the
+    figure (saved at ``path`` unless None).
     """
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    pts = [r for r in schedule.layers if r.kind == "gemm" and r.device == "npu" and r.dram_bytes]
-    fig, ax = plt.subplots(figsize=(6.4, 4.6))
-    ai = np.asarray([r.macs / r.dram_bytes for r in pts]) if pts else np.asarray([1.0])
+    pts = [r for r in schedule.layers
+           if r.kind == "gemm" and r.device == "npu" and r.costs.dram_bytes]
+    fig, ax = new_figure(6.4, 4.6)
+    ai = np.asarray([r.macs / r.costs.dram_bytes for r in pts]) if pts else np.asarray([1.0])
     lo, hi = min(ai.min(), peak_macs_per_s / dram_bytes_per_s) / 4, max(ai.max(), 1.0) * 4
     xs = np.geomspace(lo, max(hi, 4 * peak_macs_per_s / dram_bytes_per_s), 200)
     ax.loglog(xs, np.minimum(peak_macs_per_s, xs * dram_bytes_per_s), "k-", lw=1.5,
               label="roof: min(peak, AI × bandwidth)")
     for r in pts:
         perf = r.macs / r.latency_s
-        ax.plot(r.macs / r.dram_bytes, perf, "o", color="C3" if r.bound == "memory" else "C0")
-        ax.annotate(r.name, (r.macs / r.dram_bytes, perf), fontsize=7, xytext=(3, 3),
+        ax.plot(r.macs / r.costs.dram_bytes, perf, "o",
+                color="C3" if r.bound == "memory" else "C0")
+        ax.annotate(r.name, (r.macs / r.costs.dram_bytes, perf), fontsize=7, xytext=(3, 3),
                     textcoords="offset points")
     ax.set_xlabel("arithmetic intensity (MACs / DRAM byte)")
     ax.set_ylabel("attained MAC/s")
     ax.set_title(title or f"roofline of {schedule.npu} (red: memory-bound layers)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    _save(fig, path)
-
-
-def _save(fig, path) -> None:
-    import matplotlib.pyplot as plt
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    return save_figure(fig, path)

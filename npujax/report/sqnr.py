@@ -9,9 +9,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from matplotlib.figure import Figure
 from rich.table import Table
 
-from npujax._atomic import atomic_write_bytes, atomic_write_text
+from npujax._atomic import atomic_write_text
+from npujax.report.plots import new_figure, save_figure
 
 __all__ = ["sqnr_table", "sqnr_markdown", "plot_layer_sqnr", "write_sqnr_report"]
 
@@ -38,25 +40,17 @@ def sqnr_markdown(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_layer_sqnr(path: str | os.PathLike[str], rows: Sequence[dict[str, Any]],
-                    title: str = "per-layer SQNR, quantized vs float output") -> None:
-    """Horizontal bars of SQNR (dB) per layer, worst at the top; PNG written atomically."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
+def plot_layer_sqnr(path: str | os.PathLike[str] | None, rows: Sequence[dict[str, Any]],
+                    title: str = "per-layer SQNR, quantized vs float output") -> Figure:
+    """Horizontal bars of SQNR (dB) per layer, worst at the top; returns the figure (a PNG
+    written atomically at ``path`` unless None)."""
     names = [r["name"] for r in rows][::-1]
     vals = [min(r["sqnr_db"], 200.0) for r in rows][::-1]
-    fig, ax = plt.subplots(figsize=(7, 0.45 * len(rows) + 1.5))
+    fig, ax = new_figure(7, 0.45 * len(rows) + 1.5)
     ax.barh(names, vals, color=["tab:red" if v < 20 else "tab:blue" for v in vals])
     ax.set_xlabel("SQNR (dB); red: below 20 dB")
     ax.set_title(title)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    return save_figure(fig, path)
 
 
 def write_sqnr_report(out_dir: str | os.PathLike[str], rows: Sequence[dict[str, Any]]) -> None:

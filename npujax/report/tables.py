@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from rich.table import Table
 
-from npujax.plan.latency import Schedule
+from npujax.plan.lower import Schedule
 
 __all__ = ["layer_table", "dataflow_table"]
 
@@ -33,18 +33,19 @@ def layer_table(schedule: Schedule, title: str | None = None) -> Table:
     for r in schedule.layers:
         gemm = r.kind == "gemm"
         op = r.op + ("+" + "+".join(r.epilogue) if r.epilogue else "")
-        other = r.dma_cycles + r.stall_cycles + r.fallback_cycles + r.transfer_cycles
+        c = r.costs
+        other = c.dma_cycles + c.stall_cycles + c.fallback_cycles + c.transfer_cycles
         t.add_row(
             r.name, op, r.device, str(r.M) if gemm else "", str(r.K) if gemm else "",
             str(r.N) if gemm else "", f"{r.macs:,}" if r.macs else "",
             str(r.weight_bits) if gemm else "", str(r.act_bits),
-            f"{r.compute_cycles:,}", f"{r.memory_cycles:,.0f}", f"{other:,.0f}",
-            _us(r.latency_s), r.bound, f"{r.utilization:.1%}" if gemm and r.device == "npu" else "",
+            f"{c.compute_cycles:,}", f"{c.memory_cycles:,.0f}", f"{other:,.0f}",
+            _us(r.latency_s), r.bound, f"{c.utilization:.1%}" if gemm and r.device == "npu" else "",
         )
     t.add_section()
     t.add_row("total", "", "", "", "", "", f"{schedule.macs:,}", "", "",
-              f"{sum(r.compute_cycles for r in schedule.layers):,}",
-              f"{sum(r.memory_cycles for r in schedule.layers):,.0f}", "",
+              f"{sum(r.costs.compute_cycles for r in schedule.layers):,}",
+              f"{sum(r.costs.memory_cycles for r in schedule.layers):,.0f}", "",
               _us(schedule.latency_s), "", "")
     parts = ", ".join(f"{k} {v * 1e6:,.3f}" for k, v in schedule.breakdown_s().items() if v)
     t.caption = f"latency breakdown (µs): {parts}; throughput {schedule.throughput_per_s:,.0f}/s"
@@ -60,6 +61,6 @@ def dataflow_table(schedules: Mapping[str, Schedule], reference: str | None = No
     for name, s in schedules.items():
         mem = sum(1 for r in s.layers if r.bound == "memory")
         ratio = f"{s.latency_s / ref:.2f}×" if ref else ""
-        t.add_row(name, f"{sum(r.compute_cycles for r in s.layers):,}", _us(s.latency_s),
+        t.add_row(name, f"{sum(r.costs.compute_cycles for r in s.layers):,}", _us(s.latency_s),
                   f"{mem}/{len(s.layers)}", ratio)
     return t

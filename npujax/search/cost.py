@@ -30,8 +30,10 @@ import numpy as np
 from npujax.errors import ConfigError
 from npujax.hw.spec import NpuSpec
 from npujax.ir.graph import Graph
-from npujax.plan.latency import HwParams, layer_costs, lower
+from npujax.plan.costs import layer_costs
+from npujax.plan.lower import lower
 from npujax.plan.workload import workloads
+from npujax.quantize.spec import quant_spec
 
 __all__ = ["LatencyTable", "latency_table", "expected_latency", "policy_latency_s"]
 
@@ -106,14 +108,11 @@ def latency_table(
         raise ConfigError("latency_table needs at least one candidate width.")
     layers = workloads(graph, spec)
     gemm = [i for i, w in enumerate(layers) if w.kind == "gemm"]
-    hw = HwParams.from_spec(spec)
-    df = dataflow or spec.array.dataflow
     n = len(layers)
 
     def column(w, a):
-        c = layer_costs(layers, hw, jnp.full(n, float(w)), jnp.full(n, float(a)), df,
-                        spec.array.precision_scaling)
-        return c["latency_cycles"] / spec.array.clock_hz
+        c = layer_costs(layers, spec, jnp.full(n, float(w)), jnp.full(n, float(a)), dataflow)
+        return c.latency_cycles / spec.array.clock_hz
 
     table = jnp.stack([column(w, a) for w, a in pairs], axis=1)  # [all layers, n]
     widest = pairs.index((pairs[0][0], max(acts)))
@@ -139,6 +138,6 @@ def policy_latency_s(graph: Graph, spec: NpuSpec, choice: Mapping[str, Sequence[
                      dataflow: str | None = None) -> float:
     """Exact lowered latency (s) of a ``{layer: (weight_bits, act_bits)}`` policy on ``spec``
     (:func:`npujax.plan.lower`, including the precision conversions the table leaves out)."""
-    return lower(graph, spec, dataflow=dataflow,
-                 weight_bits={n: int(c[0]) for n, c in choice.items()},
-                 act_bits={n: int(c[1]) for n, c in choice.items()}).latency_s
+    quant = quant_spec(graph, {n: int(c[0]) for n, c in choice.items()},
+                       {n: int(c[1]) for n, c in choice.items()})
+    return lower(graph, spec, quant, dataflow=dataflow).latency_s

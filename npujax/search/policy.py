@@ -10,6 +10,9 @@ from typing import Any
 
 from npujax._atomic import atomic_write_text
 from npujax.errors import ConfigError
+from npujax.ir.graph import Graph
+from npujax.quant import check_bits
+from npujax.quantize.spec import quant_spec
 
 __all__ = ["PrecisionPolicy", "save_policy", "load_policy"]
 
@@ -33,12 +36,20 @@ class PrecisionPolicy:
     def __post_init__(self) -> None:
         for what, d in (("weight_bits", self.weight_bits), ("act_bits", self.act_bits)):
             for layer, b in d.items():
-                if isinstance(b, bool) or not isinstance(b, int) or not 2 <= b <= 16:
-                    raise ConfigError(
-                        f"policy {what}[{layer!r}] must be a whole number in [2, 16], got {b!r}."
-                    )
+                if not isinstance(b, int):
+                    raise ConfigError(f"policy {what}[{layer!r}] must be an int, got {b!r}.")
+                check_bits(b, f"policy {what}[{layer!r}]")
         if set(self.weight_bits) != set(self.act_bits):
             raise ConfigError("policy weight_bits and act_bits must name the same layers.")
+
+    def quant_spec(self, graph: Graph, **scheme: Any) -> dict[str, Any]:
+        """The policy as a :data:`~npujax.QuantSpec` of ``graph`` (the standard integer scheme of
+        :func:`npujax.quant_spec`; ``scheme`` passes its other options, e.g. ``quantizer``).
+
+        Raises:
+          ConfigError: the policy does not name exactly the graph's GEMM layers.
+        """
+        return quant_spec(graph, dict(self.weight_bits), dict(self.act_bits), **scheme)
 
 
 def save_policy(path: str | os.PathLike[str], policy: PrecisionPolicy) -> None:

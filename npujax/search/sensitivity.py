@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -32,9 +32,14 @@ from npujax.quantize.quantizers import quantize_weight
 from npujax.quantize.quantizers.mixture import set_probabilities
 from npujax.quantize.spec import quant_spec
 from npujax.quantize.train import cross_entropy
+from npujax.search.objective import fisher_targets
+
+if TYPE_CHECKING:
+    from npujax.search.base import SearchProblem
+    from npujax.search.config import SearchConfig
 
 __all__ = ["hessian_traces", "activation_sensitivity", "weight_perturbation", "hawq_sensitivity",
-           "loss_sensitivity"]
+           "loss_sensitivity", "layer_sensitivity"]
 
 
 def hessian_traces(
@@ -232,3 +237,31 @@ def loss_sensitivity(
                 wi[i], ai[i] = wc.index(int(w)), ac.index(int(a))
                 out[layer][(int(w), int(a))] = max(float(loss(wi, ai)) - base, 0.0)
     return out
+
+
+def layer_sensitivity(problem: SearchProblem, config: SearchConfig
+                      ) -> dict[str, dict[tuple[int, int], float]]:
+    """``{layer: {(w, a): Omega}}`` for the sensitivity searchers (``config.sensitivity``).
+
+    ``hessian``: HAWQ-V3's weight term (Hutchinson trace x perturbation) plus the
+    empirical-Fisher activation term; ``loss``: the measured loss increase
+    (:func:`loss_sensitivity`). Both on the first ``config.sensitivity_batch`` examples.
+    """
+    graph, params, task = problem.graph, problem.params, problem.task
+    layers = list(problem.table.layers)
+    n = min(config.sensitivity_batch, len(problem.x))
+    xb = jnp.asarray(problem.x[:n], jnp.float32)
+    yb = jnp.asarray(problem.targets[:n])
+    cands, acts = config.candidates, config.act_candidates
+    if config.sensitivity == "loss":
+        return loss_sensitivity(graph, params, xb, yb, layers, cands, acts, loss_fn=task,
+                                progress=config.progress)
+    traces = hessian_traces(lambda p, b: task(execute(graph, p, b[0]), b[1]), params,
+                            (xb, yb), layers, samples=config.sensitivity_samples,
+                            seed=config.seed, progress=config.progress)
+    w_omega = hawq_sensitivity(traces, weight_perturbation(graph, params, layers, cands))
+    a_omega = activation_sensitivity(
+        graph, params, xb, jnp.asarray(fisher_targets(problem.targets[:n], task, config.seed)),
+        layers, acts, loss_fn=task)
+    return {ln: {(w, a): w_omega[ln][w] + a_omega[ln][a] for w in cands for a in acts}
+            for ln in layers}

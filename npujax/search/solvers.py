@@ -1,32 +1,26 @@
-"""Combinatorial precision searchers over a latency table and per-layer sensitivities.
+"""What the searchers share: the candidates a layer may take (pins), the budget's feasibility, the
+sensitivity matrix, and the seam between a latency table and the exact lowering
+(:func:`fit_exact_budget`).
 
-Both choose one candidate weight width per layer so that the modelled latency
-``sum_l T_l(b_l) + fixed`` meets a budget, trading off a per-layer sensitivity ``Omega_l(b)``
-(e.g. HAWQ-V3's Hessian-weighted perturbation, :func:`npujax.search.hawq_sensitivity`):
-
-* :func:`ilp_policy` — the exact optimum of HAWQ-V3's integer linear program
-  (Yao et al., ICML 2021, arXiv:2011.10680), solved with SciPy's HiGHS MILP solver;
-* :func:`greedy_policy` — start at the widest widths and repeatedly move the layer to the faster
-  candidate with the best latency saved per unit of added sensitivity (the baseline of
-  sensitivity-ranking tools).
+A policy chooses one candidate ``(weight, act)`` width pair per layer so that the modelled
+latency ``sum_l T_l(b_l) + fixed`` meets a budget, trading off a per-layer sensitivity
+``Omega_l(b)`` (:mod:`npujax.search.ilp`, :mod:`npujax.search.greedy`) or the learned
+probabilities (:mod:`npujax.search.gradient`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
 from npujax.errors import ConfigError
+from npujax.search.base import Pinned
 from npujax.search.cost import LatencyTable
 
-__all__ = ["ilp_policy", "greedy_policy", "fastest_latency_s", "allowed_mask", "Pinned",
-           "fit_exact_budget", "check_budget"]
-
-
-#: ``{layer: weight_bits or (weight_bits, act_bits)}``: layers whose choice is fixed (e.g. the
-#: first and last layers at 8 bits, as HAWQ-V3 and HAQ keep them).
-Pinned = Mapping[str, "int | tuple[int, int]"]
+__all__ = ["fastest_latency_s", "allowed_mask", "fit_exact_budget", "check_budget",
+           "sensitivity_matrix"]
 
 
 def allowed_mask(table: LatencyTable, pinned: Pinned | None = None) -> np.ndarray:
@@ -72,8 +66,15 @@ def check_budget(table: LatencyTable, budget_s: float, pinned: Pinned | None = N
     return best
 
 
-def _check(table: LatencyTable, sensitivity: Mapping[str, Mapping[int, float]], budget_s: float,
-           pinned: Pinned | None = None):
+def sensitivity_matrix(table: LatencyTable, sensitivity: Mapping[str, Mapping[Any, float]],
+                       budget_s: float, pinned: Pinned | None = None
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """``(latency, omega)``: float64 ``[L, n]`` seconds and sensitivities of every candidate,
+    after checking the budget and that every layer has a sensitivity.
+
+    Raises:
+      ConfigError: an infeasible budget, or a layer without sensitivities.
+    """
     missing = [n for n in table.layers if n not in sensitivity]
     if missing:
         raise ConfigError(f"sensitivity has no entry for layers {missing}.")
@@ -89,81 +90,6 @@ def _omega(per_layer: Mapping, choice: tuple[int, int]) -> float:
     if choice in per_layer:
         return per_layer[choice]
     return per_layer[choice[0]]
-
-
-def ilp_policy(
-    table: LatencyTable, sensitivity: Mapping[str, Mapping[int, float]], budget_s: float,
-    pinned: Pinned | None = None,
-) -> dict[str, int]:
-    """Minimise ``sum_l Omega_l(b_l)`` subject to ``latency <= budget_s`` exactly (MILP).
-
-    Args:
-      table: exact per-layer, per-candidate latencies (:func:`npujax.search.latency_table`).
-      sensitivity: ``{layer: {(w, a): Omega}}`` or ``{layer: {w: Omega}}``.
-      budget_s: latency budget (s).
-      pinned: ``{layer: w or (w, a)}`` layers held at one choice.
-
-    Returns:
-      ``{layer: (weight_bits, act_bits)}``.
-
-    Raises:
-      ConfigError: infeasible budget, missing sensitivities, a bad pinned entry.
-    """
-    from scipy.optimize import Bounds, LinearConstraint, milp
-
-    lat, omega = _check(table, sensitivity, budget_s, pinned)
-    allowed = allowed_mask(table, pinned)
-    n_layers, n_cand = lat.shape
-    one_hot = np.zeros((n_layers, n_layers * n_cand))
-    for i in range(n_layers):
-        one_hot[i, i * n_cand:(i + 1) * n_cand] = 1.0
-    constraints = [
-        LinearConstraint(one_hot, 1.0, 1.0),
-        # in µs, never below the fastest policy (feasible by _check) and with a relative slack
-        # of 1e-7 so that a budget equal to the fastest latency survives the solver's tolerances
-        LinearConstraint(lat.reshape(1, -1) * 1e6, -np.inf,
-                         max(budget_s - table.fixed_s,
-                             np.where(allowed, lat, np.inf).min(axis=1).sum()) * 1e6
-                         * (1 + 1e-7) + 1e-9),
-    ]
-    res = milp(omega.reshape(-1), constraints=constraints,
-               integrality=np.ones(n_layers * n_cand),
-               bounds=Bounds(0, allowed.reshape(-1).astype(np.float64)))
-    if not res.success:
-        raise ConfigError(f"the integer program found no policy: {res.message}")
-    choice = np.asarray(res.x).reshape(n_layers, n_cand).argmax(axis=1)
-    return {n: table.candidates[int(c)] for n, c in zip(table.layers, choice)}
-
-
-def greedy_policy(
-    table: LatencyTable, sensitivity: Mapping[str, Mapping[int, float]], budget_s: float,
-    pinned: Pinned | None = None,
-) -> dict[str, int]:
-    """Narrow layers one step at a time, best latency saved per sensitivity added first.
-
-    Args and Returns as :func:`ilp_policy`.
-    """
-    lat, omega = _check(table, sensitivity, budget_s, pinned)
-    allowed = allowed_mask(table, pinned)
-    order = sorted(range(len(table.candidates)), key=lambda i: (sum(table.candidates[i]), -i))
-    pos = np.asarray([[j for j in order if allowed[i, j]][-1] for i in range(len(table.layers))])
-    total = lat[np.arange(len(pos)), pos].sum() + table.fixed_s
-    while total > budget_s * (1 + 1e-12):
-        best, best_score = None, -np.inf
-        for i in range(len(pos)):
-            for j in range(lat.shape[1]):  # any candidate that is faster than the current one
-                saved = lat[i, pos[i]] - lat[i, j]
-                if saved <= 0 or not allowed[i, j]:
-                    continue
-                score = saved / max(omega[i, j] - omega[i, pos[i]], 1e-30)
-                if score > best_score:
-                    best, best_score = (i, j), score
-        if best is None:  # cannot happen when the budget is feasible; guards rounding
-            break
-        i, j = best
-        total -= lat[i, pos[i]] - lat[i, j]
-        pos[i] = j
-    return {n: table.candidates[int(p)] for n, p in zip(table.layers, pos)}
 
 
 def fit_exact_budget(

@@ -6,10 +6,13 @@
 * :func:`simulate_gemm`: register-level ``lax.scan`` over cycles that proves the closed form.
 * :func:`gemm_memory`: SRAM double buffering, DRAM traffic and stall cycles.
 * :func:`scalesim_report`: the same figures in SCALE-Sim's report conventions.
+* :class:`PrecisionScaling`: how operand widths change the array's speed (fixed, Bit Fusion,
+  Loom).
 """
 
 from npujax.systolic.conv import conv_cycles as conv_cycles
 from npujax.systolic.conv import conv_gemm_shape as conv_gemm_shape
+from npujax.systolic.dataflow import DATAFLOWS as DATAFLOWS
 from npujax.systolic.dataflow import SCALESIM_CYCLE_OFFSET as SCALESIM_CYCLE_OFFSET
 from npujax.systolic.dataflow import Dataflow as Dataflow
 from npujax.systolic.dataflow import InputStationary as InputStationary
@@ -20,11 +23,18 @@ from npujax.systolic.dataflow import get_dataflow as get_dataflow
 from npujax.systolic.emulator import emulate_conv as emulate_conv
 from npujax.systolic.emulator import emulate_gemm as emulate_gemm
 from npujax.systolic.memory import gemm_memory as gemm_memory
+from npujax.systolic.precision import PRECISION_SCALINGS as PRECISION_SCALINGS
+from npujax.systolic.precision import BitComposable as BitComposable
+from npujax.systolic.precision import BitSerial as BitSerial
+from npujax.systolic.precision import Fixed as Fixed
+from npujax.systolic.precision import PrecisionScaling as PrecisionScaling
+from npujax.systolic.precision import get_precision_scaling as get_precision_scaling
 from npujax.systolic.registers import simulate_gemm as simulate_gemm
 from npujax.systolic.scalesim import scalesim_report as scalesim_report
 
 __all__ = [
     "Dataflow",
+    "DATAFLOWS",
     "WeightStationary",
     "OutputStationary",
     "InputStationary",
@@ -38,4 +48,10 @@ __all__ = [
     "gemm_memory",
     "scalesim_report",
     "SCALESIM_CYCLE_OFFSET",
+    "PrecisionScaling",
+    "Fixed",
+    "BitComposable",
+    "BitSerial",
+    "PRECISION_SCALINGS",
+    "get_precision_scaling",
 ]

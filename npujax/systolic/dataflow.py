@@ -50,10 +50,10 @@ import jax
 import jax.numpy as jnp
 
 from npujax.errors import ConfigError
-from npujax.hw.spec import DATAFLOWS
 
 __all__ = [
     "Dataflow",
+    "DATAFLOWS",
     "WeightStationary",
     "OutputStationary",
     "InputStationary",
@@ -158,7 +158,9 @@ class InputStationary(Dataflow):
 _BY_NAME: dict[str, Dataflow] = {
     d.name: d for d in (WeightStationary(), OutputStationary(), InputStationary())
 }
-assert tuple(sorted(_BY_NAME)) == tuple(sorted(DATAFLOWS))
+#: Dataflow names, for presets (``[array] dataflow``) and the command line.
+DATAFLOWS = tuple(_BY_NAME)
+_ALIASES = {"".join(w[0] for w in name.split("_")): name for name in DATAFLOWS}
 
 
 def get_dataflow(dataflow: str | Dataflow) -> Dataflow:
@@ -169,8 +171,7 @@ def get_dataflow(dataflow: str | Dataflow) -> Dataflow:
     """
     if isinstance(dataflow, Dataflow):
         return dataflow
-    aliases = {"ws": "weight_stationary", "os": "output_stationary", "is": "input_stationary"}
-    key = aliases.get(str(dataflow).lower(), str(dataflow).lower())
+    key = _ALIASES.get(str(dataflow).lower(), str(dataflow).lower())
     if key not in _BY_NAME:
         raise ConfigError(
             f"unknown dataflow {dataflow!r}; use one of {', '.join(DATAFLOWS)} (or ws/os/is)."

@@ -33,7 +33,7 @@ folds::
 
 so ``total_cycles >= max(compute_cycles, dram_bytes / dram_bytes_per_cycle)`` (the roofline of
 Williams et al., CACM 2009). Memory-side figures are float32 cycles (fractional when bytes do not
-divide the bandwidth), as in :mod:`npujax.plan.latency`.
+divide the bandwidth), as in :mod:`npujax.plan.costs`.
 
 All arguments may be traced jnp scalars or arrays (``vmap`` over hardware configurations); the
 dataflow is static.

@@ -13,23 +13,22 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import optax
 from flax import nnx
 from rich.console import Console
 
-from npujax.data.datasets import Dataset, load_digits_nhwc
+from npujax.data.datasets import load_digits_nhwc
 from npujax.errors import ConfigError
 from npujax.frontends.flax import trace_flax
-from npujax.hw import DATAFLOWS, NpuSpec, load_npu_spec
+from npujax.hw import NpuSpec, load_npu_spec
 from npujax.ir.passes import optimize
 from npujax.models.cnn import DigitsCNN
-from npujax.plan import Schedule, lower
+from npujax.models.train import train_float
+from npujax.plan import lower
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.model_file import save_graph
 from npujax.quantize.spec import quant_spec
-from npujax.quantize.train import batch_iterator, cross_entropy, evaluate, progress_bar, train_graph
+from npujax.quantize.train import evaluate, train_graph
 from npujax.report import (
-    dataflow_table,
     layer_table,
     plot_breakdown,
     plot_layer_latency,
@@ -37,9 +36,15 @@ from npujax.report import (
     write_json,
     write_layers_csv,
 )
-from npujax.search import search_precision
+from npujax.search import SEARCHERS, SearchConfig, search_precision
+from npujax.workflows.lowering import lower_dataflows, print_lowering
 
-__all__ = ["DemoConfig", "run_demo", "train_float", "default_out_dir"]
+__all__ = ["DemoConfig", "run_demo", "default_out_dir", "DEMO_FILES"]
+
+
+#: The files :func:`run_demo` writes into its output folder.
+DEMO_FILES = ("report.json", "layers_int8.csv", "layers_mixed.csv", "layer_latency.png",
+              "dataflow_latency.png", "breakdown_mixed.png", "roofline.png", "model.npz")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -58,10 +63,13 @@ class DemoConfig:
       search_steps: joint weight/bit-logit steps of the precision search.
       finetune_steps: QAT steps with the searched policy.
       candidates: candidate weight widths of the search.
-      search_method: searcher of :func:`npujax.search.search_precision` (``gradient``,
-        ``ilp`` or ``greedy``).
+      search_method: a searcher of :data:`npujax.search.SEARCHERS` (``gradient``, ``ilp`` or
+        ``greedy``).
       budget_ratio: latency budget of the search as a fraction of the INT8 latency.
       progress: show progress bars.
+
+    Raises:
+      ConfigError: an unknown searcher, or a count below 1 (naming the field).
     """
 
     npu: str = "edge_16x16"
@@ -80,60 +88,29 @@ class DemoConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        from npujax.search import SEARCHERS
-
         if self.search_method not in SEARCHERS:
-            raise ConfigError(f"--search-method must be one of {', '.join(SEARCHERS)}, got "
-                              f"{self.search_method!r}.")
-        flags = {"float_epochs": "--epochs", "qat_steps": "--qat-steps",
-                 "search_steps": "--search-steps", "finetune_steps": "--finetune-steps",
-                 "batch_size": None, "calibration_batches": None}
-        for f, flag in flags.items():
+            raise ConfigError(f"DemoConfig.search_method must be one of "
+                              f"{', '.join(SEARCHERS)}, got {self.search_method!r}.")
+        for f in ("float_epochs", "qat_steps", "search_steps", "finetune_steps", "batch_size",
+                  "calibration_batches"):
             if getattr(self, f) < 1:
-                name = f"{flag} ({f})" if flag else f
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, f)}.")
+                raise ConfigError(f"DemoConfig.{f} must be >= 1, got {getattr(self, f)}.")
 
 
 def default_out_dir() -> Path:
     """``runs/<UTC timestamp>`` in the current directory (a new folder per run)."""
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S-%f")
+    stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%d-%H%M%S-%f")
     return Path("runs") / stamp
 
 
-def train_float(
-    data: Dataset, *, epochs: int, learning_rate: float, batch_size: int, seed: int,
-    progress: bool = False, model: nnx.Module | None = None,
-) -> nnx.Module:
-    """Train ``model`` (default a new :class:`DigitsCNN`) in float with optax Adam (BatchNorm in
-    training mode); returns it in eval mode."""
-    model = model if model is not None else DigitsCNN(rngs=nnx.Rngs(seed))
-    steps_per_epoch = max(1, len(data.x_train) // batch_size)
-    schedule = optax.cosine_decay_schedule(learning_rate, epochs * steps_per_epoch)
-    optimizer = nnx.Optimizer(model, optax.adam(schedule), wrt=nnx.Param)
-
-    @nnx.jit
-    def step(model, optimizer, x, y):
-        loss, grads = nnx.value_and_grad(lambda m: cross_entropy(m(x), y))(model)
-        optimizer.update(model, grads)
-        return loss
-
-    model.train()
-    batches = batch_iterator(data.x_train, data.y_train, batch_size, seed)
-    with progress_bar(progress, "float training", epochs * steps_per_epoch) as advance:
-        for _ in range(epochs * steps_per_epoch):
-            advance(step(model, optimizer, *next(batches)))
-    model.eval()
-    return model
-
-
 def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) -> dict[str, Any]:
-    """Run the whole pipeline and write ``report.json``, CSVs, plots and the model file.
+    """Run the whole pipeline and write :data:`DEMO_FILES` (report, CSVs, plots, model file).
 
     Returns:
       The report dict (also written to ``<out>/report.json``); ``report["out_dir"]`` is the folder.
 
     Raises:
-      ConfigError: bad preset or settings.
+      ConfigError: bad preset or settings, or an output folder that cannot be created.
     """
     console = console or Console()
     t0 = time.perf_counter()
@@ -143,14 +120,15 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(f"cannot create output folder {str(out)!r}: {e.strerror}; "
-                          "pass another --out.") from None
+                          "pass another output folder.") from None
     data = load_digits_nhwc(seed=config.seed)
     console.print(f"[bold]npujax demo[/] — digits {len(data.x_train)} train / "
                   f"{len(data.x_test)} test, NPU preset [cyan]{spec.name}[/], output {out}")
 
     # 1-2. float model in Flax
     model = train_float(data, epochs=config.float_epochs, learning_rate=config.float_learning_rate,
-                        batch_size=config.batch_size, seed=config.seed, progress=config.progress)
+                        batch_size=config.batch_size, seed=config.seed, progress=config.progress,
+                        model=DigitsCNN(rngs=nnx.Rngs(config.seed)))
 
     # 3. one Graph, traced once; BN folded and activations fused as the NPU compiler does
     graph, params = trace_flax(model, data.x_test[:1])
@@ -176,13 +154,12 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
 
     # 6. mixed-precision search against the NPU latency model (weights; activations at 8 bits),
     #    then QAT fine-tuning of the W8A8 QAT model with the chosen policy
-    policy = search_precision(graph, qat_params, spec, xtr, ytr, qstate,
-                              method=config.search_method, budget_ratio=config.budget_ratio,
-                              candidates=config.candidates, act_candidates=(8,),
-                              steps=config.search_steps, seed=config.seed + 2,
-                              progress=config.progress)
-    wpolicy = dict(policy.weight_bits)
-    q_mp = quant_spec(graph, wpolicy, 8)
+    search = search_precision(graph, qat_params, spec, xtr, ytr, qstate, SearchConfig(
+        method=config.search_method, budget_ratio=config.budget_ratio,
+        candidates=config.candidates, act_candidates=(8,), steps=config.search_steps,
+        seed=config.seed + 2, progress=config.progress))
+    wpolicy = dict(search.policy.weight_bits)
+    q_mp = search.policy.quant_spec(graph)
     mp_params = train_graph(graph, qat_params, xtr, ytr, steps=config.finetune_steps,
                             learning_rate=1e-4, batch_size=bs, quant=q_mp, qstate=qstate,
                             seed=config.seed + 3, progress=config.progress,
@@ -190,22 +167,21 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
     mp_acc = evaluate(graph, mp_params, xte, yte, quant=q_mp, qstate=qstate)
 
     # 7. lowering
-    int8 = lower(graph, spec)
-    mixed = lower(graph, spec, weight_bits=wpolicy)
-    by_dataflow: dict[str, Schedule] = {df: lower(graph, spec, dataflow=df) for df in DATAFLOWS}
+    int8 = lower_dataflows(graph, spec)
+    mixed = lower(graph, spec, q_mp)
     console.print(f"mixed precision ({config.search_method} search) {wpolicy}: "
                   f"accuracy {mp_acc:.4f}, "
-                  f"latency {mixed.latency_s * 1e6:.3f} µs vs INT8 {int8.latency_s * 1e6:.3f} µs "
-                  f"({int8.latency_s / mixed.latency_s:.2f}× faster)")
-    console.print(layer_table(int8, f"INT8 on {spec.name} ({int8.dataflow})"))
+                  f"latency {mixed.latency_s * 1e6:.3f} µs vs INT8 "
+                  f"{int8.schedule.latency_s * 1e6:.3f} µs "
+                  f"({int8.schedule.latency_s / mixed.latency_s:.2f}× faster)")
+    print_lowering(console, int8, f"INT8 on {spec.name} ({int8.schedule.dataflow})")
     console.print(layer_table(mixed, f"mixed precision on {spec.name} ({mixed.dataflow})"))
-    console.print(dataflow_table(by_dataflow, reference=spec.array.dataflow))
 
     # 8. outputs, each written atomically
     elapsed = time.perf_counter() - t0
     report = {
         "npu": spec.name,
-        "dataflow": int8.dataflow,
+        "dataflow": int8.schedule.dataflow,
         "float_accuracy": float_acc,
         "ptq_int8_accuracy": ptq_acc,
         "qat_int8_accuracy": qat_acc,
@@ -215,36 +191,33 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
             "act_bits": 8,
             "accuracy": mp_acc,
             "latency_s": mixed.latency_s,
-            "budget_s": policy.meta["budget_s"],
-            **({"probabilities": policy.meta["probabilities"]}
-               if "probabilities" in policy.meta else {}),
+            "budget_s": search.budget_s,
+            **({"probabilities": search.details["probabilities"]}
+               if "probabilities" in search.details else {}),
             "layers": mixed.to_dict()["layers"],
         },
-        "int8_latency_s": int8.latency_s,
-        "int8_breakdown_s": int8.breakdown_s(),
-        "peak_activation_bytes": int8.peak_activation_bytes,
-        "dataflow_latency_s": {df: s.latency_s for df, s in by_dataflow.items()},
-        "layers": int8.to_dict()["layers"],
+        "int8_latency_s": int8.schedule.latency_s,
+        "int8_breakdown_s": int8.schedule.breakdown_s(),
+        "peak_activation_bytes": int8.schedule.peak_activation_bytes,
+        "dataflow_latency_s": {df: s.latency_s for df, s in int8.by_dataflow.items()},
+        "layers": int8.schedule.to_dict()["layers"],
         "config": {k: (list(v) if isinstance(v, tuple) else v)
                    for k, v in dataclasses.asdict(config).items()},
         "runtime_s": elapsed,
         "jax_backend": jax.default_backend(),
     }
     write_json(out / "report.json", report)
-    write_layers_csv(out / "layers_int8.csv", int8)
+    write_layers_csv(out / "layers_int8.csv", int8.schedule)
     write_layers_csv(out / "layers_mixed.csv", mixed)
-    plot_layer_latency(out / "layer_latency.png", {"INT8": int8, "mixed": mixed})
-    plot_layer_latency(out / "dataflow_latency.png", by_dataflow,
+    plot_layer_latency(out / "layer_latency.png", {"INT8": int8.schedule, "mixed": mixed})
+    plot_layer_latency(out / "dataflow_latency.png", int8.by_dataflow,
                        title=f"INT8 per-layer latency by dataflow on {spec.name}")
     plot_breakdown(out / "breakdown_mixed.png", mixed)
-    plot_roofline(out / "roofline.png", int8, spec.peak_macs_per_s, spec.memory.dram_bytes_per_s,
+    plot_roofline(out / "roofline.png", int8.schedule, spec.peak_macs_per_s,
+                  spec.memory.dram_bytes_per_s,
                   title=f"roofline of {spec.name}, INT8 layers (red: memory-bound)")
     save_graph(out / "model.npz", graph, qat_params, qstate,
                meta={"weight_bits": 8, "act_bits": 8, "mixed_precision_policy": wpolicy})
-    console.print(f"wrote {out}/report.json, layers_int8.csv, layers_mixed.csv, "
-                  "layer_latency.png, dataflow_latency.png, breakdown_mixed.png, roofline.png, "
-                  f"model.npz ({elapsed:.1f} s)")
+    console.print(f"wrote {out}/{', '.join(DEMO_FILES)} ({elapsed:.1f} s)")
     report["out_dir"] = str(out)
     return report
-
-

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
-import tomllib
 from flax import nnx
 
 from npujax.errors import ConfigError
@@ -191,7 +191,7 @@ def run_qat_experiment(config: QATConfig = QATConfig(), console: Any = None,
     from npujax.quantize.quantizers import init_states
     from npujax.quantize.train import evaluate, train_graph
     from npujax.report import write_sqnr_report
-    from npujax.workflows.demo import train_float
+    from npujax.models.train import train_float
 
     say = console.print if console is not None else (lambda *a, **k: None)
     t0 = time.perf_counter()

@@ -79,7 +79,7 @@ def digits_w8a8():
     from npujax.ir.passes import optimize
     from npujax.quantize.calibrate import calibrate
     from npujax.quantize.spec import quant_spec
-    from npujax.workflows.demo import train_float
+    from npujax.models.train import train_float
 
     data = load_digits_nhwc(seed=0)
     model = train_float(data, epochs=2, learning_rate=3e-3, batch_size=64, seed=0)

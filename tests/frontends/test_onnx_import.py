@@ -345,7 +345,9 @@ def test_zoo_works_offline_after_first_fetch(tmp_path, monkeypatch):
     def no_network(*args, **kwargs):
         raise OSError("network is down")
 
-    monkeypatch.setattr(zoo.subprocess, "run", no_network)
+    from npujax.data import fetch
+
+    monkeypatch.setattr(fetch.subprocess, "run", no_network)
     assert zoo.fetch_model("ppocr_cls", tmp_path) == tmp_path / src.name
     with pytest.raises(zoo.DownloadError, match="network is down"):
         zoo.fetch_model("ppocr_det", tmp_path / "empty")

@@ -10,11 +10,13 @@ from hypothesis import strategies as st
 
 from npujax.errors import ConfigError
 from npujax.frontends.flax import trace_flax
-from npujax.hw import DATAFLOWS, load_npu_spec
+from npujax.hw import DATAFLOWS, load_npu_spec, stack_specs
 from npujax.ir.passes import optimize
 from npujax.models.cnn import DigitsCNN
 from npujax.ops import gemm_nodes
-from npujax.plan import BREAKDOWN, HwParams, layer_costs, lower, workloads
+from npujax.plan import BREAKDOWN, layer_costs, lower, workloads
+from npujax.quant import IntFormat
+from npujax.quantize import LayerQuant, quant_spec
 
 
 def _trace(model, shape):
@@ -54,18 +56,19 @@ def test_roofline_breakdown_and_sum(graph, df, preset):
     for r in s.layers:
         b = r.breakdown()
         assert set(b) == set(BREAKDOWN)
-        assert sum(b.values()) == pytest.approx(r.latency_cycles, rel=1e-6)
+        assert sum(b.values()) == pytest.approx(r.costs.latency_cycles, rel=1e-6)
         assert min(b.values()) >= 0
-        roof = max(r.macs / spec.peak_macs_per_s, r.dram_bytes / bw)
+        roof = max(r.macs / spec.peak_macs_per_s, r.costs.dram_bytes / bw)
         assert r.latency_s >= roof * (1 - 1e-6)
         if r.device == "npu":
             # the first/last tiles (dma beyond the access latency) never overlap compute
             lat = spec.memory.dram_latency_s * spec.array.clock_hz
-            assert r.latency_cycles == pytest.approx(
-                max(r.compute_cycles + r.dma_cycles, r.memory_cycles + lat), rel=1e-5)
-            assert r.bound == ("compute" if r.compute_cycles >= r.memory_cycles else "memory")
+            c = r.costs
+            assert c.latency_cycles == pytest.approx(
+                max(c.compute_cycles + c.dma_cycles, c.memory_cycles + lat), rel=1e-5)
+            assert r.bound == ("compute" if c.compute_cycles >= c.memory_cycles else "memory")
         else:
-            assert r.bound == "fallback" and r.fallback_cycles > 0
+            assert r.bound == "fallback" and r.costs.fallback_cycles > 0
     assert s.latency_s == pytest.approx(sum(r.latency_s for r in s.layers), rel=1e-12)
     assert sum(s.breakdown_s().values()) == pytest.approx(s.latency_s, rel=1e-6)
     assert s.latency_s >= s.macs / spec.peak_macs_per_s
@@ -78,18 +81,19 @@ def test_roofline_breakdown_and_sum(graph, df, preset):
 def test_latency_non_increasing_as_weight_bits_drop(graph, edge_spec, bits, layer):
     names = [n.name for n in gemm_nodes(graph)]
     policy = dict(zip(names, bits))
-    base = lower(graph, edge_spec, weight_bits=policy)
+    base = lower(graph, edge_spec, quant_spec(graph, policy, 8))
     if policy[names[layer]] > 2:
         lower_bits = {**policy, names[layer]: policy[names[layer]] - 1}
-        fewer = lower(graph, edge_spec, weight_bits=lower_bits)
+        fewer = lower(graph, edge_spec, quant_spec(graph, lower_bits, 8))
         assert fewer.latency_s <= base.latency_s
         for a, b in zip(fewer.layers, base.layers):
-            assert a.latency_s <= b.latency_s and a.dram_bytes <= b.dram_bytes
+            assert a.latency_s <= b.latency_s and a.costs.dram_bytes <= b.costs.dram_bytes
 
 
 def test_memory_bound_layer_gets_faster_with_fewer_bits(graph, edge_spec):
     s8 = {r.name: r for r in lower(graph, edge_spec).layers}
-    s4 = {r.name: r for r in lower(graph, edge_spec, weight_bits={"fc1": 4}).layers}
+    w4 = {n.name: 4 if n.name == "fc1" else 8 for n in gemm_nodes(graph)}
+    s4 = {r.name: r for r in lower(graph, edge_spec, quant_spec(graph, w4, 8)).layers}
     assert s8["fc1"].bound == "memory"
     assert s4["fc1"].latency_s < s8["fc1"].latency_s
     assert s4["conv2"].latency_s == s8["conv2"].latency_s
@@ -97,8 +101,8 @@ def test_memory_bound_layer_gets_faster_with_fewer_bits(graph, edge_spec):
 
 def test_wide_operands_take_multiple_passes(graph, edge_spec):
     s8 = {r.name: r for r in lower(graph, edge_spec).layers}
-    s16 = {r.name: r for r in lower(graph, edge_spec, weight_bits=16, act_bits=16).layers}
-    assert s16["conv2"].compute_cycles == 4 * s8["conv2"].compute_cycles
+    s16 = {r.name: r for r in lower(graph, edge_spec, quant_spec(graph, 16, 16)).layers}
+    assert s16["conv2"].costs.compute_cycles == 4 * s8["conv2"].costs.compute_cycles
 
 
 @pytest.mark.parametrize("factor", [1.5, 2.0, 10.0])
@@ -121,7 +125,7 @@ def test_unsupported_op_falls_back_with_transfer(graph, edge_spec):
     assert pool.device == "cpu" and pool.bound == "fallback" and "AveragePool" in pool.reason
     h = edge_spec.host
     min_transfer = 2 * h.link_latency_s  # to the host and back
-    assert pool.transfer_cycles / edge_spec.array.clock_hz >= min_transfer
+    assert pool.costs.transfer_cycles / edge_spec.array.clock_hz >= min_transfer
     assert pool.latency_s >= on_npu["avgpool_0"].latency_s + min_transfer * 0.99
 
 
@@ -178,34 +182,33 @@ def test_multicore_speedup_bounded_by_core_count(cores):
 def test_layer_costs_grad_and_vmap_over_hardware(graph, edge_spec):
     layers = workloads(graph, edge_spec)
     n = len(layers)
-    hw = HwParams.from_spec(edge_spec)
 
-    def total(wbits, hw=hw):
-        c = layer_costs(layers, hw, wbits, jnp.full(n, 8.0), "output_stationary")
-        return jnp.sum(c["latency_cycles"])
+    def total(wbits, spec=edge_spec):
+        c = layer_costs(layers, spec, wbits, jnp.full(n, 8.0), "output_stationary")
+        return jnp.sum(c.latency_cycles)
 
     g = jax.grad(total)(jnp.full(n, 8.0))
     fc1 = [w.name for w in layers].index("fc1")
     assert np.all(np.isfinite(np.asarray(g))) and float(g[fc1]) > 0  # fc1 is memory-bound
     batch = jax.vmap(total)(jnp.stack([jnp.full(n, b) for b in (2.0, 4.0, 8.0)]))
     assert np.all(np.diff(np.asarray(batch)) >= 0)
-    # 64 hardware configurations (bandwidth x array size) in one jitted vmapped call
-    bws = jnp.repeat(jnp.geomspace(1e9, 1e11, 16).astype(jnp.float32), 4)
-    sizes = jnp.tile(jnp.asarray([8, 16, 32, 64], jnp.int32), 16)
-    hws = hw._replace(dram_bytes_per_s=bws, rows=sizes, cols=sizes)
-    axes = HwParams(*[0 if f in ("dram_bytes_per_s", "rows", "cols") else None
-                      for f in HwParams._fields])
-    out = jax.jit(jax.vmap(lambda h: total(jnp.full(n, 8.0), h), in_axes=(axes,)))(hws)
+    # 64 hardware configurations (bandwidth x array size) in one jitted vmapped call over the
+    # spec itself (a pytree: no mirror class)
+    bws = np.repeat(np.geomspace(1e9, 1e11, 16).astype(np.float32), 4)
+    sizes = np.tile(np.asarray([8, 16, 32, 64]), 16)
+    specs = [edge_spec.with_fields({"memory.dram_bytes_per_s": float(b), "array.rows": int(s),
+                                    "array.cols": int(s)}) for b, s in zip(bws, sizes)]
+    out = jax.jit(jax.vmap(lambda s: total(jnp.full(n, 8.0), s)))(stack_specs(specs))
     assert out.shape == (64,)
     for i in (0, 21, 63):
-        spec_i = _with(_with(edge_spec, "memory", dram_bytes_per_s=float(bws[i])), "array",
-                       rows=int(sizes[i]), cols=int(sizes[i]))
-        assert float(out[i]) == pytest.approx(lower(graph, spec_i).latency_cycles, rel=1e-5)
+        assert float(out[i]) == pytest.approx(lower(graph, specs[i]).latency_cycles, rel=1e-5)
 
 
-def test_unknown_layer_in_bits(graph, edge_spec):
+def test_unknown_layer_in_quant_spec(graph, edge_spec):
     with pytest.raises(ConfigError, match="unknown layers"):
-        lower(graph, edge_spec, weight_bits={"nope": 4})
+        lower(graph, edge_spec, {"nope": LayerQuant(weight=IntFormat(4))})
+    with pytest.raises(ConfigError, match="without weights"):
+        lower(graph, edge_spec, {"avgpool_0": LayerQuant(weight=IntFormat(4))})
 
 
 def test_peak_activation_bytes(graph, edge_spec):
@@ -239,7 +242,7 @@ def test_non_increasing_in_sram_and_small_sram_refetches(graph, preset):
         sp = _with(spec, "memory", ifmap_sram_bytes=s, filter_sram_bytes=s, ofmap_sram_bytes=s)
         sched = lower(graph, sp)
         lats.append(sched.latency_s)
-        fetch.append({r.name: r.refetch_factor for r in sched.layers})
+        fetch.append({r.name: r.costs.refetch_factor for r in sched.layers})
     assert all(b <= a * (1 + 1e-9) for a, b in zip(lats, lats[1:]))
     assert lats[0] > lats[-1]
     assert max(fetch[0].values()) > 1.0  # the tiny SRAM re-fetches an operand
@@ -247,8 +250,8 @@ def test_non_increasing_in_sram_and_small_sram_refetches(graph, preset):
                              filter_sram_bytes=1 << 22, ofmap_sram_bytes=1 << 22))
     for r in big.layers:
         if r.device == "npu":
-            assert r.refetch_factor == pytest.approx(1.0, rel=1e-6)
-            assert r.sram_peak_bytes >= 0
+            assert r.costs.refetch_factor == pytest.approx(1.0, rel=1e-6)
+            assert r.costs.sram_peak_bytes >= 0
 
 
 class HardSwishNet(nnx.Module):
@@ -269,9 +272,9 @@ def test_elementwise_chain_fuses_into_the_conv_but_residual_add_reads_dram(edge_
     for r in rows:
         by_op.setdefault(r.op, []).append(r)
     assert by_op["Div"][0].device == "npu"  # a division by the constant 6 is a multiplier
-    fused = [r for r in rows if r.kind == "vector" and r.dram_bytes == 0]
+    fused = [r for r in rows if r.kind == "vector" and r.costs.dram_bytes == 0]
     # add 3, max 0 (relu), min 6, multiply, multiply by 1/6: all on chip after the conv
     assert len(fused) == 5 and all(r.device == "npu" for r in fused)
-    assert all(r.dma_cycles == 0 and r.compute_cycles > 0 for r in fused)
+    assert all(r.costs.dma_cycles == 0 and r.costs.compute_cycles > 0 for r in fused)
     last_add = [r for r in rows if r.op == "Add"][-1]
-    assert last_add.dram_bytes > 0  # conv2 output + y: the skip tensor comes from DRAM
+    assert last_add.costs.dram_bytes > 0  # conv2 output + y: the skip tensor comes from DRAM

@@ -6,7 +6,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from npujax.quantize.quantizers import merge_learned, split_learned
 
 from npujax.backends.integer import convert, execute_integer
 from npujax.backends.onnx_export import to_onnx
@@ -18,6 +17,7 @@ from npujax.ops import gemm_nodes
 from npujax.quant import FP8_E4M3FN, MIN_SCALE, IntFormat
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.execute import execute
+from npujax.quantize.quantizers import merge_learned, split_learned
 from npujax.quantize.spec import LayerQuant, quant_spec
 from npujax.quantize.train import cross_entropy, train_graph
 from tests.onnx_models import ort_run

@@ -10,6 +10,7 @@ from npujax.frontends.flax import trace_flax
 from npujax.ir.passes import optimize
 from npujax.models.cnn import DigitsCNN
 from npujax.plan import lower
+from npujax.quantize import quant_spec
 from npujax.search import expected_latency, latency_table
 
 
@@ -26,7 +27,7 @@ def test_relaxed_equals_exact_at_one_hot(graph, edge_spec):
     for choice in itertools.product(range(3), repeat=len(table.layers)):
         probs = jax.nn.one_hot(jnp.asarray(choice), 3)
         policy = {n: cands[c] for n, c in zip(table.layers, choice)}
-        exact = lower(graph, edge_spec, weight_bits=policy).latency_s
+        exact = lower(graph, edge_spec, quant_spec(graph, policy, 8)).latency_s
         assert float(expected_latency(probs, table)) == pytest.approx(exact, rel=1e-6)
         assert table.latency_s(policy) == pytest.approx(exact, rel=1e-6)
 

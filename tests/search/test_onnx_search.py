@@ -23,7 +23,12 @@ from npujax.ops import gemm_nodes
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.execute import execute
 from npujax.quantize.spec import quant_spec
-from npujax.search import activation_sensitivity, load_policy, search_precision
+from npujax.search import (
+    SearchConfig,
+    activation_sensitivity,
+    load_policy,
+    search_precision,
+)
 from npujax.search.objective import TaskLoss, fisher_targets, search_targets, task_loss
 from tests.onnx_models import ort_run
 
@@ -163,27 +168,27 @@ def test_search_without_labels_distils_from_the_float_model(cls, method):
     spec = load_npu_spec("bitserial_16x16")
     # optax's Adam (python float ** int32 step count) is not strict-promotion clean
     with jax.numpy_dtype_promotion("standard"):
-        pol = search_precision(graph, params, spec, x, None, qs, method=method,
-                               budget_ratio=0.85, act_candidates=(4, 8), sensitivity_samples=2,
-                               sensitivity_batch=16, steps=10)
-    assert pol.meta["loss"] == "probabilities"
-    assert pol.meta["labels"].startswith("float model")
-    assert set(pol.weight_bits) == {n.name for n in gemm_nodes(graph)}
+        rep = search_precision(graph, params, spec, x, None, qs, SearchConfig(
+            method=method, budget_ratio=0.85, act_candidates=(4, 8), sensitivity_samples=2,
+            sensitivity_batch=16, steps=10))
+    assert rep.loss == "probabilities" and rep.distilled
+    assert rep.policy.meta["labels"].startswith("float model")
+    assert set(rep.policy.weight_bits) == {n.name for n in gemm_nodes(graph)}
     if method == "ilp":
-        assert pol.meta["latency_s"] <= 0.85 * pol.meta["int8_latency_s"] * (1 + 1e-6)
+        assert rep.latency_s <= 0.85 * rep.int8_latency_s * (1 + 1e-6)
     else:
-        assert len(pol.meta["probabilities"]["conv1"]) == 3
+        assert len(rep.details["probabilities"]["conv1"]) == 3
 
 
 def test_search_on_a_dense_output_model():
     graph, params = optimize(*from_onnx(_dense()))
     x = photo_crops(H, W, 24, seed=4)
     qs = calibrate(graph, params, [x], quant_spec(graph))
-    pol = search_precision(graph, params, load_npu_spec("bitfusion_16x16"), x, None, qs,
-                           method="greedy", budget_ratio=0.8, act_candidates=(4, 8),
-                           sensitivity_samples=2, sensitivity_batch=8)
-    assert pol.meta["loss"] == "dense"
-    assert pol.meta["latency_s"] <= 0.8 * pol.meta["int8_latency_s"] * (1 + 1e-6)
+    rep = search_precision(graph, params, load_npu_spec("bitfusion_16x16"), x, None, qs,
+                           SearchConfig(method="greedy", budget_ratio=0.8, act_candidates=(4, 8),
+                                        sensitivity_samples=2, sensitivity_batch=8))
+    assert rep.loss == "dense"
+    assert rep.latency_s <= 0.8 * rep.int8_latency_s * (1 + 1e-6)
 
 
 def test_cli_search_and_qat_on_an_onnx_model(tmp_path):

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from npujax.errors import ConfigError
+from npujax.errors import ConfigError, QuantizationError
 from npujax.search import (
     LatencyTable,
     PrecisionPolicy,
@@ -83,7 +83,7 @@ def test_policy_file_round_trip_and_errors(tmp_path):
     save_policy(tmp_path / "p.json", pol)
     back = load_policy(tmp_path / "p.json")
     assert back == pol
-    with pytest.raises(ConfigError, match="\\[2, 16\\]"):
+    with pytest.raises(QuantizationError, match=r"weight_bits\['a'\].*\[2, 16\]"):
         PrecisionPolicy({"a": 1}, {"a": 8})
     with pytest.raises(ConfigError, match="same layers"):
         PrecisionPolicy({"a": 4}, {"b": 8})
@@ -101,6 +101,7 @@ def test_latency_table_columns_and_lookup(edge_spec):
     from npujax.ir.passes import optimize
     from npujax.models.cnn import DigitsCNN
     from npujax.plan import lower
+    from npujax.quantize import quant_spec
     from npujax.search import latency_table
 
     with jax.numpy_dtype_promotion("standard"):
@@ -109,8 +110,8 @@ def test_latency_table_columns_and_lookup(edge_spec):
     t = latency_table(g, edge_spec, (2, 4, 8), (4, 8))
     assert t.candidates == ((2, 4), (2, 8), (4, 4), (4, 8), (8, 4), (8, 8))
     pol = {"conv1": (8, 8), "conv2": (4, 8), "fc1": (2, 8), "fc2": (4, 8)}
-    exact = lower(g, edge_spec, weight_bits={k: v[0] for k, v in pol.items()},
-                  act_bits={k: v[1] for k, v in pol.items()})
+    exact = lower(g, edge_spec, quant_spec(g, {k: v[0] for k, v in pol.items()},
+                                           {k: v[1] for k, v in pol.items()}))
     assert t.latency_s(pol) == pytest.approx(exact.latency_s, rel=1e-6)
     with pytest.raises(ConfigError, match="matches 2 candidates"):
         t.column(4)

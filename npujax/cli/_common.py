@@ -1,0 +1,126 @@
+"""What the command modules share: console, argument types, logging and the error contract."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from npujax.errors import ConfigError
+
+__all__ = ["console", "bits_spec", "int_list", "positive_int", "add_data_args",
+           "add_progress_arg", "configure_logging", "precision_from_bits", "epilog"]
+
+
+def console() -> Any:
+    """A rich console on stdout; pipes and CI logs get a wide fixed width so the per-layer table
+    is not truncated."""
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 150)
+
+
+def bits_spec(text: str) -> int | dict[str, int]:
+    """``8`` or ``fc1=4,fc2=8`` (a width for every layer, or per named layer).
+
+    Raises:
+      ConfigError: a malformed spec or a layer named twice.
+    """
+    try:
+        if "=" not in text:
+            return int(text)
+        pairs = [kv.split("=", 1) for kv in text.split(",")]
+        out = {k.strip(): int(v) for k, v in pairs}
+    except ValueError:
+        raise ConfigError(
+            f"bad bit-width spec {text!r}; use a number (8) or layer=bits pairs (fc1=4,fc2=8)."
+        ) from None
+    if len(out) != len(pairs):
+        raise ConfigError(f"bit-width spec {text!r} names a layer twice.")
+    return out
+
+
+def precision_from_bits(graph: Any, weight_bits: int | Mapping[str, int],
+                        act_bits: int | Mapping[str, int]) -> dict[str, Any]:
+    """The :data:`~npujax.QuantSpec` of command-line widths: a number for every layer, or
+    ``layer=bits`` pairs with the layers not named at 8 bits.
+
+    Raises:
+      ConfigError: a name that is not a GEMM layer of the graph.
+      QuantizationError: a width outside [2, 16].
+    """
+    from npujax.ops import gemm_nodes
+    from npujax.quantize.spec import quant_spec
+
+    names = [n.name for n in gemm_nodes(graph)]
+
+    def full(v: int | Mapping[str, int], what: str) -> int | dict[str, int]:
+        if not isinstance(v, Mapping):
+            return v
+        unknown = sorted(set(v) - set(names))
+        if unknown:
+            raise ConfigError(f"{what} names {unknown}, which are not GEMM layers of the model; "
+                              f"its layers are {names}.")
+        return {n: v.get(n, 8) for n in names}
+
+    return quant_spec(graph, full(weight_bits, "--weight-bits"), full(act_bits, "--act-bits"))
+
+
+def int_list(flag: str):
+    """An argparse type for comma-separated integers (``2,4,8``)."""
+
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            return tuple(int(v) for v in text.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{flag} takes comma-separated integers (e.g. 2,4,8), got {text!r}") from None
+
+    return parse
+
+
+def positive_int(text: str) -> int:
+    """An argparse type for an integer >= 1."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def add_data_args(p: argparse.ArgumentParser) -> None:
+    """``--input-shape``, ``--data``, ``--examples`` (models and their data)."""
+    p.add_argument("--input-shape", action="append", metavar="NAME=1,3,48,192",
+                   help="static shape of an ONNX input with dynamic dimensions")
+    p.add_argument("--data", help="digits (default for model.npz), mnist5k, text or photos "
+                   "(images generated at the ONNX model's input size), or FILE.npy / FILE.npz "
+                   "('x' inputs, optional 'y' int labels)")
+    p.add_argument("--examples", type=positive_int, default=256,
+                   help="images generated for --data text/photos (default 256)")
+
+
+def add_progress_arg(p: argparse.ArgumentParser) -> None:
+    """``--no-progress`` (every long command has it)."""
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+def configure_logging(verbosity: int) -> None:
+    """Messages of npujax's loggers on stderr: warnings with ``-q``, progress notes by default,
+    debug details with ``-v``. Only the command line configures logging; the library never
+    does."""
+    level = {-1: logging.WARNING, 0: logging.INFO}.get(verbosity, logging.DEBUG)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    root = logging.getLogger("npujax")
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    root.propagate = False
+
+
+def epilog(*examples: str) -> str:
+    """An ``--help`` epilog listing example command lines."""
+    return "examples:\n" + "\n".join(f"  {e}" for e in examples)

@@ -1,0 +1,74 @@
+"""``npujax calibrate``: PTQ calibration of a saved model with a per-layer SQNR report."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from npujax.cli._common import (
+    add_progress_arg,
+    bits_spec,
+    console,
+    epilog,
+    positive_int,
+    precision_from_bits,
+)
+from npujax.errors import ConfigError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    from npujax.calib import OBSERVERS
+
+    ca = sub.add_parser(
+        "calibrate", help="PTQ-calibrate a saved model, print per-layer SQNR",
+        description="Calibrate activation ranges of a saved npujax model (model.npz) on real "
+                    "data, apply bias correction and report the per-layer SQNR of the quantized "
+                    "vs float outputs.",
+        epilog=epilog("npujax calibrate runs/<timestamp>/model.npz --observer entropy",
+                      "npujax calibrate model.npz --weight-bits 4 --act-bits 8 --out calib/"),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    ca.add_argument("model", help="model file written by 'npujax demo' (model.npz)")
+    ca.add_argument("--data", choices=("digits", "mnist5k"), default="digits")
+    ca.add_argument("--observer", default="minmax", choices=tuple(OBSERVERS),
+                    help="calibration observer (default minmax)")
+    ca.add_argument("--weight-bits", default="8", help="8, or per layer: fc1=4,fc2=8")
+    ca.add_argument("--act-bits", default="8", help="8, or per layer: conv1=8")
+    ca.add_argument("--batches", type=positive_int, default=8,
+                    help="calibration batches (default 8)")
+    ca.add_argument("--batch-size", type=positive_int, default=64)
+    ca.add_argument("--seed", type=int, default=0)
+    ca.add_argument("--no-bias-correction", action="store_true")
+    add_progress_arg(ca)
+    ca.add_argument("--out", help="write model_calibrated.npz and the SQNR report here")
+    ca.set_defaults(fn=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from npujax.data.datasets import load_digits_nhwc, load_mnist5k_nhwc
+    from npujax.quantize.model_file import load_graph, save_graph
+    from npujax.quantize.ptq import layer_sqnr, ptq
+    from npujax.report import sqnr_table, write_sqnr_report
+
+    graph, params, _, meta = load_graph(args.model)
+    data = (load_digits_nhwc if args.data == "digits" else load_mnist5k_nhwc)(seed=args.seed)
+    want = graph.tensors[graph.inputs[0]].shape[1:]
+    if tuple(data.x_train.shape[1:]) != tuple(want):
+        raise ConfigError(f"the model takes inputs of shape {tuple(want)} but --data {args.data} "
+                          f"has {tuple(data.x_train.shape[1:])}; pick the data set it was "
+                          "trained on.")
+    spec = precision_from_bits(graph, bits_spec(args.weight_bits), bits_spec(args.act_bits))
+    bs = args.batch_size
+    batches = [data.x_train[i * bs:(i + 1) * bs] for i in range(args.batches)]
+    params, qstate = ptq(graph, params, batches, spec, observer=args.observer,
+                         bias_correct=not args.no_bias_correction, progress=not args.no_progress)
+    rows = layer_sqnr(graph, params, spec, qstate, batches[:4])
+    con = console()
+    con.print(sqnr_table(rows, f"per-layer SQNR, {args.observer} calibration (worst first)"))
+    if args.out:
+        out = Path(args.out)
+        save_graph(out / "model_calibrated.npz", graph, params, qstate,
+                   meta={**meta, "observer": args.observer, "weight_bits": args.weight_bits,
+                         "act_bits": args.act_bits})
+        write_sqnr_report(out, rows)
+        con.print(f"wrote {out}/model_calibrated.npz, sqnr.md, sqnr.csv, sqnr.png")
+    return 0

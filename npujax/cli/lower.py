@@ -1,0 +1,96 @@
+"""``npujax lower``: the per-layer NPU latency of an ONNX or saved model."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from npujax.cli._common import bits_spec, console, epilog, positive_int, precision_from_bits
+from npujax.errors import ConfigError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    from npujax.systolic import DATAFLOWS
+
+    lo = sub.add_parser(
+        "lower", help="per-layer NPU latency of an ONNX or saved model",
+        description="Lower an ONNX model or a saved npujax model (model.npz from 'npujax demo') "
+                    "onto a hardware preset and print the per-layer table: placement (NPU or CPU "
+                    "fallback), GEMM shape, cycles, latency breakdown, bound.",
+        epilog=epilog(
+            "npujax lower runs/<timestamp>/model.npz --npu edge_16x16 --weight-bits fc1=4",
+            "npujax lower zoo:ppocr_cls --input-shape x=1,3,48,192 --npu tpu_v1 --out lowered/"),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    lo.add_argument("model", help="an .onnx model, zoo:ppocr_cls / zoo:ppocr_det, or a "
+                    "model.npz written by 'npujax demo'")
+    lo.add_argument("--input-shape", action="append", metavar="NAME=1,3,224,224",
+                    help="static shape of an ONNX input (repeat for several inputs)")
+    lo.add_argument("--sweep-resolution", action="store_true",
+                    help="also lower at half and double the input resolution (ONNX models)")
+    lo.add_argument("--npu", default="edge_16x16", help="preset name or TOML path")
+    lo.add_argument("--dataflow", help="override the preset's dataflow "
+                    f"({', '.join(DATAFLOWS)})")
+    lo.add_argument("--weight-bits", help="8 (default), per layer: fc1=4,fc2=8, or 'saved' for "
+                    "the mixed-precision policy stored in the model file")
+    lo.add_argument("--act-bits", help="8, or per layer: conv1=8")
+    lo.add_argument("--batch", type=positive_int,
+                    help="inference batch size (default: the model's)")
+    lo.add_argument("--out", help="write schedule.json, layers.csv and plots (per-layer latency, "
+                    "stacked breakdown, roofline) here")
+    lo.set_defaults(fn=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from npujax.frontends.onnx import parse_input_shapes
+    from npujax.hw import load_npu_spec
+    from npujax.quantize.model_file import load_graph
+    from npujax.workflows.lowering import (
+        import_onnx_for_lowering,
+        lower_dataflows,
+        print_lowering,
+        print_resolution_sweep,
+        resolution_sweep,
+        write_lowering,
+    )
+
+    wbits = bits_spec(args.weight_bits) if args.weight_bits not in (None, "saved") else 8
+    abits = bits_spec(args.act_bits) if args.act_bits else 8
+    spec = load_npu_spec(args.npu)
+    shapes = parse_input_shapes(args.input_shape or [])
+    onnx_model = str(args.model).lower().endswith(".onnx")
+    batch = args.batch
+    if onnx_model:
+        graph, meta = import_onnx_for_lowering(args.model, shapes, args.batch), {}
+        batch = None  # the batch is part of the imported shapes
+    else:
+        if shapes:
+            raise ConfigError("--input-shape applies to .onnx models; a saved npujax model "
+                              "has fixed shapes (use --batch to change the batch size).")
+        graph, _, _, meta = load_graph(args.model)
+    if args.weight_bits == "saved":
+        if "mixed_precision_policy" not in meta:
+            raise ConfigError(f"{args.model} holds no saved precision policy; pass --weight-bits "
+                              "8 or layer=bits pairs.")
+        wbits = meta["mixed_precision_policy"]
+
+    def precision(g):
+        default = not isinstance(wbits, dict) and not isinstance(abits, dict) \
+            and wbits == abits == 8
+        return None if default else precision_from_bits(g, wbits, abits)
+
+    result = lower_dataflows(graph, spec, precision(graph), dataflow=args.dataflow, batch=batch)
+    con = console()
+    print_lowering(con, result, f"{Path(args.model).name} on {spec.name} "
+                                f"({result.schedule.dataflow})")
+    sweep = None
+    if args.sweep_resolution:
+        if not onnx_model:
+            raise ConfigError("--sweep-resolution re-imports the model at other input sizes; "
+                              "it needs an .onnx model.")
+        sweep = resolution_sweep(args.model, graph, spec, args.batch, precision, args.dataflow)
+        print_resolution_sweep(con, sweep)
+    if args.out:
+        names = write_lowering(args.out, result, spec,
+                               {"resolution_sweep": sweep} if sweep else None)
+        con.print(f"wrote {args.out}/" + ", ".join(names))
+    return 0

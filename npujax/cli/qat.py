@@ -1,0 +1,95 @@
+"""``npujax qat``: the QAT-vs-PTQ experiment from a config file, or QAT of a model with a
+precision policy."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from npujax.cli._common import add_data_args, add_progress_arg, console, epilog, positive_int
+from npujax.errors import ConfigError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    qa = sub.add_parser(
+        "qat", help="QAT vs PTQ experiment from a config file, or QAT of a model with a "
+                    "precision policy",
+        description="--config FILE: train a CNN, then compare PTQ (min-max, percentile, MSE, "
+                    "entropy) with QAT at W8A8/W4A8/W4A4 as the TOML config says (keys: the "
+                    "fields of QATConfig). --policy FILE --model MODEL: QAT-fine-tune a saved or "
+                    "ONNX model with a policy from 'npujax search' and report accuracy and "
+                    "modelled latency.",
+        epilog=epilog(
+            "npujax qat --config experiments/qat_finetune/config.toml --out qat_results/",
+            "npujax qat --policy runs/policy.json --model runs/<timestamp>/model.npz "
+            "--npu bitserial_16x16"),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    qa.add_argument("--config", help="TOML file (see experiments/qat_finetune/config.toml)")
+    qa.add_argument("--policy", help="precision policy JSON from 'npujax search': fine-tune "
+                    "--model with it instead of running an experiment")
+    qa.add_argument("--model", help="with --policy: model.npz written by 'npujax demo', an "
+                    ".onnx model or zoo:ppocr_cls (unlabelled data: fine-tuned by distillation "
+                    "from its float outputs)")
+    add_data_args(qa)
+    qa.add_argument("--npu", default="edge_16x16", help="with --policy: preset for the latency")
+    qa.add_argument("--steps", type=positive_int, default=300,
+                    help="with --policy: QAT steps (default 300)")
+    qa.add_argument("--seed", type=int, default=0)
+    qa.add_argument("--out", help="write quantization.md/.json and SQNR reports here (with "
+                    "--policy: the fine-tuned model.npz)")
+    add_progress_arg(qa)
+    qa.set_defaults(fn=run)
+
+
+def _with_policy(args: argparse.Namespace) -> int:
+    from npujax.frontends.onnx import parse_input_shapes
+    from npujax.hw import load_npu_spec
+    from npujax.search import load_policy
+    from npujax.workflows.inputs import load_model_and_data
+    from npujax.workflows.policy_qat import qat_with_policy
+
+    if not args.model:
+        raise ConfigError("--policy fine-tunes a model: pass --model model.npz or model.onnx.")
+    policy = load_policy(args.policy)
+    spec = load_npu_spec(args.npu)
+    model = load_model_and_data(args.model, data=args.data, examples=args.examples,
+                                input_shapes=parse_input_shapes(args.input_shape or []),
+                                seed=args.seed, calibrate_act_bits=None)
+    try:
+        r = qat_with_policy(model, policy, spec, steps=args.steps, seed=args.seed,
+                            progress=not args.no_progress, out=args.out)
+    except ConfigError as e:
+        raise ConfigError(f"{args.policy}: {e}") from None
+    print(f"QAT with {args.policy}: {r.metric} {r.score:.4f}; modelled latency on {spec.name} "
+          f"{r.latency_s * 1e6:.3f} µs ({r.speedup_vs_int8:.2f}x faster than INT8 "
+          f"{r.int8_latency_s * 1e6:.3f} µs)")
+    if args.out:
+        print(f"wrote {args.out}/model.npz")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    from npujax._atomic import atomic_write_text
+    from npujax.workflows.qat_experiment import (
+        load_qat_config,
+        results_markdown,
+        run_qat_experiment,
+    )
+
+    if args.policy:
+        return _with_policy(args)
+    if not args.config:
+        raise ConfigError("npujax qat needs --config FILE (an experiment) or --policy FILE "
+                          "--model model.npz (fine-tune a saved model with a precision policy).")
+    config = load_qat_config(args.config, progress=not args.no_progress)
+    con = console()
+    result = run_qat_experiment(config, console=con, out_dir=args.out)
+    text = results_markdown([result])
+    con.print(text)
+    if args.out:
+        out = Path(args.out)
+        atomic_write_text(out / "quantization.md", text)
+        atomic_write_text(out / "quantization.json", json.dumps(result, indent=1, default=str))
+        con.print(f"wrote {out}/quantization.md, quantization.json")
+    return 0

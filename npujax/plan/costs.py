@@ -1,0 +1,284 @@
+"""The per-layer cost model: cycles, bytes and the latency breakdown of every layer, in pure jnp.
+
+For every layer of :func:`npujax.plan.workloads` (after BN folding and activation fusion):
+
+**NPU GEMM layers** (Conv, Gemm) on the MAC array. The layer is split over ``cores`` along M or
+along N, whichever finishes first; each core runs
+``gemm_cycles(M', K, N', R, C, dataflow)`` (the fold model of :mod:`npujax.systolic`), times
+``groups`` and ``passes = ceil(w_bits / operand_bits) x ceil(a_bits / operand_bits)`` (operands
+wider than the array's width are split): ``compute_cycles``, of which ``fill_drain_cycles`` are
+spent filling and draining the array.
+
+**NPU vector layers** (pooling, elementwise, layout transforms): ``ceil(ops / (lanes x cores))``.
+
+**Memory.** ``dram_bytes = weights x w_bits/8 + bias x accumulator_bits/8 + (in + out) x
+a_bits/8``, each tensor rounded up to whole DRAM bursts; every layer reads its operands from DRAM
+and writes its output back. ``memory_cycles = dram_bytes / (dram_bytes_per_s / clock_hz)``.
+Compute and DMA are double-buffered and overlap, so the DMA only shows as ``stall_cycles =
+max(0, memory - compute)``; the first access latency is exposed once per layer (``dma_cycles``).
+
+**Precision.** How operand widths change the array's speed is the preset's
+``precision_scaling`` (:mod:`npujax.systolic.precision`): every array takes ``passes`` for
+operands wider than ``operand_bits``; ``fixed`` arrays gain nothing below it, ``bit_composable``
+arrays (Bit Fusion) and ``bit_serial`` arrays (Loom) scale the streaming time; fill/drain is
+unchanged.
+A GEMM's output stage requantizes to the width its (first) consumer wants for free and vector
+layers keep their width, so a chain of layers never converts; a tensor read at two widths (e.g. a
+residual branch at 4 bits next to an 8-bit skip path) costs its second consumer a conversion pass
+on the vector unit (``convert_cycles``: read at one width, write at the other).
+
+**CPU layers** (operators the NPU does not support): ``fallback_cycles = cpu_ops /
+cpu_ops_per_s`` and ``transfer_cycles = link_transfers x link_latency + link_bytes /
+link_bytes_per_s`` (inputs produced on the NPU go to the host, outputs used on the NPU come back).
+
+``latency = compute + convert + dma + stall + fallback + transfer`` exactly (the breakdown
+:data:`BREAKDOWN` splits compute into streaming and fill/drain), so it is never
+below the roofline bound ``max(MACs / peak, bytes / bandwidth)`` (Williams, Waterman and Patterson,
+"Roofline", CACM 2009); ``bound`` is ``compute``, ``memory`` or ``fallback``.
+
+Everything after the static workloads is pure ``jnp`` of the bit widths and of the hardware
+spec's numeric fields (an :class:`~npujax.hw.NpuSpec` is a pytree), so ``jax.vmap`` over a stacked
+spec (:func:`npujax.hw.stack_specs`) sweeps hardware configurations and ``jax.grad`` flows to the
+bit widths (burst rounding passes the gradient of the unrounded bytes straight through).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from npujax.hw.spec import NpuSpec
+from npujax.plan.workload import Workload
+from npujax.systolic.dataflow import gemm_cycles, get_dataflow
+from npujax.systolic.memory import gemm_memory
+from npujax.systolic.precision import get_precision_scaling, passes
+
+__all__ = ["LayerCosts", "layer_costs", "first_consumers", "BREAKDOWN"]
+
+#: The latency components of a layer; they sum exactly to its latency. ``compute`` is the
+#: streaming part of ``compute_cycles`` (the rest is ``fill_drain``).
+BREAKDOWN = ("compute", "fill_drain", "convert", "dma", "stall", "fallback", "transfer")
+
+
+class LayerCosts(NamedTuple):
+    """Costs of layers: ``[L]`` arrays from :func:`layer_costs`, or one layer's numbers.
+
+    Cycle figures are array clock cycles; ``latency_cycles = compute + convert + dma + stall +
+    fallback + transfer`` exactly (the :data:`BREAKDOWN`).
+
+    Attributes:
+      compute_cycles: int32, exact: MAC-array cycles (fill/drain included) or vector-unit cycles.
+      fill_drain_cycles: int32, the array's fill and drain cycles (part of compute).
+      convert_cycles: float32, precision conversion of an input read at another width.
+      dma_cycles: float32, exposed DMA latency (first tiles in, last tile out).
+      stall_cycles: float32, memory time not hidden by compute.
+      fallback_cycles: float32, host-CPU time of a fallback layer.
+      transfer_cycles: float32, NPU <-> host transfers of a fallback layer.
+      latency_cycles: float32, the sum above.
+      memory_cycles: float32, DRAM time of the layer's traffic.
+      dram_bytes: float32, DRAM bytes moved (whole bursts).
+      refetch_factor: float32, DRAM bytes / bytes of each operand once (tiling re-reads).
+      sram_peak_bytes: float32, on-chip buffer bytes a GEMM layer occupies at its peak.
+      folds: int32, folds of the mapping (all groups and passes).
+      utilization: float32, MACs / (compute cycles x PEs); 0 for non-GEMM layers.
+      mapping_efficiency: float32, fraction of PEs holding work, averaged over folds.
+    """
+
+    compute_cycles: Any
+    fill_drain_cycles: Any
+    convert_cycles: Any
+    dma_cycles: Any
+    stall_cycles: Any
+    fallback_cycles: Any
+    transfer_cycles: Any
+    latency_cycles: Any
+    memory_cycles: Any
+    dram_bytes: Any
+    refetch_factor: Any
+    sram_peak_bytes: Any
+    folds: Any
+    utilization: Any
+    mapping_efficiency: Any
+
+    def breakdown(self) -> dict[str, Any]:
+        """Cycles per :data:`BREAKDOWN` component; they sum to ``latency_cycles``."""
+        return {
+            "compute": self.compute_cycles - self.fill_drain_cycles,
+            "fill_drain": self.fill_drain_cycles,
+            "convert": self.convert_cycles,
+            "dma": self.dma_cycles,
+            "stall": self.stall_cycles,
+            "fallback": self.fallback_cycles,
+            "transfer": self.transfer_cycles,
+        }
+
+
+def _ceil_div(a, b):
+    return -(-a // b)
+
+
+def first_consumers(layers: Sequence[Workload]) -> jax.Array:
+    """Index of the first layer reading each layer's output (-1 if none), static int32 [L]."""
+    first = [-1] * len(layers)
+    for j, w in enumerate(layers):
+        if w.producer >= 0 and first[w.producer] < 0:
+            first[w.producer] = j
+    return jnp.asarray(first, jnp.int32)
+
+
+def _bursts(nbytes, burst):
+    """Round up to whole bursts; the gradient is that of ``nbytes`` (straight-through)."""
+    rounded = jnp.ceil(nbytes / burst) * burst
+    return nbytes + jax.lax.stop_gradient(rounded - nbytes)
+
+
+def _hw(spec: NpuSpec) -> NpuSpec:
+    """The spec's numeric leaves as jnp values: int fields int32, float fields float32."""
+    return jax.tree.map(
+        lambda v: jnp.asarray(v, jnp.int32 if isinstance(v, int) or jnp.issubdtype(
+            jnp.result_type(v), jnp.integer) else jnp.float32), spec)
+
+
+def layer_costs(
+    layers: Sequence[Workload],
+    spec: NpuSpec,
+    weight_bits: jax.Array,
+    act_bits: jax.Array,
+    dataflow: str | None = None,
+) -> LayerCosts:
+    """Vectorised cost of ``layers`` (pure jnp; jit/vmap over ``spec``, grad w.r.t. the bits).
+
+    Args:
+      layers: static workloads (from :func:`npujax.plan.workloads`).
+      spec: the NPU; its numeric fields may be traced or batched (:func:`npujax.hw.stack_specs`
+        under ``jax.vmap``).
+      weight_bits: float32 ``[L]`` weight width per layer (ignored for non-GEMM layers).
+      act_bits: float32 ``[L]`` activation width per layer.
+      dataflow: dataflow name (static); default the spec's.
+
+    Returns:
+      :class:`LayerCosts` of ``[L]`` arrays.
+
+    Raises:
+      ConfigError: an unknown dataflow or precision scaling.
+    """
+    df = get_dataflow(dataflow or spec.array.dataflow)
+    scaling = get_precision_scaling(spec.array.precision_scaling)
+    hw = _hw(spec)
+    a, m, h = hw.array, hw.memory, hw.host
+    wb = jnp.asarray(weight_bits, jnp.float32)
+    ab = jnp.asarray(act_bits, jnp.float32)
+    i32 = lambda f: jnp.asarray([f(w) for w in layers], jnp.int32)  # noqa: E731
+    f32 = lambda f: jnp.asarray([f(w) for w in layers], jnp.float32)  # noqa: E731
+    on_npu = jnp.asarray([w.device == "npu" for w in layers])
+    is_gemm = jnp.asarray([w.kind == "gemm" for w in layers]) & on_npu
+    M, K, N = (i32(lambda w, d=d: max(getattr(w, d), 1)) for d in "MKN")
+    groups = i32(lambda w: w.groups)
+    R, C, cores = a.rows, a.cols, a.cores
+    ob = a.operand_bits.astype(jnp.float32)
+    clock = a.clock_hz
+
+    # multi-core: split M or N across the cores, whichever is faster
+    by_m = gemm_cycles(_ceil_div(M, cores), K, N, R, C, df)
+    by_n = gemm_cycles(M, K, _ceil_div(N, cores), R, C, df)
+    use_m = by_m["compute_cycles"] <= by_n["compute_cycles"]
+    g = jax.tree.map(lambda x, y: jnp.where(use_m, x, y), by_m, by_n)
+    n_passes = passes(wb, ab, ob)
+    fd_per_fold = df.fill_cycles(R, C) + df.drain_cycles(R, C)
+    fill_drain_1 = g["folds"] * fd_per_fold
+    stream_1 = (g["compute_cycles"] - fill_drain_1).astype(jnp.float32)
+    scale = scaling.stream_factor(wb, ab, ob, a.brick_bits.astype(jnp.float32))
+    stream = jnp.ceil(stream_1 * scale).astype(jnp.int32)
+    gemm_total = groups * (fill_drain_1 + stream) * n_passes
+    gemm_fill_drain = groups * fill_drain_1 * n_passes
+    lanes = hw.vector.lanes
+    vec_cycles = _ceil_div(i32(lambda w: w.vector_ops), lanes * cores)
+    total_compute = jnp.where(is_gemm, gemm_total, jnp.where(on_npu, vec_cycles, 0))
+    fill_drain = jnp.where(is_gemm, gemm_fill_drain, 0)
+
+    burst = hw.layout.dram_burst_bytes.astype(jnp.float32)
+    acc_bits = a.accumulator_bits.astype(jnp.float32)
+    bpc = m.dram_bytes_per_s / clock
+    in_elems, out_elems = f32(lambda w: w.in_elems), f32(lambda w: w.out_elems)
+    bias_bytes = _bursts(f32(lambda w: w.bias_elems) * acc_bits / 8.0, burst)
+    # every operand once: the traffic if SRAM were large enough (vector layers always)
+    once = (_bursts(f32(lambda w: w.weight_elems) * wb / 8.0, burst) + bias_bytes
+            + _bursts(in_elems * ab / 8.0, burst) + _bursts(out_elems * ab / 8.0, burst))
+    # GEMM layers: the tiled traffic of the systolic memory model (SRAM capacity, reuse, spills).
+    # im2col happens on chip: the [M, K] operand costs DRAM reads of its distinct elements only.
+    fcores = cores.astype(jnp.float32)
+    sram_a = m.ifmap_sram_bytes.astype(jnp.float32) * fcores
+    sram_b = m.filter_sram_bytes.astype(jnp.float32) * fcores
+    sram_o = m.ofmap_sram_bytes.astype(jnp.float32) * fcores
+    mem = gemm_memory(M, K, N, R, C, df, sram_bytes_a=sram_a, sram_bytes_b=sram_b,
+                      sram_bytes_out=sram_o, elem_bytes_a=ab / 8.0, elem_bytes_b=wb / 8.0,
+                      elem_bytes_out=ab / 8.0, dram_bytes_per_cycle=bpc,
+                      unique_elems_a=in_elems / groups.astype(jnp.float32))
+    gf = groups.astype(jnp.float32)
+    tiled = (_bursts(gf * mem["dram_read_bytes_a"], burst)
+             + _bursts(gf * mem["dram_read_bytes_b"], burst) + bias_bytes
+             + _bursts(gf * (mem["dram_write_bytes_out"] + mem["dram_read_bytes_out"]), burst))
+    dram_bytes = jnp.where(on_npu, jnp.where(is_gemm, tiled, once), 0.0)
+    refetch = jnp.where(on_npu, dram_bytes / jnp.maximum(once, 1.0), 0.0)
+    memory = dram_bytes / bpc
+    # the first tiles in and the last tile out cannot overlap compute
+    exposed = jnp.where(is_gemm, jnp.minimum(mem["prologue_cycles"] + mem["epilogue_cycles"],
+                                             memory), 0.0)
+    tc = total_compute.astype(jnp.float32)
+    stall = jnp.maximum(memory - exposed - tc, 0.0)
+    fused = jnp.asarray([bool(w.fused_into) for w in layers])
+    dma = jnp.where(on_npu & ~fused, m.dram_latency_s * clock + exposed, 0.0)
+    sram_peak = jnp.where(is_gemm, (
+        jnp.minimum(in_elems * ab / 8.0, sram_a)
+        + jnp.minimum(f32(lambda w: w.weight_elems) * wb / 8.0, sram_b)
+        + jnp.minimum(out_elems * jnp.where(mem["resident_out"], acc_bits, ab) / 8.0,
+                      sram_o)), 0.0)
+
+    # precision conversion: a GEMM's output stage requantizes to the width of its first consumer
+    # for free; a vector layer keeps its width. A consumer wanting another width pays a pass.
+    first = first_consumers(layers)
+    out_width = jnp.where(jnp.asarray([w.kind == "gemm" for w in layers]) & (first >= 0),
+                          ab[jnp.maximum(first, 0)], ab)
+    prod = jnp.asarray([max(w.producer, 0) for w in layers], jnp.int32)
+    has_prod = jnp.asarray([w.producer >= 0 for w in layers])
+    a_in = jnp.where(has_prod, out_width[prod], ab)
+    needs = has_prod & on_npu & (a_in != ab)
+    conv_bytes = _bursts(in_elems * a_in / 8.0, burst) + _bursts(in_elems * ab / 8.0, burst)
+    conv_cycles = jnp.maximum(_ceil_div(i32(lambda w: w.in_elems), lanes * cores)
+                              .astype(jnp.float32), conv_bytes / bpc)
+    convert = jnp.where(needs, conv_cycles, 0.0)
+
+    cpu = ~on_npu
+    fallback = jnp.where(cpu, f32(lambda w: w.cpu_ops) / h.cpu_ops_per_s * clock, 0.0)
+    link_bytes = (f32(lambda w: w.link_in_elems) + f32(lambda w: w.link_out_elems)) * ab / 8.0
+    transfer = jnp.where(
+        cpu,
+        (f32(lambda w: w.link_transfers) * h.link_latency_s
+         + link_bytes / h.link_bytes_per_s) * clock,
+        0.0,
+    )
+    latency = tc + convert + dma + stall + fallback + transfer
+    zero = jnp.zeros_like(memory)
+    pes = (R * C * cores).astype(jnp.float32)
+    macs = f32(lambda w: w.macs)
+    util = jnp.where(is_gemm, macs / jnp.maximum(tc, 1.0) / pes, zero)
+    return LayerCosts(
+        compute_cycles=total_compute,
+        fill_drain_cycles=fill_drain,
+        convert_cycles=convert,
+        dma_cycles=dma,
+        stall_cycles=stall,
+        fallback_cycles=fallback,
+        transfer_cycles=transfer,
+        latency_cycles=latency,
+        memory_cycles=memory,
+        dram_bytes=dram_bytes,
+        refetch_factor=refetch,
+        sram_peak_bytes=sram_peak,
+        folds=jnp.where(is_gemm, groups * g["folds"] * n_passes, 0),
+        utilization=util,
+        mapping_efficiency=jnp.where(is_gemm, g["mapping_efficiency"], zero),
+    )

@@ -1,0 +1,226 @@
+"""Lower a Graph onto an NpuSpec: the per-layer :class:`Schedule` and end-to-end totals.
+
+:func:`lower` builds the layers' workloads (:mod:`npujax.plan.workload`), takes each layer's
+weight and activation widths from the quantization spec (the one precision vocabulary,
+:data:`npujax.QuantSpec`), evaluates the cost model (:func:`npujax.plan.costs.layer_costs`, one
+compiled program per set of workloads) and reports every layer with its latency, breakdown and
+bound. See :mod:`npujax.plan.costs` for the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import numpy as np
+
+from npujax.errors import ConfigError
+from npujax.hw.spec import NpuSpec
+from npujax.ir.graph import Graph
+from npujax.ir.passes import rebatch
+from npujax.plan.costs import BREAKDOWN, LayerCosts, first_consumers, layer_costs
+from npujax.plan.liveness import peak_activation_bytes
+from npujax.plan.workload import Workload, workloads
+from npujax.quantize.spec import QuantSpec
+from npujax.systolic.dataflow import get_dataflow
+
+__all__ = ["LayerReport", "Schedule", "lower", "layer_bits", "DEFAULT_BITS"]
+
+#: Width of the layers a quantization spec does not name (and of every layer without one): the
+#: int8 deployment NPUs are built for.
+DEFAULT_BITS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerReport:
+    """One row of the per-layer table (all figures for the whole layer, all groups, all cores).
+
+    Attributes:
+      name, op, kind, device, reason: the layer (see :class:`~npujax.plan.workload.Workload`).
+      M, K, N, macs: its GEMM extents after im2col and padding, and its true MACs.
+      weight_bits, act_bits: the widths it was costed at (``weight_bits`` None for layers
+        without weights).
+      costs: its :class:`~npujax.plan.costs.LayerCosts` (Python numbers, array cycles).
+      latency_s: ``costs.latency_cycles / clock_hz``.
+      bound: ``compute``, ``memory`` or ``fallback`` (the larger of compute and memory cycles,
+        or a host-CPU layer).
+      epilogue: activations applied in the layer's output stage.
+    """
+
+    name: str
+    op: str
+    kind: str
+    device: str
+    reason: str
+    M: int
+    K: int
+    N: int
+    macs: int
+    weight_bits: int | None
+    act_bits: int
+    costs: LayerCosts
+    latency_s: float
+    bound: str
+    epilogue: tuple[str, ...] = ()
+
+    def breakdown(self) -> dict[str, float]:
+        """Cycles per :data:`~npujax.plan.costs.BREAKDOWN` component; they sum to the latency."""
+        return {k: float(v) for k, v in self.costs.breakdown().items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as one flat JSON-ready dict (the costs' fields next to the layer's)."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "costs"}
+        return {**d, **self.costs._asdict(), "epilogue": list(self.epilogue)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """The lowered model: per-layer reports and end-to-end totals on one NpuSpec and dataflow."""
+
+    npu: str
+    dataflow: str
+    clock_hz: float
+    batch: int
+    layers: tuple[LayerReport, ...]
+    peak_activation_bytes: int = 0
+
+    @property
+    def latency_s(self) -> float:
+        """End-to-end latency in seconds: the sum of the per-layer latencies."""
+        return float(sum(r.latency_s for r in self.layers))
+
+    @property
+    def latency_cycles(self) -> float:
+        """End-to-end latency in array clock cycles."""
+        return float(sum(r.costs.latency_cycles for r in self.layers))
+
+    @property
+    def macs(self) -> int:
+        """Total multiply-accumulates."""
+        return int(sum(r.macs for r in self.layers))
+
+    @property
+    def throughput_per_s(self) -> float:
+        """Inferences per second at the graph's batch size (``batch / latency``)."""
+        return self.batch / self.latency_s if self.latency_s > 0 else float("inf")
+
+    def breakdown_s(self) -> dict[str, float]:
+        """End-to-end seconds per :data:`BREAKDOWN` component (they sum to ``latency_s``)."""
+        rows = [r.breakdown() for r in self.layers]
+        return {k: sum(b[k] for b in rows) / self.clock_hz for k in BREAKDOWN}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict: totals, breakdown and ``layers``."""
+        return {
+            "npu": self.npu,
+            "dataflow": self.dataflow,
+            "batch": self.batch,
+            "latency_s": self.latency_s,
+            "latency_cycles": self.latency_cycles,
+            "throughput_per_s": self.throughput_per_s,
+            "macs": self.macs,
+            "peak_activation_bytes": self.peak_activation_bytes,
+            "breakdown_s": self.breakdown_s(),
+            "layers": [r.to_dict() for r in self.layers],
+        }
+
+
+def layer_bits(layers: list[Workload], quant: QuantSpec | None
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """float32 ``[L]`` weight and activation widths of the workloads under ``quant``.
+
+    GEMM layers take their :class:`~npujax.LayerQuant`'s widths (FP8: 8); layers the spec
+    leaves out, and every layer when ``quant`` is None, take :data:`DEFAULT_BITS`. A vector
+    layer runs at the width its first consumer wants (else its producer's): a GEMM's output
+    stage requantizes for free, so a chain of layers never converts.
+
+    Raises:
+      ConfigError: the spec names a layer the graph does not cost, or one without weights, or
+        holds a search mixture (several candidate widths).
+    """
+    wb = np.full(len(layers), DEFAULT_BITS, np.float32)
+    ab = np.full(len(layers), DEFAULT_BITS, np.float32)
+    if quant is None:
+        return wb, ab
+    index = {w.name: i for i, w in enumerate(layers)}
+    unknown = sorted(set(quant) - set(index))
+    if unknown:
+        raise ConfigError(f"the quantization spec names unknown layers {unknown}; layers: "
+                          f"{sorted(index)}.")
+    no_weights = sorted(n for n in quant if layers[index[n]].kind != "gemm")
+    if no_weights:
+        raise ConfigError(f"the quantization spec names layers without weights: {no_weights}.")
+    for name, lq in quant.items():
+        i = index[name]
+        wb[i] = lq.weight_bits or DEFAULT_BITS
+        ab[i] = lq.act_bits or DEFAULT_BITS
+    # vector layers run at the width their consumer wants (else their producer's)
+    first = np.asarray(first_consumers(layers))
+    for i in reversed(range(len(layers))):
+        if layers[i].kind != "gemm" and first[i] >= 0:
+            ab[i] = ab[first[i]]
+    for i, w in enumerate(layers):
+        if w.kind != "gemm" and first[i] < 0 and w.producer >= 0:
+            ab[i] = ab[w.producer]
+    return wb, ab
+
+
+@functools.lru_cache(maxsize=64)
+def _jitted_costs(layers: tuple[Workload, ...], dataflow: str):
+    """One compiled cost function per (workloads, dataflow); hardware and bits stay traced."""
+    return jax.jit(lambda spec, w, a: layer_costs(layers, spec, w, a, dataflow))
+
+
+def lower(
+    graph: Graph,
+    spec: NpuSpec,
+    quant: QuantSpec | None = None,
+    *,
+    dataflow: str | None = None,
+    batch: int | None = None,
+) -> Schedule:
+    """Lower ``graph`` onto ``spec`` and return the per-layer :class:`Schedule`.
+
+    Args:
+      graph: an optimized graph (see :func:`npujax.optimize`); its traced batch size is the
+        inference batch.
+      spec: the NPU.
+      quant: the layers' precision (:func:`npujax.quant_spec`, rules, or a searched policy's
+        :meth:`~npujax.search.PrecisionPolicy.quant_spec`); None costs every layer at 8 bits
+        (see :func:`layer_bits`).
+      dataflow: overrides the preset's dataflow (``weight_stationary`` etc.).
+      batch: inference batch size (default: the graph's own; see :func:`npujax.rebatch`).
+
+    Returns:
+      The :class:`Schedule`; its per-layer ``latency_s`` sum to ``Schedule.latency_s``.
+
+    Raises:
+      ConfigError: unknown dataflow or layer names, a layer without weights or a search mixture
+        in ``quant``.
+    """
+    if batch is not None:
+        graph = rebatch(graph, batch)
+    layers = workloads(graph, spec)
+    wb, ab = layer_bits(layers, quant)
+    df = get_dataflow(dataflow or spec.array.dataflow)
+    costs = _jitted_costs(tuple(layers), df.name)(spec, wb, ab)
+    costs = jax.tree.map(np.asarray, costs)
+    ints = ("compute_cycles", "fill_drain_cycles", "folds")
+    clock = spec.array.clock_hz
+    reports = []
+    for i, w in enumerate(layers):
+        c = LayerCosts(**{k: (int(v[i]) if k in ints else float(v[i]))
+                          for k, v in costs._asdict().items()})
+        bound = ("fallback" if w.device == "cpu" else
+                 "compute" if c.compute_cycles >= c.memory_cycles else "memory")
+        reports.append(LayerReport(
+            name=w.name, op=w.op, kind=w.kind, device=w.device, reason=w.reason, M=w.M, K=w.K,
+            N=w.N, macs=w.macs, weight_bits=int(wb[i]) if w.kind == "gemm" else None,
+            act_bits=int(ab[i]), costs=c, latency_s=c.latency_cycles / clock, bound=bound,
+            epilogue=w.epilogue))
+    batch_size = int(graph.tensors[graph.inputs[0]].shape[0]) if graph.inputs else 1
+    act = DEFAULT_BITS if quant is None else int(max(ab, default=DEFAULT_BITS))
+    return Schedule(spec.name, df.name, clock, batch_size, tuple(reports),
+                    peak_activation_bytes(graph, act))

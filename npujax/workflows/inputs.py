@@ -1,0 +1,106 @@
+"""Load a model and its data for a search or a fine-tuning run: a saved npujax model or an
+ONNX model, data from a named source, and calibrated activation grids when the model has none."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from npujax.data.sources import load_inputs
+from npujax.errors import ConfigError
+from npujax.frontends.onnx import from_onnx
+from npujax.ir.graph import Graph, Params
+from npujax.ir.passes import optimize
+from npujax.quantize.calibrate import calibrate
+from npujax.quantize.model_file import load_graph
+from npujax.quantize.spec import quant_spec
+
+__all__ = ["LoadedModel", "load_model_and_data"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedModel:
+    """A model with its data split.
+
+    Attributes:
+      graph, params: the optimized model.
+      qstate: its calibrated states (None when not calibrated here and the file had none).
+      meta: the model file's metadata (``{"source": path}`` for an ONNX model).
+      x_train, y_train, x_test, y_test: float32 inputs and int32 labels (labels None for an
+        unlabelled source).
+    """
+
+    graph: Graph
+    params: Params
+    qstate: dict[str, Any] | None
+    meta: dict[str, Any]
+    x_train: np.ndarray
+    y_train: np.ndarray | None
+    x_test: np.ndarray
+    y_test: np.ndarray | None
+
+
+def load_model_and_data(
+    model: str | Path,
+    *,
+    data: str | None = None,
+    examples: int = 256,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    seed: int = 0,
+    calibrate_act_bits: int | None = 8,
+    progress: bool = False,
+) -> LoadedModel:
+    """A saved (``.npz``) or ONNX model and its data, calibrated if needed.
+
+    Args:
+      model: a model file written by ``npujax demo``/:func:`npujax.save_graph`, or an ``.onnx``
+        file.
+      data: a source of :func:`npujax.data.sources.load_inputs` (``digits`` for saved models by
+        default); required for an ONNX model.
+      examples: images generated for ``text``/``photos``.
+      input_shapes: static shapes of an ONNX model's dynamic inputs.
+      seed: split and generation seed.
+      calibrate_act_bits: a model without calibration state is calibrated (min-max, W8 and
+        this activation width) on up to 128 training examples; None leaves it uncalibrated
+        (the caller calibrates with its own spec).
+      progress: progress bars.
+
+    Returns:
+      A :class:`LoadedModel`.
+
+    Raises:
+      ConfigError: an ONNX model without ``data``, or ``input_shapes`` for a saved model.
+      GraphError, ShapeError: an unreadable model, or data of the wrong shape.
+    """
+    qstate: dict[str, Any] | None
+    if str(model).lower().endswith(".onnx"):
+        if not data:
+            raise ConfigError("an ONNX model needs calibration data: pass --data text, --data "
+                              "photos (images generated at the model's input size) or --data "
+                              "FILE.npy/.npz (your own preprocessed inputs).")
+        graph, params = optimize(*from_onnx(model, input_shapes or None))
+        qstate, meta = None, {"source": str(model)}
+    else:
+        if input_shapes:
+            raise ConfigError("input shapes apply to .onnx models; a saved npujax model has "
+                              "fixed shapes.")
+        graph, params, qstate, meta = load_graph(model)
+    source = data or "digits"
+    x, y, xte, yte = load_inputs(source, graph.tensors[graph.inputs[0]].shape, n=examples,
+                                 seed=seed)
+    log.info("data %s: %d examples for search/fine-tuning, %d held out (%s)", source, len(x),
+             len(xte), "labelled" if y is not None else "unlabelled")
+    if not qstate and calibrate_act_bits is not None:
+        q = quant_spec(graph, 8, calibrate_act_bits)
+        n = min(len(x), 128)
+        qstate = calibrate(graph, params, [x[i:i + 32] for i in range(0, n, 32)], q,
+                           progress=progress)
+        log.info("calibrated activation ranges (min-max) on %d examples of %s", n, source)
+    return LoadedModel(graph, params, qstate or None, meta, x, y, xte, yte)
