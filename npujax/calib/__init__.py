@@ -4,12 +4,12 @@ from npujax.calib.histogram import entropy_observer as entropy_observer
 from npujax.calib.histogram import histogram_observer as histogram_observer
 from npujax.calib.histogram import mse_observer as mse_observer
 from npujax.calib.histogram import percentile_observer as percentile_observer
-from npujax.calib.observers import OBSERVERS as OBSERVERS
 from npujax.calib.observers import Observer as Observer
 from npujax.calib.observers import check_finite_state as check_finite_state
 from npujax.calib.observers import ema_minmax_observer as ema_minmax_observer
-from npujax.calib.observers import get_observer as get_observer
 from npujax.calib.observers import minmax_observer as minmax_observer
+from npujax.calib.registry import OBSERVERS as OBSERVERS
+from npujax.calib.registry import get_observer as get_observer
 
 __all__ = [
     "Observer",

@@ -36,7 +36,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from npujax.calib.observers import Observer, ObserverState, _reduce_axes
+from npujax.calib.observers import Observer, ObserverState, reduce_axes
 from npujax.errors import CalibrationError
 from npujax.quant.formats import FloatFormat, Format
 from npujax.quant.qparams import qparams_from_range
@@ -52,7 +52,7 @@ def _moveaxis_flat(x: jax.Array, axis: int | None) -> jax.Array:
     x = jnp.asarray(x, jnp.float32)
     if axis is None:
         return x.reshape(-1)
-    _reduce_axes(x, axis)  # validates axis
+    reduce_axes(x, axis)  # validates axis
     return jnp.moveaxis(x, axis, 0).reshape(x.shape[axis], -1)
 
 

@@ -15,7 +15,8 @@ import jax.numpy as jnp
 
 from npujax.errors import CalibrationError
 
-__all__ = ["Observer", "minmax_observer", "ema_minmax_observer"]
+__all__ = ["Observer", "ObserverState", "minmax_observer", "ema_minmax_observer",
+           "check_finite_state", "reduce_axes"]
 
 ObserverState = dict[str, jax.Array]
 
@@ -41,7 +42,7 @@ class Observer(NamedTuple):
     compute_range: Callable[..., tuple[jax.Array, jax.Array]] = _state_range
 
 
-def _reduce_axes(x: jax.Array, axis: int | None) -> tuple[int, ...]:
+def reduce_axes(x: jax.Array, axis: int | None) -> tuple[int, ...]:
     if axis is None:
         return tuple(range(x.ndim))
     if not -x.ndim <= axis < x.ndim:
@@ -74,7 +75,7 @@ def minmax_observer(axis: int | None = None) -> Observer:
 
     def update(state: ObserverState, x: jax.Array) -> ObserverState:
         x = jnp.asarray(x, jnp.float32)
-        axes = _reduce_axes(x, axis)
+        axes = reduce_axes(x, axis)
         return {
             "min": jnp.minimum(state["min"], jnp.min(x, axis=axes)),
             "max": jnp.maximum(state["max"], jnp.max(x, axis=axes)),
@@ -103,7 +104,7 @@ def ema_minmax_observer(decay: float = 0.99, axis: int | None = None) -> Observe
 
     def update(state: ObserverState, x: jax.Array) -> ObserverState:
         x = jnp.asarray(x, jnp.float32)
-        axes = _reduce_axes(x, axis)
+        axes = reduce_axes(x, axis)
         lo, hi = jnp.min(x, axis=axes), jnp.max(x, axis=axes)
         first = jnp.isinf(state["min"])
         return {
@@ -127,27 +128,3 @@ def check_finite_state(state: Any, layer: str) -> None:
                 f"calibration data reaching layer {layer!r} contains NaN or inf "
                 f"(observed {key}={v}); clean the calibration set or check the layer's input."
             )
-
-
-#: Observer names accepted by :func:`get_observer` (and the CLI / experiment configs).
-OBSERVERS = ("minmax", "ema", "percentile", "mse", "entropy")
-
-
-def get_observer(name: str, axis: int | None = None, **kwargs: Any) -> Observer:
-    """The observer called ``name`` (one of :data:`OBSERVERS`), per tensor or per channel.
-
-    Raises:
-      CalibrationError: for an unknown name (the message lists the known ones).
-    """
-    from npujax.calib import histogram
-
-    makers = {
-        "minmax": lambda: minmax_observer(axis=axis),
-        "ema": lambda: ema_minmax_observer(axis=axis, **kwargs),
-        "percentile": lambda: histogram.percentile_observer(axis=axis, **kwargs),
-        "mse": lambda: histogram.mse_observer(axis=axis, **kwargs),
-        "entropy": lambda: histogram.entropy_observer(axis=axis, **kwargs),
-    }
-    if name not in makers:
-        raise CalibrationError(f"unknown observer {name!r}; choose one of {list(OBSERVERS)}.")
-    return makers[name]()

@@ -77,9 +77,9 @@ def digits_w8a8():
     from npujax.data.datasets import load_digits_nhwc
     from npujax.frontends.flax import trace_flax
     from npujax.ir.passes import optimize
+    from npujax.models.train import train_float
     from npujax.quantize.calibrate import calibrate
     from npujax.quantize.spec import quant_spec
-    from npujax.models.train import train_float
 
     data = load_digits_nhwc(seed=0)
     model = train_float(data, epochs=2, learning_rate=3e-3, batch_size=64, seed=0)

