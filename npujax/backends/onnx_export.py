@@ -40,7 +40,7 @@ from onnx import helper, numpy_helper
 from npujax._atomic import atomic_write_bytes
 from npujax.backends.integer import requant_target
 from npujax.errors import ConfigError, UnsupportedOpError
-from npujax.ir.graph import Graph, Node, Params
+from npujax.ir.graph import Graph, Node, Params, fresh_name
 from npujax.ops import OPS
 from npujax.quant import FloatFormat, IntFormat
 from npujax.quant.fixed_point import quantize_bias
@@ -88,11 +88,7 @@ class _Writer:
     # -- names, initializers, nodes
     def name(self, base: str) -> str:
         """A new unique ONNX name starting with ``base``."""
-        n, i = base, 1
-        while n in self.used:
-            n, i = f"{base}_{i}", i + 1
-        self.used.add(n)
-        return n
+        return fresh_name(base, self.used)
 
     def init(self, base: str, value: Any, dtype: Any = None) -> str:
         """Add an initializer; returns its (unique) name."""

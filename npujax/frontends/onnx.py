@@ -27,7 +27,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from npujax.errors import ConfigError, GraphError, UnsupportedOpError
-from npujax.ir.graph import Graph, Node, Params, TensorType
+from npujax.ir.graph import Graph, Node, Params, TensorType, fresh_name
 from npujax.ops import ONNX_IMPORTERS, ONNX_WEIGHT_OPS, get_op
 
 __all__ = ["from_onnx", "SUPPORTED_ONNX_OPS", "load_onnx_model", "parse_input_shapes",
@@ -185,11 +185,8 @@ class _Ctx:
         return self.types[name].shape
 
     def unique(self, base: str) -> str:
-        name, i = base, 1
-        while name in self.names:
-            name, i = f"{base}_{i}", i + 1
-        self.names.add(name)
-        return name
+        """A new unique node or tensor name starting with ``base``."""
+        return fresh_name(base, self.names)
 
     def emit(self, op: str, inputs: Sequence[str], outputs: Sequence[str],
              attrs: Mapping[str, Any] | None = None, params: Mapping[str, np.ndarray] | None = None,

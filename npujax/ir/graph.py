@@ -20,10 +20,22 @@ import numpy as np
 
 from npujax.errors import GraphError
 
-__all__ = ["TensorType", "Node", "Graph", "Params"]
+__all__ = ["TensorType", "Node", "Graph", "Params", "fresh_name"]
 
 #: params pytree: ``{node_name: {role: array}}``.
 Params = dict[str, dict[str, Any]]
+
+
+def fresh_name(base: str, taken: set[str]) -> str:
+    """``base``, or ``base_1``, ``base_2``, ... : the first name not in ``taken`` (which gains it).
+
+    The one naming rule of nodes and tensors made by importers, passes and exporters.
+    """
+    name, i = base, 1
+    while name in taken:
+        name, i = f"{base}_{i}", i + 1
+    taken.add(name)
+    return name
 
 
 @dataclasses.dataclass(frozen=True)

@@ -38,9 +38,9 @@ from npujax.quantize.quantizers.mixture import set_probabilities
 from npujax.quantize.spec import quant_spec
 from npujax.quantize.train import batch_iterator
 from npujax.search.base import Searcher, SearchOutcome, SearchProblem
-from npujax.search.cost import expected_latency, policy_latency_s
+from npujax.search.cost import expected_latency
 from npujax.search.ilp import ilp_policy
-from npujax.search.solvers import allowed_mask, fit_exact_budget
+from npujax.search.solvers import allowed_mask, fit_policy
 
 if TYPE_CHECKING:
     from npujax.search.config import SearchConfig
@@ -130,10 +130,8 @@ class GradientSearcher(Searcher):
         nll = {n: {(w, a): nlog(probs[n][i]) + nlog(aprobs[n][j])
                    for i, w in enumerate(candidates) for j, a in enumerate(acts)}
                for n in table.layers}
-        choice, _ = fit_exact_budget(
-            lambda b: ilp_policy(table, nll, b, problem.pinned),
-            lambda c: policy_latency_s(graph, problem.spec, c, config.dataflow),
-            budget_s, problem.fastest_s)
+        choice = fit_policy(problem, config.dataflow,
+                            lambda b: ilp_policy(table, nll, b, problem.pinned))
         details = {"probabilities": {n: [float(v) for v in p] for n, p in probs.items()},
                    "act_probabilities": {n: [float(v) for v in p] for n, p in aprobs.items()},
                    "candidates": list(candidates), "act_candidates": list(acts),

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any, final
 import numpy as np
 
 from npujax.search.base import Pinned, Searcher, SearchOutcome, SearchProblem
-from npujax.search.cost import LatencyTable, policy_latency_s
+from npujax.search.cost import LatencyTable
 from npujax.search.sensitivity import layer_sensitivity
-from npujax.search.solvers import allowed_mask, fit_exact_budget, sensitivity_matrix
+from npujax.search.solvers import allowed_mask, fit_policy, sensitivity_matrix
 
 if TYPE_CHECKING:
     from npujax.search.config import SearchConfig
@@ -63,8 +63,6 @@ class GreedySearcher(Searcher):
 
     def search(self, problem: SearchProblem, config: SearchConfig) -> SearchOutcome:
         omega = layer_sensitivity(problem, config)
-        choice, _ = fit_exact_budget(
-            lambda b: greedy_policy(problem.table, omega, b, problem.pinned),
-            lambda c: policy_latency_s(problem.graph, problem.spec, c, config.dataflow),
-            problem.budget_s, problem.fastest_s)
+        choice = fit_policy(problem, config.dataflow,
+                            lambda b: greedy_policy(problem.table, omega, b, problem.pinned))
         return SearchOutcome(choice, {"sensitivity": config.sensitivity})

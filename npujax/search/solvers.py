@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 
 from npujax.errors import ConfigError
-from npujax.search.base import Pinned
-from npujax.search.cost import LatencyTable
+from npujax.search.base import Pinned, SearchProblem
+from npujax.search.cost import LatencyTable, policy_latency_s
 
 __all__ = ["fastest_latency_s", "allowed_mask", "fit_exact_budget", "check_budget",
-           "sensitivity_matrix"]
+           "sensitivity_matrix", "fit_policy"]
 
 
 def allowed_mask(table: LatencyTable, pinned: Pinned | None = None) -> np.ndarray:
@@ -129,3 +129,18 @@ def fit_exact_budget(
             continue
         choice, lat = new, exact_latency_s(new)
     return choice, lat
+
+
+def fit_policy(problem: SearchProblem, dataflow: str | None,
+               solve: Callable[[float], dict]) -> dict:
+    """:func:`fit_exact_budget` for a search problem: ``solve(table_budget_s) -> policy`` is
+    re-solved until the exact lowering (:func:`npujax.search.policy_latency_s`) meets
+    ``problem.budget_s``.
+
+    Returns:
+      ``{layer: (weight_bits, act_bits)}``.
+    """
+    choice, _ = fit_exact_budget(
+        solve, lambda c: policy_latency_s(problem.graph, problem.spec, c, dataflow),
+        problem.budget_s, problem.fastest_s)
+    return choice

@@ -187,11 +187,11 @@ def run_qat_experiment(config: QATConfig = QATConfig(), console: Any = None,
     from npujax.backends.integer import convert
     from npujax.frontends.flax import trace_flax
     from npujax.ir.passes import fold_batchnorm, fuse_epilogues, optimize
+    from npujax.models.train import train_float
     from npujax.quantize.ptq import layer_sqnr, ptq
     from npujax.quantize.quantizers import init_states
     from npujax.quantize.train import evaluate, train_graph
     from npujax.report import write_sqnr_report
-    from npujax.models.train import train_float
 
     say = console.print if console is not None else (lambda *a, **k: None)
     t0 = time.perf_counter()
