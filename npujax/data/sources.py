@@ -6,6 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
+from npujax.data.datasets import load_digits_nhwc, load_mnist5k_nhwc
+from npujax.data.images import photo_crops, text_images
 from npujax.errors import ConfigError, ShapeError
 
 __all__ = ["DATA_SOURCES", "load_inputs"]
@@ -46,8 +48,6 @@ def load_inputs(
     """
     want = tuple(int(d) for d in input_shape[1:])
     if source in ("digits", "mnist5k"):
-        from npujax.data.datasets import load_digits_nhwc, load_mnist5k_nhwc
-
         d = (load_digits_nhwc if source == "digits" else load_mnist5k_nhwc)(seed=seed)
         _check(source, d.x_train, want)
         return d.x_train, d.y_train, d.x_test, d.y_test
@@ -55,8 +55,6 @@ def load_inputs(
         if len(want) != 3 or want[0] != 3:
             raise ShapeError(f"--data {source} makes 3-channel NCHW images, but the model takes "
                              f"inputs of shape {want}; pass a .npy/.npz file of inputs instead.")
-        from npujax.data.images import photo_crops, text_images
-
         make = text_images if source == "text" else photo_crops
         x, y = make(want[1], want[2], n, seed=seed), None
     else:

@@ -27,6 +27,7 @@ from jax.extend import core as jex
 from npujax.errors import GraphError, UnsupportedOpError
 from npujax.ir.graph import Graph, Node, Params, TensorType
 from npujax.ops import OPS
+from npujax.quantize.execute import execute
 
 __all__ = ["trace_flax"]
 
@@ -514,8 +515,6 @@ def trace_flax(
     graph = Graph(tuple(nodes), (in_name,), outputs, tensors, builder.constants, source)
 
     if check:
-        from npujax.quantize.execute import execute  # noqa: PLC0415
-
         want = np.asarray(reference(x))
         got = np.asarray(execute(graph, params, x))
         if want.shape != got.shape:

@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from npujax.errors import QuantizationError
+from npujax.quant.core import broadcast_qparam
 from npujax.quant.formats import IntFormat
 from npujax.quant.qparams import MIN_SCALE
 
@@ -113,8 +114,6 @@ def lsq_fake_quant(
     References:
       Esser et al. 2020, arXiv:1902.08153; Bhalgat et al. 2020, arXiv:2004.09576.
     """
-    from npujax.quant.core import broadcast_qparam
-
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise QuantizationError(f"lsq_fake_quant needs a floating-point input, got {x.dtype}.")

@@ -1,12 +1,12 @@
 """Training and evaluation of a Graph with optax: float fine-tuning and QAT.
 
-QAT here is fake-quant fine-tuning: :func:`npujax.quantize.execute` inserts fake-quant operators
+QAT here is fake-quant fine-tuning: :func:`npujax.execute` inserts fake-quant operators
 (straight-through gradients, see :mod:`npujax.quant.core`) on every quantized layer's weights and
 input activation, and optax updates the float "shadow" weights (Jacob et al. 2018,
 arXiv:1712.05877; Krishnamoorthi 2018, arXiv:1806.08342). With the STE, activation ranges stay
-at their calibrated values; layers with ``LayerQuant.method`` ``"lsq"``/``"lsq+"`` learn their
-steps (and LSQ+ offsets) jointly with the weights (Esser et al. 2020, arXiv:1902.08153; Bhalgat
-et al. 2020, arXiv:2004.09576; see :mod:`npujax.quantize.learned_steps`).
+at their calibrated values; a quantizer with ``learned_fields`` (LSQ, LSQ+) learns them jointly
+with the weights (Esser et al. 2020, arXiv:1902.08153; Bhalgat et al. 2020, arXiv:2004.09576;
+see :mod:`npujax.quantize.quantizers.lsq`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import optax
 from npujax._progress import progress_bar
 from npujax.errors import ConfigError, ShapeError
 from npujax.ir.graph import Graph, Params
+from npujax.ir.passes import fold_batchnorm, frozen_bn_stats
 from npujax.quantize.execute import execute
 from npujax.quantize.quantizers import QState, merge_learned, split_learned
 from npujax.quantize.spec import QuantSpec
@@ -122,8 +123,6 @@ def train_graph(
 
     run_graph, transform = graph, lambda p: p
     if fold_bn:
-        from npujax.ir.passes import fold_batchnorm, frozen_bn_stats
-
         run_graph = fold_batchnorm(graph, params)[0]
         transform = lambda p: fold_batchnorm(graph, frozen_bn_stats(graph, p))[1]
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from npujax.errors import ConfigError, ShapeError
 from npujax.ir.graph import Graph, Params
+from npujax.quantize.execute import execute
 
 __all__ = ["LOSS_KINDS", "TaskLoss", "task_loss", "search_targets", "fisher_targets"]
 
@@ -94,8 +95,6 @@ def task_loss(graph: Graph, kind: str | None = None) -> TaskLoss:
 
 
 def _float_outputs(graph: Graph, params: Params, x: np.ndarray, batch: int) -> np.ndarray:
-    from npujax.quantize.execute import execute
-
     run = jax.jit(lambda p, xb: execute(graph, p, xb))
     return np.concatenate([np.asarray(run(params, x[i:i + batch]))
                            for i in range(0, len(x), batch)])

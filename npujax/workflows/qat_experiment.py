@@ -20,7 +20,20 @@ import jax
 import numpy as np
 from flax import nnx
 
+from npujax.backends.integer import convert, execute_integer
+from npujax.calib import OBSERVERS
+from npujax.data.datasets import load_digits_nhwc, load_mnist5k_nhwc
 from npujax.errors import ConfigError
+from npujax.frontends.flax import trace_flax
+from npujax.ir.passes import fold_batchnorm, fuse_epilogues, optimize
+from npujax.models.cnn import LeNet, SmallResNet
+from npujax.models.train import train_float
+from npujax.quantize.ptq import layer_sqnr, ptq
+from npujax.quantize.quantizers import QUANTIZERS, get_quantizer, init_states
+from npujax.quantize.rules import first_last_rules, quant_spec_from_rules
+from npujax.quantize.spec import quant_spec
+from npujax.quantize.train import evaluate, train_graph
+from npujax.report import write_sqnr_report
 
 __all__ = ["QATConfig", "SCHEMES", "run_qat_experiment", "results_markdown", "load_qat_config"]
 
@@ -76,9 +89,6 @@ class QATConfig:
         return (self.quantizer,) if isinstance(self.quantizer, str) else tuple(self.quantizer)
 
     def __post_init__(self) -> None:
-        from npujax.calib import OBSERVERS
-        from npujax.quantize.quantizers import QUANTIZERS
-
         names = ("ste", "lsq", "lsq+")
         bad = [q for q in self.quantizers if q not in names or q not in QUANTIZERS]
         if bad or not self.quantizers:
@@ -134,23 +144,16 @@ def load_qat_config(path: str | Path, **overrides: Any) -> QATConfig:
 
 
 def _data(config: QATConfig):
-    from npujax.data.datasets import load_digits_nhwc, load_mnist5k_nhwc
-
     return (load_digits_nhwc if config.dataset == "digits" else load_mnist5k_nhwc)(
         seed=config.seed)
 
 
 def _model(config: QATConfig, in_shape):
-    from npujax.models.cnn import LeNet, SmallResNet
-
     cls = LeNet if config.model == "lenet" else SmallResNet
     return cls(rngs=nnx.Rngs(config.seed), in_shape=in_shape)
 
 
 def _spec(graph, config: QATConfig, wbits: int, abits: int, quantizer: str = "ste"):
-    from npujax.quantize.rules import first_last_rules, quant_spec_from_rules
-    from npujax.quantize.spec import quant_spec
-
     if config.edge_bits is None:
         return quant_spec(graph, wbits, abits, quantizer=quantizer)
     return quant_spec_from_rules(graph, first_last_rules(graph, wbits, abits,
@@ -163,7 +166,6 @@ _QAT_NAMES = {"ste": "QAT", "lsq": "QAT LSQ", "lsq+": "QAT LSQ+"}
 
 def _integer_accuracy(imodel, x: np.ndarray, y: np.ndarray, batch: int = 500) -> float:
     """Top-1 accuracy of a converted integer-only model (int8 codes, int32 accumulation)."""
-    from npujax.backends.integer import execute_integer
 
     run = jax.jit(lambda v: execute_integer(imodel, v))
     pred = np.concatenate([np.argmax(np.asarray(run(x[i:i + batch])), -1)
@@ -184,14 +186,6 @@ def run_qat_experiment(config: QATConfig = QATConfig(), console: Any = None,
     Raises:
       ConfigError: invalid configuration or data that cannot be loaded.
     """
-    from npujax.backends.integer import convert
-    from npujax.frontends.flax import trace_flax
-    from npujax.ir.passes import fold_batchnorm, fuse_epilogues, optimize
-    from npujax.models.train import train_float
-    from npujax.quantize.ptq import layer_sqnr, ptq
-    from npujax.quantize.quantizers import init_states
-    from npujax.quantize.train import evaluate, train_graph
-    from npujax.report import write_sqnr_report
 
     say = console.print if console is not None else (lambda *a, **k: None)
     t0 = time.perf_counter()
@@ -235,9 +229,10 @@ def run_qat_experiment(config: QATConfig = QATConfig(), console: Any = None,
         # QAT from the unfolded graph, BN folded on the fly with frozen running statistics
         for quantizer in config.quantizers:
             _, qstate = ptq_results[config.qat_observer]
-            qspec = spec if quantizer == "ste" else _spec(graph, config, wbits, abits, quantizer)
-            if quantizer != "ste":  # learned steps start from the PTQ grid (min-max weights)
-                qstate = init_states(graph, params, qspec, qstate)
+            qspec = _spec(graph, config, wbits, abits, quantizer)
+            # learned steps start from the PTQ grid (min-max weights); STE keeps the PTQ states
+            qstate = init_states(graph, params, qspec, qstate)
+            learns = bool(get_quantizer(quantizer).learned_fields)
             trained, qstate = train_graph(
                 raw_graph, raw_params, xtr, ytr, steps=config.qat_steps,
                 learning_rate=config.qat_learning_rate, batch_size=bs, quant=qspec,
@@ -250,7 +245,7 @@ def run_qat_experiment(config: QATConfig = QATConfig(), console: Any = None,
             rows.append({"scheme": scheme, "method": f"{name} (from PTQ {config.qat_observer})",
                          "accuracy": acc})
             say(f"  {scheme} {name:<13} {acc:.4f}")
-            if quantizer != "ste":
+            if learns:  # the learned grid, deployed
                 acc = _integer_accuracy(convert(qgraph, qparams, qspec, qstate), xte, yte)
                 rows.append({"scheme": scheme, "method": f"{name}, integer-only",
                              "accuracy": acc})
