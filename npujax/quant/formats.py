@@ -63,7 +63,7 @@ class IntFormat:
     Raises:
       QuantizationError: if ``bits`` is not an integer in [2, 16].
 
-    Example:
+    Examples:
       >>> IntFormat(4).qmin, IntFormat(4).qmax
       (-8, 7)
     """

@@ -163,7 +163,7 @@ def quant_spec(
         one; an unknown format name; an invalid combination (see :class:`LayerQuant`).
       QuantizationError: a width that is not a whole number of bits in [2, 16].
 
-    Example:
+    Examples:
       >>> spec = quant_spec(graph, 4, 4, quantizer="lsq")                    # doctest: +SKIP
       >>> spec = quant_spec(graph, weight_format="fp8_e4m3fn", act_format="fp8_e4m3fn")
     """

@@ -203,7 +203,7 @@ def gemm_cycles(M, K, N, rows, cols, dataflow: str | Dataflow) -> dict[str, jax.
     Raises:
       ConfigError: unknown dataflow name.
 
-    Example:
+    Examples:
       >>> int(gemm_cycles(64, 9, 16, 16, 16, "output_stationary")["compute_cycles"])
       156
 

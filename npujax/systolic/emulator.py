@@ -130,7 +130,7 @@ def emulate_gemm(a, b, rows: int, cols: int, dataflow: str | Dataflow):
       ShapeError: non-integer or wider-than-16-bit operands, ranks other than 2, mismatched K.
       ConfigError: non-positive array sizes, unknown dataflow.
 
-    Example:
+    Examples:
       >>> a = jnp.ones((4, 3), jnp.int8); b = jnp.full((3, 2), 2, jnp.int8)
       >>> out, stats = emulate_gemm(a, b, 2, 2, "ws")
       >>> out.tolist(), int(stats["folds"])
