@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_docs_build_strictly(tmp_path):
-    cmd = [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet",
+    cmd = [sys.executable, "-m", "mkdocs", "build", "--strict",  # no --quiet: it hides warnings
            "--config-file", str(ROOT / "mkdocs.yml"), "--site-dir", str(tmp_path / "site")]
     # the checkout under test is documented (mkdocstrings reads it from the source, paths: [.]);
     # no bytecode is written into the source tree
