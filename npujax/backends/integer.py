@@ -203,7 +203,8 @@ def convert(
     fake-quant model up to the rounding of the requantization (within one output step).
 
     Args:
-      graph, params: the (BN-folded) model and its float params.
+      graph: the (BN-folded) model.
+      params: its float params.
       quant: the quantization spec; layers must have per-channel symmetric weights.
       qstate: the layers' calibrated (or learned) states, from :func:`npujax.calibrate` or QAT.
       requant: ``"fixed_point"`` or ``"float"`` (see module docstring).

@@ -310,8 +310,9 @@ def to_onnx(
     """Write ``graph`` with ``params`` as an ONNX model, in QDQ form for the layers in ``quant``.
 
     Args:
-      graph, params: the (optimized) model; Conv may be NCHW/OIHW or NHWC/HWIO (Transposes are
-        added around NHWC convs).
+      graph: the (optimized) model; Conv may be NCHW/OIHW or NHWC/HWIO (Transposes are added
+        around NHWC convs).
+      params: its float params.
       quant: ``{node: LayerQuant}`` as from :func:`npujax.quant_spec`; None exports float.
         Each layer needs a single weight format (not a search mixture).
       qstate: calibrated ``{node: {"act_scale", "act_zero_point"}}`` (from

@@ -226,7 +226,8 @@ def percentile_observer(
 
     Args:
       percentile: upper percentile ``p`` in ``(50, 100]``.
-      bins, axis: see :func:`histogram_observer`.
+      bins: see :func:`histogram_observer`.
+      axis: see :func:`histogram_observer`.
 
     Raises:
       CalibrationError: if ``percentile`` is outside ``(50, 100]``.

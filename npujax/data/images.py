@@ -36,7 +36,8 @@ def text_images(h: int, w: int, n: int, seed: int = 0, flip_odd: bool = False) -
     """``n`` rendered text images.
 
     Args:
-      h, w: image height and width in pixels (at least 8).
+      h: image height in pixels (at least 8).
+      w: image width in pixels (at least 8).
       n: number of images.
       seed: words, sizes, colours and positions.
       flip_odd: rotate every odd-indexed image by 180 degrees (see :func:`orientation_labels`).
@@ -80,7 +81,8 @@ def photo_crops(h: int, w: int, n: int, seed: int = 0) -> np.ndarray:
     """``n`` random crops of scikit-learn's two real photographs, resized (nearest) to ``h x w``.
 
     Args:
-      h, w: output height and width in pixels (at least 8).
+      h: output height in pixels (at least 8).
+      w: output width in pixels (at least 8).
       n: number of crops.
       seed: crop positions and sizes.
 

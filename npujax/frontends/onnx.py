@@ -459,7 +459,7 @@ def from_onnx(
       UnsupportedOpError: an operator (or an operator feature) npujax cannot execute, naming the
         node and the operator, unless ``unsupported="fallback"``.
 
-    Example:
+    Examples:
       >>> graph, params = from_onnx("cls.onnx", {"x": (1, 3, 48, 192)})  # doctest: +SKIP
       >>> y = npujax.quantize.execute(graph, params, x)  # doctest: +SKIP
     """

@@ -232,7 +232,7 @@ class NpuSpec:
         Raises:
           ConfigError: an unknown section or key, or a value a preset could not hold.
 
-        Example:
+        Examples:
           >>> big = load_npu_spec("edge_16x16").with_fields({"array.rows": 32})  # doctest: +SKIP
         """
         sections = {s: dataclasses.asdict(getattr(self, s)) for s in _SECTIONS}

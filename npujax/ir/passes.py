@@ -36,7 +36,8 @@ def fold_batchnorm(graph: Graph, params: Params) -> tuple[Graph, Params]:
     ``bias' = (bias - mean) * inv + beta``. A zero ``gamma`` gives a zero channel, never NaN.
 
     Args:
-      graph, params: a graph and its params (BN nodes must use running statistics).
+      graph: a graph (BN nodes must use running statistics).
+      params: its params.
 
     Returns:
       ``(graph, params)`` without the folded BN nodes; the Conv/Gemm nodes gain a ``bias``.

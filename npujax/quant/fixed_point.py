@@ -105,7 +105,8 @@ def requantize(acc: jax.Array, m0: jax.Array, shift: jax.Array) -> jax.Array:
 
     Args:
       acc: int32 accumulators.
-      m0, shift: from :func:`quantize_multiplier`, broadcastable against ``acc``.
+      m0: the Q31 multiplier from :func:`quantize_multiplier`, broadcastable against ``acc``.
+      shift: its shift from :func:`quantize_multiplier`, broadcastable against ``acc``.
 
     Returns:
       int32 array, ``acc * M`` rounded (gemmlowp rounding, see module docstring).

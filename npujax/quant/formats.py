@@ -63,7 +63,7 @@ class IntFormat:
     Raises:
       QuantizationError: if ``bits`` is not an integer in [2, 16].
 
-    Example:
+    Examples:
       >>> IntFormat(4).qmin, IntFormat(4).qmax
       (-8, 7)
     """
@@ -175,7 +175,11 @@ class FloatFormat:
 #: Either number format.
 Format = IntFormat | FloatFormat
 
+#: Signed 8-bit integers, ``[-128, 127]``.
 INT8 = IntFormat(8)
+#: Unsigned 8-bit integers, ``[0, 255]``.
 UINT8 = IntFormat(8, signed=False)
+#: OCP FP8 E4M3FN (no infinities, max 448).
 FP8_E4M3FN = FloatFormat("float8_e4m3fn")
+#: OCP FP8 E5M2 (max 57344).
 FP8_E5M2 = FloatFormat("float8_e5m2")

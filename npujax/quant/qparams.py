@@ -34,7 +34,9 @@ def qparams_from_range(
       zero point 0.
 
     Args:
-      min_val, max_val: float32 scalars (per-tensor) or ``[C]`` arrays (per-channel).
+      min_val: the range's minimum, a float32 scalar (per-tensor) or ``[C]`` array
+        (per-channel).
+      max_val: its maximum, same shape.
       fmt: target integer format.
       symmetric: symmetric (weights) or asymmetric (activations) mapping.
 

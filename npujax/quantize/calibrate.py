@@ -30,7 +30,8 @@ def calibrate(
     """Observe the input activation of every quantized layer over ``batches`` (float model).
 
     Args:
-      graph, params: the (optimized) float model.
+      graph: the (optimized) float model.
+      params: its params.
       batches: iterable of input batches ``(batch, ...)`` float32; at least one.
       quant: the quantization spec; layers with an ``act`` format are observed.
       observer: factory of the per-layer observer (default min-max, per tensor), or a name from

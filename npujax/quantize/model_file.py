@@ -50,7 +50,8 @@ def save_graph(
 
     Args:
       path: the ``.npz`` file (written atomically).
-      graph, params: the model.
+      graph: the model.
+      params: its params.
       qstate: the layers' quantization states (from :func:`npujax.calibrate` or QAT).
       meta: free-form provenance (e.g. the searched precision policy).
 

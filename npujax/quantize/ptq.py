@@ -41,7 +41,8 @@ def bias_correction(
     ``W_q`` the fake-quantized weights the quantized model uses.
 
     Args:
-      graph, params: the BN-folded float model.
+      graph: the BN-folded float model.
+      params: its params.
       quant: the quantization spec (layers with a single weight format are corrected).
       batches: calibration input batches, float32 ``(batch, ...)``.
       qstate: the calibrated states (the weight grid of a learned-step layer); layers without
@@ -106,7 +107,8 @@ def ptq(
     """Calibrate activation ranges, then (optionally) correct biases: the PTQ flow.
 
     Args:
-      graph, params: the BN-folded float model.
+      graph: the BN-folded float model.
+      params: its params.
       batches: calibration batches (iterated once; kept in memory for bias correction).
       quant: the quantization spec.
       observer: observer name or factory (see :func:`npujax.quantize.calibrate`).
@@ -152,7 +154,10 @@ def layer_sqnr(
     is quantized (its own sensitivity).
 
     Args:
-      graph, params, quant, qstate: the model, its quantization spec and calibrated ranges.
+      graph: the model.
+      params: its params.
+      quant: its quantization spec.
+      qstate: its calibrated states.
       batches: calibration batches.
       isolated: quantize one layer at a time instead of all at once.
 

@@ -106,7 +106,7 @@ def quant_spec_from_rules(
     Raises:
       ConfigError: a rule that matches nothing (with ``strict``), listing the layer names.
 
-    Example:
+    Examples:
       >>> rules = [QuantRule(pattern="conv1|fc2", weight_bits=8),   # first/last at 8 bits
       ...          QuantRule(pattern=".*", weight_bits=4)]
     """

@@ -148,10 +148,11 @@ def quant_spec(
       weight_bits: one width for all layers, or ``{node: bits}``; a sequence of widths makes that
         layer a search mixture over the candidates.
       act_bits: one width for all layers, or ``{node: bits}``; a sequence of widths makes that
-        layer's input a search mixture (:attr:`LayerQuant.act_candidates`).
+        layer's input a search mixture (``act_candidates`` of :class:`LayerQuant`).
       quantizer: ``"ste"``, ``"lsq"``, ``"lsq+"`` or a :class:`Quantizer` (mixtures of several
         widths use ``Mixture``).
-      weight_format, act_format: ``"int"``, ``"fp8_e4m3fn"`` or ``"fp8_e5m2"``.
+      weight_format: ``"int"``, ``"fp8_e4m3fn"`` or ``"fp8_e5m2"``.
+      act_format: ``"int"``, ``"fp8_e4m3fn"`` or ``"fp8_e5m2"``.
       weight_block_size: per-block weight scales over this many input channels, or None.
 
     Returns:
@@ -162,7 +163,7 @@ def quant_spec(
         one; an unknown format name; an invalid combination (see :class:`LayerQuant`).
       QuantizationError: a width that is not a whole number of bits in [2, 16].
 
-    Example:
+    Examples:
       >>> spec = quant_spec(graph, 4, 4, quantizer="lsq")                    # doctest: +SKIP
       >>> spec = quant_spec(graph, weight_format="fp8_e4m3fn", act_format="fp8_e4m3fn")
     """

@@ -80,13 +80,14 @@ def train_graph(
     Args:
       graph: the model graph.
       params: initial params ``{node: {role: array}}``.
-      x, y: training inputs ``(n, ...)`` float32 and integer labels ``(n,)`` (or the targets
-        of ``loss_fn``).
+      x: training inputs ``(n, ...)`` float32.
+      y: integer labels ``(n,)`` (or the targets of ``loss_fn``).
       steps: optimizer steps (>= 1).
       learning_rate: peak Adam learning rate.
       batch_size: mini-batch size.
-      quant, qstate: fake-quant placement and calibrated ranges; None trains in float. Layers
-        with ``stochastic_rounding`` round stochastically, a fresh key per step from ``seed``.
+      quant: fake-quant placement; None trains in float. Layers with ``stochastic_rounding``
+        round stochastically, a fresh key per step from ``seed``.
+      qstate: the layers' calibrated states (from :func:`npujax.calibrate`).
       seed: shuffling seed.
       progress: show a progress bar with the running loss.
       description: label of the progress bar.
@@ -172,9 +173,12 @@ def evaluate(
     """Top-1 accuracy of ``graph`` on ``(x, y)`` (float, or fake-quant with ``quant``).
 
     Args:
-      graph, params: the model.
-      x, y: inputs ``(n, ...)`` float32 and integer labels ``(n,)``.
-      quant, qstate: fake-quant spec and state (None: float).
+      graph: the model.
+      params: its params.
+      x: inputs ``(n, ...)`` float32.
+      y: integer labels ``(n,)``.
+      quant: the fake-quant spec (None: float).
+      qstate: its states.
       batch_size: evaluation batch size.
 
     Returns:

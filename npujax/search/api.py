@@ -36,12 +36,13 @@ def search_precision(
     """Choose per-layer weight (and activation) widths that meet a latency budget on ``spec``.
 
     Args:
-      graph, params: the optimized float (or QAT) model.
+      graph: the optimized float (or QAT) model.
+      params: its params.
       spec: the NPU whose latency model (:func:`npujax.lower`) is the cost.
-      x, y: training/calibration inputs and integer labels; ``y=None`` (an unlabelled, e.g.
-        imported, model) distils from the float model instead: its top-1 classes as labels for a
-        classifier, its outputs (variance-normalized MSE) otherwise
-        (:mod:`npujax.search.objective`).
+      x: training/calibration inputs.
+      y: their integer labels; ``y=None`` (an unlabelled, e.g. imported, model) distils from the
+        float model instead: its top-1 classes as labels for a classifier, its outputs
+        (variance-normalized MSE) otherwise (:mod:`npujax.search.objective`).
       qstate: calibrated states of a single-width quantization of the model (its activation
         grids).
       config: the searcher and its settings (:class:`SearchConfig`; default: HAWQ-V3's integer

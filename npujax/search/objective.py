@@ -111,7 +111,8 @@ def search_targets(
     """Targets for ``loss``: the labels ``y`` when given, else the float model's own outputs.
 
     Args:
-      graph, params: the float model (the teacher when ``y`` is None).
+      graph: the float model (the teacher when ``y`` is None).
+      params: its params.
       x: inputs ``[n, ...]`` float32.
       y: int labels ``[n]`` or None.
       loss: from :func:`task_loss`.

@@ -112,8 +112,10 @@ def activation_sensitivity(
     batch's own min-max range (unsigned, asymmetric, as :func:`npujax.quant_spec`).
 
     Args:
-      graph, params: the float model.
-      x, y: a batch of inputs and the targets of ``loss_fn`` (integer labels by default).
+      graph: the float model.
+      params: its params.
+      x: a batch of inputs.
+      y: the targets of ``loss_fn`` (integer labels by default).
       layers: GEMM layers to analyse.
       candidates: activation widths.
       loss_fn: ``loss_fn(output, y) -> f32[]``; softmax cross-entropy by default. (A
@@ -197,10 +199,13 @@ def loss_sensitivity(
     probabilities), so the cost is forward passes, not compilations.
 
     Args:
-      graph, params: the float model.
-      x, y: a batch of inputs and ``loss_fn`` targets.
+      graph: the float model.
+      params: its params.
+      x: a batch of inputs.
+      y: the ``loss_fn`` targets.
       layers: GEMM layers to analyse.
-      candidates, act_candidates: weight and activation widths.
+      candidates: weight widths.
+      act_candidates: activation widths.
       loss_fn: ``loss_fn(output, y) -> f32[]``; softmax cross-entropy by default.
       reference_bits: the width standing in for float on the other layers (16: quantization
         noise far below the candidates').

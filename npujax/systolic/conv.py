@@ -102,7 +102,9 @@ def conv_gemm_shape(x_shape, w_shape, *, stride=1, padding: Padding = 0, dilatio
     Args:
       x_shape: ``(batch, in_h, in_w, C_in)``.
       w_shape: ``(k_h, k_w, C_in / groups, C_out)``.
-      stride, padding, dilation: see :func:`normalize_conv_args`.
+      stride: see :func:`normalize_conv_args`.
+      padding: see :func:`normalize_conv_args`.
+      dilation: see :func:`normalize_conv_args`.
       groups: conv groups (``C_in`` for depthwise).
 
     Returns:

@@ -183,8 +183,11 @@ def gemm_cycles(M, K, N, rows, cols, dataflow: str | Dataflow) -> dict[str, jax.
     """Compute cycles, efficiency and SRAM traffic of an ``[M,K] x [K,N]`` GEMM on an array.
 
     Args:
-      M, K, N: GEMM extents (int scalars or arrays, may be traced), >= 1.
-      rows, cols: array height and width in PEs (int scalars or arrays, may be traced), >= 1.
+      M: rows of ``a`` and of the output (int scalar or array, may be traced), >= 1.
+      K: the reduction extent (columns of ``a``, rows of ``b``), same kind, >= 1.
+      N: columns of ``b`` and of the output, same kind, >= 1.
+      rows: array height in PEs (int scalar or array, may be traced), >= 1.
+      cols: array width in PEs, same kind, >= 1.
       dataflow: a :class:`Dataflow` or its name (static).
 
     Returns:
@@ -200,7 +203,7 @@ def gemm_cycles(M, K, N, rows, cols, dataflow: str | Dataflow) -> dict[str, jax.
     Raises:
       ConfigError: unknown dataflow name.
 
-    Example:
+    Examples:
       >>> int(gemm_cycles(64, 9, 16, 16, 16, "output_stationary")["compute_cycles"])
       156
 

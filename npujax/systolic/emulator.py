@@ -115,7 +115,8 @@ def emulate_gemm(a, b, rows: int, cols: int, dataflow: str | Dataflow):
     Args:
       a: integer ``[M, K]`` (int8/uint8/int16/uint16; the streamed or stationary activations).
       b: integer ``[K, N]`` (weights), same width class as ``a`` (mixed widths are widened).
-      rows, cols: array size in PEs (static positive ints).
+      rows: array height in PEs (static positive int).
+      cols: array width in PEs (static positive int).
       dataflow: ``weight_stationary``/``output_stationary``/``input_stationary`` (or ws/os/is),
         or a :class:`Dataflow`.
 
@@ -129,7 +130,7 @@ def emulate_gemm(a, b, rows: int, cols: int, dataflow: str | Dataflow):
       ShapeError: non-integer or wider-than-16-bit operands, ranks other than 2, mismatched K.
       ConfigError: non-positive array sizes, unknown dataflow.
 
-    Example:
+    Examples:
       >>> a = jnp.ones((4, 3), jnp.int8); b = jnp.full((3, 2), 2, jnp.int8)
       >>> out, stats = emulate_gemm(a, b, 2, 2, "ws")
       >>> out.tolist(), int(stats["folds"])
@@ -192,9 +193,11 @@ def emulate_conv(
     Args:
       x: integer ``[batch, H, W, C_in]`` (NHWC), at most 16 bits.
       w: integer ``[k_h, k_w, C_in / groups, C_out]`` (HWIO).
-      rows, cols: array size in PEs (static positive ints).
+      rows: array height in PEs (static positive int).
+      cols: array width in PEs (static positive int).
       dataflow: dataflow name or :class:`Dataflow`.
-      stride, dilation: int or ``(h, w)``.
+      stride: int or ``(h, w)``.
+      dilation: int or ``(h, w)``.
       padding: ``"VALID"``, ``"SAME"``, int, ``(ph, pw)`` or ``((top, bottom), (left, right))``;
         padded with 0 (symmetric quantization; subtract a zero point before calling).
       groups: conv groups; ``groups == C_in`` is depthwise (each channel its own GEMM).

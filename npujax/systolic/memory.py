@@ -66,13 +66,19 @@ def gemm_memory(
     """DRAM traffic and memory stalls of an ``[M,K] x [K,N]`` GEMM (pure jnp, vmappable).
 
     Args:
-      M, K, N: GEMM extents (ints, may be traced), >= 1.
-      rows, cols: array size in PEs, >= 1.
+      M: rows of ``a`` and of the output (int, may be traced), >= 1.
+      K: the reduction extent (int, may be traced), >= 1.
+      N: columns of ``b`` and of the output (int, may be traced), >= 1.
+      rows: array height in PEs, >= 1.
+      cols: array width in PEs, >= 1.
       dataflow: a :class:`Dataflow` or its name (static).
-      sram_bytes_a, sram_bytes_b, sram_bytes_out: total bytes of the ifmap, filter and ofmap SRAMs
-        (each double buffered: half is active).
-      elem_bytes_a, elem_bytes_b, elem_bytes_out: bytes per element of ``a``, ``b`` and the final
-        output (e.g. 1 for int8; fractional values model sub-byte formats).
+      sram_bytes_a: total bytes of the ifmap SRAM (``a``; double buffered: half is active).
+      sram_bytes_b: total bytes of the filter SRAM (``b``), double buffered.
+      sram_bytes_out: total bytes of the ofmap SRAM (the output), double buffered.
+      elem_bytes_a: bytes per element of ``a`` (e.g. 1 for int8; fractional values model
+        sub-byte formats).
+      elem_bytes_b: bytes per element of ``b``.
+      elem_bytes_out: bytes per element of the final output.
       dram_bytes_per_cycle: DRAM bandwidth in bytes per array clock cycle (> 0).
       unique_elems_a: distinct elements behind ``a`` (default ``M*K``, a plain GEMM). For a conv,
         ``a`` is the im2col matrix whose windows overlap; pass the input size per group

@@ -7,7 +7,7 @@ weight width ``w`` and activation width ``a`` is the time at the array's native 
 scales:
 
 ==================  ===============================================  =============================
-scaling             stream factor (``w' = min(w, b)``, ``a' = min(a, b)``)  source
+scaling             stream factor                                    source
 ==================  ===============================================  =============================
 ``fixed``           1 (narrower operands gain nothing)               a fixed-width int array
 ``bit_composable``  ``ceil(w'/k) ceil(a'/k) / (b/k)^2``, ``k`` the   Bit Fusion (Sharma et al.,
@@ -15,6 +15,8 @@ scaling             stream factor (``w' = min(w, b)``, ``a' = min(a, b)``)  sour
 ``bit_serial``      ``w' a' / b^2``                                  Loom (Sharify et al., DAC
                                                                      2018)
 ==================  ===============================================  =============================
+
+with ``w' = min(w, b)`` and ``a' = min(a, b)``.
 
 All methods are pure ``jnp`` of (possibly traced, vmapped) widths and hardware numbers.
 """

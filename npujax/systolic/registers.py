@@ -5,7 +5,7 @@ cycle count: a fold ends when its last result leaves the array, and the measured
 tests compare with :func:`npujax.systolic.gemm_cycles` (and the values with ``jnp.matmul``).
 
 Two register structures cover the three dataflows (the dataflow chooses which GEMM operand plays
-which role, :data:`_ROLES`):
+which role, through its :attr:`~npujax.systolic.Dataflow.layout`):
 
 * *stationary* (weight and input stationary). Cycle by cycle the stationary tile is shifted into
   the grid from the top, one row per cycle, until every row holds its value. Then the streamed
@@ -161,8 +161,10 @@ def simulate_gemm(a, b, rows: int, cols: int, dataflow: str | Dataflow):
     """Cycle-by-cycle register simulation of ``a @ b`` on a small ``rows x cols`` array.
 
     Args:
-      a: integer ``[M, K]``; b: integer ``[K, N]`` (at most 16 bits).
-      rows, cols: array size in PEs (static positive ints; meant for small arrays, <= 16).
+      a: integer ``[M, K]`` (at most 16 bits).
+      b: integer ``[K, N]`` (at most 16 bits).
+      rows: array height in PEs (static positive int; meant for small arrays, <= 16).
+      cols: array width in PEs (static positive int, <= 16).
       dataflow: dataflow name or :class:`Dataflow`.
 
     Returns:

@@ -34,8 +34,11 @@ def scalesim_report(M, K, N, rows, cols, dataflow: str | Dataflow) -> dict[str, 
     """SCALE-Sim 3.0.0's per-layer report figures for an ``[M,K] x [K,N]`` GEMM (pure jnp).
 
     Args:
-      M, K, N: GEMM extents (for a conv layer: output pixels, window size, filters), >= 1.
-      rows, cols: array height and width in PEs, >= 1.
+      M: GEMM rows (for a conv layer: output pixels), >= 1.
+      K: the reduction extent (for a conv layer: the window size), >= 1.
+      N: GEMM columns (for a conv layer: filters), >= 1.
+      rows: array height in PEs, >= 1.
+      cols: array width in PEs, >= 1.
       dataflow: a :class:`Dataflow` or its name (static).
 
     Returns:

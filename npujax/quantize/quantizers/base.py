@@ -5,18 +5,20 @@ learns or calibrates per layer is its *state*, a NamedTuple pytree of its own ty
 (``state_type``) held in ``qstate[layer]``. Every consumer of a quantized model asks the layer's
 quantizer, never the kind of quantizer:
 
-==========================  ====================================================================
-method                      used by
-==========================  ====================================================================
-``init_state``              :func:`npujax.calibrate` (from the observed activation range) and
-                            :func:`init_states` (from another quantizer's calibrated grid)
-``quantize_input``          :func:`npujax.execute` (fake-quant of the input activation)
-``quantize_kernel``         :func:`npujax.execute`, bias correction (fake-quant of the kernel)
-``act_grid``, ``weight_grid`` the deployed integer grid: :func:`npujax.convert`,
-                            :func:`npujax.to_onnx`
-``learned_fields``,         QAT (:func:`npujax.train_graph`): which state leaves the optimizer
-``project``                 trains, and their projection after each update
-==========================  ====================================================================
+================================  ==============================================================
+method                            used by
+================================  ==============================================================
+``init_state``                    :func:`npujax.calibrate` (from the observed activation range)
+                                  and :func:`init_states` (from another quantizer's calibrated
+                                  grid)
+``quantize_input``                :func:`npujax.execute` (fake-quant of the input activation)
+``quantize_kernel``               :func:`npujax.execute`, bias correction (fake-quant of the
+                                  kernel)
+``act_grid``, ``weight_grid``     the deployed integer grid: :func:`npujax.convert`,
+                                  :func:`npujax.to_onnx`
+``learned_fields``, ``project``   QAT (:func:`npujax.train_graph`): which state leaves the
+                                  optimizer trains, and their projection after each update
+================================  ==============================================================
 
 Implementations: :class:`~npujax.quantize.quantizers.ste.STE` (calibrated activation grid,
 min-max weight grid, straight-through gradients), :class:`~npujax.quantize.quantizers.lsq.LSQ`
@@ -111,7 +113,8 @@ class Quantizer(abc.ABC):
         """The layer's initial state.
 
         Args:
-          node, lq: the layer and its quantization.
+          node: the layer.
+          lq: its quantization.
           kernel: its float32 kernel (None for a layer without weights).
           act_range: the observed ``(min, max)`` of its input (calibration), or None.
           act_grid: an already calibrated ``(scale, zero_point)`` of its input, or None.
@@ -229,7 +232,8 @@ def init_states(graph: Graph, params: Params, quant: QuantSpec, qstate: QState
     quantizer's :meth:`~Quantizer.init_state` (LSQ then starts from the PTQ grid).
 
     Args:
-      graph, params: the model (kernels initialise weight steps).
+      graph: the model.
+      params: its params (kernels initialise weight steps).
       quant: the spec whose quantizers the states are for.
       qstate: calibrated states (any quantizer with ``act_scale``/``act_zero_point``).
 

@@ -15,12 +15,12 @@ field              shape, dtype     meaning
                                     ``weight_per_channel=False``), zero point 0 (learned)
 =================  ===============  ==========================================================
 
-Initialisation (:meth:`LSQ.init_state`, called by :func:`npujax.calibrate`): the activation step
-is the calibrated scale (whatever observer chose it); the weight step is the symmetric
-per-channel min-max scale ``max|w| / Q_p`` (``weight_init="minmax"``, the default), so LSQ
-fine-tuning starts exactly from the PTQ grid and the STE/LSQ comparison starts from the same
-model; ``weight_init="lsq"`` uses the paper's ``2 * mean|w| / sqrt(Q_p)`` (section 2.1), which
-clips the largest weights from the start. The activation gradient scale is the paper's
+Initialisation (``LSQ.init_state``, the :meth:`Quantizer.init_state` that :func:`npujax.calibrate`
+calls): the activation step is the calibrated scale (whatever observer chose it); the weight step
+is the symmetric per-channel min-max scale ``max|w| / Q_p`` (``weight_init="minmax"``, the
+default), so LSQ fine-tuning starts exactly from the PTQ grid and the STE/LSQ comparison starts
+from the same model; ``weight_init="lsq"`` uses the paper's ``2 * mean|w| / sqrt(Q_p)`` (section
+2.1), which clips the largest weights from the start. The activation gradient scale is the paper's
 ``1 / sqrt(features per sample * Q_p)``.
 
 Deployment: scale = the learned step (clamped to ``MIN_SCALE`` as :func:`npujax.quant.

@@ -140,8 +140,9 @@ def set_probabilities(
       quant: the spec (layers with several weight candidates take ``weight_probs[layer]``,
         layers with ``act_candidates`` take ``act_probs[layer]``).
       qstate: the calibrated states (:class:`MixtureState` for the mixture layers).
-      weight_probs, act_probs: ``{layer: f32[n]}`` probabilities (e.g. softmax of logits); a
-        layer not named keeps its probabilities.
+      weight_probs: ``{layer: f32[n]}`` probabilities of the weight candidates (e.g. softmax
+        of logits); a layer not named keeps its probabilities.
+      act_probs: the same for the activation candidates.
 
     Returns:
       A new qstate (differentiable w.r.t. the probabilities; works under ``jit``).
