@@ -339,10 +339,13 @@ def _build_section(where: str, cls: type, table: Any) -> Any:
             f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; "
             f"allowed keys are {', '.join(fields)}."
         )
-    missing = [name for name in fields if name not in table]
+    # a field with a default may be left out (a new field needs no edit of existing presets)
+    missing = [name for name, f in fields.items()
+               if name not in table and f.default is dataclasses.MISSING]
     if missing:
         raise ConfigError(f"{where}: missing required key(s) {', '.join(map(repr, missing))}.")
-    return cls(**{name: _check_value(where, name, table[name], f) for name, f in fields.items()})
+    return cls(**{name: _check_value(where, name, table[name], f) for name, f in fields.items()
+                  if name in table})
 
 
 def npu_spec_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> NpuSpec:

@@ -11,11 +11,14 @@ spent filling and draining the array.
 
 **NPU vector layers** (pooling, elementwise, layout transforms): ``ceil(ops / (lanes x cores))``.
 
-**Memory.** ``dram_bytes = weights x w_bits/8 + bias x accumulator_bits/8 + (in + out) x
-a_bits/8``, each tensor rounded up to whole DRAM bursts; every layer reads its operands from DRAM
-and writes its output back. ``memory_cycles = dram_bytes / (dram_bytes_per_s / clock_hz)``.
-Compute and DMA are double-buffered and overlap, so the DMA only shows as ``stall_cycles =
-max(0, memory - compute)``; the first access latency is exposed once per layer (``dma_cycles``).
+**Memory.** Vector layers read their operands and write their output once: ``dram_bytes =
+weights x w_bits/8 + bias x accumulator_bits/8 + (in + out) x a_bits/8``; GEMM layers move the
+tiled traffic of :func:`npujax.systolic.gemm_memory` (operands re-fetched when SRAM cannot hold
+what a fold reuses, partial sums spilled); each tensor is rounded up to whole DRAM bursts and
+``memory_cycles = dram_bytes / (dram_bytes_per_s / clock_hz)``. Compute and DMA are
+double-buffered and overlap, except the first tiles in and the last tile out, which are exposed
+with the first-access latency as ``dma_cycles``; the rest shows as ``stall_cycles = max(0,
+memory - exposed - compute)``, so ``latency = max(compute + dma, memory + access latency)``.
 
 **Precision.** How operand widths change the array's speed is the preset's
 ``precision_scaling`` (:mod:`npujax.systolic.precision`): every array takes ``passes`` for

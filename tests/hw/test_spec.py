@@ -77,3 +77,21 @@ def test_zero_latency_is_allowed(tmp_path):
 def test_missing_preset_lists_available():
     with pytest.raises(ConfigError, match="edge_16x16"):
         load_npu_spec("no_such_preset")
+
+
+def test_a_field_with_a_default_may_be_left_out_of_presets():
+    """A new hardware field with a default needs no edit of the existing presets."""
+    import dataclasses
+
+    from npujax.hw import spec as spec_module
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Section:
+        lanes: int = spec_module._field()
+        ops_per_lane: int = spec_module._field(default=2)
+
+    assert spec_module._build_section("[vector]", Section, {"lanes": 16}).ops_per_lane == 2
+    assert spec_module._build_section("[vector]", Section,
+                                      {"lanes": 16, "ops_per_lane": 4}).ops_per_lane == 4
+    with pytest.raises(ConfigError, match="missing required key.*'lanes'"):
+        spec_module._build_section("[vector]", Section, {"ops_per_lane": 4})
