@@ -23,6 +23,9 @@ Pow           x^y          C ``pow``: x^(+-0) = 1 and 1^y = 1 even for NaN; x < 
                            non-integer y is NaN; 0^(y < 0) = inf; (-inf)^3 = -inf
 ============  ===========  ===================================================================
 
+XLA on the CPU flushes subnormal float32 values to zero (as NPU vector units commonly do) where
+onnxruntime keeps them: ``Exp(-100)`` is 0, not 3.7e-44; results of normal size are the same.
+
 ``Pow`` broadcasts its operands multidirectionally (numpy rules) and its result has the type of
 the base ``X``; the exponent ``Y`` may be another type (ONNX ``T1``) and a run-time tensor or a
 constant. A float base is raised in the wider of the two float types (an integer exponent is
