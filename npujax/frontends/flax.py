@@ -281,8 +281,9 @@ def _leaf_node(leaf: _Leaf, eqns: list[_Eqn], ext_in: list[str], ext_out: list[s
 
 #: JAX primitives that map one to one onto a registered operator (``OpDef.jax_primitives``).
 _PRIMITIVE_OPS = {prim: d.name for d in OPS.values() for prim in d.jax_primitives}
-_UNARY_PRIMS = {"exp", "log", "tanh", "logistic", "neg", "abs", "sqrt", "rsqrt", "sign",
-                "floor", "ceil", "round", "integer_pow", "pow", "erf", "sin", "cos",
+#: Elementwise primitives without a registered operator, kept as exact ``JaxPrimitive`` nodes
+#: (those with one, e.g. exp or erf, map through ``OpDef.jax_primitives`` first).
+_UNARY_PRIMS = {"rsqrt", "sign", "floor", "ceil", "round", "integer_pow", "sin", "cos",
                 "square", "log1p", "expm1", "stop_gradient", "erf_inv", "is_finite"}
 
 

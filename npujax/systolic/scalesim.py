@@ -25,7 +25,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from npujax.systolic.dataflow import Dataflow, OutputStationary, gemm_cycles, get_dataflow
+from npujax.systolic.dataflow import Dataflow, gemm_cycles, get_dataflow
 
 __all__ = ["scalesim_report"]
 
@@ -56,7 +56,7 @@ def scalesim_report(M, K, N, rows, cols, dataflow: str | Dataflow) -> dict[str, 
     _, _, t = df.map_gemm(M, K, N)
     pes = (rows * cols).astype(jnp.float32)
     macs = M.astype(jnp.float32) * K.astype(jnp.float32) * N.astype(jnp.float32)
-    is_os = isinstance(df, OutputStationary)
+    is_os = df.layout[2] == "K"  # the reduction streams in time: outputs stay in the PEs
     util_len = g["fold_cycles"] + (0 if is_os else cols - 1)
     ofmap_writes = g["sram_writes_out"] + (g["folds"] * (rows + cols) if is_os else 0)
     return {
