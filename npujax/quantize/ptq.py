@@ -85,7 +85,7 @@ def bias_correction(
         s = fn(params, jnp.asarray(x, jnp.float32))
         total = s if total is None else jax.tree.map(jnp.add, total, s)
         count += 1
-    if count == 0:
+    if total is None:  # (count == 0)
         raise CalibrationError("bias correction needs at least one batch; the iterator was empty.")
     new = {k: dict(v) for k, v in params.items()}
     for name in names:
