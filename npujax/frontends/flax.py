@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jex
+from jax.typing import ArrayLike
 
 from npujax.errors import GraphError, UnsupportedOpError
 from npujax.ir.graph import Graph, Node, Params, TensorType
@@ -400,7 +401,7 @@ def _fuse_average_pools(nodes: list[Node], graph_outputs: set[str], constants) -
 
 def trace_flax(
     model: Any,
-    example_input: jax.Array,
+    example_input: ArrayLike,
     *,
     variables: Any = None,
     check: bool = True,
