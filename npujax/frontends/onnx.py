@@ -386,7 +386,7 @@ def _graph_inputs(ctx: _Ctx, model: onnx.ModelProto,
                 f"or on the command line --input-shape {vi.name}={example} (with numbers for N)."
             )
         else:
-            shape = tuple(d for d in dims if d is not None)  # (none is None here)
+            shape = tuple(d for d in dims if d is not None)  # (no dim is None on this branch)
         dtype = helper.tensor_dtype_to_np_dtype(tt.elem_type) if tt.elem_type else np.float32
         ctx.types[vi.name] = TensorType(shape, str(np.dtype(dtype)))
         names.append(vi.name)
