@@ -2,8 +2,8 @@
 no error on ``npujax/``.
 
 mypy's incremental cache lives in the system temp folder (one per checkout, never in the source
-tree), so a repeated run rechecks only the modules that changed: on two busy cores about 25-40 s
-the first time, 1-3 s afterwards.
+tree), so a repeated run rechecks only the modules that changed: on two busy cores 13-38 s the
+first time (jax, numpy, flax and onnx are analysed too), under a second afterwards.
 """
 
 import hashlib
