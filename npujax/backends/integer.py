@@ -282,6 +282,8 @@ def convert(
         if nxt is not None and nxt in qstate:
             fb = _POOL_FRAC_BITS if pooled and requant == "fixed_point" else 0
             s_out, z_out = act_grid(nxt)
+            out_fmt = quant[nxt].act
+            assert isinstance(out_fmt, IntFormat)  # requant_target only returns integer layers
             # float32 as ORT's QLinearConv / QGemm compute it: (s_x * s_w) / s_y
             mult32 = (np.float32(s_in) * np.asarray(ws, np.float32)) / np.float32(s_out)
             mult32 = mult32 * np.float32(2**fb)
@@ -289,7 +291,7 @@ def convert(
                 np.float64(s_in) * np.asarray(ws, np.float64) / np.float64(s_out) * 2.0**fb)
             layer = dataclasses.replace(
                 layer, output=nxt, output_scale=s_out, output_zero_point=z_out,
-                output_format=quant[nxt].act, m0=jnp.asarray(m0), shift=jnp.asarray(shift),
+                output_format=out_fmt, m0=jnp.asarray(m0), shift=jnp.asarray(shift),
                 multiplier=jnp.asarray(mult32, jnp.float32), output_frac_bits=fb)
         layers[node.name] = layer
     rest = {k: v for k, v in params.items() if k not in layers}
@@ -333,21 +335,24 @@ def _run_layer(model: IntegerModel, node: Node, layer: IntegerLayer, v: Any) -> 
     if layer.output is None:
         y = acc.astype(jnp.float32) * (layer.input_scale * layer.weight_scale).reshape(cshape)
         return x_in, apply_epilogue(node, y)
-    fmt, zp = layer.output_format, layer.output_zero_point
+    fmt, zp, s_out = layer.output_format, layer.output_zero_point, layer.output_scale
+    assert fmt is not None and zp is not None and s_out is not None  # set with layer.output
     if model.requant == "float":
+        assert layer.multiplier is not None
         r = jnp.round(acc.astype(jnp.float32) * layer.multiplier.reshape(cshape)).astype(jnp.int32)
     else:
+        assert layer.m0 is not None and layer.shift is not None
         r = requantize(acc, layer.m0.reshape(cshape), layer.shift.reshape(cshape))
     fb = layer.output_frac_bits
     q = r + (zp << fb)  # int32
     for e in node.attrs.get("epilogue", ()):
         q = jnp.maximum(q, zp << fb)
         if e == "Relu6":
-            six = jnp.round(jnp.float32(6.0 * 2**fb) / layer.output_scale).astype(jnp.int32)
+            six = jnp.round(jnp.float32(6.0 * 2**fb) / s_out).astype(jnp.int32)
             q = jnp.minimum(q, six + (zp << fb))
     if fb == 0:
         q = jnp.clip(q, fmt.qmin, fmt.qmax)  # QuantizeLinear saturates
-    return x_in, QTensor(q, layer.output_scale, zp, fmt, layer.output, fb)
+    return x_in, QTensor(q, s_out, zp, fmt, layer.output, fb)
 
 
 def _run_codes(node: Node, v: QTensor) -> QTensor:
@@ -396,6 +401,6 @@ def execute_integer(
         env.update(zip(node.outputs, outs))
         if node.name in taps:
             tapped[node.name] = (_to_float(ins[0]) if x_in is None else x_in, _to_float(outs[0]))
-    result = tuple(_to_float(env[t]) for t in graph.outputs)
-    result = result[0] if len(result) == 1 else result
+    results = tuple(_to_float(env[t]) for t in graph.outputs)
+    result = results[0] if len(results) == 1 else results
     return (result, tapped) if taps else result

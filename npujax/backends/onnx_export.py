@@ -251,10 +251,11 @@ class _Writer:
                 "before exporting.")
         fmt = fmts[0]
         per_channel = lq.weight_per_channel
-        scale, zp, qaxis, block = lq.quantizer.weight_grid(
+        grid = lq.quantizer.weight_grid(
             node, lq, kernel, self.state(node.name), out_axis=axis, in_axis=in_axis)
-        scale = np.asarray(scale, np.float32)
-        zp = np.asarray(zp, np.int32)
+        scale = np.asarray(grid.scale, np.float32)
+        zp = np.asarray(grid.zero_point, np.int32)
+        qaxis, block = grid.axis, grid.block_size
         dt = _int_dtype(fmt)
         if block is not None:
             act_scale = None  # no per-channel bias scale: the bias stays float

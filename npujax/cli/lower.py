@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from npujax.cli._common import bits_spec, console, epilog, positive_int, precision_from_bits
 from npujax.errors import ConfigError
@@ -59,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     shapes = parse_input_shapes(args.input_shape or [])
     onnx_model = str(args.model).lower().endswith(".onnx")
     batch = args.batch
+    meta: dict[str, Any]
     if onnx_model:
         graph, meta = import_onnx_for_lowering(args.model, shapes, args.batch), {}
         batch = None  # the batch is part of the imported shapes

@@ -79,16 +79,19 @@ def run(args: argparse.Namespace) -> int:
     elif args.pin == "first-last":
         pinned = {layers[0]: 8, layers[-1]: 8}
     else:
-        pinned = bits_spec(args.pin)
-        if not isinstance(pinned, dict):
+        pins = bits_spec(args.pin)
+        if not isinstance(pins, dict):
             raise ConfigError(f"--pin takes layer=bits pairs or 'first-last', got {args.pin!r}.")
+        pinned = pins
     config = SearchConfig(
         method=args.method, pinned=pinned, sensitivity=args.sensitivity,
         budget_s=args.budget_latency, budget_ratio=args.budget_ratio,
         candidates=args.candidates, act_candidates=args.act_candidates, steps=args.steps,
         sensitivity_samples=args.sensitivity_samples, sensitivity_batch=args.sensitivity_batch,
         seed=args.seed, progress=not args.no_progress)
-    report = search_precision(m.graph, m.params, spec, m.x_train, m.y_train, m.qstate, config)
+    # (None only when calibration found no layer: no states)
+    report = search_precision(m.graph, m.params, spec, m.x_train, m.y_train, m.qstate or {},
+                              config)
     save_policy(args.out, report.policy)  # before printing: a closed pipe must not lose it
     labels = "float model (distillation)" if report.distilled else "given"
     print(f"{report.method} on {report.npu} (loss: {report.loss}, labels: {labels}): latency "

@@ -56,7 +56,7 @@ def text_images(h: int, w: int, n: int, seed: int = 0, flip_odd: bool = False) -
     out = []
     for i in range(n):
         fig = Figure(figsize=(w / 100, h / 100), dpi=100)
-        FigureCanvasAgg(fig)
+        canvas = FigureCanvasAgg(fig)  # also becomes fig.canvas
         fig.patch.set_facecolor(tuple(rng.uniform(0.8, 1.0, 3)))
         n_lines = max(1, h // 80)
         for j in range(n_lines):
@@ -64,8 +64,8 @@ def text_images(h: int, w: int, n: int, seed: int = 0, flip_odd: bool = False) -
             size = int(rng.integers(12, 24)) if h >= 80 else int(h * 0.45)
             fig.text(rng.uniform(0.0, 0.2), 0.85 - j * 0.85 / n_lines if h >= 80 else 0.25,
                      words, fontsize=size, color=tuple(rng.uniform(0.0, 0.3, 3)))
-        fig.canvas.draw()
-        img = np.asarray(fig.canvas.buffer_rgba())[..., :3].transpose(2, 0, 1)
+        canvas.draw()
+        img = np.asarray(canvas.buffer_rgba())[..., :3].transpose(2, 0, 1)
         if flip_odd and i % 2:
             img = img[:, ::-1, ::-1]
         out.append(img)

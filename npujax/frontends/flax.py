@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jex
+from jax.typing import ArrayLike
 
 from npujax.errors import GraphError, UnsupportedOpError
 from npujax.ir.graph import Graph, Node, Params, TensorType
@@ -100,11 +101,12 @@ def _intercept_nnx(model: Any, leaves: list[_Leaf]) -> Iterator[None]:
 
     try:
         for cls, orig in originals.items():
-            cls.__call__ = make(cls, orig)
+            # deliberate interception: the layer classes' __call__ is patched for the trace
+            cls.__call__ = make(cls, orig)  # type: ignore[method-assign]
         yield
     finally:
         for cls, orig in originals.items():
-            cls.__call__ = orig
+            cls.__call__ = orig  # type: ignore[method-assign]  # (restored)
 
 
 def _linen_interceptor(variables: Any, leaves: list[_Leaf]) -> Callable:
@@ -133,8 +135,9 @@ def _linen_interceptor(variables: Any, leaves: list[_Leaf]) -> Callable:
         else:
             params = {"kernel": p.get("kernel"), "bias": p.get("bias")}
             attrs = {}
-        params = {k: _value(v) for k, v in params.items() if v is not None}
-        leaves.append(_Leaf(op, "/".join(path) or type(m).__name__, m, params, attrs))
+        arrays = {k: _value(v) for k, v in params.items()}
+        leaves.append(_Leaf(op, "/".join(path) or type(m).__name__, m,
+                            {k: v for k, v in arrays.items() if v is not None}, attrs))
         with jax.named_scope(f"{_MARK}{len(leaves) - 1}"):
             return next_fun(*args, **kwargs)
 
@@ -378,7 +381,7 @@ class _Builder:
 def _fuse_average_pools(nodes: list[Node], graph_outputs: set[str], constants) -> list[Node]:
     """SumPool followed by division by the window size is an AveragePool (flax's avg_pool)."""
     out: list[Node] = []
-    by_output = {}
+    by_output: dict[str, Node] = {}
     for n in nodes:
         if n.op == "Div" and n.inputs[0] in by_output and n.inputs[1] in constants:
             pool = by_output[n.inputs[0]]
@@ -398,7 +401,7 @@ def _fuse_average_pools(nodes: list[Node], graph_outputs: set[str], constants) -
 
 def trace_flax(
     model: Any,
-    example_input: jax.Array,
+    example_input: ArrayLike,
     *,
     variables: Any = None,
     check: bool = True,
@@ -425,11 +428,9 @@ def trace_flax(
     """
     x = jnp.asarray(example_input, jnp.float32)
     leaves: list[_Leaf] = []
-    try:
-        from flax import nnx
-    except ImportError:  # pragma: no cover
-        nnx = None
-    if nnx is not None and isinstance(model, nnx.Module):
+    from flax import nnx  # (flax >= 0.11, a dependency, always has nnx)
+
+    if isinstance(model, nnx.Module):
         model = nnx.clone(model)
         model.eval()
         source = "flax.nnx"

@@ -160,7 +160,7 @@ class _Ctx:
         self.nodes: list[Node] = []
         self.params: Params = {}
         self.names: set[str] = set()
-        self.onnx_node: onnx.NodeProto | None = None
+        self.onnx_node = onnx.NodeProto()  # the node being converted (set per node)
         self.node_name = ""
 
     # -- helpers used by the converters
@@ -317,7 +317,9 @@ def _fallback(ctx: _Ctx, n: onnx.NodeProto) -> None:
     The node is stored as a one-node ONNX model whose inputs are ``in0, in1, ...`` (the present
     inputs, in order) and outputs ``out0, out1, ...``.
     """
-    feeds, vis, renamed = [], [], []
+    feeds: list[str] = []
+    vis: list[onnx.ValueInfoProto] = []
+    renamed: list[str] = []
     for t in n.input:
         if not t:
             renamed.append("")
@@ -384,7 +386,7 @@ def _graph_inputs(ctx: _Ctx, model: onnx.ModelProto,
                 f"or on the command line --input-shape {vi.name}={example} (with numbers for N)."
             )
         else:
-            shape = tuple(dims)
+            shape = tuple(d for d in dims if d is not None)  # (no dim is None on this branch)
         dtype = helper.tensor_dtype_to_np_dtype(tt.elem_type) if tt.elem_type else np.float32
         ctx.types[vi.name] = TensorType(shape, str(np.dtype(dtype)))
         names.append(vi.name)
@@ -414,8 +416,9 @@ def batch_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int
         else:
             dims = [d.dim_value if d.dim_value > 0 else None
                     for d in inp.type.tensor_type.shape.dim]
-            if dims and all(d is not None for d in dims[1:]):
-                out[inp.name] = (batch, *dims[1:])  # type: ignore[misc]
+            rest = [d for d in dims[1:] if d is not None]
+            if dims and len(rest) == len(dims) - 1:
+                out[inp.name] = (batch, *rest)
     return out
 
 

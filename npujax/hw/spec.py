@@ -284,9 +284,10 @@ def stack_specs(specs: list[NpuSpec]) -> NpuSpec:
     """
     if not specs:
         raise ConfigError("stack_specs needs at least one spec.")
-    treedef = jax.tree.structure(specs[0])
+    # object: jaxlib ships no stub for PyTreeDef, and equality is all this needs of it
+    treedef: object = jax.tree.structure(specs[0])
     for s in specs[1:]:
-        if jax.tree.structure(s) != treedef:
+        if treedef != jax.tree.structure(s):
             raise ConfigError(
                 f"specs {specs[0].name!r} and {s.name!r} differ in static fields (dataflow, "
                 "layout, operator lists, precision scaling, name); only numeric fields can be "

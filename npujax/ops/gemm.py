@@ -274,7 +274,7 @@ def _import_gemm(ctx: Any, n: Any, a: Mapping[str, Any]) -> None:
         N = w.shape[1]
         params = {"kernel": w}
         bias_is_vector = c is not None and c.size in (1, N) and (c.ndim < 2 or c.shape[0] == 1)
-        if bias_is_vector:
+        if bias_is_vector and c is not None:  # (bias_is_vector implies c is not None)
             params["bias"] = np.broadcast_to(c.astype(np.float32).reshape(-1) * beta, (N,))
         if not has_c or bias_is_vector:
             ctx.emit("Gemm", [x], [n.output[0]], {}, params)

@@ -181,7 +181,7 @@ def _import_pool(ctx: Any, n: Any, a: Mapping[str, Any]) -> None:
             if ceil and (out - 1) * s >= size + pb:
                 out -= 1  # the last window must start inside the input or the begin padding
         extra.append(max(0, (out - 1) * s + e - (size + pb + pe)))
-    attrs = {
+    attrs: dict[str, Any] = {
         "window": [1, 1, *k], "strides": [1, 1, *strides],
         "padding": [[0, 0], [0, 0]] + [[pb, pe + x] for (pb, pe), x in zip(pads, extra)],
         "window_dilation": [1, 1, *dil],

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -14,7 +14,8 @@ from npujax.ops.registry import OpDef, onnx_importer, register
 if TYPE_CHECKING:
     from npujax.ir.graph import Node
 
-_FNS = {"ReduceSum": jnp.sum, "ReduceMax": jnp.max, "ReduceMean": jnp.mean}
+_FNS: dict[str, Callable[..., jax.Array]] = {
+    "ReduceSum": jnp.sum, "ReduceMax": jnp.max, "ReduceMean": jnp.mean}
 
 
 def _reduce(node: Node, inputs: Sequence[jax.Array], params: Mapping[str, jax.Array]):

@@ -181,7 +181,7 @@ def layer_costs(
     M, K, N = (i32(lambda w, d=d: max(getattr(w, d), 1)) for d in "MKN")
     groups = i32(lambda w: w.groups)
     R, C, cores = a.rows, a.cols, a.cores
-    ob = a.operand_bits.astype(jnp.float32)
+    ob = jnp.asarray(a.operand_bits, jnp.float32)
     clock = a.clock_hz
 
     # multi-core: split M or N across the cores, whichever is faster
@@ -193,7 +193,7 @@ def layer_costs(
     fd_per_fold = df.fill_cycles(R, C) + df.drain_cycles(R, C)
     fill_drain_1 = g["folds"] * fd_per_fold
     stream_1 = (g["compute_cycles"] - fill_drain_1).astype(jnp.float32)
-    scale = scaling.stream_factor(wb, ab, ob, a.brick_bits.astype(jnp.float32))
+    scale = scaling.stream_factor(wb, ab, ob, jnp.asarray(a.brick_bits, jnp.float32))
     stream = jnp.ceil(stream_1 * scale).astype(jnp.int32)
     gemm_total = groups * (fill_drain_1 + stream) * n_passes
     gemm_fill_drain = groups * fill_drain_1 * n_passes
@@ -202,8 +202,8 @@ def layer_costs(
     total_compute = jnp.where(is_gemm, gemm_total, jnp.where(on_npu, vec_cycles, 0))
     fill_drain = jnp.where(is_gemm, gemm_fill_drain, 0)
 
-    burst = hw.layout.dram_burst_bytes.astype(jnp.float32)
-    acc_bits = a.accumulator_bits.astype(jnp.float32)
+    burst = jnp.asarray(hw.layout.dram_burst_bytes, jnp.float32)
+    acc_bits = jnp.asarray(a.accumulator_bits, jnp.float32)
     bpc = m.dram_bytes_per_s / clock
     in_elems, out_elems = f32(lambda w: w.in_elems), f32(lambda w: w.out_elems)
     bias_bytes = _bursts(f32(lambda w: w.bias_elems) * acc_bits / 8.0, burst)
@@ -212,10 +212,10 @@ def layer_costs(
             + _bursts(in_elems * ab / 8.0, burst) + _bursts(out_elems * ab / 8.0, burst))
     # GEMM layers: the tiled traffic of the systolic memory model (SRAM capacity, reuse, spills).
     # im2col happens on chip: the [M, K] operand costs DRAM reads of its distinct elements only.
-    fcores = cores.astype(jnp.float32)
-    sram_a = m.ifmap_sram_bytes.astype(jnp.float32) * fcores
-    sram_b = m.filter_sram_bytes.astype(jnp.float32) * fcores
-    sram_o = m.ofmap_sram_bytes.astype(jnp.float32) * fcores
+    fcores = jnp.asarray(cores, jnp.float32)
+    sram_a = jnp.asarray(m.ifmap_sram_bytes, jnp.float32) * fcores
+    sram_b = jnp.asarray(m.filter_sram_bytes, jnp.float32) * fcores
+    sram_o = jnp.asarray(m.ofmap_sram_bytes, jnp.float32) * fcores
     mem = gemm_memory(M, K, N, R, C, df, sram_bytes_a=sram_a, sram_bytes_b=sram_b,
                       sram_bytes_out=sram_o, elem_bytes_a=ab / 8.0, elem_bytes_b=wb / 8.0,
                       elem_bytes_out=ab / 8.0, dram_bytes_per_cycle=bpc,
@@ -265,7 +265,7 @@ def layer_costs(
     )
     latency = tc + convert + dma + stall + fallback + transfer
     zero = jnp.zeros_like(memory)
-    pes = (R * C * cores).astype(jnp.float32)
+    pes = jnp.asarray(R * C * cores, jnp.float32)
     macs = f32(lambda w: w.macs)
     util = jnp.where(is_gemm, macs / jnp.maximum(tc, 1.0) / pes, zero)
     return LayerCosts(

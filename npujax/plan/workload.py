@@ -24,6 +24,7 @@ This is the bridge from the Graph to the NPU model. Each costed node becomes one
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
@@ -264,9 +265,10 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
             for e in epilogue:
                 if e in fused:
                     continue
+                assert spec is not None  # without a spec every epilogue is fused
                 e_dev = "npu" if e in spec.ops.supported else "cpu"
                 n_out = y_elems
-                extra = {}
+                extra: dict[str, Any] = {}
                 if e_dev == "cpu":
                     extra = dict(link_in_elems=n_out, link_out_elems=n_out, link_transfers=2)
                 rows.append(Workload(f"{node.name}/{e}", e, "vector", device=e_dev,

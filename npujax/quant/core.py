@@ -34,6 +34,7 @@ import math
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.typing import ArrayLike
 
 from npujax.errors import QuantizationError
 from npujax.quant.formats import FloatFormat, Format
@@ -109,7 +110,7 @@ def _check_float(x: jax.Array) -> None:
         )
 
 
-def true_divide(x: jax.Array, d: jax.Array) -> jax.Array:
+def true_divide(x: jax.Array, d: ArrayLike) -> jax.Array:
     """``x / d`` correctly rounded (IEEE), elementwise, ``d`` broadcast against ``x``.
 
     XLA rewrites a division by a broadcast (a per-tensor or per-channel scale) into a

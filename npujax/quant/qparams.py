@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 from npujax.errors import QuantizationError
 from npujax.quant.formats import FloatFormat, Format
@@ -66,7 +67,7 @@ def qparams_from_range(
 
 
 def weight_qparams(
-    w: jax.Array, fmt: Format, axis: int | None, *, block_size: int | None = None
+    w: ArrayLike, fmt: Format, axis: int | None, *, block_size: int | None = None
 ) -> tuple[jax.Array, jax.Array]:
     """Symmetric min-max scale for a weight tensor, per channel along ``axis`` (or per tensor),
     or per block of ``block_size`` consecutive elements along ``axis``.

@@ -7,6 +7,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 from npujax._progress import track
 from npujax.calib import Observer, check_finite_state, get_observer, minmax_observer
@@ -21,7 +22,7 @@ __all__ = ["calibrate"]
 def calibrate(
     graph: Graph,
     params: Params,
-    batches: Iterable[jax.Array],
+    batches: Iterable[ArrayLike],
     quant: QuantSpec,
     *,
     observer: str | Callable[[], Observer] = minmax_observer,

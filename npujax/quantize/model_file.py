@@ -74,7 +74,8 @@ def save_graph(
             if v is not None:
                 arrays[f"qstate/{node}/{field}"] = np.asarray(jax.device_get(v))
     buf = io.BytesIO()
-    np.savez_compressed(buf, **arrays)
+    # numpy types **kwds as also possibly ``allow_pickle``; these keys are prefixed, never that
+    np.savez_compressed(buf, **arrays)  # type: ignore[arg-type]
     atomic_write_bytes(path, buf.getvalue())
 
 

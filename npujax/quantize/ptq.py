@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 from npujax.calib.observers import Observer
 from npujax.errors import CalibrationError
@@ -31,7 +32,7 @@ def _channel_axis(node: Node, ndim: int) -> int:
 
 
 def bias_correction(
-    graph: Graph, params: Params, quant: QuantSpec, batches: Sequence[jax.Array],
+    graph: Graph, params: Params, quant: QuantSpec, batches: Sequence[ArrayLike],
     qstate: QState | None = None,
 ) -> Params:
     """Remove the mean output shift that weight quantization causes, per output channel.
@@ -85,7 +86,7 @@ def bias_correction(
         s = fn(params, jnp.asarray(x, jnp.float32))
         total = s if total is None else jax.tree.map(jnp.add, total, s)
         count += 1
-    if count == 0:
+    if total is None:  # (count == 0)
         raise CalibrationError("bias correction needs at least one batch; the iterator was empty.")
     new = {k: dict(v) for k, v in params.items()}
     for name in names:
@@ -97,7 +98,7 @@ def bias_correction(
 def ptq(
     graph: Graph,
     params: Params,
-    batches: Iterable[jax.Array],
+    batches: Iterable[ArrayLike],
     quant: QuantSpec,
     *,
     observer: str | Callable[[], Observer] = "minmax",
@@ -142,7 +143,7 @@ def layer_sqnr(
     params: Params,
     quant: QuantSpec,
     qstate: QState,
-    batches: Iterable[jax.Array],
+    batches: Iterable[ArrayLike],
     *,
     isolated: bool = False,
 ) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ see :mod:`npujax.quantize.quantizers.lsq`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal, overload
 
 import jax
 import jax.numpy as jnp
@@ -57,6 +57,31 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
 
+# The result's type follows return_qstate: params alone, or (params, qstate).
+@overload
+def train_graph(
+    graph: Graph, params: Params, x: np.ndarray, y: np.ndarray, *, steps: int,
+    learning_rate: float = ..., batch_size: int = ..., quant: QuantSpec | None = ...,
+    qstate: QState | None = ..., seed: int = ..., progress: bool = ..., description: str = ...,
+    fold_bn: bool = ..., loss_fn: Callable[[jax.Array, jax.Array], jax.Array] | None = ...,
+    return_qstate: Literal[False] = ...,
+) -> Params: ...
+@overload
+def train_graph(
+    graph: Graph, params: Params, x: np.ndarray, y: np.ndarray, *, steps: int,
+    learning_rate: float = ..., batch_size: int = ..., quant: QuantSpec | None = ...,
+    qstate: QState | None = ..., seed: int = ..., progress: bool = ..., description: str = ...,
+    fold_bn: bool = ..., loss_fn: Callable[[jax.Array, jax.Array], jax.Array] | None = ...,
+    return_qstate: Literal[True],
+) -> tuple[Params, dict[str, Any]]: ...
+@overload
+def train_graph(
+    graph: Graph, params: Params, x: np.ndarray, y: np.ndarray, *, steps: int,
+    learning_rate: float = ..., batch_size: int = ..., quant: QuantSpec | None = ...,
+    qstate: QState | None = ..., seed: int = ..., progress: bool = ..., description: str = ...,
+    fold_bn: bool = ..., loss_fn: Callable[[jax.Array, jax.Array], jax.Array] | None = ...,
+    return_qstate: bool = ...,
+) -> Params | tuple[Params, dict[str, Any]]: ...
 def train_graph(
     graph: Graph,
     params: Params,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from rich.console import JustifyMethod
 from rich.table import Table
 
 from npujax.plan.lower import Schedule
@@ -24,11 +25,12 @@ def layer_table(schedule: Schedule, title: str | None = None) -> Table:
     (the sum of the per-layer latencies) and its breakdown.
     """
     t = Table(title=title or f"{schedule.npu} — {schedule.dataflow}", title_justify="left")
-    for col, justify in [("layer", "left"), ("op", "left"), ("dev", "left"), ("M", "right"),
-                         ("K", "right"), ("N", "right"), ("MACs", "right"), ("W", "right"),
-                         ("A", "right"), ("compute cyc", "right"), ("memory cyc", "right"),
-                         ("other cyc", "right"), ("latency µs", "right"), ("bound", "left"),
-                         ("util", "right")]:
+    columns: list[tuple[str, JustifyMethod]] = [
+        ("layer", "left"), ("op", "left"), ("dev", "left"), ("M", "right"), ("K", "right"),
+        ("N", "right"), ("MACs", "right"), ("W", "right"), ("A", "right"),
+        ("compute cyc", "right"), ("memory cyc", "right"), ("other cyc", "right"),
+        ("latency µs", "right"), ("bound", "left"), ("util", "right")]
+    for col, justify in columns:
         t.add_column(col, justify=justify, no_wrap=True)
     for r in schedule.layers:
         gemm = r.kind == "gemm"
@@ -57,7 +59,8 @@ def dataflow_table(schedules: Mapping[str, Schedule], reference: str | None = No
     t = Table(title="end-to-end latency by dataflow", title_justify="left")
     for col in ("dataflow", "compute cycles", "latency µs", "memory-bound", "vs ref"):
         t.add_column(col, justify="left" if col == "dataflow" else "right")
-    ref = schedules[reference].latency_s if reference in schedules else None
+    ref = schedules[reference].latency_s if reference is not None and reference in schedules \
+        else None
     for name, s in schedules.items():
         mem = sum(1 for r in s.layers if r.bound == "memory")
         ratio = f"{s.latency_s / ref:.2f}×" if ref else ""

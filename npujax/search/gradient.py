@@ -23,7 +23,7 @@ least decided give way first.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, Any, final
 
 import jax
 import jax.numpy as jnp
@@ -91,7 +91,7 @@ class GradientSearcher(Searcher):
             {"w": jax.tree.map(lambda _: "w", params), "a": jax.tree.map(lambda _: "a", logits),
              "x": jax.tree.map(lambda _: "a", act_logits)},
         )
-        state = {"w": params, "a": logits, "x": act_logits}
+        state: dict[str, Any] = {"w": params, "a": logits, "x": act_logits}
         opt_state = opt.init(state)
 
         def probs_of(a, mask):

@@ -57,7 +57,7 @@ class TaskLoss:
         """Whether targets are integer class labels."""
         return self.kind != "dense"
 
-    def __call__(self, out: jax.Array, target: jax.Array) -> jax.Array:
+    def __call__(self, out: jax.Array, target: jax.Array | np.ndarray) -> jax.Array:
         if self.kind == "logits":
             logp = jax.nn.log_softmax(out, axis=-1)
         elif self.kind == "probabilities":

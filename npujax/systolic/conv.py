@@ -37,7 +37,9 @@ def _pair(v, what: str) -> tuple[int, int]:
     return v
 
 
-def normalize_conv_args(kernel_hw, stride, padding: Padding, dilation, in_hw=None):
+def normalize_conv_args(
+    kernel_hw, stride, padding: Padding, dilation, in_hw=None
+) -> tuple[tuple[int, int], tuple[tuple[int, int], ...], tuple[int, int]]:
     """Normalise conv arguments to ``(stride, ((lo, hi), (lo, hi)), dilation)`` of ints.
 
     ``padding`` is ``"VALID"``, ``"SAME"`` (TensorFlow/ONNX SAME_UPPER: output = ceil(in /
@@ -50,6 +52,7 @@ def normalize_conv_args(kernel_hw, stride, padding: Padding, dilation, in_hw=Non
     stride, dilation = _pair(stride, "stride"), _pair(dilation, "dilation")
     if min(stride) < 1 or min(dilation) < 1:
         raise ConfigError(f"stride {stride} and dilation {dilation} must be >= 1.")
+    pads: tuple[tuple[int, int], ...]
     if isinstance(padding, str):
         mode = padding.upper()
         if mode == "VALID":
@@ -57,20 +60,21 @@ def normalize_conv_args(kernel_hw, stride, padding: Padding, dilation, in_hw=Non
         elif mode == "SAME":
             if in_hw is None:
                 raise ConfigError("padding='SAME' needs the input height and width.")
-            pads = []
+            same = []
             for n, k, s, d in zip(in_hw, kernel_hw, stride, dilation):
                 out = -(-n // s)
                 total = max((out - 1) * s + d * (k - 1) + 1 - n, 0)
-                pads.append((total // 2, total - total // 2))
-            pads = tuple(pads)
+                same.append((total // 2, total - total // 2))
+            pads = tuple(same)
         else:
             raise ConfigError(f"padding {padding!r}: use 'VALID', 'SAME' or explicit integers.")
     elif isinstance(padding, int):
         pads = ((padding, padding), (padding, padding))
     else:
         items = list(padding)
-        if len(items) == 2 and all(isinstance(p, int) for p in items):
-            pads = ((items[0], items[0]), (items[1], items[1]))
+        ints = [p for p in items if isinstance(p, int)]
+        if len(items) == 2 and len(ints) == 2:
+            pads = ((ints[0], ints[0]), (ints[1], ints[1]))
         else:
             pads = tuple(_pair(p, "padding") for p in items)
             if len(pads) != 2:

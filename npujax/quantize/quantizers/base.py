@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 from npujax.errors import ConfigError
 from npujax.ops import kernel_in_axis, kernel_out_axis, out_channel_view
@@ -141,7 +142,7 @@ class Quantizer(abc.ABC):
                               "activation grid; run npujax.calibrate with this quant spec.")
         return state.act_scale, state.act_zero_point
 
-    def weight_grid(self, node: Node, lq: LayerQuant, w: jax.Array, state: Any, *,
+    def weight_grid(self, node: Node, lq: LayerQuant, w: ArrayLike, state: Any, *,
                     out_axis: int | None = None, in_axis: int | None = None) -> WeightGrid:
         """The deployed weight grid: symmetric min-max per block (``weight_block_size``), per
         output channel or per tensor. ``out_axis``/``in_axis`` default to the node's kernel

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import NamedTuple, final
+from typing import ClassVar, NamedTuple, final
 
 import jax
 import jax.numpy as jnp
@@ -84,8 +84,9 @@ class LSQ(Quantizer):
 
     weight_init: str = "minmax"
     name = "lsq"
-    state_type = LSQState
-    learned_fields = ("act_scale", "weight_step")
+    # the base class's types: LSQPlus overrides both
+    state_type: ClassVar[type] = LSQState
+    learned_fields: ClassVar[tuple[str, ...]] = ("act_scale", "weight_step")
 
     def __post_init__(self) -> None:
         if self.weight_init not in ("minmax", "lsq"):
