@@ -15,7 +15,7 @@ per block); ``qstate[layer]`` is the quantizer's state (see
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -36,8 +36,8 @@ def as_inputs(graph: Graph, x: jax.Array | Sequence[jax.Array]) -> list[jax.Arra
       ShapeError: wrong number of inputs, or a non-batch dimension that differs from the
         graph's.
     """
-    # a list or tuple holds one array per input; anything else is the one input
-    xs = list(x) if isinstance(x, (list, tuple)) else [cast(jax.Array, x)]
+    # a sequence (list, tuple) holds one array per input; an array is the one input
+    xs = list(x) if isinstance(x, Sequence) else [x]
     if len(xs) != len(graph.inputs):
         raise ShapeError(f"graph has {len(graph.inputs)} inputs {graph.inputs}, got {len(xs)}.")
     for name, v in zip(graph.inputs, xs):

@@ -61,7 +61,8 @@ class QATConfig:
       edge_bits: width of the first and last layers (None, or 0 in a TOML file: quantize them
         like the rest).
       bias_correction: apply bias correction after calibration.
-      quantizer: QAT quantizer(s), ``"ste"``, ``"lsq"`` or ``"lsq+"`` (a TOML string or list);
+      quantizer: QAT quantizer(s), names of :data:`npujax.quantize.QUANTIZERS` (``"ste"``,
+        ``"lsq"``, ``"lsq+"``, ...; a TOML string or list);
         each gives one QAT row per scheme (LSQ ones also an integer-only row).
       progress: progress bars.
     """
@@ -89,11 +90,10 @@ class QATConfig:
         return (self.quantizer,) if isinstance(self.quantizer, str) else tuple(self.quantizer)
 
     def __post_init__(self) -> None:
-        names = ("ste", "lsq", "lsq+")
-        bad = [q for q in self.quantizers if q not in names or q not in QUANTIZERS]
+        bad = [q for q in self.quantizers if q not in QUANTIZERS]
         if bad or not self.quantizers:
-            raise ConfigError(f"QATConfig.quantizer must be one or more of {list(names)}, got "
-                              f"{self.quantizer!r}.")
+            raise ConfigError(f"QATConfig.quantizer must be one or more of {sorted(QUANTIZERS)}, "
+                              f"got {self.quantizer!r}.")
 
         if self.dataset not in DATASETS:
             raise ConfigError(f"dataset must be one of {DATASETS}, got {self.dataset!r}.")
@@ -161,7 +161,9 @@ def _spec(graph, config: QATConfig, wbits: int, abits: int, quantizer: str = "st
                                                          quantizer=quantizer))
 
 
-_QAT_NAMES = {"ste": "QAT", "lsq": "QAT LSQ", "lsq+": "QAT LSQ+"}
+def _qat_name(quantizer: str) -> str:
+    """The results table's row label of QAT with ``quantizer``."""
+    return "QAT" if quantizer == "ste" else f"QAT {quantizer.upper()}"
 
 
 def _integer_accuracy(imodel, x: np.ndarray, y: np.ndarray, batch: int = 500) -> float:
@@ -237,11 +239,11 @@ def run_qat_experiment(config: QATConfig = QATConfig(), console: Any = None,
                 raw_graph, raw_params, xtr, ytr, steps=config.qat_steps,
                 learning_rate=config.qat_learning_rate, batch_size=bs, quant=qspec,
                 qstate=qstate, seed=config.seed + 1, progress=config.progress,
-                description=f"{_QAT_NAMES[quantizer]} {scheme}", fold_bn=True,
+                description=f"{_qat_name(quantizer)} {scheme}", fold_bn=True,
                 return_qstate=True)
             qgraph, qparams = fuse_epilogues(*fold_batchnorm(raw_graph, trained))
             acc = evaluate(qgraph, qparams, xte, yte, quant=qspec, qstate=qstate)
-            name = _QAT_NAMES[quantizer]
+            name = _qat_name(quantizer)
             rows.append({"scheme": scheme, "method": f"{name} (from PTQ {config.qat_observer})",
                          "accuracy": acc})
             say(f"  {scheme} {name:<13} {acc:.4f}")

@@ -16,7 +16,7 @@ from npujax.models.cnn import DigitsCNN
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.model_file import save_graph
 from npujax.quantize.spec import quant_spec
-from npujax.search import SearchConfig, load_policy, search_precision
+from npujax.search import SEARCHERS, SearchConfig, load_policy, search_precision
 
 pytestmark = pytest.mark.flax_model
 
@@ -55,16 +55,20 @@ def test_gradient_search_learns_activation_widths_too(problem):
     assert any(abs(v[0] - 0.5) > 1e-3 for v in rep.details["act_probabilities"].values())
 
 
-@pytest.mark.parametrize("method", ["ilp", "greedy", "gradient"])
-def test_searchers_meet_the_budget(problem, method):
+@pytest.mark.parametrize("method", sorted(SEARCHERS))
+def test_every_searcher_meets_the_budget_and_keeps_pins(problem, method):
+    """The contract of a registered searcher: a width pair for every layer, the budget met on
+    the exact lowering, pinned layers at their choice."""
     g, p, x, y, qs = problem
     spec = load_npu_spec("bitserial_16x16")
     rep = search_precision(g, p, spec, x, y, qs, SearchConfig(
         method=method, budget_ratio=0.7, act_candidates=(4, 8), sensitivity_samples=2,
-        sensitivity_batch=32, steps=30))
+        sensitivity_batch=32, steps=30, pinned={"fc2": (8, 8)}))
     assert set(rep.policy.weight_bits) == {"conv1", "conv2", "fc1", "fc2"}
-    assert rep.latency_s <= 0.7 * rep.int8_latency_s * (1 + 1e-6)
+    assert (rep.policy.weight_bits["fc2"], rep.policy.act_bits["fc2"]) == (8, 8)
+    assert rep.latency_s <= 0.7 * rep.int8_latency_s * (1 + 1e-6) and rep.budget_met
     assert rep.speedup_vs_int8 >= 1 / 0.7 * (1 - 1e-6)
+    assert rep.method == method and rep.policy.meta["method"] == method
 
 
 def test_gradient_searcher_through_the_same_interface(problem):

@@ -10,18 +10,17 @@ from hypothesis import strategies as st
 
 from npujax.errors import ConfigError, NpujaxError, ShapeError
 from npujax.systolic import (
+    DATAFLOWS,
     Dataflow,
-    InputStationary,
-    OutputStationary,
-    WeightStationary,
     conv_gemm_shape,
     emulate_conv,
     emulate_gemm,
     gemm_cycles,
+    get_dataflow,
 )
 from npujax.systolic import emulator as emulator_mod
 
-ALL_DATAFLOWS = [WeightStationary(), OutputStationary(), InputStationary()]
+ALL_DATAFLOWS = [get_dataflow(name) for name in DATAFLOWS]  # every registered dataflow
 INT_DTYPES = [jnp.int8, jnp.uint8, jnp.int16, jnp.uint16]
 
 

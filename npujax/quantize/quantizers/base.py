@@ -40,14 +40,15 @@ from jax.typing import ArrayLike
 
 from npujax.errors import ConfigError
 from npujax.ops import kernel_in_axis, kernel_out_axis, out_channel_view
-from npujax.quant import Format, fake_quant, weight_qparams
+from npujax.quant import Format, fake_quant, qparams_from_range, weight_qparams
 
 if TYPE_CHECKING:
     from npujax.ir.graph import Graph, Node, Params
     from npujax.quantize.spec import LayerQuant, QuantSpec
 
 __all__ = ["Quantizer", "WeightGrid", "QUANTIZERS", "register_quantizer", "get_quantizer",
-           "quantize_weight", "init_states", "split_learned", "merge_learned", "QState"]
+           "quantize_weight", "init_states", "split_learned", "merge_learned", "QState",
+           "calibrated_grid", "missing_grid"]
 
 #: ``{layer: state}``: each quantized layer's state (its quantizer's ``state_type``).
 QState = Mapping[str, Any]
@@ -88,12 +89,36 @@ def quantize_weight(w: jax.Array, fmt: Format, axis: int | None, key: jax.Array 
     return fake_quant(w, scale, zero_point, fmt, axis, block_size=block_size, key=key)
 
 
+def calibrated_grid(lq: LayerQuant, act_range: tuple[jax.Array, jax.Array] | None,
+                    act_grid: tuple[jax.Array, jax.Array] | None
+                    ) -> tuple[jax.Array | None, jax.Array | None]:
+    """``(scale, zero_point)`` of a layer's input for :meth:`Quantizer.init_state`: the given
+    grid, or the one of the observed range (:func:`npujax.quant.qparams_from_range`); ``(None,
+    None)`` for a float input or when neither is given."""
+    if lq.act is None:
+        return None, None
+    if act_grid is not None:
+        return act_grid
+    if act_range is None:
+        return None, None
+    return qparams_from_range(act_range[0], act_range[1], lq.act, lq.act_symmetric)
+
+
+def missing_grid(node: Node) -> ConfigError:
+    """The error a quantizer raises for a layer that quantizes its input without a calibrated
+    grid in its state."""
+    return ConfigError(
+        f"layer {node.name!r} quantizes its input activation but qstate has no calibrated "
+        "grid for it; run calibration first (npujax.calibrate) and pass its result as qstate.")
+
+
 class Quantizer(abc.ABC):
     """How a layer is fake-quantized and deployed (see the module docstring).
 
     Subclasses are frozen dataclasses; ``name`` is the registered name (``"ste"``, ``"lsq"``,
     ...), ``state_type`` the NamedTuple of the per-layer state, ``learned_fields`` the state
-    fields QAT optimises.
+    fields QAT optimises. Every quantizer has a ``state_type`` of its own, even when its fields
+    are another's: the model file names a state's quantizer by its type.
     """
 
     name: ClassVar[str]

@@ -47,8 +47,13 @@ import jax.numpy as jnp
 from npujax.errors import ConfigError
 from npujax.ops import kernel_out_axis
 from npujax.quant import MIN_SCALE, FloatFormat, lsq_fake_quant, lsq_init_step, weight_qparams
-from npujax.quantize.quantizers.base import Quantizer, WeightGrid, register_quantizer
-from npujax.quantize.quantizers.ste import calibrated_grid, missing_grid
+from npujax.quantize.quantizers.base import (
+    Quantizer,
+    WeightGrid,
+    calibrated_grid,
+    missing_grid,
+    register_quantizer,
+)
 
 __all__ = ["LSQ", "LSQPlus", "LSQState", "LSQPlusState"]
 

@@ -22,8 +22,13 @@ import jax.numpy as jnp
 from npujax.errors import ConfigError
 from npujax.ops import out_channel_view
 from npujax.quant import IntFormat, fake_quant, qparams_from_range
-from npujax.quantize.quantizers.base import Quantizer, quantize_weight, register_quantizer
-from npujax.quantize.quantizers.ste import calibrated_grid, missing_grid
+from npujax.quantize.quantizers.base import (
+    Quantizer,
+    calibrated_grid,
+    missing_grid,
+    quantize_weight,
+    register_quantizer,
+)
 
 if TYPE_CHECKING:
     from npujax.quantize.spec import LayerQuant

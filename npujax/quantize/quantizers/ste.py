@@ -18,13 +18,16 @@ from typing import TYPE_CHECKING, NamedTuple, final
 
 import jax
 
-from npujax.errors import ConfigError
-from npujax.quant import fake_quant, qparams_from_range
-from npujax.quantize.quantizers.base import Quantizer, register_quantizer
+from npujax.quant import fake_quant
+from npujax.quantize.quantizers.base import (
+    Quantizer,
+    calibrated_grid,
+    missing_grid,
+    register_quantizer,
+)
 
 if TYPE_CHECKING:
-    from npujax.ir.graph import Node
-    from npujax.quantize.spec import LayerQuant
+    pass
 
 __all__ = ["STE", "STEState"]
 
@@ -39,24 +42,6 @@ class STEState(NamedTuple):
 
     act_scale: jax.Array | None = None
     act_zero_point: jax.Array | None = None
-
-
-def calibrated_grid(lq: LayerQuant, act_range, act_grid):
-    """``(scale, zero_point)`` of the input: the given grid, or one from the observed range."""
-    if lq.act is None:
-        return None, None
-    if act_grid is not None:
-        return act_grid
-    if act_range is None:
-        return None, None
-    return qparams_from_range(act_range[0], act_range[1], lq.act, lq.act_symmetric)
-
-
-def missing_grid(node: Node) -> ConfigError:
-    """The error for a layer that quantizes its input without a calibrated grid."""
-    return ConfigError(
-        f"layer {node.name!r} quantizes its input activation but qstate has no calibrated "
-        "grid for it; run calibration first (npujax.calibrate) and pass its result as qstate.")
 
 
 @final
