@@ -4,15 +4,19 @@ plain dicts without quantizer names) still load, with each state's quantizer inf
 import io
 import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from npujax.errors import GraphError
 from npujax.ir.graph import Graph, Node, TensorType
+from npujax.ir.passes import optimize
 from npujax.quant import IntFormat
 from npujax.quantize import LayerQuant, calibrate, load_graph, save_graph
+from npujax.quantize.execute import execute
 from npujax.quantize.quantizers import LSQPlusState, LSQState, MixtureState, STEState
+from tests.helpers import traced_digits_cnn
 
 
 @pytest.fixture(scope="module")
@@ -70,3 +74,29 @@ def test_mixture_state_round_trips_and_unknown_versions_fail(model, tmp_path):
     np.savez(tmp_path / "future.npz", **data)
     with pytest.raises(GraphError, match="format version 99"):
         load_graph(tmp_path / "future.npz")
+
+
+@pytest.fixture(scope="module")
+def traced():
+    with jax.numpy_dtype_promotion("standard"):  # flax's avg_pool is not strict-promotion clean
+        return traced_digits_cnn()
+
+
+def test_save_load_round_trip(tmp_path, traced):
+    _, (graph, params) = traced
+    g, p = optimize(graph, params)
+    save_graph(tmp_path / "m.npz", g, p, meta={"k": 1})
+    g2, p2, qs, meta = load_graph(tmp_path / "m.npz")
+    assert meta == {"k": 1} and qs == {}
+    assert [n.name for n in g2.nodes] == [n.name for n in g.nodes]
+    x = jnp.ones((3, 8, 8, 1), jnp.float32)
+    np.testing.assert_array_equal(np.asarray(execute(g2, p2, x)), np.asarray(execute(g, p, x)))
+
+
+def test_load_errors(tmp_path):
+    with pytest.raises(GraphError, match="does not exist"):
+        load_graph(tmp_path / "missing.npz")
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"not a zip")
+    with pytest.raises(GraphError, match="not an npujax graph"):
+        load_graph(bad)
