@@ -89,7 +89,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_API))
+    return sorted(__all__)
 
 
 if TYPE_CHECKING:

@@ -25,9 +25,16 @@ __all__ = ["main", "build_parser", "COMMANDS"]
 COMMANDS = (demo, lower, search, qat, calibrate, presets)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with npujax's error contract: one ``npujax: error: ...`` line, exit code 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"npujax: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for documentation and tests)."""
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="npujax",
         description="Differentiable NPU modelling in JAX: QAT, mixed-precision search and "
                     "per-layer latency on a systolic-array NPU.",
@@ -38,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
                            default=0, help="more messages (debug details) on stderr")
     verbosity.add_argument("-q", "--quiet", action="store_const", const=-1, dest="verbosity",
                            help="only warnings and errors on stderr")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                           parser_class=_Parser)
     for command in COMMANDS:
         command.add_parser(sub)
     return p

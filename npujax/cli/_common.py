@@ -6,28 +6,33 @@ import argparse
 import logging
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from npujax.errors import ConfigError
 
 __all__ = ["console", "bits_spec", "int_list", "positive_int", "add_data_args",
-           "add_progress_arg", "configure_logging", "precision_from_bits", "epilog"]
+           "add_progress_arg", "configure_logging", "precision_from_bits", "epilog",
+           "output_dir"]
 
 
 def console() -> Any:
-    """A rich console on stdout; pipes and CI logs get a wide fixed width so the per-layer table
-    is not truncated."""
+    """A rich console on stdout. A terminal gets its own width (table cells wrap, never cut);
+    pipes, files and CI logs get room for the widest table, so each row stays on one line."""
     from rich.console import Console
 
-    return Console(width=None if sys.stdout.isatty() else 150)
+    return Console(width=None if sys.stdout.isatty() else 240)
 
 
-def bits_spec(text: str) -> int | dict[str, int]:
-    """``8`` or ``fc1=4,fc2=8`` (a width for every layer, or per named layer).
+def bits_spec(text: str | list[str]) -> int | dict[str, int]:
+    """``8`` or ``fc1=4,fc2=8`` (a width for every layer, or per named layer); the values of a
+    repeated option (``--weight-bits fc1=4 --weight-bits conv1=4``) are combined.
 
     Raises:
       ConfigError: a malformed spec or a layer named twice.
     """
+    if isinstance(text, list):
+        text = ",".join(text)
     try:
         if "=" not in text:
             return int(text)
@@ -124,3 +129,21 @@ def configure_logging(verbosity: int) -> None:
 def epilog(*examples: str) -> str:
     """An ``--help`` epilog listing example command lines."""
     return "examples:\n" + "\n".join(f"  {e}" for e in examples)
+
+
+def output_dir(path: str | None) -> Path | None:
+    """``--out`` as a folder, created now so that a folder that cannot be written fails before
+    the work, not after it.
+
+    Raises:
+      ConfigError: the folder cannot be created (a file of that name, no permission).
+    """
+    if path is None:
+        return None
+    out = Path(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"cannot create output folder {path!r}: {e.strerror}; pass another "
+                          "--out.") from None
+    return out

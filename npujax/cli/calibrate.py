@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from npujax.cli._common import (
     add_progress_arg,
     bits_spec,
     console,
     epilog,
+    output_dir,
     positive_int,
     precision_from_bits,
 )
 from npujax.errors import ConfigError
+
+#: The files ``npujax calibrate --out`` writes.
+CALIBRATE_FILES = ("model_calibrated.npz", "sqnr.md", "sqnr.csv", "sqnr.png")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -31,12 +34,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ca.add_argument("--data", choices=("digits", "mnist5k"), default="digits")
     ca.add_argument("--observer", default="minmax", choices=tuple(OBSERVERS),
                     help="calibration observer (default minmax)")
-    ca.add_argument("--weight-bits", default="8", help="8, or per layer: fc1=4,fc2=8")
-    ca.add_argument("--act-bits", default="8", help="8, or per layer: conv1=8")
+    ca.add_argument("--weight-bits", action="append",
+                    help="8 (default), or per layer: fc1=4,fc2=8 (layers not named keep 8)")
+    ca.add_argument("--act-bits", action="append", help="8 (default), or per layer: conv1=8")
     ca.add_argument("--batches", type=positive_int, default=8,
                     help="calibration batches (default 8)")
-    ca.add_argument("--batch-size", type=positive_int, default=64)
-    ca.add_argument("--seed", type=int, default=0)
+    ca.add_argument("--batch-size", type=positive_int, default=64,
+                    help="calibration batch size (default 64)")
+    ca.add_argument("--seed", type=int, default=0, help="seed of the data split (default 0)")
     ca.add_argument("--no-bias-correction", action="store_true")
     add_progress_arg(ca)
     ca.add_argument("--out", help="write model_calibrated.npz and the SQNR report here")
@@ -49,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from npujax.quantize.ptq import layer_sqnr, ptq
     from npujax.report import sqnr_table, write_sqnr_report
 
+    out = output_dir(args.out)
     graph, params, _, meta = load_graph(args.model)
     data = (load_digits_nhwc if args.data == "digits" else load_mnist5k_nhwc)(seed=args.seed)
     want = graph.tensors[graph.inputs[0]].shape[1:]
@@ -56,19 +62,20 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"the model takes inputs of shape {tuple(want)} but --data {args.data} "
                           f"has {tuple(data.x_train.shape[1:])}; pick the data set it was "
                           "trained on.")
-    spec = precision_from_bits(graph, bits_spec(args.weight_bits), bits_spec(args.act_bits))
+    spec = precision_from_bits(graph, bits_spec(args.weight_bits or "8"),
+                               bits_spec(args.act_bits or "8"))
     bs = args.batch_size
     batches = [data.x_train[i * bs:(i + 1) * bs] for i in range(args.batches)]
     params, qstate = ptq(graph, params, batches, spec, observer=args.observer,
                          bias_correct=not args.no_bias_correction, progress=not args.no_progress)
     rows = layer_sqnr(graph, params, spec, qstate, batches[:4])
     con = console()
-    con.print(sqnr_table(rows, f"per-layer SQNR, {args.observer} calibration (worst first)"))
-    if args.out:
-        out = Path(args.out)
+    con.print(sqnr_table(rows, f"per-layer SQNR, {args.observer} (worst first)"))
+    if out is not None:
         save_graph(out / "model_calibrated.npz", graph, params, qstate,
-                   meta={**meta, "observer": args.observer, "weight_bits": args.weight_bits,
-                         "act_bits": args.act_bits})
+                   meta={**meta, "observer": args.observer,
+                         "weight_bits": ",".join(args.weight_bits or ["8"]),
+                         "act_bits": ",".join(args.act_bits or ["8"])})
         write_sqnr_report(out, rows)
-        con.print(f"wrote {out}/model_calibrated.npz, sqnr.md, sqnr.csv, sqnr.png")
+        con.print(f"wrote {', '.join(str(out / n) for n in CALIBRATE_FILES)}")
     return 0

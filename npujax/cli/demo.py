@@ -21,7 +21,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--npu", default="edge_16x16", help="preset name or TOML path "
                    "(default: edge_16x16)")
     d.add_argument("--out", help="output folder (default: a new runs/<timestamp> folder)")
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--seed", type=int, default=0,
+                   help="seed of the split, initialisation and shuffling (default 0)")
     d.add_argument("--epochs", type=positive_int, help="float training epochs (default 30)")
     d.add_argument("--qat-steps", type=positive_int, help="QAT steps (default 300)")
     d.add_argument("--search-steps", type=positive_int,

@@ -6,7 +6,14 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from npujax.cli._common import bits_spec, console, epilog, positive_int, precision_from_bits
+from npujax.cli._common import (
+    bits_spec,
+    console,
+    epilog,
+    output_dir,
+    positive_int,
+    precision_from_bits,
+)
 from npujax.errors import ConfigError
 
 
@@ -28,12 +35,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     help="static shape of an ONNX input (repeat for several inputs)")
     lo.add_argument("--sweep-resolution", action="store_true",
                     help="also lower at half and double the input resolution (ONNX models)")
-    lo.add_argument("--npu", default="edge_16x16", help="preset name or TOML path")
+    lo.add_argument("--npu", default="edge_16x16",
+                    help="preset name or TOML path (default: edge_16x16)")
     lo.add_argument("--dataflow", help="override the preset's dataflow "
                     f"({', '.join(DATAFLOWS)})")
-    lo.add_argument("--weight-bits", help="8 (default), per layer: fc1=4,fc2=8, or 'saved' for "
-                    "the mixed-precision policy stored in the model file")
-    lo.add_argument("--act-bits", help="8, or per layer: conv1=8")
+    lo.add_argument("--weight-bits", action="append",
+                    help="8 (default), per layer: fc1=4,fc2=8 (layers not named keep 8; may be "
+                    "repeated), or 'saved' for the mixed-precision policy in the model file")
+    lo.add_argument("--act-bits", action="append",
+                    help="8, or per layer: conv1=8 (may be repeated)")
     lo.add_argument("--batch", type=positive_int,
                     help="inference batch size (default: the model's)")
     lo.add_argument("--out", help="write schedule.json, layers.csv and plots (per-layer latency, "
@@ -54,9 +64,11 @@ def run(args: argparse.Namespace) -> int:
         write_lowering,
     )
 
-    wbits = bits_spec(args.weight_bits) if args.weight_bits not in (None, "saved") else 8
+    saved = args.weight_bits == ["saved"]
+    wbits = bits_spec(args.weight_bits) if args.weight_bits and not saved else 8
     abits = bits_spec(args.act_bits) if args.act_bits else 8
     spec = load_npu_spec(args.npu)
+    out = output_dir(args.out)
     shapes = parse_input_shapes(args.input_shape or [])
     onnx_model = str(args.model).lower().endswith(".onnx")
     batch = args.batch
@@ -69,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--input-shape applies to .onnx models; a saved npujax model "
                               "has fixed shapes (use --batch to change the batch size).")
         graph, _, _, meta = load_graph(args.model)
-    if args.weight_bits == "saved":
+    if saved:
         if "mixed_precision_policy" not in meta:
             raise ConfigError(f"{args.model} holds no saved precision policy; pass --weight-bits "
                               "8 or layer=bits pairs.")
@@ -91,8 +103,7 @@ def run(args: argparse.Namespace) -> int:
                               "it needs an .onnx model.")
         sweep = resolution_sweep(args.model, graph, spec, args.batch, precision, args.dataflow)
         print_resolution_sweep(con, sweep)
-    if args.out:
-        names = write_lowering(args.out, result, spec,
-                               {"resolution_sweep": sweep} if sweep else None)
-        con.print(f"wrote {args.out}/" + ", ".join(names))
+    if out is not None:
+        names = write_lowering(out, result, spec, {"resolution_sweep": sweep} if sweep else None)
+        con.print(f"wrote {', '.join(str(out / n) for n in names)}")
     return 0

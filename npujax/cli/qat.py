@@ -5,9 +5,15 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
-from npujax.cli._common import add_data_args, add_progress_arg, console, epilog, positive_int
+from npujax.cli._common import (
+    add_data_args,
+    add_progress_arg,
+    console,
+    epilog,
+    output_dir,
+    positive_int,
+)
 from npujax.errors import ConfigError
 
 
@@ -35,7 +41,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     qa.add_argument("--npu", default="edge_16x16", help="with --policy: preset for the latency")
     qa.add_argument("--steps", type=positive_int, default=300,
                     help="with --policy: QAT steps (default 300)")
-    qa.add_argument("--seed", type=int, default=0)
+    qa.add_argument("--seed", type=int, default=0,
+                    help="seed of the data split and QAT (default 0)")
     qa.add_argument("--out", help="write quantization.md/.json and SQNR reports here (with "
                     "--policy: the fine-tuned model.npz)")
     add_progress_arg(qa)
@@ -83,12 +90,12 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("npujax qat needs --config FILE (an experiment) or --policy FILE "
                           "--model model.npz (fine-tune a saved model with a precision policy).")
     config = load_qat_config(args.config, progress=not args.no_progress)
+    out = output_dir(args.out)
     con = console()
-    result = run_qat_experiment(config, console=con, out_dir=args.out)
+    result = run_qat_experiment(config, console=con, out_dir=out)
     text = results_markdown([result])
     con.print(text)
-    if args.out:
-        out = Path(args.out)
+    if out is not None:
         atomic_write_text(out / "quantization.md", text)
         atomic_write_text(out / "quantization.json", json.dumps(result, indent=1, default=str))
         con.print(f"wrote {out}/quantization.md, quantization.json")

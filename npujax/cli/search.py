@@ -39,7 +39,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                          "or loss (measured loss increase, one layer quantized at a time)")
     se.add_argument("--sensitivity-batch", type=positive_int, default=256,
                     help="examples for the sensitivity analysis (ilp, greedy; default 256)")
-    se.add_argument("--npu", default="edge_16x16", help="preset name or TOML path")
+    se.add_argument("--npu", default="edge_16x16",
+                    help="preset name or TOML path (default: edge_16x16)")
     se.add_argument("--method", default="ilp", choices=tuple(SEARCHERS),
                     help="the searcher (default ilp)")
     budget = se.add_mutually_exclusive_group()
@@ -55,7 +56,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "GEMM layers at 8 bits) or layer=bits pairs, e.g. conv1=8,fc2=8")
     se.add_argument("--sensitivity-samples", type=positive_int, default=16,
                     help="Hutchinson probes for the Hessian traces (ilp, greedy; default 16)")
-    se.add_argument("--seed", type=int, default=0)
+    se.add_argument("--seed", type=int, default=0,
+                    help="seed of the data split, probes and mini-batches (default 0)")
     se.add_argument("--out", default="policy.json", help="policy file (default policy.json)")
     add_progress_arg(se)
     se.set_defaults(fn=run)
@@ -69,6 +71,14 @@ def run(args: argparse.Namespace) -> int:
     from npujax.workflows.inputs import load_model_and_data
 
     spec = load_npu_spec(args.npu)
+    # the settings are checked before the data and model are loaded
+    settings = dict(
+        method=args.method, sensitivity=args.sensitivity, budget_s=args.budget_latency,
+        budget_ratio=args.budget_ratio, candidates=args.candidates,
+        act_candidates=args.act_candidates, steps=args.steps,
+        sensitivity_samples=args.sensitivity_samples, sensitivity_batch=args.sensitivity_batch,
+        seed=args.seed, progress=not args.no_progress)
+    SearchConfig(**settings)
     m = load_model_and_data(args.model, data=args.data, examples=args.examples,
                             input_shapes=parse_input_shapes(args.input_shape or []),
                             seed=args.seed, calibrate_act_bits=max(args.act_candidates),
@@ -93,8 +103,9 @@ def run(args: argparse.Namespace) -> int:
     report = search_precision(m.graph, m.params, spec, m.x_train, m.y_train, m.qstate or {},
                               config)
     save_policy(args.out, report.policy)  # before printing: a closed pipe must not lose it
-    labels = "float model (distillation)" if report.distilled else "given"
-    print(f"{report.method} on {report.npu} (loss: {report.loss}, labels: {labels}): latency "
+    labels = ("targets from the float model (distillation)" if report.distilled
+              else "the data's labels")
+    print(f"{report.method} search on {report.npu} ({report.loss} loss, {labels}): latency "
           f"{report.latency_s * 1e6:.3f} µs (budget {report.budget_s * 1e6:.3f} µs, INT8 "
           f"{report.int8_latency_s * 1e6:.3f} µs, {report.speedup_vs_int8:.2f}x faster)")
     for layer in report.policy.weight_bits:

@@ -364,6 +364,11 @@ def _graph_inputs(ctx: _Ctx, model: onnx.ModelProto,
     inits = {t.name for t in model.graph.initializer}
     names = []
     given = dict(input_shapes or {})
+    declared = [vi.name for vi in model.graph.input if vi.name not in inits]
+    unknown = sorted(set(given) - set(declared))
+    if unknown:  # before any other input error: a misspelt name is the likelier mistake
+        raise GraphError(f"input_shapes names {unknown}, which are not inputs of the model; its "
+                         f"inputs are {declared}.")
     for vi in model.graph.input:
         if vi.name in inits:
             continue
@@ -390,9 +395,6 @@ def _graph_inputs(ctx: _Ctx, model: onnx.ModelProto,
         dtype = helper.tensor_dtype_to_np_dtype(tt.elem_type) if tt.elem_type else np.float32
         ctx.types[vi.name] = TensorType(shape, str(np.dtype(dtype)))
         names.append(vi.name)
-    if given:
-        raise GraphError(f"input_shapes names {sorted(given)}, which are not inputs of the model;"
-                         f" its inputs are {names}.")
     return names
 
 
@@ -464,7 +466,7 @@ def from_onnx(
 
     Examples:
       >>> graph, params = from_onnx("cls.onnx", {"x": (1, 3, 48, 192)})  # doctest: +SKIP
-      >>> y = npujax.quantize.execute(graph, params, x)  # doctest: +SKIP
+      >>> y = npujax.execute(graph, params, x)  # doctest: +SKIP
     """
     if unsupported not in ("error", "fallback"):
         raise GraphError(f"unsupported={unsupported!r}; use 'error' or 'fallback'.")

@@ -58,6 +58,7 @@ __all__ = [
     "npu_spec_from_dict",
     "list_presets",
     "stack_specs",
+    "as_spec",
 ]
 
 #: Activation layouts an NPU may keep in its memory.
@@ -416,3 +417,17 @@ def load_npu_spec(preset: str | os.PathLike[str]) -> NpuSpec:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{origin} is not valid TOML: {e}.") from None
     return npu_spec_from_dict(data, origin)
+
+
+def as_spec(spec: NpuSpec | str | os.PathLike[str]) -> NpuSpec:
+    """``spec`` itself, or the preset a name or TOML path names (:func:`load_npu_spec`).
+
+    Raises:
+      ConfigError: neither an :class:`NpuSpec` nor a preset name or file.
+    """
+    if isinstance(spec, NpuSpec):
+        return spec
+    if isinstance(spec, (str, os.PathLike)):
+        return load_npu_spec(spec)
+    raise ConfigError(f"expected an NpuSpec, a preset name or a TOML path, got "
+                      f"{type(spec).__name__}; load one with npujax.load_npu_spec('edge_16x16').")

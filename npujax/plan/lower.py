@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from npujax.errors import ConfigError
-from npujax.hw.spec import NpuSpec
+from npujax.hw.spec import NpuSpec, as_spec
 from npujax.ir.graph import Graph
 from npujax.ir.passes import rebatch
 from npujax.plan.costs import BREAKDOWN, LayerCosts, first_consumers, layer_costs
@@ -175,7 +175,7 @@ def _jitted_costs(layers: tuple[Workload, ...], dataflow: str):
 
 def lower(
     graph: Graph,
-    spec: NpuSpec,
+    spec: NpuSpec | str,
     quant: QuantSpec | None = None,
     *,
     dataflow: str | None = None,
@@ -186,7 +186,7 @@ def lower(
     Args:
       graph: an optimized graph (see :func:`npujax.optimize`); its traced batch size is the
         inference batch.
-      spec: the NPU.
+      spec: the NPU: an :class:`~npujax.hw.NpuSpec`, or a preset name or TOML path.
       quant: the layers' precision (:func:`npujax.quant_spec`, rules, or a searched policy's
         :meth:`~npujax.search.PrecisionPolicy.quant_spec`); None costs every layer at 8 bits
         (see :func:`layer_bits`).
@@ -197,9 +197,10 @@ def lower(
       The :class:`Schedule`; its per-layer ``latency_s`` sum to ``Schedule.latency_s``.
 
     Raises:
-      ConfigError: unknown dataflow or layer names, a layer without weights or a search mixture
-        in ``quant``.
+      ConfigError: an unknown preset, dataflow or layer name, a layer without weights or a
+        search mixture in ``quant``.
     """
+    spec = as_spec(spec)
     if batch is not None:
         graph = rebatch(graph, batch)
     layers = workloads(graph, spec)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,9 +21,26 @@ from npujax._atomic import atomic_write_bytes
 from npujax.plan.costs import BREAKDOWN
 from npujax.plan.lower import Schedule
 
-__all__ = ["plot_layer_latency", "plot_breakdown", "plot_roofline", "new_figure", "save_figure"]
+__all__ = ["plot_layer_latency", "plot_breakdown", "plot_roofline", "new_figure", "save_figure",
+           "MAX_BARS"]
 
 Where = str | os.PathLike[str] | None
+
+#: Per-layer bar plots show at most this many layers (the slowest, in graph order); a 237-layer
+#: detector would otherwise make an unreadable 30,000-pixel-wide picture.
+MAX_BARS = 40
+#: The roofline names at most this many layers (the slowest).
+MAX_LABELS = 12
+
+
+def _slowest(rows: Sequence[Any], n: int) -> list[int]:
+    """Indices of the ``n`` slowest rows, in graph order."""
+    order = sorted(range(len(rows)), key=lambda i: -rows[i].latency_s)[:n]
+    return sorted(order)
+
+
+def _shown(total: int, shown: int) -> str:
+    return "" if shown == total else f" (the {shown} slowest of {total} layers)"
 
 
 def new_figure(width: float, height: float) -> tuple[Figure, Any]:
@@ -54,34 +71,38 @@ def plot_layer_latency(
     Returns the figure (saved at ``path`` unless None).
     """
     labels = list(schedules)
-    names = [r.name for r in schedules[labels[0]].layers]
+    first = schedules[labels[0]].layers
+    keep = _slowest(first, MAX_BARS)
+    names = [first[i].name for i in keep]
     x = np.arange(len(names))
     width = 0.8 / len(labels)
     fig, ax = new_figure(max(6.0, 1.1 * len(names) + 2), 4.2)
     handles = []
+    hatched = set()
     for i, label in enumerate(labels):
-        rows = schedules[label].layers
+        rows = [schedules[label].layers[k] for k in keep]
         lat = [r.latency_s * 1e6 for r in rows]
         color = f"C{i}"
         bars = ax.bar(x + (i - (len(labels) - 1) / 2) * width, lat, width, color=color)
         for b, r in zip(bars, rows):
-            if r.bound == "memory":
-                b.set_hatch("//")
-            elif r.bound == "fallback":
-                b.set_hatch("xx")
+            if r.bound in _HATCH:
+                b.set_hatch(_HATCH[r.bound])
+                hatched.add(r.bound)
         handles.append(Patch(color=color,
                              label=f"{label} (total {schedules[label].latency_s * 1e6:.2f} µs)"))
-    handles += [Patch(facecolor="white", edgecolor="black", hatch="//", label="memory-bound"),
-                Patch(facecolor="white", edgecolor="black", hatch="xx", label="CPU fallback")]
+    handles += [Patch(facecolor="white", edgecolor="black", hatch=_HATCH[b], label=what)
+                for b, what in (("memory", "memory-bound"), ("fallback", "CPU fallback"))
+                if b in hatched]
     ax.set_xticks(x, names, rotation=30, ha="right")
     ax.set_ylabel("latency (µs)")
     npu = schedules[labels[0]].npu
-    ax.set_title(title or f"per-layer latency on {npu}")
+    ax.set_title((title or f"per-layer latency on {npu}") + _shown(len(first), len(keep)))
     ax.legend(handles=handles, fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     return save_figure(fig, path)
 
 
+_HATCH = {"memory": "//", "fallback": "xx"}
 _BREAKDOWN_COLORS = {"compute": "C0", "fill_drain": "C9", "convert": "C8", "dma": "C7",
                      "stall": "C3", "fallback": "C1", "transfer": "C5"}
 
@@ -90,7 +111,8 @@ def plot_breakdown(path: Where, schedule: Schedule, title: str = "") -> Figure:
     """Stacked bars of each layer's latency split into compute, fill/drain, DMA, stall, CPU
     fallback and host transfer (µs); the stacks sum to the layer latencies. Returns the figure
     (saved at ``path`` unless None)."""
-    rows = schedule.layers
+    keep = _slowest(schedule.layers, MAX_BARS)
+    rows = [schedule.layers[k] for k in keep]
     x = np.arange(len(rows))
     fig, ax = new_figure(max(7.5, 0.55 * len(rows) + 2), 4.4)
     bottom = np.zeros(len(rows))
@@ -102,8 +124,9 @@ def plot_breakdown(path: Where, schedule: Schedule, title: str = "") -> Figure:
             bottom += vals
     ax.set_xticks(x, [r.name for r in rows], rotation=45, ha="right", fontsize=7)
     ax.set_ylabel("latency (µs)")
-    ax.set_title(title or f"latency breakdown on {schedule.npu} ({schedule.dataflow})\n"
-                          f"total {schedule.latency_s * 1e6:.2f} µs", fontsize=10)
+    ax.set_title((title or f"latency breakdown on {schedule.npu} ({schedule.dataflow})\n"
+                           f"total {schedule.latency_s * 1e6:.2f} µs")
+                 + _shown(len(schedule.layers), len(rows)), fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     return save_figure(fig, path)
@@ -117,7 +140,8 @@ def plot_roofline(
 
     x: arithmetic intensity (MACs per DRAM byte); y: attained MAC/s (MACs / layer latency).
     The roof is ``min(peak, intensity x bandwidth)``; the distance below it is lost to fill/drain,
-    poor mapping, alignment padding and exposed DMA (Williams et al., CACM 2009). Returns the
+    poor mapping, alignment padding and exposed DMA (Williams et al., CACM 2009). Every GEMM layer
+    is a point; the :data:`MAX_LABELS` slowest are named. Returns the
     figure (saved at ``path`` unless None).
     """
     pts = [r for r in schedule.layers
@@ -128,12 +152,14 @@ def plot_roofline(
     xs = np.geomspace(lo, max(hi, 4 * peak_macs_per_s / dram_bytes_per_s), 200)
     ax.loglog(xs, np.minimum(peak_macs_per_s, xs * dram_bytes_per_s), "k-", lw=1.5,
               label="roof: min(peak, AI × bandwidth)")
+    named = {pts[i].name for i in _slowest(pts, MAX_LABELS)}  # the slowest, so labels stay legible
     for r in pts:
         perf = r.macs / r.latency_s
         ax.plot(r.macs / r.costs.dram_bytes, perf, "o",
                 color="C3" if r.bound == "memory" else "C0")
-        ax.annotate(r.name, (r.macs / r.costs.dram_bytes, perf), fontsize=7, xytext=(3, 3),
-                    textcoords="offset points")
+        if r.name in named:
+            ax.annotate(r.name, (r.macs / r.costs.dram_bytes, perf), fontsize=7, xytext=(3, 3),
+                        textcoords="offset points")
     ax.set_xlabel("arithmetic intensity (MACs / DRAM byte)")
     ax.set_ylabel("attained MAC/s")
     ax.set_title(title or f"roofline of {schedule.npu} (red: memory-bound layers)")

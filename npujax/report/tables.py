@@ -31,7 +31,8 @@ def layer_table(schedule: Schedule, title: str | None = None) -> Table:
         ("compute cyc", "right"), ("memory cyc", "right"), ("other cyc", "right"),
         ("latency µs", "right"), ("bound", "left"), ("util", "right")]
     for col, justify in columns:
-        t.add_column(col, justify=justify, no_wrap=True)
+        # fold: a narrow terminal wraps a cell's digits instead of cutting them off
+        t.add_column(col, justify=justify, overflow="fold")
     for r in schedule.layers:
         gemm = r.kind == "gemm"
         op = r.op + ("+" + "+".join(r.epilogue) if r.epilogue else "")
@@ -58,7 +59,7 @@ def dataflow_table(schedules: Mapping[str, Schedule], reference: str | None = No
     """End-to-end totals of the same model under several dataflows, side by side."""
     t = Table(title="end-to-end latency by dataflow", title_justify="left")
     for col in ("dataflow", "compute cycles", "latency µs", "memory-bound", "vs ref"):
-        t.add_column(col, justify="left" if col == "dataflow" else "right")
+        t.add_column(col, justify="left" if col == "dataflow" else "right", overflow="fold")
     ref = schedules[reference].latency_s if reference is not None and reference in schedules \
         else None
     for name, s in schedules.items():

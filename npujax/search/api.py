@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 
-from npujax.hw.spec import NpuSpec
+from npujax.hw.spec import NpuSpec, as_spec
 from npujax.ir.graph import Graph, Params
 from npujax.plan.lower import lower
 from npujax.quantize.quantizers import QState
@@ -25,7 +25,7 @@ __all__ = ["search_precision"]
 def search_precision(
     graph: Graph,
     params: Params,
-    spec: NpuSpec,
+    spec: NpuSpec | str,
     x: np.ndarray,
     y: np.ndarray | None,
     qstate: QState,
@@ -38,7 +38,8 @@ def search_precision(
     Args:
       graph: the optimized float (or QAT) model.
       params: its params.
-      spec: the NPU whose latency model (:func:`npujax.lower`) is the cost.
+      spec: the NPU whose latency model (:func:`npujax.lower`) is the cost (an
+        :class:`~npujax.hw.NpuSpec`, or a preset name or TOML path).
       x: training/calibration inputs.
       y: their integer labels; ``y=None`` (an unlabelled, e.g. imported, model) distils from the
         float model instead: its top-1 classes as labels for a classifier, its outputs
@@ -59,6 +60,7 @@ def search_precision(
       ShapeError: labels of another length than ``x``.
     """
     config = config or SearchConfig()
+    spec = as_spec(spec)
     task = loss if loss is not None else task_loss(graph, config.loss)
     targets = search_targets(graph, params, x, y, task)
     int8 = lower(graph, spec, dataflow=config.dataflow).latency_s

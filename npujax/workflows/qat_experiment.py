@@ -221,13 +221,13 @@ def run_qat_experiment(config: QATConfig = QATConfig(), console: Any = None,
             if obs in config.observers:
                 acc = evaluate(graph, p, xte, yte, quant=spec, qstate=qstate)
                 rows.append({"scheme": scheme, "method": f"PTQ {obs}", "accuracy": acc})
-                say(f"  {scheme} PTQ {obs:<10} {acc:.4f}")
+                say(f"  {scheme} {'PTQ ' + obs:<26} {acc:.4f}")
         if scheme == "W8A8" or scheme == config.schemes[0]:
             p, qstate = ptq_results[config.observers[0]]
             acc = _integer_accuracy(convert(graph, p, spec, qstate), xte, yte)
             rows.append({"scheme": scheme, "method": f"PTQ {config.observers[0]}, integer-only",
                          "accuracy": acc})
-            say(f"  {scheme} integer-only  {acc:.4f}")
+            say(f"  {scheme} {'PTQ ' + config.observers[0] + ', integer-only':<26} {acc:.4f}")
         # QAT from the unfolded graph, BN folded on the fly with frozen running statistics
         for quantizer in config.quantizers:
             _, qstate = ptq_results[config.qat_observer]
@@ -246,12 +246,12 @@ def run_qat_experiment(config: QATConfig = QATConfig(), console: Any = None,
             name = _qat_name(quantizer)
             rows.append({"scheme": scheme, "method": f"{name} (from PTQ {config.qat_observer})",
                          "accuracy": acc})
-            say(f"  {scheme} {name:<13} {acc:.4f}")
+            say(f"  {scheme} {name:<26} {acc:.4f}")
             if learns:  # the learned grid, deployed
                 acc = _integer_accuracy(convert(qgraph, qparams, qspec, qstate), xte, yte)
                 rows.append({"scheme": scheme, "method": f"{name}, integer-only",
                              "accuracy": acc})
-                say(f"  {scheme} {name}, integer-only {acc:.4f}")
+                say(f"  {scheme} {name + ', integer-only':<26} {acc:.4f}")
         if out_dir is not None and scheme == config.schemes[-1]:
             p, qstate = ptq_results[config.qat_observer]
             sq = layer_sqnr(graph, p, spec, qstate, calib[:2])
