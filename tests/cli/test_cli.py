@@ -112,3 +112,33 @@ def test_not_an_npz_model(tmp_path):
     r = run("lower", str(f))
     assert r.returncode == 5 and "not an npujax graph file" in r.stderr
     assert "pickle" not in r.stderr
+
+
+def test_version_and_usage_errors_are_one_line(capsys):
+    """In-process (no subprocess needed): --version, and argparse's usage errors keep the CLI's
+    contract of one 'npujax: error' line and exit code 2."""
+    from npujax import __version__
+    from npujax.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"npujax {__version__}"
+    for argv, message in ((["lower", "m.npz", "--batch", "0"], "--batch: must be >= 1"),
+                          (["search", "m.npz", "--candidates", "2,x"], "comma-separated"),
+                          (["calibrate", "m.npz", "--observer", "kl"], "invalid choice"),
+                          (["nope"], "invalid choice")):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1, err
+        assert err.startswith("npujax: error:") and message in err
+
+
+def test_repeated_bit_options_combine():
+    from npujax.cli._common import bits_spec
+    from npujax.errors import ConfigError
+
+    assert bits_spec(["fc1=4", "conv1=2,fc2=8"]) == {"fc1": 4, "conv1": 2, "fc2": 8}
+    assert bits_spec(["4"]) == 4
+    with pytest.raises(ConfigError, match="twice"):
+        bits_spec(["fc1=4", "fc1=2"])
