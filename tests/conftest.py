@@ -60,3 +60,15 @@ def edge_spec():
     from npujax.hw import load_npu_spec
 
     return load_npu_spec("edge_16x16")
+
+
+@pytest.fixture(scope="session")
+def ppocr_cls():
+    """``(path, graph, params)`` of the real PP-OCR direction classifier at ``[1, 3, 48, 192]``,
+    imported once per session for every test that runs it (skips if PyPI is unreachable). Shared:
+    read it, never change it in place (the passes return new params)."""
+    from npujax.frontends.onnx import from_onnx
+    from tests.onnx_models import zoo_path
+
+    path = zoo_path("ppocr_cls")
+    return path, *from_onnx(path, {"x": (1, 3, 48, 192)})
