@@ -4,10 +4,46 @@ promotion, so an int8 operand can never be widened behind our back.
 Flax's own layers (e.g. ``avg_pool`` dividing by an integer window size) are not written for
 strict promotion, so tests that run a Flax model are marked ``flax_model`` and use JAX's standard
 promotion for that part only.
+
+Compilation dominates the suite's run time, and many tests compile the same XLA programs through
+new ``jax.jit`` objects (a fixture per module, a CLI test's subprocess, a retraced lambda).
+JAX's persistent compilation cache turns those repeats into cache hits: it is switched on for
+the session, in a fresh temporary folder that the subprocesses the tests start share through
+``JAX_COMPILATION_CACHE_DIR``, and removed at the end. A cache entry's key hashes the XLA program,
+the compile options, the jax/jaxlib/XLA versions and the device, so a hit returns the executable
+that compiling would; a fresh folder per session also means no entry written by another checkout,
+another environment or an interrupted run is ever read.
 """
+
+import os
+import shutil
+import tempfile
 
 import jax
 import pytest
+
+_JAX_CACHE = pytest.StashKey[tuple[str, dict[str, str | None]]]()
+_CACHE_ENV = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")
+
+
+def pytest_configure(config):
+    path = tempfile.mkdtemp(prefix="npujax-jax-cache-")
+    saved = {k: os.environ.get(k) for k in _CACHE_ENV}
+    config.stash[_JAX_CACHE] = (path, saved)
+    # every program, however fast it compiled: the small ones are most of the repeats
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_compilation_cache_dir", path)
+    os.environ.update(zip(_CACHE_ENV, (path, "0")))  # inherited by CLI subprocesses
+
+
+def pytest_unconfigure(config):
+    path, saved = config.stash[_JAX_CACHE]
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
@@ -24,3 +60,15 @@ def edge_spec():
     from npujax.hw import load_npu_spec
 
     return load_npu_spec("edge_16x16")
+
+
+@pytest.fixture(scope="session")
+def ppocr_cls():
+    """``(path, graph, params)`` of the real PP-OCR direction classifier at ``[1, 3, 48, 192]``,
+    imported once per session for every test that runs it (skips if PyPI is unreachable). Shared:
+    read it, never change it in place (the passes return new params)."""
+    from npujax.frontends.onnx import from_onnx
+    from tests.onnx_models import zoo_path
+
+    path = zoo_path("ppocr_cls")
+    return path, *from_onnx(path, {"x": (1, 3, 48, 192)})

@@ -31,6 +31,7 @@ tensor keeps ``amax`` at a tiny positive value, so the scale stays finite and ze
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -88,6 +89,12 @@ def _update_one(state: ObserverState, x: jax.Array) -> ObserverState:
     }
 
 
+@functools.partial(jax.jit, static_argnames="axis")
+def _update(state: ObserverState, x: jax.Array, axis: int | None) -> ObserverState:
+    xf = _moveaxis_flat(x, axis)
+    return _update_one(state, xf) if axis is None else jax.vmap(_update_one)(state, xf)
+
+
 def _edges(state):
     nb = state["hist"].shape[-1]
     return jnp.linspace(-state["amax"], state["amax"], nb + 1)
@@ -97,6 +104,7 @@ def _clip_to_t(state, t):
     return jnp.maximum(state["min"], -t), jnp.minimum(state["max"], t)
 
 
+@functools.partial(jax.jit, static_argnames="percentile")
 def _percentile_range(state, percentile):
     cum = jnp.concatenate([jnp.zeros((1,), jnp.float32), jnp.cumsum(state["hist"])])
     total = cum[-1]
@@ -126,6 +134,7 @@ def _without_exact_zeros(state):
     return hist.at[b].set(jnp.maximum(hist[b] - state["zeros"], 0.0))
 
 
+@functools.partial(jax.jit, static_argnames=("fmt", "symmetric", "candidates"))
 def _mse_range(state, fmt, symmetric, candidates):
     e = _edges(state)
     centers = 0.5 * (e[1:] + e[:-1])
@@ -142,6 +151,7 @@ def _mse_range(state, fmt, symmetric, candidates):
     return _clip_to_t(state, best)
 
 
+@functools.partial(jax.jit, static_argnames=("fmt", "levels"))
 def _entropy_range(state, fmt, levels):
     hist2 = _without_exact_zeros(state)
     b = hist2.shape[0] // 2
@@ -209,8 +219,7 @@ def histogram_observer(range_fn, *, bins: int = 2048, axis: int | None = None) -
         return jax.tree.map(lambda v: jnp.broadcast_to(v, (n,) + v.shape), _init_one(bins))
 
     def update(state: ObserverState, x: jax.Array) -> ObserverState:
-        xf = _moveaxis_flat(x, axis)
-        return _update_one(state, xf) if axis is None else jax.vmap(_update_one)(state, xf)
+        return _update(state, x, axis=axis)
 
     def compute_range(state: ObserverState, fmt: Format, symmetric: bool = False) -> Any:
         fn = lambda s: range_fn(s, fmt, symmetric)

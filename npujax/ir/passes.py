@@ -6,6 +6,9 @@ preserves the graph's function (up to float rounding).
 
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
 
 from npujax.errors import ConfigError, GraphError
@@ -48,6 +51,7 @@ def fold_batchnorm(graph: Graph, params: Params) -> tuple[Graph, Params]:
     nodes = list(graph.nodes)
     params = {k: dict(v) for k, v in params.items()}
     gemm = quantized_ops()
+    folds = []
     for node in graph.nodes:
         if node.op not in gemm or node.attrs.get("epilogue"):
             continue
@@ -59,21 +63,39 @@ def fold_batchnorm(graph: Graph, params: Params) -> tuple[Graph, Params]:
             graph.tensors[node.outputs[0]].shape
         ):
             continue
-        p, b = params[node.name], params.pop(bn.name)
-        inv = jnp.asarray(b.get("scale", 1.0)) * (1.0 / jnp.sqrt(b["var"] + bn.attrs["epsilon"]))
-        axis = kernel_out_axis(node)
-        shape = [1] * p["kernel"].ndim
-        shape[axis] = -1
-        bias = p.get("bias", jnp.zeros_like(b["mean"]))
-        params[node.name] = {
-            "kernel": p["kernel"] * inv.reshape(shape),
-            "bias": (bias - b["mean"]) * inv + b.get("bias", 0.0),
-        }
+        folds.append((node.name, bn.name, kernel_out_axis(node), float(bn.attrs["epsilon"])))
         i = nodes.index(bn)
         nodes.pop(i)
         j = [n.name for n in nodes].index(node.name)
         nodes[j] = nodes[j].replace(outputs=bn.outputs, params=("kernel", "bias"))
+    if folds:
+        layers = {layer: params[layer] for layer, *_ in folds}
+        bns = {bn: params.pop(bn) for _, bn, *_ in folds}
+        params.update(_fold_params(layers, bns, folds=tuple(folds)))
     return graph.replace(nodes=tuple(nodes)), params
+
+
+@functools.partial(jax.jit, static_argnames="folds")
+def _fold_params(layers: Params, bns: Params, folds: tuple) -> Params:
+    """The folded ``{"kernel", "bias"}`` of every layer in ``folds`` ((layer, bn, kernel output
+    axis, epsilon) each), as one compiled program: eagerly, each fold's few ops compiled once per
+    channel count (84 small programs on the PP-OCR classifier)."""
+    out = {}
+    for layer, bn, axis, eps in folds:
+        p, b = layers[layer], bns[bn]
+        # the barrier keeps XLA from rewriting 1 / sqrt into rsqrt (up to 4 ulp off on the CPU),
+        # so the kernels equal the eager computation's bit for bit (the biases may differ in the
+        # last bits: XLA fuses their multiply-add)
+        inv = jnp.asarray(b.get("scale", 1.0)) * (
+            1.0 / jax.lax.optimization_barrier(jnp.sqrt(b["var"] + eps)))
+        shape = [1] * p["kernel"].ndim
+        shape[axis] = -1
+        bias = p.get("bias", jnp.zeros_like(b["mean"]))
+        out[layer] = {
+            "kernel": p["kernel"] * inv.reshape(shape),
+            "bias": (bias - b["mean"]) * inv + b.get("bias", 0.0),
+        }
+    return out
 
 
 def frozen_bn_stats(graph: Graph, params: Params) -> Params:
@@ -82,8 +104,6 @@ def frozen_bn_stats(graph: Graph, params: Params) -> Params:
     Used by BN-folded QAT after the freeze step: the statistics stay fixed while the kernel and
     the BN scale/shift train through the fold.
     """
-    import jax
-
     out = dict(params)
     for n in graph.nodes:
         if n.op == "BatchNormalization" and n.name in params:

@@ -19,12 +19,12 @@ from npujax.quantize.calibrate import calibrate
 from npujax.quantize.execute import execute
 from npujax.quantize.spec import quant_spec
 from tests.helpers import assert_close
-from tests.onnx_models import ort_run, text_images, zoo_path
+from tests.onnx_models import ort_run, text_images
 
 
 @pytest.fixture(scope="module")
-def cls_quantized():
-    graph, params = from_onnx(zoo_path("ppocr_cls"), {"x": (1, 3, 48, 192)})
+def cls_quantized(ppocr_cls):
+    _, graph, params = ppocr_cls
     graph, params = optimize(graph, params)
     q = quant_spec(graph)
     xs = text_images(48, 192, 8, seed=2, flip_odd=True)
@@ -36,6 +36,7 @@ def cls_quantized():
         run_float(params, xs))
 
 
+@pytest.mark.integration
 def test_cls_fake_quant_close_to_float(cls_quantized):
     *_, yq, yf = cls_quantized
     # int8 per-channel weights, uint8 activations, calibrated on 4 text images: measured
@@ -49,6 +50,7 @@ def test_cls_fake_quant_close_to_float(cls_quantized):
 ORIENTATION = [0, 1] * 4
 
 
+@pytest.mark.integration
 def test_qdq_export_structure_and_atomic_write(cls_quantized, tmp_path):
     graph, params, q, qstate, *_ = cls_quantized
     path = tmp_path / "cls_qdq.onnx"
@@ -76,6 +78,7 @@ def test_qdq_export_structure_and_atomic_write(cls_quantized, tmp_path):
     assert n_q == len(gemm_nodes(graph)) + n_out
 
 
+@pytest.mark.integration
 def test_qdq_round_trip_through_npujax_is_exact(cls_quantized):
     graph, params, q, qstate, xs, *_ = cls_quantized
     model = to_onnx(graph, params, q, qstate, int32_bias=False, requantize_outputs=False)
@@ -90,6 +93,7 @@ def test_qdq_round_trip_through_npujax_is_exact(cls_quantized):
     np.testing.assert_allclose(y, ref, rtol=0, atol=1e-6)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("int32_bias", [True, False])
 def test_qdq_export_runs_in_onnxruntime_close_to_fake_quant(cls_quantized, int32_bias):
     graph, params, q, qstate, xs, yq, _ = cls_quantized
@@ -102,6 +106,7 @@ def test_qdq_export_runs_in_onnxruntime_close_to_fake_quant(cls_quantized, int32
     np.testing.assert_array_equal(y.argmax(1), ORIENTATION)
 
 
+@pytest.mark.integration
 def test_qdq_export_in_onnxruntime_equals_the_integer_path(cls_quantized):
     """onnxruntime fuses the exported QDQ groups it can into its integer kernels (here 15
     QLinearConv, the ReLU layers, and the QGemm; QLinearConv/QGemm requantize in float, as

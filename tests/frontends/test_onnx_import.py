@@ -21,15 +21,9 @@ from tests.onnx_models import crops, ort_run, text_images, zoo_path
 # Real models
 
 
-@pytest.fixture(scope="module")
-def cls_model():
-    path = zoo_path("ppocr_cls")
-    graph, params = from_onnx(path, {"x": (1, 3, 48, 192)})
-    return path, graph, params
-
-
-def test_cls_structure(cls_model):
-    _, graph, params = cls_model
+@pytest.mark.integration
+def test_cls_structure(ppocr_cls):
+    _, graph, params = ppocr_cls
     ops = [n.op for n in graph.nodes]
     assert ops.count("Conv") == 53 and ops.count("BatchNormalization") == 35
     assert ops.count("Gemm") == 1  # MatMul by a constant + Add -> Gemm with a bias
@@ -40,8 +34,9 @@ def test_cls_structure(cls_model):
     assert not any(v.size > 10_000 for v in graph.constants.values())
 
 
-def test_cls_matches_onnxruntime(cls_model):
-    path, graph, params = cls_model
+@pytest.mark.integration
+def test_cls_matches_onnxruntime(ppocr_cls):
+    path, graph, params = ppocr_cls
     run = jax.jit(lambda p, x: execute(graph, p, x))
     xs = np.concatenate([text_images(48, 192, 4, flip_odd=True), crops(48, 192, 2)])
     ys = []
@@ -55,6 +50,7 @@ def test_cls_matches_onnxruntime(cls_model):
     np.testing.assert_array_equal(np.argmax(ys[:4], axis=1), [0, 1, 0, 1])
 
 
+@pytest.mark.integration
 def test_det_matches_onnxruntime_small_input():
     path = zoo_path("ppocr_det")
     graph, params = from_onnx(path, {"x": (1, 3, 160, 160)})
@@ -294,10 +290,11 @@ def test_errors_are_npujax_errors_with_exit_codes():
     assert issubclass(UnsupportedOpError, GraphError) and issubclass(GraphError, NpujaxError)
 
 
-def test_imported_graph_saves_and_loads(cls_model, tmp_path):
+@pytest.mark.integration
+def test_imported_graph_saves_and_loads(ppocr_cls, tmp_path):
     from npujax.quantize.model_file import load_graph, save_graph
 
-    _, graph, params = cls_model
+    _, graph, params = ppocr_cls
     save_graph(tmp_path / "cls.npz", graph, params)
     loaded = load_graph(tmp_path / "cls.npz")
     g2, p2 = loaded[0], loaded[1]

@@ -51,8 +51,8 @@ def test_det_quantized_and_qdq_export():
     assert np.abs(yo - yq).mean() < 5e-3
 
 
-def test_cls_gradients_are_finite():
-    graph, params = from_onnx(zoo_path("ppocr_cls"), {"x": (1, 3, 48, 192)})
+def test_cls_gradients_are_finite(ppocr_cls):
+    _, graph, params = ppocr_cls
     x = text_images(48, 192, 1, seed=1)
     grads = jax.jit(jax.grad(lambda p: jnp.sum(execute(graph, p, x) ** 2)))(params)
     leaves = jax.tree_util.tree_leaves(grads)
