@@ -202,7 +202,7 @@ def test_cli_search_and_qat_on_an_onnx_model(tmp_path):
                         "--out", str(tmp_path / "pol.json")],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
-    assert "labels: float model (distillation)" in r.stdout
+    assert "targets from the float model (distillation)" in r.stdout
     pol = load_policy(tmp_path / "pol.json")
     assert pol.meta["speedup_vs_int8"] >= 1 / 0.85 * (1 - 1e-6)
     q = subprocess.run([*cli, "qat", "--policy", str(tmp_path / "pol.json"), "--model", str(path),
