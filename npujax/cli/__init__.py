@@ -13,6 +13,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from npujax._version import __version__
 from npujax.cli import calibrate, demo, lower, presets, qat, search
@@ -28,7 +29,7 @@ COMMANDS = (demo, lower, search, qat, calibrate, presets)
 class _Parser(argparse.ArgumentParser):
     """argparse with npujax's error contract: one ``npujax: error: ...`` line, exit code 2."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"npujax: error: {message} (see '{self.prog} --help')\n")
 
 
