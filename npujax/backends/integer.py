@@ -85,6 +85,10 @@ __all__ = ["IntegerLayer", "IntegerModel", "convert", "execute_integer", "requan
 
 _INT_EPILOGUES = frozenset({"Relu", "Relu6"})
 _POOL_FRAC_BITS = 8
+# The weight codes of a layer as one compiled program per kernel shape (op by op, quantize
+# compiles several small programs per shape: convert() on the PP-OCR classifier 11.4 -> 8.5 s).
+# The codes are the same either way: a true division, round half to even, a clip.
+_quantize_weight_codes = jax.jit(quantize, static_argnames=("fmt", "axis"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -263,7 +267,7 @@ def convert(
         ws = lq.quantizer.weight_grid(node, lq, w, layer_state(quant, qstate, node.name)).scale
         c_out = w.shape[axis]
         ws = jnp.broadcast_to(ws, (c_out,))
-        wq = quantize(w, ws, jnp.zeros((c_out,), jnp.int32), wfmt, axis)
+        wq = _quantize_weight_codes(w, ws, jnp.zeros((c_out,), jnp.int32), fmt=wfmt, axis=axis)
         s_in, z_in = act_grid(node.name)
         k = _reduction_length(node, np.asarray(w))
         bound = k * (2 ** lq.act.bits) * (2 ** (wfmt.bits - 1))
