@@ -1,4 +1,4 @@
-"""The demo end to end: the full default run through the CLI, as the README's first command runs it."""
+"""The demo end to end: the full default run through the CLI, as the README's first command."""
 
 import csv
 import json
