@@ -222,7 +222,10 @@ class ViT(nnx.Module):
       image: image side (pixels; a multiple of ``patch``).
       channels: input channels.
       patch: patch side (pixels).
-      d_model, heads, d_ff, layers: the encoder's shapes.
+      d_model: the encoder's width.
+      heads: attention heads.
+      d_ff: the MLP's inner size.
+      layers: encoder blocks.
       classes: outputs of the head.
       rngs: parameter initialisation.
     """

@@ -11,7 +11,7 @@ x^3)))`` (``"tanh"``); it exports written out (Erf/Tanh, Mul, Add) so the model 
 
 On the vector unit, Softmax costs per element a max, a subtraction, an exponential (special
 function), a sum and a multiplication, plus one reciprocal per row; Gelu an erf or tanh and a few
-multiply-adds per element (:attr:`~npujax.ops.registry.OpDef.vector_work`).
+multiply-adds per element (:class:`~npujax.ops.registry.VectorWork`).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ ONNX semantics (https://onnx.ai/onnx/operators/):
 
 ``scale`` and ``bias`` are params (trainable, role ``scale``/``bias``). On the NPU they run on the
 vector unit: per element a few ALU operations (sums, subtraction, squares, the affine) and per
-normalized row one reciprocal square root on the special-function unit (:attr:`OpDef.vector_work`).
+normalized row one reciprocal square root on the special-function unit (:class:`~npujax.ops.registry.VectorWork`).
 Quantized models keep them at a higher precision by default (:func:`npujax.quant_spec`).
 """
 
