@@ -14,8 +14,9 @@ ONNX semantics (https://onnx.ai/onnx/operators/):
 
 ``scale`` and ``bias`` are params (trainable, role ``scale``/``bias``). On the NPU they run on the
 vector unit: per element a few ALU operations (sums, subtraction, squares, the affine) and per
-normalized row one reciprocal square root on the special-function unit (:class:`~npujax.ops.registry.VectorWork`).
-Quantized models keep them at a higher precision by default (:func:`npujax.quant_spec`).
+normalized row one reciprocal square root on the special-function unit
+(:class:`~npujax.ops.registry.VectorWork`). Quantization schemes leave them in float (only the
+GEMM layers' inputs and kernels are quantized).
 """
 
 from __future__ import annotations
