@@ -27,6 +27,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from npujax.errors import ConfigError, GraphError, UnsupportedOpError
+from npujax.ir.fusion import fuse_transformer_patterns
 from npujax.ir.graph import Graph, Node, Params, TensorType, fresh_name
 from npujax.ops import ONNX_IMPORTERS, ONNX_WEIGHT_OPS, get_op
 
@@ -446,6 +447,9 @@ def from_onnx(
         ``input_shapes`` or declared with static other dimensions) is set to it
         (:func:`batch_input_shapes`).
 
+    Decomposed LayerNorms and GELUs are fused into single ops where they are exactly that
+    (:func:`npujax.ir.fusion.fuse_transformer_patterns`).
+
     The graph is specialised to the input shapes: shape computations are folded with them, so
     executing with another batch size works only where no folded shape depends on the batch
     (import once per batch size otherwise).
@@ -538,7 +542,7 @@ def from_onnx(
         tensors[k] = TensorType(tuple(int(d) for d in v.shape), str(v.dtype))
     graph = Graph(nodes=tuple(ctx.nodes), inputs=tuple(inputs), outputs=tuple(outputs),
                   tensors=tensors, constants=constants, source="onnx")
-    return _fold_bias_adds(graph, ctx.params)
+    return fuse_transformer_patterns(*_fold_bias_adds(graph, ctx.params))
 
 
 def _fold_bias_adds(graph: Graph, params: Params) -> tuple[Graph, Params]:

@@ -9,7 +9,7 @@ Hardware is data. Every numeric field carries its unit in its name (``clock_hz``
                precision_scaling, brick_bits
     [memory]   ifmap_sram_bytes, filter_sram_bytes, ofmap_sram_bytes, dram_bytes_per_s,
                dram_latency_s
-    [vector]   lanes
+    [vector]   lanes, special_cycles_per_elem (optional, default 4)
     [layout]   activation_layout, c0, channel_alignment, dram_burst_bytes
     [ops]      supported, fused_activations, conv_max_kernel, conv_max_stride
     [host]     cpu_ops_per_s, link_bytes_per_s, link_latency_s
@@ -133,9 +133,14 @@ class VectorSpec:
 
     Attributes:
       lanes: elements processed per clock cycle, >= 1.
+      special_cycles_per_elem: lane cycles of one special-function evaluation (exp, erf, tanh,
+        reciprocal, rsqrt) on the special-function unit, > 0 (default 4: a lookup table plus
+        a few Newton or polynomial steps, as in the softmax units of NPU papers such as
+        Stevens et al., "Softermax", DAC 2021, arXiv:2103.09301).
     """
 
     lanes: int = _field()
+    special_cycles_per_elem: float = _field(default=4.0)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

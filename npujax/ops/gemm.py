@@ -492,13 +492,19 @@ def _matmul(node: Node, inputs: Sequence[jax.Array], params: Mapping[str, jax.Ar
 
 def _matmul_work(node: Node, ins: Sequence[tuple[int, ...]], outs: Sequence[tuple[int, ...]],
                  align: int) -> ArrayWork:
-    """Activation x activation (e.g. attention): ``b`` is read like weights."""
-    x, b, y = ins[0], ins[1], outs[0]
-    K, N = int(x[-1]), int(y[-1])
-    groups = int(np.prod(b[:-2])) if len(b) > 2 else 1
-    M = int(np.prod(x[:-1])) // groups
-    macs = groups * M * K * N
-    return ArrayWork(M, K, N, groups, macs, groups * K * N, 0)
+    """Activation x activation (attention's ``Q K^T`` and ``P V``): ``groups`` GEMMs over the
+    broadcast batch dimensions; the second operand is the array's stationary operand (read like
+    weights). A 2-D second operand is shared by the whole batch: one GEMM with the batch in M."""
+    a, b = tuple(ins[0]), tuple(ins[1])
+    a2 = (1,) + a if len(a) == 1 else a
+    b2 = b + (1,) if len(b) == 1 else b
+    K, N = int(a2[-1]), int(b2[-1])
+    if len(b2) == 2:
+        groups, M = 1, int(np.prod(a2[:-1], dtype=np.int64))
+    else:
+        batch = np.broadcast_shapes(a2[:-2], b2[:-2])
+        groups, M = int(np.prod(batch, dtype=np.int64)), int(a2[-2])
+    return ArrayWork(M, K, N, groups, groups * M * K * N, groups * K * N, 0)
 
 
 @onnx_importer("MatMul", weights=True)

@@ -9,7 +9,10 @@ along N, whichever finishes first; each core runs
 wider than the array's width are split): ``compute_cycles``, of which ``fill_drain_cycles`` are
 spent filling and draining the array.
 
-**NPU vector layers** (pooling, elementwise, layout transforms): ``ceil(ops / (lanes x cores))``.
+**NPU vector layers** (pooling, elementwise, layout transforms, Softmax, normalizations):
+``ceil((alu_ops + special_ops x special_cycles_per_elem) / (lanes x cores))``, where the special
+functions (exp, erf, tanh, reciprocal, rsqrt) take ``vector.special_cycles_per_elem`` lane cycles
+each.
 
 **Memory.** Vector layers read their operands and write their output once: ``dram_bytes =
 weights x w_bits/8 + bias x accumulator_bits/8 + (in + out) x a_bits/8``; GEMM layers move the
@@ -198,7 +201,8 @@ def layer_costs(
     gemm_total = groups * (fill_drain_1 + stream) * n_passes
     gemm_fill_drain = groups * fill_drain_1 * n_passes
     lanes = hw.vector.lanes
-    vec_cycles = _ceil_div(i32(lambda w: w.vector_ops), lanes * cores)
+    special = jnp.ceil(f32(lambda w: w.special_ops) * hw.vector.special_cycles_per_elem)
+    vec_cycles = _ceil_div(i32(lambda w: w.vector_ops) + special.astype(jnp.int32), lanes * cores)
     total_compute = jnp.where(is_gemm, gemm_total, jnp.where(on_npu, vec_cycles, 0))
     fill_drain = jnp.where(is_gemm, gemm_fill_drain, 0)
 

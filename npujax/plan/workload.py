@@ -32,7 +32,11 @@ from npujax.hw.spec import NpuSpec
 from npujax.ir.graph import Graph, Node
 from npujax.ops import OPS, get_op
 
-__all__ = ["Workload", "workloads", "model_layout"]
+__all__ = ["Workload", "workloads", "model_layout", "CPU_OPS_PER_SPECIAL"]
+
+#: Host-CPU operations one special function (exp, erf, tanh, reciprocal, rsqrt) costs: a
+#: vectorised polynomial evaluation of about ten multiply-adds (as in SLEEF or Eigen's exp).
+CPU_OPS_PER_SPECIAL = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,8 +54,11 @@ class Workload:
       macs: true multiply-accumulates (unpadded).
       weight_elems, bias_elems: weight and (int32) bias elements moved from DRAM (padded).
       in_elems, out_elems: activation elements read and written (padded).
-      vector_ops: elementwise operations for vector/layout layers.
-      cpu_ops: operations if run on the CPU (2 per MAC).
+      vector_ops: elementwise (ALU) operations for vector/layout layers.
+      special_ops: special-function evaluations (exp, erf, tanh, reciprocal, rsqrt) of a
+        vector layer (Softmax, LayerNorm, GELU; :class:`~npujax.ops.VectorWork`).
+      cpu_ops: operations if run on the CPU (2 per MAC; a special function counts
+        :data:`CPU_OPS_PER_SPECIAL`).
       link_in_elems, link_out_elems, link_transfers: host-link traffic of a CPU layer.
       epilogue: activations applied in the layer's output stage.
       producer: index (in the workload list) of the layer that produced this layer's first
@@ -75,6 +82,7 @@ class Workload:
     in_elems: int = 0
     out_elems: int = 0
     vector_ops: int = 0
+    special_ops: int = 0
     cpu_ops: int = 0
     link_in_elems: int = 0
     link_out_elems: int = 0
@@ -210,8 +218,8 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
         reason = placements[node.name]
         dev = "cpu" if reason else "npu"
         ins = [t for t in node.inputs if t not in graph.constants]
-        if node.op == "MatMul":
-            ins = ins[:1]  # the second operand is costed as the array's stationary operand
+        if cost[node.name] == "array":
+            ins = ins[:1]  # a second operand (MatMul, Einsum) is the array's stationary operand
         if dev == "npu":
             for t in ins:
                 if t in pending_layout_in:  # a graph input entering the NPU
@@ -225,10 +233,17 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
             kind = "gemm"
         else:
             kind = "vector"
-            y = graph.tensors[node.outputs[0]]
-            window = int(np.prod(node.attrs.get("window", [1])))
-            ops = y.size * window
-            base = dict(vector_ops=ops, cpu_ops=ops)
+            vw = get_op(node.op, node.name).vector_work
+            if vw is not None:
+                work = vw(node, [graph.tensors[t].shape for t in node.inputs],
+                          [graph.tensors[t].shape for t in node.outputs])
+                base = dict(vector_ops=work.alu_ops, special_ops=work.special_ops,
+                            cpu_ops=work.alu_ops + CPU_OPS_PER_SPECIAL * work.special_ops)
+            else:
+                y = graph.tensors[node.outputs[0]]
+                window = int(np.prod(node.attrs.get("window", [1])))
+                ops = y.size * window
+                base = dict(vector_ops=ops, cpu_ops=ops)
         elems_in = sum(act_elems(t) if dev == "npu" else graph.tensors[t].size for t in ins)
         y_elems = sum(act_elems(t) if dev == "npu" else graph.tensors[t].size
                       for t in node.outputs)

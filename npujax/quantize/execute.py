@@ -19,6 +19,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from npujax.errors import ShapeError
 from npujax.ir.graph import Graph, Params
@@ -30,7 +31,8 @@ __all__ = ["execute", "as_inputs", "layer_state"]
 
 
 def as_inputs(graph: Graph, x: jax.Array | Sequence[jax.Array]) -> list[jax.Array]:
-    """``x`` as the list of float32 graph inputs, after checking their shapes.
+    """``x`` as the list of graph inputs (float32; integer and boolean inputs keep their type),
+    after checking their shapes.
 
     Raises:
       ShapeError: wrong number of inputs, or a non-batch dimension that differs from the
@@ -47,7 +49,16 @@ def as_inputs(graph: Graph, x: jax.Array | Sequence[jax.Array]) -> list[jax.Arra
                 f"input {name!r} must have shape (batch, {', '.join(map(str, want[1:]))}), "
                 f"got {tuple(jnp.shape(v))}."
             )
-    return [jnp.asarray(v, jnp.float32) for v in xs]
+    return [_as_input(v, graph.tensors[name].dtype) for name, v in zip(graph.inputs, xs)]
+
+
+def _as_input(v: Any, dtype: str) -> jax.Array:
+    """A float input as float32 (whatever it was given as); an integer or boolean one (token
+    ids, masks) in its own type (int64 as JAX's default integer without x64)."""
+    dt = np.dtype(dtype)
+    if dt.kind in "iub":
+        return jnp.asarray(v, jax.dtypes.canonicalize_dtype(dt))
+    return jnp.asarray(v, jnp.float32)
 
 
 def layer_state(quant: QuantSpec, qstate: QState | None, name: str) -> Any:
