@@ -16,6 +16,7 @@ __all__ = [
     "UnsupportedOpError",
     "ShapeError",
     "FetchError",
+    "LimitError",
 ]
 
 
@@ -68,3 +69,11 @@ class FetchError(NpujaxError, OSError):
     """A packaged model could not be downloaded, or its bytes do not match the pinned sha256."""
 
     exit_code = 8
+
+
+class LimitError(NpujaxError, ValueError):
+    """An input would exceed a resource limit of :mod:`npujax.limits` (a tensor's bytes, a
+    model's total bytes, a declared tensor's elements, a count the cost model keeps exact). The
+    message names the tensor, its size, the limit and how to raise it."""
+
+    exit_code = 9

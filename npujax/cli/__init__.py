@@ -3,8 +3,8 @@ call, printing).
 
 Every :class:`~npujax.errors.NpujaxError` becomes a one-line ``npujax: error: ...`` message on
 stderr and the error's exit code (2 config, 3 quantization, 4 calibration, 5 graph, 6 unsupported
-op, 7 shape, 8 fetch); there is never a traceback for bad input. Results go to stdout, progress
-notes to stderr (``-q`` hides them, ``-v`` adds details).
+op, 7 shape, 8 fetch, 9 resource limit); there is never a traceback for bad input. Results go
+to stdout, progress notes to stderr (``-q`` hides them, ``-v`` adds details).
 """
 
 from __future__ import annotations
@@ -46,6 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
                            default=0, help="more messages (debug details) on stderr")
     verbosity.add_argument("-q", "--quiet", action="store_const", const=-1, dest="verbosity",
                            help="only warnings and errors on stderr")
+    for flag, var in (("--max-tensor-bytes", "NPUJAX_MAX_TENSOR_BYTES"),
+                      ("--max-model-bytes", "NPUJAX_MAX_MODEL_BYTES"),
+                      ("--max-tensor-elements", "NPUJAX_MAX_TENSOR_ELEMENTS")):
+        p.add_argument(flag, metavar="SIZE", help=f"resource limit (e.g. 4GiB; default from "
+                       f"${var}, see docs/errors.md)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
                            parser_class=_Parser)
     for command in COMMANDS:
@@ -69,6 +74,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configure_logging(args.verbosity)
     try:
+        from npujax.limits import set_limits
+
+        set_limits(**{k: v for k in ("max_tensor_bytes", "max_model_bytes",
+                                     "max_tensor_elements")
+                      if (v := getattr(args, k, None)) is not None})
         if str(getattr(args, "model", None) or "").startswith("zoo:"):
             args.model = _zoo_model(args.model[4:])
         code = int(args.fn(args) or 0)

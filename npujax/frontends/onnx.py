@@ -28,7 +28,9 @@ from onnx import helper, numpy_helper
 
 from npujax.errors import ConfigError, GraphError, UnsupportedOpError
 from npujax.ir.graph import Graph, Node, Params, TensorType, fresh_name
+from npujax.limits import ByteBudget, check_bytes, check_elements
 from npujax.ops import ONNX_IMPORTERS, ONNX_WEIGHT_OPS, get_op
+from npujax.ops._onnx import iter_onnx_tensors, reference_evaluator, refuse_external_data
 
 __all__ = ["from_onnx", "SUPPORTED_ONNX_OPS", "load_onnx_model", "parse_input_shapes",
            "batch_input_shapes"]
@@ -40,15 +42,20 @@ def load_onnx_model(path_or_model: str | os.PathLike[str] | bytes | onnx.ModelPr
                     ) -> onnx.ModelProto:
     """Read an ONNX model (a local path, serialized bytes or a ``ModelProto``), with its weights.
 
-    External-data tensors are read only from files inside the model's folder: a location that is
-    absolute or escapes the folder (``../``, symlinks) is refused, and URLs are never fetched.
+    External-data tensors, wherever they sit (initializers, node attributes, sparse tensors,
+    the subgraphs of ``If``/``Loop``/``Scan`` at any depth, functions), are read only from files
+    inside the model's folder: a location that is absolute or escapes the folder (``../``,
+    symlinks) is refused, URLs are never fetched, and a model given in memory may not have any.
+    Each length is checked against the tensor's declared size, the file's size and
+    :mod:`npujax.limits` before it is read.
 
     Raises:
       GraphError: the path is a URL or does not exist, the file is not a valid ONNX protobuf, or an
-        external-data location is missing or outside the model's folder.
+        external-data location is missing, outside the model's folder or of the wrong length.
+      LimitError: a tensor or the model's tensors together exceed :mod:`npujax.limits`.
     """
     if isinstance(path_or_model, onnx.ModelProto):
-        model, base = path_or_model, None
+        model, base = path_or_model, None  # (external data would be refused: nothing changes)
     elif isinstance(path_or_model, bytes):
         model, base = _parse(path_or_model, "<bytes>"), None
     else:
@@ -61,8 +68,10 @@ def load_onnx_model(path_or_model: str | os.PathLike[str] | bytes | onnx.ModelPr
         path = Path(text)
         if not path.is_file():
             raise GraphError(f"ONNX model {text!r} does not exist or is not a file.")
+        check_bytes(path.stat().st_size, f"ONNX file {text!r}", limit="max_model_bytes")
         model, base = _parse(path.read_bytes(), text), path.resolve().parent
     _load_external_data(model, base)
+    refuse_external_data(model, "ONNX model")  # the invariant every evaluation relies on
     return model
 
 
@@ -79,45 +88,88 @@ def _parse(data: bytes, where: str) -> onnx.ModelProto:
     return model
 
 
-def _all_tensors(model: onnx.ModelProto):
-    yield from model.graph.initializer
-    for node in model.graph.node:
-        for attr in node.attribute:
-            if attr.HasField("t"):
-                yield attr.t
+def _tensor_nbytes(t: onnx.TensorProto, where: str) -> int | None:
+    """Bytes of a tensor's data from its declared dims and type (None for strings)."""
+    if t.data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
+        return None
+    try:
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
+    except Exception:
+        raise GraphError(f"{where} has an unknown data type {t.data_type}.") from None
+    n = check_elements(list(t.dims), where)
+    bits = {onnx.TensorProto.INT4: 4, onnx.TensorProto.UINT4: 4}.get(t.data_type)
+    return (n * bits + 7) // 8 if bits else n * dtype.itemsize
 
 
 def _load_external_data(model: onnx.ModelProto, base: Path | None) -> None:
-    for t in _all_tensors(model):
+    """Read every external-data tensor of ``model`` (at any depth: subgraphs of ``If``/``Loop``/
+    ``Scan``, attribute tensors, sparse tensors, functions) from inside ``base``, checking its
+    length against the tensor's declared size, the file's size and the limits before reading;
+    afterwards no tensor of the model refers to a file."""
+    budget = ByteBudget("the model's tensors")
+    for where, t in iter_onnx_tensors(model):
+        nbytes = _tensor_nbytes(t, where)
         if t.data_location != onnx.TensorProto.EXTERNAL:
+            if nbytes is not None:  # already in memory (parsed): counted, not re-checked
+                budget.used += nbytes
             continue
         info = {e.key: e.value for e in t.external_data}
         loc = info.get("location", "")
         if base is None:
             raise GraphError(
-                f"tensor {t.name!r} keeps its data in external file {loc!r}, but the model was "
-                "passed in memory; pass the model's path so its folder can be read."
-            )
-        if _URL.match(loc) or os.path.isabs(loc):
+                f"{where} keeps its data in external file {loc!r}, but the model was passed in "
+                "memory; pass the model's path so its folder can be read.")
+        if not loc or _URL.match(loc) or os.path.isabs(loc) or "\0" in loc:
             raise GraphError(
-                f"tensor {t.name!r} points at external data {loc!r}; only relative paths inside "
-                f"the model's folder {str(base)!r} are read."
-            )
+                f"{where} points at external data {loc!r}; only relative paths inside the "
+                f"model's folder {str(base)!r} are read.")
         target = (base / loc).resolve()
         if not target.is_relative_to(base):
             raise GraphError(
-                f"tensor {t.name!r} points at external data {loc!r}, which resolves outside the "
-                f"model's folder {str(base)!r}; refusing to read it."
-            )
+                f"{where} points at external data {loc!r}, which resolves outside the model's "
+                f"folder {str(base)!r}; refusing to read it.")
         if not target.is_file():
-            raise GraphError(f"external data file {loc!r} of tensor {t.name!r} does not exist.")
-        offset, length = int(info.get("offset", 0)), info.get("length")
+            raise GraphError(f"external data file {loc!r} of {where} does not exist or is not "
+                             "a regular file.")
+        if nbytes is None:
+            raise GraphError(f"{where}: external data of string tensors is not supported.")
+        try:
+            offset = int(info.get("offset", 0))
+            length = int(info["length"]) if "length" in info else None
+        except ValueError:
+            raise GraphError(f"{where}: external-data offset/length {info.get('offset')!r}/"
+                             f"{info.get('length')!r} are not whole numbers.") from None
+        size = target.stat().st_size
+        if length is None:
+            length = size - offset
+        if offset < 0 or length < 0 or offset + length > size:
+            raise GraphError(
+                f"{where}: external data {loc!r} at offset {offset} with length {length} does "
+                f"not lie inside the file ({size} bytes).")
+        if length != nbytes:
+            raise GraphError(
+                f"{where}: external data {loc!r} holds {length} bytes, but the tensor's dims "
+                f"{list(t.dims)} need {nbytes}.")
+        budget.take(nbytes, f"{where} (external data {loc!r})")
         with open(target, "rb") as f:
             f.seek(offset)
-            data = f.read(int(length) if length is not None else -1)
+            data = f.read(length)
+        if len(data) != length:
+            raise GraphError(f"{where}: external data {loc!r} was shorter than announced.")
         t.raw_data = data
         t.data_location = onnx.TensorProto.DEFAULT
         del t.external_data[:]
+
+
+def _to_array(t: onnx.TensorProto, where: str) -> np.ndarray:
+    """``numpy_helper.to_array`` with the declared size checked first and errors named."""
+    nbytes = _tensor_nbytes(t, where)
+    if nbytes is not None:
+        check_bytes(nbytes, where)
+    try:
+        return numpy_helper.to_array(t)
+    except Exception as e:
+        raise GraphError(f"{where} cannot be read: {type(e).__name__}: {e}") from None
 
 
 def parse_input_shapes(specs: Sequence[str]) -> dict[str, tuple[int, ...]]:
@@ -160,6 +212,7 @@ class _Ctx:
         self.nodes: list[Node] = []
         self.params: Params = {}
         self.names: set[str] = set()
+        self.budget = ByteBudget("the model's constant-folded values")
         self.onnx_node = onnx.NodeProto()  # the node being converted (set per node)
         self.node_name = ""
 
@@ -208,6 +261,8 @@ class _Ctx:
                 f"shapes {[tuple(s.shape) for s in specs]}: {type(e).__name__}: {e}"
             ) from None
         for t, o in zip(node.outputs, outs):
+            check_elements(o.shape, f"node {self.node_name!r} ({self.onnx_node.op_type}) "
+                                    f"output {t!r}")
             self.types[t] = TensorType(tuple(int(d) for d in o.shape), str(o.dtype))
         self.nodes.append(node)
         return node
@@ -258,7 +313,7 @@ def _constant_value(n: onnx.NodeProto) -> np.ndarray:
     if a is None:
         raise GraphError(f"Constant node {n.name!r} has no value attribute.")
     if a.name == "value":
-        return numpy_helper.to_array(a.t)
+        return _to_array(a.t, f"Constant node {n.name!r}")
     v = helper.get_attribute_value(a)
     if a.name == "value_float":
         return np.asarray(v, np.float32)
@@ -287,15 +342,75 @@ def _fold_dequantize(ctx: _Ctx, n: onnx.NodeProto) -> None:
                                ).astype(np.float32)
 
 
-def _fold(ctx: _Ctx, n: onnx.NodeProto) -> None:
-    """Evaluate a node whose inputs are all constants with onnx's reference implementation."""
-    from onnx.reference import ReferenceEvaluator
+#: Most loop iterations a constant-folded ``Loop`` may run (its trip count must be a constant).
+MAX_FOLD_LOOP_ITERATIONS = 2**16
+_SHAPE_CONST_ELEMS = 4096  # integer constants up to this size join shape inference as values
 
+
+def _fold_output_bytes(ctx: _Ctx, n: onnx.NodeProto, ins: list[str]) -> list[int | None]:
+    """The bytes of each output of a node about to be folded, from ONNX shape inference with
+    its small integer inputs as values (what decides shapes); None where it cannot tell."""
+    vis, inits = [], []
+    for i in ins:
+        c = ctx.consts[i]
+        if c.dtype.kind in "iub" and c.size <= _SHAPE_CONST_ELEMS:
+            inits.append(numpy_helper.from_array(c, i))
+        vis.append(helper.make_tensor_value_info(
+            i, helper.np_dtype_to_tensor_dtype(c.dtype), c.shape))
+    outs = [o for o in n.output if o]
+    g = helper.make_graph([n], "bound", vis,
+                          [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None)
+                           for o in outs], inits)
+    m = helper.make_model(g, opset_imports=list(ctx.model.opset_import))
+    try:
+        inferred = onnx.shape_inference.infer_shapes(m, data_prop=True)
+    except Exception as e:
+        raise GraphError(f"node {ctx.node_name!r} ({n.op_type}) has only constant inputs but "
+                         f"ONNX shape inference rejects it: {type(e).__name__}: {e}") from None
+    types = {v.name: v.type.tensor_type for v in [*inferred.graph.output,
+                                                  *inferred.graph.value_info]}
+    sizes: list[int | None] = []
+    for o in outs:
+        tt = types.get(o)
+        if (tt is None or not tt.HasField("shape") or tt.elem_type == 0
+                or not all(d.HasField("dim_value") for d in tt.shape.dim)):
+            sizes.append(None)
+            continue
+        dims = [d.dim_value for d in tt.shape.dim]
+        what = f"node {ctx.node_name!r} ({n.op_type}) output {o!r}"
+        itemsize = (1 if tt.elem_type == onnx.TensorProto.STRING
+                    else np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)).itemsize)
+        sizes.append(check_elements(dims, what) * itemsize)
+    return sizes
+
+
+def _fold(ctx: _Ctx, n: onnx.NodeProto) -> None:
+    """Evaluate a node whose inputs are all constants with onnx's reference implementation.
+
+    The size of every output is known before anything is evaluated (from ONNX shape inference)
+    and checked against :mod:`npujax.limits`; a node whose output size cannot be bounded, or a
+    ``Loop`` of more than :data:`MAX_FOLD_LOOP_ITERATIONS`, is refused.
+    """
     if n.op_type == "DequantizeLinear":
         _fold_dequantize(ctx, n)
         return
 
     ins = [i for i in n.input if i]
+    what = f"node {ctx.node_name!r} ({n.op_type})"
+    if n.op_type == "Loop":
+        trip = ctx.consts[n.input[0]] if n.input and n.input[0] else None
+        if trip is None or trip.size != 1 or int(trip.reshape(-1)[0]) > MAX_FOLD_LOOP_ITERATIONS:
+            raise GraphError(
+                f"{what} is a Loop on constants whose trip count "
+                f"{'is not given' if trip is None else int(trip.reshape(-1)[0])} exceeds the "
+                f"{MAX_FOLD_LOOP_ITERATIONS} iterations npujax folds at import.")
+    for o, nbytes in zip([o for o in n.output if o], _fold_output_bytes(ctx, n, ins)):
+        if nbytes is None:
+            raise GraphError(
+                f"{what} has only constant inputs, but the size of its output {o!r} cannot be "
+                "known before evaluating it (ONNX shape inference gives no static shape); "
+                "npujax folds only values it can bound (see docs/errors.md, limits).")
+        ctx.budget.take(nbytes, f"the constant-folded output {o!r} of {what}")
     inputs = [helper.make_tensor_value_info(i, helper.np_dtype_to_tensor_dtype(
         ctx.consts[i].dtype), ctx.consts[i].shape) for i in ins]
     outputs = [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None)
@@ -303,10 +418,12 @@ def _fold(ctx: _Ctx, n: onnx.NodeProto) -> None:
     g = helper.make_graph([n], "fold", inputs, outputs)
     m = helper.make_model(g, opset_imports=list(ctx.model.opset_import))
     try:
-        res = ReferenceEvaluator(m).run(None, {i: ctx.consts[i] for i in ins})
+        res = reference_evaluator(m, what).run(None, {i: ctx.consts[i] for i in ins})
+    except GraphError:
+        raise
     except Exception as e:
-        raise GraphError(f"node {ctx.node_name!r} ({n.op_type}) has only constant inputs but "
-                         f"could not be folded: {type(e).__name__}: {e}") from None
+        raise GraphError(f"{what} has only constant inputs but could not be folded: "
+                         f"{type(e).__name__}: {e}") from None
     for o, v in zip([o for o in n.output if o], res):
         ctx.consts[o] = np.asarray(v)
 
@@ -393,6 +510,7 @@ def _graph_inputs(ctx: _Ctx, model: onnx.ModelProto,
         else:
             shape = tuple(d for d in dims if d is not None)  # (no dim is None on this branch)
         dtype = helper.tensor_dtype_to_np_dtype(tt.elem_type) if tt.elem_type else np.float32
+        check_elements(shape, f"model input {vi.name!r}")
         ctx.types[vi.name] = TensorType(shape, str(np.dtype(dtype)))
         names.append(vi.name)
     return names
@@ -481,7 +599,7 @@ def from_onnx(
                     f"the model uses operators of domain {o.domain!r}; npujax imports only the "
                     "default ONNX domain (use unsupported='fallback' to keep them as CPU nodes).")
     for t in model.graph.initializer:
-        ctx.consts[t.name] = numpy_helper.to_array(t)
+        ctx.consts[t.name] = _to_array(t, f"initializer {t.name!r}")
     inputs = _graph_inputs(ctx, model, input_shapes)
     for i, n in enumerate(model.graph.node):
         ctx.onnx_node, ctx.node_name = n, n.name or f"{n.op_type}_{i}"
