@@ -97,7 +97,7 @@ def _tensor_nbytes(t: onnx.TensorProto, where: str) -> int | None:
     except Exception:
         raise GraphError(f"{where} has an unknown data type {t.data_type}.") from None
     n = check_elements(list(t.dims), where)
-    bits = {onnx.TensorProto.INT4: 4, onnx.TensorProto.UINT4: 4}.get(t.data_type)
+    bits = 4 if t.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4) else None
     return (n * bits + 7) // 8 if bits else n * dtype.itemsize
 
 

@@ -206,8 +206,9 @@ def lower(
     layers = workloads(graph, spec)
     wb, ab = layer_bits(layers, quant)
     df = get_dataflow(dataflow or spec.array.dataflow)
-    costs = _jitted_costs(tuple(layers), df.name)(spec, wb, ab)
-    costs = jax.tree.map(np.asarray, costs)
+    with jax.enable_x64(True):  # the spec's numbers enter as int64/float64 (npujax._exact)
+        costs = _jitted_costs(tuple(layers), df.name)(spec, wb, ab)
+        costs = jax.tree.map(np.asarray, costs)
     ints = ("compute_cycles", "fill_drain_cycles", "folds")
     clock = spec.array.clock_hz
     reports = []

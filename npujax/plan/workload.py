@@ -28,8 +28,10 @@ from typing import Any
 
 import numpy as np
 
+from npujax.errors import LimitError
 from npujax.hw.spec import NpuSpec
 from npujax.ir.graph import Graph, Node
+from npujax.limits import MAX_EXACT_COUNT
 from npujax.ops import OPS, get_op
 
 __all__ = ["Workload", "workloads", "model_layout"]
@@ -171,6 +173,10 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
 
     Returns:
       One :class:`Workload` per costed node, plus layout-transform and unfused-epilogue layers.
+
+    Raises:
+      LimitError: a layer whose MACs, operations or tensor elements exceed 2**53
+        (:data:`npujax.limits.MAX_EXACT_COUNT`), beyond which counts would not be exact.
     """
     align = _align(spec)
     m_layout = model_layout(graph)
@@ -282,4 +288,11 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
     for t in graph.outputs:
         if device.get(t) == "npu":
             layout_row(t, "out")
+    for w in rows:  # int64 cost arithmetic is exact to 2**63; npujax promises 2**53
+        for field in ("macs", "in_elems", "out_elems", "weight_elems", "vector_ops", "cpu_ops"):
+            if getattr(w, field) > MAX_EXACT_COUNT:
+                raise LimitError(
+                    f"layer {w.name!r} ({w.op}) has {getattr(w, field):,} {field}, more than "
+                    f"the 2**53 the cost model counts exactly; lower the batch size or the "
+                    "input resolution (or split the layer).")
     return rows
