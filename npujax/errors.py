@@ -17,6 +17,7 @@ __all__ = [
     "ShapeError",
     "FetchError",
     "LimitError",
+    "OutputError",
 ]
 
 
@@ -77,3 +78,10 @@ class LimitError(NpujaxError, ValueError):
     message names the tensor, its size, the limit and how to raise it."""
 
     exit_code = 9
+
+
+class OutputError(NpujaxError, OSError):
+    """An output file or folder cannot be written (full disk, no permission, a name taken by a
+    file or by a folder npujax did not write). Nothing of a previous run's output is lost."""
+
+    exit_code = 10

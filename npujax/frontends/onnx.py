@@ -476,6 +476,41 @@ def _fallback(ctx: _Ctx, n: onnx.NodeProto) -> None:
     })
 
 
+#: Operators with a sliding window: ``strides``/``dilations``/``kernel_shape`` >= 1, ``pads`` >= 0,
+#: and an empty output (a window larger than its padded input) is an error.
+_WINDOW_OPS = frozenset({"Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool",
+                         "ConvInteger", "QLinearConv", "DeformConv", "MaxUnpool", "Col2Im"})
+
+
+def _check_attrs(name: str, n: onnx.NodeProto, a: Mapping[str, Any]) -> None:
+    """The ONNX rules on window attributes, checked before any importer runs."""
+    if n.op_type not in _WINDOW_OPS:
+        return
+    for key, low in (("strides", 1), ("dilations", 1), ("kernel_shape", 1), ("pads", 0)):
+        if key in a:
+            v = a[key]
+            if not isinstance(v, list) or not all(isinstance(d, int) and d >= low for d in v):
+                raise GraphError(f"node {name!r} ({n.op_type}): {key}={v} must be a list of "
+                                 f"integers >= {low} (ONNX {n.op_type}).")
+    if "group" in a and (not isinstance(a["group"], int) or a["group"] < 1):
+        raise GraphError(f"node {name!r} ({n.op_type}): group={a['group']} must be >= 1.")
+
+
+def _check_opset(model: onnx.ModelProto) -> int:
+    """The model's default-domain opset, which must be declared once and known to onnx."""
+    versions = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    newest = onnx.defs.onnx_opset_version()
+    if len(versions) != 1:
+        raise GraphError(
+            f"the model declares {'no' if not versions else len(versions)} opset version(s) for "
+            "the default ONNX domain; a model must declare exactly one (onnx.helper.make_model("
+            "..., opset_imports=[onnx.helper.make_opsetid('', 17)])).")
+    if not 1 <= versions[0] <= newest:
+        raise GraphError(f"the model declares ONNX opset {versions[0]}, which does not exist "
+                         f"(this onnx knows 1-{newest}).")
+    return versions[0]
+
+
 def _graph_inputs(ctx: _Ctx, model: onnx.ModelProto,
                   input_shapes: Mapping[str, Sequence[int]] | None) -> list[str]:
     inits = {t.name for t in model.graph.initializer}
@@ -591,6 +626,7 @@ def from_onnx(
     model = load_onnx_model(path_or_model)
     if batch is not None:
         input_shapes = batch_input_shapes(model, input_shapes, batch) or None
+    _check_opset(model)
     ctx = _Ctx(model, unsupported)
     for o in model.opset_import:
         if o.domain not in ("", "ai.onnx") and any(n.domain == o.domain for n in model.graph.node):
@@ -599,7 +635,14 @@ def from_onnx(
                     f"the model uses operators of domain {o.domain!r}; npujax imports only the "
                     "default ONNX domain (use unsupported='fallback' to keep them as CPU nodes).")
     for t in model.graph.initializer:
+        if t.name in ctx.consts:
+            raise GraphError(f"two initializers are named {t.name!r}; tensor names must be "
+                             "unique.")
         ctx.consts[t.name] = _to_array(t, f"initializer {t.name!r}")
+    names = [vi.name for vi in model.graph.input]
+    if len(set(names)) != len(names):
+        raise GraphError(f"the model declares the input(s) "
+                         f"{sorted({x for x in names if names.count(x) > 1})} twice.")
     inputs = _graph_inputs(ctx, model, input_shapes)
     for i, n in enumerate(model.graph.node):
         ctx.onnx_node, ctx.node_name = n, n.name or f"{n.op_type}_{i}"
@@ -609,6 +652,12 @@ def from_onnx(
                     f"node {ctx.node_name!r} ({n.op_type}) reads tensor {t!r}, which is neither a "
                     "graph input, an initializer nor the output of an earlier node (a missing "
                     "initializer, or nodes out of topological order).")
+        for t in n.output:
+            if t and (t in ctx.consts or t in ctx.types):
+                raise GraphError(
+                    f"node {ctx.node_name!r} ({n.op_type}) writes tensor {t!r}, which an "
+                    "initializer, a graph input or an earlier node already defines; tensor "
+                    "names must be unique (SSA).")
         if n.op_type == "Constant":
             ctx.consts[n.output[0]] = _constant_value(n)
             continue
@@ -635,8 +684,17 @@ def from_onnx(
                 f"{' (domain ' + repr(n.domain) + ')' if n.domain else ''}, which npujax cannot "
                 f"import; supported: {sorted(SUPPORTED_ONNX_OPS)}. Pass unsupported='fallback' "
                 "to keep it as a CPU-fallback node.")
+        attrs = _attrs(n)
+        _check_attrs(ctx.node_name, n, attrs)
         try:
-            conv(ctx, n, _attrs(n))
+            conv(ctx, n, attrs)
+            if n.op_type in _WINDOW_OPS:
+                for t in n.output:
+                    if t in ctx.types and 0 in ctx.types[t].shape:
+                        raise GraphError(
+                            f"node {ctx.node_name!r} ({n.op_type}) has an empty output "
+                            f"{list(ctx.types[t].shape)}: its (dilated) kernel is larger than "
+                            "its padded input.")
         except UnsupportedOpError as e:
             msg = str(e)
             if ctx.node_name not in msg:

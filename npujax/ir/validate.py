@@ -21,6 +21,8 @@ from npujax.ops.registry import get_op
 
 __all__ = ["check_graph"]
 
+_WINDOW_OPS = frozenset({"Conv", "ConvTranspose", "MaxPool", "AveragePool"})
+
 
 def _spec(shape, dtype) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(tuple(int(d) for d in shape), np.dtype(dtype))
@@ -75,6 +77,9 @@ def check_graph(graph: Graph, params: Mapping[str, Mapping[str, Any]], where: st
             raise GraphError(f"{where}: node {node.name!r} ({node.op}) computes {len(outs)} "
                              f"outputs, the graph declares {len(node.outputs)}.")
         for t, o in zip(node.outputs, outs):
+            if node.op in _WINDOW_OPS and 0 in o.shape:
+                raise GraphError(f"{where}: node {node.name!r} ({node.op}) has an empty output "
+                                 f"{list(o.shape)}: its kernel is larger than its padded input.")
             d = graph.tensors[t]  # (check_doc: every output is declared)
             if tuple(d.shape) != tuple(o.shape) or np.dtype(d.dtype) != np.dtype(o.dtype):
                 raise GraphError(f"{where}: node {node.name!r} ({node.op}) computes {t!r} as "

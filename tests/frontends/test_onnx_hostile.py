@@ -162,3 +162,55 @@ def test_loop_with_a_huge_trip_count_is_not_folded():
                                                                  "trip"))
     with pytest.raises(GraphError, match="trip count"):
         from_onnx(m)
+
+
+# --- ONNX validation (class 6)
+
+
+def _relu_model(**kw):
+    return hi.model([h.make_node("Relu", ["x"], ["y"])], [hi.vi("x", [4])], [hi.vi("y", [4])],
+                    **kw)
+
+
+def _no_opset():
+    m = _relu_model()
+    del m.opset_import[:]
+    return m
+
+
+INVALID = {
+    "stride 0": (lambda: hi.conv(1, 8, c_in=3, c_out=4, strides=[0, 0]), "strides"),
+    "negative stride": (lambda: hi.conv(1, 8, c_in=3, c_out=4, strides=[-1, 1]), "strides"),
+    "dilation 0": (lambda: hi.conv(1, 8, c_in=3, c_out=4, dilations=[0, 1]), "dilations"),
+    "negative pad": (lambda: hi.conv(1, 8, c_in=3, c_out=4, pads=[-5, 0, 0, 0]), "pads"),
+    "group 0": (lambda: hi.conv(1, 8, c_in=3, c_out=4, group=0), "group"),
+    "kernel > padded input": (lambda: hi.conv(1, 4, c_in=3, c_out=4, k=7, pads=[0] * 4),
+                              "larger than its padded input"),
+    "pool kernel 0": (lambda: hi.model([h.make_node("MaxPool", ["x"], ["y"], kernel_shape=[0, 0])],
+                                       [hi.vi("x", [1, 3, 8, 8])], [hi.vi("y", None)]),
+                      "kernel_shape"),
+    "pool > input": (lambda: hi.model([h.make_node("MaxPool", ["x"], ["y"], kernel_shape=[9, 9])],
+                                      [hi.vi("x", [1, 3, 8, 8])], [hi.vi("y", None)]),
+                     "larger than its padded input"),
+    "duplicate output": (lambda: hi.model([h.make_node("Relu", ["x"], ["y"]),
+                                           h.make_node("Relu", ["x"], ["y"])],
+                                          [hi.vi("x", [4])], [hi.vi("y", [4])]), "unique"),
+    "output shadows initializer": (
+        lambda: hi.model([h.make_node("Relu", ["x"], ["w"]), h.make_node("Add", ["w", "w"], ["y"])],
+                         [hi.vi("x", [4])], [hi.vi("y", [4])],
+                         [onnx.numpy_helper.from_array(np.ones(4, np.float32), "w")]), "unique"),
+    "duplicate initializer": (
+        lambda: hi.model([h.make_node("Add", ["x", "w"], ["y"])], [hi.vi("x", [4])],
+                         [hi.vi("y", [4])],
+                         [onnx.numpy_helper.from_array(np.ones(4, np.float32), "w")] * 2),
+        "two initializers"),
+    "no opset": (_no_opset, "no opset"),
+    "unknown opset": (lambda: _relu_model(opset=99), "opset 99"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INVALID))
+def test_invalid_onnx_is_refused_at_import(case):
+    make, match = INVALID[case]
+    with pytest.raises(GraphError, match=match):
+        from_onnx(make())
