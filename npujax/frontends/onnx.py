@@ -250,6 +250,7 @@ class _Ctx:
         if p:
             self.params[name] = p
         specs = [self._spec(t) for t in node.inputs]
+        self._check_integers(op, node.inputs, specs)
         try:
             run = get_op(op, name).run
             outs = jax.eval_shape(lambda xs, pp: run(node, xs, pp), specs, p)
@@ -266,6 +267,26 @@ class _Ctx:
             self.types[t] = TensorType(tuple(int(d) for d in o.shape), str(o.dtype))
         self.nodes.append(node)
         return node
+
+    def _check_integers(self, op: str, inputs: Sequence[str],
+                        specs: Sequence[jax.ShapeDtypeStruct]) -> None:
+        """Refuse an op without exact integer semantics on an integer tensor computed at run
+        time, and 64-bit integers JAX would silently narrow (x64 disabled)."""
+        for t, sp in zip(inputs, specs):
+            if t in self.consts or not (jnp.issubdtype(sp.dtype, jnp.integer)
+                                        or sp.dtype == np.bool_):
+                continue
+            where = f"node {self.node_name!r} ({self.onnx_node.op_type})"
+            if not get_op(op, self.node_name).integers:
+                raise UnsupportedOpError(
+                    f"{where} reads the integer tensor {t!r} ({sp.dtype}); npujax's {op} is not "
+                    "exact on integers (ONNX keeps integer semantics), so it is refused rather "
+                    "than approximated in float.")
+            if np.dtype(sp.dtype).itemsize == 8 and not jax.config.read("jax_enable_x64"):
+                raise UnsupportedOpError(
+                    f"{where} reads the 64-bit tensor {t!r} ({sp.dtype}) at run time; JAX "
+                    "narrows it to 32 bits unless 64-bit types are on (jax.config.update("
+                    "'jax_enable_x64', True)).")
 
     def _spec(self, t: str) -> jax.ShapeDtypeStruct:
         if t in self.consts:
@@ -707,6 +728,11 @@ def from_onnx(
     for o in outputs:
         if o not in ctx.types and o not in ctx.consts:
             raise GraphError(f"graph output {o!r} is produced by no node.")
+        dt = ctx.consts[o].dtype if o in ctx.consts else np.dtype(ctx.types[o].dtype)
+        if dt.itemsize == 8 and dt.kind in "iu" and not jax.config.read("jax_enable_x64"):
+            raise UnsupportedOpError(
+                f"graph output {o!r} is {dt}, which JAX narrows to 32 bits unless 64-bit types "
+                "are on (jax.config.update('jax_enable_x64', True)).")
     used = {t for node in ctx.nodes for t in node.inputs} | set(outputs)
     constants = {k: v for k, v in ctx.consts.items() if k in used}
     tensors = dict(ctx.types)

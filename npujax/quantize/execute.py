@@ -19,6 +19,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from npujax.errors import ShapeError
 from npujax.ir.graph import Graph, Params
@@ -30,11 +31,13 @@ __all__ = ["execute", "as_inputs", "layer_state"]
 
 
 def as_inputs(graph: Graph, x: jax.Array | Sequence[jax.Array]) -> list[jax.Array]:
-    """``x`` as the list of float32 graph inputs, after checking their shapes.
+    """``x`` as the list of graph inputs, after checking their shapes: float32 for floating
+    inputs (as before), the declared type for integer and boolean ones (an ONNX model's integer
+    inputs keep integer semantics).
 
     Raises:
-      ShapeError: wrong number of inputs, or a non-batch dimension that differs from the
-        graph's.
+      ShapeError: wrong number of inputs, a non-batch dimension that differs from the graph's,
+        or values that the declared integer type cannot hold exactly.
     """
     # a sequence (list, tuple) holds one array per input; an array is the one input
     xs = list(x) if isinstance(x, Sequence) else [x]
@@ -47,7 +50,18 @@ def as_inputs(graph: Graph, x: jax.Array | Sequence[jax.Array]) -> list[jax.Arra
                 f"input {name!r} must have shape (batch, {', '.join(map(str, want[1:]))}), "
                 f"got {tuple(jnp.shape(v))}."
             )
-    return [jnp.asarray(v, jnp.float32) for v in xs]
+    out = []
+    for name, v in zip(graph.inputs, xs):
+        dtype = np.dtype(graph.tensors[name].dtype)
+        if not (np.issubdtype(dtype, np.integer) or dtype == np.bool_):
+            out.append(jnp.asarray(v, jnp.float32))
+            continue
+        a = np.asarray(v) if not isinstance(v, jax.core.Tracer) else None
+        if a is not None and not np.array_equal(a, a.astype(dtype)):
+            raise ShapeError(f"input {name!r} is {dtype}, but the values given do not fit it "
+                             "exactly (non-integers or out of range).")
+        out.append(jnp.asarray(v, dtype) if a is None else jnp.asarray(a.astype(dtype)))
+    return out
 
 
 def layer_state(quant: QuantSpec, qstate: QState | None, name: str) -> Any:

@@ -214,3 +214,40 @@ def test_invalid_onnx_is_refused_at_import(case):
     make, match = INVALID[case]
     with pytest.raises(GraphError, match=match):
         from_onnx(make())
+
+
+# --- ONNX integer semantics (class 8)
+
+#: ONNX backend node cases on integer tensors that npujax now passes exactly (dtype kept);
+#: every other integer case is refused (checked by test_integer_cases_refused_not_approximated).
+INTEGER_CASES = ("test_div_int32_trunc", "test_div_int8", "test_div_uint16", "test_add_int16",
+                 "test_sub_uint8", "test_mul_uint32", "test_max_int8", "test_min_uint16")
+
+
+@pytest.mark.parametrize("name", INTEGER_CASES)
+def test_integer_node_cases_keep_onnx_semantics(name):
+    from tests.onnx_conformance import node_cases, run_case
+
+    run_case(node_cases()[name])  # (asserts the values and the dtype)
+
+
+def test_issue_example_integer_div_truncates_and_keeps_int32():
+    m = hi.model([h.make_node("Div", ["a", "b"], ["y"])],
+                 [hi.vi("a", [4], onnx.TensorProto.INT32), hi.vi("b", [4], onnx.TensorProto.INT32)],
+                 [hi.vi("y", [4], onnx.TensorProto.INT32)])
+    graph, params = from_onnx(m)
+    y = execute(graph, params, [np.array([-3, 3, -3, 3], np.int32),
+                                np.array([2, 2, -2, -2], np.int32)])
+    assert y.dtype == np.int32 and np.asarray(y).tolist() == [-1, 1, 1, -1]
+
+
+@pytest.mark.parametrize("op, dtype", [("Relu", onnx.TensorProto.INT32),
+                                       ("Add", onnx.TensorProto.INT64),
+                                       ("Sigmoid", onnx.TensorProto.UINT8)])
+def test_integer_ops_without_exact_semantics_are_refused(op, dtype):
+    from npujax.errors import UnsupportedOpError
+
+    ins = ["x", "x"] if op == "Add" else ["x"]
+    m = hi.model([h.make_node(op, ins, ["y"])], [hi.vi("x", [4], dtype)], [hi.vi("y", [4], dtype)])
+    with pytest.raises(UnsupportedOpError, match="integer|64-bit"):
+        from_onnx(m)
