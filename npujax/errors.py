@@ -29,6 +29,10 @@ class NpujaxError(Exception):
 
     exit_code: int = 1
 
+    def __str__(self) -> str:
+        # one line, always: messages quoting other libraries (ONNX shape inference) may not be
+        return " ".join(super().__str__().split("\n")).strip()
+
 
 class ConfigError(NpujaxError, ValueError):
     """A hardware preset, run configuration or argument is missing, malformed or out of range."""

@@ -503,18 +503,44 @@ _WINDOW_OPS = frozenset({"Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpP
                          "ConvInteger", "QLinearConv", "DeformConv", "MaxUnpool", "Col2Im"})
 
 
-def _check_attrs(name: str, n: onnx.NodeProto, a: Mapping[str, Any]) -> None:
-    """The ONNX rules on window attributes, checked before any importer runs."""
+def _check_attrs(name: str, n: onnx.NodeProto, a: Mapping[str, Any], rank: int | None) -> None:
+    """The ONNX rules on window attributes (values and lengths for an input of ``rank``
+    dimensions), checked before any importer runs."""
     if n.op_type not in _WINDOW_OPS:
         return
-    for key, low in (("strides", 1), ("dilations", 1), ("kernel_shape", 1), ("pads", 0)):
+    spatial = None if rank is None else rank - 2
+    if spatial is not None and spatial < 1:
+        raise GraphError(f"node {name!r} ({n.op_type}) needs an input of rank >= 3 "
+                         f"(N, C, spatial...), got rank {rank}.")
+    for key, low, per in (("strides", 1, 1), ("dilations", 1, 1), ("kernel_shape", 1, 1),
+                          ("pads", 0, 2), ("output_padding", 0, 1)):
         if key in a:
             v = a[key]
             if not isinstance(v, list) or not all(isinstance(d, int) and d >= low for d in v):
                 raise GraphError(f"node {name!r} ({n.op_type}): {key}={v} must be a list of "
                                  f"integers >= {low} (ONNX {n.op_type}).")
+            if spatial is not None and len(v) != per * spatial:
+                raise GraphError(f"node {name!r} ({n.op_type}): {key}={v} must have "
+                                 f"{per * spatial} entries for {spatial} spatial dimension(s).")
     if "group" in a and (not isinstance(a["group"], int) or a["group"] < 1):
         raise GraphError(f"node {name!r} ({n.op_type}): group={a['group']} must be >= 1.")
+
+
+def _check_arity(name: str, n: onnx.NodeProto, opset: int) -> None:
+    """The node's inputs against its ONNX schema: their number, and required ones present."""
+    try:
+        schema = onnx.defs.get_schema(n.op_type, opset, n.domain or "")
+    except Exception:
+        return  # not an ONNX operator: refused or kept as a fallback later
+    count = len(n.input)
+    if not schema.min_input <= count <= schema.max_input:
+        raise GraphError(f"node {name!r} ({n.op_type}) has {count} inputs; ONNX {n.op_type} "
+                         f"(opset {opset}) takes {schema.min_input} to {schema.max_input}.")
+    single = onnx.defs.OpSchema.FormalParameterOption.Single
+    for i, p in enumerate(schema.inputs):
+        if p.option == single and i < count and not n.input[i]:
+            raise GraphError(f"node {name!r} ({n.op_type}): its required input {i} "
+                             f"({p.name!r}) is empty.")
 
 
 def _check_opset(model: onnx.ModelProto) -> int:
@@ -647,7 +673,7 @@ def from_onnx(
     model = load_onnx_model(path_or_model)
     if batch is not None:
         input_shapes = batch_input_shapes(model, input_shapes, batch) or None
-    _check_opset(model)
+    opset = _check_opset(model)
     ctx = _Ctx(model, unsupported)
     for o in model.opset_import:
         if o.domain not in ("", "ai.onnx") and any(n.domain == o.domain for n in model.graph.node):
@@ -667,6 +693,8 @@ def from_onnx(
     inputs = _graph_inputs(ctx, model, input_shapes)
     for i, n in enumerate(model.graph.node):
         ctx.onnx_node, ctx.node_name = n, n.name or f"{n.op_type}_{i}"
+        if n.domain in ("", "ai.onnx"):
+            _check_arity(ctx.node_name, n, opset)
         for t in n.input:
             if t and t not in ctx.consts and t not in ctx.types:
                 raise GraphError(
@@ -706,7 +734,8 @@ def from_onnx(
                 f"import; supported: {sorted(SUPPORTED_ONNX_OPS)}. Pass unsupported='fallback' "
                 "to keep it as a CPU-fallback node.")
         attrs = _attrs(n)
-        _check_attrs(ctx.node_name, n, attrs)
+        rank = len(ctx.shape(n.input[0])) if n.input and n.input[0] else None
+        _check_attrs(ctx.node_name, n, attrs, rank)
         try:
             conv(ctx, n, attrs)
             if n.op_type in _WINDOW_OPS:
