@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from npujax.errors import ConfigError, GraphError, UnsupportedOpError
+from npujax.errors import ConfigError, GraphError, NpujaxError, UnsupportedOpError
 from npujax.ir.graph import Graph, Node, Params, TensorType, fresh_name
 from npujax.limits import ByteBudget, check_bytes, check_elements
 from npujax.ops import ONNX_IMPORTERS, ONNX_WEIGHT_OPS, get_op
@@ -536,6 +536,11 @@ def _check_arity(name: str, n: onnx.NodeProto, opset: int) -> None:
     if not schema.min_input <= count <= schema.max_input:
         raise GraphError(f"node {name!r} ({n.op_type}) has {count} inputs; ONNX {n.op_type} "
                          f"(opset {opset}) takes {schema.min_input} to {schema.max_input}.")
+    have = {a.name for a in n.attribute}
+    missing = sorted(k for k, a in schema.attributes.items() if a.required and k not in have)
+    if missing:
+        raise GraphError(f"node {name!r} ({n.op_type}) lacks the required attribute(s) "
+                         f"{missing} of ONNX {n.op_type}.")
     single = onnx.defs.OpSchema.FormalParameterOption.Single
     for i, p in enumerate(schema.inputs):
         if p.option == single and i < count and not n.input[i]:
@@ -753,6 +758,12 @@ def from_onnx(
                 _fallback(ctx, n)
                 continue
             raise UnsupportedOpError(msg) from None
+        except NpujaxError:
+            raise
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            # an importer met an attribute or input of a shape the checks above let through
+            raise GraphError(f"node {ctx.node_name!r} ({n.op_type}) cannot be imported: "
+                             f"{type(e).__name__}: {e}") from None
     outputs = [o.name for o in model.graph.output]
     for o in outputs:
         if o not in ctx.types and o not in ctx.consts:
