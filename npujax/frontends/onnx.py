@@ -503,6 +503,12 @@ _WINDOW_OPS = frozenset({"Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpP
                          "ConvInteger", "QLinearConv", "DeformConv", "MaxUnpool", "Col2Im"})
 
 
+#: Of those, the ones on the MAC array: an empty output is an error. (An empty pooling output
+#: is legal ONNX: onnxruntime runs PP-OCR's classifier at half resolution that way.)
+_GEMM_WINDOW_OPS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv",
+                              "DeformConv"})
+
+
 def _check_attrs(name: str, n: onnx.NodeProto, a: Mapping[str, Any], rank: int | None) -> None:
     """The ONNX rules on window attributes (values and lengths for an input of ``rank``
     dimensions), checked before any importer runs."""
@@ -743,7 +749,7 @@ def from_onnx(
         _check_attrs(ctx.node_name, n, attrs, rank)
         try:
             conv(ctx, n, attrs)
-            if n.op_type in _WINDOW_OPS:
+            if n.op_type in _GEMM_WINDOW_OPS:
                 for t in n.output:
                     if t in ctx.types and 0 in ctx.types[t].shape:
                         raise GraphError(

@@ -11,6 +11,7 @@ GEMMs of ``M = batch x output pixels``, ``K = C_in/groups x k_h x k_w``, ``N = C
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -253,7 +254,7 @@ def _gemm_work(node: Node, ins: Sequence[tuple[int, ...]], outs: Sequence[tuple[
                align: int) -> ArrayWork:
     x, y = ins[0], outs[0]
     K, N = _pad(int(x[-1]), align), _pad(int(y[-1]), align)
-    M = int(np.prod(x[:-1]))
+    M = math.prod(int(d) for d in x[:-1])
     macs = M * int(x[-1]) * int(y[-1])
     return ArrayWork(M, K, N, 1, macs, K * N, N if "bias" in node.params else 0)
 
@@ -495,8 +496,8 @@ def _matmul_work(node: Node, ins: Sequence[tuple[int, ...]], outs: Sequence[tupl
     """Activation x activation (e.g. attention): ``b`` is read like weights."""
     x, b, y = ins[0], ins[1], outs[0]
     K, N = int(x[-1]), int(y[-1])
-    groups = int(np.prod(b[:-2])) if len(b) > 2 else 1
-    M = int(np.prod(x[:-1])) // groups
+    groups = math.prod(int(d) for d in b[:-2]) if len(b) > 2 else 1
+    M = math.prod(int(d) for d in x[:-1]) // groups
     macs = groups * M * K * N
     return ArrayWork(M, K, N, groups, macs, groups * K * N, 0)
 

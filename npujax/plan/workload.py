@@ -24,6 +24,7 @@ This is the bridge from the Graph to the NPU model. Each costed node becomes one
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import numpy as np
@@ -110,10 +111,11 @@ def _align(spec: NpuSpec | None) -> int:
 def _padded_elems(shape: tuple[int, ...], layout: str, align: int) -> int:
     """Elements of an activation tensor with its channel dimension padded."""
     if align == 1 or len(shape) < 2:
-        return int(np.prod(shape, dtype=np.int64))
+        return math.prod(int(d) for d in shape)
     c_axis = layout.index("C") if len(shape) == 4 else len(shape) - 1
     c = shape[c_axis]
-    return int(np.prod(shape, dtype=np.int64)) // c * _pad(c, align)
+    rest = math.prod(int(d) for i, d in enumerate(shape) if i != c_axis)
+    return rest * _pad(c, align)  # (exact Python ints: no int64 wrap, no 0 // 0)
 
 
 def _placement(node: Node, spec: NpuSpec | None, graph_constants=frozenset()) -> str:
@@ -232,7 +234,7 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
         else:
             kind = "vector"
             y = graph.tensors[node.outputs[0]]
-            window = int(np.prod(node.attrs.get("window", [1])))
+            window = math.prod(int(d) for d in node.attrs.get("window", [1]))
             ops = y.size * window
             base = dict(vector_ops=ops, cpu_ops=ops)
         elems_in = sum(act_elems(t) if dev == "npu" else graph.tensors[t].size for t in ins)
