@@ -52,6 +52,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from npujax._atomic import staged_dir
     from npujax.frontends.onnx import parse_input_shapes
     from npujax.hw import load_npu_spec
     from npujax.quantize.model_file import load_graph
@@ -104,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
         sweep = resolution_sweep(args.model, graph, spec, args.batch, precision, args.dataflow)
         print_resolution_sweep(con, sweep)
     if out is not None:
-        names = write_lowering(out, result, spec, {"resolution_sweep": sweep} if sweep else None)
+        with staged_dir(out) as stage:
+            names = write_lowering(stage, result, spec,
+                                   {"resolution_sweep": sweep} if sweep else None)
         con.print(f"wrote {', '.join(str(out / n) for n in names)}")
     return 0

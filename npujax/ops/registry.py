@@ -110,6 +110,9 @@ class OpDef:
         input activation.
       jax_primitives: JAX primitives the Flax tracer maps onto this op one to one.
       batch_dependent: its attributes may depend on the batch size (``rebatch`` refuses).
+      integers: ``run`` has ONNX's exact semantics on integer tensors (dtype kept, division
+        truncating toward zero, wrap-around); the ONNX importer refuses an op without it on an
+        integer tensor computed at run time (shapes and constants are folded exactly).
     """
 
     name: str
@@ -128,6 +131,7 @@ class OpDef:
     quantized: bool = False
     jax_primitives: tuple[str, ...] = ()
     batch_dependent: bool = False
+    integers: bool = False
 
 
 #: Every registered operator by name.

@@ -198,7 +198,8 @@ def lower(
 
     Raises:
       ConfigError: an unknown preset, dataflow or layer name, a layer without weights or a
-        search mixture in ``quant``.
+        search mixture in ``quant``; a non-finite or negative figure (never reported).
+      LimitError: a layer beyond 2**53 MACs or elements (:func:`npujax.plan.workloads`).
     """
     spec = as_spec(spec)
     if batch is not None:
@@ -206,8 +207,16 @@ def lower(
     layers = workloads(graph, spec)
     wb, ab = layer_bits(layers, quant)
     df = get_dataflow(dataflow or spec.array.dataflow)
-    costs = _jitted_costs(tuple(layers), df.name)(spec, wb, ab)
-    costs = jax.tree.map(np.asarray, costs)
+    with jax.enable_x64(True):  # the spec's numbers enter as int64/float64 (npujax._exact)
+        costs = _jitted_costs(tuple(layers), df.name)(spec, wb, ab)
+        costs = jax.tree.map(np.asarray, costs)
+    for field, v in costs._asdict().items():  # a report never holds NaN/inf (issue #11)
+        bad = np.flatnonzero(~np.isfinite(v) | (v < 0))
+        if bad.size:
+            raise ConfigError(
+                f"the cost model gives {field} = {v[bad[0]]} for layer {layers[bad[0]].name!r} "
+                f"on {spec.name!r}: the hardware values are outside what npujax can model "
+                "(see the ranges in docs/hw.md).")
     ints = ("compute_cycles", "fill_drain_cycles", "folds")
     clock = spec.array.clock_hz
     reports = []

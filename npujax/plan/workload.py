@@ -24,12 +24,15 @@ This is the bridge from the Graph to the NPU model. Each costed node becomes one
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import numpy as np
 
+from npujax.errors import LimitError
 from npujax.hw.spec import NpuSpec
 from npujax.ir.graph import Graph, Node
+from npujax.limits import MAX_EXACT_COUNT
 from npujax.ops import OPS, get_op
 
 __all__ = ["Workload", "workloads", "model_layout", "CPU_OPS_PER_SPECIAL"]
@@ -116,10 +119,11 @@ def _align(spec: NpuSpec | None) -> int:
 def _padded_elems(shape: tuple[int, ...], layout: str, align: int) -> int:
     """Elements of an activation tensor with its channel dimension padded."""
     if align == 1 or len(shape) < 2:
-        return int(np.prod(shape, dtype=np.int64))
+        return math.prod(int(d) for d in shape)
     c_axis = layout.index("C") if len(shape) == 4 else len(shape) - 1
     c = shape[c_axis]
-    return int(np.prod(shape, dtype=np.int64)) // c * _pad(c, align)
+    rest = math.prod(int(d) for i, d in enumerate(shape) if i != c_axis)
+    return rest * _pad(c, align)  # (exact Python ints: no int64 wrap, no 0 // 0)
 
 
 def _placement(node: Node, spec: NpuSpec | None, graph_constants=frozenset()) -> str:
@@ -179,6 +183,10 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
 
     Returns:
       One :class:`Workload` per costed node, plus layout-transform and unfused-epilogue layers.
+
+    Raises:
+      LimitError: a layer whose MACs, operations or tensor elements exceed 2**53
+        (:data:`npujax.limits.MAX_EXACT_COUNT`), beyond which counts would not be exact.
     """
     align = _align(spec)
     m_layout = model_layout(graph)
@@ -241,7 +249,7 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
                             cpu_ops=work.alu_ops + CPU_OPS_PER_SPECIAL * work.special_ops)
             else:
                 y = graph.tensors[node.outputs[0]]
-                window = int(np.prod(node.attrs.get("window", [1])))
+                window = math.prod(int(d) for d in node.attrs.get("window", [1]))
                 ops = y.size * window
                 base = dict(vector_ops=ops, cpu_ops=ops)
         elems_in = sum(act_elems(t) if dev == "npu" else graph.tensors[t].size for t in ins)
@@ -297,4 +305,11 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
     for t in graph.outputs:
         if device.get(t) == "npu":
             layout_row(t, "out")
+    for w in rows:  # int64 cost arithmetic is exact to 2**63; npujax promises 2**53
+        for field in ("macs", "in_elems", "out_elems", "weight_elems", "vector_ops", "cpu_ops"):
+            if getattr(w, field) > MAX_EXACT_COUNT:
+                raise LimitError(
+                    f"layer {w.name!r} ({w.op}) has {getattr(w, field):,} {field}, more than "
+                    f"the 2**53 the cost model counts exactly; lower the batch size or the "
+                    "input resolution (or split the layer).")
     return rows

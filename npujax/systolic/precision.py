@@ -29,17 +29,19 @@ from typing import ClassVar, final
 import jax
 import jax.numpy as jnp
 
+from npujax._exact import COUNT, exact
 from npujax.errors import ConfigError
 
 __all__ = ["PrecisionScaling", "Fixed", "BitComposable", "BitSerial", "PRECISION_SCALINGS",
            "get_precision_scaling", "passes"]
 
 
+@exact
 def passes(weight_bits: jax.Array, act_bits: jax.Array, operand_bits: jax.Array) -> jax.Array:
     """``ceil(w / b) * ceil(a / b)``: passes of operands wider than the native width ``b``
-    (int32)."""
+    (int64, see :mod:`npujax._exact`)."""
     return (jnp.ceil(weight_bits / operand_bits) * jnp.ceil(act_bits / operand_bits)
-            ).astype(jnp.int32)
+            ).astype(COUNT)
 
 
 class PrecisionScaling(abc.ABC):
