@@ -273,17 +273,19 @@ class _Ctx:
                         specs: Sequence[jax.ShapeDtypeStruct]) -> None:
         """Refuse an op without exact integer semantics on an integer tensor computed at run
         time, and 64-bit integers JAX would silently narrow (x64 disabled)."""
-        for t, sp in zip(inputs, specs):
+        opdef = get_op(op, self.node_name)
+        for i, (t, sp) in enumerate(zip(inputs, specs)):
             if t in self.consts or not (jnp.issubdtype(sp.dtype, jnp.integer)
                                         or sp.dtype == np.bool_):
                 continue
             where = f"node {self.node_name!r} ({self.onnx_node.op_type})"
-            if not get_op(op, self.node_name).integers:
+            if not opdef.integers:
                 raise UnsupportedOpError(
                     f"{where} reads the integer tensor {t!r} ({sp.dtype}); npujax's {op} is not "
                     "exact on integers (ONNX keeps integer semantics), so it is refused rather "
                     "than approximated in float.")
-            if np.dtype(sp.dtype).itemsize == 8 and not jax.config.read("jax_enable_x64"):
+            if (np.dtype(sp.dtype).itemsize == 8 and i not in opdef.index_inputs
+                    and not jax.config.read("jax_enable_x64")):
                 raise UnsupportedOpError(
                     f"{where} reads the 64-bit tensor {t!r} ({sp.dtype}) at run time; JAX "
                     "narrows it to 32 bits unless 64-bit types are on (jax.config.update("
