@@ -56,10 +56,13 @@ def as_inputs(graph: Graph, x: jax.Array | Sequence[jax.Array]) -> list[jax.Arra
         if not (np.issubdtype(dtype, np.integer) or dtype == np.bool_):
             out.append(jnp.asarray(v, jnp.float32))
             continue
+        if dtype.itemsize == 8 and not jax.config.read("jax_enable_x64"):
+            dtype = np.dtype(dtype.str.replace("8", "4"))  # int64 -> int32: values must fit
         a = np.asarray(v) if not isinstance(v, jax.core.Tracer) else None
         if a is not None and not np.array_equal(a, a.astype(dtype)):
-            raise ShapeError(f"input {name!r} is {dtype}, but the values given do not fit it "
-                             "exactly (non-integers or out of range).")
+            raise ShapeError(f"input {name!r} is {graph.tensors[name].dtype}, but the values "
+                             f"given do not fit {dtype} exactly (non-integers or out of range; "
+                             "64-bit inputs are 32-bit unless JAX's x64 mode is on).")
         out.append(jnp.asarray(v, dtype) if a is None else jnp.asarray(a.astype(dtype)))
     return out
 
