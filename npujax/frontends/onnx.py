@@ -252,6 +252,13 @@ class _Ctx:
             self.params[name] = p
         specs = [self._spec(t) for t in node.inputs]
         self._check_integers(op, node.inputs, specs)
+        to = np.dtype(node.attrs["to"]) if op == "Cast" and "to" in node.attrs else None
+        if (to is not None and to.kind in "iu" and to.itemsize == 8
+                and not jax.config.read("jax_enable_x64")):
+            raise UnsupportedOpError(
+                f"node {self.node_name!r} (Cast) makes a {to} tensor at run time; JAX narrows it "
+                "to 32 bits unless 64-bit types are on (jax.config.update('jax_enable_x64', "
+                "True)).")
         try:
             run = get_op(op, name).run
             outs = jax.eval_shape(lambda xs, pp: run(node, xs, pp), specs, p)
