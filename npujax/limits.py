@@ -211,3 +211,46 @@ class ByteBudget:
         check_bytes(nbytes, what)
         check_bytes(self.used + nbytes, f"{self.where} (with {what})", limit="max_model_bytes")
         self.used += nbytes
+
+
+def check_array_file(path: str | os.PathLike[str]) -> None:
+    """Check a ``.npy`` or ``.npz`` file against the limits from its headers, before any array
+    is read: each array's declared size (``max_tensor_bytes``) and all together
+    (``max_model_bytes``); a compressed ``.npz`` member cannot expand past what it declares.
+
+    Raises:
+      LimitError: an array or the file over a limit.
+      ConfigError: not a readable ``.npy``/``.npz`` file, or an array of Python objects.
+    """
+    import zipfile
+
+    import numpy as np
+
+    where = str(path)
+    check_bytes(os.path.getsize(path), f"data file {where!r}", limit="max_model_bytes")
+    budget = ByteBudget(f"the arrays of {where!r}")
+
+    def header(f: object, name: str) -> None:
+        version = np.lib.format.read_magic(f)  # type: ignore[arg-type]
+        shape, _, dtype = (np.lib.format.read_array_header_1_0(f) if version == (1, 0)  # type: ignore[arg-type]
+                           else np.lib.format.read_array_header_2_0(f))  # type: ignore[arg-type]
+        if dtype.hasobject:
+            raise ConfigError(f"{where!r}: array {name!r} holds Python objects; data files "
+                              "hold numbers only.")
+        budget.take(check_elements(shape, f"array {name!r} of {where!r}") * dtype.itemsize,
+                    f"array {name!r} of {where!r}")
+
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as z:
+                for info in z.infolist():
+                    with z.open(info) as f:
+                        header(f, info.filename)
+        else:
+            with open(path, "rb") as f:
+                header(f, "x")
+    except (LimitError, ConfigError):
+        raise
+    except Exception as e:  # untrusted bytes: any parse failure is a bad file
+        raise ConfigError(f"{where!r} is not a readable .npy/.npz file ({type(e).__name__}: "
+                          f"{e}).") from None

@@ -6,8 +6,7 @@ inputs (``execute`` feeds float32), cubic Resize, tf_crop_and_resize, antialias,
 policies, blocked and float8/int4/int2 Quantize/DequantizeLinear, BatchNormalization training mode,
 MaxPool Indices output, Reshape allowzero with 0, optional/sequence inputs, LayerNormalization's
 training outputs (Mean, InvStdDev), one-operand Einsum reductions and diagonals, GatherElements,
-GatherND, and 64-bit integers computed at run time (Pow's int64/uint64 exponents: JAX would narrow
-them to 32 bits without x64, so the importer refuses them).
+GatherND.
 """
 
 CLAIMED = (
@@ -178,7 +177,9 @@ CLAIMED = (
     "test_pow_bcast_scalar",
     "test_pow_example",
     "test_pow_types_float32_int32",
+    "test_pow_types_float32_int64",
     "test_pow_types_float32_uint32",
+    "test_pow_types_float32_uint64",
     "test_prelu_broadcast",
     "test_prelu_example",
     "test_quantizelinear",

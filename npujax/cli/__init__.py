@@ -104,12 +104,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if argv is None:  # the npujax program (not main([...]) called from Python)
             _hard_exit(130)
         return 130
-    except OSError as e:  # an OS failure not already turned into an NpujaxError
-        print(f"npujax: error: {e.strerror or e}"
-              f"{' (' + str(e.filename) + ')' if e.filename else ''}", file=sys.stderr)
-        return 1
     except BrokenPipeError:
         # e.g. `npujax search ... | head`: the reader left; outputs are already written
         # (atomically), so exit quietly as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except OSError as e:  # an OS failure not already turned into an NpujaxError
+        print(f"npujax: error: {e.strerror or e}"
+              f"{' (' + str(e.filename) + ')' if e.filename else ''}", file=sys.stderr)
+        return 1

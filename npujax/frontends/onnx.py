@@ -214,6 +214,7 @@ class _Ctx:
         self.params: Params = {}
         self.names: set[str] = set()
         self.budget = ByteBudget("the model's constant-folded values")
+        self.graph_inputs: set[str] = set()
         self.onnx_node = onnx.NodeProto()  # the node being converted (set per node)
         self.node_name = ""
 
@@ -252,6 +253,13 @@ class _Ctx:
             self.params[name] = p
         specs = [self._spec(t) for t in node.inputs]
         self._check_integers(op, node.inputs, specs)
+        to = np.dtype(node.attrs["to"]) if op == "Cast" and "to" in node.attrs else None
+        if (to is not None and to.kind in "iu" and to.itemsize == 8
+                and not jax.config.read("jax_enable_x64")):
+            raise UnsupportedOpError(
+                f"node {self.node_name!r} (Cast) makes a {to} tensor at run time; JAX narrows it "
+                "to 32 bits unless 64-bit types are on (jax.config.update('jax_enable_x64', "
+                "True)).")
         try:
             run = get_op(op, name).run
             outs = jax.eval_shape(lambda xs, pp: run(node, xs, pp), specs, p)
@@ -285,7 +293,8 @@ class _Ctx:
                     "exact on integers (ONNX keeps integer semantics), so it is refused rather "
                     "than approximated in float.")
             if (np.dtype(sp.dtype).itemsize == 8 and i not in opdef.index_inputs
-                    and not jax.config.read("jax_enable_x64")):
+                    and t not in self.graph_inputs and not jax.config.read("jax_enable_x64")):
+                # (a graph input's values are checked to fit 32 bits when it is fed: as_inputs)
                 raise UnsupportedOpError(
                     f"{where} reads the 64-bit tensor {t!r} ({sp.dtype}) at run time; JAX "
                     "narrows it to 32 bits unless 64-bit types are on (jax.config.update("
@@ -708,6 +717,7 @@ def from_onnx(
         raise GraphError(f"the model declares the input(s) "
                          f"{sorted({x for x in names if names.count(x) > 1})} twice.")
     inputs = _graph_inputs(ctx, model, input_shapes)
+    ctx.graph_inputs = set(inputs)
     for i, n in enumerate(model.graph.node):
         ctx.onnx_node, ctx.node_name = n, n.name or f"{n.op_type}_{i}"
         if n.domain in ("", "ai.onnx"):

@@ -75,7 +75,7 @@ class LayerCosts(NamedTuple):
 
     Cycle figures are array clock cycles; ``latency_cycles = compute + convert + dma + stall +
     fallback + transfer`` exactly (the :data:`BREAKDOWN`). From :func:`layer_costs` the counts
-    (:data:`EXACT_FIELDS`) are 64-bit and exact up to 2**53 (see :mod:`npujax._exact`: read them
+    (:data:`EXACT_FIELDS`) are 64-bit and exact up to 2**53 (see ``npujax._exact``: read them
     with numpy or cast them before mixing them with 32-bit jnp code); the other fields are
     float64 inside the cost model and returned in JAX's default float type.
 
@@ -165,7 +165,7 @@ def layer_costs(
 ) -> LayerCosts:
     """Vectorised cost of ``layers`` (pure jnp; jit/vmap over ``spec``, grad w.r.t. the bits).
 
-    Computes with 64-bit types enabled for its own tracing (:mod:`npujax._exact`), whatever
+    Computes with 64-bit types enabled for its own tracing (``npujax._exact``), whatever
     JAX's config, so no count wraps or rounds: the counts of :data:`EXACT_FIELDS` are returned in
     64 bits (int64 cycles and folds, float64 whole DRAM bytes), exact up to 2**53; the other
     (real-valued) fields in JAX's default float type (float32 unless x64 is enabled), so they

@@ -69,7 +69,8 @@ def _as_input(name: str, v: Any, dtype: str) -> jax.Array:
     if not exact:
         as_held = "" if held == dt else f" (held as {held} in JAX)"
         raise ShapeError(f"input {name!r} is {dt}{as_held}, but the values given do not fit it "
-                         "exactly (non-integers or out of range).")
+                         "exactly (non-integers or out of range; 64-bit inputs are 32-bit unless "
+                         "JAX's x64 mode is on).")
     return jnp.asarray(a.astype(held))
 
 

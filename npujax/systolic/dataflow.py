@@ -38,7 +38,7 @@ columns, once in time.
 
 All functions here are pure ``jnp`` over (possibly traced) integers, so they ``jit`` and
 ``vmap`` over layers and hardware configurations. Counts are exact int64, computed under a scoped
-``jax.enable_x64`` (see :mod:`npujax._exact`; exact up to 2**53 whatever JAX's config).
+``jax.enable_x64`` (see ``npujax._exact``; exact up to 2**53 whatever JAX's config).
 """
 
 from __future__ import annotations
@@ -193,7 +193,7 @@ def gemm_cycles(M, K, N, rows, cols, dataflow: str | Dataflow) -> dict[str, jax.
       dataflow: a :class:`Dataflow` or its name (static).
 
     Returns:
-      dict of arrays broadcast over the inputs. int64 (exact, see :mod:`npujax._exact`):
+      dict of arrays broadcast over the inputs. int64 (exact, see ``npujax._exact``):
       ``folds``; ``fold_cycles`` (fill + T + drain); ``compute_cycles`` (folds x fold_cycles,
       cycles); ``scalesim_cycles``
       (``compute_cycles - 1``, SCALE-Sim's ``Total Cycles``); ``sram_reads_a`` (reads of the

@@ -51,7 +51,8 @@ def accumulator_dtype(a_dtype, b_dtype, K: int, accumulator: str = "auto") -> st
     """The accumulator (``"int32"`` or ``"int64"``) for a ``K``-long integer dot product.
 
     Args:
-      a_dtype, b_dtype: the operands' integer dtypes (their ranges bound the products).
+      a_dtype: the first operand's integer dtype (its range bounds the products).
+      b_dtype: the second operand's integer dtype.
       K: the reduction length.
       accumulator: ``"auto"`` (int32 where the worst case fits, else int64), ``"int32"`` (refuse
         if it may not fit) or ``"int64"``.

@@ -44,7 +44,7 @@ def scalesim_report(M, K, N, rows, cols, dataflow: str | Dataflow) -> dict[str, 
       dataflow: a :class:`Dataflow` or its name (static).
 
     Returns:
-      dict: int64 (exact, :mod:`npujax._exact`) ``total_cycles``, ``sram_ifmap_reads``,
+      dict: int64 (exact, ``npujax._exact``) ``total_cycles``, ``sram_ifmap_reads``,
       ``sram_filter_reads``, ``sram_ofmap_writes``; float64 percentages ``overall_util_pct``,
       ``mapping_efficiency_pct``, ``compute_util_pct``. ``stall_cycles`` is 0 (SCALE-Sim's CALC
       bandwidth mode sizes the DRAM interface so that nothing stalls).

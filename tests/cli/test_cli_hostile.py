@@ -93,7 +93,9 @@ def test_lower_out_is_published_whole_with_a_manifest(capsys, tmp_path, small_on
 def test_failed_or_interrupted_run_keeps_the_previous_folder(capsys, tmp_path, small_onnx,
                                                            monkeypatch):
     out = tmp_path / "o"
-    assert _run(capsys, "lower", str(small_onnx), "--out", str(out))[0] == 0
+    with staged_dir(out) as stage:  # a previous run's folder (published with its manifest)
+        (stage / "schedule.json").write_text('{"previous": true}')
+        (stage / "layers.csv").write_text("name\n")
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     import npujax.workflows.lowering as lowering
 

@@ -50,7 +50,10 @@ def test_costs_are_finite_non_negative_and_above_the_roofline(hw, shape, wb, ab)
     c = _costs(_gemm(M, K, N, groups), spec, wb, ab)
     for k, v in c.items():
         assert np.isfinite(v) and v >= 0, (k, v)
-    assert c["utilization"] <= 1 + 1e-9 and c["mapping_efficiency"] <= 1 + 1e-9
+    assert c["mapping_efficiency"] <= 1 + 1e-9
+    if spec.array.precision_scaling == "fixed":  # (a bit-composable or bit-serial array does
+        # several narrow MACs per PE and cycle: its utilization is against the native peak)
+        assert c["utilization"] <= 1 + 1e-9
     peak = spec.array.rows * spec.array.cols * spec.array.cores  # MACs per cycle at width
     passes = math.ceil(wb / spec.array.operand_bits) * math.ceil(ab / spec.array.operand_bits)
     if spec.array.precision_scaling == "fixed":

@@ -153,3 +153,19 @@ def test_policy_nan_folder_and_roundtrip(tmp_path):
         save_policy(p, PrecisionPolicy({"a": 4}, {"a": 8}, {"budget_s": float("nan")}))
     save_policy(p, PrecisionPolicy({"a": 4}, {"a": 8}, {"budget_s": 1e-3}))
     assert load_policy(p).weight_bits == {"a": 4}
+
+
+def test_data_file_sizes_are_checked_from_the_headers(tmp_path):
+    """A --data .npz whose member declares a huge array (a zip bomb compresses to bytes) is
+    refused before anything is decompressed."""
+    from npujax.data.sources import load_inputs
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False,
+                                                  "shape": (1 << 16, 1 << 16)})
+    _write(tmp_path / "d.npz", {"x.npy": b"\x93NUMPY\x01\x00" + header.getvalue()[8:]})
+    with pytest.raises(LimitError, match="'x.npy'.*max_tensor_bytes"):
+        load_inputs(str(tmp_path / "d.npz"), (3, 8, 8), 4, seed=0)
+    np.save(tmp_path / "o.npy", np.array([{}], dtype=object), allow_pickle=True)
+    with pytest.raises(ConfigError, match="objects"):
+        load_inputs(str(tmp_path / "o.npy"), (3, 8, 8), 4, seed=0)
