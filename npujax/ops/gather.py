@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["onnx_gather"]
 
 
-def onnx_gather(data: jax.Array, indices: jax.Array, axis: int) -> jax.Array:
+def onnx_gather(data: jax.Array, indices: jax.Array | np.ndarray, axis: int) -> jax.Array:
     """ONNX ``Gather``: ``jnp.take`` along ``axis`` with negative indices counted from the end.
 
     Args:
