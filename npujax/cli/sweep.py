@@ -50,6 +50,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     help="columns the Pareto front minimises (default "
                     f"{','.join(DEFAULT_OBJECTIVES)})")
     sw.add_argument("--out", required=True, help="the sweep's folder (rerun to resume)")
+    dist = sw.add_argument_group("several processes (jax.distributed; see the README)")
+    dist.add_argument("--distributed", action="store_true",
+                      help="join a jax.distributed job (coordinator and process ids from the "
+                      "options below, else detected: SLURM, Open MPI, Kubernetes, Cloud TPU)")
+    dist.add_argument("--coordinator", metavar="HOST:PORT",
+                      help="address of process 0's coordinator (implies --distributed)")
+    dist.add_argument("--num-processes", type=positive_int, help="processes in the job")
+    dist.add_argument("--process-id", type=int, help="this process's id, 0 .. N-1")
     add_progress_arg(sw)
     sw.set_defaults(fn=run)
 
@@ -59,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
     from npujax.hw import load_npu_spec
     from npujax.workflows.sweep import run_sweep
 
+    if args.distributed or args.coordinator:
+        _join(args)
     spec = load_npu_spec(args.npu)
     axes = dict(parse_grid_axis(g) for g in args.grid)
     if len(axes) != len(args.grid):
@@ -83,6 +93,22 @@ def run(args: argparse.Namespace) -> int:
               f"evaluated, {r.skipped} resumed; {r.evaluations_per_s:.3g} evaluations/s")
     con.print(f"wrote {', '.join(str(Path(args.out) / n) for n in r.files)}")
     return 0
+
+
+def _join(args: argparse.Namespace) -> None:
+    """``jax.distributed.initialize`` with the command line's coordinator and ids."""
+    import jax
+
+    from npujax.errors import ConfigError
+
+    try:
+        jax.distributed.initialize(coordinator_address=args.coordinator,
+                                   num_processes=args.num_processes,
+                                   process_id=args.process_id)
+    except (RuntimeError, ValueError) as e:
+        raise ConfigError(f"cannot join the jax.distributed job ({e}); pass --coordinator "
+                          "HOST:PORT --num-processes N --process-id I (the same coordinator "
+                          "and N in every process).") from None
 
 
 def _load_model(args: argparse.Namespace):

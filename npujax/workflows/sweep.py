@@ -156,7 +156,10 @@ def run_sweep(graph: Graph, base: NpuSpec, grid: Grid, out: str | Path, *,
       grid: the axes.
       out: the sweep's folder (new, empty, or an earlier run of the same sweep).
       model: the model's name, recorded in ``sweep.json`` (a resumed run must match).
-      sample, method, seed: see :func:`npujax.explore.configurations`.
+      sample: None for every configuration, else how many to draw
+        (:func:`npujax.explore.configurations`).
+      method: ``random`` or ``lhs``.
+      seed: the sampling seed.
       chunk_size: configurations per chunk file.
       objectives: columns the Pareto front minimises.
       progress: show a progress bar (on a terminal).
