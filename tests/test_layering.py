@@ -17,7 +17,7 @@ RANK = {
     "hw": 2,
     "ops": 3, "ir": 3,
     "frontends": 4, "quantize": 4, "backends": 4,
-    "plan": 5, "search": 5, "report": 5, "models": 5,
+    "plan": 5, "search": 5, "report": 5, "models": 5, "explore": 5,
     "workflows": 6,
     "cli": 7,
 }
