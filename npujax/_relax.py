@@ -50,7 +50,7 @@ from npujax._exact import COUNT, REAL
 from npujax.errors import ConfigError
 
 __all__ = ["relaxed", "is_relaxed", "temperature", "ceil", "ceil_div", "smooth_max",
-           "select_step", "count", "differentiable_spec", "DEFAULT_TEMPERATURE"]
+           "select_step", "count", "DEFAULT_TEMPERATURE"]
 
 #: Default relative temperature of :func:`smooth_max` and :func:`select_step`.
 DEFAULT_TEMPERATURE = 0.05
@@ -147,20 +147,3 @@ def select_step(fits: jax.Array, need: jax.Array, capacity: jax.Array, x: jax.Ar
     s = _blend(jnp.log(jnp.maximum(capacity, tiny) / jnp.maximum(need, tiny)) / temperature())
     return _ste(v, s * x + (1.0 - s) * y)
 
-
-def differentiable_spec(spec: Any, dtype: Any = None) -> Any:
-    """``spec`` (an :class:`~npujax.hw.NpuSpec`) with every numeric field a float array, so
-    ``jax.grad`` can differentiate the relaxed cost model w.r.t. integer fields (rows, cols,
-    cores, lanes, SRAM bytes) too; JAX does not differentiate integers.
-
-    Args:
-      spec: an NpuSpec (or any pytree of numbers).
-      dtype: float dtype of the leaves; default JAX's default float (float32 unless x64 is
-        enabled: then a value such as 6.4e9 B/s is rounded to float32, and the model's forward
-        value is that of the rounded hardware).
-
-    Returns:
-      The same pytree with scalar float array leaves.
-    """
-    dt = jnp.result_type(float) if dtype is None else dtype
-    return jax.tree.map(lambda v: jnp.asarray(v, dt), spec)

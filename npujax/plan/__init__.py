@@ -1,6 +1,5 @@
 """The NPU execution model: workloads, per-layer costs (pure jnp), and ``lower``."""
 
-from npujax._relax import differentiable_spec as differentiable_spec
 from npujax.plan.costs import BREAKDOWN as BREAKDOWN
 from npujax.plan.costs import LayerCosts as LayerCosts
 from npujax.plan.costs import layer_costs as layer_costs
@@ -19,7 +18,6 @@ __all__ = [
     "LayerReport",
     "Schedule",
     "layer_costs",
-    "differentiable_spec",
     "layer_bits",
     "lower",
     "DEFAULT_BITS",

@@ -184,13 +184,13 @@ def layer_costs(
       weight_bits: float32 ``[L]`` weight width per layer (ignored for non-GEMM layers).
       act_bits: float32 ``[L]`` activation width per layer.
       dataflow: dataflow name (static); default the spec's.
-      relaxed: the differentiable mode (static; :mod:`npujax._relax`): every value is the same
+      relaxed: the differentiable mode (static; ``npujax/_relax.py``): every value is the same
         as in the exact mode, bit for bit (at whole-number hardware values), but ``ceil`` of
         folds, passes and tiles passes a straight-through slope, the maximum of compute and
         memory time and the buffer-residency steps pass a smoothed one, so ``jax.grad`` w.r.t.
         the bit widths and every numeric spec field (rows, cols, cores, clock_hz, SRAM bytes,
         dram_bytes_per_s, lanes, ...) is useful. Give integer fields as float arrays to
-        differentiate them (:func:`npujax.plan.differentiable_spec`). The counts of
+        differentiate them (:func:`npujax.hw.differentiable_spec`). The counts of
         :data:`EXACT_FIELDS` come back as float64 whole numbers (exact below 2**53).
       temperature: relative temperature of the smoothed maximum and steps (static, in (0, 10];
         only with ``relaxed``): their gradient blends both sides over about this fraction.

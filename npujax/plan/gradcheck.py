@@ -24,9 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from npujax import _relax
-from npujax._relax import differentiable_spec
 from npujax.errors import ConfigError
-from npujax.hw.spec import NpuSpec
+from npujax.hw.spec import NpuSpec, differentiable_spec
 from npujax.plan.costs import layer_costs
 from npujax.plan.workload import Workload
 
@@ -126,7 +125,7 @@ def secant_check(
       weight_bits: ``[L]`` weight widths (bits, >= 2 so that one bit less is a width).
       act_bits: ``[L]`` activation widths (bits, >= 2).
       params: names from :data:`STEPS`.
-      temperature: the relaxation temperature (default :data:`npujax._relax.DEFAULT_TEMPERATURE`).
+      temperature: the relaxation temperature (default ``0.05``).
 
     Returns:
       :class:`SecantCheck` (float64).

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from npujax.errors import ConfigError
-from npujax.hw import list_presets, load_npu_spec
-from npujax.plan import differentiable_spec, layer_costs
+from npujax.hw import differentiable_spec, list_presets, load_npu_spec
+from npujax.plan import layer_costs
 from npujax.plan.gradcheck import secant_check
 from npujax.plan.workload import Workload
 
