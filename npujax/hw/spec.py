@@ -60,6 +60,7 @@ __all__ = [
     "npu_spec_from_dict",
     "list_presets",
     "stack_specs",
+    "differentiable_spec",
     "as_spec",
 ]
 
@@ -303,6 +304,24 @@ def stack_specs(specs: list[NpuSpec]) -> NpuSpec:
                 "layout, operator lists, precision scaling, name); only numeric fields can be "
                 "stacked for vmap.")
     return jax.tree.map(lambda *v: jnp.asarray(v), *specs)
+
+
+def differentiable_spec(spec: NpuSpec, dtype: Any = None) -> NpuSpec:
+    """``spec`` with every numeric field a float array, so ``jax.grad`` of the relaxed cost
+    model (``layer_costs(..., relaxed=True)``) reaches the integer fields too (rows, cols,
+    cores, lanes, SRAM bytes); JAX does not differentiate integers.
+
+    Args:
+      spec: the NPU.
+      dtype: float dtype of the leaves; default JAX's default float (float32 unless x64 is
+        enabled). In float32 a value such as 6.4e9 B/s is rounded, and the model's forward
+        value is that of the rounded hardware; use float64 under ``jax.enable_x64`` for exact.
+
+    Returns:
+      The same spec with scalar float array leaves.
+    """
+    dt = jnp.result_type(float) if dtype is None else dtype
+    return jax.tree.map(lambda v: jnp.asarray(v, dt), spec)
 
 
 def _fields(cls: type) -> dict[str, dataclasses.Field]:

@@ -56,7 +56,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from npujax._exact import COUNT, count, exact, real
+from npujax import _relax
+from npujax._exact import count, exact, real
 from npujax.hw.spec import NpuSpec
 from npujax.plan.workload import Workload
 from npujax.systolic.dataflow import gemm_cycles, get_dataflow
@@ -126,8 +127,7 @@ class LayerCosts(NamedTuple):
         }
 
 
-def _ceil_div(a, b):
-    return -(-a // b)
+_ceil_div = _relax.ceil_div  # exact int64 division; straight-through in the relaxed mode
 
 
 def first_consumers(layers: Sequence[Workload]) -> jax.Array:
@@ -146,7 +146,10 @@ def _bursts(nbytes, burst):
 
 
 def _hw(spec: NpuSpec) -> NpuSpec:
-    """The spec's numeric leaves as jnp values: int fields int64, float fields float64."""
+    """The spec's numeric leaves as jnp values: int fields int64, float fields float64 (all
+    float64 in the relaxed mode, so rows, lanes, SRAM bytes... get gradients)."""
+    if _relax.is_relaxed():
+        return jax.tree.map(real, spec)
     return jax.tree.map(
         lambda v: count(v) if isinstance(v, int) or jnp.issubdtype(
             jnp.result_type(v), jnp.integer) else real(v), spec)
@@ -162,6 +165,9 @@ def layer_costs(
     weight_bits: jax.Array,
     act_bits: jax.Array,
     dataflow: str | None = None,
+    *,
+    relaxed: bool = False,
+    temperature: float = _relax.DEFAULT_TEMPERATURE,
 ) -> LayerCosts:
     """Vectorised cost of ``layers`` (pure jnp; jit/vmap over ``spec``, grad w.r.t. the bits).
 
@@ -178,15 +184,38 @@ def layer_costs(
       weight_bits: float32 ``[L]`` weight width per layer (ignored for non-GEMM layers).
       act_bits: float32 ``[L]`` activation width per layer.
       dataflow: dataflow name (static); default the spec's.
+      relaxed: the differentiable mode (static; ``npujax/_relax.py``): every value is the same
+        as in the exact mode, bit for bit (at whole-number hardware values), but ``ceil`` of
+        folds, passes and tiles passes a straight-through slope, the maximum of compute and
+        memory time and the buffer-residency steps pass a smoothed one, so ``jax.grad`` w.r.t.
+        the bit widths and every numeric spec field (rows, cols, cores, clock_hz, SRAM bytes,
+        dram_bytes_per_s, lanes, ...) is useful. Give integer fields as float arrays to
+        differentiate them (:func:`npujax.hw.differentiable_spec`). The counts of
+        :data:`EXACT_FIELDS` come back as float64 whole numbers (exact below 2**53).
+      temperature: relative temperature of the smoothed maximum and steps (static, in (0, 10];
+        only with ``relaxed``): their gradient blends both sides over about this fraction.
 
     Returns:
       :class:`LayerCosts` of ``[L]`` arrays (see above for their dtypes).
 
     Raises:
-      ConfigError: an unknown dataflow or precision scaling.
+      ConfigError: an unknown dataflow or precision scaling, or a temperature out of range.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp  # doctest: +SKIP
+      >>> f = lambda w: layer_costs(layers, spec, w, a, relaxed=True).latency_cycles.sum()
+      >>> jax.grad(f)(w)  # cycles per bit of each layer's weights  # doctest: +SKIP
+
+    References:
+      Straight-through estimators: Bengio et al., arXiv:1308.3432. Differentiable performance
+      models: DiffTune (Renda et al., MICRO 2020) and DOSA (Hong et al., MICRO 2023).
     """
     x64 = bool(jax.config.read("jax_enable_x64"))
-    costs = _layer_costs(layers, spec, weight_bits, act_bits, dataflow)
+    if relaxed:
+        with _relax.relaxed(temperature):
+            costs = _layer_costs(layers, spec, weight_bits, act_bits, dataflow)
+    else:
+        costs = _layer_costs(layers, spec, weight_bits, act_bits, dataflow)
     if x64:
         return costs
     return costs._replace(**{k: v.astype(jnp.float32) for k, v in costs._asdict().items()
@@ -202,7 +231,7 @@ def _layer_costs(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Arr
     a, m, h = hw.array, hw.memory, hw.host
     wb = real(weight_bits)
     ab = real(act_bits)
-    i32 = lambda f: count([f(w) for w in layers])  # noqa: E731  (int64: exact counts)
+    i32 = lambda f: _relax.count([f(w) for w in layers])  # noqa: E731  (exact counts)
     f32 = lambda f: real([f(w) for w in layers])  # noqa: E731  (float64)
     on_npu = jnp.asarray([w.device == "npu" for w in layers])
     is_gemm = jnp.asarray([w.kind == "gemm" for w in layers]) & on_npu
@@ -222,12 +251,12 @@ def _layer_costs(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Arr
     fill_drain_1 = g["folds"] * fd_per_fold
     stream_1 = real(g["compute_cycles"] - fill_drain_1)
     scale = scaling.stream_factor(wb, ab, ob, real(a.brick_bits))
-    stream = jnp.ceil(stream_1 * scale).astype(COUNT)
+    stream = _relax.count(_relax.ceil(stream_1 * scale))
     gemm_total = groups * (fill_drain_1 + stream) * n_passes
     gemm_fill_drain = groups * fill_drain_1 * n_passes
     lanes = hw.vector.lanes
-    special = jnp.ceil(f32(lambda w: w.special_ops) * hw.vector.special_cycles_per_elem)
-    vec_cycles = _ceil_div(i32(lambda w: w.vector_ops) + special.astype(COUNT), lanes * cores)
+    special = _relax.ceil(f32(lambda w: w.special_ops) * hw.vector.special_cycles_per_elem)
+    vec_cycles = _ceil_div(i32(lambda w: w.vector_ops) + _relax.count(special), lanes * cores)
     total_compute = jnp.where(is_gemm, gemm_total, jnp.where(on_npu, vec_cycles, 0))
     fill_drain = jnp.where(is_gemm, gemm_fill_drain, 0)
 
@@ -260,7 +289,8 @@ def _layer_costs(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Arr
     exposed = jnp.where(is_gemm, jnp.minimum(mem["prologue_cycles"] + mem["epilogue_cycles"],
                                              memory), 0.0)
     tc = real(total_compute)
-    stall = jnp.maximum(memory - exposed - tc, 0.0)
+    # = max(memory - exposed - tc, 0) bit for bit; relaxed: a smooth max(compute, memory) slope
+    stall = _relax.smooth_max(memory - exposed, tc) - tc
     fused = jnp.asarray([bool(w.fused_into) for w in layers])
     dma = jnp.where(on_npu & ~fused, m.dram_latency_s * clock + exposed, 0.0)
     sram_peak = jnp.where(is_gemm, (

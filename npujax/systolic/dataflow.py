@@ -49,7 +49,8 @@ from typing import ClassVar, final
 import jax
 import jax.numpy as jnp
 
-from npujax._exact import count, exact, real
+from npujax import _relax
+from npujax._exact import exact, real
 from npujax.errors import ConfigError
 
 __all__ = [
@@ -67,8 +68,7 @@ __all__ = [
 SCALESIM_CYCLE_OFFSET = 1
 
 
-def _ceil_div(a, b):
-    return (a + b - 1) // b
+_ceil_div = _relax.ceil_div  # exact int64 division; straight-through in the relaxed mode
 
 
 class Dataflow(abc.ABC):
@@ -216,7 +216,7 @@ def gemm_cycles(M, K, N, rows, cols, dataflow: str | Dataflow) -> dict[str, jax.
       counts give ``fill + T + drain``).
     """
     df = get_dataflow(dataflow)
-    M, K, N, rows, cols = (count(v) for v in (M, K, N, rows, cols))
+    M, K, N, rows, cols = (_relax.count(v) for v in (M, K, N, rows, cols))
     s_r, s_c, t = df.map_gemm(M, K, N)
     folds = _ceil_div(s_r, rows) * _ceil_div(s_c, cols)
     per_fold = df.fold_cycles(rows, cols, t)

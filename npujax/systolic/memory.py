@@ -44,7 +44,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from npujax._exact import count, exact, real
+from npujax import _relax
+from npujax._exact import exact, real
 from npujax.systolic.dataflow import Dataflow, gemm_cycles, get_dataflow
 
 __all__ = ["gemm_memory", "PSUM_BYTES"]
@@ -103,6 +104,7 @@ def gemm_memory(
     ext = {"M": _f32(M), "K": _f32(K), "N": _f32(N)}
     r, c = _f32(rows), _f32(cols)
     inner, outer, _ = df.layout
+    count = _relax.count
     folds = {d: _f32(df.dim_folds(d, count(v), count(rows), count(cols)))
              for d, v in (("M", M), ("K", K), ("N", N))}
 
@@ -122,16 +124,21 @@ def gemm_memory(
     def operand(dims, other, sram, eb, unique):
         size = ext[dims[0]] * ext[dims[1]]
         dedup = jnp.minimum(unique / size, 1.0)  # im2col duplicates come from SRAM, not DRAM
-        resident = reused_elems(dims, other) * dedup * _f32(eb) <= _f32(sram) / 2
-        reads = jnp.minimum(unique, size) * _f32(eb) * jnp.where(resident, 1.0, folds[other])
+        need = reused_elems(dims, other) * dedup * _f32(eb)
+        resident = need <= _f32(sram) / 2
+        refetch = _relax.select_step(resident, need, _f32(sram) / 2, jnp.ones_like(need),
+                                     folds[other])
+        reads = jnp.minimum(unique, size) * _f32(eb) * refetch
         return reads, resident
 
     uniq_a = ext["M"] * ext["K"] if unique_elems_a is None else _f32(unique_elems_a)
     rd_a, res_a = operand(("M", "K"), "N", sram_bytes_a, elem_bytes_a, uniq_a)
     rd_b, res_b = operand(("K", "N"), "M", sram_bytes_b, elem_bytes_b, ext["K"] * ext["N"])
     out_elems = ext["M"] * ext["N"]
-    res_out = reused_elems(("M", "N"), "K") * PSUM_BYTES <= _f32(sram_bytes_out) / 2
-    spills = jnp.where(res_out, 0.0, folds["K"] - 1.0)
+    psums = reused_elems(("M", "N"), "K") * PSUM_BYTES
+    res_out = psums <= _f32(sram_bytes_out) / 2
+    spills = _relax.select_step(res_out, psums, _f32(sram_bytes_out) / 2, jnp.zeros_like(psums),
+                                folds["K"] - 1.0)
     wr_out = out_elems * (_f32(elem_bytes_out) + spills * PSUM_BYTES)
     rd_out = out_elems * spills * PSUM_BYTES
     dram = rd_a + rd_b + wr_out + rd_out
