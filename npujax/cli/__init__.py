@@ -16,14 +16,14 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from npujax._version import __version__
-from npujax.cli import calibrate, demo, lower, presets, qat, search
+from npujax.cli import calibrate, demo, lower, presets, qat, search, topology
 from npujax.cli._common import configure_logging
 from npujax.errors import ConfigError, NpujaxError
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
 #: The command modules, in ``--help`` order; each has ``add_parser(subparsers)`` and ``run``.
-COMMANDS = (demo, lower, search, qat, calibrate, presets)
+COMMANDS = (demo, lower, search, qat, calibrate, presets, topology)
 
 
 class _Parser(argparse.ArgumentParser):
