@@ -79,6 +79,14 @@ def test_round_trip_lowers_like_the_traced_graph(digits, tmp_path):
     assert [n.op for n in g2.nodes] == [n.op for n in graph.nodes]
     convs = [n for n in g2.nodes if n.op == "Conv"]
     assert convs and all(n.attrs.get("epilogue") == ("Relu",) for n in convs)
+    # layers.csv: rounded cells (no 142.77777099609375 cycles), units in the column names
+    from npujax.report import write_layers_csv
+
+    write_layers_csv(tmp_path / "layers.csv", back)
+    text = (tmp_path / "layers.csv").read_text()
+    assert "latency_cycles" in text.splitlines()[0]
+    cells = [c for line in text.splitlines()[1:] for c in line.split(",")]
+    assert all(len(c.split(".")[-1]) <= 6 for c in cells if c.replace(".", "").isdigit())
 
 
 def test_absorb_transposes_of_old_style_exports():
