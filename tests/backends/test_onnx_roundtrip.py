@@ -83,10 +83,16 @@ def test_round_trip_lowers_like_the_traced_graph(digits, tmp_path):
     from npujax.report import write_layers_csv
 
     write_layers_csv(tmp_path / "layers.csv", back)
-    text = (tmp_path / "layers.csv").read_text()
-    assert "latency_cycles" in text.splitlines()[0]
-    cells = [c for line in text.splitlines()[1:] for c in line.split(",")]
-    assert all(len(c.split(".")[-1]) <= 6 for c in cells if c.replace(".", "").isdigit())
+    import csv
+
+    rows = list(csv.DictReader((tmp_path / "layers.csv").read_text().splitlines()))
+    assert "latency_cycles" in rows[0] and "latency_s" in rows[0]
+    for row in rows:
+        for col, v in row.items():
+            if col.endswith("_cycles"):
+                assert len(v.partition(".")[2]) <= 1, (col, v)  # 0.1 cycle
+            elif v and v[0].isdigit():
+                assert float(v) == float(f"{float(v):.6g}"), (col, v)  # 6 significant digits
 
 
 def test_absorb_transposes_of_old_style_exports():
