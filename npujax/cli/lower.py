@@ -27,10 +27,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "fallback), GEMM shape, cycles, latency breakdown, bound.",
         epilog=epilog(
             "npujax lower runs/<timestamp>/model.npz --npu edge_16x16 --weight-bits fc1=4",
-            "npujax lower zoo:ppocr_cls --input-shape x=1,3,48,192 --npu tpu_v1 --out lowered/"),
+            "npujax lower zoo:ppocr_cls --input-shape x=1,3,48,192 --npu tpu_v1 --out lowered/",
+            "npujax lower --scalesim-config scale.cfg --topology resnet18.csv --out reports/"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    lo.add_argument("model", help="an .onnx model, zoo:ppocr_cls / zoo:ppocr_det, or a "
-                    "model.npz written by 'npujax demo'")
+    lo.add_argument("model", nargs="?", help="an .onnx model, zoo:ppocr_cls / zoo:ppocr_det, "
+                    "or a model.npz written by 'npujax demo' (not with --topology)")
     lo.add_argument("--input-shape", action="append", metavar="NAME=1,3,224,224",
                     help="static shape of an ONNX input (repeat for several inputs)")
     lo.add_argument("--sweep-resolution", action="store_true",
@@ -48,7 +49,32 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     help="inference batch size (default: the model's)")
     lo.add_argument("--out", help="write schedule.json, layers.csv and plots (per-layer latency, "
                     "stacked breakdown, roofline) here")
+    lo.add_argument("--scalesim-config", metavar="ARCH.cfg",
+                    help="a SCALE-Sim architecture config: with --topology, write SCALE-Sim's "
+                    "COMPUTE/BANDWIDTH/DETAILED_ACCESS reports for it into --out")
+    lo.add_argument("--topology", metavar="TOPO.csv",
+                    help="a SCALE-Sim topology (conv or GEMM form) to report on")
     lo.set_defaults(fn=run)
+
+
+def _run_scalesim(args: argparse.Namespace) -> int:
+    from npujax.systolic.scalesim_io import (
+        read_scalesim_config,
+        read_topology,
+        write_scalesim_reports,
+    )
+
+    if not (args.scalesim_config and args.topology and args.out) or args.model:
+        raise ConfigError("SCALE-Sim mode needs --scalesim-config ARCH.cfg, --topology "
+                          "TOPO.csv and --out DIR, and no model argument.")
+    config = read_scalesim_config(args.scalesim_config)
+    layers = read_topology(args.topology)
+    out = output_dir(args.out)
+    assert out is not None
+    names = write_scalesim_reports(layers, config, out)
+    console().print(f"{len(layers)} layers on a {config.rows}x{config.cols} {config.dataflow} "
+                    f"array; wrote {', '.join(str(out / n) for n in names)}")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,6 +91,10 @@ def run(args: argparse.Namespace) -> int:
         write_lowering,
     )
 
+    if args.scalesim_config or args.topology:
+        return _run_scalesim(args)
+    if not args.model:
+        raise ConfigError("npujax lower needs a model (or --scalesim-config with --topology).")
     saved = args.weight_bits == ["saved"]
     wbits = bits_spec(args.weight_bits) if args.weight_bits and not saved else 8
     abits = bits_spec(args.act_bits) if args.act_bits else 8
