@@ -3,8 +3,12 @@
 from npujax.plan.costs import BREAKDOWN as BREAKDOWN
 from npujax.plan.costs import LayerCosts as LayerCosts
 from npujax.plan.costs import layer_costs as layer_costs
+from npujax.plan.fusion import EdgeCosts as EdgeCosts
+from npujax.plan.fusion import fused_costs as fused_costs
+from npujax.plan.fusion import scheduled_costs as scheduled_costs
 from npujax.plan.liveness import peak_activation_bytes as peak_activation_bytes
 from npujax.plan.lower import DEFAULT_BITS as DEFAULT_BITS
+from npujax.plan.lower import EdgeReport as EdgeReport
 from npujax.plan.lower import LayerReport as LayerReport
 from npujax.plan.lower import Schedule as Schedule
 from npujax.plan.lower import layer_bits as layer_bits
@@ -14,6 +18,10 @@ from npujax.plan.workload import workloads as workloads
 
 __all__ = [
     "BREAKDOWN",
+    "EdgeCosts",
+    "EdgeReport",
+    "fused_costs",
+    "scheduled_costs",
     "LayerCosts",
     "LayerReport",
     "Schedule",
