@@ -69,7 +69,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configure_logging(args.verbosity)
     try:
-        if str(getattr(args, "model", None) or "").startswith("zoo:"):
+        model = getattr(args, "model", None)
+        if isinstance(model, list):  # `npujax lower A.onnx B.onnx`
+            args.model = [_zoo_model(m[4:]) if m.startswith("zoo:") else m for m in model]
+        elif str(model or "").startswith("zoo:"):
             args.model = _zoo_model(args.model[4:])
         code = int(args.fn(args) or 0)
         sys.stdout.flush()  # a reader that left shows here, inside the handler below
