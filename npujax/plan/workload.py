@@ -213,8 +213,12 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
     rows: list[Workload] = []
     pending_layout_in: set[str] = set(graph.inputs)
 
+    padded: dict[str, int] = {}
+
     def act_elems(t: str) -> int:
-        return _padded_elems(graph.tensors[t].shape, m_layout, align)
+        if t not in padded:
+            padded[t] = _padded_elems(graph.tensors[t].shape, m_layout, align)
+        return padded[t]
 
     def layout_row(t: str, direction: str) -> None:
         shape = graph.tensors[t].shape
