@@ -13,11 +13,15 @@ in one of two ways (:data:`SHARING`):
   to its demand and is lowered again at that bandwidth (a fluid model of a fair memory
   controller).
 
-**Weights.** Every model's weights and DRAM activations (:func:`npujax.plan.memory_report`)
-must fit in the DRAM capacity together (``memory.dram_bytes``; 0 = unlimited). If they do,
-weights are ``resident`` in DRAM and nothing changes; if not, models are made resident in the
-order given while they fit and the others are ``swapped``: their weights come over the host
-link (``host.link_bytes_per_s``, one transfer) before every inference.
+**Weights.** A model whose weights (and biases) fit in half the filter SRAM of the cores it
+runs on keeps them there across inferences (``sram``: no weight traffic, see
+``lower(..., resident_weights=True)``); time-multiplexed models must fit there *together*, a
+core-partitioned model on its own cores. Otherwise weights stream from DRAM every inference
+(``dram``), which needs every model's weights and DRAM activations
+(:func:`npujax.plan.memory_report`) to fit the DRAM capacity together (``memory.dram_bytes``; 0 =
+unlimited): models stay in DRAM in the order given while they fit, and the others are swapped
+(``host``): their weights come over the host link (``host.link_bytes_per_s``, one transfer)
+before every inference.
 
 Together is never faster than alone (fewer cores, less SRAM and bandwidth, waits and swaps only
 add time; property-tested). Python over the jnp per-layer model, like :func:`npujax.lower`.
@@ -29,11 +33,14 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from npujax.errors import ConfigError
 from npujax.hw.spec import NpuSpec, as_spec
 from npujax.ir.graph import Graph
-from npujax.plan.lower import Schedule, lower
+from npujax.plan.lower import Schedule, lower, weight_bytes
 from npujax.plan.memory import MemoryReport, memory_report
+from npujax.plan.workload import workloads
 from npujax.quantize.spec import QuantSpec
 
 __all__ = ["SHARING", "ModelShare", "CoResidency", "lower_models"]
@@ -52,10 +59,11 @@ class ModelShare:
       together_s: its latency sharing the NPU (s).
       cores: cores it runs on together.
       dram_bytes_per_s: DRAM bandwidth it gets together (bytes/s).
-      weights: ``resident`` (in DRAM) or ``swapped`` (from host memory every inference).
+      weights: where its weights live together: ``sram`` (resident on chip), ``dram``
+        (streamed every inference) or ``host`` (swapped in over the host link every inference).
       swap_s: time to swap its weights in (0 when resident) (s).
       memory: its :class:`~npujax.plan.memory.MemoryReport` alone.
-      schedule: its :class:`~npujax.plan.Schedule` alone.
+      schedule: its :class:`~npujax.plan.Schedule` alone (weights in SRAM if they fit).
     """
 
     name: str
@@ -134,7 +142,8 @@ def lower_models(
       quants: per model its quantization spec (missing: 8 bits everywhere).
       sharing: one of :data:`SHARING`.
       cores: cores per model for ``core_partitioned`` (default in proportion to MACs).
-      dataflow, fusion: as for :func:`npujax.lower`.
+      dataflow: overrides the preset's dataflow.
+      fusion: overrides the preset's ``ops.fusion`` (see :func:`npujax.lower`).
 
     Returns:
       The :class:`CoResidency`.
@@ -152,22 +161,36 @@ def lower_models(
         raise ConfigError(f"unknown sharing {sharing!r}; use one of {', '.join(SHARING)}.")
     quants = quants or {}
     names = list(graphs)
-    alone = {n: lower(graphs[n], spec, quants.get(n), dataflow=dataflow) for n in names}
-    mem = {n: memory_report(graphs[n], alone[n], spec) for n in names}
-    cap = float(spec.memory.dram_bytes)
-    used, weights = 0.0, {}
-    for n in names:
-        fits = cap <= 0 or used + mem[n].dram_footprint_bytes <= cap
-        weights[n] = "resident" if fits else "swapped"
-        used += mem[n].dram_footprint_bytes if fits else mem[n].dram_activation_peak_bytes
-    swap = {n: (spec.host.link_latency_s + mem[n].weight_bytes / spec.host.link_bytes_per_s
-                if weights[n] == "swapped" else 0.0) for n in names}
+
+    def fits_sram(ns: Sequence[str], cores: int) -> bool:
+        return sum(wbytes[n] for n in ns) <= spec.memory.filter_sram_bytes * cores / 2
+
+    plain = {n: lower(graphs[n], spec, quants.get(n), dataflow=dataflow) for n in names}
+    wbytes = {n: weight_bytes(list(workloads(graphs[n], spec)), spec,
+                              np.asarray([r.weight_bits or 0 for r in plain[n].layers]))
+              for n in names}
     total = spec.array.cores
+    alone = {n: lower(graphs[n], spec, quants.get(n), dataflow=dataflow, resident_weights=True)
+             if fits_sram([n], total) else plain[n] for n in names}
+    mem = {n: memory_report(graphs[n], plain[n], spec) for n in names}
+    cap = float(spec.memory.dram_bytes)
+    used, host = 0.0, set()
+    for n in names:
+        if cap <= 0 or used + mem[n].dram_footprint_bytes <= cap:
+            used += mem[n].dram_footprint_bytes
+        else:
+            host.add(n)
+            used += mem[n].dram_activation_peak_bytes
+    swap = {n: (spec.host.link_latency_s + mem[n].weight_bytes / spec.host.link_bytes_per_s
+                if n in host else 0.0) for n in names}
     bw = spec.memory.dram_bytes_per_s
     if sharing == "time_multiplexed":
-        own = {n: alone[n].latency_s + swap[n] for n in names}
-        shares = [ModelShare(n, alone[n].latency_s, sum(own.values()), total, bw, weights[n],
-                             swap[n], mem[n], alone[n]) for n in names]
+        on_chip = fits_sram(names, total)
+        where = {n: "sram" if on_chip else "host" if n in host else "dram" for n in names}
+        swap = {n: swap[n] if where[n] == "host" else 0.0 for n in names}
+        together = {n: (alone[n] if on_chip else plain[n]).latency_s + swap[n] for n in names}
+        shares = [ModelShare(n, alone[n].latency_s, sum(together.values()), total, bw,
+                             where[n], swap[n], mem[n], alone[n]) for n in names]
     else:
         if total < len(names):
             raise ConfigError(f"core_partitioned sharing needs a core per model: {spec.name} "
@@ -178,20 +201,26 @@ def lower_models(
         if len(split) != len(names) or sum(split) != total or min(split) < 1:
             raise ConfigError(f"cores {split} must give each of the {len(names)} models at "
                               f"least one core and add up to {spec.name}'s {total}.")
+        ncores = dict(zip(names, split))
         part = {n: spec.with_fields({"array.cores": c}) if c != total else spec
-                for n, c in zip(names, split)}
-        sched = {n: lower(graphs[n], part[n], quants.get(n), dataflow=dataflow) for n in names}
+                for n, c in ncores.items()}
+        resident = {n: fits_sram([n], ncores[n]) for n in names}
+        where = {n: "sram" if resident[n] else "host" if n in host else "dram" for n in names}
+        swap = {n: swap[n] if where[n] == "host" else 0.0 for n in names}
+
+        def run(n: str, s: NpuSpec) -> Schedule:
+            return lower(graphs[n], s, quants.get(n), dataflow=dataflow,
+                         resident_weights=resident[n])
+
+        sched = {n: run(n, part[n]) for n in names}
         demand = {n: sched[n].dram_bytes / sched[n].latency_s if sched[n].latency_s > 0 else 0.0
                   for n in names}
         need = sum(demand.values())
         rate = {n: bw if need <= bw else bw * demand[n] / need for n in names}
         for n in names:
             if rate[n] < bw:
-                sched[n] = lower(graphs[n], part[n].with_fields(
-                    {"memory.dram_bytes_per_s": rate[n]}), quants.get(n), dataflow=dataflow)
-        shares = [ModelShare(n, alone[n].latency_s,
-                             sched[n].latency_s + swap[n], c, rate[n],
-                             weights[n], swap[n], mem[n], alone[n])
-                  for n, c in zip(names, split)]
+                sched[n] = run(n, part[n].with_fields({"memory.dram_bytes_per_s": rate[n]}))
+        shares = [ModelShare(n, alone[n].latency_s, sched[n].latency_s + swap[n], ncores[n],
+                             rate[n], where[n], swap[n], mem[n], alone[n]) for n in names]
     return CoResidency(spec.name, sharing, tuple(shares),
                        sum(m.dram_footprint_bytes for m in mem.values()), cap)

@@ -27,7 +27,8 @@ from npujax.plan.workload import Workload, workloads
 from npujax.quantize.spec import QuantSpec
 from npujax.systolic.dataflow import get_dataflow
 
-__all__ = ["LayerReport", "EdgeReport", "Schedule", "lower", "layer_bits", "DEFAULT_BITS"]
+__all__ = ["LayerReport", "EdgeReport", "Schedule", "lower", "layer_bits", "weight_bytes",
+           "DEFAULT_BITS"]
 
 #: Width of the layers a quantization spec does not name (and of every layer without one): the
 #: int8 deployment NPUs are built for.
@@ -223,6 +224,28 @@ def layer_bits(layers: list[Workload], quant: QuantSpec | None
     return wb, ab
 
 
+def weight_bytes(layers: list[Workload], spec: NpuSpec, weight_bits: np.ndarray) -> float:
+    """Bytes of the weights (at ``weight_bits`` per layer) and int32 biases of the NPU layers."""
+    acc = spec.array.accumulator_bits
+    return float(sum(w.weight_elems * float(b) / 8.0 + w.bias_elems * acc / 8.0
+                     for w, b in zip(layers, weight_bits) if w.device == "npu"))
+
+
+def _resident(layers: list[Workload], spec: NpuSpec, wb: np.ndarray
+              ) -> tuple[list[Workload], NpuSpec]:
+    """Workloads without weight traffic, and the spec with the SRAM the weights leave free."""
+    need = weight_bytes(layers, spec, wb)
+    cores = spec.array.cores
+    room = spec.memory.filter_sram_bytes * cores / 2
+    if need > room:
+        raise ConfigError(f"resident_weights: the weights take {need:,.0f} bytes, more than half "
+                          f"of {spec.name}'s filter SRAM ({room:,.0f} bytes); stream them "
+                          "(resident_weights=False) or use a preset with more filter SRAM.")
+    free = max(1, spec.memory.filter_sram_bytes - int(np.ceil(need / cores)))
+    return ([dataclasses.replace(w, weight_elems=0, bias_elems=0) if w.device == "npu" else w
+             for w in layers], spec.with_fields({"memory.filter_sram_bytes": free}))
+
+
 @functools.lru_cache(maxsize=64)
 def _jitted_costs(layers: tuple[Workload, ...], dataflow: str):
     """One compiled cost function per (workloads, dataflow); hardware and bits stay traced."""
@@ -246,6 +269,7 @@ def lower(
     dataflow: str | None = None,
     batch: int | None = None,
     fusion: str | None = None,
+    resident_weights: bool = False,
 ) -> Schedule:
     """Lower ``graph`` onto ``spec`` and return the per-layer :class:`Schedule`.
 
@@ -260,13 +284,18 @@ def lower(
       batch: inference batch size (default: the graph's own; see :func:`npujax.rebatch`).
       fusion: overrides the preset's ``ops.fusion`` (``none``, ``elementwise``, ``residual``,
         ``layer``; see :data:`npujax.hw.FUSION_LEVELS` and :mod:`npujax.plan.fusion`).
+      resident_weights: the weights (and biases) stay in the filter SRAM across inferences
+        (loaded once, as for a model served in a loop): no weight traffic per inference, and
+        the layers tile with the filter SRAM the weights leave free. They must fit in half of
+        it (see :func:`weight_bytes`).
 
     Returns:
       The :class:`Schedule`; its per-layer ``latency_s`` sum to ``Schedule.latency_s``.
 
     Raises:
       ConfigError: an unknown preset, dataflow, fusion level or layer name, a layer without
-        weights or a search mixture in ``quant``.
+        weights or a search mixture in ``quant``; ``resident_weights`` for weights that do not
+        fit in half the filter SRAM.
     """
     spec = as_spec(spec)
     if fusion is not None and fusion != spec.ops.fusion:
@@ -275,6 +304,8 @@ def lower(
         graph = rebatch(graph, batch)
     layers = workloads(graph, spec)
     wb, ab = layer_bits(layers, quant)
+    if resident_weights:
+        layers, spec = _resident(layers, spec, wb)
     df = get_dataflow(dataflow or spec.array.dataflow)
     extra: dict[str, Any] = {}
     if spec.ops.fusion == "layer":

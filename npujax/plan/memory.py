@@ -10,7 +10,7 @@
   over rows of the live DRAM activations.
 
 When the preset gives a DRAM capacity (``memory.dram_bytes`` > 0) and the footprint exceeds it,
-the model cannot fit: :attr:`MemoryReport.spill` lists the layers whose weights would have to
+the model cannot fit: its ``spill`` lists the layers whose weights would have to
 stay in host memory (largest first, until the rest fits), fetched over the host link.
 
 This is reporting (Python over the lowered schedule), not part of the jnp cost model.

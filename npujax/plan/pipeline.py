@@ -124,7 +124,12 @@ def core_schedules(
     """The layer-split and pipelined schedules of ``graph`` on the cores of ``spec``.
 
     Args:
-      graph, spec, quant, dataflow, batch, fusion: as for :func:`npujax.lower`.
+      graph: the optimized graph.
+      spec: the NPU (``array.cores`` cores; ``memory.core_link_bytes_per_s`` between them).
+      quant: the layers' precision (None: 8 bits).
+      dataflow: overrides the preset's dataflow.
+      batch: inference batch size (default: the graph's own).
+      fusion: overrides the preset's ``ops.fusion``.
 
     Returns:
       ``{"layer_split": ..., "pipeline": ...}`` (:class:`CoreSchedule`); on a one-core spec
