@@ -1,6 +1,6 @@
 """Across layers on real models: fusion gains, multi-core pipelining, two models on one NPU.
 
-Usage:  python experiments/scheduling/main.py [--out docs/results/scheduling_tables.md]
+Usage:  python experiments/scheduling/main.py [--out scheduling_tables.md]
                                               [--plots docs/results]
 
 Models: the PP-OCR detector (1x3x640x640) and direction classifier (1x3x48x192) from the zoo,
@@ -161,7 +161,7 @@ def plots(fusion: dict, pipe: dict, folder: Path) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="docs/results/scheduling_tables.md")
+    ap.add_argument("--out", default="scheduling_tables.md")
     ap.add_argument("--plots", default="docs/results")
     args = ap.parse_args()
     t0 = time.perf_counter()
