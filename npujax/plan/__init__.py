@@ -1,4 +1,7 @@
-"""The NPU execution model: workloads, per-layer costs (pure jnp), and ``lower``."""
+"""The NPU execution model: workloads, per-layer costs (pure jnp), and ``lower``; across
+layers fusion (:mod:`npujax.plan.fusion`), multi-core pipelines (:mod:`npujax.plan.pipeline`),
+co-resident models (:mod:`npujax.plan.coresident`) and peak memory (:mod:`npujax.plan.memory`).
+"""
 
 from npujax.plan.coresident import SHARING as SHARING
 from npujax.plan.coresident import CoResidency as CoResidency

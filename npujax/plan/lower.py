@@ -115,7 +115,8 @@ class Schedule:
     ``fusion`` is the compiler's fusion level it was lowered at; with ``layer`` fusion,
     ``edges`` says where each activation lived, ``sram_peak_bytes`` is the peak SRAM occupied
     (working set plus activations kept on chip) of ``sram_capacity_bytes``, and
-    ``unfused_dram_bytes`` / ``unfused_latency_s`` are the layer-by-layer figures.
+    ``unfused_dram_bytes`` / ``unfused_latency_s`` are the layer-by-layer figures of the same
+    layers (residual epilogues fused, every activation through DRAM: the ``residual`` level).
     """
 
     npu: str

@@ -8,26 +8,23 @@ from npujax.cli import main
 
 
 @pytest.fixture(scope="module")
-def saved_models(tmp_path_factory):
+def saved_models(tmp_path_factory, small_resnet):
     import jax
     import jax.numpy as jnp
     from flax import nnx
 
     from npujax.frontends.flax import trace_flax
     from npujax.ir.passes import optimize
-    from npujax.models.cnn import DigitsCNN, SmallResNet
+    from npujax.models.cnn import DigitsCNN
     from npujax.quantize.model_file import save_graph
 
-    paths = []
     d = tmp_path_factory.mktemp("m")
-    for name, model, shape in (("digits", DigitsCNN(rngs=nnx.Rngs(0)), (1, 8, 8, 1)),
-                               ("resnet", SmallResNet(rngs=nnx.Rngs(0), in_shape=(16, 16, 1)),
-                                (1, 16, 16, 1))):
-        with jax.numpy_dtype_promotion("standard"):
-            g, p = optimize(*trace_flax(model, jnp.zeros(shape, jnp.float32)))
-        save_graph(d / f"{name}.npz", g, p)
-        paths.append(str(d / f"{name}.npz"))
-    return paths
+    with jax.numpy_dtype_promotion("standard"):
+        g, p = optimize(*trace_flax(DigitsCNN(rngs=nnx.Rngs(0)),
+                                    jnp.zeros((1, 8, 8, 1), jnp.float32)))
+    save_graph(d / "digits.npz", g, p)
+    save_graph(d / "resnet.npz", *small_resnet)
+    return [str(d / "digits.npz"), str(d / "resnet.npz")]
 
 
 def test_lower_layer_fusion_and_core_schedules(saved_models, tmp_path, capsys):

@@ -14,7 +14,6 @@ from npujax.errors import ConfigError
 from npujax.frontends.flax import trace_flax
 from npujax.hw import load_npu_spec, stack_specs
 from npujax.ir.passes import optimize
-from npujax.models.cnn import SmallResNet
 from npujax.plan import fused_costs, layer_costs, lower, workloads
 from npujax.plan.fusion import PLACEMENTS, cross_layer_edges
 
@@ -39,8 +38,8 @@ def _trace(model, shape):
 
 
 @pytest.fixture(scope="module")
-def resnet():
-    return _trace(SmallResNet(rngs=nnx.Rngs(0), in_shape=(28, 28, 1), width=16), (1, 28, 28, 1))
+def resnet(small_resnet):
+    return small_resnet[0]
 
 
 @pytest.fixture(scope="module")

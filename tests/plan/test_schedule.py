@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from npujax.errors import ConfigError
 from npujax.frontends.flax import trace_flax
 from npujax.ir.passes import optimize
-from npujax.models.cnn import DigitsCNN, SmallResNet
+from npujax.models.cnn import DigitsCNN
 from npujax.plan import (
     best_core_schedule,
     core_schedules,
@@ -27,8 +27,8 @@ def _trace(model, shape):
 
 
 @pytest.fixture(scope="module")
-def resnet():
-    return _trace(SmallResNet(rngs=nnx.Rngs(0), in_shape=(28, 28, 1), width=16), (1, 28, 28, 1))
+def resnet(small_resnet):
+    return small_resnet[0]
 
 
 @pytest.fixture(scope="module")
