@@ -73,6 +73,9 @@ _API = {
     "Grid": "npujax.explore.grid",
     "Schedule": "npujax.plan.lower",
     "LayerReport": "npujax.plan.lower",
+    "lower_models": "npujax.plan.coresident",
+    "core_schedules": "npujax.plan.pipeline",
+    "memory_report": "npujax.plan.memory",
     # search
     "search_precision": "npujax.search.api",
     "SearchConfig": "npujax.search.config",
@@ -120,9 +123,12 @@ if TYPE_CHECKING:
     from npujax.ir.passes import fuse_epilogues as fuse_epilogues
     from npujax.ir.passes import optimize as optimize
     from npujax.ir.passes import rebatch as rebatch
+    from npujax.plan.coresident import lower_models as lower_models
     from npujax.plan.lower import LayerReport as LayerReport
     from npujax.plan.lower import Schedule as Schedule
     from npujax.plan.lower import lower as lower
+    from npujax.plan.memory import memory_report as memory_report
+    from npujax.plan.pipeline import core_schedules as core_schedules
     from npujax.quant.formats import FloatFormat as FloatFormat
     from npujax.quant.formats import IntFormat as IntFormat
     from npujax.quantize.calibrate import calibrate as calibrate

@@ -88,7 +88,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         with limits(**{k: v for k in ("max_tensor_bytes", "max_model_bytes",
                                       "max_tensor_elements")
                        if (v := getattr(args, k, None)) is not None}):
-            if str(getattr(args, "model", None) or "").startswith("zoo:"):
+            model = getattr(args, "model", None)
+            if isinstance(model, list):  # `npujax lower A.onnx B.onnx`
+                args.model = [_zoo_model(m[4:]) if m.startswith("zoo:") else m for m in model]
+            elif str(model or "").startswith("zoo:"):
                 args.model = _zoo_model(args.model[4:])
             code = int(args.fn(args) or 0)
         sys.stdout.flush()  # a reader that left shows here, inside the handler below

@@ -1,6 +1,7 @@
 """Hardware descriptions: NpuSpec and the TOML preset loader."""
 
 from npujax.hw.spec import DATAFLOWS as DATAFLOWS
+from npujax.hw.spec import FUSION_LEVELS as FUSION_LEVELS
 from npujax.hw.spec import LAYOUTS as LAYOUTS
 from npujax.hw.spec import PRECISION_SCALINGS as PRECISION_SCALINGS
 from npujax.hw.spec import ArraySpec as ArraySpec
@@ -25,6 +26,7 @@ __all__ = [
     "OpsSpec",
     "HostSpec",
     "LAYOUTS",
+    "FUSION_LEVELS",
     "PRECISION_SCALINGS",
     "NpuSpec",
     "DATAFLOWS",

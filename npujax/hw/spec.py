@@ -8,10 +8,10 @@ Hardware is data. Every numeric field carries its unit in its name (``clock_hz``
     [array]    rows, cols, dataflow, clock_hz, operand_bits, accumulator_bits, cores,
                precision_scaling, brick_bits
     [memory]   ifmap_sram_bytes, filter_sram_bytes, ofmap_sram_bytes, dram_bytes_per_s,
-               dram_latency_s
+               dram_latency_s, dram_bytes (optional), core_link_bytes_per_s (optional)
     [vector]   lanes, special_cycles_per_elem (optional, default 4)
     [layout]   activation_layout, c0, channel_alignment, dram_burst_bytes
-    [ops]      supported, fused_activations, conv_max_kernel, conv_max_stride
+    [ops]      supported, fused_activations, conv_max_kernel, conv_max_stride, fusion (optional)
     [host]     cpu_ops_per_s, link_bytes_per_s, link_latency_s
 
 Unknown keys, missing keys, wrong types, non-positive sizes, values outside a field's physical
@@ -46,6 +46,7 @@ from npujax.systolic.dataflow import DATAFLOWS
 from npujax.systolic.precision import PRECISION_SCALINGS
 
 __all__ = [
+    "FUSION_LEVELS",
     "ArraySpec",
     "MemorySpec",
     "VectorSpec",
@@ -66,6 +67,14 @@ __all__ = [
 
 #: Activation layouts an NPU may keep in its memory.
 LAYOUTS = ("NHWC", "NCHW", "NC1HWC0")
+
+#: What an NPU's compiler fuses across layers, each level including the ones before it:
+#: ``none`` (every operator is its own layer, its activations through DRAM), ``elementwise``
+#: (elementwise ops whose inputs all come from a GEMM's output stage join it), ``residual`` (also
+#: an elementwise op with a second operand from an older tensor, e.g. a residual ``Add`` and the
+#: activation after it) and ``layer`` (also activations kept in on-chip SRAM between layers and
+#: depth-first tiling of layer pairs; see :mod:`npujax.plan.fusion`).
+FUSION_LEVELS = ("none", "elementwise", "residual", "layer")
 
 
 def _field(*, zero_ok: bool = False, choices: tuple[str, ...] | None = None, default=None,
@@ -123,6 +132,13 @@ class MemorySpec:
       ifmap_sram_bytes, filter_sram_bytes, ofmap_sram_bytes: buffer capacities (bytes), >= 1.
       dram_bytes_per_s: sustained DRAM bandwidth (bytes/s), > 0.
       dram_latency_s: latency of the first access of a DMA transfer (s), >= 0.
+      dram_bytes: DRAM capacity available to the NPU's models (bytes; a float, capacities
+        exceed 2^31); 0 (default) = unlimited.
+        Co-resident models whose weights and activations exceed it swap weights in over the
+        host link (:mod:`npujax.plan.coresident`).
+      core_link_bytes_per_s: bandwidth between cores (on-chip network or shared SRAM) for
+        pipelined schedules (bytes/s); 0 (default) = tensors between cores go through DRAM
+        (:mod:`npujax.plan.pipeline`).
     """
 
     ifmap_sram_bytes: int = _field(lo=1, hi=2**40)
@@ -130,6 +146,8 @@ class MemorySpec:
     ofmap_sram_bytes: int = _field(lo=1, hi=2**40)
     dram_bytes_per_s: float = _field(lo=1e3, hi=1e15)
     dram_latency_s: float = _field(zero_ok=True, lo=0.0, hi=1.0)
+    dram_bytes: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=2.0**50)
+    core_link_bytes_per_s: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=1e15)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -175,12 +193,15 @@ class OpsSpec:
       fused_activations: activations the array's output stage applies for free after a GEMM.
       conv_max_kernel: largest supported kernel height/width (pixels), >= 1.
       conv_max_stride: largest supported stride, >= 1.
+      fusion: what the compiler fuses across layers, one of :data:`FUSION_LEVELS` (default
+        ``elementwise``: elementwise epilogues only).
     """
 
     supported: tuple[str, ...] = _field()
     fused_activations: tuple[str, ...] = _field()
     conv_max_kernel: int = _field(lo=1, hi=2**16)
     conv_max_stride: int = _field(lo=1, hi=2**16)
+    fusion: str = _field(choices=FUSION_LEVELS, default="elementwise")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -16,7 +16,10 @@ This is the bridge from the Graph to the NPU model. Each costed node becomes one
   current fusion group (a GEMM and the elementwise ops already fused after it) joins the group:
   it costs vector-unit cycles but no DRAM traffic (``fused_into`` names the group's layer). So
   hard-swish written as ``x * clip(x + 3, 0, 6) / 6`` after a convolution stays on chip, while a
-  residual ``Add`` that also reads an older tensor is costed with its DRAM reads.
+  residual ``Add`` that also reads an older tensor is costed with its DRAM reads. What joins a
+  group is the preset's ``ops.fusion`` (:data:`~npujax.hw.FUSION_LEVELS`): nothing for ``none``;
+  for ``residual`` and ``layer`` also an elementwise op with some inputs from outside the group
+  (a residual ``Add``: it reads only those from DRAM, and the activation after it joins too).
 * **Transfers.** A CPU layer receives every input produced on the NPU and returns every output
   consumed there over the host link (``link_in_elems``, ``link_out_elems``, ``link_transfers``).
 """
@@ -30,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from npujax.errors import LimitError
-from npujax.hw.spec import NpuSpec
+from npujax.hw.spec import FUSION_LEVELS, NpuSpec
 from npujax.ir.graph import Graph, Node
 from npujax.limits import MAX_EXACT_COUNT
 from npujax.ops import OPS, get_op
@@ -67,7 +70,15 @@ class Workload:
       producer: index (in the workload list) of the layer that produced this layer's first
         activation input, -1 for a graph input; used to cost precision conversions.
       fused_into: for an elementwise layer fused into a preceding GEMM's output stage, that
-        layer's name (its DRAM traffic is then zero).
+        layer's name (its DRAM traffic is then zero, or that of its inputs from outside the group).
+      inputs: per activation input read from DRAM, ``(row, elems)``: the index of the row that
+        produced it (-1 for a graph input) and its (padded) elements; inputs from the row's own
+        fusion group are left out. Used by the cross-layer schedule (:mod:`npujax.plan.fusion`).
+      out_rows: batch x height of a 4-D output (the rows a depth-first stripe splits), else 0.
+      window_rows, stride_rows: the kernel (window) height and stride of a Conv or pooling
+        layer along H (1 for other layers): a stripe of ``h`` output rows reads
+        ``(h - 1) * stride_rows + window_rows`` input rows.
+      graph_output: the row's output is a graph output (it must reach DRAM).
     """
 
     name: str
@@ -93,6 +104,11 @@ class Workload:
     epilogue: tuple[str, ...] = ()
     producer: int = -1
     fused_into: str = ""
+    inputs: tuple[tuple[int, int], ...] = ()
+    out_rows: int = 0
+    window_rows: int = 1
+    stride_rows: int = 1
+    graph_output: bool = False
 
 
 def _pad(c: int, align: int) -> int:
@@ -149,6 +165,22 @@ def _placement(node: Node, spec: NpuSpec | None, graph_constants=frozenset()) ->
     return ""
 
 
+def _rows(graph: Graph, node: Node, layout: str) -> dict[str, Any]:
+    """``out_rows``, ``window_rows`` and ``stride_rows`` of a node (see :class:`Workload`)."""
+    y = graph.tensors[node.outputs[0]].shape
+    if len(y) != 4:
+        return {}
+    h = layout.index("H")
+    out: dict[str, Any] = {"out_rows": int(y[0]) * int(y[h])}
+    a = node.attrs
+    if node.op == "Conv":
+        k = a["kernel_shape"][a["kernel_layout"].index("H")]
+        out.update(window_rows=int(k), stride_rows=int(a["strides"][0]))
+    elif "window" in a and len(a["window"]) == 4:
+        out.update(window_rows=int(a["window"][h]), stride_rows=int(a["strides"][h]))
+    return out
+
+
 def _array_work(graph: Graph, node: Node, align: int) -> dict:
     fn = get_op(node.op, node.name).array_work
     assert fn is not None
@@ -197,8 +229,12 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
     rows: list[Workload] = []
     pending_layout_in: set[str] = set(graph.inputs)
 
+    padded: dict[str, int] = {}
+
     def act_elems(t: str) -> int:
-        return _padded_elems(graph.tensors[t].shape, m_layout, align)
+        if t not in padded:
+            padded[t] = _padded_elems(graph.tensors[t].shape, m_layout, align)
+        return padded[t]
 
     def layout_row(t: str, direction: str) -> None:
         shape = graph.tensors[t].shape
@@ -207,11 +243,14 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
         n = act_elems(t)
         target = npu_layout if direction == "in" else m_layout
         rows.append(Workload(f"{t}:{direction}", f"To{target}", "layout", in_elems=n,
-                             out_elems=n, vector_ops=n, producer=made_by.get(t, -1)))
+                             out_elems=n, vector_ops=n, producer=made_by.get(t, -1),
+                             inputs=((made_by.get(t, -1), n),)))
 
     cost = {n.name: get_op(n.op, n.name).cost for n in graph.nodes}
     placements = {n.name: _placement(n, spec, graph.constants) for n in graph.nodes
                   if cost[n.name] != "free"}
+    level = FUSION_LEVELS.index(spec.ops.fusion) if spec else FUSION_LEVELS.index("elementwise")
+    residual = level >= FUSION_LEVELS.index("residual")
     group: set[str] = set()  # tensors of the current fusion group (a GEMM and its elementwise ops)
     group_head = ""
     for node in graph.nodes:
@@ -256,16 +295,18 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
         y_elems = sum(act_elems(t) if dev == "npu" else graph.tensors[t].size
                       for t in node.outputs)
         fused_into = ""
+        from_dram = ins
         if dev == "npu" and kind == "gemm":
             group, group_head = set(node.outputs), node.name
-        elif (dev == "npu" and cost[node.name] == "elementwise" and group and ins
-              and all(t in group for t in ins)):
-            fused_into = group_head  # stays on chip: no DRAM traffic
-            elems_in, y_elems = 0, 0
+        elif (dev == "npu" and cost[node.name] == "elementwise" and group and ins and level
+              and (all(t in group for t in ins) or (residual and any(t in group for t in ins)))):
+            fused_into = group_head  # stays on chip: no DRAM traffic but its outside inputs'
+            from_dram = [t for t in ins if t not in group]
+            elems_in, y_elems = sum(act_elems(t) for t in from_dram), 0
             group |= set(node.outputs)
         else:
             group, group_head = set(), ""
-        link = {}
+        link: dict[str, Any] = {}
         if dev == "cpu":
             to_cpu = [t for t in ins if device.get(t) == "npu"]
             back = [t for t in node.outputs if _reaches_npu(graph, t, placements)]
@@ -283,7 +324,9 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
                              in_elems=elems_in, out_elems=y_elems,
                              epilogue=fused if dev == "npu" else epilogue,
                              producer=made_by.get(ins[0], -1) if ins else -1,
-                             fused_into=fused_into, **base, **link))
+                             fused_into=fused_into,
+                             inputs=tuple((made_by.get(t, -1), act_elems(t)) for t in from_dram),
+                             **_rows(graph, node, m_layout), **base, **link))
         if dev == "npu":
             for e in epilogue:
                 if e in fused:
@@ -298,11 +341,16 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
                                      reason="" if e_dev == "npu" else
                                      f"{e} not supported by {spec.name}",
                                      in_elems=n_out, out_elems=n_out, vector_ops=n_out,
-                                     cpu_ops=n_out, producer=len(rows) - 1, **extra))
+                                     cpu_ops=n_out, producer=len(rows) - 1,
+                                     inputs=((len(rows) - 1, n_out),),
+                                     out_rows=rows[-1].out_rows, **extra))
         for t in node.outputs:
             device[t] = dev
             made_by[t] = len(rows) - 1
     for t in graph.outputs:
+        if t in made_by:
+            i = made_by[t]
+            rows[i] = dataclasses.replace(rows[i], graph_output=True)
         if device.get(t) == "npu":
             layout_row(t, "out")
     for w in rows:  # int64 cost arithmetic is exact to 2**63; npujax promises 2**53
