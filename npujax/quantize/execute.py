@@ -23,7 +23,7 @@ import numpy as np
 
 from npujax.errors import ShapeError
 from npujax.ir.graph import Graph, Params
-from npujax.ops import run_op
+from npujax.ops import OPS, run_op
 from npujax.quantize.quantizers import QState
 from npujax.quantize.spec import QuantSpec
 
@@ -88,12 +88,13 @@ def execute(
       x: input batch, or a sequence of them for multi-input graphs; shape ``(batch, ...)`` with the
         non-batch dimensions the graph was built with; float32.
       quant: which GEMM nodes are quantized and how (see :func:`npujax.quant_spec`); None runs in
-        float.
+        float. A GEMM of two activations (MatMul, Einsum) fake-quantizes both operands.
       qstate: ``{layer: state}`` from :func:`npujax.calibrate` (or QAT / a search): each
         layer's quantizer state (calibrated grids, learned steps, mixture probabilities).
       key: a ``jax.random`` key for the layers with ``stochastic_rounding`` (one key per call,
         e.g. per training step; folded with the node index); None rounds to nearest.
-      taps: node names whose first input and first output should also be returned.
+      taps: node names whose first input and first output should also be returned (and, for a
+        GEMM of two activations, its second operand: a triple).
       input_offsets: ``{node: array}`` added to a node's first input before quantization (zeros
         give the gradient of the output w.r.t. that activation, as sensitivity analysis needs).
 
@@ -118,7 +119,7 @@ def execute(
     env: dict[str, jax.Array] = {k: jnp.asarray(v) for k, v in graph.constants.items()}
     env.update(zip(graph.inputs, xs))
     quant = quant or {}
-    tapped: dict[str, tuple[jax.Array, jax.Array]] = {}
+    tapped: dict[str, tuple[jax.Array, ...]] = {}
     for index, node in enumerate(graph.nodes):
         ins = [env[t] for t in node.inputs]
         p = dict(params.get(node.name, {}))
@@ -131,11 +132,15 @@ def execute(
                 ka, kw = jax.random.split(jax.random.fold_in(key, index))
             state = layer_state(quant, qstate, node.name)
             ins[0] = lq.quantizer.quantize_input(node, lq, ins[0], state, ka)
-            p["kernel"] = lq.quantizer.quantize_kernel(node, lq, p["kernel"], state, kw)
+            if OPS[node.op].quantized_operands:
+                ins[1] = lq.quantizer.quantize_operand(node, lq, ins[1], state, kw)
+            else:
+                p["kernel"] = lq.quantizer.quantize_kernel(node, lq, p["kernel"], state, kw)
         outs = run_op(node, ins, p)
         env.update(zip(node.outputs, outs))
         if node.name in taps:
-            tapped[node.name] = (ins[0], outs[0])
+            tapped[node.name] = (ins[0], outs[0], *ins[1:2]) if OPS[node.op].quantized_operands \
+                else (ins[0], outs[0])
     result = tuple(env[t] for t in graph.outputs)
     out = result[0] if len(result) == 1 else result
     return (out, tapped) if taps else out

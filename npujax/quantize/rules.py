@@ -15,10 +15,10 @@ from collections.abc import Sequence
 
 from npujax.errors import ConfigError
 from npujax.ir.graph import Graph
-from npujax.ops import gemm_nodes
+from npujax.ops import gemm_nodes, quantizable_nodes
 from npujax.quant import IntFormat, check_bits
 from npujax.quantize.quantizers import Quantizer
-from npujax.quantize.spec import FORMATS, LayerQuant
+from npujax.quantize.spec import FORMATS, LayerQuant, for_operands
 
 __all__ = ["QuantRule", "quant_spec_from_rules", "first_last_rules"]
 
@@ -94,6 +94,9 @@ def quant_spec_from_rules(
 ) -> dict[str, LayerQuant]:
     """A :data:`~npujax.QuantSpec` for ``graph``'s GEMM layers from ordered rules.
 
+    A GEMM of two activations (attention's MatMul/Einsum) is a layer too: a matching rule
+    quantizes both operands at its ``act_bits`` (see :func:`npujax.quantize.spec.for_operands`).
+
     Args:
       graph: a traced or imported graph.
       rules: tried in order per layer; the first whose pattern matches wins. Layers no rule
@@ -110,7 +113,7 @@ def quant_spec_from_rules(
       >>> rules = [QuantRule(pattern="conv1|fc2", weight_bits=8),   # first/last at 8 bits
       ...          QuantRule(pattern=".*", weight_bits=4)]
     """
-    names = [n.name for n in gemm_nodes(graph)]
+    names = [n.name for n in quantizable_nodes(graph)]
     used = [False] * len(rules)
     spec: dict[str, LayerQuant] = {}
     for name in names:
@@ -118,8 +121,8 @@ def quant_spec_from_rules(
             if re.search(rule.pattern, name):
                 used[i] = True
                 lq = rule.layer_quant()
-                if lq is not None:
-                    spec[name] = lq
+                if lq is not None:  # (a GEMM of two activations: both at the act width)
+                    spec[name] = for_operands(graph, name, lq, rule.act_bits)
                 break
     if strict:
         unused = [r.pattern for r, u in zip(rules, used) if not u]
