@@ -148,10 +148,15 @@ def execute(
 
 def _batch_folded(graph: Graph) -> bool:
     """Whether ``graph`` was specialised to batch 1 with the batch folded into a shape (an
-    imported ``x.reshape(x.shape[0], -1)`` becomes a Reshape to ``[1, -1]``)."""
+    imported ``x.reshape(x.shape[0], -1)`` becomes a Reshape to ``[1, -1]``) or into a constant
+    concatenated with activations (a ViT's class token, broadcast to the traced batch and
+    folded)."""
     if not graph.inputs or graph.tensors[graph.inputs[0]].shape[:1] != (1,):
         return False
-    return any(n.op == "Reshape" and n.attrs.get("shape") and n.attrs["shape"][0] not in (0, -1)
+    return any((n.op == "Reshape" and n.attrs.get("shape")
+                and n.attrs["shape"][0] not in (0, -1))
+               or (n.op == "Concat" and n.attrs.get("axis", 0) % len(graph.tensors[
+                   n.outputs[0]].shape) != 0 and any(t in graph.constants for t in n.inputs))
                for n in graph.nodes)
 
 
