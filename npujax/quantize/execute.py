@@ -113,7 +113,7 @@ def execute(
       UnsupportedOpError: if a node's operator has no implementation.
     """
     xs = as_inputs(graph, x)
-    if xs and xs[0].shape[0] != 1 and _batch_folded(graph):
+    if xs and xs[0].ndim and xs[0].shape[0] != 1 and _batch_folded(graph):
         return _execute_per_example(graph, params, xs, quant=quant, qstate=qstate, key=key,
                                     taps=taps, input_offsets=input_offsets)
     env: dict[str, jax.Array] = {k: jnp.asarray(v) for k, v in graph.constants.items()}
