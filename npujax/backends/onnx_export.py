@@ -176,11 +176,12 @@ class _Writer:
 
     # -- quantization (QDQ)
     def _qdq(self, x: str, out: str | None, fmt: IntFormat | FloatFormat, layer: str,
-             prefix: str, what: str) -> str:
+             prefix: str, what: str, grid: tuple[np.ndarray, int] | None = None) -> str:
         """``[Clip ->] QuantizeLinear -> DequantizeLinear`` of ``x`` on the input grid of
-        ``layer`` (the Clip only for integer formats narrower than their storage type)."""
+        ``layer`` (or ``grid``; the Clip only for integer formats narrower than their storage
+        type)."""
         dt = _int_dtype(fmt)
-        s, zp = self.act_grid(layer)
+        s, zp = self.act_grid(layer) if grid is None else grid
         scale = self.init(f"{prefix}.{what}_scale", s)
         zero = self.init(f"{prefix}.{what}_zero_point", zp, dt)
         if isinstance(fmt, IntFormat) and (fmt.qmin, fmt.qmax) != (int(np.iinfo(dt).min),
@@ -206,6 +207,24 @@ class _Writer:
         if lq is None or lq.act is None:
             return x
         return self._qdq(x, None, lq.act, node.name, node.name, "act")
+
+    def qdq_operand(self, node: Node, x: str) -> str:
+        """``x``, the second operand of a GEMM of two activations (MatMul, Einsum), through the
+        QDQ pair of its calibrated grid, or ``x`` if it is not quantized.
+
+        Raises:
+          ConfigError: no calibrated operand grid, or a search mixture.
+        """
+        lq = self.layer_quant(node)
+        if lq is None or not lq.weight_candidates:
+            return x
+        if len(lq.weight_candidates) != 1:
+            raise ConfigError(f"layer {node.name!r} has several candidate operand formats (a "
+                              "search mixture); fix one width per layer before exporting.")
+        s, z = lq.quantizer.operand_grid(node, lq, self.state(node.name))
+        grid = np.asarray(s, np.float32).reshape(()), int(np.asarray(z).reshape(()))
+        return self._qdq(x, None, lq.weight_candidates[0], node.name, node.name, "operand",
+                         grid)
 
     def requantize_output(self, node: Node, target: str) -> None:
         """``QuantizeLinear -> DequantizeLinear`` on ``node``'s output, on the grid of the GEMM

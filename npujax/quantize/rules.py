@@ -23,10 +23,10 @@ from collections.abc import Sequence
 
 from npujax.errors import ConfigError
 from npujax.ir.graph import Graph
-from npujax.ops import gemm_nodes
+from npujax.ops import gemm_nodes, quantizable_nodes
 from npujax.quant import IntFormat, check_bits
 from npujax.quantize.quantizers import Quantizer
-from npujax.quantize.spec import FORMATS, LayerQuant
+from npujax.quantize.spec import FORMATS, LayerQuant, for_operands
 
 __all__ = ["QuantRule", "quant_spec_from_rules", "first_last_rules", "as_rule", "parse_qtype"]
 
@@ -201,6 +201,9 @@ def quant_spec_from_rules(
 ) -> dict[str, LayerQuant]:
     """A :data:`~npujax.QuantSpec` for ``graph``'s GEMM layers from ordered rules.
 
+    A GEMM of two activations (attention's MatMul/Einsum) is a layer too: a matching rule
+    quantizes both operands at its ``act_bits`` (see :func:`npujax.quantize.spec.for_operands`).
+
     Args:
       graph: a traced or imported graph.
       rules: tried in order per layer; the first that matches wins (see :meth:`QuantRule.matches`;
@@ -219,7 +222,7 @@ def quant_spec_from_rules(
       ...          QuantRule(pattern=".*", weight_bits=4)]
     """
     checked = [as_rule(r) for r in rules]
-    names = [n.name for n in gemm_nodes(graph)]
+    names = [n.name for n in quantizable_nodes(graph)]
     used = [False] * len(checked)
     spec: dict[str, LayerQuant] = {}
     for name in names:
@@ -227,8 +230,8 @@ def quant_spec_from_rules(
             if rule.matches(name):
                 used[i] = True
                 lq = rule.layer_quant()
-                if lq is not None:
-                    spec[name] = lq
+                if lq is not None:  # (a GEMM of two activations: both at the act width)
+                    spec[name] = for_operands(graph, name, lq, rule.act_bits)
                 break
     if strict:
         unused = [r.label for r, u in zip(checked, used) if not u]
