@@ -767,10 +767,12 @@ def _name_interface(graph: Graph, input_name: str) -> Graph:
     """``graph`` with its input named after the model's argument and its outputs ``output``
     (``output_0``, ``output_1``, ... for several), so exports carry meaningful names."""
     taken = set(graph.tensors) | {n.name for n in graph.nodes}
-    wanted = [input_name] + (["output"] if len(graph.outputs) == 1 else
-                             [f"output_{i}" for i in range(len(graph.outputs))])
+    ins = [input_name] if len(graph.inputs) == 1 else [
+        f"{input_name}_{i}" for i in range(len(graph.inputs))]
+    outs = ["output"] if len(graph.outputs) == 1 else [
+        f"output_{i}" for i in range(len(graph.outputs))]
     rename: dict[str, str] = {}
-    for old, new in zip((*graph.inputs, *graph.outputs), wanted):
+    for old, new in zip((*graph.inputs, *graph.outputs), ins + outs):
         if old not in rename and old not in graph.constants:
             rename[old] = fresh_name(new, taken)
     r = lambda t: rename.get(t, t)  # noqa: E731
