@@ -1,7 +1,8 @@
 """npujax: a differentiable NPU/TPU accelerator model in JAX.
 
 One model graph, traced from Flax (:func:`trace_flax`) or imported from ONNX (:func:`from_onnx`),
-serves quantization-aware training (:func:`quant_spec`, :func:`calibrate`, :func:`train_graph`),
+serves quantization-aware training (:func:`quant_spec`, :func:`calibrate`, :func:`train_graph`,
+or :func:`quantize_model` for QAT in the user's own Flax training loop),
 mixed-precision search against the NPU latency model (:func:`search_precision`) and lowering to a
 tiled NPU execution model (:func:`lower` on a :class:`NpuSpec` from :func:`load_npu_spec`).
 
@@ -50,6 +51,11 @@ _API = {
     "bias_correction": "npujax.quantize.ptq",
     "layer_sqnr": "npujax.quantize.ptq",
     "train_graph": "npujax.quantize.train",
+    "quantize_model": "npujax.quantize.flax_model",
+    "calibrate_model": "npujax.quantize.flax_model",
+    "graph_of": "npujax.quantize.flax_model",
+    "write_back": "npujax.quantize.flax_model",
+    "QuantizedModel": "npujax.quantize.flax_model",
     "evaluate": "npujax.quantize.train",
     "save_graph": "npujax.quantize.model_file",
     "load_graph": "npujax.quantize.model_file",
@@ -63,8 +69,13 @@ _API = {
     "load_npu_spec": "npujax.hw.spec",
     "list_presets": "npujax.hw.spec",
     "lower": "npujax.plan.lower",
+    "sweep": "npujax.explore.sweep",
+    "Grid": "npujax.explore.grid",
     "Schedule": "npujax.plan.lower",
     "LayerReport": "npujax.plan.lower",
+    "lower_models": "npujax.plan.coresident",
+    "core_schedules": "npujax.plan.pipeline",
+    "memory_report": "npujax.plan.memory",
     # search
     "search_precision": "npujax.search.api",
     "SearchConfig": "npujax.search.config",
@@ -98,6 +109,8 @@ if TYPE_CHECKING:
     from npujax.backends.integer import execute_integer as execute_integer
     from npujax.backends.onnx_export import to_onnx as to_onnx
     from npujax.errors import NpujaxError as NpujaxError
+    from npujax.explore.grid import Grid as Grid
+    from npujax.explore.sweep import sweep as sweep
     from npujax.frontends.flax import trace_flax as trace_flax
     from npujax.frontends.onnx import from_onnx as from_onnx
     from npujax.hw.spec import NpuSpec as NpuSpec
@@ -110,13 +123,21 @@ if TYPE_CHECKING:
     from npujax.ir.passes import fuse_epilogues as fuse_epilogues
     from npujax.ir.passes import optimize as optimize
     from npujax.ir.passes import rebatch as rebatch
+    from npujax.plan.coresident import lower_models as lower_models
     from npujax.plan.lower import LayerReport as LayerReport
     from npujax.plan.lower import Schedule as Schedule
     from npujax.plan.lower import lower as lower
+    from npujax.plan.memory import memory_report as memory_report
+    from npujax.plan.pipeline import core_schedules as core_schedules
     from npujax.quant.formats import FloatFormat as FloatFormat
     from npujax.quant.formats import IntFormat as IntFormat
     from npujax.quantize.calibrate import calibrate as calibrate
     from npujax.quantize.execute import execute as execute
+    from npujax.quantize.flax_model import QuantizedModel as QuantizedModel
+    from npujax.quantize.flax_model import calibrate_model as calibrate_model
+    from npujax.quantize.flax_model import graph_of as graph_of
+    from npujax.quantize.flax_model import quantize_model as quantize_model
+    from npujax.quantize.flax_model import write_back as write_back
     from npujax.quantize.model_file import load_graph as load_graph
     from npujax.quantize.model_file import save_graph as save_graph
     from npujax.quantize.ptq import bias_correction as bias_correction

@@ -25,16 +25,44 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "lower", help="per-layer NPU latency of an ONNX or saved model",
         description="Lower an ONNX model or a saved npujax model (model.npz from 'npujax demo') "
                     "onto a hardware preset and print the per-layer table: placement (NPU or CPU "
-                    "fallback), GEMM shape, cycles, latency breakdown, bound.",
+                    "fallback), GEMM shape, cycles, latency breakdown, bound. With layer fusion "
+                    "also where each activation lived (SRAM, depth-first or DRAM); with "
+                    "--schedule the layer-split and pipelined multi-core schedules; with several "
+                    "models their latency alone and sharing the NPU.",
         epilog=epilog(
             "npujax lower runs/<timestamp>/model.npz --npu edge_16x16 --weight-bits fc1=4",
             "npujax lower zoo:ppocr_cls --input-shape x=1,3,48,192 --npu tpu_v1 --out lowered/",
+            "npujax lower zoo:ppocr_det --input-shape x=1,3,640,640 --fusion layer --cores 4 "
+            "--schedule best",
+            "npujax lower zoo:ppocr_det zoo:ppocr_cls --input-shape 1:x=1,3,640,640 "
+            "--input-shape 2:x=1,3,48,192 --npu edge_16x16 --cores 2 --sharing core_partitioned",
+            "npujax lower --scalesim-config scale.cfg --topology resnet18.csv --out reports/",
             "npujax lower decoder:qwen2.5-0.5b --phase decode --kv-len 1024 --npu "
             "datacenter_128x128 --weight-bits 4 --act-bits 16 --kv-bits 8"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    lo.add_argument("model", help="an .onnx model, zoo:ppocr_cls / zoo:ppocr_det, a "
+    from npujax.hw import FUSION_LEVELS
+    from npujax.plan import OBJECTIVES, SHARING
+
+    lo.add_argument("model", nargs="*", help="an .onnx model, zoo:ppocr_cls / zoo:ppocr_det, a "
                     "model.npz written by 'npujax demo', or decoder:<config> (the reference "
-                    f"LLM decoder at the shapes of {', '.join(sorted(DECODER_CONFIGS))})")
+                    f"LLM decoder at the shapes of {', '.join(sorted(DECODER_CONFIGS))}); "
+                    "several models share the NPU (none with --topology)")
+    lo.add_argument("--input-shape", action="append", metavar="[I:]NAME=1,3,224,224",
+                    help="static shape of an ONNX input (repeat for several inputs); with several "
+                    "models, I: (1, 2, ...) says which model it is for (default: all)")
+    lo.add_argument("--fusion", choices=FUSION_LEVELS,
+                    help="what the compiler fuses across layers (default: the preset's "
+                    "ops.fusion): none, elementwise epilogues, residual epilogues, or layer "
+                    "fusion (activations kept on chip, depth-first pairs)")
+    lo.add_argument("--cores", type=positive_int,
+                    help="override the preset's array.cores (identical cores sharing the DRAM)")
+    lo.add_argument("--schedule", choices=("layer_split", "pipeline", "best"),
+                    help="also compare layer-split and pipelined multi-core schedules "
+                    "(throughput and latency); 'best' picks by --objective")
+    lo.add_argument("--objective", choices=OBJECTIVES, default="throughput",
+                    help="what --schedule best optimises (default: throughput)")
+    lo.add_argument("--sharing", choices=SHARING, default="time_multiplexed",
+                    help="how several models share the NPU (default: time_multiplexed)")
     lo.add_argument("--phase", choices=("prefill", "decode"), default="prefill",
                     help="decoder: a prefill of --seq-len tokens or one decode step against "
                     "--kv-len cached positions (default: prefill)")
@@ -45,8 +73,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     lo.add_argument("--kv-bits", type=positive_int, default=8,
                     help="decoder: width of the attention MatMuls' operands, the KV cache "
                     "(default 8)")
-    lo.add_argument("--input-shape", action="append", metavar="NAME=1,3,224,224",
-                    help="static shape of an ONNX input (repeat for several inputs)")
     lo.add_argument("--sweep-resolution", action="store_true",
                     help="also lower at half and double the input resolution (ONNX models)")
     lo.add_argument("--npu", default="edge_16x16",
@@ -62,12 +88,39 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     help="inference batch size (default: the model's)")
     lo.add_argument("--out", help="write schedule.json, layers.csv and plots (per-layer latency, "
                     "stacked breakdown, roofline) here")
+    lo.add_argument("--scalesim-config", metavar="ARCH.cfg",
+                    help="a SCALE-Sim architecture config: with --topology, write SCALE-Sim's "
+                    "COMPUTE/BANDWIDTH/DETAILED_ACCESS reports for it into --out")
+    lo.add_argument("--topology", metavar="TOPO.csv",
+                    help="a SCALE-Sim topology (conv or GEMM form) to report on")
     lo.set_defaults(fn=run)
 
 
+def _run_scalesim(args: argparse.Namespace) -> int:
+    from npujax.systolic.scalesim_io import (
+        read_scalesim_config,
+        read_topology,
+        write_scalesim_reports,
+    )
+
+    if not (args.scalesim_config and args.topology and args.out) or args.model:
+        raise ConfigError("SCALE-Sim mode needs --scalesim-config ARCH.cfg, --topology "
+                          "TOPO.csv and --out DIR, and no model argument.")
+    config = read_scalesim_config(args.scalesim_config)
+    layers = read_topology(args.topology)
+    out = output_dir(args.out)
+    assert out is not None
+    names = write_scalesim_reports(layers, config, out)
+    console().print(f"{len(layers)} layers on a {config.rows}x{config.cols} {config.dataflow} "
+                    f"array; wrote {', '.join(str(out / n) for n in names)}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    from npujax._atomic import staged_dir
     from npujax.frontends.onnx import parse_input_shapes
     from npujax.hw import load_npu_spec
+    from npujax.ir.passes import rebatch
     from npujax.quantize.model_file import load_graph
     from npujax.workflows.lowering import (
         import_onnx_for_lowering,
@@ -78,14 +131,33 @@ def run(args: argparse.Namespace) -> int:
         write_lowering,
     )
 
-    if str(args.model).startswith("decoder:"):
+    if args.scalesim_config or args.topology:
+        return _run_scalesim(args)
+    if not args.model:
+        raise ConfigError("npujax lower needs a model (or --scalesim-config with --topology).")
+    if any(str(m).startswith("decoder:") for m in args.model):
+        if len(args.model) > 1:
+            raise ConfigError("decoder:<config> is lowered on its own; give it as the only model.")
+        args.model = args.model[0]
         return _run_decoder(args)
     saved = args.weight_bits == ["saved"]
     wbits = bits_spec(args.weight_bits) if args.weight_bits and not saved else 8
     abits = bits_spec(args.act_bits) if args.act_bits else 8
     spec = load_npu_spec(args.npu)
+    changes: dict[str, Any] = {}
+    if args.fusion:
+        changes["ops.fusion"] = args.fusion
+    if args.cores:
+        changes["array.cores"] = args.cores
+    if changes:
+        spec = spec.with_fields(changes)
     out = output_dir(args.out)
-    shapes = parse_input_shapes(args.input_shape or [])
+    if len(args.model) > 1:
+        if saved:
+            raise ConfigError("--weight-bits saved applies to one saved model; give widths.")
+        return _run_many(args, spec, wbits, abits, out)
+    args.model = args.model[0]
+    shapes = parse_input_shapes(_shapes_for(args.input_shape or [], 1, 1))
     onnx_model = str(args.model).lower().endswith(".onnx")
     batch = args.batch
     meta: dict[str, Any]
@@ -112,6 +184,21 @@ def run(args: argparse.Namespace) -> int:
     con = console()
     print_lowering(con, result, f"{Path(args.model).name} on {spec.name} "
                                 f"({result.schedule.dataflow})")
+    from npujax.plan import best_core_schedule, core_schedules, memory_report
+    from npujax.workflows.lowering import print_core_schedules, print_edges, print_memory
+
+    lowered = graph if batch is None else rebatch(graph, batch)
+    memory = memory_report(lowered, result.schedule, spec)
+    print_edges(con, result.schedule)
+    print_memory(con, {Path(args.model).name: memory})
+    extra: dict[str, Any] = {"memory": memory.to_dict()}
+    if args.schedule:
+        cores = core_schedules(lowered, spec, precision(graph), dataflow=args.dataflow)
+        chosen = (best_core_schedule(cores, args.objective) if args.schedule == "best"
+                  else cores[args.schedule])
+        print_core_schedules(con, cores, chosen.kind)
+        extra["core_schedules"] = {k: v.to_dict() for k, v in cores.items()}
+        extra["chosen_core_schedule"] = chosen.kind
     sweep = None
     if args.sweep_resolution:
         if not onnx_model:
@@ -119,9 +206,69 @@ def run(args: argparse.Namespace) -> int:
                               "it needs an .onnx model.")
         sweep = resolution_sweep(args.model, graph, spec, args.batch, precision, args.dataflow)
         print_resolution_sweep(con, sweep)
+        extra["resolution_sweep"] = sweep
     if out is not None:
-        names = write_lowering(out, result, spec, {"resolution_sweep": sweep} if sweep else None)
+        with staged_dir(out) as stage:
+            names = write_lowering(stage, result, spec, extra or None)
         con.print(f"wrote {', '.join(str(out / n) for n in names)}")
+    return 0
+
+
+def _shapes_for(specs: list[str], index: int, models: int) -> list[str]:
+    """The ``--input-shape`` values for model ``index`` (1-based): unprefixed ones, and those
+    prefixed ``index:``.
+
+    Raises:
+      ConfigError: a prefix that is not a model's position.
+    """
+    mine = []
+    for s in specs:
+        head, sep, rest = s.partition(":")
+        if sep and head.strip().isdigit():
+            if not 1 <= int(head) <= models:
+                raise ConfigError(f"--input-shape {s!r} is for model {head}, but "
+                                  f"{models} model(s) were given.")
+            if int(head) == index:
+                mine.append(rest)
+        else:
+            mine.append(s)
+    return mine
+
+
+def _run_many(args: argparse.Namespace, spec: Any, wbits: Any, abits: Any,
+              out: Path | None) -> int:
+    """Several models sharing the NPU: each alone, then together."""
+    from npujax._atomic import staged_dir
+    from npujax.frontends.onnx import parse_input_shapes
+    from npujax.ir.passes import rebatch
+    from npujax.plan import lower_models
+    from npujax.quantize.model_file import load_graph
+    from npujax.report import write_json
+    from npujax.workflows.lowering import import_onnx_for_lowering, print_coresidency
+
+    graphs, quants = {}, {}
+    for i, path in enumerate(args.model, 1):
+        name = Path(path).name
+        if name in graphs:
+            name = f"{i}:{name}"
+        shapes = parse_input_shapes(_shapes_for(args.input_shape or [], i, len(args.model)))
+        if str(path).lower().endswith(".onnx"):
+            g = import_onnx_for_lowering(path, shapes, args.batch)
+        else:
+            g = load_graph(path)[0]
+            if args.batch:
+                g = rebatch(g, args.batch)
+        default = not isinstance(wbits, dict) and not isinstance(abits, dict) \
+            and wbits == abits == 8
+        graphs[name] = g
+        quants[name] = None if default else precision_from_bits(g, wbits, abits)
+    co = lower_models(graphs, spec, quants, sharing=args.sharing, dataflow=args.dataflow)
+    con = console()
+    print_coresidency(con, co)
+    if out is not None:
+        with staged_dir(out) as stage:
+            write_json(stage / "coresidency.json", co.to_dict())
+        con.print(f"wrote {out / 'coresidency.json'}")
     return 0
 
 
@@ -172,6 +319,9 @@ def _run_decoder(args: argparse.Namespace) -> int:
               f"{widths[0]}-bit, activations {widths[1]}-bit")
     out = output_dir(args.out)
     if out is not None:
-        names = write_lowering(out, result, spec, {"decoder": fig.to_dict()})
+        from npujax._atomic import staged_dir
+
+        with staged_dir(out) as stage:
+            names = write_lowering(stage, result, spec, {"decoder": fig.to_dict()})
         con.print(f"wrote {', '.join(str(out / n) for n in names)}")
     return 0

@@ -41,7 +41,7 @@ from jax.extend import core as jex
 from jax.typing import ArrayLike
 
 from npujax.errors import GraphError, UnsupportedOpError
-from npujax.ir.graph import Graph, Node, Params, TensorType
+from npujax.ir.graph import Graph, Node, Params, TensorType, fresh_name
 from npujax.ops import OPS
 from npujax.quantize.execute import execute
 
@@ -751,6 +751,36 @@ def _fuse_average_pools(nodes: list[Node], graph_outputs: set[str], constants) -
     return out
 
 
+def _argument_name(model: Any) -> str:
+    """The name of the first argument of the model's ``__call__`` (``"x"`` if unnamed)."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(type(model).__call__).parameters.values())[1:]
+    except (TypeError, ValueError):
+        params = []
+    ok = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return ok[0] if ok and ok[0].isidentifier() else "x"
+
+
+def _name_interface(graph: Graph, input_name: str) -> Graph:
+    """``graph`` with its input named after the model's argument and its outputs ``output``
+    (``output_0``, ``output_1``, ... for several), so exports carry meaningful names."""
+    taken = set(graph.tensors) | {n.name for n in graph.nodes}
+    wanted = [input_name] + (["output"] if len(graph.outputs) == 1 else
+                             [f"output_{i}" for i in range(len(graph.outputs))])
+    rename: dict[str, str] = {}
+    for old, new in zip((*graph.inputs, *graph.outputs), wanted):
+        if old not in rename and old not in graph.constants:
+            rename[old] = fresh_name(new, taken)
+    r = lambda t: rename.get(t, t)  # noqa: E731
+    nodes = tuple(n.replace(inputs=tuple(map(r, n.inputs)), outputs=tuple(map(r, n.outputs)))
+                  for n in graph.nodes)
+    tensors = {r(k): v for k, v in graph.tensors.items()}
+    return graph.replace(nodes=nodes, inputs=tuple(map(r, graph.inputs)),
+                         outputs=tuple(map(r, graph.outputs)), tensors=tensors)
+
+
 def trace_flax(
     model: Any,
     example_input: ArrayLike,
@@ -774,7 +804,9 @@ def trace_flax(
 
     Returns:
       ``(graph, params)``: node names are module paths (``conv1``, ``block/bn``) for layers and
-      ``<op>_<k>`` for functional ops; params are ``{node: {role: float32 array}}``.
+      ``<op>_<k>`` for functional ops; the input tensor is named after the model's call argument
+      (``x``), the output ``output`` (``output_<i>`` for several); params are
+      ``{node: {role: float32 array}}``.
 
     Raises:
       UnsupportedOpError: a primitive or layer option has no Graph operator (names it).
@@ -885,6 +917,7 @@ def trace_flax(
     nodes = _fuse_average_pools(builder.nodes, set(outputs), builder.constants)
     tensors = {name: t for name, t in builder.types.items()}
     graph = Graph(tuple(nodes), (in_name,), outputs, tensors, builder.constants, source)
+    graph = _name_interface(graph, _argument_name(model))
 
     if check:
         want = np.asarray(reference(x))

@@ -8,14 +8,16 @@ Hardware is data. Every numeric field carries its unit in its name (``clock_hz``
     [array]    rows, cols, dataflow, clock_hz, operand_bits, accumulator_bits, cores,
                precision_scaling, brick_bits
     [memory]   ifmap_sram_bytes, filter_sram_bytes, ofmap_sram_bytes, dram_bytes_per_s,
-               dram_latency_s
+               dram_latency_s, dram_bytes (optional), core_link_bytes_per_s (optional)
     [vector]   lanes, special_cycles_per_elem (optional, default 4)
     [layout]   activation_layout, c0, channel_alignment, dram_burst_bytes
-    [ops]      supported, fused_activations, conv_max_kernel, conv_max_stride
+    [ops]      supported, fused_activations, conv_max_kernel, conv_max_stride, fusion (optional)
     [host]     cpu_ops_per_s, link_bytes_per_s, link_latency_s
 
-Unknown keys, missing keys, wrong types, non-positive sizes and unknown names are rejected with a
-:class:`~npujax.errors.ConfigError` that names the file, the section, the key and the fix.
+Unknown keys, missing keys, wrong types, non-positive sizes, values outside a field's physical
+range (``docs/hw.md``: e.g. ``clock_hz`` in [1e3, 1e11]; they keep every latency finite and every
+count exact) and unknown names are rejected with a :class:`~npujax.errors.ConfigError` that names
+the file, the section, the key and the fix.
 See ``docs/hw.md`` for the meaning of every field.
 
 The spec is a JAX pytree: its numeric fields are leaves and everything else (names, dataflow,
@@ -44,6 +46,7 @@ from npujax.systolic.dataflow import DATAFLOWS
 from npujax.systolic.precision import PRECISION_SCALINGS
 
 __all__ = [
+    "FUSION_LEVELS",
     "ArraySpec",
     "MemorySpec",
     "VectorSpec",
@@ -58,15 +61,26 @@ __all__ = [
     "npu_spec_from_dict",
     "list_presets",
     "stack_specs",
+    "differentiable_spec",
     "as_spec",
 ]
 
 #: Activation layouts an NPU may keep in its memory.
 LAYOUTS = ("NHWC", "NCHW", "NC1HWC0")
 
+#: What an NPU's compiler fuses across layers, each level including the ones before it:
+#: ``none`` (every operator is its own layer, its activations through DRAM), ``elementwise``
+#: (elementwise ops whose inputs all come from a GEMM's output stage join it), ``residual`` (also
+#: an elementwise op with a second operand from an older tensor, e.g. a residual ``Add`` and the
+#: activation after it) and ``layer`` (also activations kept in on-chip SRAM between layers and
+#: depth-first tiling of layer pairs; see :mod:`npujax.plan.fusion`).
+FUSION_LEVELS = ("none", "elementwise", "residual", "layer")
 
-def _field(*, zero_ok: bool = False, choices: tuple[str, ...] | None = None, default=None):
-    meta = {"zero_ok": zero_ok, "choices": choices}
+
+def _field(*, zero_ok: bool = False, choices: tuple[str, ...] | None = None, default=None,
+           lo: float | None = None, hi: float | None = None):
+    """A spec field; numeric ones carry their physical range ``[lo, hi]`` (docs/hw.md)."""
+    meta = {"zero_ok": zero_ok, "choices": choices, "lo": lo, "hi": hi}
     if default is None:
         return dataclasses.field(metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -97,15 +111,15 @@ class ArraySpec:
       brick_bits: operand width of a BitBrick for ``bit_composable`` (e.g. 2); ignored otherwise.
     """
 
-    rows: int = _field()
-    cols: int = _field()
+    rows: int = _field(lo=1, hi=2**16)
+    cols: int = _field(lo=1, hi=2**16)
     dataflow: str = _field(choices=DATAFLOWS)
-    clock_hz: float = _field()
-    operand_bits: int = _field()
-    accumulator_bits: int = _field()
-    cores: int = _field()
+    clock_hz: float = _field(lo=1e3, hi=1e11)
+    operand_bits: int = _field(lo=1, hi=64)
+    accumulator_bits: int = _field(lo=1, hi=128)
+    cores: int = _field(lo=1, hi=2**16)
     precision_scaling: str = _field(choices=PRECISION_SCALINGS)
-    brick_bits: int = _field()
+    brick_bits: int = _field(lo=1, hi=64)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -118,13 +132,22 @@ class MemorySpec:
       ifmap_sram_bytes, filter_sram_bytes, ofmap_sram_bytes: buffer capacities (bytes), >= 1.
       dram_bytes_per_s: sustained DRAM bandwidth (bytes/s), > 0.
       dram_latency_s: latency of the first access of a DMA transfer (s), >= 0.
+      dram_bytes: DRAM capacity available to the NPU's models (bytes; a float, capacities
+        exceed 2^31); 0 (default) = unlimited.
+        Co-resident models whose weights and activations exceed it swap weights in over the
+        host link (:mod:`npujax.plan.coresident`).
+      core_link_bytes_per_s: bandwidth between cores (on-chip network or shared SRAM) for
+        pipelined schedules (bytes/s); 0 (default) = tensors between cores go through DRAM
+        (:mod:`npujax.plan.pipeline`).
     """
 
-    ifmap_sram_bytes: int = _field()
-    filter_sram_bytes: int = _field()
-    ofmap_sram_bytes: int = _field()
-    dram_bytes_per_s: float = _field()
-    dram_latency_s: float = _field(zero_ok=True)
+    ifmap_sram_bytes: int = _field(lo=1, hi=2**40)
+    filter_sram_bytes: int = _field(lo=1, hi=2**40)
+    ofmap_sram_bytes: int = _field(lo=1, hi=2**40)
+    dram_bytes_per_s: float = _field(lo=1e3, hi=1e15)
+    dram_latency_s: float = _field(zero_ok=True, lo=0.0, hi=1.0)
+    dram_bytes: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=2.0**50)
+    core_link_bytes_per_s: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=1e15)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -139,8 +162,8 @@ class VectorSpec:
         Stevens et al., "Softermax", DAC 2021, arXiv:2103.09301).
     """
 
-    lanes: int = _field()
-    special_cycles_per_elem: float = _field(default=4.0)
+    lanes: int = _field(lo=1, hi=2**20)
+    special_cycles_per_elem: float = _field(default=4.0, lo=0.0625, hi=2**16)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -155,9 +178,9 @@ class LayoutSpec:
     """
 
     activation_layout: str = _field(choices=LAYOUTS)
-    c0: int = _field()
-    channel_alignment: int = _field()
-    dram_burst_bytes: int = _field()
+    c0: int = _field(lo=1, hi=2**12)
+    channel_alignment: int = _field(lo=1, hi=2**12)
+    dram_burst_bytes: int = _field(lo=1, hi=2**20)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -170,12 +193,15 @@ class OpsSpec:
       fused_activations: activations the array's output stage applies for free after a GEMM.
       conv_max_kernel: largest supported kernel height/width (pixels), >= 1.
       conv_max_stride: largest supported stride, >= 1.
+      fusion: what the compiler fuses across layers, one of :data:`FUSION_LEVELS` (default
+        ``elementwise``: elementwise epilogues only).
     """
 
     supported: tuple[str, ...] = _field()
     fused_activations: tuple[str, ...] = _field()
-    conv_max_kernel: int = _field()
-    conv_max_stride: int = _field()
+    conv_max_kernel: int = _field(lo=1, hi=2**16)
+    conv_max_stride: int = _field(lo=1, hi=2**16)
+    fusion: str = _field(choices=FUSION_LEVELS, default="elementwise")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -188,9 +214,9 @@ class HostSpec:
       link_latency_s: fixed cost of one transfer (synchronisation, driver) (s), >= 0.
     """
 
-    cpu_ops_per_s: float = _field()
-    link_bytes_per_s: float = _field()
-    link_latency_s: float = _field(zero_ok=True)
+    cpu_ops_per_s: float = _field(lo=1e3, hi=1e16)
+    link_bytes_per_s: float = _field(lo=1e3, hi=1e15)
+    link_latency_s: float = _field(zero_ok=True, lo=0.0, hi=10.0)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -301,6 +327,24 @@ def stack_specs(specs: list[NpuSpec]) -> NpuSpec:
     return jax.tree.map(lambda *v: jnp.asarray(v), *specs)
 
 
+def differentiable_spec(spec: NpuSpec, dtype: Any = None) -> NpuSpec:
+    """``spec`` with every numeric field a float array, so ``jax.grad`` of the relaxed cost
+    model (``layer_costs(..., relaxed=True)``) reaches the integer fields too (rows, cols,
+    cores, lanes, SRAM bytes); JAX does not differentiate integers.
+
+    Args:
+      spec: the NPU.
+      dtype: float dtype of the leaves; default JAX's default float (float32 unless x64 is
+        enabled). In float32 a value such as 6.4e9 B/s is rounded, and the model's forward
+        value is that of the rounded hardware; use float64 under ``jax.enable_x64`` for exact.
+
+    Returns:
+      The same spec with scalar float array leaves.
+    """
+    dt = jnp.result_type(float) if dtype is None else dtype
+    return jax.tree.map(lambda v: jnp.asarray(v, dt), spec)
+
+
 def _fields(cls: type) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(cls)}
 
@@ -333,6 +377,10 @@ def _check_value(where: str, key: str, value: Any, f: dataclasses.Field) -> Any:
     if not math.isfinite(value) or value < 0 or (value == 0 and not f.metadata.get("zero_ok")):
         kind = "non-negative" if f.metadata.get("zero_ok") else "positive"
         raise ConfigError(f"{where}: '{key}' must be a {kind} finite number{unit}, got {value!r}.")
+    lo, hi = f.metadata.get("lo"), f.metadata.get("hi")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise ConfigError(f"{where}: '{key}' = {value!r}{unit} is outside the physical range "
+                          f"[{lo:g}, {hi:g}] npujax models (docs/hw.md, 'Ranges').")
     return value
 
 

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["onnx_gather"]
 
 
-def onnx_gather(data: jax.Array, indices: jax.Array, axis: int) -> jax.Array:
+def onnx_gather(data: jax.Array, indices: jax.Array | np.ndarray, axis: int) -> jax.Array:
     """ONNX ``Gather``: ``jnp.take`` along ``axis`` with negative indices counted from the end.
 
     Args:
@@ -48,8 +48,11 @@ def onnx_gather(data: jax.Array, indices: jax.Array, axis: int) -> jax.Array:
       array of shape ``data.shape[:axis] + indices.shape + data.shape[axis+1:]``, ``data``'s dtype.
     """
     axis = axis % data.ndim
+    n = int(data.shape[axis])
+    if isinstance(indices, np.ndarray):  # a constant: clamp before 64-bit values are narrowed
+        indices = np.clip(indices, -n, n - 1)
     idx = jnp.asarray(indices).astype(jnp.int32)
-    idx = jnp.where(idx < 0, idx + jnp.int32(data.shape[axis]), idx)
+    idx = jnp.where(idx < 0, idx + jnp.int32(n), idx)
     return jnp.take(data, idx, axis=axis, mode="clip")
 
 
@@ -111,8 +114,10 @@ def _export_expand(w: Any, node: Node) -> None:
 
 
 register(
-    OpDef(name="Gather", run=_gather, cost="vector", export=_export_gather),
+    OpDef(name="Gather", run=_gather, cost="vector", export=_export_gather, integers=True,
+          index_inputs=(1,)),
     OpDef(name="Where", run=_where, cost="elementwise", export=_export_where,
-          jax_primitives=()),
-    OpDef(name="Expand", run=_expand, cost="vector", export=_export_expand, codes="exact"),
+          jax_primitives=(), integers=True),
+    OpDef(name="Expand", run=_expand, cost="vector", export=_export_expand, codes="exact",
+          integers=True),
 )

@@ -115,6 +115,12 @@ class OpDef:
         layer's weight format.
       jax_primitives: JAX primitives the Flax tracer maps onto this op one to one.
       batch_dependent: its attributes may depend on the batch size (``rebatch`` refuses).
+      integers: ``run`` has ONNX's exact semantics on integer tensors (dtype kept, division
+        truncating toward zero, wrap-around); the ONNX importer refuses an op without it on an
+        integer tensor computed at run time (shapes and constants are folded exactly).
+      index_inputs: positions of inputs that hold indices into another operand (Gather's
+        ``indices``): a 64-bit one may run as 32 bits without x64, exactly, because an index is
+        bounded by a dimension, and dimensions are below 2**31 (the importer's size limits).
     """
 
     name: str
@@ -134,6 +140,8 @@ class OpDef:
     quantized_operands: bool = False
     jax_primitives: tuple[str, ...] = ()
     batch_dependent: bool = False
+    integers: bool = False
+    index_inputs: tuple[int, ...] = ()
 
 
 #: Every registered operator by name.

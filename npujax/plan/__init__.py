@@ -1,19 +1,50 @@
-"""The NPU execution model: workloads, per-layer costs (pure jnp), and ``lower``."""
+"""The NPU execution model: workloads, per-layer costs (pure jnp), and ``lower``; across
+layers fusion (:mod:`npujax.plan.fusion`), multi-core pipelines (:mod:`npujax.plan.pipeline`),
+co-resident models (:mod:`npujax.plan.coresident`) and peak memory (:mod:`npujax.plan.memory`).
+"""
 
+from npujax.plan.coresident import SHARING as SHARING
+from npujax.plan.coresident import CoResidency as CoResidency
+from npujax.plan.coresident import ModelShare as ModelShare
+from npujax.plan.coresident import lower_models as lower_models
 from npujax.plan.costs import BREAKDOWN as BREAKDOWN
 from npujax.plan.costs import LayerCosts as LayerCosts
 from npujax.plan.costs import layer_costs as layer_costs
+from npujax.plan.fusion import EdgeCosts as EdgeCosts
+from npujax.plan.fusion import fused_costs as fused_costs
+from npujax.plan.fusion import scheduled_costs as scheduled_costs
 from npujax.plan.liveness import peak_activation_bytes as peak_activation_bytes
 from npujax.plan.lower import DEFAULT_BITS as DEFAULT_BITS
+from npujax.plan.lower import EdgeReport as EdgeReport
 from npujax.plan.lower import LayerReport as LayerReport
 from npujax.plan.lower import Schedule as Schedule
 from npujax.plan.lower import layer_bits as layer_bits
 from npujax.plan.lower import lower as lower
+from npujax.plan.memory import MemoryReport as MemoryReport
+from npujax.plan.memory import memory_report as memory_report
+from npujax.plan.pipeline import OBJECTIVES as OBJECTIVES
+from npujax.plan.pipeline import CoreSchedule as CoreSchedule
+from npujax.plan.pipeline import best_core_schedule as best_core_schedule
+from npujax.plan.pipeline import core_schedules as core_schedules
 from npujax.plan.workload import Workload as Workload
 from npujax.plan.workload import workloads as workloads
 
 __all__ = [
     "BREAKDOWN",
+    "SHARING",
+    "OBJECTIVES",
+    "CoResidency",
+    "ModelShare",
+    "lower_models",
+    "MemoryReport",
+    "memory_report",
+    "CoreSchedule",
+    "best_core_schedule",
+    "core_schedules",
+    "EdgeCosts",
+    "EdgeReport",
+    "fused_costs",
+    "scheduled_costs",
     "LayerCosts",
     "LayerReport",
     "Schedule",

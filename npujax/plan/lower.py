@@ -21,12 +21,14 @@ from npujax.hw.spec import NpuSpec, as_spec
 from npujax.ir.graph import Graph
 from npujax.ir.passes import rebatch
 from npujax.plan.costs import BREAKDOWN, LayerCosts, first_consumers, layer_costs
+from npujax.plan.fusion import PLACEMENTS, cross_layer_edges, fused_costs
 from npujax.plan.liveness import peak_activation_bytes
 from npujax.plan.workload import Workload, workloads
 from npujax.quantize.spec import QuantSpec
 from npujax.systolic.dataflow import get_dataflow
 
-__all__ = ["LayerReport", "Schedule", "lower", "layer_bits", "DEFAULT_BITS"]
+__all__ = ["LayerReport", "EdgeReport", "Schedule", "lower", "layer_bits", "weight_bytes",
+           "DEFAULT_BITS"]
 
 #: Width of the layers a quantization spec does not name (and of every layer without one): the
 #: int8 deployment NPUs are built for.
@@ -76,8 +78,46 @@ class LayerReport:
 
 
 @dataclasses.dataclass(frozen=True)
+class EdgeReport:
+    """Where one activation tensor lived between layers (a ``layer``-fusion schedule).
+
+    Attributes:
+      producer: the layer that produced it.
+      consumers: the layers that read it.
+      tensor_bytes: its bytes at its width.
+      placement: ``dram``, ``sram`` (kept on chip whole) or ``depth_first`` (the producer and
+        its consumer ran stripe by stripe), see :mod:`npujax.plan.fusion`.
+      stripe_rows, stripes: the consumer's output rows per stripe and the number of stripes
+        (depth-first; 0 otherwise).
+      dram_bytes_saved: DRAM bytes saved against the layer-by-layer schedule (reads and the
+        write avoided, less the weights re-read per stripe).
+      extra_weight_bytes: weight bytes re-read for the stripes (depth-first).
+    """
+
+    producer: str
+    consumers: tuple[str, ...]
+    tensor_bytes: float
+    placement: str
+    stripe_rows: int
+    stripes: int
+    dram_bytes_saved: float
+    extra_weight_bytes: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The edge as a JSON-ready dict."""
+        return {**dataclasses.asdict(self), "consumers": list(self.consumers)}
+
+
+@dataclasses.dataclass(frozen=True)
 class Schedule:
-    """The lowered model: per-layer reports and end-to-end totals on one NpuSpec and dataflow."""
+    """The lowered model: per-layer reports and end-to-end totals on one NpuSpec and dataflow.
+
+    ``fusion`` is the compiler's fusion level it was lowered at; with ``layer`` fusion,
+    ``edges`` says where each activation lived, ``sram_peak_bytes`` is the peak SRAM occupied
+    (working set plus activations kept on chip) of ``sram_capacity_bytes``, and
+    ``unfused_dram_bytes`` / ``unfused_latency_s`` are the layer-by-layer figures of the same
+    layers (residual epilogues fused, every activation through DRAM: the ``residual`` level).
+    """
 
     npu: str
     dataflow: str
@@ -85,6 +125,17 @@ class Schedule:
     batch: int
     layers: tuple[LayerReport, ...]
     peak_activation_bytes: int = 0
+    fusion: str = "elementwise"
+    edges: tuple[EdgeReport, ...] = ()
+    sram_peak_bytes: float = 0.0
+    sram_capacity_bytes: float = 0.0
+    unfused_dram_bytes: float | None = None
+    unfused_latency_s: float | None = None
+
+    @property
+    def dram_bytes(self) -> float:
+        """DRAM bytes moved per inference (all layers)."""
+        return float(sum(r.costs.dram_bytes for r in self.layers))
 
     @property
     def latency_s(self) -> float:
@@ -122,8 +173,15 @@ class Schedule:
             "throughput_per_s": self.throughput_per_s,
             "macs": self.macs,
             "peak_activation_bytes": self.peak_activation_bytes,
+            "dram_bytes": self.dram_bytes,
+            "fusion": self.fusion,
+            "sram_peak_bytes": self.sram_peak_bytes,
+            "sram_capacity_bytes": self.sram_capacity_bytes,
+            "unfused_dram_bytes": self.unfused_dram_bytes,
+            "unfused_latency_s": self.unfused_latency_s,
             "breakdown_s": self.breakdown_s(),
             "layers": [r.to_dict() for r in self.layers],
+            "edges": [e.to_dict() for e in self.edges],
         }
 
 
@@ -167,10 +225,41 @@ def layer_bits(layers: list[Workload], quant: QuantSpec | None
     return wb, ab
 
 
+def weight_bytes(layers: list[Workload], spec: NpuSpec, weight_bits: np.ndarray) -> float:
+    """Bytes of the weights (at ``weight_bits`` per layer) and int32 biases of the NPU layers."""
+    acc = spec.array.accumulator_bits
+    return float(sum(w.weight_elems * float(b) / 8.0 + w.bias_elems * acc / 8.0
+                     for w, b in zip(layers, weight_bits) if w.device == "npu"))
+
+
+def _resident(layers: list[Workload], spec: NpuSpec, wb: np.ndarray
+              ) -> tuple[list[Workload], NpuSpec]:
+    """Workloads without weight traffic, and the spec with the SRAM the weights leave free."""
+    need = weight_bytes(layers, spec, wb)
+    cores = spec.array.cores
+    room = spec.memory.filter_sram_bytes * cores / 2
+    if need > room:
+        raise ConfigError(f"resident_weights: the weights take {need:,.0f} bytes, more than half "
+                          f"of {spec.name}'s filter SRAM ({room:,.0f} bytes); stream them "
+                          "(resident_weights=False) or use a preset with more filter SRAM.")
+    free = max(1, spec.memory.filter_sram_bytes - int(np.ceil(need / cores)))
+    return ([dataclasses.replace(w, weight_elems=0, bias_elems=0) if w.device == "npu" else w
+             for w in layers], spec.with_fields({"memory.filter_sram_bytes": free}))
+
+
 @functools.lru_cache(maxsize=64)
 def _jitted_costs(layers: tuple[Workload, ...], dataflow: str):
     """One compiled cost function per (workloads, dataflow); hardware and bits stay traced."""
     return jax.jit(lambda spec, w, a: layer_costs(layers, spec, w, a, dataflow))
+
+
+@functools.lru_cache(maxsize=64)
+def _jitted_fused(layers: tuple[Workload, ...], dataflow: str):
+    """One compiled fused schedule per (workloads, dataflow), with the layer-by-layer costs."""
+    def run(spec, w, a):
+        costs, edges = fused_costs(layers, spec, w, a, dataflow)
+        return costs, edges, layer_costs(layers, spec, w, a, dataflow)
+    return jax.jit(run)
 
 
 def lower(
@@ -180,6 +269,8 @@ def lower(
     *,
     dataflow: str | None = None,
     batch: int | None = None,
+    fusion: str | None = None,
+    resident_weights: bool = False,
 ) -> Schedule:
     """Lower ``graph`` onto ``spec`` and return the per-layer :class:`Schedule`.
 
@@ -192,22 +283,59 @@ def lower(
         (see :func:`layer_bits`).
       dataflow: overrides the preset's dataflow (``weight_stationary`` etc.).
       batch: inference batch size (default: the graph's own; see :func:`npujax.rebatch`).
+      fusion: overrides the preset's ``ops.fusion`` (``none``, ``elementwise``, ``residual``,
+        ``layer``; see :data:`npujax.hw.FUSION_LEVELS` and :mod:`npujax.plan.fusion`).
+      resident_weights: the weights (and biases) stay in the filter SRAM across inferences
+        (loaded once, as for a model served in a loop): no weight traffic per inference, and
+        the layers tile with the filter SRAM the weights leave free. They must fit in half of
+        it (see :func:`weight_bytes`).
 
     Returns:
       The :class:`Schedule`; its per-layer ``latency_s`` sum to ``Schedule.latency_s``.
 
     Raises:
-      ConfigError: an unknown preset, dataflow or layer name, a layer without weights or a
-        search mixture in ``quant``.
+      ConfigError: an unknown preset, dataflow, fusion level or layer name, a layer without
+        weights or a search mixture in ``quant``; ``resident_weights`` for weights that do not
+        fit in half the filter SRAM; a non-finite or negative figure (never reported).
+      LimitError: a layer beyond 2**53 MACs or elements (:func:`npujax.plan.workloads`).
     """
     spec = as_spec(spec)
+    if fusion is not None and fusion != spec.ops.fusion:
+        spec = spec.with_fields({"ops.fusion": fusion})
     if batch is not None:
         graph = rebatch(graph, batch)
     layers = workloads(graph, spec)
     wb, ab = layer_bits(layers, quant)
+    if resident_weights:
+        layers, spec = _resident(layers, spec, wb)
     df = get_dataflow(dataflow or spec.array.dataflow)
-    costs = _jitted_costs(tuple(layers), df.name)(spec, wb, ab)
-    costs = jax.tree.map(np.asarray, costs)
+    extra: dict[str, Any] = {}
+    with jax.enable_x64(True):  # the spec's numbers enter as int64/float64 (npujax._exact)
+        if spec.ops.fusion == "layer":
+            costs, ec, unfused = jax.tree.map(
+                np.asarray, _jitted_fused(tuple(layers), df.name)(spec, wb, ab))
+            names = [w.name for w in layers]
+            extra = dict(
+                edges=tuple(EdgeReport(
+                    names[e.producer], tuple(names[c] for c in e.consumers),
+                    float(ec.tensor_bytes[i]), PLACEMENTS[int(ec.mode[i])],
+                    int(ec.stripe_rows[i]), int(ec.stripes[i]) if ec.mode[i] == 2 else 0,
+                    float(ec.saved_bytes[i]), float(ec.extra_weight_bytes[i]))
+                    for i, e in enumerate(cross_layer_edges(tuple(layers)))),
+                sram_peak_bytes=float(np.max(ec.sram_bytes, initial=0.0)),
+                sram_capacity_bytes=float(ec.sram_capacity),
+                unfused_dram_bytes=float(np.sum(unfused.dram_bytes)),
+                unfused_latency_s=float(np.sum(unfused.latency_cycles)) / spec.array.clock_hz)
+        else:
+            costs = jax.tree.map(np.asarray,
+                                 _jitted_costs(tuple(layers), df.name)(spec, wb, ab))
+    for field, v in costs._asdict().items():  # a report never holds NaN/inf (issue #11)
+        bad = np.flatnonzero(~np.isfinite(v) | (v < 0))
+        if bad.size:
+            raise ConfigError(
+                f"the cost model gives {field} = {v[bad[0]]} for layer {layers[bad[0]].name!r} "
+                f"on {spec.name!r}: the hardware values are outside what npujax can model "
+                "(see the ranges in docs/hw.md).")
     ints = ("compute_cycles", "fill_drain_cycles", "folds")
     clock = spec.array.clock_hz
     reports = []
@@ -224,4 +352,4 @@ def lower(
     batch_size = int(graph.tensors[graph.inputs[0]].shape[0]) if graph.inputs else 1
     act = DEFAULT_BITS if quant is None else int(max(ab, default=DEFAULT_BITS))
     return Schedule(spec.name, df.name, clock, batch_size, tuple(reports),
-                    peak_activation_bytes(graph, act))
+                    peak_activation_bytes(graph, act), fusion=spec.ops.fusion, **extra)

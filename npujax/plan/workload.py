@@ -16,7 +16,10 @@ This is the bridge from the Graph to the NPU model. Each costed node becomes one
   current fusion group (a GEMM and the elementwise ops already fused after it) joins the group:
   it costs vector-unit cycles but no DRAM traffic (``fused_into`` names the group's layer). So
   hard-swish written as ``x * clip(x + 3, 0, 6) / 6`` after a convolution stays on chip, while a
-  residual ``Add`` that also reads an older tensor is costed with its DRAM reads.
+  residual ``Add`` that also reads an older tensor is costed with its DRAM reads. What joins a
+  group is the preset's ``ops.fusion`` (:data:`~npujax.hw.FUSION_LEVELS`): nothing for ``none``;
+  for ``residual`` and ``layer`` also an elementwise op with some inputs from outside the group
+  (a residual ``Add``: it reads only those from DRAM, and the activation after it joins too).
 * **Transfers.** A CPU layer receives every input produced on the NPU and returns every output
   consumed there over the host link (``link_in_elems``, ``link_out_elems``, ``link_transfers``).
 """
@@ -24,12 +27,15 @@ This is the bridge from the Graph to the NPU model. Each costed node becomes one
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import numpy as np
 
-from npujax.hw.spec import NpuSpec
+from npujax.errors import LimitError
+from npujax.hw.spec import FUSION_LEVELS, NpuSpec
 from npujax.ir.graph import Graph, Node
+from npujax.limits import MAX_EXACT_COUNT
 from npujax.ops import OPS, get_op
 
 __all__ = ["Workload", "workloads", "model_layout", "CPU_OPS_PER_SPECIAL"]
@@ -64,7 +70,15 @@ class Workload:
       producer: index (in the workload list) of the layer that produced this layer's first
         activation input, -1 for a graph input; used to cost precision conversions.
       fused_into: for an elementwise layer fused into a preceding GEMM's output stage, that
-        layer's name (its DRAM traffic is then zero).
+        layer's name (its DRAM traffic is then zero, or that of its inputs from outside the group).
+      inputs: per activation input read from DRAM, ``(row, elems)``: the index of the row that
+        produced it (-1 for a graph input) and its (padded) elements; inputs from the row's own
+        fusion group are left out. Used by the cross-layer schedule (:mod:`npujax.plan.fusion`).
+      out_rows: batch x height of a 4-D output (the rows a depth-first stripe splits), else 0.
+      window_rows, stride_rows: the kernel (window) height and stride of a Conv or pooling
+        layer along H (1 for other layers): a stripe of ``h`` output rows reads
+        ``(h - 1) * stride_rows + window_rows`` input rows.
+      graph_output: the row's output is a graph output (it must reach DRAM).
     """
 
     name: str
@@ -90,6 +104,11 @@ class Workload:
     epilogue: tuple[str, ...] = ()
     producer: int = -1
     fused_into: str = ""
+    inputs: tuple[tuple[int, int], ...] = ()
+    out_rows: int = 0
+    window_rows: int = 1
+    stride_rows: int = 1
+    graph_output: bool = False
 
 
 def _pad(c: int, align: int) -> int:
@@ -116,10 +135,11 @@ def _align(spec: NpuSpec | None) -> int:
 def _padded_elems(shape: tuple[int, ...], layout: str, align: int) -> int:
     """Elements of an activation tensor with its channel dimension padded."""
     if align == 1 or len(shape) < 2:
-        return int(np.prod(shape, dtype=np.int64))
+        return math.prod(int(d) for d in shape)
     c_axis = layout.index("C") if len(shape) == 4 else len(shape) - 1
     c = shape[c_axis]
-    return int(np.prod(shape, dtype=np.int64)) // c * _pad(c, align)
+    rest = math.prod(int(d) for i, d in enumerate(shape) if i != c_axis)
+    return rest * _pad(c, align)  # (exact Python ints: no int64 wrap, no 0 // 0)
 
 
 def _placement(node: Node, spec: NpuSpec | None, graph_constants=frozenset()) -> str:
@@ -143,6 +163,22 @@ def _placement(node: Node, spec: NpuSpec | None, graph_constants=frozenset()) ->
         if max(node.attrs["strides"]) > spec.ops.conv_max_stride:
             return f"stride {max(node.attrs['strides'])} > max {spec.ops.conv_max_stride}"
     return ""
+
+
+def _rows(graph: Graph, node: Node, layout: str) -> dict[str, Any]:
+    """``out_rows``, ``window_rows`` and ``stride_rows`` of a node (see :class:`Workload`)."""
+    y = graph.tensors[node.outputs[0]].shape
+    if len(y) != 4:
+        return {}
+    h = layout.index("H")
+    out: dict[str, Any] = {"out_rows": int(y[0]) * int(y[h])}
+    a = node.attrs
+    if node.op == "Conv":
+        k = a["kernel_shape"][a["kernel_layout"].index("H")]
+        out.update(window_rows=int(k), stride_rows=int(a["strides"][0]))
+    elif "window" in a and len(a["window"]) == 4:
+        out.update(window_rows=int(a["window"][h]), stride_rows=int(a["strides"][h]))
+    return out
 
 
 def _array_work(graph: Graph, node: Node, align: int) -> dict:
@@ -179,6 +215,10 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
 
     Returns:
       One :class:`Workload` per costed node, plus layout-transform and unfused-epilogue layers.
+
+    Raises:
+      LimitError: a layer whose MACs, operations or tensor elements exceed 2**53
+        (:data:`npujax.limits.MAX_EXACT_COUNT`), beyond which counts would not be exact.
     """
     align = _align(spec)
     m_layout = model_layout(graph)
@@ -189,8 +229,12 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
     rows: list[Workload] = []
     pending_layout_in: set[str] = set(graph.inputs)
 
+    padded: dict[str, int] = {}
+
     def act_elems(t: str) -> int:
-        return _padded_elems(graph.tensors[t].shape, m_layout, align)
+        if t not in padded:
+            padded[t] = _padded_elems(graph.tensors[t].shape, m_layout, align)
+        return padded[t]
 
     def layout_row(t: str, direction: str) -> None:
         shape = graph.tensors[t].shape
@@ -199,11 +243,14 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
         n = act_elems(t)
         target = npu_layout if direction == "in" else m_layout
         rows.append(Workload(f"{t}:{direction}", f"To{target}", "layout", in_elems=n,
-                             out_elems=n, vector_ops=n, producer=made_by.get(t, -1)))
+                             out_elems=n, vector_ops=n, producer=made_by.get(t, -1),
+                             inputs=((made_by.get(t, -1), n),)))
 
     cost = {n.name: get_op(n.op, n.name).cost for n in graph.nodes}
     placements = {n.name: _placement(n, spec, graph.constants) for n in graph.nodes
                   if cost[n.name] != "free"}
+    level = FUSION_LEVELS.index(spec.ops.fusion) if spec else FUSION_LEVELS.index("elementwise")
+    residual = level >= FUSION_LEVELS.index("residual")
     group: set[str] = set()  # tensors of the current fusion group (a GEMM and its elementwise ops)
     group_head = ""
     for node in graph.nodes:
@@ -241,23 +288,25 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
                             cpu_ops=work.alu_ops + CPU_OPS_PER_SPECIAL * work.special_ops)
             else:
                 y = graph.tensors[node.outputs[0]]
-                window = int(np.prod(node.attrs.get("window", [1])))
+                window = math.prod(int(d) for d in node.attrs.get("window", [1]))
                 ops = y.size * window
                 base = dict(vector_ops=ops, cpu_ops=ops)
         elems_in = sum(act_elems(t) if dev == "npu" else graph.tensors[t].size for t in ins)
         y_elems = sum(act_elems(t) if dev == "npu" else graph.tensors[t].size
                       for t in node.outputs)
         fused_into = ""
+        from_dram = ins
         if dev == "npu" and kind == "gemm":
             group, group_head = set(node.outputs), node.name
-        elif (dev == "npu" and cost[node.name] == "elementwise" and group and ins
-              and all(t in group for t in ins)):
-            fused_into = group_head  # stays on chip: no DRAM traffic
-            elems_in, y_elems = 0, 0
+        elif (dev == "npu" and cost[node.name] == "elementwise" and group and ins and level
+              and (all(t in group for t in ins) or (residual and any(t in group for t in ins)))):
+            fused_into = group_head  # stays on chip: no DRAM traffic but its outside inputs'
+            from_dram = [t for t in ins if t not in group]
+            elems_in, y_elems = sum(act_elems(t) for t in from_dram), 0
             group |= set(node.outputs)
         else:
             group, group_head = set(), ""
-        link = {}
+        link: dict[str, Any] = {}
         if dev == "cpu":
             to_cpu = [t for t in ins if device.get(t) == "npu"]
             back = [t for t in node.outputs if _reaches_npu(graph, t, placements)]
@@ -275,7 +324,9 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
                              in_elems=elems_in, out_elems=y_elems,
                              epilogue=fused if dev == "npu" else epilogue,
                              producer=made_by.get(ins[0], -1) if ins else -1,
-                             fused_into=fused_into, **base, **link))
+                             fused_into=fused_into,
+                             inputs=tuple((made_by.get(t, -1), act_elems(t)) for t in from_dram),
+                             **_rows(graph, node, m_layout), **base, **link))
         if dev == "npu":
             for e in epilogue:
                 if e in fused:
@@ -290,11 +341,23 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
                                      reason="" if e_dev == "npu" else
                                      f"{e} not supported by {spec.name}",
                                      in_elems=n_out, out_elems=n_out, vector_ops=n_out,
-                                     cpu_ops=n_out, producer=len(rows) - 1, **extra))
+                                     cpu_ops=n_out, producer=len(rows) - 1,
+                                     inputs=((len(rows) - 1, n_out),),
+                                     out_rows=rows[-1].out_rows, **extra))
         for t in node.outputs:
             device[t] = dev
             made_by[t] = len(rows) - 1
     for t in graph.outputs:
+        if t in made_by:
+            i = made_by[t]
+            rows[i] = dataclasses.replace(rows[i], graph_output=True)
         if device.get(t) == "npu":
             layout_row(t, "out")
+    for w in rows:  # int64 cost arithmetic is exact to 2**63; npujax promises 2**53
+        for field in ("macs", "in_elems", "out_elems", "weight_elems", "vector_ops", "cpu_ops"):
+            if getattr(w, field) > MAX_EXACT_COUNT:
+                raise LimitError(
+                    f"layer {w.name!r} ({w.op}) has {getattr(w, field):,} {field}, more than "
+                    f"the 2**53 the cost model counts exactly; lower the batch size or the "
+                    "input resolution (or split the layer).")
     return rows

@@ -17,6 +17,7 @@ from npujax.ops import OPS
 from npujax.quant import IntFormat
 from npujax.quantize.execute import execute
 from npujax.quantize.spec import QuantSpec
+from npujax.quantize.weights import check_weights
 
 __all__ = ["calibrate"]
 
@@ -54,9 +55,10 @@ def calibrate(
       mixture's per-candidate grids and uniform probabilities.
 
     Raises:
-      CalibrationError: no batches, an empty batch, or NaN/inf reaching a layer (names the
-        layer).
+      CalibrationError: no batches, an empty batch, NaN/inf reaching a layer, or a NaN/inf or
+        too large weight (:func:`npujax.quantize.weights.check_weights`; names the layer).
     """
+    check_weights(params)  # weights are checked like activations are (names the layer)
     # observed tensors: (layer, tap index) -- 0 the input, 2 a two-activation GEMM's 2nd operand
     keys = [(n, 0) for n, lq in quant.items() if lq.act is not None and lq.act_range is None]
     operands = [n for n, lq in quant.items()

@@ -13,8 +13,12 @@ Vasconcelos, CVPR 2020).
 
 A layer's latency depends only on its own widths (a GEMM's output stage requantizes for free, so
 chains of layers never pay conversions); vector layers (pooling, ...) are costed at the widest
-activation candidate, an upper bound. :func:`npujax.plan.lower` gives the exact latency of the
-final policy.
+activation candidate, an upper bound. On a preset whose compiler fuses layers (``ops.fusion =
+"layer"``) the table holds the fused schedule's per-layer latencies
+(:func:`npujax.plan.scheduled_costs`), each column with every layer at that candidate: which
+activations stay on chip depends on the neighbours' widths too, so the table is exact at
+uniform policies and an approximation for mixed ones. :func:`npujax.plan.lower` gives the
+exact latency of the final policy.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import numpy as np
 from npujax.errors import ConfigError
 from npujax.hw.spec import NpuSpec
 from npujax.ir.graph import Graph
-from npujax.plan.costs import layer_costs
+from npujax.plan.fusion import scheduled_costs
 from npujax.plan.lower import lower
 from npujax.plan.workload import workloads
 from npujax.quantize.spec import quant_spec
@@ -111,8 +115,9 @@ def latency_table(
     n = len(layers)
 
     def column(w, a):
-        c = layer_costs(layers, spec, jnp.full(n, float(w)), jnp.full(n, float(a)), dataflow)
-        return c.latency_cycles / spec.array.clock_hz
+        c = scheduled_costs(layers, spec, jnp.full(n, float(w)), jnp.full(n, float(a)), dataflow)
+        with jax.enable_x64(True):  # float64 seconds, then the table's float32
+            return (c.latency_cycles / spec.array.clock_hz).astype(jnp.float32)
 
     table = jnp.stack([column(w, a) for w, a in pairs], axis=1)  # [all layers, n]
     widest = pairs.index((pairs[0][0], max(acts)))

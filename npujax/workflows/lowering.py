@@ -15,7 +15,10 @@ from npujax.frontends.onnx import from_onnx
 from npujax.hw.spec import NpuSpec
 from npujax.ir.graph import Graph
 from npujax.ir.passes import optimize
+from npujax.plan.coresident import CoResidency
 from npujax.plan.lower import Schedule, lower
+from npujax.plan.memory import MemoryReport
+from npujax.plan.pipeline import CoreSchedule
 from npujax.quantize.spec import QuantSpec
 from npujax.report import (
     dataflow_table,
@@ -30,6 +33,7 @@ from npujax.systolic.dataflow import DATAFLOWS
 
 __all__ = ["Lowering", "lower_dataflows", "print_lowering", "write_lowering",
            "import_onnx_for_lowering", "resolution_sweep", "print_resolution_sweep",
+           "print_edges", "print_memory", "print_core_schedules", "print_coresidency",
            "DecoderLowering", "decoder_graph", "decoder_precision", "decoder_figures"]
 
 
@@ -142,6 +146,92 @@ def print_resolution_sweep(console: Console, rows: Mapping[str, Mapping[str, Any
     console.print(t)
     console.print("latency growing ~4x per doubling means compute- or activation-bound; much "
                   "less means weight-bandwidth or fixed overheads (fallback, transfers) dominate.")
+
+
+def _kib(nbytes: float) -> str:
+    return f"{nbytes / 1024:,.1f}"
+
+
+def print_edges(console: Console, schedule: Schedule, limit: int = 40) -> None:
+    """Where each activation lived (``layer`` fusion): placement and DRAM bytes saved per edge,
+    largest savings first, and the totals against the layer-by-layer schedule."""
+    if not schedule.edges:
+        return
+    t = Table(title=f"activations between layers ({schedule.fusion} fusion)", title_justify="left")
+    for col in ("producer", "consumers", "KiB", "placement", "stripes", "DRAM KiB saved"):
+        t.add_column(col, justify="left" if col in ("producer", "consumers", "placement")
+                     else "right")
+    for e in sorted(schedule.edges, key=lambda e: -e.dram_bytes_saved)[:limit]:
+        t.add_row(e.producer, ", ".join(e.consumers), _kib(e.tensor_bytes), e.placement,
+                  f"{e.stripes} x {e.stripe_rows} rows" if e.stripes else "",
+                  _kib(e.dram_bytes_saved))
+    console.print(t)
+    n = len(schedule.edges)
+    kept = sum(e.placement != "dram" for e in schedule.edges)
+    line = f"{kept}/{n} activations stayed on chip"
+    if n > limit:
+        line += f" (table: the {limit} largest savings)"
+    if schedule.unfused_dram_bytes is not None and schedule.unfused_latency_s is not None:
+        line += (f"; DRAM {schedule.unfused_dram_bytes / 1e6:,.2f} -> "
+                 f"{schedule.dram_bytes / 1e6:,.2f} MB, latency "
+                 f"{schedule.unfused_latency_s * 1e6:,.1f} -> {schedule.latency_s * 1e6:,.1f} µs "
+                 "against the layer-by-layer schedule")
+    console.print(line)
+
+
+def print_memory(console: Console, reports: Mapping[str, MemoryReport]) -> None:
+    """Peak SRAM and DRAM per model, and what would have to spill where a model cannot fit."""
+    t = Table(title="memory", title_justify="left")
+    for col in ("model", "weights KiB", "DRAM act. peak KiB", "DRAM footprint KiB",
+                "DRAM capacity KiB", "SRAM peak KiB", "SRAM KiB", "fits"):
+        t.add_column(col, justify="left" if col == "model" else "right")
+    for name, m in reports.items():
+        t.add_row(name, _kib(m.weight_bytes), _kib(m.dram_activation_peak_bytes),
+                  _kib(m.dram_footprint_bytes),
+                  _kib(m.dram_capacity_bytes) if m.dram_capacity_bytes else "unlimited",
+                  _kib(m.sram_peak_bytes), _kib(m.sram_capacity_bytes),
+                  "yes" if m.fits else "NO")
+    console.print(t)
+    for name, m in reports.items():
+        if m.spill:
+            console.print(f"{name} does not fit the DRAM: the weights of "
+                          + ", ".join(f"{n} ({_kib(b)} KiB)" for n, b in m.spill[:6])
+                          + (" ..." if len(m.spill) > 6 else "")
+                          + " would stay in host memory")
+
+
+def print_core_schedules(console: Console, schedules: Mapping[str, CoreSchedule],
+                         chosen: str | None = None) -> None:
+    """Layer-split vs pipelined multi-core schedules: latency, period, throughput, stages."""
+    t = Table(title="multi-core schedules", title_justify="left")
+    for col in ("schedule", "cores", "latency µs", "period µs", "inferences/s", "stages (layers)",
+                "DRAM-bound period"):
+        t.add_column(col, justify="left" if col == "schedule" else "right")
+    for kind, s in schedules.items():
+        mark = " *" if kind == chosen else ""
+        t.add_row(kind + mark, str(s.cores), f"{s.latency_s * 1e6:,.1f}",
+                  f"{s.period_s * 1e6:,.1f}", f"{s.throughput_per_s:,.1f}",
+                  " + ".join(str(len(x)) for x in s.stages),
+                  "yes" if s.dram_s >= s.period_s * (1 - 1e-9) else "no")
+    console.print(t)
+    if chosen:
+        console.print(f"* chosen: {chosen}")
+
+
+def print_coresidency(console: Console, co: CoResidency) -> None:
+    """Each model's latency alone and together, its cores, bandwidth and weights."""
+    t = Table(title=f"{len(co.models)} models on {co.npu} ({co.sharing})", title_justify="left")
+    for col in ("model", "alone µs", "together µs", "slowdown", "cores", "DRAM GB/s",
+                "weights", "DRAM footprint KiB"):
+        t.add_column(col, justify="left" if col in ("model", "weights") else "right")
+    for m in co.models:
+        t.add_row(m.name, f"{m.alone_s * 1e6:,.1f}", f"{m.together_s * 1e6:,.1f}",
+                  f"{m.slowdown:.2f}x", str(m.cores), f"{m.dram_bytes_per_s / 1e9:.2f}",
+                  m.weights, _kib(m.memory.dram_footprint_bytes))
+    console.print(t)
+    cap = ("unlimited" if not co.dram_capacity_bytes
+           else f"{co.dram_capacity_bytes / 1e6:,.1f} MB")
+    console.print(f"DRAM: {co.dram_footprint_bytes / 1e6:,.2f} MB held together (capacity {cap})")
 
 
 # --------------------------------------------------------------------------------------------

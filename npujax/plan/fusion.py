@@ -1,0 +1,299 @@
+"""Across layers: activations kept in on-chip SRAM between layers, and depth-first tiling.
+
+:func:`npujax.plan.layer_costs` costs each layer as if it ran alone: it reads its inputs from
+DRAM and writes its output back. An NPU compiler that fuses layers (the preset's
+``ops.fusion = "layer"``, :data:`~npujax.hw.FUSION_LEVELS`) keeps a producer's output in SRAM for
+its consumers instead. This module decides, per activation tensor (an *edge* from the row that
+produces it to the rows that read it), where it lives, and corrects the per-layer costs:
+
+* ``sram`` — the whole tensor stays on chip from its producer to its last consumer. The
+  producer does not write it and its consumers do not read it from DRAM (for a GEMM consumer
+  the whole input-operand traffic, re-fetches included, as :func:`layer_costs` computes it
+  for the layer with that input removed).
+* ``depth_first`` — the tensor does not fit whole, but its only consumer runs right after its
+  producer and both are spatial (Conv, pooling, elementwise on 4-D tensors): the pair runs
+  stripe by stripe (layer-fused / depth-first tiling, Goetschalckx and Verhelst, JETCAS 2019;
+  DeFiNES, Mei et al., HPCA 2023). A stripe of ``h`` output rows of the consumer needs
+  ``(h - 1) * stride + window`` rows of the tensor; the ``window - stride`` overlap rows (the
+  halo) stay cached in the stripe buffer for the next stripe. Recomputing the halo instead
+  frees no SRAM in a pair (the consumer needs those rows resident either way), so caching
+  always wins here. ``h`` is the largest whose stripe fits; the cost of fusing is that the two
+  layers' weights are re-read from DRAM for every stripe unless they fit together in half the
+  filter SRAM. A pair is fused depth-first only when those extra weight bytes are at most the
+  bytes the consumer no longer reads, so the consumer never gets slower.
+* ``dram`` — as in the layer-by-layer schedule.
+
+**Capacity** (accounting for tiling). Every step (row) of the schedule occupies its working
+set, ``LayerCosts.sram_peak_bytes`` (the GEMM's tiled operand buffers), out of the total SRAM
+``(ifmap + filter + ofmap) x cores``. Tensors are considered smallest first; a tensor takes
+``sram`` when it fits beside the working set and the tensors already kept on chip at every step
+of its lifetime, else ``depth_first`` with the largest stripe that fits at its producer and
+consumer, else ``dram``. The decision is a ``lax.scan`` over the tensors in jnp: sizes, widths
+and capacities may be traced (``jax.vmap`` over stacked specs, ``jax.jit``), and the costs are
+piecewise in them (``jnp.where`` masks), so the gradient search sees the scheduled latency.
+Decisions are piecewise constant in the bit widths: their gradient is that of the chosen
+branch, the decision itself has none.
+
+**Latency.** With ``dram_bytes`` reduced (and re-read weights added), a layer's memory time
+``memory = dram_bytes / bandwidth``, its exposed DMA ``min(exposed, memory)`` and its stall
+``max(0, memory - exposed - compute)`` are recomputed as in :mod:`npujax.plan.costs`; a layer
+left with no DRAM traffic at all pays no DMA latency. Fusion therefore never increases a
+layer's DRAM bytes or latency (property-tested).
+
+**Not modelled.** Depth-first chains longer than a pair (each pair of a chain is decided on its
+own, which counts the middle layer's weight re-reads twice: pessimistic), overlap of the two
+layers' compute in a fused pair, and stripes of a GEMM changing its fold efficiency.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from npujax.hw.spec import NpuSpec
+from npujax.plan.costs import LayerCosts, layer_costs
+from npujax.plan.workload import Workload
+
+__all__ = ["Edge", "EdgeCosts", "PLACEMENTS", "cross_layer_edges", "fused_costs",
+           "scheduled_costs"]
+
+#: Where an activation tensor lives between its producer and its consumers (``EdgeCosts.mode``
+#: indexes this tuple).
+PLACEMENTS = ("dram", "sram", "depth_first")
+
+
+class Edge(NamedTuple):
+    """One activation tensor between NPU rows that a fusing compiler may keep on chip (static).
+
+    Attributes:
+      producer: row index of the layer whose output it is.
+      writer: row that writes it to DRAM in the layer-by-layer schedule (the fusion group's
+        head when the producer is an elementwise op fused into a GEMM's output stage).
+      consumers: rows that read it from DRAM in the layer-by-layer schedule.
+      elems: its elements (channel padding included).
+      depth_first: whether the pair (producer, its single consumer) can run depth-first.
+      rows: batch x height of the tensor (the rows a stripe splits).
+      window_rows, stride_rows: the consumer's kernel height and stride.
+      consumer_rows: batch x height of the consumer's output.
+    """
+
+    producer: int
+    writer: int
+    consumers: tuple[int, ...]
+    elems: int
+    depth_first: bool
+    rows: int
+    window_rows: int
+    stride_rows: int
+    consumer_rows: int
+
+
+class EdgeCosts(NamedTuple):
+    """Per-edge decisions and bytes from :func:`fused_costs`: ``[E]`` arrays, edges in the
+    order of :func:`cross_layer_edges`; ``sram_bytes`` is ``[L]``.
+
+    Attributes:
+      mode: int32 index into :data:`PLACEMENTS`.
+      tensor_bytes: float32, the tensor's bytes at its width.
+      stripe_rows: float32, output rows of the consumer per stripe (depth-first), else 0.
+      stripes: float32, stripes of a depth-first pair, else 0 (1 for ``sram``).
+      saved_bytes: float32, DRAM bytes saved (reads and write avoided, less re-read weights).
+      extra_weight_bytes: float32, weight bytes re-read for the stripes of a depth-first pair.
+      sram_bytes: float32 ``[L]``, SRAM occupied at each row: its working set plus the tensors
+        kept on chip (whole or a stripe) while it runs.
+      sram_capacity: float32 scalar, the total SRAM ``(ifmap + filter + ofmap) x cores``.
+    """
+
+    mode: Any
+    tensor_bytes: Any
+    stripe_rows: Any
+    stripes: Any
+    saved_bytes: Any
+    extra_weight_bytes: Any
+    sram_bytes: Any
+    sram_capacity: Any
+
+
+def _f32(x) -> jax.Array:
+    return jnp.asarray(x, jnp.float32)
+
+
+@functools.lru_cache(maxsize=64)
+def cross_layer_edges(layers: tuple[Workload, ...]) -> tuple[Edge, ...]:
+    """The activation tensors a fusing compiler may keep on chip, smallest first.
+
+    A tensor qualifies when its producer and all its readers run on the NPU (not a layout
+    transform, not the host CPU) and it is not a graph output (which must reach DRAM).
+
+    Args:
+      layers: workloads from :func:`npujax.plan.workloads` (a tuple: the result is cached).
+
+    Returns:
+      The :class:`Edge` s, sorted by ``(elems, producer)``.
+    """
+    readers: dict[int, list[tuple[int, int]]] = {}
+    for j, w in enumerate(layers):
+        for p, n in w.inputs:
+            if p >= 0:
+                readers.setdefault(p, []).append((j, n))
+    index = {w.name: i for i, w in enumerate(layers)}
+    edges = []
+    for p, rs in readers.items():
+        w = layers[p]
+        cons = tuple(sorted({j for j, _ in rs}))
+        if (w.device != "npu" or w.kind == "layout" or w.graph_output
+                or any(layers[j].device != "npu" or layers[j].kind == "layout" for j in cons)):
+            continue
+        writer = index.get(w.fused_into, p) if w.fused_into else p
+        elems = max(n for _, n in rs)
+        c = cons[0]
+        between = range(p + 1, c)
+        adjacent = len(cons) == 1 and all(layers[i].fused_into == layers[writer].name
+                                          for i in between)
+        dfs = (adjacent and w.out_rows > 0 and layers[c].out_rows > 0
+               and not layers[c].fused_into and elems % w.out_rows == 0)
+        edges.append(Edge(p, writer, cons, int(elems), bool(dfs), int(max(w.out_rows, 1)),
+                          int(layers[c].window_rows), int(layers[c].stride_rows),
+                          int(max(layers[c].out_rows, 1))))
+    return tuple(sorted(edges, key=lambda e: (e.elems, e.producer)))
+
+
+def fused_costs(
+    layers: Sequence[Workload],
+    spec: NpuSpec,
+    weight_bits: jax.Array,
+    act_bits: jax.Array,
+    dataflow: str | None = None,
+) -> tuple[LayerCosts, EdgeCosts]:
+    """Per-layer costs with activations kept on chip where they fit (pure jnp; jit, vmap).
+
+    Args:
+      layers: static workloads (from :func:`npujax.plan.workloads`).
+      spec: the NPU; numeric fields may be traced or batched.
+      weight_bits: float32 ``[L]`` weight width per layer.
+      act_bits: float32 ``[L]`` activation width per layer.
+      dataflow: dataflow name (static); default the spec's.
+
+    Returns:
+      ``(costs, edges)``: the :class:`~npujax.plan.LayerCosts` of ``[L]`` arrays with
+      ``dram_bytes``, ``memory_cycles``, ``dma_cycles``, ``stall_cycles`` and ``latency_cycles``
+      corrected, and the :class:`EdgeCosts` of the edges of :func:`cross_layer_edges`.
+
+    Raises:
+      ConfigError: an unknown dataflow or precision scaling (from :func:`layer_costs`).
+    """
+    layers = tuple(layers)
+    edges = cross_layer_edges(layers)
+    base = layer_costs(layers, spec, weight_bits, act_bits, dataflow)
+    L, E = len(layers), len(edges)
+    m, a = spec.memory, spec.array
+    cores = _f32(a.cores)
+    cap = (_f32(m.ifmap_sram_bytes) + _f32(m.filter_sram_bytes) + _f32(m.ofmap_sram_bytes)) * cores
+    if E == 0:
+        none = jnp.zeros(0, jnp.float32)
+        return base, EdgeCosts(jnp.zeros(0, jnp.int32), none, none, none, none, none,
+                               base.sram_peak_bytes, cap)
+    wb, ab = _f32(weight_bits), _f32(act_bits)
+    is_gemm = np.asarray([w.kind == "gemm" and w.device == "npu" for w in layers])
+    # the traffic of a GEMM's input operand, re-fetches included: the layer with and without it
+    no_input = tuple(dataclasses.replace(w, in_elems=0) if g else w
+                     for w, g in zip(layers, is_gemm))
+    rd_a = jnp.maximum(base.dram_bytes - layer_costs(no_input, spec, weight_bits, act_bits,
+                                                     dataflow).dram_bytes, 0.0)
+    w_bytes = _f32([w.weight_elems for w in layers]) * wb / 8.0
+    out_bytes = _f32([w.out_elems for w in layers]) * ab / 8.0
+
+    # static per-edge arrays
+    live = np.zeros((E, L), bool)
+    reads = np.zeros((E, L), np.float32)  # 1 where a consumer reads the edge
+    for i, e in enumerate(edges):
+        live[i, min(e.writer, e.producer):max(e.consumers) + 1] = True
+        reads[i, list(e.consumers)] = 1.0
+    first = np.asarray([e.consumers[0] for e in edges])
+    writer = np.asarray([e.writer for e in edges])
+    elems = _f32([e.elems for e in edges])
+    width = ab[first]
+    t_bytes = elems * width / 8.0
+    row_bytes = t_bytes / _f32([e.rows for e in edges])
+    k = _f32([e.window_rows for e in edges])
+    s = _f32([e.stride_rows for e in edges])
+    hc = _f32([e.consumer_rows for e in edges])
+    dfs_ok = jnp.asarray([e.depth_first for e in edges])
+    gemm_c = jnp.asarray(is_gemm[first])
+    read_first = jnp.where(gemm_c, rd_a[first], t_bytes)  # bytes the (single) consumer saves
+    pair_w = w_bytes[writer] + w_bytes[first]
+    w_fit = pair_w <= _f32(m.filter_sram_bytes) * cores / 2.0
+    free0 = cap - base.sram_peak_bytes
+
+    def decide(occ, x):
+        live_e, nbytes, rb, ke, se, hce, ok, saves, pw, fit = x
+        avail = jnp.min(jnp.where(live_e, free0 - occ, jnp.inf))
+        whole = nbytes <= avail
+        h = jnp.clip(jnp.floor((avail / rb - ke) / se) + 1.0, 1.0, hce)
+        n_s = jnp.ceil(hce / h)
+        extra = jnp.where(fit, 0.0, (n_s - 1.0) * pw)
+        dfs = ok & ~whole & (avail >= ke * rb) & (extra <= saves)
+        claim = jnp.where(whole, nbytes, jnp.where(dfs, ((h - 1.0) * se + ke) * rb, 0.0))
+        mode = jnp.where(whole, 1, jnp.where(dfs, 2, 0)).astype(jnp.int32)
+        stripes = jnp.where(dfs, n_s, jnp.where(whole, 1.0, 0.0))
+        return occ + jnp.where(live_e, claim, 0.0), (
+            mode, jnp.where(dfs, h, 0.0), stripes, jnp.where(dfs, extra, 0.0))
+
+    occ, (mode, h, n_s, extra) = jax.lax.scan(
+        decide, jnp.zeros(L, jnp.float32),
+        (jnp.asarray(live), t_bytes, row_bytes, k, s, hc, dfs_ok, read_first, pair_w, w_fit))
+    on = (mode > 0).astype(jnp.float32)
+    per_read = jnp.where(jnp.asarray(is_gemm)[None, :], rd_a[None, :],
+                         elems[:, None] * ab[None, :] / 8.0) * jnp.asarray(reads)
+    read_saved = jnp.sum(on[:, None] * per_read, axis=0)
+    writes = jnp.zeros(L, jnp.float32).at[writer].add(on * t_bytes)
+    write_saved = jnp.minimum(writes, out_bytes)
+    extra_l = jnp.zeros(L, jnp.float32).at[first].add(extra)
+    dram = jnp.maximum(base.dram_bytes - read_saved - write_saved + extra_l, 0.0)
+    touched = (read_saved > 0) | (write_saved > 0) | (extra_l > 0)
+
+    clock = _f32(a.clock_hz)
+    bpc = _f32(m.dram_bytes_per_s) / clock
+    lat0 = _f32(m.dram_latency_s) * clock
+    tc = base.compute_cycles.astype(jnp.float32)
+    has_dma = base.dma_cycles > 0
+    exposed = jnp.where(has_dma, jnp.maximum(base.dma_cycles - lat0, 0.0), 0.0)
+    memory = dram / bpc
+    exposed2 = jnp.minimum(exposed, memory)
+    dma = jnp.where(has_dma & (dram > 0), lat0 + exposed2, 0.0)
+    stall = jnp.maximum(memory - exposed2 - tc, 0.0)
+    latency = (tc + base.convert_cycles + dma + stall + base.fallback_cycles
+               + base.transfer_cycles)
+
+    def pick(new, old):
+        return jnp.where(touched, new, old)
+
+    costs = base._replace(dram_bytes=pick(dram, base.dram_bytes),
+                          memory_cycles=pick(memory, base.memory_cycles),
+                          dma_cycles=pick(dma, base.dma_cycles),
+                          stall_cycles=pick(stall, base.stall_cycles),
+                          latency_cycles=pick(latency, base.latency_cycles))
+    saved = on * (jnp.sum(per_read, axis=1) + t_bytes) - extra
+    return costs, EdgeCosts(mode, t_bytes, h, n_s, saved, extra,
+                            base.sram_peak_bytes + occ, cap)
+
+
+def scheduled_costs(
+    layers: Sequence[Workload],
+    spec: NpuSpec,
+    weight_bits: jax.Array,
+    act_bits: jax.Array,
+    dataflow: str | None = None,
+) -> LayerCosts:
+    """The per-layer costs under the preset's compiler: :func:`fused_costs` when
+    ``spec.ops.fusion`` is ``"layer"``, else :func:`~npujax.plan.layer_costs` (the fusion
+    levels below it change the workloads, not the costs). Pure jnp; arguments as there."""
+    if spec.ops.fusion == "layer":
+        return fused_costs(layers, spec, weight_bits, act_bits, dataflow)[0]
+    return layer_costs(layers, spec, weight_bits, act_bits, dataflow)

@@ -1,0 +1,114 @@
+"""Peak memory of a lowered model: SRAM from the fused schedule, DRAM from activation liveness.
+
+* **SRAM.** At every row of the schedule the SRAM holds the row's working set (its tiled
+  operand buffers) and the activations kept on chip across it (whole, or a depth-first
+  stripe): ``Schedule.sram_peak_bytes`` of :func:`npujax.lower` with ``layer`` fusion, else the
+  largest working set alone. It never exceeds the capacity: what does not fit streams from DRAM.
+* **DRAM.** All weights (and int32 biases) stay in DRAM; an activation that the schedule does
+  not keep on chip lives in DRAM from the row that produces it (graph inputs: from the start)
+  to its last reader (graph outputs: to the end). The footprint is the weights plus the peak
+  over rows of the live DRAM activations.
+
+When the preset gives a DRAM capacity (``memory.dram_bytes`` > 0) and the footprint exceeds it,
+the model cannot fit: its ``spill`` lists the layers whose weights would have to
+stay in host memory (largest first, until the rest fits), fetched over the host link.
+
+This is reporting (Python over the lowered schedule), not part of the jnp cost model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from npujax.hw.spec import NpuSpec, as_spec
+from npujax.ir.graph import Graph
+from npujax.plan.lower import Schedule
+from npujax.plan.workload import workloads
+
+__all__ = ["MemoryReport", "memory_report"]
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryReport:
+    """Memory a lowered model holds (bytes).
+
+    Attributes:
+      weight_bytes: weights and biases at their widths (all in DRAM).
+      dram_activation_peak_bytes: peak of the activations live in DRAM at once.
+      dram_footprint_bytes: ``weight_bytes + dram_activation_peak_bytes``.
+      dram_capacity_bytes: the preset's ``memory.dram_bytes`` (0: unlimited).
+      sram_peak_bytes: peak SRAM occupied (working set plus activations kept on chip).
+      sram_capacity_bytes: ``(ifmap + filter + ofmap) x cores``.
+      fits: whether the footprint fits the DRAM capacity.
+      spill: ``(layer, weight bytes)`` that would have to stay in host memory to fit.
+    """
+
+    weight_bytes: float
+    dram_activation_peak_bytes: float
+    dram_footprint_bytes: float
+    dram_capacity_bytes: float
+    sram_peak_bytes: float
+    sram_capacity_bytes: float
+    fits: bool
+    spill: tuple[tuple[str, float], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {**dataclasses.asdict(self), "spill": [list(s) for s in self.spill]}
+
+
+def memory_report(graph: Graph, schedule: Schedule, spec: NpuSpec | str) -> MemoryReport:
+    """Peak SRAM and DRAM of ``schedule`` (the result of ``lower(graph, spec, ...)``).
+
+    Args:
+      graph: the graph that was lowered (at the schedule's batch size).
+      schedule: its :class:`~npujax.plan.Schedule`.
+      spec: the NPU it was lowered on.
+
+    Returns:
+      The :class:`MemoryReport`.
+    """
+    spec = as_spec(spec)
+    if spec.ops.fusion != schedule.fusion:
+        spec = spec.with_fields({"ops.fusion": schedule.fusion})
+    layers = workloads(graph, spec)
+    rows = schedule.layers
+    acc = spec.array.accumulator_bits
+    w_bytes = np.asarray([w.weight_elems * (r.weight_bits or 0) / 8.0 + w.bias_elems * acc / 8.0
+                          for w, r in zip(layers, rows)])
+    on_chip = {e.producer for e in schedule.edges if e.placement != "dram"}
+    n = len(layers)
+    live = np.zeros(n + 1)
+    last: dict[int, tuple[int, float]] = {}  # producer row -> (last reader, bytes)
+    for j, w in enumerate(layers):
+        for p, elems in w.inputs:
+            if p < 0 or rows[p].name not in on_chip:
+                prev = last.get(p, (j, 0.0))
+                last[p] = (max(prev[0], j), max(prev[1], elems * rows[j].act_bits / 8.0))
+    for i, w in enumerate(layers):
+        if w.graph_output and rows[i].name not in on_chip:
+            last[i] = (n, max(last.get(i, (n, 0.0))[1], w.out_elems * rows[i].act_bits / 8.0))
+    for p, (end, nbytes) in last.items():
+        live[max(p, 0):end + 1] += nbytes
+    act_peak = float(live.max(initial=0.0))
+    weights = float(w_bytes.sum())
+    footprint = weights + act_peak
+    cap = float(spec.memory.dram_bytes)
+    m = spec.memory
+    sram_cap = float((m.ifmap_sram_bytes + m.filter_sram_bytes + m.ofmap_sram_bytes)
+                     * spec.array.cores)
+    sram_peak = schedule.sram_peak_bytes or max((r.costs.sram_peak_bytes for r in rows),
+                                                default=0.0)
+    spill: list[tuple[str, float]] = []
+    if cap > 0 and footprint > cap:
+        over = footprint - cap
+        for i in np.argsort(-w_bytes):
+            if over <= 0 or w_bytes[i] <= 0:
+                break
+            spill.append((rows[int(i)].name, float(w_bytes[i])))
+            over -= float(w_bytes[i])
+    return MemoryReport(weights, act_peak, footprint, cap, float(sram_peak), sram_cap,
+                        cap <= 0 or footprint <= cap, tuple(spill))
