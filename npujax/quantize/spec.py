@@ -254,17 +254,12 @@ def for_operands(graph: Graph, name: str, lq: LayerQuant,
     """``lq`` made right for layer ``name`` if it is a GEMM of two activations (else ``lq``):
     the second operand's integer format at ``operand_bits`` (None: ``lq``'s weight widths),
     an operand that is a softmax output with its fixed range :data:`SOFTMAX_RANGE` and an
-    unsigned format, and no per-block grid (both operands are per tensor).
-
-    Raises:
-      ConfigError: a per-block weight grid (``weight_block_size``) on such a layer.
+    unsigned format, and no per-block grid (``weight_block_size`` is for weights; both operands
+    are per tensor).
     """
     node = graph.node(name)
     if node.op not in operand_quantized_ops():
         return lq
-    if lq.weight_block_size is not None:
-        raise ConfigError(f"layer {name!r} is a {node.op} of two activations, quantized per "
-                          "tensor; it has no weight blocks (drop weight_block_size for it).")
     act_range = fixed_range(graph, node.inputs[0]) if lq.act is not None else None
     operand_range = fixed_range(graph, node.inputs[1])
     fmts = lq.weight_candidates
@@ -276,7 +271,8 @@ def for_operands(graph: Graph, name: str, lq: LayerQuant,
                      for f in fmts)
     weight = None if not fmts else fmts[0] if len(fmts) == 1 else fmts
     return dataclasses.replace(lq, weight=weight, act_range=act_range,
-                               operand_range=operand_range if fmts else None)
+                               operand_range=operand_range if fmts else None,
+                               weight_block_size=None)
 
 
 def fixed_range(graph: Graph, tensor: str) -> tuple[float, float] | None:

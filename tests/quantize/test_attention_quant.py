@@ -116,3 +116,10 @@ def test_quantizers_without_operand_grids_refuse_attention(decoder):
     with pytest.raises(ConfigError, match="no calibrated grid"):  # (at trace time)
         jax.eval_shape(lambda: execute(g, p, tokens, quant=q, qstate={
             k: v._replace(operand_scale=None) for k, v in qs.items()}))
+
+
+def test_weight_options_leave_the_operands_per_tensor(decoder):
+    g, p, q, qs, tokens, mms, run = decoder
+    qb = quant_spec(g, weight_block_size=8)  # blocks are for weights: operands stay per tensor
+    assert all(qb[n].weight_block_size is None for n in mms)
+    assert all(qb[n].weight_block_size == 8 for n in qb if n not in mms)
