@@ -63,6 +63,8 @@ _API = {
     "load_npu_spec": "npujax.hw.spec",
     "list_presets": "npujax.hw.spec",
     "lower": "npujax.plan.lower",
+    "sweep": "npujax.explore.sweep",
+    "Grid": "npujax.explore.grid",
     "Schedule": "npujax.plan.lower",
     "LayerReport": "npujax.plan.lower",
     "lower_models": "npujax.plan.coresident",
@@ -101,6 +103,8 @@ if TYPE_CHECKING:
     from npujax.backends.integer import execute_integer as execute_integer
     from npujax.backends.onnx_export import to_onnx as to_onnx
     from npujax.errors import NpujaxError as NpujaxError
+    from npujax.explore.grid import Grid as Grid
+    from npujax.explore.sweep import sweep as sweep
     from npujax.frontends.flax import trace_flax as trace_flax
     from npujax.frontends.onnx import from_onnx as from_onnx
     from npujax.hw.spec import NpuSpec as NpuSpec

@@ -16,6 +16,8 @@ __all__ = [
     "UnsupportedOpError",
     "ShapeError",
     "FetchError",
+    "LimitError",
+    "OutputError",
 ]
 
 
@@ -26,6 +28,10 @@ class NpujaxError(Exception):
     """
 
     exit_code: int = 1
+
+    def __str__(self) -> str:
+        # one line, always: messages quoting other libraries (ONNX shape inference) may not be
+        return " ".join(super().__str__().split("\n")).strip()
 
 
 class ConfigError(NpujaxError, ValueError):
@@ -68,3 +74,18 @@ class FetchError(NpujaxError, OSError):
     """A packaged model could not be downloaded, or its bytes do not match the pinned sha256."""
 
     exit_code = 8
+
+
+class LimitError(NpujaxError, ValueError):
+    """An input would exceed a resource limit of :mod:`npujax.limits` (a tensor's bytes, a
+    model's total bytes, a declared tensor's elements, a count the cost model keeps exact). The
+    message names the tensor, its size, the limit and how to raise it."""
+
+    exit_code = 9
+
+
+class OutputError(NpujaxError, OSError):
+    """An output file or folder cannot be written (full disk, no permission, a name taken by a
+    file or by a folder npujax did not write). Nothing of a previous run's output is lost."""
+
+    exit_code = 10

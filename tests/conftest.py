@@ -13,6 +13,12 @@ the session, in a fresh temporary folder that the subprocesses the tests start s
 the compile options, the jax/jaxlib/XLA versions and the device, so a hit returns the executable
 that compiling would; a fresh folder per session also means no entry written by another checkout,
 another environment or an interrupted run is ever read.
+
+Under pytest-xdist (``-n auto`` in ``pyproject.toml``) the workers share the controller's folder, so
+a program compiled by one worker is a hit for the others (a module's fixtures, for instance, run
+once per worker that takes some of its tests). Setting a size limit switches on JAX's own file
+lock around every cache read and write, which makes the sharing safe between processes; the limit
+itself (8 GiB) is never reached by the suite.
 """
 
 import os
@@ -23,27 +29,34 @@ import jax
 import pytest
 
 _JAX_CACHE = pytest.StashKey[tuple[str, dict[str, str | None]]]()
-_CACHE_ENV = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")
+_CACHE_ENV = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+              "JAX_COMPILATION_CACHE_MAX_SIZE")
+_SHARED = "NPUJAX_TEST_JAX_CACHE"  # the controller's folder, inherited by the xdist workers
 
 
 def pytest_configure(config):
-    path = tempfile.mkdtemp(prefix="npujax-jax-cache-")
-    saved = {k: os.environ.get(k) for k in _CACHE_ENV}
+    worker = os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get(_SHARED)
+    path = worker or tempfile.mkdtemp(prefix="npujax-jax-cache-")
+    saved = {k: os.environ.get(k) for k in (*_CACHE_ENV, _SHARED)}
     config.stash[_JAX_CACHE] = (path, saved)
     # every program, however fast it compiled: the small ones are most of the repeats
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_compilation_cache_max_size", 8 << 30)  # > 0: JAX locks the folder
     jax.config.update("jax_compilation_cache_dir", path)
-    os.environ.update(zip(_CACHE_ENV, (path, "0")))  # inherited by CLI subprocesses
+    # inherited by CLI subprocesses (and, from the controller, by the xdist workers)
+    os.environ.update(zip((*_CACHE_ENV, _SHARED), (path, "0", str(8 << 30), path)))
 
 
 def pytest_unconfigure(config):
     path, saved = config.stash[_JAX_CACHE]
+    worker = bool(os.environ.get("PYTEST_XDIST_WORKER"))
     for k, v in saved.items():
         if v is None:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
-    shutil.rmtree(path, ignore_errors=True)
+    if not worker:  # the controller (or a serial run) owns the folder
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

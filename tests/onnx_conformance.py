@@ -52,7 +52,8 @@ CONST_INPUTS = {
     "Conv": {1, 2}, "ConvTranspose": {1, 2}, "Gemm": {1, 2}, "BatchNormalization": {1, 2, 3, 4},
     "Clip": {1, 2}, "Reshape": {1}, "Slice": {1, 2, 3, 4}, "Split": {1}, "Squeeze": {1},
     "Unsqueeze": {1}, "Pad": {1, 2, 3}, "Resize": {1, 2, 3}, "ReduceMean": {1},
-    "QuantizeLinear": {1, 2}, "DequantizeLinear": {1, 2},
+    "QuantizeLinear": {1, 2}, "DequantizeLinear": {1, 2}, "LayerNormalization": {1, 2},
+    "RMSNormalization": {1}, "Expand": {1}, "ReduceSum": {1}, "ReduceMax": {1},
 }
 
 

@@ -12,18 +12,20 @@ ROOT = Path(__file__).resolve().parents[1] / "npujax"
 
 #: Packages in pipeline order: a module may import modules of its own rank or lower.
 RANK = {
-    "errors": 0, "_atomic": 0, "_progress": 0, "_version": 0,
+    "errors": 0, "limits": 0, "_atomic": 0, "_progress": 0, "_version": 0, "_exact": 0,
+    "_relax": 0,
     "quant": 1, "calib": 1, "systolic": 1, "data": 1,
     "hw": 2,
     "ops": 3, "ir": 3,
     "frontends": 4, "quantize": 4, "backends": 4,
-    "plan": 5, "search": 5, "report": 5, "models": 5,
+    "plan": 5, "search": 5, "report": 5, "models": 5, "explore": 5,
     "workflows": 6,
     "cli": 7,
 }
-#: Modules that may import onnx (``ops.host`` only inside the functions that run or export a
-#: CPU-fallback node, which exist only in imported models).
-ONNX_IMPORTERS = {"npujax.frontends.onnx", "npujax.backends.onnx_export", "npujax.ops.host"}
+#: Modules that may import onnx (``ops.host`` and ``ops._onnx`` only inside the functions that
+#: run or export a CPU-fallback node, which exist only in imported models).
+ONNX_IMPORTERS = {"npujax.frontends.onnx", "npujax.backends.onnx_export", "npujax.ops.host",
+                  "npujax.ops._onnx"}
 
 
 def _modules():

@@ -80,6 +80,7 @@ from npujax.quant.fixed_point import (
 from npujax.quantize.execute import as_inputs, layer_state
 from npujax.quantize.quantizers import QState
 from npujax.quantize.spec import QuantSpec
+from npujax.quantize.weights import check_weights
 
 __all__ = ["IntegerLayer", "IntegerModel", "convert", "execute_integer", "requant_target"]
 
@@ -220,6 +221,7 @@ def convert(
       ConfigError: unknown ``requant``, a mixture of weight formats, a missing qstate entry.
       QuantizationError: if int32 accumulation could overflow for a layer; for FP8 or
         per-block (``weight_block_size``) layers, which the int-only path does not support.
+      CalibrationError: a NaN/inf or too large weight (names the layer).
 
     Each layer converts on the grid its quantizer deploys (``act_grid``/``weight_grid``):
     LSQ/LSQ+ layers with their learned steps (weight zero point 0).
@@ -229,6 +231,7 @@ def convert(
     """
     if requant not in ("fixed_point", "float"):
         raise ConfigError(f"requant must be 'fixed_point' or 'float', got {requant!r}.")
+    check_weights(params)
     layers: dict[str, IntegerLayer] = {}
 
     def act_grid(name: str) -> tuple[jax.Array, jax.Array]:

@@ -3,27 +3,28 @@ call, printing).
 
 Every :class:`~npujax.errors.NpujaxError` becomes a one-line ``npujax: error: ...`` message on
 stderr and the error's exit code (2 config, 3 quantization, 4 calibration, 5 graph, 6 unsupported
-op, 7 shape, 8 fetch); there is never a traceback for bad input. Results go to stdout, progress
-notes to stderr (``-q`` hides them, ``-v`` adds details).
+op, 7 shape, 8 fetch, 9 resource limit); there is never a traceback for bad input. Results go
+to stdout, progress notes to stderr (``-q`` hides them, ``-v`` adds details).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
 from npujax._version import __version__
-from npujax.cli import calibrate, demo, lower, presets, qat, search
+from npujax.cli import calibrate, demo, lower, presets, qat, search, sweep
 from npujax.cli._common import configure_logging
 from npujax.errors import ConfigError, NpujaxError
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
 #: The command modules, in ``--help`` order; each has ``add_parser(subparsers)`` and ``run``.
-COMMANDS = (demo, lower, search, qat, calibrate, presets)
+COMMANDS = (demo, lower, sweep, search, qat, calibrate, presets)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -46,6 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
                            default=0, help="more messages (debug details) on stderr")
     verbosity.add_argument("-q", "--quiet", action="store_const", const=-1, dest="verbosity",
                            help="only warnings and errors on stderr")
+    for flag, var in (("--max-tensor-bytes", "NPUJAX_MAX_TENSOR_BYTES"),
+                      ("--max-model-bytes", "NPUJAX_MAX_MODEL_BYTES"),
+                      ("--max-tensor-elements", "NPUJAX_MAX_TENSOR_ELEMENTS")):
+        p.add_argument(flag, metavar="SIZE", help=f"resource limit (e.g. 4GiB; default from "
+                       f"${var}, see docs/errors.md)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
                            parser_class=_Parser)
     for command in COMMANDS:
@@ -63,28 +69,50 @@ def _zoo_model(name: str) -> str:
     return str(fetch_model(name))
 
 
+def _hard_exit(code: int) -> None:
+    """Flush and leave at once, skipping the interpreter's teardown."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``npujax`` console script; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args.verbosity)
     try:
-        model = getattr(args, "model", None)
-        if isinstance(model, list):  # `npujax lower A.onnx B.onnx`
-            args.model = [_zoo_model(m[4:]) if m.startswith("zoo:") else m for m in model]
-        elif str(model or "").startswith("zoo:"):
-            args.model = _zoo_model(args.model[4:])
-        code = int(args.fn(args) or 0)
+        from npujax.limits import limits
+
+        with limits(**{k: v for k in ("max_tensor_bytes", "max_model_bytes",
+                                      "max_tensor_elements")
+                       if (v := getattr(args, k, None)) is not None}):
+            model = getattr(args, "model", None)
+            if isinstance(model, list):  # `npujax lower A.onnx B.onnx`
+                args.model = [_zoo_model(m[4:]) if m.startswith("zoo:") else m for m in model]
+            elif str(model or "").startswith("zoo:"):
+                args.model = _zoo_model(args.model[4:])
+            code = int(args.fn(args) or 0)
         sys.stdout.flush()  # a reader that left shows here, inside the handler below
         return code
     except NpujaxError as e:
         print(f"npujax: error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        print("npujax: interrupted", file=sys.stderr)
+        # Outputs are transactions (npujax._atomic): nothing half-written is left. Exit now,
+        # without the interpreter's teardown, which can crash (SIGSEGV) while XLA threads or
+        # host callbacks of the interrupted computation are still alive.
+        print("npujax: interrupted; no output was written", file=sys.stderr)
+        if argv is None:  # the npujax program (not main([...]) called from Python)
+            _hard_exit(130)
         return 130
     except BrokenPipeError:
         # e.g. `npujax search ... | head`: the reader left; outputs are already written
         # (atomically), so exit quietly as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except OSError as e:  # an OS failure not already turned into an NpujaxError
+        print(f"npujax: error: {e.strerror or e}"
+              f"{' (' + str(e.filename) + ')' if e.filename else ''}", file=sys.stderr)
+        return 1

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
+import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -13,7 +15,7 @@ from npujax.errors import ConfigError
 
 __all__ = ["console", "bits_spec", "int_list", "positive_int", "add_data_args",
            "add_progress_arg", "configure_logging", "precision_from_bits", "epilog",
-           "output_dir"]
+           "output_dir", "output_file", "finite_float", "seed"]
 
 
 def console() -> Any:
@@ -97,6 +99,37 @@ def positive_int(text: str) -> int:
     return v
 
 
+def finite_float(low: float = 0.0, high: float = math.inf, *, low_open: bool = True):
+    """An argparse type for a finite float in ``(low, high]`` (``[low, high]`` with
+    ``low_open=False``); NaN and infinities are refused."""
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        ok = math.isfinite(v) and (v > low if low_open else v >= low) and v <= high
+        if not ok:
+            left = "(" if low_open else "["
+            right = "]" if math.isfinite(high) else ")"
+            raise argparse.ArgumentTypeError(
+                f"must be a finite number in {left}{low:g}, {high:g}{right}, got {text!r}")
+        return v
+
+    return parse
+
+
+def seed(text: str) -> int:
+    """An argparse type for a random seed in ``[0, 2**32)``."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not 0 <= v < 2**32:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2**32), got {v}")
+    return v
+
+
 def add_data_args(p: argparse.ArgumentParser) -> None:
     """``--input-shape``, ``--data``, ``--examples`` (models and their data)."""
     p.add_argument("--input-shape", action="append", metavar="NAME=1,3,48,192",
@@ -136,14 +169,42 @@ def output_dir(path: str | None) -> Path | None:
     the work, not after it.
 
     Raises:
-      ConfigError: the folder cannot be created (a file of that name, no permission).
+      ConfigError: the folder cannot be created (no permission), or ``path`` is empty.
+      OutputError: a file of that name, or a folder holding files npujax did not write (a run
+        replaces its whole folder, see :func:`npujax._atomic.staged_dir`).
     """
     if path is None:
         return None
-    out = Path(path)
+    if not path.strip():
+        raise ConfigError("--out is empty; pass the folder to write to.")
+    from npujax._atomic import check_output_dir
+
+    out = check_output_dir(path)  # a file, or a folder npujax did not write: refused now
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(f"cannot create output folder {path!r}: {e.strerror}; pass another "
                           "--out.") from None
+    return out
+
+
+def output_file(path: str, flag: str = "--out") -> Path:
+    """``--out`` as a file to write at the end: checked now (not empty, not a folder, its folder
+    creatable), so that a bad path fails before the work, not after it.
+
+    Raises:
+      ConfigError: the path is empty, names a folder, or its folder cannot be created.
+    """
+    if not path or not path.strip():
+        raise ConfigError(f"{flag} is empty; pass the file to write.")
+    out = Path(path)
+    if out.is_dir() or path.endswith(("/", os.sep)):
+        raise ConfigError(f"{flag} {path!r} is a folder; pass a file name (e.g. "
+                          f"{str(out / 'policy.json')!r}).")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"cannot create the folder of {flag} {path!r}: {e.strerror}.") from None
+    if not os.access(out.parent, os.W_OK):
+        raise ConfigError(f"{flag} {path!r}: its folder is not writable.")
     return out

@@ -12,6 +12,7 @@ from npujax.cli._common import (
     output_dir,
     positive_int,
     precision_from_bits,
+    seed,
 )
 from npujax.errors import ConfigError
 
@@ -41,7 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     help="calibration batches (default 8)")
     ca.add_argument("--batch-size", type=positive_int, default=64,
                     help="calibration batch size (default 64)")
-    ca.add_argument("--seed", type=int, default=0, help="seed of the data split (default 0)")
+    ca.add_argument("--seed", type=seed, default=0, help="seed of the data split (default 0)")
     ca.add_argument("--no-bias-correction", action="store_true")
     add_progress_arg(ca)
     ca.add_argument("--out", help="write model_calibrated.npz and the SQNR report here")
@@ -49,6 +50,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from npujax._atomic import staged_dir
     from npujax.data.datasets import load_digits_nhwc, load_mnist5k_nhwc
     from npujax.quantize.model_file import load_graph, save_graph
     from npujax.quantize.ptq import layer_sqnr, ptq
@@ -72,10 +74,11 @@ def run(args: argparse.Namespace) -> int:
     con = console()
     con.print(sqnr_table(rows, f"per-layer SQNR, {args.observer} (worst first)"))
     if out is not None:
-        save_graph(out / "model_calibrated.npz", graph, params, qstate,
-                   meta={**meta, "observer": args.observer,
-                         "weight_bits": ",".join(args.weight_bits or ["8"]),
-                         "act_bits": ",".join(args.act_bits or ["8"])})
-        write_sqnr_report(out, rows)
+        with staged_dir(out) as stage:
+            save_graph(stage / "model_calibrated.npz", graph, params, qstate,
+                       meta={**meta, "observer": args.observer,
+                             "weight_bits": ",".join(args.weight_bits or ["8"]),
+                             "act_bits": ",".join(args.act_bits or ["8"])})
+            write_sqnr_report(stage, rows)
         con.print(f"wrote {', '.join(str(out / n) for n in CALIBRATE_FILES)}")
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from npujax.cli._common import add_progress_arg, console, epilog, positive_int
+from npujax.cli._common import add_progress_arg, console, epilog, positive_int, seed
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -21,7 +21,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--npu", default="edge_16x16", help="preset name or TOML path "
                    "(default: edge_16x16)")
     d.add_argument("--out", help="output folder (default: a new runs/<timestamp> folder)")
-    d.add_argument("--seed", type=int, default=0,
+    d.add_argument("--seed", type=seed, default=0,
                    help="seed of the split, initialisation and shuffling (default 0)")
     d.add_argument("--epochs", type=positive_int, help="float training epochs (default 30)")
     d.add_argument("--qat-steps", type=positive_int, help="QAT steps (default 300)")

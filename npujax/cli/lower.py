@@ -76,6 +76,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from npujax._atomic import staged_dir
     from npujax.frontends.onnx import parse_input_shapes
     from npujax.hw import load_npu_spec
     from npujax.ir.passes import rebatch
@@ -157,7 +158,8 @@ def run(args: argparse.Namespace) -> int:
         print_resolution_sweep(con, sweep)
         extra["resolution_sweep"] = sweep
     if out is not None:
-        names = write_lowering(out, result, spec, extra)
+        with staged_dir(out) as stage:
+            names = write_lowering(stage, result, spec, extra)
         con.print(f"wrote {', '.join(str(out / n) for n in names)}")
     return 0
 

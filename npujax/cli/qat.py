@@ -4,6 +4,7 @@ precision policy."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 
 from npujax.cli._common import (
@@ -13,6 +14,7 @@ from npujax.cli._common import (
     epilog,
     output_dir,
     positive_int,
+    seed,
 )
 from npujax.errors import ConfigError
 
@@ -41,7 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     qa.add_argument("--npu", default="edge_16x16", help="with --policy: preset for the latency")
     qa.add_argument("--steps", type=positive_int, default=300,
                     help="with --policy: QAT steps (default 300)")
-    qa.add_argument("--seed", type=int, default=0,
+    qa.add_argument("--seed", type=seed, default=0,
                     help="seed of the data split and QAT (default 0)")
     qa.add_argument("--out", help="write quantization.md/.json and SQNR reports here (with "
                     "--policy: the fine-tuned model.npz)")
@@ -50,6 +52,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _with_policy(args: argparse.Namespace) -> int:
+    from npujax._atomic import staged_dir
     from npujax.frontends.onnx import parse_input_shapes
     from npujax.hw import load_npu_spec
     from npujax.search import load_policy
@@ -60,12 +63,15 @@ def _with_policy(args: argparse.Namespace) -> int:
         raise ConfigError("--policy fine-tunes a model: pass --model model.npz or model.onnx.")
     policy = load_policy(args.policy)
     spec = load_npu_spec(args.npu)
+    out = output_dir(args.out)  # a bad --out fails before the fine-tuning, not after it
     model = load_model_and_data(args.model, data=args.data, examples=args.examples,
                                 input_shapes=parse_input_shapes(args.input_shape or []),
                                 seed=args.seed, calibrate_act_bits=None)
     try:
-        r = qat_with_policy(model, policy, spec, steps=args.steps, seed=args.seed,
-                            progress=not args.no_progress, out=args.out)
+        with contextlib.ExitStack() as stack:
+            stage = None if out is None else stack.enter_context(staged_dir(out))
+            r = qat_with_policy(model, policy, spec, steps=args.steps, seed=args.seed,
+                                progress=not args.no_progress, out=stage)
     except ConfigError as e:
         raise ConfigError(f"{args.policy}: {e}") from None
     print(f"QAT with {args.policy}: {r.metric} {r.score:.4f}; modelled latency on {spec.name} "
@@ -77,7 +83,7 @@ def _with_policy(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from npujax._atomic import atomic_write_text
+    from npujax._atomic import atomic_write_text, staged_dir
     from npujax.workflows.qat_experiment import (
         load_qat_config,
         results_markdown,
@@ -92,11 +98,15 @@ def run(args: argparse.Namespace) -> int:
     config = load_qat_config(args.config, progress=not args.no_progress)
     out = output_dir(args.out)
     con = console()
-    result = run_qat_experiment(config, console=con, out_dir=out)
-    text = results_markdown([result])
-    con.print(text)
+    with contextlib.ExitStack() as stack:  # --out: all of the files or none
+        stage = None if out is None else stack.enter_context(staged_dir(out))
+        result = run_qat_experiment(config, console=con, out_dir=stage)
+        text = results_markdown([result])
+        con.print(text)
+        if stage is not None:
+            atomic_write_text(stage / "quantization.md", text)
+            atomic_write_text(stage / "quantization.json",
+                              json.dumps(result, indent=1, default=str))
     if out is not None:
-        atomic_write_text(out / "quantization.md", text)
-        atomic_write_text(out / "quantization.json", json.dumps(result, indent=1, default=str))
         con.print(f"wrote {out}/quantization.md, quantization.json")
     return 0

@@ -9,8 +9,11 @@ from npujax.cli._common import (
     add_progress_arg,
     bits_spec,
     epilog,
+    finite_float,
     int_list,
+    output_file,
     positive_int,
+    seed,
 )
 from npujax.errors import ConfigError
 
@@ -44,8 +47,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     se.add_argument("--method", default="ilp", choices=tuple(SEARCHERS),
                     help="the searcher (default ilp)")
     budget = se.add_mutually_exclusive_group()
-    budget.add_argument("--budget-latency", type=float, help="latency budget in seconds")
-    budget.add_argument("--budget-ratio", type=float, default=0.75,
+    budget.add_argument("--budget-latency", type=finite_float(), help="latency budget in seconds")
+    budget.add_argument("--budget-ratio", type=finite_float(0.0, 1.0), default=0.75,
                         help="budget as a fraction of the INT8 latency (default 0.75)")
     se.add_argument("--candidates", type=int_list("--candidates"), default=(2, 4, 8),
                     help="weight widths (default 2,4,8)")
@@ -56,7 +59,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "GEMM layers at 8 bits) or layer=bits pairs, e.g. conv1=8,fc2=8")
     se.add_argument("--sensitivity-samples", type=positive_int, default=16,
                     help="Hutchinson probes for the Hessian traces (ilp, greedy; default 16)")
-    se.add_argument("--seed", type=int, default=0,
+    se.add_argument("--seed", type=seed, default=0,
                     help="seed of the data split, probes and mini-batches (default 0)")
     se.add_argument("--out", default="policy.json", help="policy file (default policy.json)")
     add_progress_arg(se)
@@ -71,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     from npujax.workflows.inputs import load_model_and_data
 
     spec = load_npu_spec(args.npu)
+    output_file(args.out)
     # the settings are checked before the data and model are loaded
     settings = dict(
         method=args.method, sensitivity=args.sensitivity, budget_s=args.budget_latency,

@@ -9,6 +9,7 @@ import numpy as np
 from npujax.data.datasets import load_digits_nhwc, load_mnist5k_nhwc
 from npujax.data.images import photo_crops, text_images
 from npujax.errors import ConfigError, ShapeError
+from npujax.limits import check_array_file
 
 __all__ = ["DATA_SOURCES", "load_inputs"]
 
@@ -62,6 +63,7 @@ def load_inputs(
         if path.suffix not in (".npy", ".npz") or not path.is_file():
             raise ConfigError(f"--data must be one of {sorted(DATA_SOURCES)} or an existing .npy/"
                               f".npz file of inputs, got {source!r}.")
+        check_array_file(path)  # sizes from the headers, before anything is read
         try:
             loaded = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as e:

@@ -1,12 +1,27 @@
 """Build a Graph from a Flax model by tracing it — the model is never rewritten.
 
 The model is traced once with :func:`jax.make_jaxpr` on an example input. Calls of the standard
-parameterised layers (``Conv``, ``Linear``/``Dense``, ``BatchNorm``; NNX and Linen) are
-intercepted only to wrap them in a :func:`jax.named_scope` that marks their equations; each marked
-group becomes one Graph node carrying the module path as its name and the module's parameters.
-Every other equation (activations, pooling, reshapes, elementwise arithmetic) is mapped primitive
-by primitive onto Graph operators; calls (``jit``, ``custom_jvp``) are inlined. Equations that
-depend only on constants are folded. The result is checked against the model's own output on the
+parameterised layers (``Conv``, ``Linear``/``Dense``, ``LinearGeneral``/``DenseGeneral``,
+``BatchNorm``, ``LayerNorm``, ``RMSNorm``, ``Embed``; NNX and Linen) and of the functions
+``jax.nn.gelu`` and ``jax.nn.softmax`` (also reached as ``nnx.gelu``, ``nn.softmax``, and from
+``nnx.MultiHeadAttention``) are intercepted only to wrap them in a :func:`jax.named_scope` that
+marks their equations; each marked group becomes one Graph node (``Gemm``, ``LayerNormalization``,
+``Gelu``, ``Softmax``, ``Gather``, ...) carrying the module path as its name and the module's
+parameters. Every other equation is mapped primitive by primitive onto Graph operators:
+
+* ``dot_general`` of two activations (attention's ``Q K^T`` and ``P V``, any batch and
+  contracting dimensions) becomes a ``MatMul``, with ``Transpose`` nodes (layout work, costed on
+  the vector unit) where the operands are not in ``[batch..., M, K] x [batch..., K, N]`` order and
+  ``Reshape`` nodes where several dimensions merge; by a constant it becomes a ``Gemm`` whose
+  kernel is a param;
+* ``select_n`` (masks) becomes ``Where``, ``broadcast_in_dim`` a ``Reshape`` and ``Expand``,
+  ``slice``/``concatenate``/``split``/``pad`` their ONNX twins (rotary embeddings, head splits);
+* the primitives that are not one ONNX operator are written with ones that are: ``rsqrt`` as
+  ``Sqrt`` and ``Reciprocal``, ``square`` and ``integer_pow`` by 2 as ``Mul``, other integer
+  powers as ``Pow``, ``erfc`` as ``1 - Erf``; ``stop_gradient`` is the identity at inference.
+
+Calls (``jit``, ``custom_jvp``) are inlined. Equations that depend only on constants are folded
+(a causal mask, rotary tables). The result is checked against the model's own output on the
 example input, so a tracing mistake can never pass silently.
 """
 
@@ -60,22 +75,107 @@ def _value(v: Any) -> np.ndarray | None:
 def _nnx_leaf_types() -> dict[type, str]:
     from flax import nnx
 
-    return {nnx.Conv: "Conv", nnx.Linear: "Gemm", nnx.BatchNorm: "BatchNormalization"}
+    return {nnx.Conv: "Conv", nnx.Linear: "Gemm", nnx.LinearGeneral: "Gemm",
+            nnx.BatchNorm: "BatchNormalization", nnx.LayerNorm: "LayerNormalization",
+            nnx.RMSNorm: "RMSNormalization", nnx.Embed: "Gather"}
 
 
-def _nnx_leaf(op: str, path: str, m: Any) -> _Leaf:
+def _norm_axis(m: Any, op: str) -> int | None:
+    """The ONNX ``axis`` of a Flax LayerNorm/RMSNorm normalizing the trailing axes ``[axis,
+    rank)`` with scale and bias on the same axes; None for any other configuration."""
+    red, feat = m.reduction_axes, m.feature_axes
+    red = (red,) if isinstance(red, int) else tuple(red)
+    feat = (feat,) if isinstance(feat, int) else tuple(feat)
+    if any(a >= 0 for a in red + feat) or sorted(red) != list(range(-len(red), 0)):
+        return None
+    if sorted(feat) != sorted(red) and not (op == "LayerNormalization" and feat == (-1,)
+                                            and red == (-1,)):
+        return None
+    return min(red)
+
+
+def _leaf_params(op: str, m: Any, get: Callable[[str], Any]) -> tuple[dict, dict] | None:
+    """``(params, attrs)`` of a leaf layer (``get(name)`` reads its variables), or None when
+    the layer's options have no single Graph operator (it is then traced primitive by
+    primitive)."""
     if op == "BatchNormalization":
-        params = {
-            "scale": _value(m.scale),
-            "bias": _value(m.bias),
-            "mean": _value(m.mean),
-            "var": _value(m.var),
-        }
-        attrs = {"epsilon": float(m.epsilon), "axis": int(m.axis)}
-    else:
-        params = {"kernel": _value(m.kernel), "bias": _value(m.bias)}
-        attrs = {}
+        return ({r: get(r) for r in ("scale", "bias", "mean", "var")},
+                {"epsilon": float(m.epsilon), "axis": int(m.axis)})
+    if op in ("LayerNormalization", "RMSNormalization"):
+        axis = _norm_axis(m, op)
+        if axis is None:
+            return None
+        names = ("scale", "bias") if op == "LayerNormalization" else ("scale",)
+        return {r: get(r) for r in names}, {"epsilon": float(m.epsilon), "axis": axis}
+    if op == "Gather":
+        return {"table": get("embedding")}, {"axis": 0}
+    return {"kernel": get("kernel"), "bias": get("bias")}, {}
+
+
+def _nnx_leaf(op: str, path: str, m: Any) -> _Leaf | None:
+    got = _leaf_params(op, m, lambda r: _value(getattr(m, r, None)))
+    if got is None:
+        return None
+    params, attrs = got
     return _Leaf(op, path, m, {k: v for k, v in params.items() if v is not None}, attrs)
+
+
+#: Functions intercepted like layers: ``(module, name)`` where they are looked up, and the op.
+_FUNCTIONS = {"gelu": "Gelu", "softmax": "Softmax"}
+
+
+def _function_attrs(op: str, args: tuple, kwargs: dict) -> dict | None:
+    """The Graph attributes of an intercepted function call, or None to trace it primitive by
+    primitive (options the Graph operator does not have)."""
+    if op == "Gelu":
+        approximate = kwargs.get("approximate", args[1] if len(args) > 1 else True)
+        if set(kwargs) - {"approximate"} or len(args) > 2:
+            return None
+        return {"approximate": "tanh" if approximate else "none"}
+    axis = kwargs.get("axis", args[1] if len(args) > 1 else -1)
+    if isinstance(axis, tuple) and len(axis) == 1:
+        axis = axis[0]
+    if set(kwargs) - {"axis"} or len(args) > 2 or not isinstance(axis, int):
+        return None  # softmax with where= (a mask inside the softmax) or several axes
+    return {"axis": int(axis)}
+
+
+@contextlib.contextmanager
+def _intercept_functions(leaves: list[_Leaf]) -> Iterator[None]:
+    """Wrap ``jax.nn.gelu``/``softmax`` (and their aliases in ``flax.nnx`` and ``flax.linen``)
+    in marker scopes for the trace, and restore them after."""
+    import flax.linen as nn
+    from flax import nnx
+
+    patched: list[tuple[Any, str, Any]] = []
+
+    def make(op: str, orig: Callable) -> Callable:
+        def wrapped(*args, **kwargs):
+            attrs = _function_attrs(op, args, kwargs)
+            if attrs is None:
+                return orig(*args, **kwargs)
+            leaves.append(_Leaf(op, "", None, {}, attrs))
+            with jax.named_scope(f"{_MARK}{len(leaves) - 1}"):
+                return orig(*args, **kwargs)
+
+        return wrapped
+
+    # jax.nn.dot_product_attention (which nnx.MultiHeadAttention calls) reaches softmax by
+    # its name in jax's own module
+    import jax._src.nn.functions as jax_nn_impl
+
+    try:
+        for name, op in _FUNCTIONS.items():
+            orig = getattr(jax.nn, name)
+            fn = make(op, orig)
+            for mod in (jax.nn, nnx, nn, jax_nn_impl):
+                if getattr(mod, name, None) is orig:
+                    patched.append((mod, name, orig))
+                    setattr(mod, name, fn)
+        yield
+    finally:
+        for mod, name, orig in patched:
+            setattr(mod, name, orig)
 
 
 @contextlib.contextmanager
@@ -91,9 +191,10 @@ def _intercept_nnx(model: Any, leaves: list[_Leaf]) -> Iterator[None]:
 
     def make(cls: type, orig: Callable) -> Callable:
         def wrapped(self, *args, **kwargs):
-            if id(self) not in paths:
+            leaf = _nnx_leaf(types[cls], paths[id(self)], self) if id(self) in paths else None
+            if leaf is None:
                 return orig(self, *args, **kwargs)
-            leaves.append(_nnx_leaf(types[cls], paths[id(self)], self))
+            leaves.append(leaf)
             with jax.named_scope(f"{_MARK}{len(leaves) - 1}"):
                 return orig(self, *args, **kwargs)
 
@@ -112,7 +213,9 @@ def _intercept_nnx(model: Any, leaves: list[_Leaf]) -> Iterator[None]:
 def _linen_interceptor(variables: Any, leaves: list[_Leaf]) -> Callable:
     import flax.linen as nn
 
-    types = {nn.Conv: "Conv", nn.Dense: "Gemm", nn.BatchNorm: "BatchNormalization"}
+    types = {nn.Conv: "Conv", nn.Dense: "Gemm", nn.DenseGeneral: "Gemm",
+             nn.BatchNorm: "BatchNormalization", nn.LayerNorm: "LayerNormalization",
+             nn.RMSNorm: "RMSNormalization", nn.Embed: "Gather"}
 
     def lookup(collection: str, path: tuple[str, ...]) -> dict:
         d = variables.get(collection, {})
@@ -126,18 +229,14 @@ def _linen_interceptor(variables: Any, leaves: list[_Leaf]) -> Callable:
         if op is None or context.method_name != "__call__":
             return next_fun(*args, **kwargs)
         path = tuple(m.path)
-        p = lookup("params", path)
-        if op == "BatchNormalization":
-            s = lookup("batch_stats", path)
-            params = {"scale": p.get("scale"), "bias": p.get("bias")}
-            params.update(mean=s.get("mean"), var=s.get("var"))
-            attrs = {"epsilon": float(m.epsilon), "axis": int(m.axis)}
-        else:
-            params = {"kernel": p.get("kernel"), "bias": p.get("bias")}
-            attrs = {}
-        arrays = {k: _value(v) for k, v in params.items()}
+        p, stats = lookup("params", path), lookup("batch_stats", path)
+        got = _leaf_params(op, m, lambda r: _value(stats.get(r) if r in ("mean", "var")
+                                                    else p.get(r)))
+        if got is None:
+            return next_fun(*args, **kwargs)
+        params, attrs = got
         leaves.append(_Leaf(op, "/".join(path) or type(m).__name__, m,
-                            {k: v for k, v in arrays.items() if v is not None}, attrs))
+                            {k: v for k, v in params.items() if v is not None}, attrs))
         with jax.named_scope(f"{_MARK}{len(leaves) - 1}"):
             return next_fun(*args, **kwargs)
 
@@ -244,29 +343,43 @@ def _conv_attrs(e: _Eqn, path: str) -> dict[str, Any]:
     }
 
 
-_GROUP_PRIMS = {
+_GROUP_PRIMS: dict[str, set[str] | None] = {
     "Conv": {"conv_general_dilated", "reshape", "add", "broadcast_in_dim", "convert_element_type"},
     "Gemm": {"dot_general", "reshape", "add", "broadcast_in_dim", "convert_element_type"},
     "BatchNormalization": {"reshape", "sub", "add", "mul", "rsqrt", "broadcast_in_dim",
                            "convert_element_type", "div", "sqrt"},
+    # normalizations, embeddings and the functions compute with many primitives; the check
+    # against the model's output at the end of the trace is their test
+    "LayerNormalization": None, "RMSNormalization": None, "Gather": None, "Gelu": None,
+    "Softmax": None,
 }
 
 
-def _leaf_node(leaf: _Leaf, eqns: list[_Eqn], ext_in: list[str], ext_out: list[str]) -> Node:
-    prims = {e.prim.name for e in eqns}
-    extra = prims - _GROUP_PRIMS[leaf.op]
+def _leaf_nodes(leaf: _Leaf, eqns: list[_Eqn], ext_in: list[str], ext_out: list[str],
+                b: _Builder) -> tuple[list[Node], int, dict[str, np.ndarray]]:
+    """The Graph nodes of one intercepted layer or function (a ``LinearGeneral`` may need a
+    Reshape on either side of its Gemm), the index of the main node and its params."""
+    what = f"layer {leaf.path!r} ({type(leaf.module).__name__})" if leaf.module is not None \
+        else f"jax.nn.{leaf.op.lower()}"
+    allowed = _GROUP_PRIMS[leaf.op]
+    extra = {e.prim.name for e in eqns} - allowed if allowed is not None else set()
     if extra:
         raise UnsupportedOpError(
-            f"layer {leaf.path!r} ({type(leaf.module).__name__}) computes with {sorted(extra)}, "
-            f"which npujax's {leaf.op} node does not model (e.g. circular padding, masking or "
-            "precision options); use standard options or file an issue with the model."
+            f"{what} computes with {sorted(extra)}, which npujax's {leaf.op} node does not "
+            "model (e.g. circular padding, masking or precision options); use standard options "
+            "or file an issue with the model."
         )
     if len(ext_in) != 1 or len(ext_out) != 1:
         raise UnsupportedOpError(
-            f"layer {leaf.path!r} must read one activation and write one output, it reads "
+            f"{what} must read one activation and write one output, it reads "
             f"{len(ext_in)} and writes {len(ext_out)}."
         )
+    name = leaf.path or b.name(leaf.op.lower())
     attrs = dict(leaf.attrs)
+    params = dict(leaf.params)
+    x, y = ext_in[0], ext_out[0]
+    pre: list[Node] = []
+    post: list[Node] = []
     if leaf.op == "Conv":
         (conv,) = [e for e in eqns if e.prim.name == "conv_general_dilated"]
         attrs.update(_conv_attrs(conv, leaf.path))
@@ -275,19 +388,68 @@ def _leaf_node(leaf: _Leaf, eqns: list[_Eqn], ext_in: list[str], ext_out: list[s
         (dot,) = [e for e in eqns if e.prim.name == "dot_general"]
         (lc, rc), (lb, rb) = dot.params["dimension_numbers"]
         kernel = leaf.params["kernel"]
-        if lb or rb or kernel.ndim != 2 or tuple(rc) != (0,):
+        xs = b.types[x].shape
+        nc = len(lc)
+        if (lb or rb or tuple(rc) != tuple(range(nc))
+                or sorted(int(a) for a in lc) != list(range(len(xs) - nc, len(xs)))):
             raise UnsupportedOpError(
-                f"layer {leaf.path!r}: only dense layers with a 2-D [in, out] kernel are supported."
-            )
-    return Node(leaf.path, leaf.op, tuple(ext_in), tuple(ext_out), attrs, tuple(leaf.params))
+                f"{what}: only dense layers contracting the input's trailing axes with the "
+                "kernel's leading axes (no batch axes) are supported.")
+        k = int(np.prod(kernel.shape[:nc]))
+        out_features = tuple(int(d) for d in kernel.shape[nc:])
+        n = int(np.prod(out_features))
+        # the contracted input axes in the kernel's order
+        order = [int(a) for a in lc]
+        if order != sorted(order):
+            perm = list(range(len(xs) - nc)) + order
+            t = b.tensor(tuple(xs[i] for i in perm), b.types[x].dtype)
+            pre.append(Node(f"{name}/in_transpose", "Transpose", (x,), (t,), {"perm": perm}))
+            x = t
+        lead = tuple(b.types[x].shape[:len(xs) - nc])
+        if nc != 1:
+            t = b.tensor(lead + (k,), b.types[x].dtype)
+            pre.append(Node(f"{name}/in_reshape", "Reshape", (x,), (t,),
+                            {"shape": b.reshape_attr(lead + (k,), b.types[x].shape)}))
+            x = t
+        params["kernel"] = kernel.reshape(k, n)
+        if "bias" in params:
+            params["bias"] = params["bias"].reshape(n)
+        if len(out_features) != 1:
+            t = b.tensor(lead + (n,), b.types[y].dtype)
+            post.append(Node(f"{name}/out_reshape", "Reshape", (t,), (y,),
+                             {"shape": b.reshape_attr(lead + out_features, lead + (n,))}))
+            y = t
+    elif leaf.module is None and b.types[x].shape != b.types[y].shape:
+        # a function under vmap (e.g. softmax inside jax.nn.dot_product_attention) may move
+        # the mapped axis: the op on the input as it is, then that transpose
+        perms = [e.params["permutation"] for e in eqns if e.prim.name == "transpose"
+                 and e.ins[0] == ext_in[0] and len(e.params["permutation"]) == len(
+                     b.types[x].shape)]
+        if not perms:
+            raise UnsupportedOpError(f"{what} changes the shape of its input.")
+        perm = [int(a) for a in perms[0]]
+        t = b.tensor(b.types[x].shape, b.types[y].dtype)
+        post.append(Node(f"{name}/transpose", "Transpose", (t,), (y,), {"perm": perm}))
+        y = t
+    if leaf.op == "Softmax":  # the reduced axis, also when vmap moved it
+        axes = [e.params["axes"] for e in eqns if e.prim.name == "reduce_max"
+                and e.ins[0] == ext_in[0]]
+        if len(axes) == 1 and len(axes[0]) == 1:
+            attrs["axis"] = int(axes[0][0])
+    main = Node(name, leaf.op, (x,), (y,), attrs, tuple(params))
+    return [*pre, main, *post], len(pre), params
 
 
 #: JAX primitives that map one to one onto a registered operator (``OpDef.jax_primitives``).
 _PRIMITIVE_OPS = {prim: d.name for d in OPS.values() for prim in d.jax_primitives}
 #: Elementwise primitives without a registered operator, kept as exact ``JaxPrimitive`` nodes
-#: (those with one, e.g. exp or erf, map through ``OpDef.jax_primitives`` first).
-_UNARY_PRIMS = {"rsqrt", "sign", "floor", "ceil", "round", "integer_pow", "sin", "cos",
-                "square", "log1p", "expm1", "stop_gradient", "erf_inv", "is_finite"}
+#: (those with one, e.g. exp or erf, map through ``OpDef.jax_primitives`` first; rsqrt, square,
+#: integer_pow and erfc are written with ONNX operators by ``_Builder.primitive``).
+_UNARY_PRIMS = {"sign", "floor", "ceil", "round", "sin", "cos", "log1p", "expm1", "erf_inv",
+                "is_finite"}
+#: Primitives that are the identity at inference.
+_IDENTITY_PRIMS = {"convert_element_type", "copy", "copy_p", "optimization_barrier",
+                   "stop_gradient", "reduce_precision"}
 
 
 def _window_attrs(e: _Eqn) -> dict[str, Any]:
@@ -306,15 +468,30 @@ class _Builder:
     def __init__(self, types: dict[str, TensorType], batch: int) -> None:
         self.nodes: list[Node] = []
         self.constants: dict[str, np.ndarray] = {}
+        self.params: Params = {}
         self.types = types
         self.batch = batch
         self.alias: dict[str, str] = {}
         self._counts: dict[str, int] = {}
+        self._tensors = itertools.count()
 
     def name(self, base: str) -> str:
         k = self._counts.get(base, 0)
         self._counts[base] = k + 1
         return f"{base}_{k}"
+
+    def tensor(self, shape: tuple[int, ...], dtype: str) -> str:
+        """A new intermediate tensor of the given type."""
+        name = f"u{next(self._tensors)}"
+        self.types[name] = TensorType(tuple(int(d) for d in shape), str(dtype))
+        return name
+
+    def reshape_attr(self, shape: tuple[int, ...], src: tuple[int, ...]) -> list[int]:
+        """A Reshape's ``shape`` from ``src``, keeping a leading batch dimension (ONNX's 0)."""
+        out = [int(d) for d in shape]
+        if out and src and out[0] == src[0] == self.batch:
+            out[0] = 0
+        return out
 
     def ref(self, x: Any) -> str:
         if isinstance(x, _Const):
@@ -324,15 +501,88 @@ class _Builder:
             return name
         return self.alias.get(x, x)
 
-    def add(self, op: str, ins: list[Any], outs: list[str], attrs=None, base=None) -> None:
+    def shape(self, x: Any) -> tuple[int, ...]:
+        return tuple(x.value.shape) if isinstance(x, _Const) else self.types[self.ref(x)].shape
+
+    def dtype(self, x: Any) -> str:
+        return str(x.value.dtype) if isinstance(x, _Const) else self.types[self.ref(x)].dtype
+
+    def add(self, op: str, ins: list[Any], outs: list[str], attrs=None, base=None,
+            params=None) -> None:
         name = self.name(base or op.lower())
         self.nodes.append(Node(name, op, tuple(self.ref(i) for i in ins), tuple(outs),
-                               attrs or {}))
+                               attrs or {}, tuple(params or ())))
+        if params:
+            self.params[name] = {k: jnp.asarray(v) for k, v in params.items()}
+
+    def step(self, op: str, ins: list[Any], shape: tuple[int, ...], dtype: str, attrs=None,
+             base=None) -> str:
+        """Add a node with one new intermediate output; returns the output's name."""
+        t = self.tensor(shape, dtype)
+        self.add(op, ins, [t], attrs, base)
+        return t
+
+    # -- dot_general
+
+    def _operand(self, x: Any, perm: list[int], shape: tuple[int, ...], base: str) -> Any:
+        """``x`` transposed by ``perm`` and reshaped to ``shape``: numpy for a constant, else
+        Transpose/Reshape nodes (only where needed)."""
+        if isinstance(x, _Const):
+            return _Const(np.ascontiguousarray(np.transpose(x.value, perm)).reshape(shape))
+        src = self.shape(x)
+        if perm != sorted(perm):
+            x = self.step("Transpose", [x], tuple(src[i] for i in perm), self.dtype(x),
+                          {"perm": perm}, base=f"{base}_transpose")
+        if self.shape(x) != tuple(shape):
+            x = self.step("Reshape", [x], shape, self.dtype(x),
+                          {"shape": self.reshape_attr(shape, self.shape(x))},
+                          base=f"{base}_reshape")
+        return x
+
+    def dot_general(self, e: _Eqn) -> None:
+        """``dot_general`` as ``[batch..., M, K] x [batch..., K, N]``: a MatMul of two
+        activations, or a Gemm when the second operand is a constant 2-D kernel."""
+        (lc, rc), (lb, rb) = e.params["dimension_numbers"]
+        lc, rc, lb, rb = ([int(a) for a in v] for v in (lc, rc, lb, rb))
+        lhs, rhs = e.ins
+        ls, rs = self.shape(lhs), self.shape(rhs)
+        lf = [i for i in range(len(ls)) if i not in lc and i not in lb]
+        rf = [i for i in range(len(rs)) if i not in rc and i not in rb]
+        batch = tuple(ls[i] for i in lb)
+        size = lambda s, ax: int(np.prod([s[i] for i in ax], dtype=np.int64))  # noqa: E731
+        M, K, N = size(ls, lf), size(ls, lc), size(rs, rf)
+        out = e.outs[0]
+        out_shape = self.types[out].shape
+        dtype = self.types[out].dtype
+        if isinstance(lhs, _Const) and not isinstance(rhs, _Const):
+            raise UnsupportedOpError(
+                f"dot_general of a constant by an activation (in scope "
+                f"{e.scope.strip('/') or '<top>'}) is not supported; write it activation first.")
+        rhs2 = self._operand(rhs, rb + rc + rf, batch + (K, N), "matmul_b")
+        if isinstance(rhs2, _Const) and not batch:
+            # activation x constant kernel: a Gemm over the flattened leading dimensions
+            lhs2 = self._operand(lhs, lf + lc, tuple(ls[i] for i in lf) + (K,), "gemm_in")
+            lead = tuple(ls[i] for i in lf)
+            y = out if lead + (N,) == out_shape else self.tensor(lead + (N,), dtype)
+            self.add("Gemm", [lhs2], [y], {}, base="gemm",
+                     params={"kernel": np.asarray(rhs2.value, np.float32)})
+            if y != out:
+                self.add("Reshape", [y], [out],
+                         {"shape": self.reshape_attr(out_shape, lead + (N,))})
+            return
+        lhs2 = self._operand(lhs, lb + lf + lc, batch + (M, K), "matmul_a")
+        mm = batch + (M, N)
+        y = out if mm == out_shape else self.tensor(mm, dtype)
+        self.add("MatMul", [lhs2, rhs2], [y])
+        if y != out:
+            self.add("Reshape", [y], [out], {"shape": self.reshape_attr(out_shape, mm)})
+
+    # -- everything else
 
     def primitive(self, e: _Eqn) -> None:
         p = e.prim.name
         ins, outs = e.ins, e.outs
-        if p in ("convert_element_type", "copy", "copy_p", "optimization_barrier"):
+        if p in _IDENTITY_PRIMS:
             if isinstance(ins[0], str):
                 self.alias[outs[0]] = self.ref(ins[0])
                 return
@@ -343,16 +593,80 @@ class _Builder:
             return self.add("Relu", [x], outs)
         if p in _PRIMITIVE_OPS:
             return self.add(_PRIMITIVE_OPS[p], ins, outs)
+        if p == "dot_general":
+            return self.dot_general(e)
+        x = ins[0]
+        out_type = self.types[outs[0]]
+        shape, dtype = out_type.shape, out_type.dtype
+        if p == "rsqrt":
+            t = self.step("Sqrt", [x], shape, dtype, base="rsqrt_sqrt")
+            return self.add("Reciprocal", [t], outs, base="rsqrt")
+        if p == "square" or (p == "integer_pow" and e.params["y"] == 2):
+            return self.add("Mul", [x, x], outs, base=p)
+        if p == "integer_pow":
+            y = int(e.params["y"])
+            if y == -1:
+                return self.add("Reciprocal", [x], outs, base=p)
+            return self.add("Pow", [x, _Const(np.asarray(y, np.float32))], outs, base=p)
+        if p == "erfc":
+            t = self.step("Erf", [x], shape, dtype, base="erfc_erf")
+            return self.add("Sub", [_Const(np.asarray(1.0, np.float32)), t], outs, base="erfc")
+        if p == "select_n" and len(ins) == 3:
+            return self.add("Where", [ins[0], ins[2], ins[1]], outs)
+        if p == "broadcast_in_dim":
+            dims = [int(d) for d in e.params["broadcast_dimensions"]]
+            src = self.shape(x)
+            unit = [1] * len(shape)
+            for d, n in zip(dims, src):
+                unit[d] = n
+            if tuple(unit) != src and int(np.prod(src)) == int(np.prod(unit)) and dims == sorted(
+                    dims):
+                x = self.step("Reshape", [x], tuple(unit), dtype,
+                              {"shape": self.reshape_attr(tuple(unit), src)}) \
+                    if tuple(unit) != shape else x
+            elif tuple(unit) != src:
+                raise UnsupportedOpError(f"broadcast_in_dim with dimensions {dims} reorders axes.")
+            if tuple(unit) == shape:
+                if x is ins[0]:
+                    return self.add("Reshape", [x], outs,
+                                    {"shape": self.reshape_attr(shape, src)})
+                self.alias[outs[0]] = self.ref(x)
+                return
+            expand = [1 if u == s else s for u, s in zip(unit, shape)]
+            return self.add("Expand", [x], outs, {"shape": expand})
+        if p == "slice":
+            st = e.params["strides"] or [1] * len(e.params["start_indices"])
+            axes, starts, ends, steps = [], [], [], []
+            for ax, (a, z, k) in enumerate(zip(e.params["start_indices"],
+                                               e.params["limit_indices"], st)):
+                if (a, z, k) != (0, self.shape(x)[ax], 1):
+                    axes.append(ax)
+                    starts.append(int(a))
+                    ends.append(int(z))
+                    steps.append(int(k))
+            return self.add("Slice", [x], outs,
+                            {"axes": axes, "starts": starts, "ends": ends, "steps": steps})
+        if p == "concatenate":
+            return self.add("Concat", list(ins), outs, {"axis": int(e.params["dimension"])})
+        if p == "split":
+            return self.add("Split", [x], outs, {"axis": int(e.params["axis"]),
+                                                 "sizes": [int(v) for v in e.params["sizes"]]})
+        if p == "pad" and isinstance(ins[1], _Const):
+            cfg = e.params["padding_config"]
+            if all(int(i) == 0 for _, _, i in cfg):
+                return self.add("Pad", [x], outs, {
+                    "pads": [[int(lo), int(hi)] for lo, hi, _ in cfg], "mode": "constant",
+                    "value": float(ins[1].value)})
         if p == "reduce_window_max":
             return self.add("MaxPool", ins, outs, _window_attrs(e))
         if p == "reduce_window_sum":
             return self.add("SumPool", ins, outs, _window_attrs(e))
         if p == "reshape":
-            src, dst = self.types[self.ref(ins[0])].shape, e.params["new_sizes"]
-            shape = [int(d) for d in dst]
-            if src and shape and src[0] == shape[0] == self.batch:
-                shape[0] = 0  # keep the batch dimension (ONNX Reshape "copy" semantics)
-            return self.add("Reshape", ins[:1], outs, {"shape": shape})
+            new = [int(d) for d in e.params["new_sizes"]]
+            src = self.types[self.ref(ins[0])].shape
+            if src and new and src[0] == new[0] == self.batch:
+                new[0] = 0  # keep the batch dimension (ONNX Reshape "copy" semantics)
+            return self.add("Reshape", ins[:1], outs, {"shape": new})
         if p == "transpose":
             perm = [int(a) for a in e.params["permutation"]]
             return self.add("Transpose", ins, outs, {"perm": perm})
@@ -361,10 +675,10 @@ class _Builder:
             return self.add(op, ins, outs, {"axes": [int(a) for a in e.params["axes"]],
                                             "keepdims": False})
         if p == "squeeze":
-            shape = list(self.types[outs[0]].shape)
-            if shape and shape[0] == self.batch:
-                shape[0] = 0
-            return self.add("Reshape", ins, outs, {"shape": shape}, base="squeeze")
+            new = list(shape)
+            if new and new[0] == self.batch:
+                new[0] = 0
+            return self.add("Reshape", ins, outs, {"shape": new}, base="squeeze")
         if p in _UNARY_PRIMS or (p == "clamp"):
             if p == "clamp" and isinstance(ins[0], _Const) and isinstance(ins[2], _Const):
                 return self.add("Clip", [ins[1]], outs,
@@ -413,7 +727,8 @@ def trace_flax(
       model: an ``flax.nnx.Module`` (traced in eval mode on a copy, the original is untouched) or
         a ``flax.linen.Module`` (then ``variables`` is required; BatchNorm must be called with
         ``use_running_average=True`` via ``apply_kwargs``, e.g. ``train=False``).
-      example_input: float32 array ``(batch, ...)``; fixes the non-batch shapes of the graph.
+      example_input: array ``(batch, ...)``, float (converted to float32) or integer (token
+        ids, kept); fixes the non-batch shapes of the graph.
       variables: Linen variables ``{"params": ..., "batch_stats": ...}``.
       check: run the graph on ``example_input`` and compare with the model (recommended).
       **apply_kwargs: extra keyword arguments for the Linen ``apply``.
@@ -426,7 +741,9 @@ def trace_flax(
       UnsupportedOpError: a primitive or layer option has no Graph operator (names it).
       GraphError: the traced graph does not reproduce the model's output.
     """
-    x = jnp.asarray(example_input, jnp.float32)
+    x = jnp.asarray(example_input)
+    if not jnp.issubdtype(x.dtype, jnp.integer):
+        x = x.astype(jnp.float32)  # token ids stay integers
     leaves: list[_Leaf] = []
     from flax import nnx  # (flax >= 0.11, a dependency, always has nnx)
 
@@ -436,7 +753,7 @@ def trace_flax(
         source = "flax.nnx"
 
         def fn(inp):
-            with _intercept_nnx(model, leaves):
+            with _intercept_nnx(model, leaves), _intercept_functions(leaves):
                 return model(inp)
 
         reference = lambda inp: model(inp)  # noqa: E731
@@ -452,7 +769,7 @@ def trace_flax(
         interceptor = _linen_interceptor(variables, leaves)
 
         def fn(inp):
-            with nn.intercept_methods(interceptor):
+            with nn.intercept_methods(interceptor), _intercept_functions(leaves):
                 return model.apply(variables, inp, **apply_kwargs)
 
         reference = lambda inp: model.apply(variables, inp, **apply_kwargs)  # noqa: E731
@@ -505,12 +822,18 @@ def trace_flax(
                 if isinstance(i, str) and i not in produced[g] and i not in ext_in:
                     ext_in.append(i)
         ext_out = [o for ee in eqns for o in ee.outs if o in used_outside.get(g, set())]
-        node = _leaf_node(leaves[g], eqns, [builder.ref(i) for i in ext_in], ext_out)
-        if node.name in {n.name for n in builder.nodes}:
-            node = node.replace(name=builder.name(node.name))  # a layer called twice
-        builder.nodes.append(node)
-        params[node.name] = {k: jnp.asarray(v) for k, v in leaves[g].params.items()}
+        nodes, k, leaf_params = _leaf_nodes(leaves[g], eqns, [builder.ref(i) for i in ext_in],
+                                            ext_out, builder)
+        main = nodes[k]
+        if main.name in {n.name for n in builder.nodes}:  # a layer called twice
+            new = builder.name(main.name)
+            nodes = [n.replace(name=new + n.name[len(main.name):]) for n in nodes]
+            main = nodes[k]
+        builder.nodes.extend(nodes)
+        if leaf_params:
+            params[main.name] = {k: jnp.asarray(v) for k, v in leaf_params.items()}
 
+    params.update(builder.params)
     outputs = tuple(builder.ref(o) for o in out_refs)
     nodes = _fuse_average_pools(builder.nodes, set(outputs), builder.constants)
     tensors = {name: t for name, t in builder.types.items()}

@@ -26,9 +26,12 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from npujax.errors import ConfigError, GraphError, UnsupportedOpError
+from npujax.errors import ConfigError, GraphError, NpujaxError, UnsupportedOpError
+from npujax.ir.fusion import fuse_transformer_patterns
 from npujax.ir.graph import Graph, Node, Params, TensorType, fresh_name
+from npujax.limits import ByteBudget, check_bytes, check_elements
 from npujax.ops import ONNX_IMPORTERS, ONNX_WEIGHT_OPS, get_op
+from npujax.ops._onnx import iter_onnx_tensors, reference_evaluator, refuse_external_data
 
 __all__ = ["from_onnx", "SUPPORTED_ONNX_OPS", "load_onnx_model", "parse_input_shapes",
            "batch_input_shapes"]
@@ -40,15 +43,20 @@ def load_onnx_model(path_or_model: str | os.PathLike[str] | bytes | onnx.ModelPr
                     ) -> onnx.ModelProto:
     """Read an ONNX model (a local path, serialized bytes or a ``ModelProto``), with its weights.
 
-    External-data tensors are read only from files inside the model's folder: a location that is
-    absolute or escapes the folder (``../``, symlinks) is refused, and URLs are never fetched.
+    External-data tensors, wherever they sit (initializers, node attributes, sparse tensors,
+    the subgraphs of ``If``/``Loop``/``Scan`` at any depth, functions), are read only from files
+    inside the model's folder: a location that is absolute or escapes the folder (``../``,
+    symlinks) is refused, URLs are never fetched, and a model given in memory may not have any.
+    Each length is checked against the tensor's declared size, the file's size and
+    :mod:`npujax.limits` before it is read.
 
     Raises:
       GraphError: the path is a URL or does not exist, the file is not a valid ONNX protobuf, or an
-        external-data location is missing or outside the model's folder.
+        external-data location is missing, outside the model's folder or of the wrong length.
+      LimitError: a tensor or the model's tensors together exceed :mod:`npujax.limits`.
     """
     if isinstance(path_or_model, onnx.ModelProto):
-        model, base = path_or_model, None
+        model, base = path_or_model, None  # (external data would be refused: nothing changes)
     elif isinstance(path_or_model, bytes):
         model, base = _parse(path_or_model, "<bytes>"), None
     else:
@@ -61,8 +69,10 @@ def load_onnx_model(path_or_model: str | os.PathLike[str] | bytes | onnx.ModelPr
         path = Path(text)
         if not path.is_file():
             raise GraphError(f"ONNX model {text!r} does not exist or is not a file.")
+        check_bytes(path.stat().st_size, f"ONNX file {text!r}", limit="max_model_bytes")
         model, base = _parse(path.read_bytes(), text), path.resolve().parent
     _load_external_data(model, base)
+    refuse_external_data(model, "ONNX model")  # the invariant every evaluation relies on
     return model
 
 
@@ -79,45 +89,88 @@ def _parse(data: bytes, where: str) -> onnx.ModelProto:
     return model
 
 
-def _all_tensors(model: onnx.ModelProto):
-    yield from model.graph.initializer
-    for node in model.graph.node:
-        for attr in node.attribute:
-            if attr.HasField("t"):
-                yield attr.t
+def _tensor_nbytes(t: onnx.TensorProto, where: str) -> int | None:
+    """Bytes of a tensor's data from its declared dims and type (None for strings)."""
+    if t.data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
+        return None
+    try:
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
+    except Exception:
+        raise GraphError(f"{where} has an unknown data type {t.data_type}.") from None
+    n = check_elements(list(t.dims), where)
+    bits = 4 if t.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4) else None
+    return (n * bits + 7) // 8 if bits else n * dtype.itemsize
 
 
 def _load_external_data(model: onnx.ModelProto, base: Path | None) -> None:
-    for t in _all_tensors(model):
+    """Read every external-data tensor of ``model`` (at any depth: subgraphs of ``If``/``Loop``/
+    ``Scan``, attribute tensors, sparse tensors, functions) from inside ``base``, checking its
+    length against the tensor's declared size, the file's size and the limits before reading;
+    afterwards no tensor of the model refers to a file."""
+    budget = ByteBudget("the model's tensors")
+    for where, t in iter_onnx_tensors(model):
+        nbytes = _tensor_nbytes(t, where)
         if t.data_location != onnx.TensorProto.EXTERNAL:
+            if nbytes is not None:  # already in memory (parsed): counted, not re-checked
+                budget.used += nbytes
             continue
         info = {e.key: e.value for e in t.external_data}
         loc = info.get("location", "")
         if base is None:
             raise GraphError(
-                f"tensor {t.name!r} keeps its data in external file {loc!r}, but the model was "
-                "passed in memory; pass the model's path so its folder can be read."
-            )
-        if _URL.match(loc) or os.path.isabs(loc):
+                f"{where} keeps its data in external file {loc!r}, but the model was passed in "
+                "memory; pass the model's path so its folder can be read.")
+        if not loc or _URL.match(loc) or os.path.isabs(loc) or "\0" in loc:
             raise GraphError(
-                f"tensor {t.name!r} points at external data {loc!r}; only relative paths inside "
-                f"the model's folder {str(base)!r} are read."
-            )
+                f"{where} points at external data {loc!r}; only relative paths inside the "
+                f"model's folder {str(base)!r} are read.")
         target = (base / loc).resolve()
         if not target.is_relative_to(base):
             raise GraphError(
-                f"tensor {t.name!r} points at external data {loc!r}, which resolves outside the "
-                f"model's folder {str(base)!r}; refusing to read it."
-            )
+                f"{where} points at external data {loc!r}, which resolves outside the model's "
+                f"folder {str(base)!r}; refusing to read it.")
         if not target.is_file():
-            raise GraphError(f"external data file {loc!r} of tensor {t.name!r} does not exist.")
-        offset, length = int(info.get("offset", 0)), info.get("length")
+            raise GraphError(f"external data file {loc!r} of {where} does not exist or is not "
+                             "a regular file.")
+        if nbytes is None:
+            raise GraphError(f"{where}: external data of string tensors is not supported.")
+        try:
+            offset = int(info.get("offset", 0))
+            length = int(info["length"]) if "length" in info else None
+        except ValueError:
+            raise GraphError(f"{where}: external-data offset/length {info.get('offset')!r}/"
+                             f"{info.get('length')!r} are not whole numbers.") from None
+        size = target.stat().st_size
+        if length is None:
+            length = size - offset
+        if offset < 0 or length < 0 or offset + length > size:
+            raise GraphError(
+                f"{where}: external data {loc!r} at offset {offset} with length {length} does "
+                f"not lie inside the file ({size} bytes).")
+        if length != nbytes:
+            raise GraphError(
+                f"{where}: external data {loc!r} holds {length} bytes, but the tensor's dims "
+                f"{list(t.dims)} need {nbytes}.")
+        budget.take(nbytes, f"{where} (external data {loc!r})")
         with open(target, "rb") as f:
             f.seek(offset)
-            data = f.read(int(length) if length is not None else -1)
+            data = f.read(length)
+        if len(data) != length:
+            raise GraphError(f"{where}: external data {loc!r} was shorter than announced.")
         t.raw_data = data
         t.data_location = onnx.TensorProto.DEFAULT
         del t.external_data[:]
+
+
+def _to_array(t: onnx.TensorProto, where: str) -> np.ndarray:
+    """``numpy_helper.to_array`` with the declared size checked first and errors named."""
+    nbytes = _tensor_nbytes(t, where)
+    if nbytes is not None:
+        check_bytes(nbytes, where)
+    try:
+        return numpy_helper.to_array(t)
+    except Exception as e:
+        raise GraphError(f"{where} cannot be read: {type(e).__name__}: {e}") from None
 
 
 def parse_input_shapes(specs: Sequence[str]) -> dict[str, tuple[int, ...]]:
@@ -160,6 +213,8 @@ class _Ctx:
         self.nodes: list[Node] = []
         self.params: Params = {}
         self.names: set[str] = set()
+        self.budget = ByteBudget("the model's constant-folded values")
+        self.graph_inputs: set[str] = set()
         self.onnx_node = onnx.NodeProto()  # the node being converted (set per node)
         self.node_name = ""
 
@@ -197,6 +252,14 @@ class _Ctx:
         if p:
             self.params[name] = p
         specs = [self._spec(t) for t in node.inputs]
+        self._check_integers(op, node.inputs, specs)
+        to = np.dtype(node.attrs["to"]) if op == "Cast" and "to" in node.attrs else None
+        if (to is not None and to.kind in "iu" and to.itemsize == 8
+                and not jax.config.read("jax_enable_x64")):
+            raise UnsupportedOpError(
+                f"node {self.node_name!r} (Cast) makes a {to} tensor at run time; JAX narrows it "
+                "to 32 bits unless 64-bit types are on (jax.config.update('jax_enable_x64', "
+                "True)).")
         try:
             run = get_op(op, name).run
             outs = jax.eval_shape(lambda xs, pp: run(node, xs, pp), specs, p)
@@ -208,9 +271,34 @@ class _Ctx:
                 f"shapes {[tuple(s.shape) for s in specs]}: {type(e).__name__}: {e}"
             ) from None
         for t, o in zip(node.outputs, outs):
+            check_elements(o.shape, f"node {self.node_name!r} ({self.onnx_node.op_type}) "
+                                    f"output {t!r}")
             self.types[t] = TensorType(tuple(int(d) for d in o.shape), str(o.dtype))
         self.nodes.append(node)
         return node
+
+    def _check_integers(self, op: str, inputs: Sequence[str],
+                        specs: Sequence[jax.ShapeDtypeStruct]) -> None:
+        """Refuse an op without exact integer semantics on an integer tensor computed at run
+        time, and 64-bit integers JAX would silently narrow (x64 disabled)."""
+        opdef = get_op(op, self.node_name)
+        for i, (t, sp) in enumerate(zip(inputs, specs)):
+            if t in self.consts or not (jnp.issubdtype(sp.dtype, jnp.integer)
+                                        or sp.dtype == np.bool_):
+                continue
+            where = f"node {self.node_name!r} ({self.onnx_node.op_type})"
+            if not opdef.integers:
+                raise UnsupportedOpError(
+                    f"{where} reads the integer tensor {t!r} ({sp.dtype}); npujax's {op} is not "
+                    "exact on integers (ONNX keeps integer semantics), so it is refused rather "
+                    "than approximated in float.")
+            if (np.dtype(sp.dtype).itemsize == 8 and i not in opdef.index_inputs
+                    and t not in self.graph_inputs and not jax.config.read("jax_enable_x64")):
+                # (a graph input's values are checked to fit 32 bits when it is fed: as_inputs)
+                raise UnsupportedOpError(
+                    f"{where} reads the 64-bit tensor {t!r} ({sp.dtype}) at run time; JAX "
+                    "narrows it to 32 bits unless 64-bit types are on (jax.config.update("
+                    "'jax_enable_x64', True)).")
 
     def _spec(self, t: str) -> jax.ShapeDtypeStruct:
         if t in self.consts:
@@ -258,7 +346,7 @@ def _constant_value(n: onnx.NodeProto) -> np.ndarray:
     if a is None:
         raise GraphError(f"Constant node {n.name!r} has no value attribute.")
     if a.name == "value":
-        return numpy_helper.to_array(a.t)
+        return _to_array(a.t, f"Constant node {n.name!r}")
     v = helper.get_attribute_value(a)
     if a.name == "value_float":
         return np.asarray(v, np.float32)
@@ -287,15 +375,75 @@ def _fold_dequantize(ctx: _Ctx, n: onnx.NodeProto) -> None:
                                ).astype(np.float32)
 
 
-def _fold(ctx: _Ctx, n: onnx.NodeProto) -> None:
-    """Evaluate a node whose inputs are all constants with onnx's reference implementation."""
-    from onnx.reference import ReferenceEvaluator
+#: Most loop iterations a constant-folded ``Loop`` may run (its trip count must be a constant).
+MAX_FOLD_LOOP_ITERATIONS = 2**16
+_SHAPE_CONST_ELEMS = 4096  # integer constants up to this size join shape inference as values
 
+
+def _fold_output_bytes(ctx: _Ctx, n: onnx.NodeProto, ins: list[str]) -> list[int | None]:
+    """The bytes of each output of a node about to be folded, from ONNX shape inference with
+    its small integer inputs as values (what decides shapes); None where it cannot tell."""
+    vis, inits = [], []
+    for i in ins:
+        c = ctx.consts[i]
+        if c.dtype.kind in "iub" and c.size <= _SHAPE_CONST_ELEMS:
+            inits.append(numpy_helper.from_array(c, i))
+        vis.append(helper.make_tensor_value_info(
+            i, helper.np_dtype_to_tensor_dtype(c.dtype), c.shape))
+    outs = [o for o in n.output if o]
+    g = helper.make_graph([n], "bound", vis,
+                          [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None)
+                           for o in outs], inits)
+    m = helper.make_model(g, opset_imports=list(ctx.model.opset_import))
+    try:
+        inferred = onnx.shape_inference.infer_shapes(m, data_prop=True)
+    except Exception as e:
+        raise GraphError(f"node {ctx.node_name!r} ({n.op_type}) has only constant inputs but "
+                         f"ONNX shape inference rejects it: {type(e).__name__}: {e}") from None
+    types = {v.name: v.type.tensor_type for v in [*inferred.graph.output,
+                                                  *inferred.graph.value_info]}
+    sizes: list[int | None] = []
+    for o in outs:
+        tt = types.get(o)
+        if (tt is None or not tt.HasField("shape") or tt.elem_type == 0
+                or not all(d.HasField("dim_value") for d in tt.shape.dim)):
+            sizes.append(None)
+            continue
+        dims = [d.dim_value for d in tt.shape.dim]
+        what = f"node {ctx.node_name!r} ({n.op_type}) output {o!r}"
+        itemsize = (1 if tt.elem_type == onnx.TensorProto.STRING
+                    else np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)).itemsize)
+        sizes.append(check_elements(dims, what) * itemsize)
+    return sizes
+
+
+def _fold(ctx: _Ctx, n: onnx.NodeProto) -> None:
+    """Evaluate a node whose inputs are all constants with onnx's reference implementation.
+
+    The size of every output is known before anything is evaluated (from ONNX shape inference)
+    and checked against :mod:`npujax.limits`; a node whose output size cannot be bounded, or a
+    ``Loop`` of more than :data:`MAX_FOLD_LOOP_ITERATIONS`, is refused.
+    """
     if n.op_type == "DequantizeLinear":
         _fold_dequantize(ctx, n)
         return
 
     ins = [i for i in n.input if i]
+    what = f"node {ctx.node_name!r} ({n.op_type})"
+    if n.op_type == "Loop":
+        trip = ctx.consts[n.input[0]] if n.input and n.input[0] else None
+        if trip is None or trip.size != 1 or int(trip.reshape(-1)[0]) > MAX_FOLD_LOOP_ITERATIONS:
+            raise GraphError(
+                f"{what} is a Loop on constants whose trip count "
+                f"{'is not given' if trip is None else int(trip.reshape(-1)[0])} exceeds the "
+                f"{MAX_FOLD_LOOP_ITERATIONS} iterations npujax folds at import.")
+    for o, nbytes in zip([o for o in n.output if o], _fold_output_bytes(ctx, n, ins)):
+        if nbytes is None:
+            raise GraphError(
+                f"{what} has only constant inputs, but the size of its output {o!r} cannot be "
+                "known before evaluating it (ONNX shape inference gives no static shape); "
+                "npujax folds only values it can bound (see docs/errors.md, limits).")
+        ctx.budget.take(nbytes, f"the constant-folded output {o!r} of {what}")
     inputs = [helper.make_tensor_value_info(i, helper.np_dtype_to_tensor_dtype(
         ctx.consts[i].dtype), ctx.consts[i].shape) for i in ins]
     outputs = [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None)
@@ -303,10 +451,12 @@ def _fold(ctx: _Ctx, n: onnx.NodeProto) -> None:
     g = helper.make_graph([n], "fold", inputs, outputs)
     m = helper.make_model(g, opset_imports=list(ctx.model.opset_import))
     try:
-        res = ReferenceEvaluator(m).run(None, {i: ctx.consts[i] for i in ins})
+        res = reference_evaluator(m, what).run(None, {i: ctx.consts[i] for i in ins})
+    except GraphError:
+        raise
     except Exception as e:
-        raise GraphError(f"node {ctx.node_name!r} ({n.op_type}) has only constant inputs but "
-                         f"could not be folded: {type(e).__name__}: {e}") from None
+        raise GraphError(f"{what} has only constant inputs but could not be folded: "
+                         f"{type(e).__name__}: {e}") from None
     for o, v in zip([o for o in n.output if o], res):
         ctx.consts[o] = np.asarray(v)
 
@@ -359,6 +509,78 @@ def _fallback(ctx: _Ctx, n: onnx.NodeProto) -> None:
     })
 
 
+#: Operators with a sliding window: ``strides``/``dilations``/``kernel_shape`` >= 1, ``pads`` >= 0,
+#: and an empty output (a window larger than its padded input) is an error.
+_WINDOW_OPS = frozenset({"Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool",
+                         "ConvInteger", "QLinearConv", "DeformConv", "MaxUnpool", "Col2Im"})
+
+
+#: Of those, the ones on the MAC array: an empty output is an error. (An empty pooling output
+#: is legal ONNX: onnxruntime runs PP-OCR's classifier at half resolution that way.)
+_GEMM_WINDOW_OPS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv",
+                              "DeformConv"})
+
+
+def _check_attrs(name: str, n: onnx.NodeProto, a: Mapping[str, Any], rank: int | None) -> None:
+    """The ONNX rules on window attributes (values and lengths for an input of ``rank``
+    dimensions), checked before any importer runs."""
+    if n.op_type not in _WINDOW_OPS:
+        return
+    spatial = None if rank is None else rank - 2
+    if spatial is not None and spatial < 1:
+        raise GraphError(f"node {name!r} ({n.op_type}) needs an input of rank >= 3 "
+                         f"(N, C, spatial...), got rank {rank}.")
+    for key, low, per in (("strides", 1, 1), ("dilations", 1, 1), ("kernel_shape", 1, 1),
+                          ("pads", 0, 2), ("output_padding", 0, 1)):
+        if key in a:
+            v = a[key]
+            if not isinstance(v, list) or not all(isinstance(d, int) and d >= low for d in v):
+                raise GraphError(f"node {name!r} ({n.op_type}): {key}={v} must be a list of "
+                                 f"integers >= {low} (ONNX {n.op_type}).")
+            if spatial is not None and len(v) != per * spatial:
+                raise GraphError(f"node {name!r} ({n.op_type}): {key}={v} must have "
+                                 f"{per * spatial} entries for {spatial} spatial dimension(s).")
+    if "group" in a and (not isinstance(a["group"], int) or a["group"] < 1):
+        raise GraphError(f"node {name!r} ({n.op_type}): group={a['group']} must be >= 1.")
+
+
+def _check_arity(name: str, n: onnx.NodeProto, opset: int) -> None:
+    """The node's inputs against its ONNX schema: their number, and required ones present."""
+    try:
+        schema = onnx.defs.get_schema(n.op_type, opset, n.domain or "")
+    except Exception:
+        return  # not an ONNX operator: refused or kept as a fallback later
+    count = len(n.input)
+    if not schema.min_input <= count <= schema.max_input:
+        raise GraphError(f"node {name!r} ({n.op_type}) has {count} inputs; ONNX {n.op_type} "
+                         f"(opset {opset}) takes {schema.min_input} to {schema.max_input}.")
+    have = {a.name for a in n.attribute}
+    missing = sorted(k for k, a in schema.attributes.items() if a.required and k not in have)
+    if missing:
+        raise GraphError(f"node {name!r} ({n.op_type}) lacks the required attribute(s) "
+                         f"{missing} of ONNX {n.op_type}.")
+    single = onnx.defs.OpSchema.FormalParameterOption.Single
+    for i, p in enumerate(schema.inputs):
+        if p.option == single and i < count and not n.input[i]:
+            raise GraphError(f"node {name!r} ({n.op_type}): its required input {i} "
+                             f"({p.name!r}) is empty.")
+
+
+def _check_opset(model: onnx.ModelProto) -> int:
+    """The model's default-domain opset, which must be declared once and known to onnx."""
+    versions = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    newest = onnx.defs.onnx_opset_version()
+    if len(versions) != 1:
+        raise GraphError(
+            f"the model declares {'no' if not versions else len(versions)} opset version(s) for "
+            "the default ONNX domain; a model must declare exactly one (onnx.helper.make_model("
+            "..., opset_imports=[onnx.helper.make_opsetid('', 17)])).")
+    if not 1 <= versions[0] <= newest:
+        raise GraphError(f"the model declares ONNX opset {versions[0]}, which does not exist "
+                         f"(this onnx knows 1-{newest}).")
+    return versions[0]
+
+
 def _graph_inputs(ctx: _Ctx, model: onnx.ModelProto,
                   input_shapes: Mapping[str, Sequence[int]] | None) -> list[str]:
     inits = {t.name for t in model.graph.initializer}
@@ -393,6 +615,7 @@ def _graph_inputs(ctx: _Ctx, model: onnx.ModelProto,
         else:
             shape = tuple(d for d in dims if d is not None)  # (no dim is None on this branch)
         dtype = helper.tensor_dtype_to_np_dtype(tt.elem_type) if tt.elem_type else np.float32
+        check_elements(shape, f"model input {vi.name!r}")
         ctx.types[vi.name] = TensorType(shape, str(np.dtype(dtype)))
         names.append(vi.name)
     return names
@@ -446,6 +669,9 @@ def from_onnx(
         ``input_shapes`` or declared with static other dimensions) is set to it
         (:func:`batch_input_shapes`).
 
+    Decomposed LayerNorms and GELUs are fused into single ops where they are exactly that
+    (:func:`npujax.ir.fusion.fuse_transformer_patterns`).
+
     The graph is specialised to the input shapes: shape computations are folded with them, so
     executing with another batch size works only where no folded shape depends on the batch
     (import once per batch size otherwise).
@@ -473,6 +699,7 @@ def from_onnx(
     model = load_onnx_model(path_or_model)
     if batch is not None:
         input_shapes = batch_input_shapes(model, input_shapes, batch) or None
+    opset = _check_opset(model)
     ctx = _Ctx(model, unsupported)
     for o in model.opset_import:
         if o.domain not in ("", "ai.onnx") and any(n.domain == o.domain for n in model.graph.node):
@@ -481,16 +708,32 @@ def from_onnx(
                     f"the model uses operators of domain {o.domain!r}; npujax imports only the "
                     "default ONNX domain (use unsupported='fallback' to keep them as CPU nodes).")
     for t in model.graph.initializer:
-        ctx.consts[t.name] = numpy_helper.to_array(t)
+        if t.name in ctx.consts:
+            raise GraphError(f"two initializers are named {t.name!r}; tensor names must be "
+                             "unique.")
+        ctx.consts[t.name] = _to_array(t, f"initializer {t.name!r}")
+    names = [vi.name for vi in model.graph.input]
+    if len(set(names)) != len(names):
+        raise GraphError(f"the model declares the input(s) "
+                         f"{sorted({x for x in names if names.count(x) > 1})} twice.")
     inputs = _graph_inputs(ctx, model, input_shapes)
+    ctx.graph_inputs = set(inputs)
     for i, n in enumerate(model.graph.node):
         ctx.onnx_node, ctx.node_name = n, n.name or f"{n.op_type}_{i}"
+        if n.domain in ("", "ai.onnx"):
+            _check_arity(ctx.node_name, n, opset)
         for t in n.input:
             if t and t not in ctx.consts and t not in ctx.types:
                 raise GraphError(
                     f"node {ctx.node_name!r} ({n.op_type}) reads tensor {t!r}, which is neither a "
                     "graph input, an initializer nor the output of an earlier node (a missing "
                     "initializer, or nodes out of topological order).")
+        for t in n.output:
+            if t and (t in ctx.consts or t in ctx.types):
+                raise GraphError(
+                    f"node {ctx.node_name!r} ({n.op_type}) writes tensor {t!r}, which an "
+                    "initializer, a graph input or an earlier node already defines; tensor "
+                    "names must be unique (SSA).")
         if n.op_type == "Constant":
             ctx.consts[n.output[0]] = _constant_value(n)
             continue
@@ -517,8 +760,18 @@ def from_onnx(
                 f"{' (domain ' + repr(n.domain) + ')' if n.domain else ''}, which npujax cannot "
                 f"import; supported: {sorted(SUPPORTED_ONNX_OPS)}. Pass unsupported='fallback' "
                 "to keep it as a CPU-fallback node.")
+        attrs = _attrs(n)
+        rank = len(ctx.shape(n.input[0])) if n.input and n.input[0] else None
+        _check_attrs(ctx.node_name, n, attrs, rank)
         try:
-            conv(ctx, n, _attrs(n))
+            conv(ctx, n, attrs)
+            if n.op_type in _GEMM_WINDOW_OPS:
+                for t in n.output:
+                    if t in ctx.types and 0 in ctx.types[t].shape:
+                        raise GraphError(
+                            f"node {ctx.node_name!r} ({n.op_type}) has an empty output "
+                            f"{list(ctx.types[t].shape)}: its (dilated) kernel is larger than "
+                            "its padded input.")
         except UnsupportedOpError as e:
             msg = str(e)
             if ctx.node_name not in msg:
@@ -527,10 +780,21 @@ def from_onnx(
                 _fallback(ctx, n)
                 continue
             raise UnsupportedOpError(msg) from None
+        except NpujaxError:
+            raise
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            # an importer met an attribute or input of a shape the checks above let through
+            raise GraphError(f"node {ctx.node_name!r} ({n.op_type}) cannot be imported: "
+                             f"{type(e).__name__}: {e}") from None
     outputs = [o.name for o in model.graph.output]
     for o in outputs:
         if o not in ctx.types and o not in ctx.consts:
             raise GraphError(f"graph output {o!r} is produced by no node.")
+        dt = ctx.consts[o].dtype if o in ctx.consts else np.dtype(ctx.types[o].dtype)
+        if dt.itemsize == 8 and dt.kind in "iu" and not jax.config.read("jax_enable_x64"):
+            raise UnsupportedOpError(
+                f"graph output {o!r} is {dt}, which JAX narrows to 32 bits unless 64-bit types "
+                "are on (jax.config.update('jax_enable_x64', True)).")
     used = {t for node in ctx.nodes for t in node.inputs} | set(outputs)
     constants = {k: v for k, v in ctx.consts.items() if k in used}
     tensors = dict(ctx.types)
@@ -538,7 +802,7 @@ def from_onnx(
         tensors[k] = TensorType(tuple(int(d) for d in v.shape), str(v.dtype))
     graph = Graph(nodes=tuple(ctx.nodes), inputs=tuple(inputs), outputs=tuple(outputs),
                   tensors=tensors, constants=constants, source="onnx")
-    return _fold_bias_adds(graph, ctx.params)
+    return fuse_transformer_patterns(*_fold_bias_adds(graph, ctx.params))
 
 
 def _fold_bias_adds(graph: Graph, params: Params) -> tuple[Graph, Params]:

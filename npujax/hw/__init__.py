@@ -12,6 +12,7 @@ from npujax.hw.spec import NpuSpec as NpuSpec
 from npujax.hw.spec import OpsSpec as OpsSpec
 from npujax.hw.spec import VectorSpec as VectorSpec
 from npujax.hw.spec import as_spec as as_spec
+from npujax.hw.spec import differentiable_spec as differentiable_spec
 from npujax.hw.spec import list_presets as list_presets
 from npujax.hw.spec import load_npu_spec as load_npu_spec
 from npujax.hw.spec import npu_spec_from_dict as npu_spec_from_dict
@@ -30,6 +31,7 @@ __all__ = [
     "NpuSpec",
     "DATAFLOWS",
     "load_npu_spec",
+    "differentiable_spec",
     "npu_spec_from_dict",
     "list_presets",
     "stack_specs",

@@ -9,13 +9,15 @@ Hardware is data. Every numeric field carries its unit in its name (``clock_hz``
                precision_scaling, brick_bits
     [memory]   ifmap_sram_bytes, filter_sram_bytes, ofmap_sram_bytes, dram_bytes_per_s,
                dram_latency_s, dram_bytes (optional), core_link_bytes_per_s (optional)
-    [vector]   lanes
+    [vector]   lanes, special_cycles_per_elem (optional, default 4)
     [layout]   activation_layout, c0, channel_alignment, dram_burst_bytes
     [ops]      supported, fused_activations, conv_max_kernel, conv_max_stride, fusion (optional)
     [host]     cpu_ops_per_s, link_bytes_per_s, link_latency_s
 
-Unknown keys, missing keys, wrong types, non-positive sizes and unknown names are rejected with a
-:class:`~npujax.errors.ConfigError` that names the file, the section, the key and the fix.
+Unknown keys, missing keys, wrong types, non-positive sizes, values outside a field's physical
+range (``docs/hw.md``: e.g. ``clock_hz`` in [1e3, 1e11]; they keep every latency finite and every
+count exact) and unknown names are rejected with a :class:`~npujax.errors.ConfigError` that names
+the file, the section, the key and the fix.
 See ``docs/hw.md`` for the meaning of every field.
 
 The spec is a JAX pytree: its numeric fields are leaves and everything else (names, dataflow,
@@ -59,6 +61,7 @@ __all__ = [
     "npu_spec_from_dict",
     "list_presets",
     "stack_specs",
+    "differentiable_spec",
     "as_spec",
 ]
 
@@ -74,8 +77,10 @@ LAYOUTS = ("NHWC", "NCHW", "NC1HWC0")
 FUSION_LEVELS = ("none", "elementwise", "residual", "layer")
 
 
-def _field(*, zero_ok: bool = False, choices: tuple[str, ...] | None = None, default=None):
-    meta = {"zero_ok": zero_ok, "choices": choices}
+def _field(*, zero_ok: bool = False, choices: tuple[str, ...] | None = None, default=None,
+           lo: float | None = None, hi: float | None = None):
+    """A spec field; numeric ones carry their physical range ``[lo, hi]`` (docs/hw.md)."""
+    meta = {"zero_ok": zero_ok, "choices": choices, "lo": lo, "hi": hi}
     if default is None:
         return dataclasses.field(metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -106,15 +111,15 @@ class ArraySpec:
       brick_bits: operand width of a BitBrick for ``bit_composable`` (e.g. 2); ignored otherwise.
     """
 
-    rows: int = _field()
-    cols: int = _field()
+    rows: int = _field(lo=1, hi=2**16)
+    cols: int = _field(lo=1, hi=2**16)
     dataflow: str = _field(choices=DATAFLOWS)
-    clock_hz: float = _field()
-    operand_bits: int = _field()
-    accumulator_bits: int = _field()
-    cores: int = _field()
+    clock_hz: float = _field(lo=1e3, hi=1e11)
+    operand_bits: int = _field(lo=1, hi=64)
+    accumulator_bits: int = _field(lo=1, hi=128)
+    cores: int = _field(lo=1, hi=2**16)
     precision_scaling: str = _field(choices=PRECISION_SCALINGS)
-    brick_bits: int = _field()
+    brick_bits: int = _field(lo=1, hi=64)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -136,13 +141,13 @@ class MemorySpec:
         (:mod:`npujax.plan.pipeline`).
     """
 
-    ifmap_sram_bytes: int = _field()
-    filter_sram_bytes: int = _field()
-    ofmap_sram_bytes: int = _field()
-    dram_bytes_per_s: float = _field()
-    dram_latency_s: float = _field(zero_ok=True)
-    dram_bytes: float = _field(zero_ok=True, default=0.0)
-    core_link_bytes_per_s: float = _field(zero_ok=True, default=0.0)
+    ifmap_sram_bytes: int = _field(lo=1, hi=2**40)
+    filter_sram_bytes: int = _field(lo=1, hi=2**40)
+    ofmap_sram_bytes: int = _field(lo=1, hi=2**40)
+    dram_bytes_per_s: float = _field(lo=1e3, hi=1e15)
+    dram_latency_s: float = _field(zero_ok=True, lo=0.0, hi=1.0)
+    dram_bytes: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=2.0**60)
+    core_link_bytes_per_s: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=1e15)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -151,9 +156,14 @@ class VectorSpec:
 
     Attributes:
       lanes: elements processed per clock cycle, >= 1.
+      special_cycles_per_elem: lane cycles of one special-function evaluation (exp, erf, tanh,
+        reciprocal, rsqrt) on the special-function unit, > 0 (default 4: a lookup table plus
+        a few Newton or polynomial steps, as in the softmax units of NPU papers such as
+        Stevens et al., "Softermax", DAC 2021, arXiv:2103.09301).
     """
 
-    lanes: int = _field()
+    lanes: int = _field(lo=1, hi=2**20)
+    special_cycles_per_elem: float = _field(default=4.0, lo=0.0625, hi=2**16)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -168,9 +178,9 @@ class LayoutSpec:
     """
 
     activation_layout: str = _field(choices=LAYOUTS)
-    c0: int = _field()
-    channel_alignment: int = _field()
-    dram_burst_bytes: int = _field()
+    c0: int = _field(lo=1, hi=2**12)
+    channel_alignment: int = _field(lo=1, hi=2**12)
+    dram_burst_bytes: int = _field(lo=1, hi=2**20)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -189,8 +199,8 @@ class OpsSpec:
 
     supported: tuple[str, ...] = _field()
     fused_activations: tuple[str, ...] = _field()
-    conv_max_kernel: int = _field()
-    conv_max_stride: int = _field()
+    conv_max_kernel: int = _field(lo=1, hi=2**16)
+    conv_max_stride: int = _field(lo=1, hi=2**16)
     fusion: str = _field(choices=FUSION_LEVELS, default="elementwise")
 
 
@@ -204,9 +214,9 @@ class HostSpec:
       link_latency_s: fixed cost of one transfer (synchronisation, driver) (s), >= 0.
     """
 
-    cpu_ops_per_s: float = _field()
-    link_bytes_per_s: float = _field()
-    link_latency_s: float = _field(zero_ok=True)
+    cpu_ops_per_s: float = _field(lo=1e3, hi=1e16)
+    link_bytes_per_s: float = _field(lo=1e3, hi=1e15)
+    link_latency_s: float = _field(zero_ok=True, lo=0.0, hi=10.0)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -317,6 +327,24 @@ def stack_specs(specs: list[NpuSpec]) -> NpuSpec:
     return jax.tree.map(lambda *v: jnp.asarray(v), *specs)
 
 
+def differentiable_spec(spec: NpuSpec, dtype: Any = None) -> NpuSpec:
+    """``spec`` with every numeric field a float array, so ``jax.grad`` of the relaxed cost
+    model (``layer_costs(..., relaxed=True)``) reaches the integer fields too (rows, cols,
+    cores, lanes, SRAM bytes); JAX does not differentiate integers.
+
+    Args:
+      spec: the NPU.
+      dtype: float dtype of the leaves; default JAX's default float (float32 unless x64 is
+        enabled). In float32 a value such as 6.4e9 B/s is rounded, and the model's forward
+        value is that of the rounded hardware; use float64 under ``jax.enable_x64`` for exact.
+
+    Returns:
+      The same spec with scalar float array leaves.
+    """
+    dt = jnp.result_type(float) if dtype is None else dtype
+    return jax.tree.map(lambda v: jnp.asarray(v, dt), spec)
+
+
 def _fields(cls: type) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(cls)}
 
@@ -349,6 +377,10 @@ def _check_value(where: str, key: str, value: Any, f: dataclasses.Field) -> Any:
     if not math.isfinite(value) or value < 0 or (value == 0 and not f.metadata.get("zero_ok")):
         kind = "non-negative" if f.metadata.get("zero_ok") else "positive"
         raise ConfigError(f"{where}: '{key}' must be a {kind} finite number{unit}, got {value!r}.")
+    lo, hi = f.metadata.get("lo"), f.metadata.get("hi")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise ConfigError(f"{where}: '{key}' = {value!r}{unit} is outside the physical range "
+                          f"[{lo:g}, {hi:g}] npujax models (docs/hw.md, 'Ranges').")
     return value
 
 

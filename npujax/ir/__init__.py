@@ -1,5 +1,6 @@
 """The Graph IR: nodes over named tensors, graph passes, and the graph's JSON form."""
 
+from npujax.ir.fusion import fuse_transformer_patterns as fuse_transformer_patterns
 from npujax.ir.graph import Graph as Graph
 from npujax.ir.graph import Node as Node
 from npujax.ir.graph import Params as Params
@@ -10,4 +11,4 @@ from npujax.ir.passes import optimize as optimize
 from npujax.ir.passes import rebatch as rebatch
 
 __all__ = ["Graph", "Node", "TensorType", "Params", "fold_batchnorm",
-           "fuse_epilogues", "optimize", "rebatch"]
+           "fuse_epilogues", "fuse_transformer_patterns", "optimize", "rebatch"]

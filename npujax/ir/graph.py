@@ -13,6 +13,7 @@ Non-trainable tensors (literals, folded constants) live in ``Graph.constants``.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -48,7 +49,7 @@ class TensorType:
     @property
     def size(self) -> int:
         """Number of elements."""
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(int(d) for d in self.shape)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

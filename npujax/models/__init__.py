@@ -1,1 +1,2 @@
-"""Reference Flax models (:mod:`.cnn`) and the zoo of real ONNX models (:mod:`.zoo`)."""
+"""Reference Flax models (:mod:`.cnn`, the transformers of :mod:`.transformer`) and the zoo
+of real ONNX models (:mod:`.zoo`)."""

@@ -13,6 +13,7 @@ from npujax.ops.registry import ONNX_WEIGHT_OPS as ONNX_WEIGHT_OPS
 from npujax.ops.registry import OPS as OPS
 from npujax.ops.registry import ArrayWork as ArrayWork
 from npujax.ops.registry import OpDef as OpDef
+from npujax.ops.registry import VectorWork as VectorWork
 from npujax.ops.registry import apply_epilogue as apply_epilogue
 from npujax.ops.registry import epilogue_ops as epilogue_ops
 from npujax.ops.registry import gemm_nodes as gemm_nodes
@@ -31,7 +32,7 @@ for _m in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{_m.name}")
 
 __all__ = [
-    "OpDef", "ArrayWork", "OPS", "ONNX_IMPORTERS", "ONNX_WEIGHT_OPS", "register",
+    "OpDef", "ArrayWork", "VectorWork", "OPS", "ONNX_IMPORTERS", "ONNX_WEIGHT_OPS", "register",
     "onnx_importer", "get_op", "run_op", "gemm_nodes", "quantized_ops", "kernel_out_axis",
     "kernel_in_axis", "out_channel_view", "apply_epilogue", "epilogue_ops", "ops_with",
 ]

@@ -1,11 +1,17 @@
 """Activations and normalising functions: Relu, Relu6, Sigmoid, Tanh (fusible into a GEMM's
-output stage), Clip, LeakyRelu, PRelu, HardSigmoid, HardSwish and Softmax.
+output stage), Clip, LeakyRelu, PRelu, HardSigmoid, HardSwish, Gelu and Softmax.
 
 Semantics follow ONNX: ``Clip`` is ``min(max(x, lo), hi)`` (so ``hi`` wins when ``lo > hi``),
 ``HardSigmoid`` is ``clip(alpha x + beta, 0, 1)``, ``HardSwish`` is ``x * clip(x/6 + 1/2, 0, 1)``,
 ``Softmax`` with ``coerce_2d`` (opset < 13) normalises over the whole trailing block
 ``[prod(shape[:axis]), rest]``. ``Relu6`` (``clip(x, 0, 6)``) has no ONNX operator and exports
-as ``Clip``.
+as ``Clip``. ``Gelu`` (opset 20; Hendrycks and Gimpel 2016, arXiv:1606.08415) is
+``x/2 (1 + erf(x/sqrt 2))`` (``approximate="none"``) or ``x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715
+x^3)))`` (``"tanh"``); it exports written out (Erf/Tanh, Mul, Add) so the model keeps opset 17.
+
+On the vector unit, Softmax costs per element a max, a subtraction, an exponential (special
+function), a sum and a multiplication, plus one reciprocal per row; Gelu an erf or tanh and a few
+multiply-adds per element (:class:`~npujax.ops.registry.VectorWork`).
 """
 
 from __future__ import annotations
@@ -17,9 +23,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from npujax.errors import UnsupportedOpError
 from npujax.ops._onnx import simple_importer
 from npujax.ops.elementwise import align_ranks
-from npujax.ops.registry import OpDef, onnx_importer, register
+from npujax.ops.registry import OpDef, VectorWork, onnx_importer, register
 
 if TYPE_CHECKING:
     from npujax.ir.graph import Node
@@ -86,6 +93,47 @@ def _softmax(node: Node, inputs: Sequence[jax.Array], params: Mapping[str, jax.A
     return [jax.nn.softmax(x, axis=axis)]
 
 
+_SQRT_2_OVER_PI = 0.7978845608028654
+
+
+def gelu(x: jax.Array, approximate: str = "none") -> jax.Array:
+    """ONNX Gelu (opset 20): the exact (erf) form or the tanh approximation.
+
+    Args:
+      x: float array.
+      approximate: ``"none"`` (``x/2 (1 + erf(x/sqrt 2))``) or ``"tanh"``.
+
+    Returns:
+      float array of ``x``'s shape and dtype.
+
+    References:
+      Hendrycks and Gimpel 2016, arXiv:1606.08415; ONNX Gelu,
+      https://onnx.ai/onnx/operators/onnx__Gelu.html.
+    """
+    return jax.nn.gelu(x, approximate=approximate == "tanh")
+
+
+def _gelu(node: Node, inputs: Sequence[jax.Array], params: Mapping[str, jax.Array]):
+    return [gelu(inputs[0], node.attrs.get("approximate", "none"))]
+
+
+def _per_elem(alu: int, special: int):
+    def work(node: Node, ins: Sequence[tuple[int, ...]], outs: Sequence[tuple[int, ...]]
+             ) -> VectorWork:
+        n = int(np.prod(outs[0], dtype=np.int64))
+        return VectorWork(alu * n, special * n)
+
+    return work
+
+
+def _softmax_work(node: Node, ins: Sequence[tuple[int, ...]], outs: Sequence[tuple[int, ...]]
+                  ) -> VectorWork:
+    shape = outs[0]
+    n = int(np.prod(shape, dtype=np.int64))
+    rows = n // max(int(shape[int(node.attrs.get("axis", -1)) % len(shape)]), 1) if shape else 1
+    return VectorWork(4 * n, n + rows)
+
+
 # --------------------------------------------------------------------------------------------
 # ONNX
 
@@ -106,6 +154,14 @@ def _import_softmax(ctx: Any, n: Any, a: Mapping[str, Any]) -> None:
     legacy = ctx.opset < 13
     ctx.emit("Softmax", [n.input[0]], [n.output[0]],
              {"axis": int(a.get("axis", 1 if legacy else -1)), "coerce_2d": legacy})
+
+
+@onnx_importer("Gelu")
+def _import_gelu(ctx: Any, n: Any, a: Mapping[str, Any]) -> None:
+    approx = a.get("approximate", "none")
+    if approx not in ("none", "tanh"):
+        raise UnsupportedOpError(f"Gelu approximate={approx!r}; ONNX defines 'none' and 'tanh'.")
+    ctx.emit("Gelu", [n.input[0]], [n.output[0]], {"approximate": approx})
 
 
 for _op in ("Relu", "Sigmoid", "Tanh", "HardSwish", "PRelu"):
@@ -141,6 +197,30 @@ def _export_hard_sigmoid(w: Any, node: Node) -> None:
           alpha=float(node.attrs["alpha"]), beta=float(node.attrs["beta"]))
 
 
+def _export_gelu(w: Any, node: Node) -> None:
+    """Written out at opset 17 (Gelu needs 20): ``x * 0.5 * (1 + erf(x / sqrt 2))`` or the tanh
+    form ``x * 0.5 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))``."""
+    x, name = node.inputs[0], node.name
+    t = lambda k: w.name(f"{name}/{k}")  # noqa: E731
+    c = lambda k, v: w.init(f"{name}.{k}", np.float32(v))  # noqa: E731
+    if node.attrs.get("approximate", "none") == "tanh":
+        x3, a, s_, inner, th = t("x3"), t("ax3"), t("sum"), t("inner"), t("tanh")
+        w.add("Pow", [x, c("three", 3.0)], [x3], f"{name}/cube")
+        w.add("Mul", [x3, c("a", 0.044715)], [a], f"{name}/mul_a")
+        w.add("Add", [x, a], [s_], f"{name}/add_x")
+        w.add("Mul", [s_, c("k", _SQRT_2_OVER_PI)], [inner], f"{name}/mul_k")
+        w.add("Tanh", [inner], [th], f"{name}/tanh")
+        f = th
+    else:
+        scaled, f = t("scaled"), t("erf")
+        w.add("Div", [x, c("sqrt2", np.sqrt(2.0))], [scaled], f"{name}/div")
+        w.add("Erf", [scaled], [f], f"{name}/erf")
+    one, half, hx = t("one_plus"), t("half"), c("half", 0.5)
+    w.add("Add", [f, c("one", 1.0)], [one], f"{name}/add_one")
+    w.add("Mul", [x, hx], [half], f"{name}/mul_half")
+    w.add("Mul", [half, one], list(node.outputs), name)
+
+
 def _export_softmax(w: Any, node: Node) -> None:
     a, ins, outs = node.attrs, list(node.inputs), list(node.outputs)
     shape = w.graph.tensors[ins[0]].shape
@@ -170,5 +250,8 @@ register(
     OpDef(name="HardSigmoid", run=_hard_sigmoid, cost="elementwise",
           export=_export_hard_sigmoid),
     OpDef(name="HardSwish", run=_hard_swish, cost="elementwise", export=_export_plain),
-    OpDef(name="Softmax", run=_softmax, cost="vector", export=_export_softmax),
+    OpDef(name="Gelu", run=_gelu, cost="elementwise", export=_export_gelu,
+          vector_work=_per_elem(5, 1)),
+    OpDef(name="Softmax", run=_softmax, cost="vector", export=_export_softmax,
+          vector_work=_softmax_work),
 )

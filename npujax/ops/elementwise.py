@@ -3,7 +3,9 @@
 They run on the NPU's vector unit and fuse into the output stage of the GEMM that produced their
 inputs (cost class ``elementwise``). ``Div`` of floats is correctly rounded, as onnxruntime's is
 (XLA alone would multiply by the reciprocal of a broadcast divisor; see
-:func:`npujax.quant.core.true_divide`). ``Max``/``Min`` are variadic as in ONNX.
+:func:`npujax.quant.core.true_divide`); of integers it truncates toward zero and keeps the
+integer type, as ONNX (C) does. All six keep ONNX's integer semantics (``integers=True``).
+``Max``/``Min`` are variadic as in ONNX.
 """
 
 from __future__ import annotations
@@ -32,10 +34,13 @@ def align_ranks(*xs: jax.Array) -> list[jax.Array]:
 
 
 def _divide(a: jax.Array, b: jax.Array) -> jax.Array:
-    """ONNX Div: correctly rounded for floats, as onnxruntime's."""
+    """ONNX Div: correctly rounded for floats, as onnxruntime's; for integers the C division
+    (truncation toward zero), in the operands' integer type."""
     dtype = jnp.result_type(a, b)
     if not jnp.issubdtype(dtype, jnp.floating):
-        return jnp.divide(a, b)
+        shape = jnp.broadcast_shapes(jnp.shape(a), jnp.shape(b))
+        return jax.lax.div(jnp.broadcast_to(jnp.asarray(a, dtype), shape),
+                           jnp.broadcast_to(jnp.asarray(b, dtype), shape))
     shape = jnp.broadcast_shapes(jnp.shape(a), jnp.shape(b))
     return true_divide(jnp.broadcast_to(jnp.asarray(a, dtype), shape), b)
 
@@ -55,5 +60,5 @@ for _name, _fn, _prim in (("Add", jnp.add, "add"), ("Sub", jnp.subtract, "sub"),
                           ("Mul", jnp.multiply, "mul"), ("Div", _divide, "div"),
                           ("Max", jnp.maximum, "max"), ("Min", jnp.minimum, "min")):
     register(OpDef(name=_name, run=_binary(_fn), cost="elementwise", export=_export,
-                   jax_primitives=(_prim,)))
+                   jax_primitives=(_prim,), integers=True))
     onnx_importer(_name)(simple_importer(_name))

@@ -11,6 +11,7 @@ GEMMs of ``M = batch x output pixels``, ``K = C_in/groups x k_h x k_w``, ``N = C
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -253,7 +254,7 @@ def _gemm_work(node: Node, ins: Sequence[tuple[int, ...]], outs: Sequence[tuple[
                align: int) -> ArrayWork:
     x, y = ins[0], outs[0]
     K, N = _pad(int(x[-1]), align), _pad(int(y[-1]), align)
-    M = int(np.prod(x[:-1]))
+    M = math.prod(int(d) for d in x[:-1])
     macs = M * int(x[-1]) * int(y[-1])
     return ArrayWork(M, K, N, 1, macs, K * N, N if "bias" in node.params else 0)
 
@@ -492,13 +493,20 @@ def _matmul(node: Node, inputs: Sequence[jax.Array], params: Mapping[str, jax.Ar
 
 def _matmul_work(node: Node, ins: Sequence[tuple[int, ...]], outs: Sequence[tuple[int, ...]],
                  align: int) -> ArrayWork:
-    """Activation x activation (e.g. attention): ``b`` is read like weights."""
-    x, b, y = ins[0], ins[1], outs[0]
-    K, N = int(x[-1]), int(y[-1])
-    groups = int(np.prod(b[:-2])) if len(b) > 2 else 1
-    M = int(np.prod(x[:-1])) // groups
-    macs = groups * M * K * N
-    return ArrayWork(M, K, N, groups, macs, groups * K * N, 0)
+    """Activation x activation (attention's ``Q K^T`` and ``P V``): ``groups`` GEMMs over the
+    broadcast batch dimensions; the second operand is the array's stationary operand (read like
+    weights). A 2-D second operand is shared by the whole batch: one GEMM with the batch in M.
+    Counts are exact Python integers."""
+    a, b = tuple(ins[0]), tuple(ins[1])
+    a2 = (1,) + a if len(a) == 1 else a
+    b2 = b + (1,) if len(b) == 1 else b
+    K, N = int(a2[-1]), int(b2[-1])
+    if len(b2) == 2:
+        groups, M = 1, math.prod(int(d) for d in a2[:-1])
+    else:
+        batch = np.broadcast_shapes(a2[:-2], b2[:-2])
+        groups, M = math.prod(int(d) for d in batch), int(a2[-2])
+    return ArrayWork(M, K, N, groups, groups * M * K * N, groups * K * N, 0)
 
 
 @onnx_importer("MatMul", weights=True)

@@ -139,9 +139,10 @@ _UNARY: tuple[tuple[str, Callable[[jax.Array], jax.Array], str | None], ...] = (
 )
 
 for _name, _fn, _prim in _UNARY:
+    # Neg and Abs wrap in two's complement on integers, as ONNX (C) does; the others take floats
     register(OpDef(name=_name, run=_unary(_fn), cost="elementwise", export=_export, unary=_fn,
-                   jax_primitives=(_prim,) if _prim else ()))
+                   jax_primitives=(_prim,) if _prim else (), integers=_name in ("Neg", "Abs")))
     onnx_importer(_name)(simple_importer(_name))
 register(OpDef(name="Pow", run=_pow, cost="elementwise", export=_export,
-               jax_primitives=("pow",)))
+               jax_primitives=("pow",), integers=True))  # onnx_pow: exact integer powers
 onnx_importer("Pow")(simple_importer("Pow"))

@@ -92,5 +92,6 @@ def _export(w: Any, node: Node) -> None:
 
 register(
     OpDef(name="QuantizeLinear", run=_quantize_linear, cost="vector", export=_export),
-    OpDef(name="DequantizeLinear", run=_dequantize_linear, cost="vector", export=_export),
+    OpDef(name="DequantizeLinear", run=_dequantize_linear, cost="vector", export=_export,
+          integers=True),  # (integer codes in, float out: exactly as onnx.reference)
 )

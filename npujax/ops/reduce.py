@@ -23,17 +23,23 @@ def _reduce(node: Node, inputs: Sequence[jax.Array], params: Mapping[str, jax.Ar
     return [fn(inputs[0], axis=tuple(node.attrs["axes"]), keepdims=bool(node.attrs["keepdims"]))]
 
 
-@onnx_importer("ReduceMean")
-def _import_reduce_mean(ctx: Any, n: Any, a: Mapping[str, Any]) -> None:
-    rank = len(ctx.shape(n.input[0]))
-    axes = attr_axes(ctx, n, a, 1)
-    if not axes:
-        if a.get("noop_with_empty_axes", 0):
-            ctx.emit("Identity", [n.input[0]], [n.output[0]])
-            return
-        axes = list(range(rank))
-    ctx.emit("ReduceMean", [n.input[0]], [n.output[0]],
-             {"axes": sorted(x % rank for x in axes), "keepdims": int(a.get("keepdims", 1))})
+def _import_reduce(op: str):
+    def importer(ctx: Any, n: Any, a: Mapping[str, Any]) -> None:
+        rank = len(ctx.shape(n.input[0]))
+        axes = attr_axes(ctx, n, a, 1)
+        if not axes:
+            if a.get("noop_with_empty_axes", 0):
+                ctx.emit("Identity", [n.input[0]], [n.output[0]])
+                return
+            axes = list(range(rank))
+        ctx.emit(op, [n.input[0]], [n.output[0]],
+                 {"axes": sorted(x % rank for x in axes), "keepdims": int(a.get("keepdims", 1))})
+
+    return importer
+
+
+for _op in _FNS:
+    onnx_importer(_op)(_import_reduce(_op))
 
 
 def _export(w: Any, node: Node) -> None:

@@ -8,7 +8,9 @@ An operator's definition says everything the pipeline needs to know about it:
 * ``cost`` -- its class in the NPU cost model (:mod:`npujax.plan`): ``array`` (a GEMM on the MAC
   array, with ``array_work`` giving its im2col extents), ``elementwise`` (vector unit, fusible into
   the producing GEMM's output stage), ``vector`` (vector unit), ``free`` (relabels a buffer) or
-  ``host`` (no NPU model: always the host CPU);
+  ``host`` (no NPU model: always the host CPU); ``vector_work`` splits a vector or elementwise
+  op's work into ALU operations and special-function evaluations (exp, erf, tanh, reciprocal,
+  rsqrt), which the vector unit's special-function unit runs at its own rate;
 * ``export`` -- how :func:`npujax.to_onnx` writes it (``fn(writer, node)``);
 * ``codes`` / ``run_codes`` -- whether the integer path (:mod:`npujax.backends.integer`) runs it
   on integer codes (``"exact"``: commutes with quantization; ``"rounding"``: rounds once);
@@ -37,9 +39,10 @@ if TYPE_CHECKING:
     from npujax.quant.fixed_point import QTensor
 
 __all__ = [
-    "OpDef", "ArrayWork", "CostClass", "OPS", "ONNX_IMPORTERS", "ONNX_WEIGHT_OPS", "register",
-    "onnx_importer", "get_op", "run_op", "gemm_nodes", "quantized_ops", "kernel_out_axis",
-    "kernel_in_axis", "out_channel_view", "apply_epilogue", "epilogue_ops", "ops_with",
+    "OpDef", "ArrayWork", "VectorWork", "CostClass", "OPS", "ONNX_IMPORTERS", "ONNX_WEIGHT_OPS",
+    "register", "onnx_importer", "get_op", "run_op", "gemm_nodes", "quantized_ops",
+    "kernel_out_axis", "kernel_in_axis", "out_channel_view", "apply_epilogue", "epilogue_ops",
+    "ops_with",
 ]
 
 #: Cost classes of the NPU model (see the module docstring).
@@ -64,6 +67,20 @@ class ArrayWork(NamedTuple):
     bias_elems: int
 
 
+class VectorWork(NamedTuple):
+    """The work of a ``vector`` or ``elementwise`` operator on the vector unit.
+
+    Attributes:
+      alu_ops: simple element operations (add, multiply, max, compare, data movement), one lane
+        cycle each.
+      special_ops: special-function evaluations (exp, erf, tanh, reciprocal, rsqrt), each
+        ``NpuSpec.vector.special_cycles_per_elem`` lane cycles.
+    """
+
+    alu_ops: int
+    special_ops: int
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class OpDef:
     """Everything npujax knows about one Graph operator (see the module docstring).
@@ -82,6 +99,9 @@ class OpDef:
         ``run`` on the codes (data movement).
       array_work: for ``array`` ops, ``fn(node, input_shapes, output_shapes, align) -> ArrayWork``
         with channels padded to multiples of ``align``.
+      vector_work: for ``vector``/``elementwise`` ops, ``fn(node, input_shapes, output_shapes)
+        -> VectorWork``; None: one ALU operation per output element (per window element for
+        pooling).
       kernel_out_axis, kernel_in_axis: for ops with a ``kernel`` parameter, ``fn(node) -> axis``
         of its output channels (per-channel quantization) and input channels (per-block).
       channel_view: for kernels without a single output-channel axis, ``fn(node, kernel) ->
@@ -90,6 +110,12 @@ class OpDef:
         input activation.
       jax_primitives: JAX primitives the Flax tracer maps onto this op one to one.
       batch_dependent: its attributes may depend on the batch size (``rebatch`` refuses).
+      integers: ``run`` has ONNX's exact semantics on integer tensors (dtype kept, division
+        truncating toward zero, wrap-around); the ONNX importer refuses an op without it on an
+        integer tensor computed at run time (shapes and constants are folded exactly).
+      index_inputs: positions of inputs that hold indices into another operand (Gather's
+        ``indices``): a 64-bit one may run as 32 bits without x64, exactly, because an index is
+        bounded by a dimension, and dimensions are below 2**31 (the importer's size limits).
     """
 
     name: str
@@ -101,12 +127,15 @@ class OpDef:
     codes: Literal["exact", "rounding"] | None = None
     run_codes: Callable[[Node, QTensor], QTensor] | None = None
     array_work: Callable[[Node, Sequence[Shape], Sequence[Shape], int], ArrayWork] | None = None
+    vector_work: Callable[[Node, Sequence[Shape], Sequence[Shape]], VectorWork] | None = None
     kernel_out_axis: Callable[[Node], int] | None = None
     kernel_in_axis: Callable[[Node], int] | None = None
     channel_view: Callable[[Node, Any], tuple[Any, int, Callable[[Any], Any]]] | None = None
     quantized: bool = False
     jax_primitives: tuple[str, ...] = ()
     batch_dependent: bool = False
+    integers: bool = False
+    index_inputs: tuple[int, ...] = ()
 
 
 #: Every registered operator by name.

@@ -9,7 +9,10 @@ along N, whichever finishes first; each core runs
 wider than the array's width are split): ``compute_cycles``, of which ``fill_drain_cycles`` are
 spent filling and draining the array.
 
-**NPU vector layers** (pooling, elementwise, layout transforms): ``ceil(ops / (lanes x cores))``.
+**NPU vector layers** (pooling, elementwise, layout transforms, Softmax, normalizations):
+``ceil((alu_ops + special_ops x special_cycles_per_elem) / (lanes x cores))``, where the special
+functions (exp, erf, tanh, reciprocal, rsqrt) take ``vector.special_cycles_per_elem`` lane cycles
+each.
 
 **Memory.** Vector layers read their operands and write their output once: ``dram_bytes =
 weights x w_bits/8 + bias x accumulator_bits/8 + (in + out) x a_bits/8``; GEMM layers move the
@@ -53,13 +56,15 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from npujax import _relax
+from npujax._exact import count, exact, real
 from npujax.hw.spec import NpuSpec
 from npujax.plan.workload import Workload
 from npujax.systolic.dataflow import gemm_cycles, get_dataflow
 from npujax.systolic.memory import gemm_memory
 from npujax.systolic.precision import get_precision_scaling, passes
 
-__all__ = ["LayerCosts", "layer_costs", "first_consumers", "BREAKDOWN"]
+__all__ = ["LayerCosts", "layer_costs", "first_consumers", "BREAKDOWN", "EXACT_FIELDS"]
 
 #: The latency components of a layer; they sum exactly to its latency. ``compute`` is the
 #: streaming part of ``compute_cycles`` (the rest is ``fill_drain``).
@@ -70,24 +75,27 @@ class LayerCosts(NamedTuple):
     """Costs of layers: ``[L]`` arrays from :func:`layer_costs`, or one layer's numbers.
 
     Cycle figures are array clock cycles; ``latency_cycles = compute + convert + dma + stall +
-    fallback + transfer`` exactly (the :data:`BREAKDOWN`).
+    fallback + transfer`` exactly (the :data:`BREAKDOWN`). From :func:`layer_costs` the counts
+    (:data:`EXACT_FIELDS`) are 64-bit and exact up to 2**53 (see ``npujax._exact``: read them
+    with numpy or cast them before mixing them with 32-bit jnp code); the other fields are
+    float64 inside the cost model and returned in JAX's default float type.
 
     Attributes:
-      compute_cycles: int32, exact: MAC-array cycles (fill/drain included) or vector-unit cycles.
-      fill_drain_cycles: int32, the array's fill and drain cycles (part of compute).
-      convert_cycles: float32, precision conversion of an input read at another width.
-      dma_cycles: float32, exposed DMA latency (first tiles in, last tile out).
-      stall_cycles: float32, memory time not hidden by compute.
-      fallback_cycles: float32, host-CPU time of a fallback layer.
-      transfer_cycles: float32, NPU <-> host transfers of a fallback layer.
-      latency_cycles: float32, the sum above.
-      memory_cycles: float32, DRAM time of the layer's traffic.
-      dram_bytes: float32, DRAM bytes moved (whole bursts).
-      refetch_factor: float32, DRAM bytes / bytes of each operand once (tiling re-reads).
-      sram_peak_bytes: float32, on-chip buffer bytes a GEMM layer occupies at its peak.
-      folds: int32, folds of the mapping (all groups and passes).
-      utilization: float32, MACs / (compute cycles x PEs); 0 for non-GEMM layers.
-      mapping_efficiency: float32, fraction of PEs holding work, averaged over folds.
+      compute_cycles: int64, exact: MAC-array cycles (fill/drain included) or vector-unit cycles.
+      fill_drain_cycles: int64, the array's fill and drain cycles (part of compute).
+      convert_cycles: float, precision conversion of an input read at another width.
+      dma_cycles: float, exposed DMA latency (first tiles in, last tile out).
+      stall_cycles: float, memory time not hidden by compute.
+      fallback_cycles: float, host-CPU time of a fallback layer.
+      transfer_cycles: float, NPU <-> host transfers of a fallback layer.
+      latency_cycles: float, the sum above.
+      memory_cycles: float, DRAM time of the layer's traffic.
+      dram_bytes: float64, DRAM bytes moved (whole bursts; an exact integer below 2**53).
+      refetch_factor: float, DRAM bytes / bytes of each operand once (tiling re-reads).
+      sram_peak_bytes: float, on-chip buffer bytes a GEMM layer occupies at its peak.
+      folds: int64, folds of the mapping (all groups and passes).
+      utilization: float, MACs / (compute cycles x PEs); 0 for non-GEMM layers.
+      mapping_efficiency: float, fraction of PEs holding work, averaged over folds.
     """
 
     compute_cycles: Any
@@ -119,8 +127,7 @@ class LayerCosts(NamedTuple):
         }
 
 
-def _ceil_div(a, b):
-    return -(-a // b)
+_ceil_div = _relax.ceil_div  # exact int64 division; straight-through in the relaxed mode
 
 
 def first_consumers(layers: Sequence[Workload]) -> jax.Array:
@@ -139,10 +146,17 @@ def _bursts(nbytes, burst):
 
 
 def _hw(spec: NpuSpec) -> NpuSpec:
-    """The spec's numeric leaves as jnp values: int fields int32, float fields float32."""
+    """The spec's numeric leaves as jnp values: int fields int64, float fields float64 (all
+    float64 in the relaxed mode, so rows, lanes, SRAM bytes... get gradients)."""
+    if _relax.is_relaxed():
+        return jax.tree.map(real, spec)
     return jax.tree.map(
-        lambda v: jnp.asarray(v, jnp.int32 if isinstance(v, int) or jnp.issubdtype(
-            jnp.result_type(v), jnp.integer) else jnp.float32), spec)
+        lambda v: count(v) if isinstance(v, int) or jnp.issubdtype(
+            jnp.result_type(v), jnp.integer) else real(v), spec)
+
+
+#: The :class:`LayerCosts` fields that are exact 64-bit counts whatever JAX's config.
+EXACT_FIELDS = ("compute_cycles", "fill_drain_cycles", "folds", "dram_bytes")
 
 
 def layer_costs(
@@ -151,8 +165,17 @@ def layer_costs(
     weight_bits: jax.Array,
     act_bits: jax.Array,
     dataflow: str | None = None,
+    *,
+    relaxed: bool = False,
+    temperature: float = _relax.DEFAULT_TEMPERATURE,
 ) -> LayerCosts:
     """Vectorised cost of ``layers`` (pure jnp; jit/vmap over ``spec``, grad w.r.t. the bits).
+
+    Computes with 64-bit types enabled for its own tracing (``npujax._exact``), whatever
+    JAX's config, so no count wraps or rounds: the counts of :data:`EXACT_FIELDS` are returned in
+    64 bits (int64 cycles and folds, float64 whole DRAM bytes), exact up to 2**53; the other
+    (real-valued) fields in JAX's default float type (float32 unless x64 is enabled), so they
+    mix with the caller's jnp code. Gradients w.r.t. float32 bit widths are float32.
 
     Args:
       layers: static workloads (from :func:`npujax.plan.workloads`).
@@ -161,27 +184,61 @@ def layer_costs(
       weight_bits: float32 ``[L]`` weight width per layer (ignored for non-GEMM layers).
       act_bits: float32 ``[L]`` activation width per layer.
       dataflow: dataflow name (static); default the spec's.
+      relaxed: the differentiable mode (static; ``npujax/_relax.py``): every value is the same
+        as in the exact mode, bit for bit (at whole-number hardware values), but ``ceil`` of
+        folds, passes and tiles passes a straight-through slope, the maximum of compute and
+        memory time and the buffer-residency steps pass a smoothed one, so ``jax.grad`` w.r.t.
+        the bit widths and every numeric spec field (rows, cols, cores, clock_hz, SRAM bytes,
+        dram_bytes_per_s, lanes, ...) is useful. Give integer fields as float arrays to
+        differentiate them (:func:`npujax.hw.differentiable_spec`). The counts of
+        :data:`EXACT_FIELDS` come back as float64 whole numbers (exact below 2**53).
+      temperature: relative temperature of the smoothed maximum and steps (static, in (0, 10];
+        only with ``relaxed``): their gradient blends both sides over about this fraction.
 
     Returns:
-      :class:`LayerCosts` of ``[L]`` arrays.
+      :class:`LayerCosts` of ``[L]`` arrays (see above for their dtypes).
 
     Raises:
-      ConfigError: an unknown dataflow or precision scaling.
+      ConfigError: an unknown dataflow or precision scaling, or a temperature out of range.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp  # doctest: +SKIP
+      >>> f = lambda w: layer_costs(layers, spec, w, a, relaxed=True).latency_cycles.sum()
+      >>> jax.grad(f)(w)  # cycles per bit of each layer's weights  # doctest: +SKIP
+
+    References:
+      Straight-through estimators: Bengio et al., arXiv:1308.3432. Differentiable performance
+      models: DiffTune (Renda et al., MICRO 2020) and DOSA (Hong et al., MICRO 2023).
     """
+    x64 = bool(jax.config.read("jax_enable_x64"))
+    if relaxed:
+        with _relax.relaxed(temperature):
+            costs = _layer_costs(layers, spec, weight_bits, act_bits, dataflow)
+    else:
+        costs = _layer_costs(layers, spec, weight_bits, act_bits, dataflow)
+    if x64:
+        return costs
+    return costs._replace(**{k: v.astype(jnp.float32) for k, v in costs._asdict().items()
+                             if k not in EXACT_FIELDS})
+
+
+@exact
+def _layer_costs(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Array,
+                 act_bits: jax.Array, dataflow: str | None) -> LayerCosts:
     df = get_dataflow(dataflow or spec.array.dataflow)
     scaling = get_precision_scaling(spec.array.precision_scaling)
     hw = _hw(spec)
     a, m, h = hw.array, hw.memory, hw.host
-    wb = jnp.asarray(weight_bits, jnp.float32)
-    ab = jnp.asarray(act_bits, jnp.float32)
-    i32 = lambda f: jnp.asarray([f(w) for w in layers], jnp.int32)  # noqa: E731
-    f32 = lambda f: jnp.asarray([f(w) for w in layers], jnp.float32)  # noqa: E731
+    wb = real(weight_bits)
+    ab = real(act_bits)
+    i32 = lambda f: _relax.count([f(w) for w in layers])  # noqa: E731  (exact counts)
+    f32 = lambda f: real([f(w) for w in layers])  # noqa: E731  (float64)
     on_npu = jnp.asarray([w.device == "npu" for w in layers])
     is_gemm = jnp.asarray([w.kind == "gemm" for w in layers]) & on_npu
     M, K, N = (i32(lambda w, d=d: max(getattr(w, d), 1)) for d in "MKN")
     groups = i32(lambda w: w.groups)
     R, C, cores = a.rows, a.cols, a.cores
-    ob = jnp.asarray(a.operand_bits, jnp.float32)
+    ob = real(a.operand_bits)
     clock = a.clock_hz
 
     # multi-core: split M or N across the cores, whichever is faster
@@ -192,18 +249,19 @@ def layer_costs(
     n_passes = passes(wb, ab, ob)
     fd_per_fold = df.fill_cycles(R, C) + df.drain_cycles(R, C)
     fill_drain_1 = g["folds"] * fd_per_fold
-    stream_1 = (g["compute_cycles"] - fill_drain_1).astype(jnp.float32)
-    scale = scaling.stream_factor(wb, ab, ob, jnp.asarray(a.brick_bits, jnp.float32))
-    stream = jnp.ceil(stream_1 * scale).astype(jnp.int32)
+    stream_1 = real(g["compute_cycles"] - fill_drain_1)
+    scale = scaling.stream_factor(wb, ab, ob, real(a.brick_bits))
+    stream = _relax.count(_relax.ceil(stream_1 * scale))
     gemm_total = groups * (fill_drain_1 + stream) * n_passes
     gemm_fill_drain = groups * fill_drain_1 * n_passes
     lanes = hw.vector.lanes
-    vec_cycles = _ceil_div(i32(lambda w: w.vector_ops), lanes * cores)
+    special = _relax.ceil(f32(lambda w: w.special_ops) * hw.vector.special_cycles_per_elem)
+    vec_cycles = _ceil_div(i32(lambda w: w.vector_ops) + _relax.count(special), lanes * cores)
     total_compute = jnp.where(is_gemm, gemm_total, jnp.where(on_npu, vec_cycles, 0))
     fill_drain = jnp.where(is_gemm, gemm_fill_drain, 0)
 
-    burst = jnp.asarray(hw.layout.dram_burst_bytes, jnp.float32)
-    acc_bits = jnp.asarray(a.accumulator_bits, jnp.float32)
+    burst = real(hw.layout.dram_burst_bytes)
+    acc_bits = real(a.accumulator_bits)
     bpc = m.dram_bytes_per_s / clock
     in_elems, out_elems = f32(lambda w: w.in_elems), f32(lambda w: w.out_elems)
     bias_bytes = _bursts(f32(lambda w: w.bias_elems) * acc_bits / 8.0, burst)
@@ -212,15 +270,15 @@ def layer_costs(
             + _bursts(in_elems * ab / 8.0, burst) + _bursts(out_elems * ab / 8.0, burst))
     # GEMM layers: the tiled traffic of the systolic memory model (SRAM capacity, reuse, spills).
     # im2col happens on chip: the [M, K] operand costs DRAM reads of its distinct elements only.
-    fcores = jnp.asarray(cores, jnp.float32)
-    sram_a = jnp.asarray(m.ifmap_sram_bytes, jnp.float32) * fcores
-    sram_b = jnp.asarray(m.filter_sram_bytes, jnp.float32) * fcores
-    sram_o = jnp.asarray(m.ofmap_sram_bytes, jnp.float32) * fcores
+    fcores = real(cores)
+    sram_a = real(m.ifmap_sram_bytes) * fcores
+    sram_b = real(m.filter_sram_bytes) * fcores
+    sram_o = real(m.ofmap_sram_bytes) * fcores
     mem = gemm_memory(M, K, N, R, C, df, sram_bytes_a=sram_a, sram_bytes_b=sram_b,
                       sram_bytes_out=sram_o, elem_bytes_a=ab / 8.0, elem_bytes_b=wb / 8.0,
                       elem_bytes_out=ab / 8.0, dram_bytes_per_cycle=bpc,
-                      unique_elems_a=in_elems / groups.astype(jnp.float32))
-    gf = groups.astype(jnp.float32)
+                      unique_elems_a=in_elems / real(groups))
+    gf = real(groups)
     tiled = (_bursts(gf * mem["dram_read_bytes_a"], burst)
              + _bursts(gf * mem["dram_read_bytes_b"], burst) + bias_bytes
              + _bursts(gf * (mem["dram_write_bytes_out"] + mem["dram_read_bytes_out"]), burst))
@@ -230,8 +288,9 @@ def layer_costs(
     # the first tiles in and the last tile out cannot overlap compute
     exposed = jnp.where(is_gemm, jnp.minimum(mem["prologue_cycles"] + mem["epilogue_cycles"],
                                              memory), 0.0)
-    tc = total_compute.astype(jnp.float32)
-    stall = jnp.maximum(memory - exposed - tc, 0.0)
+    tc = real(total_compute)
+    # = max(memory - exposed - tc, 0) bit for bit; relaxed: a smooth max(compute, memory) slope
+    stall = _relax.smooth_max(memory - exposed, tc) - tc
     fused = jnp.asarray([bool(w.fused_into) for w in layers])
     dma = jnp.where(on_npu & ~fused, m.dram_latency_s * clock + exposed, 0.0)
     sram_peak = jnp.where(is_gemm, (
@@ -250,8 +309,8 @@ def layer_costs(
     a_in = jnp.where(has_prod, out_width[prod], ab)
     needs = has_prod & on_npu & (a_in != ab)
     conv_bytes = _bursts(in_elems * a_in / 8.0, burst) + _bursts(in_elems * ab / 8.0, burst)
-    conv_cycles = jnp.maximum(_ceil_div(i32(lambda w: w.in_elems), lanes * cores)
-                              .astype(jnp.float32), conv_bytes / bpc)
+    conv_cycles = jnp.maximum(real(_ceil_div(i32(lambda w: w.in_elems), lanes * cores)),
+                              conv_bytes / bpc)
     convert = jnp.where(needs, conv_cycles, 0.0)
 
     cpu = ~on_npu
@@ -265,7 +324,7 @@ def layer_costs(
     )
     latency = tc + convert + dma + stall + fallback + transfer
     zero = jnp.zeros_like(memory)
-    pes = jnp.asarray(R * C * cores, jnp.float32)
+    pes = real(R * C * cores)
     macs = f32(lambda w: w.macs)
     util = jnp.where(is_gemm, macs / jnp.maximum(tc, 1.0) / pes, zero)
     return LayerCosts(

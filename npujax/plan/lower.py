@@ -296,7 +296,8 @@ def lower(
     Raises:
       ConfigError: an unknown preset, dataflow, fusion level or layer name, a layer without
         weights or a search mixture in ``quant``; ``resident_weights`` for weights that do not
-        fit in half the filter SRAM.
+        fit in half the filter SRAM; a non-finite or negative figure (never reported).
+      LimitError: a layer beyond 2**53 MACs or elements (:func:`npujax.plan.workloads`).
     """
     spec = as_spec(spec)
     if fusion is not None and fusion != spec.ops.fusion:
@@ -309,23 +310,31 @@ def lower(
         layers, spec = _resident(layers, spec, wb)
     df = get_dataflow(dataflow or spec.array.dataflow)
     extra: dict[str, Any] = {}
-    if spec.ops.fusion == "layer":
-        costs, ec, unfused = jax.tree.map(
-            np.asarray, _jitted_fused(tuple(layers), df.name)(spec, wb, ab))
-        names = [w.name for w in layers]
-        extra = dict(
-            edges=tuple(EdgeReport(
-                names[e.producer], tuple(names[c] for c in e.consumers),
-                float(ec.tensor_bytes[i]), PLACEMENTS[int(ec.mode[i])], int(ec.stripe_rows[i]),
-                int(ec.stripes[i]) if ec.mode[i] == 2 else 0, float(ec.saved_bytes[i]),
-                float(ec.extra_weight_bytes[i]))
-                for i, e in enumerate(cross_layer_edges(tuple(layers)))),
-            sram_peak_bytes=float(np.max(ec.sram_bytes, initial=0.0)),
-            sram_capacity_bytes=float(ec.sram_capacity),
-            unfused_dram_bytes=float(np.sum(unfused.dram_bytes)),
-            unfused_latency_s=float(np.sum(unfused.latency_cycles)) / spec.array.clock_hz)
-    else:
-        costs = jax.tree.map(np.asarray, _jitted_costs(tuple(layers), df.name)(spec, wb, ab))
+    with jax.enable_x64(True):  # the spec's numbers enter as int64/float64 (npujax._exact)
+        if spec.ops.fusion == "layer":
+            costs, ec, unfused = jax.tree.map(
+                np.asarray, _jitted_fused(tuple(layers), df.name)(spec, wb, ab))
+            names = [w.name for w in layers]
+            extra = dict(
+                edges=tuple(EdgeReport(
+                    names[e.producer], tuple(names[c] for c in e.consumers),
+                    float(ec.tensor_bytes[i]), PLACEMENTS[int(ec.mode[i])],
+                    int(ec.stripe_rows[i]), int(ec.stripes[i]) if ec.mode[i] == 2 else 0,
+                    float(ec.saved_bytes[i]), float(ec.extra_weight_bytes[i]))
+                    for i, e in enumerate(cross_layer_edges(tuple(layers)))),
+                sram_peak_bytes=float(np.max(ec.sram_bytes, initial=0.0)),
+                sram_capacity_bytes=float(ec.sram_capacity),
+                unfused_dram_bytes=float(np.sum(unfused.dram_bytes)),
+                unfused_latency_s=float(np.sum(unfused.latency_cycles)) / spec.array.clock_hz)
+        else:
+            costs = jax.tree.map(np.asarray, _jitted_costs(tuple(layers), df.name)(spec, wb, ab))
+    for field, v in costs._asdict().items():  # a report never holds NaN/inf (issue #11)
+        bad = np.flatnonzero(~np.isfinite(v) | (v < 0))
+        if bad.size:
+            raise ConfigError(
+                f"the cost model gives {field} = {v[bad[0]]} for layer {layers[bad[0]].name!r} "
+                f"on {spec.name!r}: the hardware values are outside what npujax can model "
+                "(see the ranges in docs/hw.md).")
     ints = ("compute_cycles", "fill_drain_cycles", "folds")
     clock = spec.array.clock_hz
     reports = []

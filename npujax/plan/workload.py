@@ -27,15 +27,22 @@ This is the bridge from the Graph to the NPU model. Each costed node becomes one
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import numpy as np
 
+from npujax.errors import LimitError
 from npujax.hw.spec import FUSION_LEVELS, NpuSpec
 from npujax.ir.graph import Graph, Node
+from npujax.limits import MAX_EXACT_COUNT
 from npujax.ops import OPS, get_op
 
-__all__ = ["Workload", "workloads", "model_layout"]
+__all__ = ["Workload", "workloads", "model_layout", "CPU_OPS_PER_SPECIAL"]
+
+#: Host-CPU operations one special function (exp, erf, tanh, reciprocal, rsqrt) costs: a
+#: vectorised polynomial evaluation of about ten multiply-adds (as in SLEEF or Eigen's exp).
+CPU_OPS_PER_SPECIAL = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,8 +60,11 @@ class Workload:
       macs: true multiply-accumulates (unpadded).
       weight_elems, bias_elems: weight and (int32) bias elements moved from DRAM (padded).
       in_elems, out_elems: activation elements read and written (padded).
-      vector_ops: elementwise operations for vector/layout layers.
-      cpu_ops: operations if run on the CPU (2 per MAC).
+      vector_ops: elementwise (ALU) operations for vector/layout layers.
+      special_ops: special-function evaluations (exp, erf, tanh, reciprocal, rsqrt) of a
+        vector layer (Softmax, LayerNorm, GELU; :class:`~npujax.ops.VectorWork`).
+      cpu_ops: operations if run on the CPU (2 per MAC; a special function counts
+        :data:`CPU_OPS_PER_SPECIAL`).
       link_in_elems, link_out_elems, link_transfers: host-link traffic of a CPU layer.
       epilogue: activations applied in the layer's output stage.
       producer: index (in the workload list) of the layer that produced this layer's first
@@ -86,6 +96,7 @@ class Workload:
     in_elems: int = 0
     out_elems: int = 0
     vector_ops: int = 0
+    special_ops: int = 0
     cpu_ops: int = 0
     link_in_elems: int = 0
     link_out_elems: int = 0
@@ -124,10 +135,11 @@ def _align(spec: NpuSpec | None) -> int:
 def _padded_elems(shape: tuple[int, ...], layout: str, align: int) -> int:
     """Elements of an activation tensor with its channel dimension padded."""
     if align == 1 or len(shape) < 2:
-        return int(np.prod(shape, dtype=np.int64))
+        return math.prod(int(d) for d in shape)
     c_axis = layout.index("C") if len(shape) == 4 else len(shape) - 1
     c = shape[c_axis]
-    return int(np.prod(shape, dtype=np.int64)) // c * _pad(c, align)
+    rest = math.prod(int(d) for i, d in enumerate(shape) if i != c_axis)
+    return rest * _pad(c, align)  # (exact Python ints: no int64 wrap, no 0 // 0)
 
 
 def _placement(node: Node, spec: NpuSpec | None, graph_constants=frozenset()) -> str:
@@ -203,6 +215,10 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
 
     Returns:
       One :class:`Workload` per costed node, plus layout-transform and unfused-epilogue layers.
+
+    Raises:
+      LimitError: a layer whose MACs, operations or tensor elements exceed 2**53
+        (:data:`npujax.limits.MAX_EXACT_COUNT`), beyond which counts would not be exact.
     """
     align = _align(spec)
     m_layout = model_layout(graph)
@@ -249,8 +265,8 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
         reason = placements[node.name]
         dev = "cpu" if reason else "npu"
         ins = [t for t in node.inputs if t not in graph.constants]
-        if node.op == "MatMul":
-            ins = ins[:1]  # the second operand is costed as the array's stationary operand
+        if cost[node.name] == "array":
+            ins = ins[:1]  # a second operand (MatMul, Einsum) is the array's stationary operand
         if dev == "npu":
             for t in ins:
                 if t in pending_layout_in:  # a graph input entering the NPU
@@ -264,10 +280,17 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
             kind = "gemm"
         else:
             kind = "vector"
-            y = graph.tensors[node.outputs[0]]
-            window = int(np.prod(node.attrs.get("window", [1])))
-            ops = y.size * window
-            base = dict(vector_ops=ops, cpu_ops=ops)
+            vw = get_op(node.op, node.name).vector_work
+            if vw is not None:
+                work = vw(node, [graph.tensors[t].shape for t in node.inputs],
+                          [graph.tensors[t].shape for t in node.outputs])
+                base = dict(vector_ops=work.alu_ops, special_ops=work.special_ops,
+                            cpu_ops=work.alu_ops + CPU_OPS_PER_SPECIAL * work.special_ops)
+            else:
+                y = graph.tensors[node.outputs[0]]
+                window = math.prod(int(d) for d in node.attrs.get("window", [1]))
+                ops = y.size * window
+                base = dict(vector_ops=ops, cpu_ops=ops)
         elems_in = sum(act_elems(t) if dev == "npu" else graph.tensors[t].size for t in ins)
         y_elems = sum(act_elems(t) if dev == "npu" else graph.tensors[t].size
                       for t in node.outputs)
@@ -330,4 +353,11 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
             rows[i] = dataclasses.replace(rows[i], graph_output=True)
         if device.get(t) == "npu":
             layout_row(t, "out")
+    for w in rows:  # int64 cost arithmetic is exact to 2**63; npujax promises 2**53
+        for field in ("macs", "in_elems", "out_elems", "weight_elems", "vector_ops", "cpu_ops"):
+            if getattr(w, field) > MAX_EXACT_COUNT:
+                raise LimitError(
+                    f"layer {w.name!r} ({w.op}) has {getattr(w, field):,} {field}, more than "
+                    f"the 2**53 the cost model counts exactly; lower the batch size or the "
+                    "input resolution (or split the layer).")
     return rows

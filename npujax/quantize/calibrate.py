@@ -15,6 +15,7 @@ from npujax.errors import CalibrationError
 from npujax.ir.graph import Graph, Params
 from npujax.quantize.execute import execute
 from npujax.quantize.spec import QuantSpec
+from npujax.quantize.weights import check_weights
 
 __all__ = ["calibrate"]
 
@@ -49,9 +50,10 @@ def calibrate(
       mixture's per-candidate grids and uniform probabilities.
 
     Raises:
-      CalibrationError: no batches, an empty batch, or NaN/inf reaching a layer (names the
-        layer).
+      CalibrationError: no batches, an empty batch, NaN/inf reaching a layer, or a NaN/inf or
+        too large weight (:func:`npujax.quantize.weights.check_weights`; names the layer).
     """
+    check_weights(params)  # weights are checked like activations are (names the layer)
     names = [n for n, lq in quant.items() if lq.act is not None]
     if isinstance(observer, str):
         name = observer

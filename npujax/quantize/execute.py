@@ -19,6 +19,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from npujax.errors import ShapeError
 from npujax.ir.graph import Graph, Params
@@ -30,11 +31,14 @@ __all__ = ["execute", "as_inputs", "layer_state"]
 
 
 def as_inputs(graph: Graph, x: jax.Array | Sequence[jax.Array]) -> list[jax.Array]:
-    """``x`` as the list of float32 graph inputs, after checking their shapes.
+    """``x`` as the list of graph inputs, after checking their shapes: float32 for floating
+    inputs (as before), the declared type for integer and boolean ones (an ONNX model's integer
+    inputs, such as token ids, keep integer semantics; int64 is held as JAX's default integer,
+    int32 unless x64 is enabled).
 
     Raises:
-      ShapeError: wrong number of inputs, or a non-batch dimension that differs from the
-        graph's.
+      ShapeError: wrong number of inputs, a non-batch dimension that differs from the graph's,
+        or values that the declared integer type cannot hold exactly.
     """
     # a sequence (list, tuple) holds one array per input; an array is the one input
     xs = list(x) if isinstance(x, Sequence) else [x]
@@ -47,7 +51,27 @@ def as_inputs(graph: Graph, x: jax.Array | Sequence[jax.Array]) -> list[jax.Arra
                 f"input {name!r} must have shape (batch, {', '.join(map(str, want[1:]))}), "
                 f"got {tuple(jnp.shape(v))}."
             )
-    return [jnp.asarray(v, jnp.float32) for v in xs]
+    return [_as_input(name, v, graph.tensors[name].dtype) for name, v in zip(graph.inputs, xs)]
+
+
+def _as_input(name: str, v: Any, dtype: str) -> jax.Array:
+    """A float input as float32 (whatever it was given as); an integer or boolean one in its own
+    type as JAX holds it, refused if its values do not fit that type exactly."""
+    dt = np.dtype(dtype)
+    if dt.kind not in "iub":
+        return jnp.asarray(v, jnp.float32)
+    held = np.dtype(jax.dtypes.canonicalize_dtype(dt))
+    if isinstance(v, jax.core.Tracer):
+        return jnp.asarray(v, held)
+    a = np.asarray(v)
+    with np.errstate(invalid="ignore", over="ignore"):
+        exact = np.array_equal(a, a.astype(held))
+    if not exact:
+        as_held = "" if held == dt else f" (held as {held} in JAX)"
+        raise ShapeError(f"input {name!r} is {dt}{as_held}, but the values given do not fit it "
+                         "exactly (non-integers or out of range; 64-bit inputs are 32-bit unless "
+                         "JAX's x64 mode is on).")
+    return jnp.asarray(a.astype(held))
 
 
 def layer_state(quant: QuantSpec, qstate: QState | None, name: str) -> Any:

@@ -21,9 +21,11 @@ import jax
 import numpy as np
 
 from npujax._atomic import atomic_write_bytes
-from npujax.errors import GraphError
+from npujax.errors import GraphError, NpujaxError
 from npujax.ir.graph import Graph, Params
 from npujax.ir.serialize import graph_from_doc, graph_to_doc
+from npujax.ir.validate import check_graph
+from npujax.limits import ByteBudget, check_bytes, check_elements
 from npujax.quantize.quantizers import QUANTIZERS, QState
 
 __all__ = ["save_graph", "load_graph", "FORMAT_VERSION"]
@@ -90,54 +92,120 @@ def _infer_quantizer(fields: Mapping[str, Any]) -> str:
     return "ste"
 
 
+def _read_arrays(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+    """Every array of the ``.npz`` at ``path``, each checked against :mod:`npujax.limits` from
+    its header before it is read, and every failure (missing, not a zip, damaged, pickled)
+    named."""
+    where = str(path)
+    if not os.path.exists(path):
+        raise GraphError(f"model file {where!r} does not exist.")
+    if not os.path.isfile(path):
+        raise GraphError(f"model file {where!r} is not a file (a folder?); pass the model.npz "
+                         "written by 'npujax demo' or npujax.save_graph.")
+    check_bytes(os.path.getsize(path), f"model file {where!r}", limit="max_model_bytes")
+    budget = ByteBudget(f"the arrays of {where!r}")
+    arrays: dict[str, np.ndarray] = {}
+    try:
+        with zipfile.ZipFile(path) as z:
+            for info in z.infolist():
+                if not info.filename.endswith(".npy"):
+                    raise GraphError(f"{where!r} holds {info.filename!r}, which is not an array.")
+                key = info.filename[:-4]
+                with z.open(info) as f:
+                    version = np.lib.format.read_magic(f)
+                    shape, _, dtype = (np.lib.format.read_array_header_1_0(f) if version == (1, 0)
+                                       else np.lib.format.read_array_header_2_0(f))
+                if dtype.hasobject:
+                    raise GraphError(f"{where!r}: array {key!r} holds Python objects; model "
+                                     "files hold numbers only.")
+                nbytes = check_elements(shape, f"array {key!r} of {where!r}") * dtype.itemsize
+                budget.take(max(nbytes, info.file_size), f"array {key!r} of {where!r}")
+                with z.open(info) as f:
+                    arrays[key] = np.lib.format.read_array(f, allow_pickle=False)
+    except NpujaxError:
+        raise
+    except Exception as e:  # any failure to parse these untrusted bytes: zip, CRC, zlib, the
+        # .npy header (numpy parses it as a Python literal: SyntaxError, TokenError, ...)
+        raise GraphError(
+            f"{where!r} is not an npujax graph file, or a damaged one ({type(e).__name__}: {e}); "
+            "pass a "
+            "model.npz written by 'npujax demo' or npujax.save_graph.") from None
+    return arrays
+
+
 def load_graph(path: str | os.PathLike[str]) -> tuple[Graph, Params, dict[str, Any], dict]:
-    """Read a file written by :func:`save_graph`.
+    """Read a file written by :func:`save_graph`, validating all of it before it is trusted.
+
+    Each array's size is checked against :mod:`npujax.limits` from its header before it is read;
+    the graph document against its schema (:func:`npujax.ir.serialize.check_doc`); the
+    constants, parameters (shape and dtype) and every node's declared types against what its
+    operator computes (:func:`npujax.ir.validate.check_graph`); the quantization states against
+    their quantizers.
 
     Returns:
       ``(graph, params, qstate, meta)``; ``qstate`` holds typed states.
 
     Raises:
-      GraphError: the file is missing, not an npujax graph file, or of an unknown version.
+      GraphError: the file is missing, a folder, not an npujax graph file, damaged, of an
+        unknown version, or inconsistent (the message names the key, node or array).
+      LimitError: an array or the file over :mod:`npujax.limits`.
     """
+    arrays = _read_arrays(path)
+    where = str(path)
     try:
-        data = np.load(path, allow_pickle=False)
-        doc = json.loads(bytes(data["__graph__"]).decode("utf-8"))
-    except FileNotFoundError:
-        raise GraphError(f"model file {str(path)!r} does not exist.") from None
-    except (KeyError, ValueError, OSError, zipfile.BadZipFile, UnicodeDecodeError,
-            AttributeError, TypeError):
+        doc = json.loads(bytes(arrays["__graph__"]).decode("utf-8"))
+    except (KeyError, ValueError, UnicodeDecodeError, TypeError):
         raise GraphError(
-            f"{str(path)!r} is not an npujax graph file; pass a model.npz written by "
+            f"{where!r} is not an npujax graph file; pass a model.npz written by "
             "'npujax demo' or npujax.save_graph."
         ) from None
     version = doc.get("format_version") if isinstance(doc, dict) else None
     if version not in (1, FORMAT_VERSION):
         raise GraphError(
-            f"{str(path)!r} has graph format version {version}, this npujax reads versions 1 "
+            f"{where!r} has graph format version {version}, this npujax reads versions 1 "
             f"and {FORMAT_VERSION}."
         )
+    for key in ("meta", "qstate_quantizers"):
+        if not isinstance(doc.get(key, {}), dict):
+            raise GraphError(f"{where!r}: {key!r} must be a JSON object.")
     params: Params = {}
     constants: dict[str, np.ndarray] = {}
     raw: dict[str, dict[str, Any]] = {}
-    for key in data.files:
+    for key, value in arrays.items():
         kind, _, rest = key.partition("/")
         if kind == "param":
             node, _, role = rest.rpartition("/")
-            params.setdefault(node, {})[role] = jax.numpy.asarray(data[key])
+            params.setdefault(node, {})[role] = value
         elif kind == "const":
-            constants[rest] = data[key]
+            constants[rest] = value
         elif kind == "qstate":
             node, _, k = rest.rpartition("/")
-            raw.setdefault(node, {})[k] = jax.numpy.asarray(data[key])
+            raw.setdefault(node, {})[k] = value
+        elif key != "__graph__":
+            raise GraphError(f"{where!r} holds an unknown array {key!r}.")
+    graph = graph_from_doc(doc, constants)
+    check_graph(graph, params, where)
     names = doc.get("qstate_quantizers", {})
     for node in names:
         raw.setdefault(node, {})
+    node_names = {n.name for n in graph.nodes}
     qstate = {}
     for node, fields in raw.items():
+        if node not in node_names:
+            raise GraphError(f"{where!r}: a quantization state for {node!r}, which is not a node.")
+        for k, v in fields.items():
+            if not np.issubdtype(v.dtype, np.number) or not np.all(np.isfinite(v)):
+                raise GraphError(f"{where!r}: quantization state {node}/{k} is not finite "
+                                 "numbers.")
         name = names.get(node) or _infer_quantizer(fields)
-        q = QUANTIZERS.get(name)
+        q = QUANTIZERS.get(name) if isinstance(name, str) else None
         if q is None:
-            raise GraphError(f"{str(path)!r}: layer {node!r} was saved with quantizer {name!r}, "
+            raise GraphError(f"{where!r}: layer {node!r} was saved with quantizer {name!r}, "
                              f"which this npujax does not have ({sorted(QUANTIZERS)}).")
-        qstate[node] = q.coerce(fields, node)
-    return graph_from_doc(doc, constants), params, qstate, doc.get("meta", {})
+        try:
+            qstate[node] = q.coerce({k: jax.numpy.asarray(v) for k, v in fields.items()}, node)
+        except TypeError as e:
+            raise GraphError(f"{where!r}: the quantization state of {node!r} is incomplete "
+                             f"({e}).") from None
+    return graph, {n: {r: jax.numpy.asarray(v) for r, v in ps.items()}
+                   for n, ps in params.items()}, qstate, doc.get("meta", {})

@@ -26,6 +26,7 @@ from npujax.ir.passes import fold_batchnorm, frozen_bn_stats
 from npujax.quantize.execute import execute
 from npujax.quantize.quantizers import QState, merge_learned, split_learned
 from npujax.quantize.spec import QuantSpec
+from npujax.quantize.weights import check_weights
 
 __all__ = ["batch_iterator", "train_graph", "evaluate", "cross_entropy"]
 
@@ -136,7 +137,9 @@ def train_graph(
 
     Raises:
       ConfigError: ``steps`` < 1, or LSQ layers in ``quant`` without ``return_qstate=True``.
+      CalibrationError: a NaN/inf or too large weight (names the layer).
     """
+    check_weights(params)
     if steps < 1:
         raise ConfigError(f"steps must be >= 1, got {steps}.")
     quant = quant or {}

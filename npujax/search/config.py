@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from npujax.errors import ConfigError
 from npujax.quant import check_bits
@@ -84,6 +85,21 @@ class SearchConfig:
                                   f"got {v!r}.")
             object.__setattr__(self, what, tuple(sorted({check_bits(b, f"{what} entry")
                                                          for b in v})))
+        for what in ("budget_ratio", "lam", "dual_rate", "learning_rate", "logits_learning_rate"):
+            v = getattr(self, what)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ConfigError(f"SearchConfig.{what} must be a finite number, got {v!r}.")
+        if self.budget_s is not None and (
+                isinstance(self.budget_s, bool) or not isinstance(self.budget_s, (int, float))
+                or not math.isfinite(self.budget_s)):
+            raise ConfigError(f"budget_s must be a finite latency in seconds, got "
+                              f"{self.budget_s!r}.")
+        for what in ("sensitivity_samples", "sensitivity_batch", "steps", "batch_size", "seed"):
+            v = getattr(self, what)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ConfigError(f"SearchConfig.{what} must be a whole number, got {v!r}.")
+        if not 0 <= self.seed < 2**32:
+            raise ConfigError(f"SearchConfig.seed must be in [0, 2**32), got {self.seed}.")
         if not 0 < self.budget_ratio <= 1:
             raise ConfigError(f"budget_ratio must be in (0, 1], got {self.budget_ratio}.")
         if self.budget_s is not None and not self.budget_s > 0:

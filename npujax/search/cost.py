@@ -116,7 +116,8 @@ def latency_table(
 
     def column(w, a):
         c = scheduled_costs(layers, spec, jnp.full(n, float(w)), jnp.full(n, float(a)), dataflow)
-        return c.latency_cycles / spec.array.clock_hz
+        with jax.enable_x64(True):  # float64 seconds, then the table's float32
+            return (c.latency_cycles / spec.array.clock_hz).astype(jnp.float32)
 
     table = jnp.stack([column(w, a) for w, a in pairs], axis=1)  # [all layers, n]
     widest = pairs.index((pairs[0][0], max(acts)))

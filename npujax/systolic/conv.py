@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import jax
-import jax.numpy as jnp
 
+from npujax._exact import count, exact
 from npujax.errors import ConfigError, ShapeError
 from npujax.systolic.dataflow import Dataflow, gemm_cycles
 
@@ -146,6 +146,7 @@ def conv_gemm_shape(x_shape, w_shape, *, stride=1, padding: Padding = 0, dilatio
     return {"M": M, "K": K, "N": N, "groups": groups, "out_h": oh, "out_w": ow}
 
 
+@exact
 def conv_cycles(M, K, N, groups, rows, cols, dataflow: str | Dataflow) -> dict[str, jax.Array]:
     """:func:`gemm_cycles` of a grouped conv: ``groups`` per-group GEMMs run back to back.
 
@@ -154,7 +155,7 @@ def conv_cycles(M, K, N, groups, rows, cols, dataflow: str | Dataflow) -> dict[s
     get ``M, K, N, groups`` from :func:`conv_gemm_shape`.
     """
     g = gemm_cycles(M, K, N, rows, cols, dataflow)
-    groups = jnp.asarray(groups, jnp.int32)
+    groups = count(groups)
     ratios = ("mapping_efficiency", "utilization", "fold_cycles")
     out = {k: (v if k in ratios else v * groups) for k, v in g.items()}
     out["scalesim_cycles"] = out["compute_cycles"] - groups  # one offset per per-group layer

@@ -36,9 +36,9 @@ M) and the output is written once per fold of K (partial sums go back to the out
 between K folds). A dimension folds ``ceil(D/R)`` times on the rows, ``ceil(D/C)`` on the
 columns, once in time.
 
-All functions here are pure ``jnp`` over (possibly traced) int32 integers, so they ``jit`` and
-``vmap`` over layers and hardware configurations. Counts are int32: keep ``M*K*N`` per GEMM below
-2**31 (ResNet-50 at batch 8 fits) or split the batch.
+All functions here are pure ``jnp`` over (possibly traced) integers, so they ``jit`` and
+``vmap`` over layers and hardware configurations. Counts are exact int64, computed under a scoped
+``jax.enable_x64`` (see ``npujax._exact``; exact up to 2**53 whatever JAX's config).
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ from typing import ClassVar, final
 import jax
 import jax.numpy as jnp
 
+from npujax import _relax
+from npujax._exact import exact, real
 from npujax.errors import ConfigError
 
 __all__ = [
@@ -66,8 +68,7 @@ __all__ = [
 SCALESIM_CYCLE_OFFSET = 1
 
 
-def _ceil_div(a, b):
-    return (a + b - 1) // b
+_ceil_div = _relax.ceil_div  # exact int64 division; straight-through in the relaxed mode
 
 
 class Dataflow(abc.ABC):
@@ -179,6 +180,7 @@ def get_dataflow(dataflow: str | Dataflow) -> Dataflow:
     return _BY_NAME[key]
 
 
+@exact
 def gemm_cycles(M, K, N, rows, cols, dataflow: str | Dataflow) -> dict[str, jax.Array]:
     """Compute cycles, efficiency and SRAM traffic of an ``[M,K] x [K,N]`` GEMM on an array.
 
@@ -191,12 +193,13 @@ def gemm_cycles(M, K, N, rows, cols, dataflow: str | Dataflow) -> dict[str, jax.
       dataflow: a :class:`Dataflow` or its name (static).
 
     Returns:
-      dict of arrays broadcast over the inputs. int32: ``folds``; ``fold_cycles`` (fill + T +
-      drain); ``compute_cycles`` (folds x fold_cycles, cycles); ``scalesim_cycles``
+      dict of arrays broadcast over the inputs. int64 (exact, see ``npujax._exact``):
+      ``folds``; ``fold_cycles`` (fill + T + drain); ``compute_cycles`` (folds x fold_cycles,
+      cycles); ``scalesim_cycles``
       (``compute_cycles - 1``, SCALE-Sim's ``Total Cycles``); ``sram_reads_a`` (reads of the
       ``[M,K]`` operand, SCALE-Sim's IFMAP reads), ``sram_reads_b`` (the ``[K,N]`` operand, its
       Filter reads), ``sram_writes_out`` (output writes incl. partial sums), all in elements.
-      float32: ``mapping_efficiency`` (fraction of PEs holding work, averaged over folds) and
+      float64: ``mapping_efficiency`` (fraction of PEs holding work, averaged over folds) and
       ``utilization`` (MACs / (compute_cycles x rows x cols)); ``utilization <=
       mapping_efficiency <= 1``.
 
@@ -213,15 +216,15 @@ def gemm_cycles(M, K, N, rows, cols, dataflow: str | Dataflow) -> dict[str, jax.
       counts give ``fill + T + drain``).
     """
     df = get_dataflow(dataflow)
-    M, K, N, rows, cols = (jnp.asarray(v, jnp.int32) for v in (M, K, N, rows, cols))
+    M, K, N, rows, cols = (_relax.count(v) for v in (M, K, N, rows, cols))
     s_r, s_c, t = df.map_gemm(M, K, N)
     folds = _ceil_div(s_r, rows) * _ceil_div(s_c, cols)
     per_fold = df.fold_cycles(rows, cols, t)
     cycles = folds * per_fold
-    pes = (rows * cols).astype(jnp.float32)
-    mapping = (s_r * s_c).astype(jnp.float32) / (folds.astype(jnp.float32) * pes)
-    macs = M.astype(jnp.float32) * K.astype(jnp.float32) * N.astype(jnp.float32)
-    util = macs / (cycles.astype(jnp.float32) * pes)
+    pes = real(rows * cols)
+    mapping = real(s_r * s_c) / (real(folds) * pes)
+    macs = real(M) * real(K) * real(N)
+    util = macs / (real(cycles) * pes)
     return {
         "folds": folds,
         "fold_cycles": per_fold + jnp.zeros_like(folds),

@@ -32,7 +32,7 @@ folds::
     total_cycles = compute_cycles + stall_cycles
 
 so ``total_cycles >= max(compute_cycles, dram_bytes / dram_bytes_per_cycle)`` (the roofline of
-Williams et al., CACM 2009). Memory-side figures are float32 cycles (fractional when bytes do not
+Williams et al., CACM 2009). Memory-side figures are float64 cycles (fractional when bytes do not
 divide the bandwidth), as in :mod:`npujax.plan.costs`.
 
 All arguments may be traced jnp scalars or arrays (``vmap`` over hardware configurations); the
@@ -44,6 +44,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from npujax import _relax
+from npujax._exact import exact, real
 from npujax.systolic.dataflow import Dataflow, gemm_cycles, get_dataflow
 
 __all__ = ["gemm_memory", "PSUM_BYTES"]
@@ -52,10 +54,10 @@ __all__ = ["gemm_memory", "PSUM_BYTES"]
 PSUM_BYTES = 4
 
 
-def _f32(x):
-    return jnp.asarray(x, jnp.float32)
+_f32 = real  # (float64 inside @exact; the name marks "a real number" here)
 
 
+@exact
 def gemm_memory(
     M, K, N, rows, cols, dataflow: str | Dataflow, *,
     sram_bytes_a, sram_bytes_b, sram_bytes_out,
@@ -86,12 +88,12 @@ def gemm_memory(
         SCALE-Sim, whose DRAM IFMAP reads count distinct addresses.
 
     Returns:
-      dict of float32 arrays: ``dram_read_bytes_a``, ``dram_read_bytes_b``,
+      dict of float64 arrays: ``dram_read_bytes_a``, ``dram_read_bytes_b``,
       ``dram_write_bytes_out``, ``dram_read_bytes_out`` (partial sums read back), ``dram_bytes``
       (their sum); ``memory_cycles`` (dram_bytes / bandwidth); ``prologue_cycles`` and
       ``epilogue_cycles`` (the first tiles in, the last tile out); ``stall_cycles``;
       ``total_cycles`` (compute + stalls); bool ``resident_a``, ``resident_b``, ``resident_out``
-      (whether the reused data fits its active half-buffer); int32 ``compute_cycles`` (from
+      (whether the reused data fits its active half-buffer); int64 ``compute_cycles`` (from
       :func:`gemm_cycles`).
 
     Raises:
@@ -102,7 +104,8 @@ def gemm_memory(
     ext = {"M": _f32(M), "K": _f32(K), "N": _f32(N)}
     r, c = _f32(rows), _f32(cols)
     inner, outer, _ = df.layout
-    folds = {d: _f32(df.dim_folds(d, jnp.asarray(v, jnp.int32), rows, cols))
+    count = _relax.count
+    folds = {d: _f32(df.dim_folds(d, count(v), count(rows), count(cols)))
              for d, v in (("M", M), ("K", K), ("N", N))}
 
     def tile(d):  # extent of dimension d inside one fold
@@ -121,16 +124,21 @@ def gemm_memory(
     def operand(dims, other, sram, eb, unique):
         size = ext[dims[0]] * ext[dims[1]]
         dedup = jnp.minimum(unique / size, 1.0)  # im2col duplicates come from SRAM, not DRAM
-        resident = reused_elems(dims, other) * dedup * _f32(eb) <= _f32(sram) / 2
-        reads = jnp.minimum(unique, size) * _f32(eb) * jnp.where(resident, 1.0, folds[other])
+        need = reused_elems(dims, other) * dedup * _f32(eb)
+        resident = need <= _f32(sram) / 2
+        refetch = _relax.select_step(resident, need, _f32(sram) / 2, jnp.ones_like(need),
+                                     folds[other])
+        reads = jnp.minimum(unique, size) * _f32(eb) * refetch
         return reads, resident
 
     uniq_a = ext["M"] * ext["K"] if unique_elems_a is None else _f32(unique_elems_a)
     rd_a, res_a = operand(("M", "K"), "N", sram_bytes_a, elem_bytes_a, uniq_a)
     rd_b, res_b = operand(("K", "N"), "M", sram_bytes_b, elem_bytes_b, ext["K"] * ext["N"])
     out_elems = ext["M"] * ext["N"]
-    res_out = reused_elems(("M", "N"), "K") * PSUM_BYTES <= _f32(sram_bytes_out) / 2
-    spills = jnp.where(res_out, 0.0, folds["K"] - 1.0)
+    psums = reused_elems(("M", "N"), "K") * PSUM_BYTES
+    res_out = psums <= _f32(sram_bytes_out) / 2
+    spills = _relax.select_step(res_out, psums, _f32(sram_bytes_out) / 2, jnp.zeros_like(psums),
+                                folds["K"] - 1.0)
     wr_out = out_elems * (_f32(elem_bytes_out) + spills * PSUM_BYTES)
     rd_out = out_elems * spills * PSUM_BYTES
     dram = rd_a + rd_b + wr_out + rd_out
@@ -149,7 +157,7 @@ def gemm_memory(
     epilogue = first_bytes(("M", "N"), elem_bytes_out) / bw
     memory = dram / bw
     steady = jnp.maximum(memory - prologue - epilogue, 0.0)
-    compute = g["compute_cycles"].astype(jnp.float32)
+    compute = real(g["compute_cycles"])
     stall = prologue + epilogue + jnp.maximum(steady - compute, 0.0)
     return {
         "dram_read_bytes_a": rd_a,

@@ -29,17 +29,27 @@ from typing import ClassVar, final
 import jax
 import jax.numpy as jnp
 
+from npujax import _relax
+from npujax._exact import exact
 from npujax.errors import ConfigError
 
 __all__ = ["PrecisionScaling", "Fixed", "BitComposable", "BitSerial", "PRECISION_SCALINGS",
            "get_precision_scaling", "passes"]
 
 
+@exact
 def passes(weight_bits: jax.Array, act_bits: jax.Array, operand_bits: jax.Array) -> jax.Array:
     """``ceil(w / b) * ceil(a / b)``: passes of operands wider than the native width ``b``
-    (int32)."""
-    return (jnp.ceil(weight_bits / operand_bits) * jnp.ceil(act_bits / operand_bits)
-            ).astype(jnp.int32)
+    (int64, see :mod:`npujax._exact`)."""
+    return _relax.count(_relax.ceil(weight_bits / operand_bits)
+                        * _relax.ceil(act_bits / operand_bits))
+
+
+def _capped(bits: jax.Array, operand_bits: jax.Array) -> jax.Array:
+    """``min(bits, operand_bits)`` whose gradient stays with ``bits`` at equality (a width at
+    the array's native one still saves streaming time when it narrows; ``jnp.minimum`` would
+    halve that slope)."""
+    return jnp.where(bits <= operand_bits, bits, operand_bits)
 
 
 class PrecisionScaling(abc.ABC):
@@ -75,8 +85,8 @@ class BitComposable(PrecisionScaling):
     name = "bit_composable"
 
     def stream_factor(self, weight_bits, act_bits, operand_bits, brick_bits):
-        w, a = jnp.minimum(weight_bits, operand_bits), jnp.minimum(act_bits, operand_bits)
-        return jnp.ceil(w / brick_bits) * jnp.ceil(a / brick_bits) / jnp.square(
+        w, a = _capped(weight_bits, operand_bits), _capped(act_bits, operand_bits)
+        return _relax.ceil(w / brick_bits) * _relax.ceil(a / brick_bits) / jnp.square(
             operand_bits / brick_bits)
 
 
@@ -88,7 +98,7 @@ class BitSerial(PrecisionScaling):
     name = "bit_serial"
 
     def stream_factor(self, weight_bits, act_bits, operand_bits, brick_bits):
-        w, a = jnp.minimum(weight_bits, operand_bits), jnp.minimum(act_bits, operand_bits)
+        w, a = _capped(weight_bits, operand_bits), _capped(act_bits, operand_bits)
         return w * a / jnp.square(operand_bits)
 
 

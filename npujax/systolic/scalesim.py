@@ -25,11 +25,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from npujax._exact import count, exact, real
 from npujax.systolic.dataflow import Dataflow, gemm_cycles, get_dataflow
 
 __all__ = ["scalesim_report"]
 
 
+@exact
 def scalesim_report(M, K, N, rows, cols, dataflow: str | Dataflow) -> dict[str, jax.Array]:
     """SCALE-Sim 3.0.0's per-layer report figures for an ``[M,K] x [K,N]`` GEMM (pure jnp).
 
@@ -42,8 +44,8 @@ def scalesim_report(M, K, N, rows, cols, dataflow: str | Dataflow) -> dict[str, 
       dataflow: a :class:`Dataflow` or its name (static).
 
     Returns:
-      dict: int32 ``total_cycles``, ``sram_ifmap_reads``, ``sram_filter_reads``,
-      ``sram_ofmap_writes``; float32 percentages ``overall_util_pct``,
+      dict: int64 (exact, ``npujax._exact``) ``total_cycles``, ``sram_ifmap_reads``,
+      ``sram_filter_reads``, ``sram_ofmap_writes``; float64 percentages ``overall_util_pct``,
       ``mapping_efficiency_pct``, ``compute_util_pct``. ``stall_cycles`` is 0 (SCALE-Sim's CALC
       bandwidth mode sizes the DRAM interface so that nothing stalls).
 
@@ -52,20 +54,19 @@ def scalesim_report(M, K, N, rows, cols, dataflow: str | Dataflow) -> dict[str, 
     """
     df = get_dataflow(dataflow)
     g = gemm_cycles(M, K, N, rows, cols, df)
-    M, K, N, rows, cols = (jnp.asarray(v, jnp.int32) for v in (M, K, N, rows, cols))
+    M, K, N, rows, cols = (count(v) for v in (M, K, N, rows, cols))
     _, _, t = df.map_gemm(M, K, N)
-    pes = (rows * cols).astype(jnp.float32)
-    macs = M.astype(jnp.float32) * K.astype(jnp.float32) * N.astype(jnp.float32)
+    pes = real(rows * cols)
+    macs = real(M) * real(K) * real(N)
     is_os = df.layout[2] == "K"  # the reduction streams in time: outputs stay in the PEs
     util_len = g["fold_cycles"] + (0 if is_os else cols - 1)
     ofmap_writes = g["sram_writes_out"] + (g["folds"] * (rows + cols) if is_os else 0)
     return {
         "total_cycles": g["scalesim_cycles"],
         "stall_cycles": jnp.zeros_like(g["folds"]),
-        "overall_util_pct": 100.0 * macs / (g["scalesim_cycles"].astype(jnp.float32) * pes),
+        "overall_util_pct": 100.0 * macs / (real(g["scalesim_cycles"]) * pes),
         "mapping_efficiency_pct": 100.0 * g["mapping_efficiency"],
-        "compute_util_pct": 100.0 * g["mapping_efficiency"] * t.astype(jnp.float32)
-        / util_len.astype(jnp.float32),
+        "compute_util_pct": 100.0 * g["mapping_efficiency"] * real(t) / real(util_len),
         "sram_ifmap_reads": g["sram_reads_a"],
         "sram_filter_reads": g["sram_reads_b"],
         "sram_ofmap_writes": ofmap_writes,

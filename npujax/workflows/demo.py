@@ -16,6 +16,7 @@ import jax
 from flax import nnx
 from rich.console import Console
 
+from npujax._atomic import check_output_dir, staged_dir
 from npujax.data.datasets import load_digits_nhwc
 from npujax.errors import ConfigError
 from npujax.frontends.flax import trace_flax
@@ -111,16 +112,14 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
 
     Raises:
       ConfigError: bad preset or settings, or an output folder that cannot be created.
+      OutputError: the output folder is a file or holds files npujax did not write, or the
+        files cannot be written (the folder then keeps its previous contents).
     """
     console = console or Console()
     t0 = time.perf_counter()
     spec: NpuSpec = load_npu_spec(config.npu)
     out = Path(config.out) if config.out else default_out_dir()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"cannot create output folder {str(out)!r}: {e.strerror}; "
-                          "pass another output folder.") from None
+    check_output_dir(out)  # before the work: a file or a foreign folder there fails now
     data = load_digits_nhwc(seed=config.seed)
     console.print(f"[bold]npujax demo[/] — digits {len(data.x_train)} train / "
                   f"{len(data.x_test)} test, NPU preset [cyan]{spec.name}[/], output {out}")
@@ -206,18 +205,19 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
         "runtime_s": elapsed,
         "jax_backend": jax.default_backend(),
     }
-    write_json(out / "report.json", report)
-    write_layers_csv(out / "layers_int8.csv", int8.schedule)
-    write_layers_csv(out / "layers_mixed.csv", mixed)
-    plot_layer_latency(out / "layer_latency.png", {"INT8": int8.schedule, "mixed": mixed})
-    plot_layer_latency(out / "dataflow_latency.png", int8.by_dataflow,
-                       title=f"INT8 per-layer latency by dataflow on {spec.name}")
-    plot_breakdown(out / "breakdown_mixed.png", mixed)
-    plot_roofline(out / "roofline.png", int8.schedule, spec.peak_macs_per_s,
-                  spec.memory.dram_bytes_per_s,
-                  title=f"roofline of {spec.name}, INT8 layers (red: memory-bound)")
-    save_graph(out / "model.npz", graph, qat_params, qstate,
-               meta={"weight_bits": 8, "act_bits": 8, "mixed_precision_policy": wpolicy})
+    with staged_dir(out) as stage:  # all of the files or none (npujax._atomic)
+        write_json(stage / "report.json", report)
+        write_layers_csv(stage / "layers_int8.csv", int8.schedule)
+        write_layers_csv(stage / "layers_mixed.csv", mixed)
+        plot_layer_latency(stage / "layer_latency.png", {"INT8": int8.schedule, "mixed": mixed})
+        plot_layer_latency(stage / "dataflow_latency.png", int8.by_dataflow,
+                           title=f"INT8 per-layer latency by dataflow on {spec.name}")
+        plot_breakdown(stage / "breakdown_mixed.png", mixed)
+        plot_roofline(stage / "roofline.png", int8.schedule, spec.peak_macs_per_s,
+                      spec.memory.dram_bytes_per_s,
+                      title=f"roofline of {spec.name}, INT8 layers (red: memory-bound)")
+        save_graph(stage / "model.npz", graph, qat_params, qstate,
+                   meta={"weight_bits": 8, "act_bits": 8, "mixed_precision_policy": wpolicy})
     console.print(f"wrote {out}/{', '.join(DEMO_FILES)} ({elapsed:.1f} s)")
     report["out_dir"] = str(out)
     return report

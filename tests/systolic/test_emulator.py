@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from npujax.errors import ConfigError, NpujaxError, ShapeError
+from npujax.errors import ConfigError, NpujaxError, QuantizationError, ShapeError
 from npujax.systolic import (
     DATAFLOWS,
     Dataflow,
@@ -30,8 +30,8 @@ def _rand(rng, shape, dtype):
 
 
 def _ref(a, b):
-    # int64 numpy, wrapped to int32 exactly as int32 accumulation wraps
-    return (np.asarray(a, np.int64) @ np.asarray(b, np.int64)).astype(np.int32)
+    # the exact product (int64 numpy): the emulator never wraps
+    return np.asarray(a, np.int64) @ np.asarray(b, np.int64)
 
 
 @pytest.fixture(params=ALL_DATAFLOWS, ids=lambda d: d.name)
@@ -53,7 +53,9 @@ def test_exact_against_matmul(dataflow, dtype):
                           (9, 300, 5, 4, 8), (64, 9, 17, 32, 32)]:
         a, b = _rand(rng, (M, K), dtype), _rand(rng, (K, N), dtype)
         out, _ = emulate_gemm(a, b, R, C, dataflow)
-        assert out.dtype == jnp.int32
+        info = np.iinfo(np.dtype(dtype))
+        fits = max(-int(info.min), int(info.max)) ** 2 * K <= 2**31 - 1
+        assert out.dtype == (jnp.int32 if fits else np.dtype("int64"))
         np.testing.assert_array_equal(np.asarray(out), _ref(a, b))
 
 
@@ -69,12 +71,22 @@ def test_exact_property(M, K, N, R, C, seed):
         assert int(stats["compute_cycles"]) == int(gemm_cycles(M, K, N, R, C, df)["compute_cycles"])
 
 
-def test_int16_overflow_wraps_like_int32_matmul(dataflow):
-    a = jnp.full((2, 8), 32767, jnp.int16)
-    b = jnp.full((8, 3), 32767, jnp.int16)
+def test_int16_accumulation_widens_or_refuses_never_wraps(dataflow):
+    """int16 x int16 with K = 300 wrapped int32 silently (issue #11): now exact in int64, or
+    refused with the bound when a 32-bit accumulator is asked for."""
+    a = jnp.full((2, 300), 32767, jnp.int16)
+    b = jnp.full((300, 3), -32768, jnp.int16)
     out, _ = emulate_gemm(a, b, 4, 4, dataflow)
-    want = jnp.matmul(a.astype(jnp.int32), b.astype(jnp.int32))
-    np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
+    assert out.dtype == np.dtype("int64")
+    np.testing.assert_array_equal(np.asarray(out), np.full((2, 3), 32767 * -32768 * 300))
+    with pytest.raises(QuantizationError, match="int32 accumulator"):
+        emulate_gemm(a, b, 4, 4, dataflow, accumulator="int32")
+    x = jnp.full((1, 4, 4, 300), 32767, jnp.int16)
+    w = jnp.full((1, 1, 300, 2), 32767, jnp.int16)
+    y, _ = emulate_conv(x, w, 4, 4, dataflow)
+    np.testing.assert_array_equal(np.asarray(y), np.full((1, 4, 4, 2), 32767**2 * 300))
+    small, _ = emulate_gemm(a[:, :1], b[:1], 4, 4, dataflow, accumulator="int32")  # K=1 fits
+    assert small.dtype == jnp.int32
 
 
 def test_mixed_widths_are_widened_exactly(dataflow):

@@ -1,0 +1,57 @@
+"""Exact counts: the cost model's integer arithmetic runs in 64 bits, whatever JAX's config.
+
+Cycle, byte and MAC counts of a layer routinely exceed 2**31 (a 3x3 conv 64->64 on a 4096x4096
+input takes 2.4e9 cycles on a 16x16 array), so int32 wraps and float32 rounds. JAX's default
+config has 64-bit types disabled, and enabling them globally would change every user's program.
+npujax instead runs the cost functions (:func:`npujax.systolic.gemm_cycles`,
+:func:`npujax.systolic.gemm_memory`, :func:`npujax.plan.layer_costs`) under a *scoped*
+``jax.enable_x64(True)``: counts are int64 and the other quantities float64 inside, on every
+backend (CPU, GPU, TPU have int64), under ``jit``, ``vmap`` and ``grad`` (the scope applies
+while tracing; the traced program keeps its 64-bit types when it later runs or is transposed).
+
+Contract: these functions return int64 counts (exact to 2**63; npujax refuses layers whose MACs
+or tensor elements exceed 2**53, :data:`npujax.limits.MAX_EXACT_COUNT`, so nothing near that
+bound is reached) and float64 values. Read them with numpy (``np.asarray``, ``int()``), or cast
+them (``x.astype(jnp.float32)``) before mixing them with 32-bit jnp code: a jnp operation run
+with x64 disabled would truncate them (JAX warns). Gradients w.r.t. float32 inputs (bit widths)
+come back float32.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["exact", "COUNT", "REAL", "count", "real"]
+
+#: The dtype of exact counts (cycles, MACs, folds) and of the other cost-model quantities.
+COUNT = jnp.int64
+REAL = jnp.float64
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def exact(fn: F) -> F:
+    """Run ``fn`` with 64-bit types enabled (for its own tracing only; the caller's config is
+    restored on return)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with jax.enable_x64(True):
+            return fn(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def count(x: Any) -> jax.Array:
+    """``x`` as an int64 count (call inside :func:`exact`)."""
+    return jnp.asarray(x, COUNT)
+
+
+def real(x: Any) -> jax.Array:
+    """``x`` as a float64 value (call inside :func:`exact`)."""
+    return jnp.asarray(x, REAL)

@@ -1,0 +1,149 @@
+"""The differentiable mode of the cost model: exact forward values, useful gradients.
+
+The cost model's counts are step functions of the hardware and of the bit widths (``ceil`` of
+folds, passes and bursts; a buffer either holds what a fold reuses or not; a layer takes the
+larger of its compute and memory time), so their true derivative is zero or undefined almost
+everywhere: ``jax.grad`` of a bit-serial layer's latency w.r.t. its weight width gave 0.31
+cycles/bit where one bit less saves ~9,216 cycles. Inside :func:`relaxed` (what
+``layer_costs(..., relaxed=True)`` uses) the few helpers below keep the *forward value bit for bit*
+and replace only the gradient (straight-through estimators, Bengio et al., arXiv:1308.3432):
+
+=====================  =======================  =============================================
+helper                 forward (both modes)     gradient in the relaxed mode
+=====================  =======================  =============================================
+:func:`ceil`           ``ceil(x)``              1 where ``x > 1``, 0 where ``x <= 1`` (a
+                                                quantity that is at least one fold is flat
+                                                there)
+:func:`ceil_div`       ``ceil(a / b)``          that of ``ceil(a / b)`` (exact int64
+                                                division in the exact mode)
+:func:`smooth_max`     ``max(a, b)``            ``s da + (1 - s) db``, ``s = clip(1/2 + (a -
+                                                b) / 2T, 0, 1)``, ``T = temperature x max(|a|,
+                                                |b|)``: the two sides blend within ``T`` of
+                                                balance, the exact max's slope elsewhere
+:func:`select_step`    ``where(fits, x, y)``    of ``s x + (1 - s) y``, ``s = clip(1/2 +
+                                                log(capacity / need) / 2 temperature, 0, 1)``
+:func:`count`          int64 (exact) / float64  float64 keeps the gradient (values are whole
+                                                numbers below 2**53, so still exact)
+=====================  =======================  =============================================
+
+Outside :func:`relaxed` every helper is the plain exact operation, so the exact mode's jaxpr and
+values are unchanged. The mode is read while tracing (like :func:`npujax._exact.exact`), so a
+``jit`` traced in one mode stays in it.
+
+Sources: the relaxed-simulator idea of DiffTune (Renda et al., MICRO 2020, arXiv:1912.00103),
+which needed a learned surrogate, and DOSA (Hong et al., MICRO 2023, arXiv:2310.04436), which
+differentiates an analytical model with relaxed ceilings; here the exact model itself is
+differentiated, with its values kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from npujax._exact import COUNT, REAL
+from npujax.errors import ConfigError
+
+__all__ = ["relaxed", "is_relaxed", "temperature", "ceil", "ceil_div", "smooth_max",
+           "select_step", "count", "DEFAULT_TEMPERATURE"]
+
+#: Default relative temperature of :func:`smooth_max` and :func:`select_step`.
+DEFAULT_TEMPERATURE = 0.05
+
+_MODE: contextvars.ContextVar[float | None] = contextvars.ContextVar("npujax_relaxed",
+                                                                      default=None)
+
+
+@contextlib.contextmanager
+def relaxed(temp: float = DEFAULT_TEMPERATURE) -> Iterator[None]:
+    """Trace the cost functions in the differentiable mode (see the module docstring).
+
+    Args:
+      temp: relative temperature (> 0, at most 10) of the smooth maximum and of the buffer
+        residency steps: the gradient blends the two sides within ``temp`` of their size.
+
+    Raises:
+      ConfigError: ``temp`` not a finite number in (0, 10].
+    """
+    t = float(temp)
+    if not 0.0 < t <= 10.0:
+        raise ConfigError(f"relaxation temperature {temp!r} is out of range; use a number in "
+                          f"(0, 10], e.g. the default {DEFAULT_TEMPERATURE}.")
+    token = _MODE.set(t)
+    try:
+        yield
+    finally:
+        _MODE.reset(token)
+
+
+def is_relaxed() -> bool:
+    """Whether the cost functions are being traced in the differentiable mode."""
+    return _MODE.get() is not None
+
+
+def temperature() -> float:
+    """The relative temperature of the current :func:`relaxed` scope (default outside)."""
+    t = _MODE.get()
+    return DEFAULT_TEMPERATURE if t is None else t
+
+
+def _ste(value: jax.Array, surrogate: jax.Array) -> jax.Array:
+    """``value`` forward (bit for bit: ``s - s == 0``), the gradient of ``surrogate``."""
+    return jax.lax.stop_gradient(value) + (surrogate - jax.lax.stop_gradient(surrogate))
+
+
+def count(x: Any) -> jax.Array:
+    """``x`` as a count: int64 in the exact mode, float64 (differentiable) in the relaxed one."""
+    return jnp.asarray(x, REAL if is_relaxed() else COUNT)
+
+
+def ceil(x: jax.Array) -> jax.Array:
+    """``ceil(x)``; relaxed, with gradient 1 where ``x > 1`` (0 where ``x <= 1``)."""
+    c = jnp.ceil(x)
+    if not is_relaxed():
+        return c
+    return _ste(c, jnp.where(x > 1.0, x, 1.0))  # not jnp.maximum: slope 0 (not 1/2) at x == 1
+
+
+def ceil_div(a: Any, b: Any) -> jax.Array:
+    """``ceil(a / b)`` of positive counts: exact int64 division, or relaxed :func:`ceil`."""
+    if not is_relaxed():
+        return (a + b - 1) // b
+    return ceil(jnp.asarray(a, REAL) / jnp.asarray(b, REAL))
+
+
+def smooth_max(a: jax.Array, b: jax.Array) -> jax.Array:
+    """``max(a, b)``; relaxed, with the gradient of a log-sum-exp at the current temperature."""
+    m = jnp.maximum(a, b)
+    if not is_relaxed():
+        return m
+    t = jax.lax.stop_gradient(temperature() * jnp.maximum(jnp.maximum(jnp.abs(a), jnp.abs(b)),
+                                                          1e-30))
+    s = jax.lax.stop_gradient(_blend((a - b) / t))  # weight of a in d max / d(a, b)
+    return _ste(m, s * a + (1.0 - s) * b)
+
+
+def _blend(z: jax.Array) -> jax.Array:
+    """The weight of one side: a hard sigmoid, 1/2 at ``z = 0``, linear over ``|z| <= 1``, and
+    exactly 0 or 1 beyond, so far from a threshold the gradient is the exact one (no bleed of
+    a branch that is 10x smaller into the gradient)."""
+    return jnp.clip(0.5 + 0.5 * z, 0.0, 1.0)
+
+
+def select_step(fits: jax.Array, need: jax.Array, capacity: jax.Array, x: jax.Array,
+                y: jax.Array) -> jax.Array:
+    """``where(fits, x, y)`` for ``fits = need <= capacity``; relaxed, with the gradient of
+    ``s x + (1 - s) y``, ``s = sigmoid(log(capacity / need) / temperature)``, so a buffer's size
+    and a tensor's bytes get a gradient near the threshold."""
+    v = jnp.where(fits, x, y)
+    if not is_relaxed():
+        return v
+    tiny = 1e-30
+    s = _blend(jnp.log(jnp.maximum(capacity, tiny) / jnp.maximum(need, tiny)) / temperature())
+    return _ste(v, s * x + (1.0 - s) * y)
+

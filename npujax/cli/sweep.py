@@ -1,0 +1,127 @@
+"""``npujax sweep``: a design-space sweep of a model over hardware configurations."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from npujax.cli._common import add_progress_arg, console, epilog, int_list, positive_int, seed
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    from npujax.explore.grid import SAMPLING_METHODS
+    from npujax.workflows.sweep import DEFAULT_CHUNK, DEFAULT_OBJECTIVES
+
+    sw = sub.add_parser(
+        "sweep", help="design-space sweep over hardware configurations (sharded over devices)",
+        description="Evaluate a model on every configuration of a grid of hardware fields "
+                    "(or a random / Latin hypercube sample of it), sharded over the local "
+                    "devices (and over processes under jax.distributed), and write "
+                    "results.csv / results.parquet, pareto.csv and plots to --out. Chunks are "
+                    "written as they finish; rerunning the same command resumes.",
+        epilog=epilog(
+            "npujax sweep zoo:ppocr_cls --input-shape x=1,3,48,192 --npu edge_16x16 "
+            "--grid array.rows=8,16,32 --grid array.cols=8,16,32 "
+            "--grid memory.dram_bytes_per_s=3.2e9,6.4e9,12.8e9 --grid dataflow=ws,os,is "
+            "--bits 4,8 --out sweeps/cls",
+            "npujax sweep model.npz --grid array.rows=4,8,16,32,64 --grid array.cols=4,8,16,32 "
+            "--sample 10 --method lhs --out sweeps/s"),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sw.add_argument("model", help="an .onnx model, zoo:ppocr_cls / zoo:ppocr_det, or a "
+                    "model.npz written by 'npujax demo'")
+    sw.add_argument("--input-shape", action="append", metavar="NAME=1,3,224,224",
+                    help="static shape of an ONNX input (repeat for several inputs)")
+    sw.add_argument("--npu", default="edge_16x16",
+                    help="the base preset the grid changes (name or TOML path)")
+    sw.add_argument("--grid", action="append", required=True, metavar="SECTION.KEY=V1,V2",
+                    help="an axis: a hardware field and its values (repeat for more axes); "
+                    "dataflow=ws,os,is for the dataflow")
+    sw.add_argument("--bits", type=int_list("--bits"),
+                    help="uniform weight and activation widths to sweep (e.g. 2,4,8; "
+                    "default 8)")
+    sw.add_argument("--sample", type=positive_int,
+                    help="evaluate this many configurations instead of the full product")
+    sw.add_argument("--method", choices=SAMPLING_METHODS, default="random",
+                    help="how --sample draws (default random; lhs = Latin hypercube)")
+    sw.add_argument("--seed", type=seed, default=0, help="sampling seed (default 0)")
+    sw.add_argument("--chunk-size", type=positive_int, default=DEFAULT_CHUNK,
+                    help=f"configurations per chunk file (default {DEFAULT_CHUNK})")
+    sw.add_argument("--pareto", default=",".join(DEFAULT_OBJECTIVES),
+                    help="columns the Pareto front minimises (default "
+                    f"{','.join(DEFAULT_OBJECTIVES)})")
+    sw.add_argument("--out", required=True, help="the sweep's folder (rerun to resume)")
+    dist = sw.add_argument_group("several processes (jax.distributed; see the README)")
+    dist.add_argument("--distributed", action="store_true",
+                      help="join a jax.distributed job (coordinator and process ids from the "
+                      "options below, else detected: SLURM, Open MPI, Kubernetes, Cloud TPU)")
+    dist.add_argument("--coordinator", metavar="HOST:PORT",
+                      help="address of process 0's coordinator (implies --distributed)")
+    dist.add_argument("--num-processes", type=positive_int, help="processes in the job")
+    dist.add_argument("--process-id", type=int, help="this process's id, 0 .. N-1")
+    add_progress_arg(sw)
+    sw.set_defaults(fn=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from npujax.explore.grid import Grid, parse_grid_axis
+    from npujax.hw import load_npu_spec
+    from npujax.workflows.sweep import run_sweep
+
+    if args.distributed or args.coordinator:
+        _join(args)
+    spec = load_npu_spec(args.npu)
+    axes = dict(parse_grid_axis(g) for g in args.grid)
+    if len(axes) != len(args.grid):
+        from npujax.errors import ConfigError
+
+        raise ConfigError("a --grid axis is given twice; give each field once with all its "
+                          "values.")
+    if args.bits:
+        axes["bits"] = args.bits
+    grid = Grid.build(axes, spec)
+    graph = _load_model(args)
+    r = run_sweep(graph, spec, grid, args.out, model=Path(args.model).name, sample=args.sample,
+                  method=args.method, seed=args.seed, chunk_size=args.chunk_size,
+                  objectives=tuple(o.strip() for o in args.pareto.split(",") if o.strip()),
+                  progress=not args.no_progress)
+    con = console()
+    if r.result is None:
+        con.print(f"evaluated {r.evaluated} chunk(s); process 0 writes the results")
+        return 0
+    res = r.result
+    con.print(f"{len(res)} configurations x {res.layers} layers: {r.evaluated} chunk(s) "
+              f"evaluated, {r.skipped} resumed; {r.evaluations_per_s:.3g} evaluations/s")
+    con.print(f"wrote {', '.join(str(Path(args.out) / n) for n in r.files)}")
+    return 0
+
+
+def _join(args: argparse.Namespace) -> None:
+    """``jax.distributed.initialize`` with the command line's coordinator and ids."""
+    import jax
+
+    from npujax.errors import ConfigError
+
+    try:
+        jax.distributed.initialize(coordinator_address=args.coordinator,
+                                   num_processes=args.num_processes,
+                                   process_id=args.process_id)
+    except (RuntimeError, ValueError) as e:
+        raise ConfigError(f"cannot join the jax.distributed job ({e}); pass --coordinator "
+                          "HOST:PORT --num-processes N --process-id I (the same coordinator "
+                          "and N in every process).") from None
+
+
+def _load_model(args: argparse.Namespace):
+    """The optimized graph of an ONNX model or a saved npujax model."""
+    from npujax.errors import ConfigError
+    from npujax.frontends.onnx import parse_input_shapes
+    from npujax.quantize.model_file import load_graph
+    from npujax.workflows.lowering import import_onnx_for_lowering
+
+    shapes = parse_input_shapes(args.input_shape or [])
+    if str(args.model).lower().endswith(".onnx"):
+        return import_onnx_for_lowering(args.model, shapes, None)
+    if shapes:
+        raise ConfigError("--input-shape applies to .onnx models; a saved npujax model has fixed "
+                          "shapes.")
+    return load_graph(args.model)[0]

@@ -1,0 +1,321 @@
+"""Evaluate a design-space sweep: every configuration of a :class:`~npujax.explore.Grid`
+through the cost model (:func:`npujax.plan.layer_costs`), vmapped and sharded over devices.
+
+For each combination of the grid's static axes (dataflow, precision scaling, layout and operator
+fields: they change the program or the workloads) the layers' workloads are built once and one
+jitted program evaluates all the configurations of that combination: ``jax.vmap`` over a
+stacked :class:`~npujax.NpuSpec` (its numeric leaves ``[n]`` arrays, int64/float64) and the
+``bits`` axis, sharded over the local devices by a ``jax.sharding.Mesh`` with one ``config``
+axis (``NamedSharding(mesh, P("config"))`` on every input and output; sharded ``jit``). The
+configurations are independent, so the sharded program runs the same per-configuration
+arithmetic as on one device and gives the same numbers, bit for bit (tested on 8 host
+devices). Batches are padded to a power of two (a multiple of the device count) so a long sweep
+compiles a few programs, not one per batch size.
+
+Each configuration reduces its layers to one row of :data:`COLUMNS` (totals, per layer class,
+utilization); :class:`SweepResult` holds the rows with the axis values and derives the bounds,
+resources and the Pareto front. The model has no energy or area figures: resources are
+reported as ``pes`` (MAC units) and ``sram_bytes`` (on-chip buffers), the quantities an area
+model would be built from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from npujax._exact import COUNT, exact, real
+from npujax.errors import ConfigError
+from npujax.explore.grid import Grid, configurations
+from npujax.hw.spec import NpuSpec, as_spec
+from npujax.ir.graph import Graph
+from npujax.plan.costs import layer_costs
+from npujax.plan.lower import DEFAULT_BITS
+from npujax.plan.workload import Workload, workloads
+
+__all__ = ["sweep", "evaluate", "evaluate_configs", "SweepResult", "COLUMNS", "INT_COLUMNS",
+           "pareto_front", "LAYER_CLASSES"]
+
+#: Layer classes reported separately: GEMMs on the array, other NPU layers on the vector unit,
+#: layers that fall back to the host CPU.
+LAYER_CLASSES = ("gemm", "vector", "cpu")
+
+#: The per-configuration figures :func:`evaluate` computes, in order (cycles are array cycles).
+COLUMNS = (
+    "latency_s", "latency_cycles", "compute_cycles", "memory_cycles", "stall_cycles",
+    "dram_bytes", "utilization", "sram_peak_bytes", "memory_bound_layers",
+    *(f"{c}_{f}" for c in LAYER_CLASSES for f in ("latency_cycles", "compute_cycles",
+                                                   "memory_cycles")),
+)
+#: Of :data:`COLUMNS`, those that are exact integers (int64).
+INT_COLUMNS = ("compute_cycles", "memory_bound_layers", "gemm_compute_cycles",
+               "vector_compute_cycles", "cpu_compute_cycles")
+
+
+def _mesh(devices: Sequence[Any] | None) -> Mesh:
+    devs = list(devices) if devices is not None else jax.local_devices()
+    return Mesh(np.asarray(devs, dtype=object), ("config",))
+
+
+@functools.lru_cache(maxsize=32)
+def _program(layers: tuple[Workload, ...], dataflow: str, mesh: Mesh) -> Callable[..., Any]:
+    """The jitted, sharded evaluation of ``layers`` for a batch of configurations."""
+    L = len(layers)
+    on_npu = np.asarray([w.device == "npu" for w in layers])
+    masks = {"gemm": on_npu & np.asarray([w.kind == "gemm" for w in layers]),
+             "cpu": ~on_npu}
+    masks["vector"] = on_npu & ~masks["gemm"]
+    gemm_macs = float(sum(w.macs for w, g in zip(layers, masks["gemm"]) if g))
+
+    def one(spec: NpuSpec, bits: jax.Array) -> dict[str, jax.Array]:
+        widths = jnp.full((L,), bits, real(0).dtype)
+        c = layer_costs(layers, spec, widths, widths, dataflow)
+        lat = c.latency_cycles
+        comp = c.compute_cycles
+        cpu_cycles = c.fallback_cycles + c.transfer_cycles
+        a = spec.array
+        pes = real(a.rows) * real(a.cols) * real(a.cores)
+        gemm_comp = jnp.sum(jnp.where(masks["gemm"], comp, 0))
+        out = {
+            "latency_cycles": jnp.sum(lat),
+            "compute_cycles": jnp.sum(comp),
+            "memory_cycles": jnp.sum(c.memory_cycles),
+            "stall_cycles": jnp.sum(c.stall_cycles),
+            "dram_bytes": jnp.sum(c.dram_bytes),
+            "utilization": gemm_macs / jnp.maximum(real(gemm_comp), 1.0) / pes,
+            "sram_peak_bytes": jnp.max(c.sram_peak_bytes),
+            "memory_bound_layers": jnp.sum(on_npu & (c.memory_cycles > real(comp))
+                                           ).astype(COUNT),
+        }
+        out["latency_s"] = out["latency_cycles"] / real(a.clock_hz)
+        for cls, m in masks.items():
+            out[f"{cls}_latency_cycles"] = jnp.sum(jnp.where(m, lat, 0.0))
+            out[f"{cls}_compute_cycles"] = jnp.sum(jnp.where(m, comp, 0))
+            out[f"{cls}_memory_cycles"] = jnp.sum(jnp.where(m, c.memory_cycles, 0.0))
+        out["cpu_latency_cycles"] = jnp.sum(jnp.where(masks["cpu"], cpu_cycles, 0.0))
+        return out
+
+    sharding = NamedSharding(mesh, P("config"))
+    return jax.jit(jax.vmap(one), in_shardings=sharding, out_shardings=sharding)
+
+
+def _bucket(n: int, ndev: int) -> int:
+    """The padded batch size: a power of two >= n, at least and a multiple of ``ndev``."""
+    b = max(1 << max(n - 1, 0).bit_length(), ndev)
+    return -(-b // ndev) * ndev
+
+
+def _stacked(spec: NpuSpec, changes: dict[str, np.ndarray], n: int) -> NpuSpec:
+    """``spec`` with every numeric leaf an ``[n]`` int64/float64 array; ``changes`` override
+    the leaves they name (``section.key``)."""
+    sections = {}
+    for section in ("array", "memory", "vector", "layout", "ops", "host"):
+        sec = getattr(spec, section)
+        new = {}
+        for f in dataclasses.fields(sec):
+            if str(f.type) not in ("int", "float"):
+                continue
+            dtype = np.int64 if str(f.type) == "int" else np.float64
+            v = changes.get(f"{section}.{f.name}")
+            new[f.name] = (np.asarray(v, dtype) if v is not None
+                           else np.full(n, getattr(sec, f.name), dtype))
+        sections[section] = dataclasses.replace(sec, **new)
+    return dataclasses.replace(spec, **sections)
+
+
+def evaluate(layers: Sequence[Workload], spec: NpuSpec, changes: dict[str, np.ndarray],
+             bits: np.ndarray, devices: Sequence[Any] | None = None) -> dict[str, np.ndarray]:
+    """The :data:`COLUMNS` of ``n`` configurations sharing ``spec``'s static fields.
+
+    Args:
+      layers: the workloads (:func:`npujax.plan.workloads` of the graph on ``spec``).
+      spec: the configurations' common spec (static fields, and the numeric fields not swept).
+      changes: ``{"section.key": values [n]}`` for the swept numeric fields.
+      bits: ``[n]`` uniform weight and activation width per configuration.
+      devices: the devices to shard over (default: every local device).
+
+    Returns:
+      ``{column: [n] array}`` (int64 for :data:`INT_COLUMNS`, float64 otherwise).
+    """
+    n = len(bits)
+    if n == 0:
+        return {k: np.zeros(0, np.int64 if k in INT_COLUMNS else np.float64) for k in COLUMNS}
+    mesh = _mesh(devices)
+    ndev = mesh.devices.size
+    size = _bucket(n, ndev)
+    pad = lambda v: np.concatenate([v, np.repeat(v[-1:], size - n)])  # noqa: E731
+    stacked = _stacked(spec, {k: pad(np.asarray(v)) for k, v in changes.items()}, size)
+    program = _program(tuple(layers), spec.array.dataflow, mesh)
+    with jax.enable_x64(True):  # the numbers enter as int64/float64 (npujax._exact)
+        out = exact(program)(stacked, pad(np.asarray(bits, np.float64)))
+        out = {k: np.asarray(v)[:n] for k, v in out.items()}
+    return {k: out[k] for k in COLUMNS}
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepResult:
+    """The configurations of a sweep and their figures.
+
+    Attributes:
+      grid: the axes.
+      configs: int64 ``[n, axes]`` value indices (see :func:`npujax.explore.configurations`).
+      columns: ``{name: [n] array}``: :data:`COLUMNS` from the cost model.
+      layers: layers per configuration (the first static group's count).
+      seconds: wall time of the evaluation (compilation included).
+    """
+
+    grid: Grid
+    configs: np.ndarray
+    columns: dict[str, np.ndarray]
+    layers: int = 0
+    seconds: float = 0.0
+
+    def __len__(self) -> int:
+        return int(self.configs.shape[0])
+
+    def axis_values(self) -> dict[str, np.ndarray]:
+        """``{axis: [n] values}`` of every configuration (strings for static text axes)."""
+        return {name: np.asarray(vals, dtype=object if isinstance(vals[0], str) else None)
+                [self.configs[:, j]] for j, (name, vals) in enumerate(self.grid.axes)}
+
+    def table(self, base: NpuSpec) -> dict[str, np.ndarray]:
+        """One row per configuration: the axis values, :data:`COLUMNS`, the bound per layer
+        class (``compute``/``memory``/``none``), and the resources ``pes`` and ``sram_bytes``
+        (``base``'s values where the grid does not change them)."""
+        axes = self.axis_values()
+        n = len(self)
+
+        def field(name: str) -> np.ndarray:
+            if name in axes:
+                return np.asarray(axes[name], np.float64)
+            section, _, key = name.partition(".")
+            return np.full(n, float(getattr(getattr(base, section), key)))
+
+        cores = field("array.cores")
+        out: dict[str, np.ndarray] = {**axes, **self.columns}
+        for cls in ("gemm", "vector"):
+            comp = self.columns[f"{cls}_compute_cycles"].astype(np.float64)
+            mem = self.columns[f"{cls}_memory_cycles"]
+            out[f"{cls}_bound"] = np.where(comp + mem == 0, "none",
+                                           np.where(mem > comp, "memory", "compute"))
+        out["pes"] = (field("array.rows") * field("array.cols") * cores).astype(np.int64)
+        out["sram_bytes"] = ((field("memory.ifmap_sram_bytes") + field("memory.filter_sram_bytes")
+                              + field("memory.ofmap_sram_bytes")) * cores).astype(np.int64)
+        return out
+
+    @property
+    def evaluations_per_s(self) -> float:
+        """(configuration x layer) evaluations per second of wall time."""
+        return len(self) * self.layers / self.seconds if self.seconds > 0 else math.inf
+
+
+def pareto_front(objectives: np.ndarray) -> np.ndarray:
+    """Indices of the Pareto-optimal rows of ``objectives`` ``[n, k]`` (all minimised): no
+    other row is at least as good in every objective and better in one. Rows with equal
+    objectives are all kept. Sorted by the first objective.
+    """
+    obj = np.asarray(objectives, np.float64)
+    order = np.lexsort(obj.T[::-1])
+    front: list[int] = []
+    for i in order:
+        if front:
+            f = obj[front]
+            dominated = np.all(f <= obj[i], axis=1) & np.any(f < obj[i], axis=1)
+            if dominated.any():
+                continue
+        front.append(int(i))
+    return np.asarray(front, np.int64)
+
+
+def _groups(grid: Grid, configs: np.ndarray) -> dict[tuple[int, ...], np.ndarray]:
+    """Rows of ``configs`` per combination of static-axis values."""
+    static = [j for j, n in enumerate(grid.names) if grid.is_static(n)]
+    if not static:
+        return {(): np.arange(len(configs))}
+    keys = configs[:, static]
+    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    return {tuple(int(x) for x in u): np.flatnonzero(inverse.ravel() == g)
+            for g, u in enumerate(uniq)}
+
+
+def evaluate_configs(graph: Graph, base: NpuSpec, grid: Grid, configs: np.ndarray,
+                     devices: Sequence[Any] | None = None,
+                     workload_cache: dict[Any, tuple[NpuSpec, list[Workload]]] | None = None
+                     ) -> dict[str, np.ndarray]:
+    """:data:`COLUMNS` of the given configurations (rows of value indices) of ``grid``.
+
+    Raises:
+      ConfigError: a static combination that makes an invalid spec.
+    """
+    cache = {} if workload_cache is None else workload_cache
+    n = len(configs)
+    out = {k: np.zeros(n, np.int64 if k in INT_COLUMNS else np.float64) for k in COLUMNS}
+    static = [j for j, name in enumerate(grid.names) if grid.is_static(name)]
+    for key, rows in _groups(grid, configs).items():
+        if key not in cache:
+            spec = base.with_fields({grid.axes[j][0]: grid.axes[j][1][v]
+                                     for j, v in zip(static, key)}) if key else base
+            cache[key] = (spec, workloads(graph, spec))
+        spec, layers = cache[key]
+        changes, bits = {}, np.full(len(rows), DEFAULT_BITS, np.float64)
+        for j, (name, vals) in enumerate(grid.axes):
+            if grid.is_static(name):
+                continue
+            picked = np.asarray(vals)[configs[rows, j]]
+            if name == "bits":
+                bits = picked.astype(np.float64)
+            else:
+                changes[name] = picked
+        cols = evaluate(layers, spec, changes, bits, devices)
+        for k, v in cols.items():
+            out[k][rows] = v
+    return out
+
+
+def sweep(graph: Graph, base_spec: NpuSpec | str, grid: Grid | dict[str, Sequence[Any]], *,
+          sample: int | None = None, method: str = "random", seed: int = 0,
+          devices: Sequence[Any] | None = None) -> SweepResult:
+    """Evaluate ``graph`` on every configuration of ``grid`` (or a sample of them).
+
+    Args:
+      graph: an optimized graph (:func:`npujax.optimize`).
+      base_spec: the NPU the axes change (a spec, a preset name or a TOML path).
+      grid: a :class:`~npujax.explore.Grid` or ``{axis: values}``, e.g.
+        ``{"array.rows": [8, 16, 32], "dataflow": ["ws", "os"], "bits": [4, 8]}``.
+      sample: None for the full product, else the number of configurations to draw.
+      method: ``random`` or ``lhs`` (see :func:`npujax.explore.configurations`).
+      seed: the sampling seed.
+      devices: devices to shard each batch over (default: every local device).
+
+    Returns:
+      The :class:`SweepResult`, rows in configuration order.
+
+    Raises:
+      ConfigError: a bad axis, value, sample size or method.
+
+    Examples:
+      >>> r = sweep(graph, "edge_16x16", {"array.rows": [8, 16]})  # doctest: +SKIP
+      >>> r.table(load_npu_spec("edge_16x16"))["latency_s"]  # doctest: +SKIP
+    """
+    base = as_spec(base_spec)
+    g = grid if isinstance(grid, Grid) else Grid.build(grid, base)
+    configs = configurations(g, sample, method, seed)
+    cache: dict[Any, tuple[NpuSpec, list[Workload]]] = {}
+    t = time.perf_counter()
+    cols = evaluate_configs(graph, base, g, configs, devices, cache)
+    seconds = time.perf_counter() - t
+    layers = len(next(iter(cache.values()))[1]) if cache else 0
+    if not all(np.all(np.isfinite(v)) for v in cols.values()):
+        raise ConfigError("the cost model gave a non-finite figure for some configuration; the "
+                          "grid's values are outside what npujax can model (docs/hw.md).")
+    return SweepResult(g, configs, cols, layers, seconds)

@@ -1,0 +1,261 @@
+"""Reference transformers in Flax NNX: a ViT encoder and a decoder-only LLM (prefill and decode).
+
+Both are written from the usual pieces so that :func:`npujax.trace_flax` turns them into named
+graph ops: ``nnx.LayerNorm``/``nnx.RMSNorm``, ``nnx.Linear``, ``nnx.Embed``, attention as
+``einsum``s with a softmax and a mask, GELU or SwiGLU, rotary position embeddings.
+
+* :class:`ViT`: patch embedding (a strided convolution), a class token and learned position
+  embeddings, pre-norm encoder blocks (``nnx.MultiHeadAttention``, GELU MLP), a linear head on
+  the class token (Dosovitskiy et al. 2021, arXiv:2010.11929).
+* :class:`Decoder`: a Llama/Qwen-style decoder (Touvron et al. 2023, arXiv:2302.13971): token
+  embedding, pre-norm blocks with RMSNorm, grouped-query attention (``kv_heads`` key/value heads
+  shared by ``heads / kv_heads`` query heads; Ainslie et al. 2023, arXiv:2305.13245), rotary
+  position embeddings (Su et al. 2021, arXiv:2104.09864), a SwiGLU MLP (Shazeer 2020,
+  arXiv:2002.05202), a final RMSNorm and the LM head. ``phase="prefill"`` runs ``seq_len``
+  tokens with a causal mask; ``phase="decode"`` runs one new token per sequence against a
+  key/value cache of ``kv_len`` earlier positions held in the model (a constant of the traced
+  graph: the attention's stationary operand, read once per token).
+
+:class:`DecoderConfig` holds the shapes; :data:`DECODER_CONFIGS` has those of public models, each
+with its source.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from npujax.errors import ConfigError
+
+__all__ = ["DecoderConfig", "DECODER_CONFIGS", "Decoder", "ViT", "rotary_tables"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DecoderConfig:
+    """Shapes of a decoder-only transformer.
+
+    Attributes:
+      vocab: vocabulary size (tokens).
+      d_model: hidden size.
+      heads: query heads; ``d_model`` must be a multiple (head_dim = d_model / heads).
+      kv_heads: key/value heads (GQA; ``heads`` must be a multiple).
+      d_ff: the SwiGLU MLP's inner size.
+      layers: decoder blocks.
+      rope_theta: rotary embedding base.
+      norm_eps: RMSNorm epsilon.
+      qkv_bias: biases on the query/key/value projections (Qwen2) or not (Llama).
+      source: where the shapes come from.
+
+    Raises:
+      ConfigError: a non-positive size, or heads not divisible as required.
+    """
+
+    vocab: int
+    d_model: int
+    heads: int
+    kv_heads: int
+    d_ff: int
+    layers: int
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    qkv_bias: bool = False
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for f in ("vocab", "d_model", "heads", "kv_heads", "d_ff", "layers"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"DecoderConfig.{f} must be a positive int, got {v!r}.")
+        if self.d_model % self.heads or self.heads % self.kv_heads or self.head_dim % 2:
+            raise ConfigError(
+                f"DecoderConfig: d_model ({self.d_model}) must be a multiple of heads "
+                f"({self.heads}), heads a multiple of kv_heads ({self.kv_heads}) and the head "
+                "size even (rotary embeddings rotate pairs).")
+
+    @property
+    def head_dim(self) -> int:
+        """``d_model / heads``."""
+        return self.d_model // self.heads
+
+
+#: Public model shapes (from each model's ``config.json`` on the Hugging Face Hub).
+DECODER_CONFIGS: dict[str, DecoderConfig] = {
+    "qwen2.5-0.5b": DecoderConfig(
+        vocab=151936, d_model=896, heads=14, kv_heads=2, d_ff=4864, layers=24,
+        rope_theta=1e6, norm_eps=1e-6, qkv_bias=True,
+        source="Qwen/Qwen2.5-0.5B config.json (hidden_size 896, intermediate_size 4864, 14 "
+               "heads, 2 KV heads, 24 layers, vocab 151936, rope_theta 1e6)"),
+    "llama-3.2-1b": DecoderConfig(
+        vocab=128256, d_model=2048, heads=32, kv_heads=8, d_ff=8192, layers=16,
+        rope_theta=5e5, norm_eps=1e-5,
+        source="meta-llama/Llama-3.2-1B config.json (hidden_size 2048, intermediate_size 8192, "
+               "32 heads, 8 KV heads, 16 layers, vocab 128256, rope_theta 5e5)"),
+    "tiny": DecoderConfig(vocab=64, d_model=32, heads=4, kv_heads=2, d_ff=64, layers=2,
+                          source="a test-sized decoder"),
+}
+
+
+def rotary_tables(positions: np.ndarray, head_dim: int, theta: float
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """``(cos, sin)`` float32 ``[len(positions), head_dim]`` of rotary position embeddings
+    (the rotate-half form: frequency ``theta^(-2i/head_dim)`` on dimensions ``i`` and
+    ``i + head_dim/2``)."""
+    inv = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    ang = np.asarray(positions, np.float64)[:, None] * inv[None, :]
+    ang = np.concatenate([ang, ang], axis=-1)
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+def _rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate ``x [B, S, H, D]`` by the tables ``[S, D]`` (rotate-half form)."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos[None, :, None, :] + rotated * sin[None, :, None, :]
+
+
+class _Attention(nnx.Module):
+    def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs) -> None:
+        d, hd = cfg.d_model, cfg.head_dim
+        self.cfg = cfg
+        self.q = nnx.Linear(d, cfg.heads * hd, use_bias=cfg.qkv_bias, rngs=rngs)
+        self.k = nnx.Linear(d, cfg.kv_heads * hd, use_bias=cfg.qkv_bias, rngs=rngs)
+        self.v = nnx.Linear(d, cfg.kv_heads * hd, use_bias=cfg.qkv_bias, rngs=rngs)
+        self.o = nnx.Linear(cfg.heads * hd, d, use_bias=False, rngs=rngs)
+
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array | None,
+                 cache: tuple[jax.Array, jax.Array] | None) -> jax.Array:
+        c = self.cfg
+        b, s, _ = x.shape
+        hd, g = c.head_dim, c.heads // c.kv_heads
+        q = _rope(self.q(x).reshape(b, s, c.heads, hd), cos, sin)
+        k = _rope(self.k(x).reshape(b, s, c.kv_heads, hd), cos, sin)
+        v = self.v(x).reshape(b, s, c.kv_heads, hd)
+        if cache is not None:
+            k = jnp.concatenate([cache[0], k], axis=1)
+            v = jnp.concatenate([cache[1], v], axis=1)
+        q = q.reshape(b, s, c.kv_heads, g, hd)  # GQA: g query heads per key/value head
+        scores = jnp.einsum("bqkgd,btkd->bkgqt", q, k) * (1.0 / np.sqrt(hd))
+        if mask is not None:
+            scores = jnp.where(mask, scores, jnp.float32(-1e9))
+        probs = jax.nn.softmax(scores, axis=-1)
+        out = jnp.einsum("bkgqt,btkd->bqkgd", probs, v)
+        return self.o(out.reshape(b, s, c.heads * hd))
+
+
+class _Block(nnx.Module):
+    def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs) -> None:
+        self.attn_norm = nnx.RMSNorm(cfg.d_model, epsilon=cfg.norm_eps, rngs=rngs)
+        self.attn = _Attention(cfg, rngs=rngs)
+        self.mlp_norm = nnx.RMSNorm(cfg.d_model, epsilon=cfg.norm_eps, rngs=rngs)
+        self.gate = nnx.Linear(cfg.d_model, cfg.d_ff, use_bias=False, rngs=rngs)
+        self.up = nnx.Linear(cfg.d_model, cfg.d_ff, use_bias=False, rngs=rngs)
+        self.down = nnx.Linear(cfg.d_ff, cfg.d_model, use_bias=False, rngs=rngs)
+
+    def __call__(self, x, cos, sin, mask, cache):
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask, cache)
+        h = self.mlp_norm(x)
+        return x + self.down(nnx.silu(self.gate(h)) * self.up(h))
+
+
+class Decoder(nnx.Module):
+    """A decoder-only LLM (see the module docstring) for one phase and static shapes.
+
+    Args:
+      cfg: the shapes.
+      phase: ``"prefill"`` (``seq_len`` tokens, causal) or ``"decode"`` (one token against a
+        cache of ``kv_len`` positions).
+      seq_len: prompt length of a prefill (ignored for decode).
+      kv_len: cached positions of a decode step (ignored for prefill).
+      batch: sequences per step (the decode cache's batch).
+      rngs: parameter initialisation.
+
+    Input: int32 token ids ``(batch, seq_len)`` (prefill) or ``(batch, 1)`` (decode).
+    Output: float32 logits ``(batch, seq_len or 1, vocab)``.
+
+    Raises:
+      ConfigError: an unknown phase or a non-positive length.
+    """
+
+    def __init__(self, cfg: DecoderConfig, *, phase: str = "prefill", seq_len: int = 16,
+                 kv_len: int = 16, batch: int = 1, rngs: nnx.Rngs) -> None:
+        if phase not in ("prefill", "decode"):
+            raise ConfigError(f"phase must be 'prefill' or 'decode', got {phase!r}.")
+        if min(seq_len, kv_len, batch) < 1:
+            raise ConfigError(f"seq_len, kv_len and batch must be >= 1, got {seq_len}, "
+                              f"{kv_len}, {batch}.")
+        self.cfg, self.phase, self.seq_len, self.kv_len = cfg, phase, seq_len, kv_len
+        self.embed = nnx.Embed(cfg.vocab, cfg.d_model, rngs=rngs)
+        self.blocks = nnx.List([_Block(cfg, rngs=rngs) for _ in range(cfg.layers)])
+        self.norm = nnx.RMSNorm(cfg.d_model, epsilon=cfg.norm_eps, rngs=rngs)
+        self.head = nnx.Linear(cfg.d_model, cfg.vocab, use_bias=False, rngs=rngs)
+        if phase == "decode":
+            shape = (cfg.layers, 2, batch, kv_len, cfg.kv_heads, cfg.head_dim)
+            self.cache = nnx.Variable(0.5 * jax.random.normal(rngs.params(), shape))
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        c = self.cfg
+        s = tokens.shape[1]
+        start = self.kv_len if self.phase == "decode" else 0
+        cos, sin = (jnp.asarray(t) for t in rotary_tables(np.arange(start, start + s),
+                                                          c.head_dim, c.rope_theta))
+        mask = None
+        if self.phase == "prefill":
+            mask = jnp.tril(jnp.ones((s, s), bool))[None, None, None]
+        x = self.embed(tokens)
+        for i, block in enumerate(self.blocks):
+            cache = None
+            if self.phase == "decode":
+                kv = self.cache[...][i]
+                cache = (kv[0], kv[1])
+            x = block(x, cos, sin, mask, cache)
+        return self.head(self.norm(x))
+
+
+class ViT(nnx.Module):
+    """A small Vision Transformer for ``(batch, H, W, C)`` images (see the module docstring).
+
+    Args:
+      image: image side (pixels; a multiple of ``patch``).
+      channels: input channels.
+      patch: patch side (pixels).
+      d_model: the encoder's width.
+      heads: attention heads.
+      d_ff: the MLP's inner size.
+      layers: encoder blocks.
+      classes: outputs of the head.
+      rngs: parameter initialisation.
+    """
+
+    def __init__(self, *, image: int = 28, channels: int = 1, patch: int = 7, d_model: int = 32,
+                 heads: int = 4, d_ff: int = 64, layers: int = 2, classes: int = 10,
+                 rngs: nnx.Rngs) -> None:
+        n = (image // patch) ** 2
+        self.patch = nnx.Conv(channels, d_model, (patch, patch), strides=(patch, patch),
+                              padding="VALID", rngs=rngs)
+        self.cls = nnx.Param(0.02 * jax.random.normal(rngs.params(), (1, 1, d_model)))
+        self.pos = nnx.Param(0.02 * jax.random.normal(rngs.params(), (1, n + 1, d_model)))
+        self.norms1 = nnx.List([nnx.LayerNorm(d_model, rngs=rngs) for _ in range(layers)])
+        self.attns = nnx.List([nnx.MultiHeadAttention(num_heads=heads, in_features=d_model,
+                                                      decode=False, rngs=rngs)
+                               for _ in range(layers)])
+        self.norms2 = nnx.List([nnx.LayerNorm(d_model, rngs=rngs) for _ in range(layers)])
+        self.fc1 = nnx.List([nnx.Linear(d_model, d_ff, rngs=rngs) for _ in range(layers)])
+        self.fc2 = nnx.List([nnx.Linear(d_ff, d_model, rngs=rngs) for _ in range(layers)])
+        self.norm = nnx.LayerNorm(d_model, rngs=rngs)
+        self.head = nnx.Linear(d_model, classes, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        h = self.patch(x)
+        b = h.shape[0]
+        h = h.reshape(b, -1, h.shape[-1])
+        cls = jnp.broadcast_to(self.cls[...], (b, 1, h.shape[-1]))
+        h = jnp.concatenate([cls, h], axis=1) + self.pos[...]
+        for n1, attn, n2, f1, f2 in zip(self.norms1, self.attns, self.norms2, self.fc1,
+                                        self.fc2):
+            h = h + attn(n1(h))
+            h = h + f2(nnx.gelu(f1(n2(h))))
+        return self.head(self.norm(h)[:, 0])

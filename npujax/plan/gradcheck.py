@@ -1,0 +1,178 @@
+"""How good the relaxed gradients are: gradient vs the exact model's secant over one unit.
+
+For every layer and every parameter ``p`` of :data:`STEPS`, the relaxed model's predicted change
+``dlatency/dp x h`` (:func:`npujax.plan.layer_costs` with ``relaxed=True``) is compared with the
+exact model's change ``latency(p + h) - latency(p)`` over one unit ``h`` of the parameter: one
+row, column, core or lane; one bit less of a layer's weights or activations; 1 % more SRAM
+bytes, DRAM bandwidth or clock. Latency is in seconds (so the clock counts). A case *agrees in
+sign* when both changes have the same sign (changes within ``1e-9`` of the latency count as
+zero), and *in magnitude* when, in addition, their ratio is within ``[1/2, 2]`` (or both are
+zero). Cases where both changes are zero (a parameter that does not touch the layer) are
+counted separately and left out of the rates.
+
+This is the check of issue 13 (sign >= 95 %, magnitude >= 80 %); the benchmark
+``experiments/bench/gradients.py`` runs it on random layers and every preset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from npujax import _relax
+from npujax.errors import ConfigError
+from npujax.hw.spec import NpuSpec, differentiable_spec
+from npujax.plan.costs import layer_costs
+from npujax.plan.workload import Workload
+
+__all__ = ["STEPS", "SecantCheck", "secant_check"]
+
+#: parameter -> one unit of it: ``("add", 1)`` adds one, ``("scale", 0.01)`` adds 1 % (rounded
+#: to a whole number for integer fields); ``weight_bits``/``act_bits`` step one bit down.
+STEPS: dict[str, tuple[str, float]] = {
+    "array.rows": ("add", 1.0),
+    "array.cols": ("add", 1.0),
+    "array.cores": ("add", 1.0),
+    "vector.lanes": ("add", 1.0),
+    "memory.ifmap_sram_bytes": ("scale", 0.01),
+    "memory.filter_sram_bytes": ("scale", 0.01),
+    "memory.ofmap_sram_bytes": ("scale", 0.01),
+    "memory.dram_bytes_per_s": ("scale", 0.01),
+    "array.clock_hz": ("scale", 0.01),
+    "weight_bits": ("add", -1.0),
+    "act_bits": ("add", -1.0),
+}
+
+_ZERO_RTOL = 1e-9
+
+
+@dataclasses.dataclass(frozen=True)
+class SecantCheck:
+    """Per-case results of :func:`secant_check` (float64 ``[P, L]`` arrays, rows in ``params``
+    order).
+
+    Attributes:
+      params: the parameter names (rows).
+      predicted: relaxed gradient x step (s).
+      secant: the exact model's change over the step (s).
+      latency: exact latency of each layer (s), ``[L]``.
+    """
+
+    params: tuple[str, ...]
+    predicted: np.ndarray
+    secant: np.ndarray
+    latency: np.ndarray
+
+    def _masks(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        tol = _ZERO_RTOL * np.abs(self.latency)[None, :]
+        p = np.where(np.abs(self.predicted) <= tol, 0.0, self.predicted)
+        s = np.where(np.abs(self.secant) <= tol, 0.0, self.secant)
+        informative = (p != 0) | (s != 0)
+        sign = np.sign(p) == np.sign(s)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(s != 0, p / s, np.inf)
+        mag = sign & (((p == 0) & (s == 0)) | ((ratio >= 0.5) & (ratio <= 2.0)))
+        return informative, sign, mag
+
+    def rates(self) -> dict[str, dict[str, float]]:
+        """Per parameter and ``"all"``: ``cases`` (informative), ``trivial`` (both zero),
+        ``sign`` and ``magnitude`` agreement rates over the informative cases."""
+        informative, sign, mag = self._masks()
+        out = {}
+        rows = [(p, slice(i, i + 1)) for i, p in enumerate(self.params)]
+        for name, sl in [*rows, ("all", slice(None))]:
+            inf = informative[sl]
+            n = int(inf.sum())
+            out[name] = {
+                "cases": n,
+                "trivial": int((~inf).sum()),
+                "sign": float(sign[sl][inf].mean()) if n else float("nan"),
+                "magnitude": float(mag[sl][inf].mean()) if n else float("nan"),
+            }
+        return out
+
+
+def _step(spec: NpuSpec, name: str) -> tuple[NpuSpec, float]:
+    kind, amount = STEPS[name]
+    section, _, field = name.partition(".")
+    old = getattr(getattr(spec, section), field)
+    if kind == "add":
+        new = old + type(old)(amount)
+    elif isinstance(old, int):
+        new = old + max(1, round(old * amount))
+    else:
+        new = old * (1.0 + amount)
+    return spec.with_fields({name: new}), float(new - old)
+
+
+def secant_check(
+    layers: Sequence[Workload],
+    spec: NpuSpec,
+    weight_bits: Sequence[float],
+    act_bits: Sequence[float],
+    params: Sequence[str] = tuple(STEPS),
+    temperature: float | None = None,
+) -> SecantCheck:
+    """Compare the relaxed gradient of every layer's latency with the exact secant.
+
+    Args:
+      layers: the workloads (any; layers linked by ``producer`` are stepped one at a time).
+      spec: the NPU (its values must stay valid one step up, e.g. cores < 2**16).
+      weight_bits: ``[L]`` weight widths (bits, >= 2 so that one bit less is a width).
+      act_bits: ``[L]`` activation widths (bits, >= 2).
+      params: names from :data:`STEPS`.
+      temperature: the relaxation temperature (default ``0.05``).
+
+    Returns:
+      :class:`SecantCheck` (float64).
+
+    Raises:
+      ConfigError: an unknown parameter name, widths below 2 bits, or a step outside a spec
+        field's valid range.
+    """
+    bad = [p for p in params if p not in STEPS]
+    if bad:
+        raise ConfigError(f"unknown secant-check parameters {bad}; use names from {list(STEPS)}.")
+    n = len(layers)
+    with jax.enable_x64(True):
+        wb = jnp.asarray(weight_bits, jnp.float64)
+        ab = jnp.asarray(act_bits, jnp.float64)
+        if wb.shape != (n,) or ab.shape != (n,) or float(jnp.min(jnp.minimum(wb, ab))) < 2:
+            raise ConfigError(f"secant_check needs one width >= 2 bits per layer ({n}); got "
+                              f"shapes {wb.shape}, {ab.shape}.")
+        temp = _relax.DEFAULT_TEMPERATURE if temperature is None else temperature
+
+        def exact_s(s, w, a):
+            return layer_costs(layers, s, w, a).latency_cycles / jnp.asarray(
+                s.array.clock_hz, jnp.float64)
+
+        def relaxed_s(s, w, a):
+            return layer_costs(layers, s, w, a, relaxed=True, temperature=temp).latency_cycles / (
+                s.array.clock_hz)
+
+        exact = jax.jit(exact_s)
+        base = np.asarray(exact(spec, wb, ab))
+        ds = differentiable_spec(spec, jnp.float64)
+        jac = jax.jit(jax.jacrev(relaxed_s, argnums=(0, 1, 2)))(ds, wb, ab)
+        one_hot = jnp.eye(n, dtype=jnp.float64)
+        pred, sec = [], []
+        for p in params:
+            if p in ("weight_bits", "act_bits"):
+                i = 1 if p == "weight_bits" else 2
+                pred.append(-np.diagonal(np.asarray(jac[i])))
+                wbn, abn = jnp.broadcast_to(wb, (n, n)), jnp.broadcast_to(ab, (n, n))
+                args = [(wbn - one_hot, abn), (wbn, abn - one_hot)][i - 1]
+                stepped = jax.jit(jax.vmap(exact_s, in_axes=(None, 0, 0)))(spec, *args)
+                sec.append(np.diagonal(np.asarray(stepped)) - base)
+            else:
+                new, h = _step(spec, p)
+                section, _, field = p.partition(".")
+                g = np.asarray(getattr(getattr(jac[0], section), field))
+                pred.append(g * h)
+                sec.append(np.asarray(exact(new, wb, ab)) - base)
+    return SecantCheck(params=tuple(params), predicted=np.stack(pred), secant=np.stack(sec),
+                       latency=base)

@@ -1,0 +1,149 @@
+"""Hostile arguments and inputs on the command line (issue #11, classes 2, 4, 6, 7): each is
+refused before the work starts with one line and a non-zero exit code, and a run's --out
+folder holds all of its files or none. In-process (``main([...])``) to stay fast."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+
+import onnx
+import pytest
+
+from npujax._atomic import MANIFEST, staged_dir
+from npujax.cli import main
+from npujax.errors import OutputError
+from tests import hostile_inputs as hi
+
+
+def _run(capsys, *argv):
+    try:
+        code = main(list(argv))
+    except SystemExit as e:  # argparse errors
+        code = e.code
+    err = capsys.readouterr().err
+    return code, err
+
+
+@pytest.fixture(scope="module")
+def small_onnx(tmp_path_factory):
+    path = tmp_path_factory.mktemp("m") / "conv.onnx"
+    onnx.save(hi.conv(1, 8, c_in=3, c_out=4), path)
+    return path
+
+
+@pytest.mark.parametrize("argv, code, message", [
+    (["search", "m.npz", "--budget-latency", "nan"], 2, "finite number"),
+    (["search", "m.npz", "--budget-latency", "inf"], 2, "finite number"),
+    (["search", "m.npz", "--budget-latency", "-1"], 2, "finite number"),
+    (["search", "m.npz", "--budget-ratio", "1.5"], 2, "finite number"),
+    (["search", "m.npz", "--steps", "-1"], 2, ">= 1"),
+    (["search", "m.npz", "--sensitivity-batch", "0"], 2, ">= 1"),
+    (["search", "m.npz", "--sensitivity-batch", "-1"], 2, ">= 1"),
+    (["search", "m.npz", "--seed", "-1"], 2, "2\\*\\*32"),
+    (["search", "m.npz", "--out", ""], 2, "--out is empty"),
+    (["lower", "m.onnx", "--out", ""], 2, "--out is empty"),
+    (["lower", "m.onnx", "--batch", "0"], 2, ">= 1"),
+    (["--max-tensor-bytes", "lots", "presets"], 2, "not a size"),
+])
+def test_bad_arguments_fail_before_work(capsys, argv, code, message):
+    got, err = _run(capsys, *argv)
+    assert got == code and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert pytest.importorskip("re").search(message, err), err
+
+
+def test_search_out_naming_a_folder_fails_before_loading(capsys, tmp_path):
+    code, err = _run(capsys, "search", str(tmp_path / "missing.npz"), "--out", str(tmp_path))
+    assert code == 2 and "is a folder" in err  # not 'missing.npz does not exist': out first
+
+
+@pytest.mark.parametrize("case", ["bomb", "clock", "cols"])
+def test_issue_examples_on_the_command_line(capsys, tmp_path, small_onnx, case):
+    if case == "bomb":
+        path = tmp_path / "bomb.onnx"
+        onnx.save(hi.constant_of_shape([30000, 30000]), path)
+        code, err = _run(capsys, "lower", str(path))
+        assert code == 9 and "max_tensor_bytes" in err
+        code, _ = _run(capsys, "--max-tensor-bytes", "4GiB", "lower", str(tmp_path / "x.onnx"))
+        assert code == 5  # (the option is accepted; the model is missing)
+        return
+    from importlib.resources import files
+
+    text = files("npujax.presets").joinpath("edge_16x16.toml").read_text()
+    text = (text.replace("clock_hz = 1.0e9", "clock_hz = 1e308") if case == "clock"
+            else text.replace("cols = 16", "cols = 2147483648"))
+    (tmp_path / "hw.toml").write_text(text)
+    code, err = _run(capsys, "lower", str(small_onnx), "--npu", str(tmp_path / "hw.toml"),
+                     "--out", str(tmp_path / "o"))
+    assert code == 2 and "physical range" in err and not (tmp_path / "o").exists()
+
+
+# --- the output folder as a transaction
+
+
+def test_lower_out_is_published_whole_with_a_manifest(capsys, tmp_path, small_onnx):
+    out = tmp_path / "o"
+    assert _run(capsys, "lower", str(small_onnx), "--out", str(out))[0] == 0
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert set(manifest["files"]) == {p.name for p in out.iterdir()} - {MANIFEST}
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left
+
+
+def test_failed_or_interrupted_run_keeps_the_previous_folder(capsys, tmp_path, small_onnx,
+                                                           monkeypatch):
+    out = tmp_path / "o"
+    with staged_dir(out) as stage:  # a previous run's folder (published with its manifest)
+        (stage / "schedule.json").write_text('{"previous": true}')
+        (stage / "layers.csv").write_text("name\n")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    import npujax.workflows.lowering as lowering
+
+    def half_then(exc):
+        def write(folder, *a, **k):
+            (folder / "schedule.json").write_text("{}")  # half of the new files
+            raise exc
+        return write
+
+    for exc, code in ((KeyboardInterrupt(), 130),
+                      (OSError(errno.ENOSPC, "No space left on device"), 10)):
+        monkeypatch.setattr(lowering, "write_lowering", half_then(exc))
+        got, err = _run(capsys, "lower", str(small_onnx), "--npu", "tpu_v1", "--out", str(out))
+        assert got == code and len(err.strip().splitlines()) == 1, err
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+        assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_foreign_folder_is_never_replaced(capsys, tmp_path, small_onnx):
+    (tmp_path / "mine.txt").write_text("keep me")
+    code, err = _run(capsys, "lower", str(small_onnx), "--out", str(tmp_path))
+    assert code == 10 and "did not write" in err
+    assert (tmp_path / "mine.txt").read_text() == "keep me"
+
+
+def test_leftovers_of_killed_runs_are_cleaned_and_a_cut_publish_is_restored(tmp_path):
+    out = tmp_path / "o"
+    dead = 2**22 + 12345  # (above the usual pid_max of 4194304: never a live process)
+    (tmp_path / f".o.staging-{dead}-abc").mkdir()
+    (tmp_path / f".o.old-{dead}-abc").mkdir()
+    (tmp_path / f".o.old-{dead}-abc" / MANIFEST).write_text("{}")
+    with staged_dir(out) as stage:  # `o` is missing: the aside copy comes back first
+        (stage / "a.txt").write_text("new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o"]
+    assert (out / "a.txt").read_text() == "new"
+    (tmp_path / f".x.{dead}.abc.tmp").write_text("partial")
+    from npujax._atomic import atomic_write_text
+
+    atomic_write_text(tmp_path / "x", "done")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o", "x"]
+
+
+def test_staged_dir_refuses_a_file_and_reports_write_errors(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(OutputError, match="is a file"):
+        with staged_dir(tmp_path / "f"):
+            pass
+    with pytest.raises(OutputError, match="No space"):
+        with staged_dir(tmp_path / "o"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+    assert not os.path.exists(tmp_path / "o")

@@ -1,0 +1,108 @@
+"""A sweep sharded over 8 host devices, and over two processes joined by jax.distributed, gives
+the single-device results bit for bit."""
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from npujax.explore import COLUMNS, sweep
+from npujax.frontends.flax import trace_flax
+from npujax.ir.passes import optimize
+from npujax.models.cnn import DigitsCNN
+from npujax.quantize.model_file import save_graph
+
+ROOT = Path(__file__).resolve().parents[2]
+# 12 configurations: not a multiple of 8, so the sharded batches are padded
+GRID = {"array.rows": [8, 16, 32], "memory.dram_bytes_per_s": [3.2e9, 12.8e9], "bits": [4, 8]}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    with jax.numpy_dtype_promotion("standard"):
+        g, p = optimize(*trace_flax(DigitsCNN(rngs=nnx.Rngs(0)),
+                                    jnp.zeros((1, 8, 8, 1), jnp.float32)))
+    path = tmp_path_factory.mktemp("m") / "model.npz"
+    save_graph(path, g, p)
+    return g, path
+
+
+@pytest.fixture(scope="module")
+def reference(model):
+    """The single-device run, in this process."""
+    r = sweep(model[0], "edge_16x16", GRID, devices=jax.local_devices()[:1])
+    return r.columns
+
+
+def _python(code: str, env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {**os.environ, **extra}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    return env
+
+
+def _equal(got: dict, want: dict) -> None:
+    for k in COLUMNS:
+        assert got[k].dtype == want[k].dtype, k
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)  # bit for bit
+
+
+def test_eight_host_devices_equal_one_device(model, reference, tmp_path):
+    out = tmp_path / "cols.npz"
+    p = _python(f"""
+        import jax, numpy as np
+        from npujax.explore import sweep
+        from npujax.quantize.model_file import load_graph
+        assert len(jax.local_devices()) == 8, jax.local_devices()
+        g = load_graph({str(model[1])!r})[0]
+        r = sweep(g, "edge_16x16", {GRID!r})  # sharded over the 8 devices
+        np.savez({str(out)!r}, **r.columns)
+    """, _env(XLA_FLAGS="--xla_force_host_platform_device_count=8"))
+    log, _ = p.communicate(timeout=240)
+    assert p.returncode == 0, log
+    with np.load(out) as z:
+        _equal({k: z[k] for k in COLUMNS}, reference)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_equal_one_device(model, reference, tmp_path):
+    """``npujax sweep`` started twice, joined through jax.distributed on localhost."""
+    out = tmp_path / "sweep"
+    port = _free_port()
+    cmd = [sys.executable, "-m", "npujax.cli", "sweep", str(model[1]), "--grid",
+           "array.rows=8,16,32", "--grid", "memory.dram_bytes_per_s=3.2e9,12.8e9", "--bits",
+           "4,8", "--chunk-size", "4", "--out", str(out), "--no-progress", "--coordinator",
+           f"localhost:{port}", "--num-processes", "2", "--process-id"]
+    procs = [subprocess.Popen([*cmd, str(rank)], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+    logs = []
+    try:
+        for p in procs:
+            logs.append(p.communicate(timeout=240)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    # 3 chunks: process 0 evaluates chunks 0 and 2, process 1 chunk 1; process 0 merges
+    assert "2 chunk(s) evaluated" in logs[0] and "evaluated 1 chunk(s)" in logs[1], logs
+    merged = [np.load(out / "chunks" / f"chunk-{i:06d}.npz") for i in range(3)]
+    _equal({k: np.concatenate([m[k] for m in merged]) for k in COLUMNS}, reference)
+    assert len((out / "results.csv").read_text().splitlines()) == 13

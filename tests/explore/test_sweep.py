@@ -1,0 +1,130 @@
+"""npujax.explore and the sweep workflow: grids, samples, agreement with lower(), the Pareto
+front, chunked files and resumption."""
+
+import itertools
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from npujax.errors import ConfigError, OutputError
+from npujax.explore import Grid, configurations, pareto_front, parse_grid_axis, sweep
+from npujax.frontends.flax import trace_flax
+from npujax.hw import load_npu_spec
+from npujax.ir.passes import optimize
+from npujax.models.cnn import DigitsCNN
+from npujax.plan import lower
+from npujax.quantize import quant_spec
+from npujax.workflows.sweep import run_sweep
+
+GRID = {"array.rows": [8, 16, 32], "memory.dram_bytes_per_s": [3.2e9, 12.8e9], "bits": [4, 8]}
+
+
+@pytest.fixture(scope="module")
+def graph():
+    with jax.numpy_dtype_promotion("standard"):
+        g, p = trace_flax(DigitsCNN(rngs=nnx.Rngs(0)), jnp.zeros((1, 8, 8, 1), jnp.float32))
+    return optimize(g, p)[0]
+
+
+@pytest.fixture(scope="module")
+def edge():
+    return load_npu_spec("edge_16x16")
+
+
+def test_parse_grid_axis():
+    assert parse_grid_axis("array.rows=8,16") == ("array.rows", (8, 16))
+    assert parse_grid_axis("memory.dram_bytes_per_s=3.2e9") == ("memory.dram_bytes_per_s",
+                                                                (3.2e9,))
+    assert parse_grid_axis("dataflow=ws,os") == ("dataflow", ("ws", "os"))
+    with pytest.raises(ConfigError, match="section.key=v1"):
+        parse_grid_axis("array.rows")
+
+
+@pytest.mark.parametrize("axes,message", [
+    ({}, "at least one"),
+    ({"array.rowz": [8]}, "unknown hardware field"),
+    ({"array.rows": [0, 8]}, "array"),
+    ({"array.rows": [8, 8]}, "repeats"),
+    ({"dataflow": ["diagonal"]}, "unknown dataflow"),
+    ({"bits": [1, 8]}, "outside"),
+])
+def test_grid_rejects_bad_axes(edge, axes, message):
+    with pytest.raises(ConfigError, match=message):
+        Grid.build(axes, edge)
+
+
+def test_configurations_product_and_samples(edge):
+    g = Grid.build({"array.rows": [8, 16, 32], "array.cols": [4, 8], "dataflow": ["ws", "os"]},
+                   edge)
+    full = configurations(g)
+    assert full.tolist() == [list(t) for t in itertools.product(range(3), range(2), range(2))]
+    r = configurations(g, 5, "random", seed=1)
+    assert len({tuple(x) for x in r.tolist()}) == 5  # without replacement
+    assert r.tolist() == configurations(g, 5, "random", seed=1).tolist()  # reproducible
+    lhs = configurations(g, 6, "lhs", seed=3)
+    assert sorted(np.bincount(lhs[:, 0], minlength=3)) == [2, 2, 2]  # every value evenly
+    assert sorted(np.bincount(lhs[:, 1], minlength=2)) == [3, 3]
+    with pytest.raises(ConfigError, match="exceeds"):
+        configurations(g, 13, "random")
+    with pytest.raises(ConfigError, match="sampling method"):
+        configurations(g, 2, "sobol")
+
+
+def test_pareto_front_matches_brute_force():
+    rng = np.random.default_rng(0)
+    obj = rng.integers(0, 6, (200, 2)).astype(float)
+    front = set(pareto_front(obj).tolist())
+    for i, p in enumerate(obj):
+        dominated = np.any(np.all(obj <= p, 1) & np.any(obj < p, 1))
+        assert (i in front) == (not dominated)
+
+
+def test_sweep_equals_lower_per_configuration(graph, edge):
+    r = sweep(graph, edge, GRID)
+    assert len(r) == 12 and r.layers > 0
+    table = r.table(edge)
+    for i in (0, 5, 11):
+        rows, bw, bits = (table[k][i] for k in ("array.rows", "memory.dram_bytes_per_s", "bits"))
+        spec = edge.with_fields({"array.rows": int(rows), "memory.dram_bytes_per_s": float(bw)})
+        s = lower(graph, spec, None if bits == 8 else quant_spec(graph, int(bits), int(bits)))
+        assert table["compute_cycles"][i] == sum(x.costs.compute_cycles for x in s.layers)
+        assert table["latency_cycles"][i] == pytest.approx(s.latency_cycles, rel=1e-12)
+        assert table["pes"][i] == rows * 16
+    # narrower operands move fewer bytes; more bandwidth never slows a configuration down
+    assert np.all(table["dram_bytes"][table["bits"] == 4] < table["dram_bytes"][table["bits"] == 8])
+    lat = table["latency_s"].reshape(3, 2, 2)
+    assert np.all(lat[:, 1] <= lat[:, 0])
+    assert set(table["gemm_bound"]) <= {"compute", "memory"}
+
+
+def test_run_sweep_writes_chunks_and_resumes(graph, edge, tmp_path):
+    grid = Grid.build(GRID, edge)
+    out = tmp_path / "s"
+    first = run_sweep(graph, edge, grid, out, model="cnn", chunk_size=4, progress=False)
+    assert (first.evaluated, first.skipped) == (3, 0)  # 4 + 4 + 4
+    names = sorted(p.name for p in out.iterdir())
+    assert {"results.csv", "pareto.csv", "pareto.png", "axes.png", "sweep.json"} <= set(names)
+    csv = (out / "results.csv").read_text().splitlines()
+    assert len(csv) == 13 and csv[0].startswith("array.rows,memory.dram_bytes_per_s,bits,")
+    # an interruption lost one chunk: the rerun evaluates only that one, same results
+    (out / "chunks" / "chunk-000001.npz").unlink()
+    again = run_sweep(graph, edge, grid, out, model="cnn", chunk_size=4, progress=False)
+    assert (again.evaluated, again.skipped) == (1, 2)
+    for k, v in first.result.columns.items():
+        np.testing.assert_array_equal(again.result.columns[k], v)
+    assert (out / "results.csv").read_text().splitlines() == csv
+    meta = json.loads((out / "sweep.json").read_text())
+    assert meta["sweep"]["configs"] == 12 and meta["pareto_size"] >= 1
+    with pytest.raises(ConfigError, match="different sweep"):
+        run_sweep(graph, edge, grid, out, model="cnn", chunk_size=6, progress=False)
+
+
+def test_run_sweep_refuses_foreign_folder(graph, edge, tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(OutputError, match="did not write"):
+        run_sweep(graph, edge, Grid.build({"array.rows": [8]}, edge), tmp_path, progress=False)
+    assert (tmp_path / "notes.txt").read_text() == "mine"

@@ -1,0 +1,227 @@
+"""Fuzzing with hostile inputs (issue #11): generated ONNX files, presets, saved models and
+policies, each mutated at random. Every one must end in a correct result or in an NpujaxError
+(one line on the command line, the error's exit code), never another exception.
+
+The example budget is small so CI stays fast; ``NPUJAX_FUZZ_EXAMPLES=500`` runs a larger
+campaign (e.g. before a release).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import zipfile
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+from npujax.errors import NpujaxError
+from npujax.frontends.onnx import from_onnx
+from npujax.hw import load_npu_spec
+from npujax.plan import lower
+from npujax.quantize.model_file import load_graph, save_graph
+from npujax.search.policy import load_policy
+from tests import hostile_inputs as hi
+
+N = int(os.environ.get("NPUJAX_FUZZ_EXAMPLES", "15"))
+FUZZ = settings(max_examples=N, deadline=None, derandomize=True,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+
+#: Integers an attacker likes.
+evil_ints = st.sampled_from([0, -1, 1, 2, 3, 7, 2**15, 2**31 - 1, 2**31, 2**32, 2**53, 2**62,
+                             -(2**31)]) | st.integers(-10, 10)
+evil_floats = st.sampled_from([0.0, -0.0, -1.0, 1e-300, 1e308, math.inf, -math.inf, math.nan,
+                               5e-324, 3.4e38]) | st.floats(-1e3, 1e3)
+
+
+def _ok_or_npujax_error(fn):
+    """Run ``fn``; NpujaxError is a clean outcome (one line); anything else fails the test."""
+    try:
+        return fn()
+    except NpujaxError as e:
+        assert "\n" not in str(e) and str(e), repr(e)
+        return None
+
+
+def _base_model() -> onnx.ModelProto:
+    w = nh.from_array(np.ones((4, 3, 3, 3), np.float32) * 0.1, "w")
+    b = nh.from_array(np.zeros(4, np.float32), "b")
+    shape = nh.from_array(np.array([1, -1], np.int64), "shape")
+    nodes = [h.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], strides=[1, 1]),
+             h.make_node("Relu", ["c"], ["r"]),
+             h.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             h.make_node("Reshape", ["p", "shape"], ["y"])]
+    return hi.model(nodes, [hi.vi("x", [1, 3, 8, 8])], [hi.vi("y", None)], [w, b, shape])
+
+
+def _mutate_onnx(m: onnx.ModelProto, data) -> onnx.ModelProto:
+    kind = data.draw(st.sampled_from(["attr", "dim", "init_dims", "drop_node", "dup_output",
+                                      "opset", "external", "bytes", "op_type", "input_name"]))
+    node = m.graph.node[data.draw(st.integers(0, len(m.graph.node) - 1))]
+    if kind == "attr" and node.attribute:
+        a = node.attribute[data.draw(st.integers(0, len(node.attribute) - 1))]
+        a.ints[:] = [data.draw(evil_ints) for _ in range(data.draw(st.integers(0, 5)))]
+    elif kind == "dim":
+        d = m.graph.input[0].type.tensor_type.shape.dim
+        d[data.draw(st.integers(0, 3))].dim_value = data.draw(evil_ints)
+    elif kind == "init_dims":
+        t = m.graph.initializer[data.draw(st.integers(0, len(m.graph.initializer) - 1))]
+        t.dims[:] = [data.draw(evil_ints) for _ in range(data.draw(st.integers(0, 4)))]
+    elif kind == "drop_node":
+        del m.graph.node[data.draw(st.integers(0, len(m.graph.node) - 1))]
+    elif kind == "dup_output":
+        m.graph.node[-1].output[0] = m.graph.node[0].output[0]
+    elif kind == "opset":
+        m.opset_import[0].version = data.draw(evil_ints)
+    elif kind == "external":
+        t = m.graph.initializer[0]
+        t.ClearField("raw_data")
+        t.data_location = onnx.TensorProto.EXTERNAL
+        for k, v in (("location", data.draw(st.sampled_from(
+                ["../../etc/passwd", "/etc/passwd", "w.bin", "", "a/../../x", "nul\0l"]))),
+                ("offset", str(data.draw(evil_ints))), ("length", str(data.draw(evil_ints)))):
+            e = t.external_data.add()
+            e.key, e.value = k, v
+    elif kind == "bytes":
+        raw = bytearray(m.SerializeToString())
+        for _ in range(data.draw(st.integers(1, 8))):
+            raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+        return onnx.ModelProto.FromString(bytes(raw)) if _parses(raw) else m
+    elif kind == "op_type":
+        node.op_type = data.draw(st.sampled_from(["If", "Loop", "ConstantOfShape", "Expand",
+                                                   "Tile", "Div", "Nope", "Conv"]))
+    elif kind == "input_name":
+        node.input[0] = data.draw(st.sampled_from(["", "nope", "shape", "w", node.output[0]]))
+    return m
+
+
+def _parses(raw) -> bool:
+    try:
+        onnx.ModelProto.FromString(bytes(raw))
+        return True
+    except Exception:
+        return False
+
+
+@given(data=st.data())
+@FUZZ
+def test_fuzz_onnx_files(tmp_path_factory, data):
+    folder = tmp_path_factory.mktemp("onnx")
+    (folder / "w.bin").write_bytes(bytes(64))
+    m = _base_model()
+    for _ in range(data.draw(st.integers(1, 3))):
+        m = _mutate_onnx(m, data)
+    path = folder / "m.onnx"
+    path.write_bytes(m.SerializeToString())
+    mode = data.draw(st.sampled_from(["error", "fallback"]))
+    got = _ok_or_npujax_error(lambda: from_onnx(path, unsupported=mode))
+    if got is not None:
+        s = _ok_or_npujax_error(lambda: lower(got[0], "edge_16x16"))
+        if s is not None:
+            assert math.isfinite(s.latency_s) and s.latency_s >= 0
+
+
+PRESET = load_npu_spec("edge_16x16")
+
+
+@given(changes=st.dictionaries(
+    st.sampled_from(["array.rows", "array.cols", "array.clock_hz", "array.cores",
+                     "array.operand_bits", "memory.dram_bytes_per_s", "memory.dram_latency_s",
+                     "memory.ifmap_sram_bytes", "vector.lanes", "layout.dram_burst_bytes",
+                     "host.cpu_ops_per_s", "host.link_latency_s", "ops.conv_max_kernel"]),
+    evil_ints | evil_floats | st.sampled_from(["x", [], True, None]), min_size=1, max_size=4))
+@FUZZ
+def test_fuzz_presets(changes):
+    spec = _ok_or_npujax_error(lambda: PRESET.with_fields(changes))
+    if spec is not None:
+        graph, _ = from_onnx(hi.conv(1, 16, c_in=8, c_out=8))
+        s = lower(graph, spec)
+        for r in s.layers:
+            assert all(math.isfinite(v) and v >= 0 for v in r.costs._asdict().values())
+
+
+@pytest.fixture(scope="module")
+def model_members(tmp_path_factory):
+    graph, params = from_onnx(_base_model())
+    path = tmp_path_factory.mktemp("saved") / "model.npz"
+    save_graph(path, graph, params, meta={"a": 1})
+    with zipfile.ZipFile(path) as z:
+        return {i.filename: z.read(i) for i in z.infolist()}
+
+
+def _json_edit(doc, data):
+    """Replace one value somewhere in a JSON document by a hostile one."""
+    path, node = [], doc
+    while isinstance(node, (dict, list)) and node and data.draw(st.booleans()):
+        key = data.draw(st.sampled_from(sorted(node) if isinstance(node, dict)
+                                        else list(range(len(node)))))
+        path.append(key)
+        node = node[key]
+    value = data.draw(evil_ints | st.sampled_from([None, "x", [], {}, [-1], True, 1.5]))
+    if not path:
+        return value
+    parent = doc
+    for k in path[:-1]:
+        parent = parent[k]
+    if data.draw(st.booleans()) and isinstance(parent, dict):
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = value
+    return doc
+
+
+@given(data=st.data())
+@FUZZ
+def test_fuzz_saved_models(tmp_path_factory, model_members, data):
+    m = dict(model_members)
+    kind = data.draw(st.sampled_from(["json", "array", "bytes", "drop"]))
+    name = data.draw(st.sampled_from(sorted(m)))
+    if kind == "json":
+        doc = json.loads(np.load(io.BytesIO(m["__graph__.npy"])).tobytes())
+        doc = _json_edit(doc, data)
+        buf = io.BytesIO()
+        np.save(buf, np.frombuffer(json.dumps(doc).encode(), np.uint8))
+        m["__graph__.npy"] = buf.getvalue()
+    elif kind == "array":
+        buf = io.BytesIO()
+        shape = tuple(data.draw(st.lists(st.integers(0, 5), max_size=4)))
+        dtype = data.draw(st.sampled_from([np.float32, np.int8, np.float64, np.uint8]))
+        np.save(buf, np.zeros(shape, dtype))
+        m[name] = buf.getvalue()
+    elif kind == "bytes":
+        raw = bytearray(m[name])
+        raw[data.draw(st.integers(0, len(raw) - 1))] ^= data.draw(st.integers(1, 255))
+        m[name] = bytes(raw)
+    else:
+        del m[name]
+    path = tmp_path_factory.mktemp("bad") / "model.npz"
+    with zipfile.ZipFile(path, "w") as z:
+        for k, v in m.items():
+            z.writestr(k, v)
+    got = _ok_or_npujax_error(lambda: load_graph(path))
+    if got is not None:
+        s = _ok_or_npujax_error(lambda: lower(got[0], "edge_16x16"))
+        if s is not None:
+            assert math.isfinite(s.latency_s)
+
+
+@given(data=st.data())
+@FUZZ
+def test_fuzz_policies(tmp_path_factory, data):
+    doc = {"format": "npujax.precision_policy/1", "weight_bits": {"conv": 4, "fc": 8},
+           "act_bits": {"conv": 8, "fc": 8}, "meta": {"budget_s": 1e-3}}
+    for _ in range(data.draw(st.integers(1, 3))):
+        doc = _json_edit(doc, data)
+    path = tmp_path_factory.mktemp("p") / "p.json"
+    text = json.dumps(doc)
+    if data.draw(st.booleans()):
+        text = text[:data.draw(st.integers(0, len(text)))]  # truncated
+    path.write_text(text)
+    _ok_or_npujax_error(lambda: load_policy(path))
