@@ -1,7 +1,8 @@
 """npujax: a differentiable NPU/TPU accelerator model in JAX.
 
 One model graph, traced from Flax (:func:`trace_flax`) or imported from ONNX (:func:`from_onnx`),
-serves quantization-aware training (:func:`quant_spec`, :func:`calibrate`, :func:`train_graph`),
+serves quantization-aware training (:func:`quant_spec`, :func:`calibrate`, :func:`train_graph`,
+or :func:`quantize_model` for QAT in the user's own Flax training loop),
 mixed-precision search against the NPU latency model (:func:`search_precision`) and lowering to a
 tiled NPU execution model (:func:`lower` on a :class:`NpuSpec` from :func:`load_npu_spec`).
 
@@ -50,6 +51,11 @@ _API = {
     "bias_correction": "npujax.quantize.ptq",
     "layer_sqnr": "npujax.quantize.ptq",
     "train_graph": "npujax.quantize.train",
+    "quantize_model": "npujax.quantize.flax_model",
+    "calibrate_model": "npujax.quantize.flax_model",
+    "graph_of": "npujax.quantize.flax_model",
+    "write_back": "npujax.quantize.flax_model",
+    "QuantizedModel": "npujax.quantize.flax_model",
     "evaluate": "npujax.quantize.train",
     "save_graph": "npujax.quantize.model_file",
     "load_graph": "npujax.quantize.model_file",
@@ -127,6 +133,11 @@ if TYPE_CHECKING:
     from npujax.quant.formats import IntFormat as IntFormat
     from npujax.quantize.calibrate import calibrate as calibrate
     from npujax.quantize.execute import execute as execute
+    from npujax.quantize.flax_model import QuantizedModel as QuantizedModel
+    from npujax.quantize.flax_model import calibrate_model as calibrate_model
+    from npujax.quantize.flax_model import graph_of as graph_of
+    from npujax.quantize.flax_model import quantize_model as quantize_model
+    from npujax.quantize.flax_model import write_back as write_back
     from npujax.quantize.model_file import load_graph as load_graph
     from npujax.quantize.model_file import save_graph as save_graph
     from npujax.quantize.ptq import bias_correction as bias_correction

@@ -39,7 +39,7 @@ class progress_bar:
     when ``enabled`` and stderr is a terminal (logs get the callers' per-stage lines instead).
     """
 
-    def __init__(self, enabled: bool, description: str, total: int) -> None:
+    def __init__(self, enabled: bool, description: str, total: int | None) -> None:
         # A bar only where a person watches (a terminal on stderr); logs and pipes get the
         # per-stage summary lines the callers print instead of bar residue.
         self.enabled = enabled and sys.stderr.isatty()

@@ -42,3 +42,69 @@ def traced_digits_cnn():
     x = jnp.asarray(np.random.default_rng(0).uniform(size=(1, 8, 8, 1)), jnp.float32)
     return m, trace_flax(m, x)
 
+
+
+def numpy_fill(abstract, seed=0):
+    """A pytree of arrays shaped like ``abstract`` (``jax.ShapeDtypeStruct`` leaves, e.g. from
+    ``jax.eval_shape(net.init, ...)``), drawn by numpy: kernels and tables ``N(0, 1/fan_in)``,
+    vectors (scales, biases) ``1 + N(0, 0.2^2)``, a decode KV cache ``N(0, 0.5^2)``.
+
+    Eager ``jax.random`` initialisers compile one XLA program per parameter shape (0.1-0.3 s
+    each on CPU), which made building a tiny transformer take seconds; the tests only need
+    random, well-scaled weights."""
+    import jax
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(seed)
+
+    def fill(path, leaf):
+        if not jnp.issubdtype(leaf.dtype, jnp.floating):
+            raise TypeError(f"numpy_fill fills float variables only, got {leaf.dtype} at "
+                            f"{jax.tree_util.keystr(path)}")
+        z = rng.standard_normal(leaf.shape)
+        if "cache" in jax.tree_util.keystr(path):
+            v = 0.5 * z
+        elif len(leaf.shape) >= 2:
+            v = z / np.sqrt(max(1, int(np.prod(leaf.shape[:-1]))))
+        else:
+            v = 1.0 + 0.2 * z
+        return jax.device_put(np.asarray(v, leaf.dtype))  # (jnp.asarray compiles per shape)
+
+    return jax.tree_util.tree_map_with_path(fill, abstract)
+
+
+def numpy_init(make, seed=0):
+    """The NNX model ``make()`` builds, its constructor run by ``nnx.eval_shape`` (nothing
+    compiled) and its variables filled by :func:`numpy_fill`."""
+    from flax import nnx
+
+    graphdef, state = nnx.split(nnx.eval_shape(make))
+    return nnx.merge(graphdef, numpy_fill(state, seed))
+
+
+def jit_once(fn):
+    """``jax.jit(fn)`` with the XLA options ``trace_flax`` compiles its check with (a program run
+    once compiles faster at -O0), so that the same program is a persistent-cache hit."""
+    import jax
+
+    from npujax.frontends.flax import _RUN_ONCE
+
+    return jax.jit(fn, compiler_options=_RUN_ONCE)
+
+
+def jit_model(model):
+    """``x -> model(x)`` for an NNX model, jitted with its state as an argument (the same XLA
+    program as ``trace_flax``'s own check, so the persistent compilation cache shares it)."""
+    from flax import nnx
+
+    graphdef, state = nnx.split(model)
+    run = jit_once(lambda st, inp: nnx.merge(graphdef, st)(inp))
+    return lambda x: run(state, x)
+
+
+def jit_execute(graph, params, x, **kw):
+    """``execute(graph, params, x, **kw)`` as one jitted program (params as an argument)."""
+    from npujax.quantize.execute import execute
+
+    return jit_once(lambda p, inp: execute(graph, p, inp, **kw))(params, x)
+

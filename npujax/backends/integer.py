@@ -1,7 +1,9 @@
 """Integer-only execution of a converted (PTQ or QAT) model: int8 codes, int32 accumulation.
 
 ``convert(graph, params, quant, qstate)`` turns every quantized GEMM node (Conv, Gemm) into an
-:class:`IntegerLayer`; ``execute_integer(model, x)`` runs the graph with
+:class:`IntegerLayer` and every quantized GEMM of two activations (attention's MatMul/Einsum)
+into an :class:`IntegerMatMul` (both operands' codes, int32 accumulation, a dequantized
+output); ``execute_integer(model, x)`` runs the graph with
 
 * activations as integer codes (the consumer's calibrated per-tensor ``scale``/``zero_point``),
 * weights as int8 codes (symmetric, narrow range, per output channel: zero point 0),
@@ -67,7 +69,15 @@ import numpy as np
 
 from npujax.errors import ConfigError, QuantizationError
 from npujax.ir.graph import Graph, Node, Params
-from npujax.ops import OPS, apply_epilogue, gemm_nodes, kernel_out_axis, quantized_ops, run_op
+from npujax.ops import (
+    OPS,
+    apply_epilogue,
+    gemm_nodes,
+    kernel_out_axis,
+    operand_quantized_ops,
+    quantized_ops,
+    run_op,
+)
 from npujax.ops.gemm import dense_conv
 from npujax.quant import IntFormat, dequantize, quantize
 from npujax.quant.fixed_point import (
@@ -82,7 +92,8 @@ from npujax.quantize.quantizers import QState
 from npujax.quantize.spec import QuantSpec
 from npujax.quantize.weights import check_weights
 
-__all__ = ["IntegerLayer", "IntegerModel", "convert", "execute_integer", "requant_target"]
+__all__ = ["IntegerLayer", "IntegerMatMul", "IntegerModel", "convert", "execute_integer",
+           "requant_target"]
 
 _INT_EPILOGUES = frozenset({"Relu", "Relu6"})
 _POOL_FRAC_BITS = 8
@@ -131,6 +142,26 @@ class IntegerLayer:
 
 
 @dataclasses.dataclass(frozen=True)
+class IntegerMatMul:
+    """A GEMM of two activations (MatMul, Einsum: attention's ``Q K^T``, ``P V``) in integer
+    form: both operands quantized per tensor on their calibrated grids, ``acc = sum((q_a - z_a)
+    * (q_b - z_b))`` in int32, the output the dequantized accumulator ``float32(acc) * s_a *
+    s_b`` (the vector unit's softmax or the next GEMM's input quantization follow in float).
+
+    Attributes:
+      input_scale, input_zero_point, input_format: the first operand's grid.
+      operand_scale, operand_zero_point, operand_format: the second operand's grid.
+    """
+
+    input_scale: jax.Array
+    input_zero_point: jax.Array
+    input_format: IntFormat
+    operand_scale: jax.Array
+    operand_zero_point: jax.Array
+    operand_format: IntFormat
+
+
+@dataclasses.dataclass(frozen=True)
 class IntegerModel:
     """A graph whose quantized GEMM nodes run in integers (see :func:`convert`).
 
@@ -139,12 +170,14 @@ class IntegerModel:
       params: float params of the nodes that are not converted.
       layers: ``{node_name: IntegerLayer}``.
       requant: ``"fixed_point"`` (gemmlowp/TFLite) or ``"float"`` (ONNX Runtime).
+      matmuls: ``{node_name: IntegerMatMul}``, the quantized GEMMs of two activations.
     """
 
     graph: Graph
     params: Params
     layers: Mapping[str, IntegerLayer]
     requant: str = "fixed_point"
+    matmuls: Mapping[str, IntegerMatMul] = dataclasses.field(default_factory=dict)
 
 
 def _is_integer_layer(lq: Any) -> bool:
@@ -302,7 +335,47 @@ def convert(
                 multiplier=jnp.asarray(mult32, jnp.float32), output_frac_bits=fb)
         layers[node.name] = layer
     rest = {k: v for k, v in params.items() if k not in layers}
-    return IntegerModel(graph=graph, params=rest, layers=layers, requant=requant)
+    matmuls = {n.name: _convert_matmul(graph, n, quant, qstate)
+               for n in graph.nodes if n.op in operand_quantized_ops() and n.name in quant}
+    return IntegerModel(graph=graph, params=rest, layers=layers, requant=requant,
+                        matmuls=matmuls)
+
+
+def _convert_matmul(graph: Graph, node: Node, quant: QuantSpec, qstate: QState
+                    ) -> IntegerMatMul:
+    """The integer form of a quantized GEMM of two activations (see :class:`IntegerMatMul`)."""
+    lq = quant[node.name]
+    fmts = lq.weight_candidates
+    if not (isinstance(lq.act, IntFormat) and len(fmts) == 1 and isinstance(fmts[0], IntFormat)):
+        raise QuantizationError(
+            f"layer {node.name!r} ({node.op} of two activations): the integer path needs one "
+            f"integer format per operand, got {lq.act} and {fmts}; quantize both operands "
+            "(quant_spec) or keep this model in fake-quant.")
+    if node.name not in qstate:
+        raise ConfigError(f"qstate has no entry for layer {node.name!r}; calibrate first.")
+    state = layer_state(quant, qstate, node.name)
+    sa, za = lq.quantizer.act_grid(lq, state)
+    sb, zb = lq.quantizer.operand_grid(node, lq, state)
+    k = OPS[node.op].array_work(node, [graph.tensors[t].shape for t in node.inputs],  # type: ignore[misc]
+                                [graph.tensors[t].shape for t in node.outputs], 1).K
+    bound = k * (2 ** lq.act.bits) * (2 ** fmts[0].bits)
+    if bound > 2**31 - 1:
+        raise QuantizationError(
+            f"layer {node.name!r}: int32 accumulation could overflow (K={k}, {lq.act.bits}- and "
+            f"{fmts[0].bits}-bit operands: |acc| <= {bound}); lower the bit widths.")
+    return IntegerMatMul(jnp.asarray(sa, jnp.float32), jnp.asarray(za, jnp.int32), lq.act,
+                         jnp.asarray(sb, jnp.float32), jnp.asarray(zb, jnp.int32), fmts[0])
+
+
+def _run_matmul(node: Node, mm: IntegerMatMul, a: Any, b: Any) -> tuple[jax.Array, jax.Array]:
+    """``(first operand as computed with, output)`` of an :class:`IntegerMatMul`."""
+    qa = quantize(_to_float(a), mm.input_scale, mm.input_zero_point, mm.input_format)
+    qb = quantize(_to_float(b), mm.operand_scale, mm.operand_zero_point, mm.operand_format)
+    ia = qa.astype(jnp.int32) - mm.input_zero_point
+    ib = qb.astype(jnp.int32) - mm.operand_zero_point
+    (acc,) = run_op(node, [ia, ib], {})  # int32 x int32 -> int32 (bounded by convert)
+    y = acc.astype(jnp.float32) * (mm.input_scale * mm.operand_scale)
+    return dequantize(qa, mm.input_scale, mm.input_zero_point), y
 
 
 # --------------------------------------------------------------------------------------------
@@ -399,6 +472,9 @@ def execute_integer(
         x_in = None
         if layer is not None:
             x_in, out = _run_layer(model, node, layer, ins[0])
+            outs = [out]
+        elif node.name in model.matmuls:
+            x_in, out = _run_matmul(node, model.matmuls[node.name], ins[0], ins[1])
             outs = [out]
         elif (node.op in OPS and OPS[node.op].codes is not None and len(ins) == 1
               and isinstance(ins[0], QTensor)):

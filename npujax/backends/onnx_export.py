@@ -39,7 +39,7 @@ from onnx import helper, numpy_helper
 
 from npujax._atomic import atomic_write_bytes
 from npujax.backends.integer import requant_target
-from npujax.errors import ConfigError, UnsupportedOpError
+from npujax.errors import ConfigError, NpujaxError, UnsupportedOpError
 from npujax.ir.graph import Graph, Node, Params, fresh_name
 from npujax.ops import OPS
 from npujax.quant import FloatFormat, IntFormat
@@ -176,11 +176,12 @@ class _Writer:
 
     # -- quantization (QDQ)
     def _qdq(self, x: str, out: str | None, fmt: IntFormat | FloatFormat, layer: str,
-             prefix: str, what: str) -> str:
+             prefix: str, what: str, grid: tuple[np.ndarray, int] | None = None) -> str:
         """``[Clip ->] QuantizeLinear -> DequantizeLinear`` of ``x`` on the input grid of
-        ``layer`` (the Clip only for integer formats narrower than their storage type)."""
+        ``layer`` (or ``grid``; the Clip only for integer formats narrower than their storage
+        type)."""
         dt = _int_dtype(fmt)
-        s, zp = self.act_grid(layer)
+        s, zp = self.act_grid(layer) if grid is None else grid
         scale = self.init(f"{prefix}.{what}_scale", s)
         zero = self.init(f"{prefix}.{what}_zero_point", zp, dt)
         if isinstance(fmt, IntFormat) and (fmt.qmin, fmt.qmax) != (int(np.iinfo(dt).min),
@@ -206,6 +207,24 @@ class _Writer:
         if lq is None or lq.act is None:
             return x
         return self._qdq(x, None, lq.act, node.name, node.name, "act")
+
+    def qdq_operand(self, node: Node, x: str) -> str:
+        """``x``, the second operand of a GEMM of two activations (MatMul, Einsum), through the
+        QDQ pair of its calibrated grid, or ``x`` if it is not quantized.
+
+        Raises:
+          ConfigError: no calibrated operand grid, or a search mixture.
+        """
+        lq = self.layer_quant(node)
+        if lq is None or not lq.weight_candidates:
+            return x
+        if len(lq.weight_candidates) != 1:
+            raise ConfigError(f"layer {node.name!r} has several candidate operand formats (a "
+                              "search mixture); fix one width per layer before exporting.")
+        s, z = lq.quantizer.operand_grid(node, lq, self.state(node.name))
+        grid = np.asarray(s, np.float32).reshape(()), int(np.asarray(z).reshape(()))
+        return self._qdq(x, None, lq.weight_candidates[0], node.name, node.name, "operand",
+                         grid)
 
     def requantize_output(self, node: Node, target: str) -> None:
         """``QuantizeLinear -> DequantizeLinear`` on ``node``'s output, on the grid of the GEMM
@@ -298,6 +317,76 @@ class _Writer:
         return wdq, bdq
 
 
+#: ONNX operators that compute the same in any axis order (with scalar extra inputs).
+_LAYOUT_FREE = {"Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "HardSwish",
+                "Identity", "Cast", "QuantizeLinear", "DequantizeLinear"}
+
+
+def _perm(node: onnx.NodeProto) -> list[int]:
+    return [list(a.ints) for a in node.attribute if a.name == "perm"][0]
+
+
+def _sink_transposes(nodes: list[onnx.NodeProto], inits: dict[str, onnx.TensorProto],
+                     outputs: set[str], used: set[str]) -> list[onnx.NodeProto]:
+    """``nodes`` with layout Transposes moved down through layout-free operators (activations,
+    per-tensor Q/DQ) and inverse pairs removed, so an NHWC model keeps a Transpose only where its
+    layout really changes (at the input, before a Flatten/Reshape), not around every Conv/pool."""
+
+    def scalar(name: str) -> bool:
+        return name == "" or (name in inits and int(np.prod(inits[name].dims)) == 1)
+
+    nodes = list(nodes)
+    changed = True
+    while changed:
+        changed = False
+        users: dict[str, list[int]] = {}
+        for i, n in enumerate(nodes):
+            for t in n.input:
+                users.setdefault(t, []).append(i)
+        for i, t in enumerate(nodes):
+            out = t.output[0] if t.op_type == "Transpose" else None
+            if out is None or out in outputs or len(users.get(out, [])) != 1:
+                continue
+            j = users[out][0]
+            c = nodes[j]
+            if c.op_type == "Transpose":
+                q = _perm(c)
+                if [_perm(t)[k] for k in q] != list(range(len(q))) or c.output[0] in outputs:
+                    continue
+                src, dst = t.input[0], c.output[0]
+                for n in nodes:
+                    for k, v in enumerate(n.input):
+                        if v == dst:
+                            n.input[k] = src
+                nodes = [n for k, n in enumerate(nodes) if k not in (i, j)]
+                changed = True
+                break
+            if c.op_type in _LAYOUT_FREE and list(c.input).index(out) == 0 and all(
+                    scalar(v) for v in c.input[1:]) and len(c.output) == 1:
+                new = fresh_name(f"{c.output[0]}/pre_transpose", used)
+                orig = c.output[0]
+                c.input[0], c.output[0] = t.input[0], new
+                t.input[0], t.output[0] = new, orig
+                nodes.pop(i)
+                nodes.insert(j, t)  # after c (which moved up one place)
+                changed = True
+                break
+    return nodes
+
+
+def _batch_is_free(graph: Graph) -> bool:
+    """Whether the graph runs at any batch size (no shape folds the traced batch)."""
+    from npujax.ir.passes import rebatch
+
+    if not graph.inputs:
+        return False
+    try:
+        rebatch(graph, graph.tensors[graph.inputs[0]].shape[0] + 1)
+    except NpujaxError:
+        return False
+    return True
+
+
 def to_onnx(
     graph: Graph,
     params: Params,
@@ -307,12 +396,13 @@ def to_onnx(
     *,
     int32_bias: bool = True,
     requantize_outputs: bool = True,
+    dynamic_batch: bool = True,
 ) -> onnx.ModelProto:
     """Write ``graph`` with ``params`` as an ONNX model, in QDQ form for the layers in ``quant``.
 
     Args:
-      graph: the (optimized) model; Conv may be NCHW/OIHW or NHWC/HWIO (Transposes are added
-        around NHWC convs).
+      graph: the (optimized) model; Conv may be NCHW/OIHW or NHWC/HWIO (ONNX Conv is NCHW:
+        Transposes are added where the layout changes).
       params: its float params.
       quant: ``{node: LayerQuant}`` as from :func:`npujax.quant_spec`; None exports float.
         Each layer needs a single weight format (not a search mixture).
@@ -330,10 +420,19 @@ def to_onnx(
         requant="float"))`` bit for bit. False leaves those outputs in float, which is the
         fake-quant model :func:`npujax.quantize.execute` computes (a GEMM followed by a pool then
         runs in float in onnxruntime).
+      dynamic_batch: write the batch dimension of the inputs and outputs as the symbolic
+        ``"batch"`` (onnxruntime then runs the model at any batch size). A graph whose shapes
+        fold the traced batch (see :func:`npujax.rebatch`) keeps its fixed batch.
 
     Returns:
       The ``onnx.ModelProto`` (opset :data:`EXPORT_OPSET`, or :data:`QDQ_EXTENDED_OPSET` when a
-      layer has an FP8 format or per-block weights), checked by ``onnx.checker``.
+      layer has an FP8 format or per-block weights), checked by ``onnx.checker``. Inputs and
+      outputs keep the graph's tensor names (a traced Flax model's are its call argument's name
+      and ``output``); ``value_info`` holds the shape-inferred type of every intermediate
+      tensor, so tools that need shapes (ZigZag, Netron) read them without running inference.
+      Layout Transposes of NHWC Conv/pool nodes are moved through activations and per-tensor
+      Q/DQ and cancelled in inverse pairs, so they remain only where the layout changes (after
+      the input, before a Flatten/Reshape).
 
     Raises:
       ConfigError: a quantized layer has no qstate entry or several candidate formats.
@@ -359,18 +458,28 @@ def to_onnx(
         if target is not None and w.state(target) is not None:
             w.requantize_output(node, target)
 
+    free = dynamic_batch and _batch_is_free(graph)
+    batch = graph.tensors[graph.inputs[0]].shape[0] if graph.inputs else None
+
     def vi(name):
         t = graph.tensors[name]
+        shape: list[int | str] = list(t.shape)
+        if free and shape and shape[0] == batch:
+            shape[0] = "batch"
         return helper.make_tensor_value_info(
-            name, helper.np_dtype_to_tensor_dtype(np.dtype(t.dtype)), list(t.shape))
+            name, helper.np_dtype_to_tensor_dtype(np.dtype(t.dtype)), shape)
 
-    g = helper.make_graph(w.nodes, f"npujax_{graph.source or 'graph'}",
+    nodes = _sink_transposes(w.nodes, w.inits, set(graph.outputs), w.used)
+    g = helper.make_graph(nodes, f"npujax_{graph.source or 'graph'}",
                           [vi(i) for i in graph.inputs], [vi(o) for o in graph.outputs],
                           list(w.inits.values()))
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", w.opset)],
                               producer_name="npujax")
     model.ir_version = 8 if w.opset == EXPORT_OPSET else 10  # float8 and opset 21 need IR 10
     onnx.checker.check_model(model)
+    inferred = onnx.shape_inference.infer_shapes(model, check_type=True, data_prop=True)
+    known = {v.name for v in (*g.input, *g.output)} | set(w.inits)
+    model.graph.value_info.extend(v for v in inferred.graph.value_info if v.name not in known)
     if path is not None:
         atomic_write_bytes(path, model.SerializeToString())
     return model

@@ -58,10 +58,10 @@ def precision_from_bits(graph: Any, weight_bits: int | Mapping[str, int],
       ConfigError: a name that is not a GEMM layer of the graph.
       QuantizationError: a width outside [2, 16].
     """
-    from npujax.ops import gemm_nodes
+    from npujax.ops import quantizable_nodes
     from npujax.quantize.spec import quant_spec
 
-    names = [n.name for n in gemm_nodes(graph)]
+    names = [n.name for n in quantizable_nodes(graph)]
 
     def full(v: int | Mapping[str, int], what: str) -> int | dict[str, int]:
         if not isinstance(v, Mapping):

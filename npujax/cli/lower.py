@@ -18,6 +18,7 @@ from npujax.errors import ConfigError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    from npujax.models.transformer import DECODER_CONFIGS
     from npujax.systolic import DATAFLOWS
 
     lo = sub.add_parser(
@@ -34,13 +35,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "npujax lower zoo:ppocr_det --input-shape x=1,3,640,640 --fusion layer --cores 4 "
             "--schedule best",
             "npujax lower zoo:ppocr_det zoo:ppocr_cls --input-shape 1:x=1,3,640,640 "
-            "--input-shape 2:x=1,3,48,192 --npu edge_16x16 --cores 2 --sharing core_partitioned"),
+            "--input-shape 2:x=1,3,48,192 --npu edge_16x16 --cores 2 --sharing core_partitioned",
+            "npujax lower --scalesim-config scale.cfg --topology resnet18.csv --out reports/",
+            "npujax lower decoder:qwen2.5-0.5b --phase decode --kv-len 1024 --npu "
+            "datacenter_128x128 --weight-bits 4 --act-bits 16 --kv-bits 8"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     from npujax.hw import FUSION_LEVELS
     from npujax.plan import OBJECTIVES, SHARING
 
-    lo.add_argument("model", nargs="+", help="an .onnx model, zoo:ppocr_cls / zoo:ppocr_det, or "
-                    "a model.npz written by 'npujax demo'; several models share the NPU")
+    lo.add_argument("model", nargs="*", help="an .onnx model, zoo:ppocr_cls / zoo:ppocr_det, a "
+                    "model.npz written by 'npujax demo', or decoder:<config> (the reference "
+                    f"LLM decoder at the shapes of {', '.join(sorted(DECODER_CONFIGS))}); "
+                    "several models share the NPU (none with --topology)")
     lo.add_argument("--input-shape", action="append", metavar="[I:]NAME=1,3,224,224",
                     help="static shape of an ONNX input (repeat for several inputs); with several "
                     "models, I: (1, 2, ...) says which model it is for (default: all)")
@@ -57,6 +63,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     help="what --schedule best optimises (default: throughput)")
     lo.add_argument("--sharing", choices=SHARING, default="time_multiplexed",
                     help="how several models share the NPU (default: time_multiplexed)")
+    lo.add_argument("--phase", choices=("prefill", "decode"), default="prefill",
+                    help="decoder: a prefill of --seq-len tokens or one decode step against "
+                    "--kv-len cached positions (default: prefill)")
+    lo.add_argument("--seq-len", type=positive_int, default=128,
+                    help="decoder: prompt tokens per sequence (default 128)")
+    lo.add_argument("--kv-len", type=positive_int, default=1024,
+                    help="decoder: cached positions of a decode step (default 1024)")
+    lo.add_argument("--kv-bits", type=positive_int, default=8,
+                    help="decoder: width of the attention MatMuls' operands, the KV cache "
+                    "(default 8)")
     lo.add_argument("--sweep-resolution", action="store_true",
                     help="also lower at half and double the input resolution (ONNX models)")
     lo.add_argument("--npu", default="edge_16x16",
@@ -72,7 +88,32 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     help="inference batch size (default: the model's)")
     lo.add_argument("--out", help="write schedule.json, layers.csv and plots (per-layer latency, "
                     "stacked breakdown, roofline) here")
+    lo.add_argument("--scalesim-config", metavar="ARCH.cfg",
+                    help="a SCALE-Sim architecture config: with --topology, write SCALE-Sim's "
+                    "COMPUTE/BANDWIDTH/DETAILED_ACCESS reports for it into --out")
+    lo.add_argument("--topology", metavar="TOPO.csv",
+                    help="a SCALE-Sim topology (conv or GEMM form) to report on")
     lo.set_defaults(fn=run)
+
+
+def _run_scalesim(args: argparse.Namespace) -> int:
+    from npujax.systolic.scalesim_io import (
+        read_scalesim_config,
+        read_topology,
+        write_scalesim_reports,
+    )
+
+    if not (args.scalesim_config and args.topology and args.out) or args.model:
+        raise ConfigError("SCALE-Sim mode needs --scalesim-config ARCH.cfg, --topology "
+                          "TOPO.csv and --out DIR, and no model argument.")
+    config = read_scalesim_config(args.scalesim_config)
+    layers = read_topology(args.topology)
+    out = output_dir(args.out)
+    assert out is not None
+    names = write_scalesim_reports(layers, config, out)
+    console().print(f"{len(layers)} layers on a {config.rows}x{config.cols} {config.dataflow} "
+                    f"array; wrote {', '.join(str(out / n) for n in names)}")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -90,6 +131,15 @@ def run(args: argparse.Namespace) -> int:
         write_lowering,
     )
 
+    if args.scalesim_config or args.topology:
+        return _run_scalesim(args)
+    if not args.model:
+        raise ConfigError("npujax lower needs a model (or --scalesim-config with --topology).")
+    if any(str(m).startswith("decoder:") for m in args.model):
+        if len(args.model) > 1:
+            raise ConfigError("decoder:<config> is lowered on its own; give it as the only model.")
+        args.model = args.model[0]
+        return _run_decoder(args)
     saved = args.weight_bits == ["saved"]
     wbits = bits_spec(args.weight_bits) if args.weight_bits and not saved else 8
     abits = bits_spec(args.act_bits) if args.act_bits else 8
@@ -159,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
         extra["resolution_sweep"] = sweep
     if out is not None:
         with staged_dir(out) as stage:
-            names = write_lowering(stage, result, spec, extra)
+            names = write_lowering(stage, result, spec, extra or None)
         con.print(f"wrote {', '.join(str(out / n) for n in names)}")
     return 0
 
@@ -188,6 +238,7 @@ def _shapes_for(specs: list[str], index: int, models: int) -> list[str]:
 def _run_many(args: argparse.Namespace, spec: Any, wbits: Any, abits: Any,
               out: Path | None) -> int:
     """Several models sharing the NPU: each alone, then together."""
+    from npujax._atomic import staged_dir
     from npujax.frontends.onnx import parse_input_shapes
     from npujax.ir.passes import rebatch
     from npujax.plan import lower_models
@@ -215,6 +266,62 @@ def _run_many(args: argparse.Namespace, spec: Any, wbits: Any, abits: Any,
     con = console()
     print_coresidency(con, co)
     if out is not None:
-        write_json(out / "coresidency.json", co.to_dict())
+        with staged_dir(out) as stage:
+            write_json(stage / "coresidency.json", co.to_dict())
         con.print(f"wrote {out / 'coresidency.json'}")
+    return 0
+
+
+def _run_decoder(args: argparse.Namespace) -> int:
+    """``npujax lower decoder:<config>``: a prefill or decode step of the reference decoder."""
+    from npujax.hw import load_npu_spec
+    from npujax.models.transformer import DECODER_CONFIGS
+    from npujax.workflows.lowering import (
+        decoder_figures,
+        decoder_graph,
+        decoder_precision,
+        lower_dataflows,
+        print_lowering,
+        write_lowering,
+    )
+
+    name = str(args.model).split(":", 1)[1]
+    if name not in DECODER_CONFIGS:
+        raise ConfigError(f"unknown decoder config {name!r}; use one of "
+                          f"{sorted(DECODER_CONFIGS)}.")
+    if args.input_shape or args.sweep_resolution:
+        raise ConfigError("--input-shape and --sweep-resolution apply to .onnx models; a "
+                          "decoder's shapes are --seq-len, --kv-len and --batch.")
+    widths = []
+    for what, v in (("--weight-bits", args.weight_bits), ("--act-bits", args.act_bits)):
+        b = bits_spec(v) if v else 8
+        if not isinstance(b, int):
+            raise ConfigError(f"{what} for a decoder is one width for every linear layer, "
+                              f"got {v}.")
+        widths.append(b)
+    cfg = DECODER_CONFIGS[name]
+    batch = args.batch or 1
+    spec = load_npu_spec(args.npu)
+    graph = decoder_graph(cfg, phase=args.phase, seq_len=args.seq_len, kv_len=args.kv_len,
+                          batch=batch)
+    quant = decoder_precision(graph, widths[0], widths[1], args.kv_bits)
+    result = lower_dataflows(graph, spec, quant, dataflow=args.dataflow)
+    fig = decoder_figures(result.schedule, cfg, phase=args.phase, seq_len=args.seq_len,
+                          kv_len=args.kv_len, batch=batch, kv_bits=args.kv_bits)
+    con = console()
+    shape = (f"{args.seq_len} tokens" if args.phase == "prefill"
+             else f"1 token, {args.kv_len} cached")
+    print_lowering(con, result, f"{name} {args.phase} ({shape}, batch {batch}) on {spec.name} "
+                                f"({result.schedule.dataflow})")
+    con.print(f"{args.phase}: {result.schedule.latency_s * 1e3:,.3f} ms per step, "
+              f"{fig.tokens_per_s:,.1f} tokens/s; KV cache read per token: "
+              f"{fig.kv_cache_bytes_per_token:,.0f} bytes ({args.kv_bits}-bit); weights "
+              f"{widths[0]}-bit, activations {widths[1]}-bit")
+    out = output_dir(args.out)
+    if out is not None:
+        from npujax._atomic import staged_dir
+
+        with staged_dir(out) as stage:
+            names = write_lowering(stage, result, spec, {"decoder": fig.to_dict()})
+        con.print(f"wrote {', '.join(str(out / n) for n in names)}")
     return 0

@@ -41,13 +41,17 @@ from jax.extend import core as jex
 from jax.typing import ArrayLike
 
 from npujax.errors import GraphError, UnsupportedOpError
-from npujax.ir.graph import Graph, Node, Params, TensorType
+from npujax.ir.graph import Graph, Node, Params, TensorType, fresh_name
 from npujax.ops import OPS
 from npujax.quantize.execute import execute
 
 __all__ = ["trace_flax"]
 
 _MARK = "npujaxleaf"
+#: XLA options of the programs the tracer compiles to run once (constant folding, the check
+#: against the model): LLVM at -O0 compiles in about half the time; the float semantics (no
+#: fast math) are unchanged
+_RUN_ONCE = {"xla_backend_optimization_level": 0}
 _MARK_RE = re.compile(_MARK + r"(\d+)")
 
 
@@ -256,9 +260,9 @@ class _Eqn:
     scope: str
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class _Const:
-    value: np.ndarray
+    value: np.ndarray  # (None until :meth:`_Flattener.fold` evaluates a folded equation)
 
 
 _CALL_PRIMS = {"pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
@@ -278,6 +282,8 @@ class _Flattener:
         self.eqns: list[_Eqn] = []
         self.types: dict[str, TensorType] = {}
         self._ids = itertools.count()
+        # equations of constants only, in order: (primitive, params, ins, outs), folded by fold()
+        self.folded: list[tuple[Any, dict[str, Any], list[_Const], list[_Const]]] = []
 
     def fresh(self, aval) -> str:
         name = f"t{next(self._ids)}"
@@ -301,15 +307,47 @@ class _Flattener:
                               else sub_env[io])
                 continue
             if all(isinstance(i, _Const) for i in ins):
-                # constant folding: evaluate the primitive on the constants now
-                res = eqn.primitive.bind(*[jnp.asarray(i.value) for i in ins], **eqn.params)
-                res = res if eqn.primitive.multiple_results else [res]
-                for o, r in zip(eqn.outvars, res):
-                    env[o] = _Const(np.asarray(r))
+                # constant folding, evaluated by fold() once the whole jaxpr is flattened
+                outs_c = [_Const(None) for _ in eqn.outvars]  # type: ignore[arg-type]
+                self.folded.append((eqn.primitive, dict(eqn.params), ins, outs_c))
+                env.update(zip(eqn.outvars, outs_c))
                 continue
             outs = [self.fresh(o.aval) for o in eqn.outvars]
             env.update(zip(eqn.outvars, outs))
             self.eqns.append(_Eqn(eqn.primitive, dict(eqn.params), ins, outs, s))
+
+
+    def fold(self) -> None:
+        """Evaluate the constant-only equations (a causal mask, rotary tables, a kernel's
+        reshape) as ONE jitted program, the known constants as its arguments: evaluating them
+        one by one compiled an XLA program per primitive and shape (seconds for a small
+        transformer)."""
+        if not self.folded:
+            return
+        known: dict[int, int] = {}  # id(_Const) -> argument index
+        args: list[np.ndarray] = []
+        for _, _, ins, _ in self.folded:
+            for c in ins:
+                if c.value is not None and id(c) not in known:
+                    known[id(c)] = len(args)
+                    args.append(c.value)
+        folded = self.folded
+
+        def evaluate(vals: list[jax.Array]) -> list[jax.Array]:
+            env: dict[int, jax.Array] = {}
+            results: list[jax.Array] = []
+            for prim, params, ins, outs in folded:
+                res = prim.bind(*[vals[known[id(c)]] if id(c) in known else env[id(c)]
+                                  for c in ins], **params)
+                res = res if prim.multiple_results else [res]
+                env.update(zip((id(o) for o in outs), res))
+                results.extend(res)
+            return results
+
+        values = jax.jit(evaluate, compiler_options=_RUN_ONCE)(args)
+        for o, v in zip((o for _, _, _, outs in folded for o in outs), values):
+            o.value = np.asarray(v)
+        self.folded = []
 
 
 # --------------------------------------------------------------------------------------------
@@ -513,7 +551,7 @@ class _Builder:
         self.nodes.append(Node(name, op, tuple(self.ref(i) for i in ins), tuple(outs),
                                attrs or {}, tuple(params or ())))
         if params:
-            self.params[name] = {k: jnp.asarray(v) for k, v in params.items()}
+            self.params[name] = {k: jax.device_put(v) for k, v in params.items()}
 
     def step(self, op: str, ins: list[Any], shape: tuple[int, ...], dtype: str, attrs=None,
              base=None) -> str:
@@ -713,6 +751,36 @@ def _fuse_average_pools(nodes: list[Node], graph_outputs: set[str], constants) -
     return out
 
 
+def _argument_name(model: Any) -> str:
+    """The name of the first argument of the model's ``__call__`` (``"x"`` if unnamed)."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(type(model).__call__).parameters.values())[1:]
+    except (TypeError, ValueError):
+        params = []
+    ok = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return ok[0] if ok and ok[0].isidentifier() else "x"
+
+
+def _name_interface(graph: Graph, input_name: str) -> Graph:
+    """``graph`` with its input named after the model's argument and its outputs ``output``
+    (``output_0``, ``output_1``, ... for several), so exports carry meaningful names."""
+    taken = set(graph.tensors) | {n.name for n in graph.nodes}
+    wanted = [input_name] + (["output"] if len(graph.outputs) == 1 else
+                             [f"output_{i}" for i in range(len(graph.outputs))])
+    rename: dict[str, str] = {}
+    for old, new in zip((*graph.inputs, *graph.outputs), wanted):
+        if old not in rename and old not in graph.constants:
+            rename[old] = fresh_name(new, taken)
+    r = lambda t: rename.get(t, t)  # noqa: E731
+    nodes = tuple(n.replace(inputs=tuple(map(r, n.inputs)), outputs=tuple(map(r, n.outputs)))
+                  for n in graph.nodes)
+    tensors = {r(k): v for k, v in graph.tensors.items()}
+    return graph.replace(nodes=nodes, inputs=tuple(map(r, graph.inputs)),
+                         outputs=tuple(map(r, graph.outputs)), tensors=tensors)
+
+
 def trace_flax(
     model: Any,
     example_input: ArrayLike,
@@ -730,12 +798,15 @@ def trace_flax(
       example_input: array ``(batch, ...)``, float (converted to float32) or integer (token
         ids, kept); fixes the non-batch shapes of the graph.
       variables: Linen variables ``{"params": ..., "batch_stats": ...}``.
-      check: run the graph on ``example_input`` and compare with the model (recommended).
+      check: run the graph on ``example_input`` and compare with the model (recommended; both
+        run jitted, one compile each, with the weights as arguments).
       **apply_kwargs: extra keyword arguments for the Linen ``apply``.
 
     Returns:
       ``(graph, params)``: node names are module paths (``conv1``, ``block/bn``) for layers and
-      ``<op>_<k>`` for functional ops; params are ``{node: {role: float32 array}}``.
+      ``<op>_<k>`` for functional ops; the input tensor is named after the model's call argument
+      (``x``), the output ``output`` (``output_<i>`` for several); params are
+      ``{node: {role: float32 array}}``.
 
     Raises:
       UnsupportedOpError: a primitive or layer option has no Graph operator (names it).
@@ -756,7 +827,12 @@ def trace_flax(
             with _intercept_nnx(model, leaves), _intercept_functions(leaves):
                 return model(inp)
 
-        reference = lambda inp: model(inp)  # noqa: E731
+        graphdef, state = nnx.split(model)
+        # jitted with the state as an argument: one compiled program instead of one per
+        # primitive, and no weights baked into it as constants
+        run_model = jax.jit(lambda st, inp: nnx.merge(graphdef, st)(inp),
+                            compiler_options=_RUN_ONCE)
+        reference = lambda inp: run_model(state, inp)  # noqa: E731
     else:
         import flax.linen as nn
 
@@ -772,13 +848,16 @@ def trace_flax(
             with nn.intercept_methods(interceptor), _intercept_functions(leaves):
                 return model.apply(variables, inp, **apply_kwargs)
 
-        reference = lambda inp: model.apply(variables, inp, **apply_kwargs)  # noqa: E731
+        run_apply = jax.jit(lambda v, inp: model.apply(v, inp, **apply_kwargs),
+                            compiler_options=_RUN_ONCE)
+        reference = lambda inp: run_apply(variables, inp)  # noqa: E731
 
     closed = jax.make_jaxpr(fn)(x)
     flat = _Flattener()
     in_name = flat.fresh(closed.jaxpr.invars[0].aval)
     env = {closed.jaxpr.invars[0]: in_name}
     flat.run(closed.jaxpr, closed.consts, env, "")
+    flat.fold()
     out_refs = [env[v] if not isinstance(v, jex.Literal) else _Const(np.asarray(v.val))
                 for v in closed.jaxpr.outvars]
     if any(isinstance(o, _Const) for o in out_refs):
@@ -831,17 +910,19 @@ def trace_flax(
             main = nodes[k]
         builder.nodes.extend(nodes)
         if leaf_params:
-            params[main.name] = {k: jnp.asarray(v) for k, v in leaf_params.items()}
+            params[main.name] = {k: jax.device_put(v) for k, v in leaf_params.items()}
 
     params.update(builder.params)
     outputs = tuple(builder.ref(o) for o in out_refs)
     nodes = _fuse_average_pools(builder.nodes, set(outputs), builder.constants)
     tensors = {name: t for name, t in builder.types.items()}
     graph = Graph(tuple(nodes), (in_name,), outputs, tensors, builder.constants, source)
+    graph = _name_interface(graph, _argument_name(model))
 
     if check:
         want = np.asarray(reference(x))
-        got = np.asarray(execute(graph, params, x))
+        got = np.asarray(jax.jit(lambda p, inp: execute(graph, p, inp),
+                                compiler_options=_RUN_ONCE)(params, x))
         if want.shape != got.shape:
             diff = f"shape {got.shape} instead of {want.shape}"
         elif not np.allclose(got, want, rtol=1e-4, atol=1e-4):

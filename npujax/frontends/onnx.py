@@ -604,6 +604,10 @@ def _graph_inputs(ctx: _Ctx, model: onnx.ModelProto,
                 raise GraphError(
                     f"input_shapes[{vi.name!r}] = {shape} does not match the model's declared "
                     f"shape {[d if d is not None else '?' for d in dims]}.")
+        elif dims and dims[0] is None and None not in dims[1:]:
+            # only the batch is symbolic (as npujax.to_onnx and most exporters write it):
+            # specialise to batch 1, like --batch's default (input_shapes sets another)
+            shape = (1, *(d for d in dims[1:] if d is not None))
         elif None in dims:
             example = ",".join(str(d) if d is not None else "N" for d in dims)
             raise GraphError(
@@ -660,7 +664,9 @@ def from_onnx(
       path_or_model: path of a ``.onnx`` file (external data only from its folder), serialized
         bytes, or an ``onnx.ModelProto``.
       input_shapes: ``{input_name: shape}`` for inputs whose declared shape has dynamic
-        dimensions (e.g. ``{"x": (1, 3, 48, 192)}``); also overrides fully static inputs.
+        dimensions (e.g. ``{"x": (1, 3, 48, 192)}``); also overrides fully static inputs. An
+        input whose only dynamic dimension is the leading (batch) one needs none: it is
+        imported at batch 1 (or ``batch``).
       unsupported: ``"error"`` (default) raises on an operator npujax cannot execute;
         ``"fallback"`` keeps it as an opaque ``CpuFallback`` node (``attrs['onnx_op']``) with
         output shapes from ONNX shape inference, executed on the host by ``onnx.reference`` and
@@ -685,8 +691,8 @@ def from_onnx(
 
     Raises:
       GraphError: malformed file, a URL, an external-data path outside the model's folder, a
-        tensor read before it is produced (missing initializer), a dynamic input dimension not
-        given in ``input_shapes``.
+        tensor read before it is produced (missing initializer), a dynamic non-batch input
+        dimension not given in ``input_shapes``.
       UnsupportedOpError: an operator (or an operator feature) npujax cannot execute, naming the
         node and the operator, unless ``unsupported="fallback"``.
 

@@ -146,7 +146,7 @@ class MemorySpec:
     ofmap_sram_bytes: int = _field(lo=1, hi=2**40)
     dram_bytes_per_s: float = _field(lo=1e3, hi=1e15)
     dram_latency_s: float = _field(zero_ok=True, lo=0.0, hi=1.0)
-    dram_bytes: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=2.0**60)
+    dram_bytes: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=2.0**50)
     core_link_bytes_per_s: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=1e15)
 
 

@@ -21,6 +21,7 @@ __all__ = [
     "optimize",
     "rebatch",
     "frozen_bn_stats",
+    "absorb_transposes",
 ]
 
 
@@ -144,9 +145,131 @@ def fuse_epilogues(graph: Graph, params: Params) -> tuple[Graph, Params]:
     return graph.replace(nodes=tuple(nodes)), params
 
 
+#: Ops whose per-axis attributes are rewritten when a layout region changes axes.
+_WINDOW_OPS = ("MaxPool", "AveragePool", "SumPool")
+_PER_AXIS_ATTRS = ("window", "strides", "padding", "ceil_extra", "window_dilation")
+
+
+def _layout_free(graph: Graph, node: Node) -> bool:
+    """Whether ``node`` computes the same in any axis order (given its single activation)."""
+    d = get_op(node.op, node.name)
+    if d.unary is not None or node.op in ("Relu", "Clip", "LeakyRelu", "HardSigmoid"):
+        return len([t for t in node.inputs if t not in graph.constants]) == 1 and all(
+            graph.tensors[t].size == 1 for t in node.inputs[1:])
+    if node.op in ("QuantizeLinear", "DequantizeLinear"):  # per tensor only
+        return all(graph.tensors[t].size == 1 for t in node.inputs[1:])
+    return False
+
+
+def _relayout(graph: Graph, node: Node, perm: list[int]) -> Node | None:
+    """``node`` rewritten to read and write tensors whose axis ``perm[i]`` is its axis ``i``
+    (None if it cannot be)."""
+    if _layout_free(graph, node):
+        return node
+    a = dict(node.attrs)
+    if node.op == "Conv" and len(a["data_layout"]) == len(perm):
+        layout = [""] * len(perm)
+        for i, c in enumerate(a["data_layout"]):
+            layout[perm[i]] = c
+        a["data_layout"] = "".join(layout)
+        return node.replace(attrs=a)
+    if node.op in _WINDOW_OPS and len(a["window"]) == len(perm):
+        for k in _PER_AXIS_ATTRS:
+            if k in a:
+                v = [None] * len(perm)
+                for i, x in enumerate(a[k]):
+                    v[perm[i]] = x
+                a[k] = v
+        return node.replace(attrs=a)
+    if node.op == "BatchNormalization":
+        a["axis"] = perm[int(a["axis"]) % len(perm)]
+        return node.replace(attrs=a)
+    return None
+
+
+def absorb_transposes(graph: Graph, params: Params) -> tuple[Graph, Params]:
+    """Remove layout Transposes: a Transpose whose output only flows through layout-aware or
+    layout-free operators (Conv, pools, BatchNormalization, unary activations, per-tensor
+    Quantize/DequantizeLinear) into Transposes with the inverse permutation is removed together
+    with them, and the operators in between are rewritten for the original axis order (a Conv's
+    ``data_layout``, a pool's per-axis windows).
+
+    An NHWC model exported to ONNX (which has only NCHW Conv) and imported back thus loses the
+    ``NHWC -> NCHW -> NHWC`` Transposes around its convolutions and pools, which would otherwise
+    run as separate passes over memory (or on the host CPU) in :func:`npujax.lower`. The result
+    computes the same function (the same operators on permuted axes).
+
+    Returns:
+      ``(graph, params)``; params are unchanged.
+    """
+    changed = True
+    while changed:
+        changed = False
+        for t in graph.nodes:
+            if t.op != "Transpose" or t.inputs[0] in graph.constants:
+                continue
+            new = _absorb(graph, t)
+            if new is not None:
+                graph, changed = new, True
+                break
+    return graph, params
+
+
+def _absorb(graph: Graph, t: Node) -> Graph | None:
+    """``graph`` without Transpose ``t`` and the inverse Transposes closing its region, or
+    None when the region reaches an operator that depends on the axis order."""
+    perm = [int(p) for p in t.attrs["perm"]]
+    inverse = [perm.index(i) for i in range(len(perm))]
+    region: dict[str, Node] = {}
+    exits: list[Node] = []
+    todo = [t.outputs[0]]
+    seen: set[str] = set()
+    while todo:
+        tensor = todo.pop()
+        if tensor in seen:
+            continue
+        seen.add(tensor)
+        if tensor in graph.outputs:
+            return None
+        for c in graph.consumers(tensor):
+            if c.op == "Transpose" and [int(p) for p in c.attrs["perm"]] == inverse:
+                if c.outputs[0] in graph.outputs:
+                    return None  # keep the model's output name
+                exits.append(c)
+                continue
+            if c.inputs[0] != tensor or any(i in seen or i == tensor for i in c.inputs[1:]):
+                return None  # the region tensor is not the node's activation
+            new = _relayout(graph, c, perm)
+            if new is None or len(c.outputs) != 1:
+                return None
+            region[c.name] = new
+            todo.extend(c.outputs)
+    if not exits:
+        return None
+    rename = {t.outputs[0]: t.inputs[0]}
+    rename.update({e.outputs[0]: e.inputs[0] for e in exits})
+    drop = {t.name} | {e.name for e in exits}
+    nodes = []
+    for n in graph.nodes:
+        if n.name in drop:
+            continue
+        n = region.get(n.name, n)
+        nodes.append(n.replace(inputs=tuple(rename.get(i, i) for i in n.inputs)))
+    tensors = dict(graph.tensors)
+    for n in region.values():
+        for o in n.outputs:
+            shape = graph.tensors[o].shape
+            new_shape = [0] * len(shape)
+            for i, d in enumerate(shape):
+                new_shape[perm[i]] = d
+            tensors[o] = TensorType(tuple(new_shape), graph.tensors[o].dtype)
+    return graph.replace(nodes=tuple(nodes), tensors=tensors)
+
+
 def optimize(graph: Graph, params: Params) -> tuple[Graph, Params]:
-    """The standard inference pipeline: :func:`fold_batchnorm` then :func:`fuse_epilogues`."""
-    return fuse_epilogues(*fold_batchnorm(graph, params))
+    """The standard inference pipeline: :func:`absorb_transposes`, :func:`fold_batchnorm`, then
+    :func:`fuse_epilogues`."""
+    return fuse_epilogues(*fold_batchnorm(*absorb_transposes(graph, params)))
 
 
 def rebatch(graph: Graph, batch: int) -> Graph:

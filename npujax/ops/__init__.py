@@ -21,8 +21,10 @@ from npujax.ops.registry import get_op as get_op
 from npujax.ops.registry import kernel_in_axis as kernel_in_axis
 from npujax.ops.registry import kernel_out_axis as kernel_out_axis
 from npujax.ops.registry import onnx_importer as onnx_importer
+from npujax.ops.registry import operand_quantized_ops as operand_quantized_ops
 from npujax.ops.registry import ops_with as ops_with
 from npujax.ops.registry import out_channel_view as out_channel_view
+from npujax.ops.registry import quantizable_nodes as quantizable_nodes
 from npujax.ops.registry import quantized_ops as quantized_ops
 from npujax.ops.registry import register as register
 from npujax.ops.registry import run_op as run_op
@@ -35,4 +37,5 @@ __all__ = [
     "OpDef", "ArrayWork", "VectorWork", "OPS", "ONNX_IMPORTERS", "ONNX_WEIGHT_OPS", "register",
     "onnx_importer", "get_op", "run_op", "gemm_nodes", "quantized_ops", "kernel_out_axis",
     "kernel_in_axis", "out_channel_view", "apply_epilogue", "epilogue_ops", "ops_with",
+    "operand_quantized_ops", "quantizable_nodes",
 ]

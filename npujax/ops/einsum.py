@@ -137,9 +137,10 @@ def _import_einsum(ctx: Any, n: Any, a: Mapping[str, Any]) -> None:
 
 
 def _export_einsum(w: Any, node: Node) -> None:
-    w.add("Einsum", list(node.inputs), list(node.outputs), node.name,
-          equation=node.attrs["equation"])
+    a, b = node.inputs
+    w.add("Einsum", [w.qdq_input(node, a), w.qdq_operand(node, b)], list(node.outputs),
+          node.name, equation=node.attrs["equation"])
 
 
 register(OpDef(name="Einsum", run=_einsum, cost="array", export=_export_einsum,
-               array_work=_einsum_work))
+               array_work=_einsum_work, quantized_operands=True))

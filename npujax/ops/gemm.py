@@ -519,7 +519,9 @@ def _import_matmul(ctx: Any, n: Any, a: Mapping[str, Any]) -> None:
 
 
 def _export_matmul(w: Any, node: Node) -> None:
-    w.add("MatMul", list(node.inputs), list(node.outputs), node.name)
+    a, b = node.inputs
+    w.add("MatMul", [w.qdq_input(node, a), w.qdq_operand(node, b)], list(node.outputs),
+          node.name)
 
 
 register(
@@ -532,5 +534,5 @@ register(
           kernel_out_axis=_conv_transpose_out_axis, kernel_in_axis=lambda node: 0,
           channel_view=_conv_transpose_view),
     OpDef(name="MatMul", run=_matmul, cost="array", export=_export_matmul,
-          array_work=_matmul_work),
+          array_work=_matmul_work, quantized_operands=True),
 )

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = [
     "OpDef", "ArrayWork", "VectorWork", "CostClass", "OPS", "ONNX_IMPORTERS", "ONNX_WEIGHT_OPS",
     "register", "onnx_importer", "get_op", "run_op", "gemm_nodes", "quantized_ops",
+    "operand_quantized_ops", "quantizable_nodes",
     "kernel_out_axis", "kernel_in_axis", "out_channel_view", "apply_epilogue", "epilogue_ops",
     "ops_with",
 ]
@@ -108,6 +109,10 @@ class OpDef:
         (view, axis, back)`` (see :func:`out_channel_view`).
       quantized: the standard schemes (:func:`npujax.quant_spec`, rules) quantize its kernel and
         input activation.
+      quantized_operands: the standard schemes quantize both of its activation operands (a
+        MatMul or Einsum of two activations: attention's ``Q K^T`` and ``P V``), each per
+        tensor on a calibrated grid; the second is the array's stationary operand and takes the
+        layer's weight format.
       jax_primitives: JAX primitives the Flax tracer maps onto this op one to one.
       batch_dependent: its attributes may depend on the batch size (``rebatch`` refuses).
       integers: ``run`` has ONNX's exact semantics on integer tensors (dtype kept, division
@@ -132,6 +137,7 @@ class OpDef:
     kernel_in_axis: Callable[[Node], int] | None = None
     channel_view: Callable[[Node, Any], tuple[Any, int, Callable[[Any], Any]]] | None = None
     quantized: bool = False
+    quantized_operands: bool = False
     jax_primitives: tuple[str, ...] = ()
     batch_dependent: bool = False
     integers: bool = False
@@ -205,8 +211,21 @@ def quantized_ops() -> frozenset[str]:
 
 
 def gemm_nodes(graph: Graph) -> list[Node]:
-    """The graph's quantizable GEMM layers (Conv, Gemm), in graph order."""
+    """The graph's quantizable GEMM layers with a weight kernel (Conv, Gemm), in graph order."""
     q = quantized_ops()
+    return [n for n in graph.nodes if n.op in q]
+
+
+def operand_quantized_ops() -> frozenset[str]:
+    """Operators of two activations whose operands the standard schemes quantize (MatMul,
+    Einsum)."""
+    return frozenset(n for n, d in OPS.items() if d.quantized_operands)
+
+
+def quantizable_nodes(graph: Graph) -> list[Node]:
+    """Every layer the standard schemes quantize, in graph order: the GEMMs with a kernel
+    (:func:`gemm_nodes`) and the GEMMs of two activations (attention's ``Q K^T``, ``P V``)."""
+    q = quantized_ops() | operand_quantized_ops()
     return [n for n in graph.nodes if n.op in q]
 
 

@@ -327,7 +327,8 @@ def lower(
                 unfused_dram_bytes=float(np.sum(unfused.dram_bytes)),
                 unfused_latency_s=float(np.sum(unfused.latency_cycles)) / spec.array.clock_hz)
         else:
-            costs = jax.tree.map(np.asarray, _jitted_costs(tuple(layers), df.name)(spec, wb, ab))
+            costs = jax.tree.map(np.asarray,
+                                 _jitted_costs(tuple(layers), df.name)(spec, wb, ab))
     for field, v in costs._asdict().items():  # a report never holds NaN/inf (issue #11)
         bad = np.flatnonzero(~np.isfinite(v) | (v < 0))
         if bad.size:

@@ -13,6 +13,8 @@ from npujax._progress import track
 from npujax.calib import Observer, check_finite_state, get_observer, minmax_observer
 from npujax.errors import CalibrationError
 from npujax.ir.graph import Graph, Params
+from npujax.ops import OPS
+from npujax.quant import IntFormat
 from npujax.quantize.execute import execute
 from npujax.quantize.spec import QuantSpec
 from npujax.quantize.weights import check_weights
@@ -44,7 +46,10 @@ def calibrate(
     Returns:
       qstate ``{layer: state}`` for :func:`npujax.execute`: every layer of ``quant`` gets its
       quantizer's initial state (:meth:`~npujax.quantize.quantizers.Quantizer.init_state`) from
-      the observed range of its input: the calibrated grid ``act_scale`` f32[] /
+      the observed range of its input (a fixed ``act_range``, e.g. a softmax output's [0, 1],
+      instead where the layer has one; a GEMM of two activations also gets its second operand's
+      grid, :meth:`~npujax.quantize.quantizers.Quantizer.init_operand`): the calibrated grid
+      ``act_scale`` f32[] /
       ``act_zero_point`` i32[] (FP8 activations: ``act_scale = amax / fmt.max``, zero point 0),
       and per quantizer the initial LSQ ``weight_step`` and LSQ+ ``act_offset``, or a search
       mixture's per-candidate grids and uniform probabilities.
@@ -54,13 +59,22 @@ def calibrate(
         too large weight (:func:`npujax.quantize.weights.check_weights`; names the layer).
     """
     check_weights(params)  # weights are checked like activations are (names the layer)
-    names = [n for n, lq in quant.items() if lq.act is not None]
+    # observed tensors: (layer, tap index) -- 0 the input, 2 a two-activation GEMM's 2nd operand
+    keys = [(n, 0) for n, lq in quant.items() if lq.act is not None and lq.act_range is None]
+    operands = [n for n, lq in quant.items()
+                if lq.weight_candidates and OPS[graph.node(n).op].quantized_operands]
+    keys += [(n, 2) for n in operands if quant[n].operand_range is None]
+    for n in operands:  # refuse before running anything
+        if not quant[n].quantizer.quantizes_operands:
+            quant[n].quantizer.init_operand(graph.node(n), quant[n], None, (0.0, 0.0))
+    names = sorted({n for n, _ in keys})
     if isinstance(observer, str):
         name = observer
         observer = lambda: get_observer(name)  # noqa: E731
-    obs = {n: observer() for n in names}
+    obs = {k: observer() for k in keys}
     run = jax.jit(lambda p, x: execute(graph, p, x, taps=names)[1])
-    update = jax.jit(lambda states, taps: {n: obs[n].update(states[n], taps[n][0]) for n in names})
+    update = jax.jit(lambda states, taps: {k: obs[k].update(states[k], taps[k[0]][k[1]])
+                                           for k in keys})
     states = None
     count = 0
     for i, x in enumerate(track(batches, "calibrating", progress)):
@@ -69,21 +83,33 @@ def calibrate(
                                    "non-empty batches (e.g. slice up to len(x), not past it).")
         taps = run(params, jnp.asarray(x, jnp.float32))
         if states is None:
-            states = {n: obs[n].init(taps[n][0]) for n in names}
+            states = {k: obs[k].init(taps[k[0]][k[1]]) for k in keys}
         states = update(states, taps)
-        for n in names:
-            check_finite_state(states[n], n)
+        for k in keys:
+            check_finite_state(states[k], k[0])
         count += 1
     if count == 0:
         raise CalibrationError("calibration needs at least one batch; the iterator was empty.")
     qstate: dict[str, Any] = {}
     for n, lq in quant.items():
         act_range = None
-        if n in obs:
+        if lq.act is not None and lq.act_range is not None:
+            act_range = tuple(jnp.float32(v) for v in lq.act_range)
+        elif (n, 0) in obs:
             assert states is not None
-            act_range = obs[n].compute_range(states[n], lq.act, lq.act_symmetric)
+            act_range = obs[n, 0].compute_range(states[n, 0], lq.act, lq.act_symmetric)
         kernel = params.get(n, {}).get("kernel")
+        node = graph.node(n)
         qstate[n] = lq.quantizer.init_state(
-            graph.node(n), lq, None if kernel is None else jnp.asarray(kernel, jnp.float32),
+            node, lq, None if kernel is None else jnp.asarray(kernel, jnp.float32),
             act_range=act_range)
+        if n in operands:
+            if lq.operand_range is not None:
+                r = tuple(jnp.float32(v) for v in lq.operand_range)
+            else:
+                assert states is not None
+                fmt = lq.weight_candidates[-1]
+                r = obs[n, 2].compute_range(states[n, 2], fmt,
+                                            not isinstance(fmt, IntFormat) or fmt.signed)
+            qstate[n] = lq.quantizer.init_operand(node, lq, qstate[n], r)
     return qstate

@@ -23,7 +23,7 @@ import numpy as np
 
 from npujax.errors import ShapeError
 from npujax.ir.graph import Graph, Params
-from npujax.ops import run_op
+from npujax.ops import OPS, run_op
 from npujax.quantize.quantizers import QState
 from npujax.quantize.spec import QuantSpec
 
@@ -101,12 +101,13 @@ def execute(
       x: input batch, or a sequence of them for multi-input graphs; shape ``(batch, ...)`` with the
         non-batch dimensions the graph was built with; float32.
       quant: which GEMM nodes are quantized and how (see :func:`npujax.quant_spec`); None runs in
-        float.
+        float. A GEMM of two activations (MatMul, Einsum) fake-quantizes both operands.
       qstate: ``{layer: state}`` from :func:`npujax.calibrate` (or QAT / a search): each
         layer's quantizer state (calibrated grids, learned steps, mixture probabilities).
       key: a ``jax.random`` key for the layers with ``stochastic_rounding`` (one key per call,
         e.g. per training step; folded with the node index); None rounds to nearest.
-      taps: node names whose first input and first output should also be returned.
+      taps: node names whose first input and first output should also be returned (and, for a
+        GEMM of two activations, its second operand: a triple).
       input_offsets: ``{node: array}`` added to a node's first input before quantization (zeros
         give the gradient of the output w.r.t. that activation, as sensitivity analysis needs).
 
@@ -125,13 +126,13 @@ def execute(
       UnsupportedOpError: if a node's operator has no implementation.
     """
     xs = as_inputs(graph, x)
-    if xs and xs[0].shape[0] != 1 and _batch_folded(graph):
+    if xs and xs[0].ndim and xs[0].shape[0] != 1 and _batch_folded(graph):
         return _execute_per_example(graph, params, xs, quant=quant, qstate=qstate, key=key,
                                     taps=taps, input_offsets=input_offsets)
     env: dict[str, jax.Array] = {k: jnp.asarray(v) for k, v in graph.constants.items()}
     env.update(zip(graph.inputs, xs))
     quant = quant or {}
-    tapped: dict[str, tuple[jax.Array, jax.Array]] = {}
+    tapped: dict[str, tuple[jax.Array, ...]] = {}
     for index, node in enumerate(graph.nodes):
         ins = [env[t] for t in node.inputs]
         p = dict(params.get(node.name, {}))
@@ -144,11 +145,15 @@ def execute(
                 ka, kw = jax.random.split(jax.random.fold_in(key, index))
             state = layer_state(quant, qstate, node.name)
             ins[0] = lq.quantizer.quantize_input(node, lq, ins[0], state, ka)
-            p["kernel"] = lq.quantizer.quantize_kernel(node, lq, p["kernel"], state, kw)
+            if OPS[node.op].quantized_operands:
+                ins[1] = lq.quantizer.quantize_operand(node, lq, ins[1], state, kw)
+            else:
+                p["kernel"] = lq.quantizer.quantize_kernel(node, lq, p["kernel"], state, kw)
         outs = run_op(node, ins, p)
         env.update(zip(node.outputs, outs))
         if node.name in taps:
-            tapped[node.name] = (ins[0], outs[0])
+            tapped[node.name] = (ins[0], outs[0], *ins[1:2]) if OPS[node.op].quantized_operands \
+                else (ins[0], outs[0])
     result = tuple(env[t] for t in graph.outputs)
     out = result[0] if len(result) == 1 else result
     return (out, tapped) if taps else out
@@ -156,10 +161,15 @@ def execute(
 
 def _batch_folded(graph: Graph) -> bool:
     """Whether ``graph`` was specialised to batch 1 with the batch folded into a shape (an
-    imported ``x.reshape(x.shape[0], -1)`` becomes a Reshape to ``[1, -1]``)."""
+    imported ``x.reshape(x.shape[0], -1)`` becomes a Reshape to ``[1, -1]``) or into a constant
+    concatenated with activations (a ViT's class token, broadcast to the traced batch and
+    folded)."""
     if not graph.inputs or graph.tensors[graph.inputs[0]].shape[:1] != (1,):
         return False
-    return any(n.op == "Reshape" and n.attrs.get("shape") and n.attrs["shape"][0] not in (0, -1)
+    return any((n.op == "Reshape" and n.attrs.get("shape")
+                and n.attrs["shape"][0] not in (0, -1))
+               or (n.op == "Concat" and n.attrs.get("axis", 0) % len(graph.tensors[
+                   n.outputs[0]].shape) != 0 and any(t in graph.constants for t in n.inputs))
                for n in graph.nodes)
 
 

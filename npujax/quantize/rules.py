@@ -1,8 +1,16 @@
 """Quantize any traced Flax (NNX or Linen) or imported model by per-layer rules on module paths.
 
 A rule matches layer names -- the Flax module path (``"encoder/conv1"``, ``"layers/0"``) or the
-ONNX node name -- with a regular expression (``re.search``); the first matching rule decides how
-that layer is quantized, as in Qwix's ``QuantizationRule`` list. The per-channel weight axis
+ONNX node name -- with a regular expression; the first matching rule decides how that layer is
+quantized, as in Qwix's ``QuantizationRule`` list. Two vocabularies are accepted:
+
+* npujax's: ``pattern`` searched anywhere in the name (``re.search``), ``weight_bits`` /
+  ``act_bits`` (8 by default) and ``weight_format`` / ``act_format``;
+* Qwix's (https://github.com/google/qwix, ``qwix.QtRule``): ``module_path`` matched against the
+  whole name (``re.fullmatch``), ``weight_qtype`` / ``act_qtype`` as a string (``"int8"``,
+  ``"int4"``, ``"uint8"``, ``"float8_e4m3fn"``, ``"float8_e5m2"``) or a numpy/JAX dtype; a
+  missing qtype leaves that operand in float, as in Qwix. A Qwix ``QtRule`` object itself is
+  accepted too (:func:`as_rule`). The per-channel weight axis
 comes from the op (:func:`npujax.ops.kernel_out_axis`: Conv -> the kernel's output
 channels, Dense/Gemm -> output features), so no rule has to name an axis.
 """
@@ -15,20 +23,65 @@ from collections.abc import Sequence
 
 from npujax.errors import ConfigError
 from npujax.ir.graph import Graph
-from npujax.ops import gemm_nodes
+from npujax.ops import gemm_nodes, quantizable_nodes
 from npujax.quant import IntFormat, check_bits
 from npujax.quantize.quantizers import Quantizer
-from npujax.quantize.spec import FORMATS, LayerQuant
+from npujax.quantize.spec import FORMATS, LayerQuant, for_operands
 
-__all__ = ["QuantRule", "quant_spec_from_rules", "first_last_rules"]
+__all__ = ["QuantRule", "quant_spec_from_rules", "first_last_rules", "as_rule", "parse_qtype"]
+
+#: Qwix's floating-point qtype names -> npujax format names.
+_FLOAT_QTYPES = {"float8_e4m3fn": "fp8_e4m3fn", "fp8_e4m3fn": "fp8_e4m3fn", "e4m3": "fp8_e4m3fn",
+                 "float8_e5m2": "fp8_e5m2", "fp8_e5m2": "fp8_e5m2", "e5m2": "fp8_e5m2"}
+_INT_QTYPE = re.compile(r"(u?)int(\d+)")
+
+
+def parse_qtype(qtype: object, what: str = "qtype") -> tuple[str, int | None, bool | None]:
+    """A Qwix-style quantization type as ``(format name, bits, signed)``.
+
+    Args:
+      qtype: ``"int8"``, ``"int4"``, ``"uint8"`` (any width 2-16), ``"float8_e4m3fn"``,
+        ``"float8_e5m2"``, or a numpy/JAX dtype of those names (``jnp.int8``,
+        ``jnp.float8_e4m3fn``).
+      what: the field, for the message.
+
+    Returns:
+      ``("int", bits, signed)`` for integers (``signed`` False for ``uint``), or
+      ``(fp8 format name, None, None)``.
+
+    Raises:
+      ConfigError: an unknown type name (lists the accepted ones).
+      QuantizationError: an integer width outside [2, 16].
+    """
+    name = getattr(qtype, "__name__", None) or getattr(qtype, "name", None) or qtype
+    if not isinstance(name, str):
+        name = str(qtype)
+    name = name.lower()
+    if name in _FLOAT_QTYPES:
+        return _FLOAT_QTYPES[name], None, None
+    m = _INT_QTYPE.fullmatch(name)
+    if m is None:
+        raise ConfigError(f"{what} {qtype!r} is not a known quantization type; use 'int8', "
+                          "'int4', 'uint8' (any width 2-16), 'float8_e4m3fn' or 'float8_e5m2'.")
+    return "int", check_bits(int(m.group(2)), what), m.group(1) != "u"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class QuantRule:
     """How the layers whose name matches ``pattern`` are quantized.
 
+    Give either ``pattern`` (npujax) or ``module_path`` (Qwix); with ``module_path`` the widths and
+    formats come from ``weight_qtype`` / ``act_qtype`` only (None: that operand stays float).
+
     Attributes:
       pattern: regular expression searched in the layer name (module path).
+      module_path: regular expression that must match the whole layer name (Qwix's
+        ``QtRule.module_path``, ``re.fullmatch``).
+      weight_qtype: Qwix-style weight type (``"int8"``, ``"int4"``, ``"float8_e4m3fn"``, a
+        dtype); overrides ``weight_bits`` / ``weight_format``.
+      act_qtype: Qwix-style input-activation type; overrides ``act_bits`` / ``act_format``
+        (``"int8"`` gives unsigned asymmetric codes unless ``act_symmetric``, as npujax's NPUs
+        use; ``"uint8"`` the same).
       weight_bits: weight width (signed, narrow range, symmetric); None keeps float weights.
       act_bits: input-activation width (unsigned asymmetric per tensor by default); None keeps
         float inputs.
@@ -43,12 +96,20 @@ class QuantRule:
         :class:`npujax.LayerQuant`).
 
     Raises:
-      ConfigError: if ``pattern`` is not a valid regular expression, a format name is unknown or
-        the combination is invalid (see ``LayerQuant``).
+      ConfigError: if neither or both of ``pattern`` and ``module_path`` are given, the regular
+        expression is invalid, a format or qtype name is unknown or the combination is invalid
+        (see ``LayerQuant``).
       QuantizationError: a width that is not a whole number of bits in [2, 16].
+
+    Examples:
+      >>> QuantRule(pattern="conv", weight_bits=4)                            # npujax
+      >>> QuantRule(module_path="fc.*", weight_qtype="int8", act_qtype="int8")  # Qwix
     """
 
-    pattern: str
+    pattern: str | None = None
+    module_path: str | None = None
+    weight_qtype: object = None
+    act_qtype: object = None
     weight_bits: int | None = 8
     act_bits: int | None = 8
     weight_per_channel: bool = True
@@ -60,11 +121,25 @@ class QuantRule:
     quantizer: Quantizer | str = "ste"
 
     def __post_init__(self) -> None:
+        if (self.pattern is None) == (self.module_path is None):
+            raise ConfigError("QuantRule needs exactly one of pattern= (searched in the layer "
+                              "name) and module_path= (Qwix: matches the whole name); got "
+                              f"pattern={self.pattern!r}, module_path={self.module_path!r}.")
+        field = "pattern" if self.pattern is not None else "module_path"
         try:
-            re.compile(self.pattern)
-        except re.error as e:
-            raise ConfigError(f"QuantRule.pattern {self.pattern!r} is not a valid regex: {e}.") \
-                from None
+            re.compile(getattr(self, field))
+        except (re.error, TypeError) as e:
+            raise ConfigError(f"QuantRule.{field} {getattr(self, field)!r} is not a valid "
+                              f"regex: {e}.") from None
+        for op in ("weight", "act"):
+            qt = getattr(self, f"{op}_qtype")
+            if qt is None and self.module_path is None:
+                continue  # npujax vocabulary: the widths and formats as given
+            # Qwix vocabulary (or a qtype given): the qtype decides; no qtype, no quantization
+            fmt, bits = ("int", None) if qt is None else parse_qtype(
+                qt, f"QuantRule.{op}_qtype")[:2]
+            object.__setattr__(self, f"{op}_bits", bits if fmt == "int" or qt is None else 8)
+            object.__setattr__(self, f"{op}_format", fmt)
         for f in ("weight_bits", "act_bits"):
             v = getattr(self, f)
             if v is not None:
@@ -89,15 +164,51 @@ class QuantRule:
                           weight_block_size=self.weight_block_size)
 
 
+    @property
+    def label(self) -> str:
+        """The rule's regular expression as written (for messages)."""
+        return self.pattern if self.pattern is not None else f"module_path={self.module_path}"
+
+    def matches(self, name: str) -> bool:
+        """Whether the rule applies to layer ``name`` (``re.search`` for ``pattern``,
+        ``re.fullmatch`` for ``module_path``)."""
+        if self.module_path is not None:
+            return re.fullmatch(self.module_path, name) is not None
+        assert self.pattern is not None
+        return re.search(self.pattern, name) is not None
+
+
+def as_rule(rule: object) -> QuantRule:
+    """``rule`` as a :class:`QuantRule`: a QuantRule itself, or a Qwix ``QtRule`` (any object
+    with ``module_path``, ``weight_qtype`` and ``act_qtype`` attributes, read by duck typing so
+    npujax never imports qwix).
+
+    Raises:
+      ConfigError: an object that is neither (names its type).
+    """
+    if isinstance(rule, QuantRule):
+        return rule
+    if all(hasattr(rule, f) for f in ("module_path", "weight_qtype", "act_qtype")):
+        return QuantRule(module_path=rule.module_path,  # type: ignore[attr-defined]
+                         weight_qtype=rule.weight_qtype,  # type: ignore[attr-defined]
+                         act_qtype=rule.act_qtype)  # type: ignore[attr-defined]
+    raise ConfigError(f"a quantization rule must be an npujax.QuantRule or a qwix.QtRule, got "
+                      f"{type(rule).__name__}.")
+
+
 def quant_spec_from_rules(
-    graph: Graph, rules: Sequence[QuantRule], *, strict: bool = True
+    graph: Graph, rules: Sequence[QuantRule | object], *, strict: bool = True
 ) -> dict[str, LayerQuant]:
     """A :data:`~npujax.QuantSpec` for ``graph``'s GEMM layers from ordered rules.
 
+    A GEMM of two activations (attention's MatMul/Einsum) is a layer too: a matching rule
+    quantizes both operands at its ``act_bits`` (see :func:`npujax.quantize.spec.for_operands`).
+
     Args:
       graph: a traced or imported graph.
-      rules: tried in order per layer; the first whose pattern matches wins. Layers no rule
-        matches stay in float.
+      rules: tried in order per layer; the first that matches wins (see :meth:`QuantRule.matches`;
+        Qwix ``QtRule`` objects are converted by :func:`as_rule`). Layers no rule matches stay
+        in float.
       strict: raise if a rule matches no layer (a typo in a pattern must not pass silently).
 
     Returns:
@@ -110,19 +221,20 @@ def quant_spec_from_rules(
       >>> rules = [QuantRule(pattern="conv1|fc2", weight_bits=8),   # first/last at 8 bits
       ...          QuantRule(pattern=".*", weight_bits=4)]
     """
-    names = [n.name for n in gemm_nodes(graph)]
-    used = [False] * len(rules)
+    checked = [as_rule(r) for r in rules]
+    names = [n.name for n in quantizable_nodes(graph)]
+    used = [False] * len(checked)
     spec: dict[str, LayerQuant] = {}
     for name in names:
-        for i, rule in enumerate(rules):
-            if re.search(rule.pattern, name):
+        for i, rule in enumerate(checked):
+            if rule.matches(name):
                 used[i] = True
                 lq = rule.layer_quant()
-                if lq is not None:
-                    spec[name] = lq
+                if lq is not None:  # (a GEMM of two activations: both at the act width)
+                    spec[name] = for_operands(graph, name, lq, rule.act_bits)
                 break
     if strict:
-        unused = [r.pattern for r, u in zip(rules, used) if not u]
+        unused = [r.label for r, u in zip(checked, used) if not u]
         if unused:
             raise ConfigError(
                 f"quantization rule pattern(s) {unused} match no layer (or are shadowed by an "

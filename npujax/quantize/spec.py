@@ -7,6 +7,20 @@ QAT, calibration, execution, conversion, ONNX export and the NPU latency model
 (:func:`npujax.lower`) consume it. Bit widths are checked in one place
 (:func:`npujax.quant.check_bits`: integers of 2 to 16 bits).
 
+Attention: a MatMul or Einsum of two activations (``Q K^T``, ``P V``) is a layer too. Its first
+operand takes the ``act`` format and its second (the array's stationary operand) the ``weight``
+format, both per tensor on calibrated static grids (the second symmetric when its format is
+signed). Both operands are activations, so the standard schemes give both the activation width
+(:func:`quant_spec` with a single ``weight_bits``, rules); a ``weight_bits`` mapping (a searched
+policy) sets the second operand's width explicitly. An operand that is a softmax output has the
+fixed range ``[0, 1]`` (``act_range`` / ``operand_range``; an unsigned format: at 8 bits scale
+1/255, zero point 0) instead of a calibrated one, as integer transformer deployments do (I-BERT,
+Kim et al. 2021, arXiv:2101.01321; FQ-ViT, Lin et al. 2022, arXiv:2111.13824).
+
+Normalizations (LayerNorm, RMSNorm), softmax and GELU are not layers of a spec: they run in
+float (at higher precision than the GEMMs around them), their inputs and outputs quantized only
+where a GEMM reads them.
+
 Formats: integer (:class:`~npujax.quant.IntFormat`) or FP8 (``FloatFormat`` E4M3FN / E5M2,
 Micikevicius et al. 2022, arXiv:2209.05433); per-block weights (``weight_block_size``, ONNX opset
 21 blocked quantization); the quantizer (:mod:`npujax.quantize.quantizers`: STE, LSQ, LSQ+ or
@@ -20,18 +34,23 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from npujax.errors import ConfigError
-from npujax.ops import gemm_nodes
+from npujax.ops import OPS, operand_quantized_ops, quantizable_nodes
 from npujax.quant import FP8_E4M3FN, FP8_E5M2, FloatFormat, Format, IntFormat, check_bits
 from npujax.quantize.quantizers import STE, Mixture, Quantizer, get_quantizer
 
 if TYPE_CHECKING:
     from npujax.ir.graph import Graph
 
-__all__ = ["LayerQuant", "QuantSpec", "quant_spec", "FORMATS"]
+__all__ = ["LayerQuant", "QuantSpec", "quant_spec", "FORMATS", "SOFTMAX_RANGE", "fixed_range",
+           "for_operands"]
 
 #: Format names accepted by :func:`quant_spec` and rules (``"int"``: the width given in bits).
 FORMATS: dict[str, Format | None] = {"int": None, "fp8_e4m3fn": FP8_E4M3FN,
                                      "fp8_e5m2": FP8_E5M2}
+
+
+#: The fixed range of a softmax output (probabilities).
+SOFTMAX_RANGE = (0.0, 1.0)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -41,9 +60,14 @@ class LayerQuant:
     Attributes:
       weight: weight format (:class:`IntFormat` or FP8 :class:`FloatFormat`); a tuple of formats
         means a differentiable mixture over candidates (mixed-precision search); None keeps
-        float weights.
+        float weights. For a GEMM of two activations (MatMul, Einsum): the format of the second
+        (stationary) operand, per tensor on a calibrated grid.
       act: input-activation format (per tensor, calibrated; integer or FP8); None keeps float
-        inputs. With ``act_candidates``, the widest of them.
+        inputs. With ``act_candidates``, the widest of them. For a GEMM of two activations: the
+        first operand's format.
+      act_range: a fixed ``(min, max)`` range of the input activation that calibration uses
+        instead of the observed one (a softmax output: :data:`SOFTMAX_RANGE`); None calibrates.
+      operand_range: the same for the second operand of a GEMM of two activations.
       weight_per_channel: per-output-channel weight scales (else one per tensor).
       act_symmetric: symmetric activation range (zero point at mid-code) instead of asymmetric.
       stochastic_rounding: round weights and activations stochastically (``floor(v + u)``, see
@@ -71,8 +95,20 @@ class LayerQuant:
     quantizer: Quantizer = STE()
     weight_block_size: int | None = None
     act_candidates: tuple[IntFormat, ...] = ()
+    act_range: tuple[float, float] | None = None
+    operand_range: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
+        for f in ("act_range", "operand_range"):
+            r = getattr(self, f)
+            if r is None:
+                continue
+            ok = (isinstance(r, tuple) and len(r) == 2
+                  and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in r))
+            if not ok or not (-float("inf") < r[0] <= 0.0 <= r[1] < float("inf")) \
+                    or r[0] == r[1]:
+                raise ConfigError(f"LayerQuant.{f} must be a finite (min, max) tuple with "
+                                  f"min <= 0 <= max and min < max, got {r!r}.")
         q = get_quantizer(self.quantizer)
         if isinstance(q, STE) and (len(self.weight_candidates) > 1 or self.act_candidates):
             q = Mixture()
@@ -137,11 +173,14 @@ def quant_spec(
     act_format: str = "int",
     weight_block_size: int | None = None,
 ) -> dict[str, LayerQuant]:
-    """The standard integer-NPU scheme for every GEMM node of ``graph``.
+    """The standard integer-NPU scheme for every GEMM node of ``graph`` (attention's MatMuls of
+    two activations included, see the module docstring).
 
-    Weights: signed, narrow-range (``[-2^(b-1)+1, 2^(b-1)-1]``), symmetric, per output channel.
-    Activations: unsigned, asymmetric, per tensor. FP8 formats replace the integer ones where
-    asked (symmetric, zero point 0; the widths are then unused).
+    Weights: signed, narrow-range (``[-2^(b-1)+1, 2^(b-1)-1]``), symmetric, per output channel
+    (the second operand of a MatMul of two activations: the activation width, per tensor).
+    Activations: unsigned, asymmetric, per tensor (a softmax output: the fixed range [0, 1]).
+    FP8 formats replace the integer ones where asked (symmetric, zero point 0; the widths are
+    then unused).
 
     Args:
       graph: the graph whose Conv/Gemm nodes are quantized.
@@ -170,7 +209,7 @@ def quant_spec(
     for what, f in (("weight_format", weight_format), ("act_format", act_format)):
         if f not in FORMATS:
             raise ConfigError(f"{what} must be one of {list(FORMATS)}, got {f!r}.")
-    names = [n.name for n in gemm_nodes(graph)]
+    names = [n.name for n in quantizable_nodes(graph)]
     q = get_quantizer(quantizer)
 
     def per_layer(v, what):
@@ -202,7 +241,56 @@ def quant_spec(
         afmt = FORMATS[act_format] or (acands[-1] if acands else IntFormat(a, signed=False))
         if isinstance(wfmt, tuple) and len(wfmt) == 1:
             wfmt = wfmt[0]
-        spec[n] = LayerQuant(weight=FORMATS[weight_format] or wfmt, act=afmt, quantizer=q,
-                             weight_block_size=weight_block_size,
-                             act_candidates=acands if len(acands) > 1 else ())
+        lq = LayerQuant(weight=FORMATS[weight_format] or wfmt, act=afmt, quantizer=q,
+                        weight_block_size=weight_block_size,
+                        act_candidates=acands if len(acands) > 1 else ())
+        operand = None if isinstance(weight_bits, Mapping) else ab[n]
+        spec[n] = for_operands(graph, n, lq, operand)
     return spec
+
+
+def for_operands(graph: Graph, name: str, lq: LayerQuant,
+                 operand_bits: int | Sequence[int] | None = None) -> LayerQuant:
+    """``lq`` made right for layer ``name`` if it is a GEMM of two activations (else ``lq``):
+    the second operand's integer format at ``operand_bits`` (None: ``lq``'s weight widths),
+    an operand that is a softmax output with its fixed range :data:`SOFTMAX_RANGE` and an
+    unsigned format, and no per-block grid (both operands are per tensor).
+
+    Raises:
+      ConfigError: a per-block weight grid (``weight_block_size``) on such a layer.
+    """
+    node = graph.node(name)
+    if node.op not in operand_quantized_ops():
+        return lq
+    if lq.weight_block_size is not None:
+        raise ConfigError(f"layer {name!r} is a {node.op} of two activations, quantized per "
+                          "tensor; it has no weight blocks (drop weight_block_size for it).")
+    act_range = fixed_range(graph, node.inputs[0]) if lq.act is not None else None
+    operand_range = fixed_range(graph, node.inputs[1])
+    fmts = lq.weight_candidates
+    if operand_bits is not None and fmts and all(isinstance(f, IntFormat) for f in fmts):
+        bits = (tuple(operand_bits) if isinstance(operand_bits, Sequence) else (operand_bits,))
+        fmts = tuple(IntFormat(b, narrow_range=True) for b in sorted(bits))
+    if operand_range is not None:
+        fmts = tuple(IntFormat(f.bits, signed=False) if isinstance(f, IntFormat) else f
+                     for f in fmts)
+    weight = None if not fmts else fmts[0] if len(fmts) == 1 else fmts
+    return dataclasses.replace(lq, weight=weight, act_range=act_range,
+                               operand_range=operand_range if fmts else None)
+
+
+def fixed_range(graph: Graph, tensor: str) -> tuple[float, float] | None:
+    """The fixed range of ``tensor`` as a GEMM operand: :data:`SOFTMAX_RANGE` for a softmax
+    output (also through ops exact on codes: Reshape, Transpose, Expand, ...), else None
+    (calibrated)."""
+    t = tensor
+    while True:
+        p = graph.producer(t)
+        if p is None:
+            return None
+        if p.op == "Softmax":
+            return SOFTMAX_RANGE
+        d = OPS.get(p.op)
+        if d is None or d.codes != "exact":  # (data movement, max, ReLU keep [0, 1])
+            return None
+        t = p.inputs[0]

@@ -11,7 +11,7 @@ see :mod:`npujax.quantize.quantizers.lsq`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, overload
 
 import jax
@@ -61,35 +61,38 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
 # The result's type follows return_qstate: params alone, or (params, qstate).
 @overload
 def train_graph(
-    graph: Graph, params: Params, x: np.ndarray, y: np.ndarray, *, steps: int,
+    graph: Graph, params: Params, x: np.ndarray | Iterable[tuple[Any, Any]],
+    y: np.ndarray | None = ..., *, steps: int | None = ...,
     learning_rate: float = ..., batch_size: int = ..., quant: QuantSpec | None = ...,
     qstate: QState | None = ..., seed: int = ..., progress: bool = ..., description: str = ...,
     fold_bn: bool = ..., loss_fn: Callable[[jax.Array, jax.Array], jax.Array] | None = ...,
-    return_qstate: Literal[False] = ...,
+    return_qstate: Literal[False] = ..., optimizer: optax.GradientTransformation | None = ...,
 ) -> Params: ...
 @overload
 def train_graph(
-    graph: Graph, params: Params, x: np.ndarray, y: np.ndarray, *, steps: int,
+    graph: Graph, params: Params, x: np.ndarray | Iterable[tuple[Any, Any]],
+    y: np.ndarray | None = ..., *, steps: int | None = ...,
     learning_rate: float = ..., batch_size: int = ..., quant: QuantSpec | None = ...,
     qstate: QState | None = ..., seed: int = ..., progress: bool = ..., description: str = ...,
     fold_bn: bool = ..., loss_fn: Callable[[jax.Array, jax.Array], jax.Array] | None = ...,
-    return_qstate: Literal[True],
+    return_qstate: Literal[True], optimizer: optax.GradientTransformation | None = ...,
 ) -> tuple[Params, dict[str, Any]]: ...
 @overload
 def train_graph(
-    graph: Graph, params: Params, x: np.ndarray, y: np.ndarray, *, steps: int,
+    graph: Graph, params: Params, x: np.ndarray | Iterable[tuple[Any, Any]],
+    y: np.ndarray | None = ..., *, steps: int | None = ...,
     learning_rate: float = ..., batch_size: int = ..., quant: QuantSpec | None = ...,
     qstate: QState | None = ..., seed: int = ..., progress: bool = ..., description: str = ...,
     fold_bn: bool = ..., loss_fn: Callable[[jax.Array, jax.Array], jax.Array] | None = ...,
-    return_qstate: bool = ...,
+    return_qstate: bool = ..., optimizer: optax.GradientTransformation | None = ...,
 ) -> Params | tuple[Params, dict[str, Any]]: ...
 def train_graph(
     graph: Graph,
     params: Params,
-    x: np.ndarray,
-    y: np.ndarray,
+    x: np.ndarray | Iterable[tuple[Any, Any]],
+    y: np.ndarray | None = None,
     *,
-    steps: int,
+    steps: int | None = None,
     learning_rate: float = 1e-4,
     batch_size: int = 64,
     quant: QuantSpec | None = None,
@@ -100,17 +103,22 @@ def train_graph(
     fold_bn: bool = False,
     loss_fn: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
     return_qstate: bool = False,
+    optimizer: optax.GradientTransformation | None = None,
 ) -> Params | tuple[Params, dict[str, Any]]:
-    """Fine-tune ``params`` of ``graph`` by Adam with a cosine-decayed learning rate.
+    """Fine-tune ``params`` of ``graph`` with an optax optimizer (default: Adam with a
+    cosine-decayed learning rate).
 
     Args:
       graph: the model graph.
       params: initial params ``{node: {role: array}}``.
-      x: training inputs ``(n, ...)`` float32.
-      y: integer labels ``(n,)`` (or the targets of ``loss_fn``).
-      steps: optimizer steps (>= 1).
-      learning_rate: peak Adam learning rate.
-      batch_size: mini-batch size.
+      x: training inputs ``(n, ...)`` float32 (with ``y``), or any iterable of ``(inputs,
+        targets)`` batches (a data loader; then ``y`` is None).
+      y: integer labels ``(n,)`` (or the targets of ``loss_fn``); None when ``x`` yields batches.
+      steps: optimizer steps (>= 1). Required with arrays and with the default optimizer (its
+        schedule needs the length); with batches and an ``optimizer``, None trains until the
+        iterable is exhausted.
+      learning_rate: peak learning rate of the default optimizer (unused with ``optimizer``).
+      batch_size: mini-batch size (arrays only).
       quant: fake-quant placement; None trains in float. Layers with ``stochastic_rounding``
         round stochastically, a fresh key per step from ``seed``.
       qstate: the layers' calibrated states (from :func:`npujax.calibrate`).
@@ -129,6 +137,8 @@ def train_graph(
         jointly with the params by the same Adam and projected after each update (LSQ: steps
         ``>= MIN_SCALE``). Required when ``quant`` has such layers, so learned steps are never
         dropped silently.
+      optimizer: any optax ``GradientTransformation`` (e.g. ``optax.adamw(1e-4)``, a chain with
+        clipping); it trains the params and the learned quantizer fields together.
 
     Returns:
       The trained params (unfolded when ``fold_bn``; fold them with
@@ -136,18 +146,27 @@ def train_graph(
       ``(params, qstate)``.
 
     Raises:
-      ConfigError: ``steps`` < 1, or LSQ layers in ``quant`` without ``return_qstate=True``.
+      ConfigError: ``steps`` < 1 or missing where required, ``y`` given with an iterable of
+        batches, LSQ layers in ``quant`` without ``return_qstate=True``, or no batch at all.
       CalibrationError: a NaN/inf or too large weight (names the layer).
     """
     check_weights(params)
-    if steps < 1:
+    arrays = y is not None
+    if not arrays and isinstance(x, np.ndarray | jax.Array):
+        raise ConfigError("train_graph got input arrays without targets y; pass y, or an "
+                          "iterable of (inputs, targets) batches as x.")
+    if steps is None and (arrays or optimizer is None):
+        raise ConfigError("steps is required with arrays (x, y) and with the default "
+                          "optimizer (its cosine schedule needs the length).")
+    if steps is not None and steps < 1:
         raise ConfigError(f"steps must be >= 1, got {steps}.")
     quant = quant or {}
     learned, full = split_learned(quant, qstate)
     if learned and not return_qstate:
         raise ConfigError(f"layers {sorted(learned)} learn their quantization steps (LSQ); pass "
                           "return_qstate=True and use the returned qstate with the params.")
-    opt = optax.adam(optax.cosine_decay_schedule(learning_rate, steps))
+    opt = optimizer if optimizer is not None else optax.adam(
+        optax.cosine_decay_schedule(learning_rate, steps))
     opt_state = opt.init((params, learned))
 
     run_graph, transform = graph, lambda p: p
@@ -173,15 +192,22 @@ def train_graph(
         lq = {n: quant[n].quantizer.project(v) for n, v in lq.items()}
         return (p, lq), opt_state, loss
 
-    batches = batch_iterator(x, y, batch_size, seed)
+    batches: Iterator[tuple[Any, Any]] = (
+        batch_iterator(np.asarray(x), np.asarray(y), batch_size, seed) if arrays
+        else iter(x))
     base_key = jax.random.key(seed)
     state = (params, learned)
+    done = 0
     with progress_bar(progress, description, steps) as advance:
-        for i in range(steps):
-            xb, yb = next(batches)
-            state, opt_state, loss = step(state, opt_state, xb, yb,
+        for i, (xb, yb) in enumerate(batches):
+            if steps is not None and i >= steps:
+                break
+            state, opt_state, loss = step(state, opt_state, jnp.asarray(xb), jnp.asarray(yb),
                                           jax.random.fold_in(base_key, i))
             advance(loss)
+            done += 1
+    if done == 0:
+        raise ConfigError("train_graph got no training batch; the iterable was empty.")
     params, learned = state
     if return_qstate:
         return params, merge_learned(learned, full)

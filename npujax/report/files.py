@@ -40,12 +40,28 @@ def write_json(path: str | os.PathLike[str], data: dict[str, Any]) -> None:
     atomic_write_text(path, json.dumps(_clean(data), indent=2) + "\n")
 
 
+def _rounded(column: str, v: Any) -> Any:
+    """A CSV cell: cycles to 0.1 cycle, seconds and fractions to 6 significant digits (the
+    model's float32 figures carry no more; ``report.json`` keeps the full values)."""
+    if hasattr(v, "tolist"):
+        v = v.tolist()
+    if not isinstance(v, float) or not math.isfinite(v):
+        return v
+    if column.endswith("_cycles"):
+        return round(v, 1)
+    if v.is_integer():
+        return int(v)
+    return float(f"{v:.6g}")
+
+
 def write_layers_csv(path: str | os.PathLike[str], schedule: Schedule) -> None:
-    """One row per layer with :data:`LAYER_COLUMNS`."""
+    """One row per layer with :data:`LAYER_COLUMNS` (units in the names: ``_cycles``, ``_s``,
+    ``_bytes``, ``_bits``; ``utilization`` and ``mapping_efficiency`` are fractions), cycles
+    rounded to 0.1 and other figures to 6 significant digits."""
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=LAYER_COLUMNS)
     w.writeheader()
     for row in schedule.to_dict()["layers"]:
         row["epilogue"] = "+".join(row["epilogue"])
-        w.writerow({k: row[k] for k in LAYER_COLUMNS})
+        w.writerow({k: _rounded(k, row[k]) for k in LAYER_COLUMNS})
     atomic_write_text(path, buf.getvalue())

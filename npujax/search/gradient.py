@@ -31,6 +31,7 @@ import numpy as np
 import optax
 
 from npujax._progress import progress_bar
+from npujax.ops import operand_quantized_ops
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.execute import execute
 from npujax.quantize.quantizers import init_states
@@ -78,7 +79,10 @@ class GradientSearcher(Searcher):
         mixed_acts = len(acts) > 1
         quant = quant_spec(graph, {n: candidates for n in table.layers},
                            {n: acts if mixed_acts else acts[0] for n in table.layers})
-        if mixed_acts:
+        # mixed activation widths and the operands of GEMMs of two activations (attention)
+        # need one grid per candidate, from the observed ranges: calibrate with this spec
+        operands = any(graph.node(n).op in operand_quantized_ops() for n in table.layers)
+        if mixed_acts or operands:
             xc = np.asarray(x[:512], np.float32)
             qstate = calibrate(graph, params, [xc[i:i + 64] for i in range(0, len(xc), 64)],
                                quant)

@@ -24,7 +24,7 @@ import numpy as np
 from npujax._progress import track
 from npujax.errors import ConfigError
 from npujax.ir.graph import Graph, Params
-from npujax.ops import gemm_nodes, kernel_out_axis
+from npujax.ops import kernel_out_axis, quantizable_nodes
 from npujax.quant import IntFormat, fake_quant, qparams_from_range
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.execute import execute
@@ -218,7 +218,7 @@ def loss_sensitivity(
     loss_fn = cross_entropy if loss_fn is None else loss_fn
     wc = sorted({int(b) for b in candidates} | {reference_bits})
     ac = sorted({int(b) for b in act_candidates} | {reference_bits})
-    names = [n.name for n in gemm_nodes(graph)]
+    names = [n.name for n in quantizable_nodes(graph)]
     q = quant_spec(graph, {n: tuple(wc) for n in names}, {n: tuple(ac) for n in names})
     qstate = calibrate(graph, params, [x], q)
 
@@ -249,8 +249,9 @@ def layer_sensitivity(problem: SearchProblem, config: SearchConfig
     """``{layer: {(w, a): Omega}}`` for the sensitivity searchers (``config.sensitivity``).
 
     ``hessian``: HAWQ-V3's weight term (Hutchinson trace x perturbation) plus the
-    empirical-Fisher activation term; ``loss``: the measured loss increase
-    (:func:`loss_sensitivity`). Both on the first ``config.sensitivity_batch`` examples.
+    empirical-Fisher activation term (a GEMM of two activations, which has no kernel: its
+    measured loss increase); ``loss``: the measured loss increase (:func:`loss_sensitivity`).
+    Both on the first ``config.sensitivity_batch`` examples.
     """
     graph, params, task = problem.graph, problem.params, problem.task
     layers = list(problem.table.layers)
@@ -261,12 +262,21 @@ def layer_sensitivity(problem: SearchProblem, config: SearchConfig
     if config.sensitivity == "loss":
         return loss_sensitivity(graph, params, xb, yb, layers, cands, acts, loss_fn=task,
                                 progress=config.progress)
+    # GEMMs of two activations (attention) have no kernel, so no Hessian trace: their two
+    # operands' sensitivity is measured (the loss increase, as "loss" does)
+    kernels = [ln for ln in layers if "kernel" in params.get(ln, {})]
+    operands = [ln for ln in layers if ln not in kernels]
+    out = loss_sensitivity(graph, params, xb, yb, operands, cands, acts, loss_fn=task,
+                           progress=config.progress) if operands else {}
+    if not kernels:
+        return out
     traces = hessian_traces(lambda p, b: task(execute(graph, p, b[0]), b[1]), params,
-                            (xb, yb), layers, samples=config.sensitivity_samples,
+                            (xb, yb), kernels, samples=config.sensitivity_samples,
                             seed=config.seed, progress=config.progress)
-    w_omega = hawq_sensitivity(traces, weight_perturbation(graph, params, layers, cands))
+    w_omega = hawq_sensitivity(traces, weight_perturbation(graph, params, kernels, cands))
     a_omega = activation_sensitivity(
         graph, params, xb, jnp.asarray(fisher_targets(problem.targets[:n], task, config.seed)),
-        layers, acts, loss_fn=task)
-    return {ln: {(w, a): w_omega[ln][w] + a_omega[ln][a] for w in cands for a in acts}
-            for ln in layers}
+        kernels, acts, loss_fn=task)
+    out.update({ln: {(w, a): w_omega[ln][w] + a_omega[ln][a] for w in cands for a in acts}
+                for ln in kernels})
+    return out

@@ -40,7 +40,7 @@ __all__ = ["PrecisionScaling", "Fixed", "BitComposable", "BitSerial", "PRECISION
 @exact
 def passes(weight_bits: jax.Array, act_bits: jax.Array, operand_bits: jax.Array) -> jax.Array:
     """``ceil(w / b) * ceil(a / b)``: passes of operands wider than the native width ``b``
-    (int64, see :mod:`npujax._exact`)."""
+    (int64, see ``npujax._exact``)."""
     return _relax.count(_relax.ceil(weight_bits / operand_bits)
                         * _relax.ceil(act_bits / operand_bits))
 

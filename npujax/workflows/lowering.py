@@ -33,7 +33,8 @@ from npujax.systolic.dataflow import DATAFLOWS
 
 __all__ = ["Lowering", "lower_dataflows", "print_lowering", "write_lowering",
            "import_onnx_for_lowering", "resolution_sweep", "print_resolution_sweep",
-           "print_edges", "print_memory", "print_core_schedules", "print_coresidency"]
+           "print_edges", "print_memory", "print_core_schedules", "print_coresidency",
+           "DecoderLowering", "decoder_graph", "decoder_precision", "decoder_figures"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,3 +232,107 @@ def print_coresidency(console: Console, co: CoResidency) -> None:
     cap = ("unlimited" if not co.dram_capacity_bytes
            else f"{co.dram_capacity_bytes / 1e6:,.1f} MB")
     console.print(f"DRAM: {co.dram_footprint_bytes / 1e6:,.2f} MB held together (capacity {cap})")
+
+
+# --------------------------------------------------------------------------------------------
+# LLM decoders: prefill and decode.
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderLowering:
+    """A decoder phase lowered, with the figures of merit of LLM serving.
+
+    Attributes:
+      config: the decoder's shapes (:class:`npujax.models.transformer.DecoderConfig`).
+      phase: ``"prefill"`` or ``"decode"``.
+      seq_len: prompt tokens per sequence (prefill).
+      kv_len: cached positions per sequence (decode).
+      batch: sequences per step.
+      kv_bits: the width of the attention MatMuls' operands (the KV cache).
+      tokens_per_s: tokens processed per second: ``batch * seq_len / latency`` (prefill) or
+        ``batch / latency`` (decode: one new token per sequence per step).
+      kv_cache_bytes_per_token: bytes of K and V cache read per generated token and sequence
+        (decode: ``2 * layers * kv_len * kv_heads * head_dim * kv_bits / 8``; prefill: 0, the
+        keys and values are computed, not read).
+    """
+
+    config: Any
+    phase: str
+    seq_len: int
+    kv_len: int
+    batch: int
+    kv_bits: int
+    tokens_per_s: float
+    kv_cache_bytes_per_token: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready figures (the config by its fields)."""
+        d = dataclasses.asdict(self)
+        d["config"] = dataclasses.asdict(self.config)
+        return d
+
+
+def decoder_graph(config: Any, *, phase: str, seq_len: int, kv_len: int, batch: int) -> Graph:
+    """The optimized graph of the reference decoder (:class:`npujax.models.transformer.Decoder`)
+    for one phase, traced from Flax (the same path as any model), with zero weights: the
+    latency model needs the shapes only. The weights are materialised as float32 zeros during
+    the trace (about 2 GB for Qwen2.5-0.5B, 5 GB for Llama-3.2-1B; ``tiny`` is instant).
+
+    Args:
+      config: a :class:`~npujax.models.transformer.DecoderConfig` or a name of
+        :data:`~npujax.models.transformer.DECODER_CONFIGS`.
+      phase: ``"prefill"`` (``seq_len`` tokens) or ``"decode"`` (one token, ``kv_len`` cached).
+      seq_len: prompt length (prefill).
+      kv_len: cached positions (decode).
+      batch: sequences per step.
+
+    Raises:
+      ConfigError: an unknown config name, phase or a non-positive length.
+    """
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from npujax.errors import ConfigError
+    from npujax.frontends.flax import trace_flax
+    from npujax.models.transformer import DECODER_CONFIGS, Decoder
+
+    if isinstance(config, str):
+        if config not in DECODER_CONFIGS:
+            raise ConfigError(f"unknown decoder config {config!r}; use one of "
+                              f"{sorted(DECODER_CONFIGS)}.")
+        config = DECODER_CONFIGS[config]
+    cfg = config
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: Decoder(
+        cfg, phase=phase, seq_len=seq_len, kv_len=kv_len, batch=batch, rngs=nnx.Rngs(0))))
+    state = jax.tree.map(lambda s: jax.device_put(np.zeros(s.shape, s.dtype)), state)
+    model = nnx.merge(graphdef, state)
+    tokens = jnp.zeros((batch, seq_len if phase == "prefill" else 1), jnp.int32)
+    return optimize(*trace_flax(model, tokens, check=False))[0]
+
+
+def decoder_precision(graph: Graph, weight_bits: int, act_bits: int, kv_bits: int
+                      ) -> dict[str, Any] | None:
+    """The spec of a decoder lowering: the linear layers at ``weight_bits``/``act_bits``
+    (weight-only int4: 4/16), both operands of the attention MatMuls (the KV cache, whichever
+    operand the tracer made it) at ``kv_bits``. None when everything is 8 bits."""
+    from npujax.ops import operand_quantized_ops
+    from npujax.quantize.spec import quant_spec
+
+    if weight_bits == act_bits == kv_bits == 8:
+        return None
+    q = quant_spec(graph, weight_bits, act_bits)
+    kv = quant_spec(graph, kv_bits, kv_bits)
+    att = {n.name for n in graph.nodes if n.op in operand_quantized_ops()}
+    return {n: kv[n] if n in att else lq for n, lq in q.items()}
+
+
+def decoder_figures(schedule: Schedule, config: Any, *, phase: str, seq_len: int, kv_len: int,
+                    batch: int, kv_bits: int) -> DecoderLowering:
+    """Tokens per second and KV-cache bytes per token of a lowered decoder phase."""
+    tokens = batch * (seq_len if phase == "prefill" else 1)
+    kv = (2 * config.layers * kv_len * config.kv_heads * config.head_dim * kv_bits / 8
+          if phase == "decode" else 0.0)
+    return DecoderLowering(config, phase, seq_len, kv_len, batch, kv_bits,
+                           tokens / schedule.latency_s, kv)

@@ -1,5 +1,9 @@
 """Tracing transformers: NNX and Linen attention blocks, a ViT and an LLM decoder (prefill and
-decode) become named graph ops that reproduce the model's output."""
+decode) become named graph ops that reproduce the model's output.
+
+Cheap by construction: the NNX models are built by :func:`tests.helpers.numpy_init` (no XLA
+program per initialiser) and compared jitted (one program per model, the same one that
+``trace_flax``'s own check compiled, so the persistent compilation cache shares it)."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from flax import nnx
 
 from npujax.frontends.flax import trace_flax
 from npujax.models.transformer import DECODER_CONFIGS, Decoder, ViT
-from npujax.quantize.execute import execute
+from tests.helpers import jit_execute, jit_model, jit_once, numpy_fill, numpy_init
 
 pytestmark = pytest.mark.flax_model
 
@@ -46,14 +50,19 @@ class LinenBlock(nn.Module):
         return x + nn.Dense(16, name="fc")(nn.gelu(nn.RMSNorm(name="rms")(x)))
 
 
+def _normal(seed, shape):
+    """A float32 input drawn by numpy (``jax.random.normal`` compiles a program per shape)."""
+    return jax.device_put(np.random.default_rng(seed).standard_normal(shape).astype(np.float32))
+
+
 def _error(graph, params, x, want):
-    return float(np.max(np.abs(np.asarray(execute(graph, params, x)) - np.asarray(want))))
+    return float(np.max(np.abs(np.asarray(jit_execute(graph, params, x)) - np.asarray(want))))
 
 
 @pytest.mark.parametrize("approximate", [True, False])
 def test_nnx_attention_block(approximate):
-    m = NnxBlock(approximate, nnx.Rngs(0))
-    x = jax.random.normal(jax.random.key(1), (2, 5, 16))
+    m = numpy_init(lambda: NnxBlock(approximate, nnx.Rngs(0)))
+    x = _normal(1, (2, 5, 16))
     graph, params = trace_flax(m, x[:1])
     ops = Counter(n.op for n in graph.nodes)
     assert ops["LayerNormalization"] == 1 and ops["RMSNormalization"] == 1
@@ -65,18 +74,18 @@ def test_nnx_attention_block(approximate):
     assert {"ln", "rms", "att/query", "att/key", "att/value", "att/out", "fc", "fc2"} <= names
     assert set(params["ln"]) == {"scale", "bias"} and params["att/query"]["kernel"].shape == (
         16, 16)
-    assert _error(graph, params, x, m(x)) < TOL  # batch 2 on a graph traced at batch 1
+    assert _error(graph, params, x, jit_model(m)(x)) < TOL  # batch 2, graph traced at batch 1
 
 
 def test_linen_attention_block():
     net = LinenBlock()
-    x = jax.random.normal(jax.random.key(0), (1, 6, 16))
-    variables = net.init(jax.random.key(1), x)
+    x = _normal(0, (1, 6, 16))
+    variables = numpy_fill(jax.eval_shape(net.init, jax.random.key(1), x))
     graph, params = trace_flax(net, x, variables=variables)
     ops = Counter(n.op for n in graph.nodes)
     assert ops["LayerNormalization"] == ops["RMSNormalization"] == ops["Softmax"] == 1
     assert ops["Gelu"] == 1 and ops["MatMul"] == 2 and "JaxPrimitive" not in ops
-    assert _error(graph, params, x, net.apply(variables, x)) < TOL
+    assert _error(graph, params, x, jit_once(lambda v, inp: net.apply(v, inp))(variables, x)) < TOL
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +93,8 @@ def decoders():
     cfg = DECODER_CONFIGS["tiny"]
     out = {}
     for phase in ("prefill", "decode"):
-        m = Decoder(cfg, phase=phase, seq_len=8, kv_len=8, rngs=nnx.Rngs(0))
+        m = numpy_init(lambda phase=phase: Decoder(cfg, phase=phase, seq_len=8,
+                                                   kv_len=8, rngs=nnx.Rngs(0)))
         tokens = jnp.asarray(np.arange(8 if phase == "prefill" else 1)[None] * 7 % 64,
                              jnp.int32)
         out[phase] = (m, tokens, *trace_flax(m, tokens))
@@ -102,16 +112,16 @@ def test_decoder_traces(decoders, phase):
     assert ops["Where"] == (layers if phase == "prefill" else 0)  # the causal mask
     assert graph.tensors[graph.inputs[0]].dtype == "int32"
     assert set(params["embed"]) == {"table"}
-    assert _error(graph, params, tokens, m(tokens)) < TOL
+    assert _error(graph, params, tokens, jit_model(m)(tokens)) < TOL
 
 
 def test_vit_traces():
-    m = ViT(rngs=nnx.Rngs(0), layers=1, d_model=16, heads=2, d_ff=32)
-    x = jax.random.normal(jax.random.key(1), (1, 28, 28, 1))
+    m = numpy_init(lambda: ViT(rngs=nnx.Rngs(0), layers=1, d_model=16, heads=2, d_ff=32))
+    x = _normal(1, (1, 28, 28, 1))
     graph, params = trace_flax(m, x)
     ops = Counter(n.op for n in graph.nodes)
     assert ops["LayerNormalization"] == 3 and ops["Softmax"] == 1 and ops["Gelu"] == 1
-    assert _error(graph, params, x, m(x)) < TOL
+    assert _error(graph, params, x, jit_model(m)(x)) < TOL
 
 
 class HandWritten(nnx.Module):
@@ -130,10 +140,10 @@ class HandWritten(nnx.Module):
 
 
 def test_hand_written_primitives_become_onnx_ops():
-    m = HandWritten(nnx.Rngs(0))
-    x = jax.random.normal(jax.random.key(2), (1, 4, 8))
+    m = numpy_init(lambda: HandWritten(nnx.Rngs(0)))
+    x = _normal(2, (1, 4, 8))
     graph, params = trace_flax(m, x)
     ops = Counter(n.op for n in graph.nodes)
     assert "JaxPrimitive" not in ops
     assert ops["Sqrt"] == 1 and ops["Reciprocal"] == 1 and ops["Erf"] == 1 and ops["Pow"] == 1
-    assert _error(graph, params, x, m(x)) < TOL
+    assert _error(graph, params, x, jit_model(m)(x)) < TOL

@@ -148,3 +148,18 @@ def test_einsum_refusals():
         einsum_dims("ij,jk->k")
     with pytest.raises(UnsupportedOpError, match="diagonal"):
         einsum_dims("ii,ij->ij")
+
+
+def test_scalar_graph_input_runs():
+    """A rank-0 graph input (onnx's test_einsum_scalar, a one-operand permutation of a float64
+    scalar, run here in float32) executes: it has no batch axis to map over (was an IndexError
+    in execute)."""
+    from npujax.frontends.onnx import from_onnx
+    from npujax.quantize.execute import execute
+    from tests.onnx_conformance import load_case, node_cases
+
+    model, (x,), (want,) = load_case(node_cases()["test_einsum_scalar"])
+    graph, params = from_onnx(model)
+    assert graph.tensors[graph.inputs[0]].shape == ()
+    y = execute(graph, params, np.asarray(x, np.float32))
+    assert np.shape(y) == () and float(y) == np.float32(want)

@@ -16,6 +16,9 @@ method                            used by
                                   kernel)
 ``act_grid``, ``weight_grid``     the deployed integer grid: :func:`npujax.convert`,
                                   :func:`npujax.to_onnx`
+``init_operand``,                 the second activation operand of a MatMul/Einsum (attention):
+``quantize_operand``,             its calibrated grid (:func:`npujax.calibrate`), its fake-quant
+``operand_grid``                  (:func:`npujax.execute`), its deployed grid
 ``learned_fields``, ``project``   QAT (:func:`npujax.train_graph`): which state leaves the
                                   optimizer trains, and their projection after each update
 ================================  ==============================================================
@@ -40,7 +43,7 @@ from jax.typing import ArrayLike
 
 from npujax.errors import ConfigError
 from npujax.ops import kernel_in_axis, kernel_out_axis, out_channel_view
-from npujax.quant import Format, fake_quant, qparams_from_range, weight_qparams
+from npujax.quant import Format, IntFormat, fake_quant, qparams_from_range, weight_qparams
 
 if TYPE_CHECKING:
     from npujax.ir.graph import Graph, Node, Params
@@ -48,7 +51,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Quantizer", "WeightGrid", "QUANTIZERS", "register_quantizer", "get_quantizer",
            "quantize_weight", "init_states", "split_learned", "merge_learned", "QState",
-           "calibrated_grid", "missing_grid"]
+           "calibrated_grid", "missing_grid", "missing_operand_grid", "operand_qparams"]
 
 #: ``{layer: state}``: each quantized layer's state (its quantizer's ``state_type``).
 QState = Mapping[str, Any]
@@ -112,6 +115,25 @@ def missing_grid(node: Node) -> ConfigError:
         "grid for it; run calibration first (npujax.calibrate) and pass its result as qstate.")
 
 
+def missing_operand_grid(node: Node) -> ConfigError:
+    """The error for a GEMM of two activations whose state has no calibrated second-operand
+    grid."""
+    return ConfigError(
+        f"layer {node.name!r} ({node.op} of two activations) quantizes its second operand but "
+        "qstate has no calibrated grid for it; run npujax.calibrate with this quant spec and "
+        "pass its result as qstate.")
+
+
+def operand_qparams(lq: LayerQuant, fmt: Format, operand_range: tuple[ArrayLike, ArrayLike]
+                    ) -> tuple[jax.Array, jax.Array]:
+    """``(scale, zero_point)`` of a second activation operand in ``fmt`` over its observed
+    range: symmetric for signed integer and FP8 formats (zero point 0, as weights), asymmetric
+    for unsigned ones."""
+    symmetric = not isinstance(fmt, IntFormat) or fmt.signed
+    lo, hi = (jnp.asarray(v, jnp.float32) for v in operand_range)
+    return qparams_from_range(lo, hi, fmt, symmetric)
+
+
 class Quantizer(abc.ABC):
     """How a layer is fake-quantized and deployed (see the module docstring).
 
@@ -124,6 +146,8 @@ class Quantizer(abc.ABC):
     name: ClassVar[str]
     state_type: ClassVar[type]
     learned_fields: ClassVar[tuple[str, ...]] = ()
+    #: whether it quantizes the second operand of a GEMM of two activations (``init_operand``)
+    quantizes_operands: ClassVar[bool] = False
 
     def validate(self, lq: LayerQuant) -> None:
         """Raise :class:`~npujax.errors.ConfigError` if ``lq`` cannot use this quantizer."""
@@ -181,6 +205,47 @@ class Quantizer(abc.ABC):
         axis = out_axis if lq.weight_per_channel else None
         s, z = weight_qparams(w, fmt, axis)
         return WeightGrid(s, z, axis, None)
+
+    def init_operand(self, node: Node, lq: LayerQuant, state: Any,
+                     operand_range: tuple[ArrayLike, ArrayLike]) -> Any:
+        """``state`` with the calibrated grid of the second activation operand of a GEMM of
+        two activations (MatMul, Einsum), from its observed ``(min, max)``.
+
+        Raises:
+          ConfigError: this quantizer does not quantize a second activation operand.
+        """
+        raise ConfigError(
+            f"layer {node.name!r} ({node.op} of two activations) quantizes its second operand, "
+            f"which quantizer {self.name!r} does not support; use quantizer 'ste' (or the "
+            "search 'mixture') for these layers, e.g. a QuantRule for them first.")
+
+    def quantize_operand(self, node: Node, lq: LayerQuant, x: jax.Array, state: Any,
+                         key: jax.Array | None = None) -> jax.Array:
+        """The fake-quantized second activation operand ``x`` of a GEMM of two activations
+        (differentiable; straight-through inside the grid's range).
+
+        Raises:
+          ConfigError: no calibrated operand grid in ``state``, or a quantizer without one.
+        """
+        if not lq.weight_candidates:
+            return x
+        grid = getattr(state, "operand_scale", None)
+        if grid is None:
+            raise missing_operand_grid(node)
+        (fmt,) = lq.weight_candidates
+        return fake_quant(x, state.operand_scale, state.operand_zero_point, fmt, key=key)
+
+    def operand_grid(self, node: Node, lq: LayerQuant, state: Any
+                     ) -> tuple[jax.Array, jax.Array]:
+        """The deployed grid ``(scale f32[], zero_point i32[])`` of the second activation
+        operand of a GEMM of two activations.
+
+        Raises:
+          ConfigError: the state has no calibrated operand grid.
+        """
+        if getattr(state, "operand_scale", None) is None:
+            raise missing_operand_grid(node)
+        return state.operand_scale, state.operand_zero_point
 
     def project(self, learned: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
         """Project learned state fields back onto their valid set after an optimizer update."""

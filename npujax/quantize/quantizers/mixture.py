@@ -26,6 +26,8 @@ from npujax.quantize.quantizers.base import (
     Quantizer,
     calibrated_grid,
     missing_grid,
+    missing_operand_grid,
+    operand_qparams,
     quantize_weight,
     register_quantizer,
 )
@@ -46,6 +48,9 @@ class MixtureState(NamedTuple):
         the same range (None without ``act_candidates``).
       weight_probs: f32[n_w] mixture weights over the weight candidates (None: one format).
       act_probs: f32[n_a] mixture weights over the activation candidates.
+      operand_scales, operand_zero_points: f32[n_w] / i32[n_w], the grid of a GEMM of two
+        activations' second operand per weight candidate, over the same observed range (None
+        for other layers).
     """
 
     act_scale: jax.Array | None = None
@@ -54,6 +59,8 @@ class MixtureState(NamedTuple):
     act_zero_points: jax.Array | None = None
     weight_probs: jax.Array | None = None
     act_probs: jax.Array | None = None
+    operand_scales: jax.Array | None = None
+    operand_zero_points: jax.Array | None = None
 
 
 @final
@@ -63,6 +70,7 @@ class Mixture(Quantizer):
 
     name = "mixture"
     state_type = MixtureState
+    quantizes_operands = True
 
     def validate(self, lq) -> None:
         if lq.act_candidates:
@@ -121,6 +129,41 @@ class Mixture(Quantizer):
             w, axis, back = out_channel_view(node, w)
         return back(sum(state.weight_probs[i] * quantize_weight(w, f, axis)
                         for i, f in enumerate(fmts)))
+
+    def init_operand(self, node, lq, state, operand_range) -> MixtureState:
+        if not lq.weight_candidates:
+            return state
+        grids = [operand_qparams(lq, f, operand_range) for f in lq.weight_candidates]
+        return (state or MixtureState())._replace(
+            operand_scales=jnp.stack([g[0] for g in grids]),
+            operand_zero_points=jnp.stack([g[1] for g in grids]))
+
+    def quantize_operand(self, node, lq, x, state, key=None):
+        fmts = lq.weight_candidates
+        if not fmts:
+            return x
+        if state is None or state.operand_scales is None:
+            raise missing_operand_grid(node)
+        if len(fmts) == 1:
+            return fake_quant(x, state.operand_scales[0], state.operand_zero_points[0],
+                              fmts[0], key=key)
+        if state.weight_probs is None:
+            raise ConfigError(f"layer {node.name!r} has {len(fmts)} candidate operand formats "
+                              "but its state has no weight_probs; calibrate with this quant "
+                              "spec.")
+        return sum(state.weight_probs[i] * fake_quant(x, state.operand_scales[i],
+                                                      state.operand_zero_points[i], f, key=key)
+                   for i, f in enumerate(fmts))
+
+    def operand_grid(self, node, lq, state):
+        if len(lq.weight_candidates) != 1:
+            raise ConfigError(
+                f"layer {node.name!r} has {len(lq.weight_candidates)} candidate operand formats "
+                "(a search mixture); choose one width per layer before converting or "
+                "exporting.")
+        if state is None or state.operand_scales is None:
+            raise missing_operand_grid(node)
+        return state.operand_scales[0], state.operand_zero_points[0]
 
     def weight_grid(self, node, lq, w, state, *, out_axis=None, in_axis=None):
         if len(lq.weight_candidates) > 1:

@@ -23,6 +23,7 @@ from npujax.quantize.quantizers.base import (
     Quantizer,
     calibrated_grid,
     missing_grid,
+    operand_qparams,
     register_quantizer,
 )
 
@@ -38,10 +39,14 @@ class STEState(NamedTuple):
     Attributes:
       act_scale: float32 scalar scale of the input activation.
       act_zero_point: int32 scalar zero point.
+      operand_scale, operand_zero_point: the grid of the second activation operand of a GEMM of
+        two activations (MatMul, Einsum); None for other layers.
     """
 
     act_scale: jax.Array | None = None
     act_zero_point: jax.Array | None = None
+    operand_scale: jax.Array | None = None
+    operand_zero_point: jax.Array | None = None
 
 
 @final
@@ -51,6 +56,7 @@ class STE(Quantizer):
 
     name = "ste"
     state_type = STEState
+    quantizes_operands = True
 
     def init_state(self, node, lq, kernel, *, act_range=None, act_grid=None) -> STEState:
         return STEState(*calibrated_grid(lq, act_range, act_grid))
@@ -66,6 +72,13 @@ class STE(Quantizer):
         if not lq.weight_candidates:
             return w
         return self._kernel(node, lq, w, key)
+
+    def init_operand(self, node, lq, state, operand_range) -> STEState:
+        if not lq.weight_candidates:
+            return state
+        (fmt,) = lq.weight_candidates
+        s, z = operand_qparams(lq, fmt, operand_range)
+        return (state or STEState())._replace(operand_scale=s, operand_zero_point=z)
 
 
 register_quantizer(STE())

@@ -1,0 +1,59 @@
+"""Prefill and decode latency of a decoder-only LLM on the transformer-capable presets.
+
+Usage: python experiments/transformer_quant/lower_decoders.py [--config qwen2.5-0.5b]
+
+Traces the reference decoder (zero weights, the shapes of a public config) for a prefill at
+several prompt lengths and one decode step, lowers it on edge_transformer_16x16 and
+datacenter_128x128 at W8A8, with 4-bit weights (int8 compute, an 8- or 16-bit KV cache) and
+weight-only int4 (16-bit activations), and prints markdown tables
+(docs/results/transformers.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from npujax.hw import load_npu_spec
+from npujax.models.transformer import DECODER_CONFIGS
+from npujax.plan import lower
+from npujax.workflows.lowering import decoder_figures, decoder_graph, decoder_precision
+
+PRESETS = ("edge_transformer_16x16", "datacenter_128x128")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="qwen2.5-0.5b", choices=sorted(DECODER_CONFIGS))
+    ap.add_argument("--seq-lens", default="16,128,1024")
+    ap.add_argument("--kv-len", type=int, default=1024)
+    a = ap.parse_args()
+    cfg = DECODER_CONFIGS[a.config]
+    print(f"{a.config}: {cfg.source}\n")
+    print("| phase | preset | precision | latency ms | tokens/s | KV bytes/token | "
+          "memory-bound layers |")
+    print("|---|---|---|---|---|---|---|")
+    runs = [("prefill", int(s)) for s in a.seq_lens.split(",")] + [("decode", 1)]
+    for phase, seq in runs:
+        t = time.time()
+        g = decoder_graph(cfg, phase=phase, seq_len=seq, kv_len=a.kv_len, batch=1)
+        traced = time.time() - t
+        for preset in PRESETS:
+            spec = load_npu_spec(preset)
+            for label, bits in (("W8A8, KV 8", (8, 8, 8)), ("W4A8, KV 8", (4, 8, 8)),
+                                ("W4A8, KV 16", (4, 8, 16)), ("W4A16, KV 8", (4, 16, 8))):
+                if phase == "prefill" and bits != (8, 8, 8):
+                    continue
+                s = lower(g, spec, decoder_precision(g, *bits))
+                f = decoder_figures(s, cfg, phase=phase, seq_len=seq, kv_len=a.kv_len, batch=1,
+                                    kv_bits=bits[2])
+                shape = f"{seq} tokens" if phase == "prefill" else f"kv {a.kv_len}"
+                mem = sum(r.bound == "memory" for r in s.layers)
+                print(f"| {phase} ({shape}) | {preset} | {label} | {s.latency_s * 1e3:,.3f} | "
+                      f"{f.tokens_per_s:,.0f} | {f.kv_cache_bytes_per_token:,.0f} | "
+                      f"{mem}/{len(s.layers)} |", flush=True)
+        print(f"<!-- traced {phase} in {traced:.0f} s -->", flush=True)
+
+
+if __name__ == "__main__":
+    main()
