@@ -14,11 +14,9 @@ the compile options, the jax/jaxlib/XLA versions and the device, so a hit return
 that compiling would; a fresh folder per session also means no entry written by another checkout,
 another environment or an interrupted run is ever read.
 
-Under pytest-xdist (``-n auto`` in ``pyproject.toml``) the workers share the controller's folder, so
-a program compiled by one worker is a hit for the others (a module's fixtures, for instance, run
-once per worker that takes some of its tests). Setting a size limit switches on JAX's own file
-lock around every cache read and write, which makes the sharing safe between processes; the limit
-itself (8 GiB) is never reached by the suite.
+Under pytest-xdist (``-n auto`` in ``pyproject.toml``) each worker has its own folder. (Sharing one
+needs JAX's size-limited cache for its file lock, and that cache stats every entry and reads its
+access time on every write, under the lock: quadratic in the thousands of entries a run makes.)
 """
 
 import os
@@ -29,34 +27,27 @@ import jax
 import pytest
 
 _JAX_CACHE = pytest.StashKey[tuple[str, dict[str, str | None]]]()
-_CACHE_ENV = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
-              "JAX_COMPILATION_CACHE_MAX_SIZE")
-_SHARED = "NPUJAX_TEST_JAX_CACHE"  # the controller's folder, inherited by the xdist workers
+_CACHE_ENV = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")
 
 
 def pytest_configure(config):
-    worker = os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get(_SHARED)
-    path = worker or tempfile.mkdtemp(prefix="npujax-jax-cache-")
-    saved = {k: os.environ.get(k) for k in (*_CACHE_ENV, _SHARED)}
+    path = tempfile.mkdtemp(prefix="npujax-jax-cache-")
+    saved = {k: os.environ.get(k) for k in _CACHE_ENV}
     config.stash[_JAX_CACHE] = (path, saved)
     # every program, however fast it compiled: the small ones are most of the repeats
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_compilation_cache_max_size", 8 << 30)  # > 0: JAX locks the folder
     jax.config.update("jax_compilation_cache_dir", path)
-    # inherited by CLI subprocesses (and, from the controller, by the xdist workers)
-    os.environ.update(zip((*_CACHE_ENV, _SHARED), (path, "0", str(8 << 30), path)))
+    os.environ.update(zip(_CACHE_ENV, (path, "0")))  # inherited by CLI subprocesses
 
 
 def pytest_unconfigure(config):
     path, saved = config.stash[_JAX_CACHE]
-    worker = bool(os.environ.get("PYTEST_XDIST_WORKER"))
     for k, v in saved.items():
         if v is None:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
-    if not worker:  # the controller (or a serial run) owns the folder
-        shutil.rmtree(path, ignore_errors=True)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
