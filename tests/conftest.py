@@ -83,14 +83,9 @@ def small_resnet():
     """``(graph, params)`` of :class:`~npujax.models.cnn.SmallResNet` (width 16, 28x28x1 input,
     random weights), traced and optimized once per session for the scheduling tests. Shared:
     read it, never change it."""
-    import jax.numpy as jnp
     from flax import nnx
 
-    from npujax.frontends.flax import trace_flax
-    from npujax.ir.passes import optimize
     from npujax.models.cnn import SmallResNet
+    from tests.flax_graphs import traced
 
-    with jax.numpy_dtype_promotion("standard"):
-        g, p = trace_flax(SmallResNet(rngs=nnx.Rngs(0), in_shape=(28, 28, 1), width=16),
-                          jnp.zeros((1, 28, 28, 1), jnp.float32))
-    return optimize(g, p)
+    return traced(SmallResNet(rngs=nnx.Rngs(0), in_shape=(28, 28, 1), width=16), (1, 28, 28, 1))

@@ -11,11 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from npujax.errors import ConfigError
-from npujax.frontends.flax import trace_flax
 from npujax.hw import load_npu_spec, stack_specs
-from npujax.ir.passes import optimize
 from npujax.plan import fused_costs, layer_costs, lower, workloads
 from npujax.plan.fusion import PLACEMENTS, cross_layer_edges
+from tests.flax_graphs import traced
 
 
 class Chain(nnx.Module):
@@ -32,9 +31,7 @@ class Chain(nnx.Module):
 
 
 def _trace(model, shape):
-    with jax.numpy_dtype_promotion("standard"):
-        g, p = trace_flax(model, jnp.zeros(shape, jnp.float32))
-    return optimize(g, p)[0]
+    return traced(model, shape)[0]
 
 
 @pytest.fixture(scope="module")

@@ -1,15 +1,11 @@
 """Multi-core pipelining, peak memory and co-resident models."""
 
-import jax
-import jax.numpy as jnp
 import pytest
 from flax import nnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from npujax.errors import ConfigError
-from npujax.frontends.flax import trace_flax
-from npujax.ir.passes import optimize
 from npujax.models.cnn import DigitsCNN
 from npujax.plan import (
     best_core_schedule,
@@ -18,12 +14,11 @@ from npujax.plan import (
     lower_models,
     memory_report,
 )
+from tests.flax_graphs import traced
 
 
 def _trace(model, shape):
-    with jax.numpy_dtype_promotion("standard"):
-        g, p = trace_flax(model, jnp.zeros(shape, jnp.float32))
-    return optimize(g, p)[0]
+    return traced(model, shape)[0]
 
 
 @pytest.fixture(scope="module")
