@@ -119,13 +119,17 @@ def run_cli(*args, cwd=None):
     console script's own entry point, so exit codes and messages are the program's; the few tests
     of process-level behaviour (signals, pipes, the installed script) still use a subprocess.
     The ``npujax`` logger's configuration, which ``main`` sets, is restored afterwards so that
-    later tests' ``caplog`` still sees npujax's messages.
+    later tests' ``caplog`` still sees npujax's messages, and the command runs under JAX's default
+    (standard) promotion, as the program does: the suite's strict mode is for npujax's own
+    numerics, and the program's dependencies (optax's Adam, Flax's layers) are not written for it.
     """
     import contextlib
     import io
     import logging
     import os
     import subprocess
+
+    import jax
 
     from npujax.cli import main
 
@@ -136,7 +140,8 @@ def run_cli(*args, cwd=None):
     try:
         if cwd is not None:
             os.chdir(cwd)
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+                jax.numpy_dtype_promotion("standard"), jax.numpy_rank_promotion("allow"):
             try:
                 code = main([str(a) for a in args])
             except SystemExit as e:  # argparse: --help, --version, usage errors
