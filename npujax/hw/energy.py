@@ -46,7 +46,8 @@ def _real(x: Any) -> Any:
     precision and their gradient)."""
     if isinstance(x, (int, float)):
         return jnp.asarray(float(x))
-    return jnp.asarray(x) * 1.0
+    x = jnp.asarray(x)
+    return x if jnp.issubdtype(x.dtype, jnp.floating) else x.astype(jnp.result_type(float))
 
 
 def energy_scale(spec: NpuSpec) -> Any:

@@ -43,7 +43,7 @@ from npujax import _relax
 from npujax._exact import exact, real
 from npujax.hw.energy import energy_scale, mac_energy_pj, sram_pj_per_byte
 from npujax.hw.spec import NpuSpec
-from npujax.plan.costs import LayerCosts, _hw, first_consumers, layer_costs
+from npujax.plan.costs import _hw, first_consumers, layer_costs
 from npujax.plan.workload import Workload
 from npujax.systolic.dataflow import gemm_cycles, get_dataflow
 from npujax.systolic.memory import gemm_memory
@@ -89,7 +89,7 @@ def layer_energy(
     act_bits: jax.Array,
     dataflow: str | None = None,
     *,
-    costs: LayerCosts | None = None,
+    dram_bytes: jax.Array | None = None,
     relaxed: bool = False,
     temperature: float = _relax.DEFAULT_TEMPERATURE,
 ) -> LayerEnergy:
@@ -102,9 +102,9 @@ def layer_energy(
       weight_bits: float ``[L]`` weight width per layer (ignored for non-GEMM layers).
       act_bits: float ``[L]`` activation width per layer.
       dataflow: dataflow name (static); default the spec's.
-      costs: the layers' :class:`~npujax.plan.LayerCosts` on ``spec`` (e.g. of
-        :func:`npujax.plan.fused_costs`, whose DRAM bytes reflect layer fusion); default
-        :func:`~npujax.plan.layer_costs` of the same arguments.
+      dram_bytes: float ``[L]`` DRAM bytes of each layer on ``spec`` (e.g. ``dram_bytes`` of
+        :func:`npujax.plan.fused_costs`, which reflect layer fusion); default those of
+        :func:`~npujax.plan.layer_costs` of the same arguments (``relaxed`` included).
       relaxed: the differentiable mode of :func:`~npujax.plan.layer_costs` (static): same
         forward values, straight-through gradients of folds and tiles.
       temperature: as in :func:`~npujax.plan.layer_costs` (only with ``relaxed``).
@@ -120,14 +120,14 @@ def layer_energy(
       >>> e = layer_energy(layers, spec, w, a)  # doctest: +SKIP
       >>> float(e.total_j.sum())  # joules per inference  # doctest: +SKIP
     """
-    if costs is None:
-        costs = layer_costs(layers, spec, weight_bits, act_bits, dataflow, relaxed=relaxed,
-                            temperature=temperature)
+    if dram_bytes is None:
+        dram_bytes = layer_costs(layers, spec, weight_bits, act_bits, dataflow, relaxed=relaxed,
+                                 temperature=temperature).dram_bytes
     if relaxed:
         with _relax.relaxed(temperature):
-            out = _layer_energy(layers, spec, weight_bits, act_bits, dataflow, costs.dram_bytes)
+            out = _layer_energy(layers, spec, weight_bits, act_bits, dataflow, dram_bytes)
     else:
-        out = _layer_energy(layers, spec, weight_bits, act_bits, dataflow, costs.dram_bytes)
+        out = _layer_energy(layers, spec, weight_bits, act_bits, dataflow, dram_bytes)
     if bool(jax.config.read("jax_enable_x64")):
         return out
     return LayerEnergy(*(v.astype(jnp.float32) for v in out))
