@@ -37,6 +37,7 @@ import onnx
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
+from npujax._atomic import atomic_write_text
 from npujax.frontends.onnx import from_onnx
 from npujax.hw import NpuSpec, load_npu_spec, mac_energy_pj, sram_pj_per_byte
 from npujax.ir.passes import optimize
@@ -228,9 +229,8 @@ def main() -> None:
               f"{z['energy_j'] * 1e6:8.3f} {ratio:6.2f} | {comp} | "
               f"{n['latency_s'] * 1e6:10.2f} {z['latency_s'] * 1e6:8.2f}")
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "zigzag_comparison.json").write_text(json.dumps(
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        atomic_write_text(Path(args.out) / "zigzag_comparison.json", json.dumps(
             {"npu": spec.name, "layers": rows}, indent=2, default=float) + "\n")
 
 

@@ -81,7 +81,8 @@ def mac_energy_pj(spec: NpuSpec, weight_bits: Any, act_bits: Any) -> Any:
 
     Args:
       spec: the NPU.
-      weight_bits, act_bits: operand widths (bits; float, any broadcastable shape).
+      weight_bits: weight width (bits; float, any shape broadcastable with ``act_bits``).
+      act_bits: activation width (bits; float).
 
     Returns:
       pJ per MAC, the broadcast shape of the widths.
