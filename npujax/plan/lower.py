@@ -287,28 +287,31 @@ def _resident(layers: list[Workload], spec: NpuSpec, wb: np.ndarray
              for w in layers], spec.with_fields({"memory.filter_sram_bytes": free}))
 
 
+def _energy_area(layers: tuple[Workload, ...], spec: NpuSpec, w: Any, a: Any, dataflow: str,
+                 costs: LayerCosts) -> tuple[LayerEnergy, Any]:
+    """The layers' energy at the (possibly fused) costs' DRAM bytes, and the spec's area."""
+    return (layer_energy(layers, spec, w, a, dataflow, dram_bytes=costs.dram_bytes),
+            area_breakdown(spec))
+
+
 @functools.lru_cache(maxsize=64)
 def _jitted_costs(layers: tuple[Workload, ...], dataflow: str):
-    """One compiled cost function per (workloads, dataflow); hardware and bits stay traced."""
-    return jax.jit(lambda spec, w, a: layer_costs(layers, spec, w, a, dataflow))
-
-
-@functools.lru_cache(maxsize=64)
-def _jitted_energy(layers: tuple[Workload, ...], dataflow: str):
-    """One compiled energy function per (workloads, dataflow); the DRAM bytes are those of
-    the (possibly fused) costs."""
-    def run(spec, w, a, dram_bytes):
-        return (layer_energy(layers, spec, w, a, dataflow, dram_bytes=dram_bytes),
-                area_breakdown(spec))
+    """One compiled cost function per (workloads, dataflow), with the energy and area;
+    hardware and bits stay traced."""
+    def run(spec, w, a):
+        costs = layer_costs(layers, spec, w, a, dataflow)
+        return costs, *_energy_area(layers, spec, w, a, dataflow, costs)
     return jax.jit(run)
 
 
 @functools.lru_cache(maxsize=64)
 def _jitted_fused(layers: tuple[Workload, ...], dataflow: str):
-    """One compiled fused schedule per (workloads, dataflow), with the layer-by-layer costs."""
+    """One compiled fused schedule per (workloads, dataflow), with the layer-by-layer costs,
+    the energy and the area."""
     def run(spec, w, a):
         costs, edges = fused_costs(layers, spec, w, a, dataflow)
-        return costs, edges, layer_costs(layers, spec, w, a, dataflow)
+        return (costs, edges, layer_costs(layers, spec, w, a, dataflow),
+                *_energy_area(layers, spec, w, a, dataflow, costs))
     return jax.jit(run)
 
 
@@ -362,7 +365,7 @@ def lower(
     extra: dict[str, Any] = {}
     with jax.enable_x64(True):  # the spec's numbers enter as int64/float64 (npujax._exact)
         if spec.ops.fusion == "layer":
-            costs, ec, unfused = jax.tree.map(
+            costs, ec, unfused, energy, area = jax.tree.map(
                 np.asarray, _jitted_fused(tuple(layers), df.name)(spec, wb, ab))
             names = [w.name for w in layers]
             extra = dict(
@@ -377,10 +380,8 @@ def lower(
                 unfused_dram_bytes=float(np.sum(unfused.dram_bytes)),
                 unfused_latency_s=float(np.sum(unfused.latency_cycles)) / spec.array.clock_hz)
         else:
-            costs = jax.tree.map(np.asarray,
-                                 _jitted_costs(tuple(layers), df.name)(spec, wb, ab))
-        energy, area = jax.tree.map(np.asarray, _jitted_energy(tuple(layers), df.name)(
-            spec, wb, ab, costs.dram_bytes))
+            costs, energy, area = jax.tree.map(
+                np.asarray, _jitted_costs(tuple(layers), df.name)(spec, wb, ab))
     for field, v in {**costs._asdict(), **energy._asdict()}.items():  # never NaN/inf (#11)
         bad = np.flatnonzero(~np.isfinite(v) | (v < 0))
         if bad.size:
