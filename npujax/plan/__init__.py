@@ -10,6 +10,9 @@ from npujax.plan.coresident import lower_models as lower_models
 from npujax.plan.costs import BREAKDOWN as BREAKDOWN
 from npujax.plan.costs import LayerCosts as LayerCosts
 from npujax.plan.costs import layer_costs as layer_costs
+from npujax.plan.energy import ENERGY_BREAKDOWN as ENERGY_BREAKDOWN
+from npujax.plan.energy import LayerEnergy as LayerEnergy
+from npujax.plan.energy import layer_energy as layer_energy
 from npujax.plan.fusion import EdgeCosts as EdgeCosts
 from npujax.plan.fusion import fused_costs as fused_costs
 from npujax.plan.fusion import scheduled_costs as scheduled_costs
@@ -46,6 +49,9 @@ __all__ = [
     "fused_costs",
     "scheduled_costs",
     "LayerCosts",
+    "LayerEnergy",
+    "layer_energy",
+    "ENERGY_BREAKDOWN",
     "LayerReport",
     "Schedule",
     "layer_costs",
