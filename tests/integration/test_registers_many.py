@@ -1,4 +1,5 @@
-"""Register-level proof of the closed form on 60 random shapes per dataflow (six arrays; each\ncompiled once, the GEMMs padded to 18^3 and masked)."""
+"""Register-level proof of the closed form on 60 random shapes per dataflow (six arrays; each
+compiled once, the GEMMs padded to 18^3 and masked)."""
 
 import pytest
 
