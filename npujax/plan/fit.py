@@ -79,8 +79,8 @@ OVERHEAD_RANGE = (1e-9, 1e-2)
 
 def op_class(w: Workload) -> str:
     """The efficiency class of a layer: ``cpu`` (host fallback), ``layout`` (layout
-    transforms), ``vector`` (vector unit), ``depthwise`` (grouped convolutions), ``conv`` or
-    ``matmul`` (other GEMMs)."""
+    transforms), ``vector`` (vector unit), ``depthwise`` (grouped convolutions), ``conv`` (Conv and
+    ConvTranspose) or ``matmul`` (other GEMMs: Gemm, MatMul, Einsum)."""
     if w.device == "cpu":
         return "cpu"
     if w.kind == "layout":
@@ -89,7 +89,7 @@ def op_class(w: Workload) -> str:
         return "vector"
     if w.groups > 1:
         return "depthwise"
-    return "conv" if w.op == "Conv" else "matmul"
+    return "conv" if w.op in ("Conv", "ConvTranspose") else "matmul"
 
 
 def resolve_fields(names: Sequence[str]) -> tuple[str, ...]:
@@ -140,7 +140,7 @@ def field_range(spec: NpuSpec, field: str) -> tuple[float, float]:
     return (lo if lo > 0 else hi * 1e-9), hi
 
 
-def _to_value(u: jax.Array, lo: jax.Array, hi: jax.Array) -> jax.Array:
+def _to_value(u: jax.Array, lo: Any, hi: Any) -> jax.Array:
     return jnp.exp(jnp.log(lo) + jax.nn.sigmoid(u) * (jnp.log(hi) - jnp.log(lo)))
 
 
@@ -304,7 +304,7 @@ def fit_spec(
     lo_a, hi_a = np.asarray(lo), np.asarray(hi)
     u0 = _to_u(np.asarray(init), lo_a, hi_a)
     nf, ne = len(full), len(eff_names)
-    wb = np.full(len(layers), 8.0, np.float32)
+    wb = jnp.full(len(layers), 8.0, jnp.float32)
     tl = tuple(layers)
 
     with jax.enable_x64(True):
@@ -350,7 +350,8 @@ def fit_spec(
         done = 0
         while done < steps:
             n = min(chunk, steps - done)
-            u, state, losses = run(u, state, n)
+            with jax.numpy_dtype_promotion("standard"):  # optax's schedules mix int and float
+                u, state, losses = run(u, state, n)
             losses = np.asarray(losses)
             history.append(losses)
             if progress is not None:
