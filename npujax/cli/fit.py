@@ -88,7 +88,9 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.learning_rate > 0:
         raise ConfigError(f"--learning-rate must be > 0, got {args.learning_rate}.")
-    fields = [f for f in args.params.split(",") if f.strip()]
+    from npujax.plan.fit import resolve_fields
+
+    fields = resolve_fields([f for f in args.params.split(",") if f.strip()])  # fail fast
     bounds = _bounds(args.bound)
     out = output_dir(args.out)
     assert out is not None

@@ -1,7 +1,7 @@
 """Fit a hardware preset to a measured per-layer profile by gradient descent.
 
 The cost model is differentiable in its relaxed mode (``layer_costs(..., relaxed=True)``,
-:mod:`npujax._relax`: exact forward values, straight-through and smooth-maximum gradients), so the
+``npujax/_relax.py``: exact forward values, straight-through and smooth-maximum gradients), so the
 preset's numbers can be fitted to what a device measures, as one fits any model's parameters:
 
 * **Parameters.** The chosen numeric :class:`~npujax.hw.NpuSpec` fields (:data:`FITTABLE`), and
@@ -184,7 +184,7 @@ class FitResult:
       loss: float ``[steps]``, the loss at each step.
       layer_index: int ``[P]``, the fitted layers (into the workloads).
       measured_s, before_s, after_s: float64 ``[P]``: measured, modelled with the initial
-        spec, modelled with :attr:`spec` (and the factors), exact mode.
+        spec, modelled with ``spec`` (and the factors), exact mode.
     """
 
     spec: NpuSpec
@@ -249,7 +249,7 @@ def fit_spec(
       steps: Adam steps (>= 1).
       learning_rate: peak Adam step size on the unbounded parameters (> 0).
       regularization: weight of ``mean(log efficiency^2)`` (>= 0).
-      temperature: relaxation temperature of the cost model (:func:`npujax._relax.relaxed`).
+      temperature: relaxation temperature of the cost model (``npujax._relax.relaxed``).
       chunk: steps per jitted ``lax.scan`` between progress reports.
       progress: called ``progress(step, loss)`` after every step (e.g. a progress bar).
       name: the fitted preset's name (default ``<spec>_fitted``).

@@ -204,7 +204,7 @@ def match_profile(profile: Profile, layers: Sequence[Workload], raw_graph: Graph
         folded or fused away are charged to the layer that absorbed them; None matches layer
         names only.
       on_unmatched: ``"error"`` (default) or ``"skip"`` (leave such names out, listed in
-        :attr:`MatchedProfile.skipped`).
+        ``MatchedProfile.skipped``).
 
     Raises:
       ConfigError: unmatched names with ``on_unmatched="error"``, an unknown ``on_unmatched``,

@@ -109,8 +109,14 @@ def fit_profile(
       fields: the preset fields to fit (``key`` or ``section.key``, see
         :data:`npujax.plan.fit.FITTABLE`).
       input_shapes: static input shapes of an ONNX model.
-      efficiency, overhead, bounds, steps, learning_rate, progress, name: see
-        :func:`npujax.plan.fit.fit_spec`.
+      efficiency: also fit an efficiency factor per op class (see
+        :func:`npujax.plan.fit.fit_spec`).
+      overhead: also fit a fixed per-layer overhead (seconds).
+      bounds: ``{field: (lo, hi)}`` narrowing fields' physical ranges.
+      steps: Adam steps.
+      learning_rate: peak Adam learning rate.
+      progress: called ``progress(step, loss)`` after every step.
+      name: the fitted preset's name (default ``<npu>_fitted``).
       on_unmatched: ``"error"`` or ``"skip"`` for profile names matching no layer.
 
     Returns:
@@ -253,7 +259,7 @@ def fit_to_dict(run: FitRun) -> dict[str, Any]:
 
 def write_fit(out: str | Path, run: FitRun) -> list[str]:
     """Write ``fitted.toml``, ``fit.json``, ``fit_layers.csv`` and ``fit.png`` into ``out``
-    (each atomically; call inside :func:`npujax._atomic.staged_dir` for the whole folder).
+    (each atomically; call inside ``npujax._atomic.staged_dir`` for the whole folder).
 
     Returns:
       The names of the files written.

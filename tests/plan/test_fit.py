@@ -188,3 +188,18 @@ def test_fit_rejects_bad_inputs_before_compiling(edge_spec):
     with pytest.raises(ConfigError, match="not fitted"):
         fit_spec(layers, edge_spec, **good, fields=["clock_hz"],
                  bounds={"memory.dram_bytes_per_s": (1e9, 1e10)})
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--params", "c0"], "cannot fit 'c0'"),
+    (["--params", "clock_hz", "--bound", "clock_hz=1e8"], "FIELD=LO:HI"),
+    (["--params", "clock_hz", "--learning-rate", "0"], "learning-rate"),
+])
+def test_cli_rejects_bad_options_in_one_line_before_loading_anything(tmp_path, capsys, extra,
+                                                                     message):
+    from npujax.cli import main
+
+    code = main(["fit", str(tmp_path / "absent.csv"), "--model", str(tmp_path / "absent.onnx"),
+                 "--out", str(tmp_path / "out"), *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.count("\n") == 1
