@@ -37,7 +37,8 @@ class FitRun:
     """A finished fit with everything its report shows.
 
     Attributes:
-      model: the model file; profile: the measurements; matched: the profile per layer.
+      model: the model file; profile: the measurements; matched: the profile per layer
+        (layers measured as 0 s, below the profiler's resolution, count as unmeasured).
       layers: the model's workloads on the starting preset.
       start: the starting preset; result: the fit.
       before, after: :func:`~npujax.plan.fit.fit_metrics` of the measured layers with the
@@ -141,9 +142,11 @@ def fit_profile(
     matched = match_profile(prof, layers, raw, on_unmatched=on_unmatched)
     keep = matched.measured_s > 0
     if not keep.all():  # below the profiler's resolution: no log error to fit
+        zero = tuple(layers[int(i)].name for i in matched.layer_index[~keep])
         matched = dataclasses.replace(
             matched, layer_index=matched.layer_index[keep], measured_s=matched.measured_s[keep],
-            names=tuple(n for n, k in zip(matched.names, keep) if k))
+            names=tuple(n for n, k in zip(matched.names, keep) if k),
+            unmeasured=matched.unmeasured + zero)
     result = fit_spec(layers, spec, matched.layer_index, matched.measured_s, fields,
                       efficiency=efficiency, overhead=overhead, bounds=bounds, steps=steps,
                       learning_rate=learning_rate, progress=progress, name=name)

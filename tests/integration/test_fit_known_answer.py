@@ -18,7 +18,11 @@ from npujax.workflows.lowering import import_onnx_for_lowering
 
 pytestmark = pytest.mark.integration
 
-HIDDEN = {"array.clock_hz": 0.7e9, "memory.dram_bytes_per_s": 9.6e9}
+HIDDEN = {"array.clock_hz": 0.7e9, "memory.dram_bytes_per_s": 9.6e9, "vector.lanes": 32,
+          "host.cpu_ops_per_s": 3e10}
+#: the classifier's only CPU-fallback layer (Softmax) is dominated by the host link's latency,
+#: so its profile cannot pin down the host's speed: the fit must say so
+NOT_IDENTIFIABLE = {"host.cpu_ops_per_s"}
 
 
 def test_fit_recovers_hidden_preset_and_predicts_another_model(tmp_path, ppocr_cls,
@@ -31,18 +35,21 @@ def test_fit_recovers_hidden_preset_and_predicts_another_model(tmp_path, ppocr_c
     write_layers_csv(tmp_path / "layers.csv", lower(graph_cls, hidden))
     out = tmp_path / "fit"
     assert main(["-q", "fit", str(tmp_path / "layers.csv"), "--model", str(path),
-                 *shape, "--npu", "edge_16x16", "--params", "clock_hz,dram_bytes_per_s,lanes",
+                 *shape, "--npu", "edge_16x16", "--params",
+                 "clock_hz,dram_bytes_per_s,lanes,cpu_ops_per_s",
                  "--steps", "300", "--no-progress", "--out", str(out)]) == 0
     report = json.loads((out / "fit.json").read_text())
     fitted = load_npu_spec(out / "fitted.toml")
     checked = 0
     for field, value in HIDDEN.items():
-        assert report["identifiable"][field], field
+        assert report["identifiable"][field] == (field not in NOT_IDENTIFIABLE), field
+        if field in NOT_IDENTIFIABLE:
+            continue
         section, key = field.split(".")
         assert getattr(getattr(fitted, section), key) == pytest.approx(value, rel=0.05), field
         checked += 1
-    assert checked == 2
-    assert report["after"]["mape"] < 1.0 < report["before"]["mape"]
+    assert checked == 3
+    assert report["after"]["mape"] < 2.0 and report["before"]["mape"] > 20.0
     assert {"fitted.toml", "fit.json", "fit_layers.csv", "fit.png"} <= {
         p.name for p in out.iterdir()}
     # the fitted preset is a normal preset: every command takes it
