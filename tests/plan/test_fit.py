@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from npujax.errors import ConfigError
-from npujax.hw import list_presets, load_npu_spec, spec_to_toml
 from npujax.ir.graph import Graph, Node, TensorType
 from npujax.plan.fit import (
     FITTABLE,
@@ -157,15 +156,6 @@ def test_metrics_known_values():
     assert m["spearman"] == pytest.approx(1.0)
     assert m["total_err_pct"] == pytest.approx((6.9 / 7 - 1) * 100)
     assert fit_metrics(np.array([1.0, 2.0]), np.array([2.0, 1.0]))["spearman"] == pytest.approx(-1)
-
-
-@pytest.mark.parametrize("preset", list_presets())
-def test_every_preset_survives_the_toml_writer(tmp_path, preset):
-    spec = load_npu_spec(preset)
-    path = tmp_path / "p.toml"
-    path.write_text(spec_to_toml(spec, header="line one\nline two"))
-    assert path.read_text().startswith("# line one\n# line two\n")
-    assert load_npu_spec(path) == spec
 
 
 def test_fit_rejects_bad_inputs_before_compiling(edge_spec):
