@@ -46,6 +46,8 @@ from npujax.workflows.fit import fit_profile, load_model_graphs
 
 HERE = Path(__file__).resolve().parent
 FIELDS = ("clock_hz", "dram_bytes_per_s", "lanes", "dram_latency_s")
+#: onnxruntime runs the models in fp32: every layer is costed with 32-bit operands
+BITS = 32
 #: (images, runs per image): the detector is ~100x the classifier's work
 INPUTS = {"ppocr_cls": (4, 1.0), "ppocr_det": (2, 1.0)}
 
@@ -128,15 +130,16 @@ def main() -> None:
         keep = mt.measured_s > 0
         meas_test = mt.measured_s[keep]
         idx_test = mt.layer_index[keep]
-        base = predict_latency_s(layers[test], start)[idx_test]
+        base = predict_latency_s(layers[test], start, bits=BITS)[idx_test]
         series = {f"{start.name} datasheet": base}
         for variant, extra in (("fields", {}), ("fields+efficiency+overhead",
                                                 {"efficiency": True, "overhead": True})):
             t0 = time.perf_counter()
             run = fit_profile(profiles[train], graphs[train], start, FIELDS, steps=args.steps,
-                              name=f"cpu_fit_{train}", **extra)
+                              name=f"cpu_fit_{train}", bits=BITS, **extra)
             r = run.result
-            pred = predict_latency_s(layers[test], r.spec, r.efficiency, r.overhead_s)[idx_test]
+            pred = predict_latency_s(layers[test], r.spec, r.efficiency, r.overhead_s,
+                                     BITS)[idx_test]
             held = fit_metrics(meas_test, pred)
             results.append({
                 "train": train, "test": test, "variant": variant,
@@ -156,7 +159,7 @@ def main() -> None:
     write_json(out / "fidelity_cpu_fit.json", {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": platform.processor() or platform.machine(), "start_preset": start.name,
-        "fields": list(FIELDS), "steps": args.steps, "results": results})
+        "fields": list(FIELDS), "bits": BITS, "steps": args.steps, "results": results})
     print()
     print("| fitted on | predicts | fitted parameters | in-sample MAPE / ρ | held-out MAPE / ρ "
           "(datasheet preset) | held-out MAPE / ρ (fitted) | held-out total |")

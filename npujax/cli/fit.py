@@ -51,6 +51,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "vector, layout, cpu); reported in fit.json, not in the preset")
     fp.add_argument("--overhead", action="store_true",
                     help="also fit a fixed per-layer overhead (s); reported in fit.json")
+    fp.add_argument("--bits", type=positive_int, default=8,
+                    help="width of every layer's weights and activations (default 8; 32 for "
+                    "an fp32 runtime such as onnxruntime on a CPU)")
     fp.add_argument("--steps", type=positive_int, default=400,
                     help="Adam steps (default 400)")
     fp.add_argument("--learning-rate", type=float, default=0.1,
@@ -107,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
                              efficiency=args.efficiency, overhead=args.overhead, bounds=bounds,
                              steps=args.steps, learning_rate=args.learning_rate,
                              on_unmatched="skip" if args.skip_unmatched else "error",
-                             progress=progress, name=args.name)
+                             progress=progress, name=args.name, bits=args.bits)
     con = console()
     print_fit(con, result)
     with staged_dir(out) as stage:

@@ -152,11 +152,12 @@ def _to_u(value: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 
 def predict_latency_s(layers: Sequence[Workload], spec: NpuSpec,
                       efficiency: Mapping[str, float] | None = None,
-                      overhead_s: float = 0.0) -> np.ndarray:
-    """float64 ``[L]`` modelled seconds per layer (8-bit, exact mode), with the fit's
-    efficiency factors (``{class: factor}``, missing classes 1) and per-layer overhead."""
+                      overhead_s: float = 0.0, bits: int = 8) -> np.ndarray:
+    """float64 ``[L]`` modelled seconds per layer (exact mode, weights and activations at
+    ``bits``), with the fit's efficiency factors (``{class: factor}``, missing classes 1) and
+    per-layer overhead (s)."""
     with jax.enable_x64(True):
-        wb = np.full(len(layers), 8.0, np.float32)
+        wb = np.full(len(layers), float(bits), np.float32)
         c = _exact_costs(tuple(layers))(spec, wb, wb)
         lat = np.asarray(c.latency_cycles, np.float64) / spec.array.clock_hz
     eff = np.asarray([(efficiency or {}).get(op_class(w), 1.0) for w in layers])
@@ -175,6 +176,7 @@ class FitResult:
     Attributes:
       spec: the fitted preset (integer fields rounded, validated as a preset file is).
       fields: the fitted ``section.key`` fields.
+      bits: the width every layer was costed at.
       initial, fitted: ``{field: value}`` before and after (``fitted`` as in ``spec``).
       efficiency: ``{op class: factor}`` (empty unless allowed).
       overhead_s: the fitted per-layer overhead in seconds (0 unless allowed).
@@ -189,6 +191,7 @@ class FitResult:
 
     spec: NpuSpec
     fields: tuple[str, ...]
+    bits: int
     initial: dict[str, float]
     fitted: dict[str, float]
     efficiency: dict[str, float]
@@ -232,13 +235,14 @@ def fit_spec(
     chunk: int = 50,
     progress: Callable[[int, float], None] | None = None,
     name: str | None = None,
+    bits: int = 8,
 ) -> FitResult:
     """Fit ``fields`` of ``spec`` (and optional efficiency factors and overhead) to
     ``measured_s`` by Adam on the log-latency error through the relaxed cost model.
 
     Args:
       layers: the model's workloads on ``spec`` (:func:`npujax.plan.workloads`); every layer
-        is costed at 8 bits.
+        is costed with weights and activations at ``bits``.
       spec: the starting preset; fields not fitted keep their values.
       layer_index: int ``[P]``, the measured layers (indices into ``layers``).
       measured_s: float ``[P]`` measured seconds of those layers (> 0).
@@ -253,6 +257,8 @@ def fit_spec(
       chunk: steps per jitted ``lax.scan`` between progress reports.
       progress: called ``progress(step, loss)`` after every step (e.g. a progress bar).
       name: the fitted preset's name (default ``<spec>_fitted``).
+      bits: width of every layer's weights and activations (default 8; 32 for an fp32
+        runtime such as onnxruntime on a CPU, with ``array.operand_bits = 32``).
 
     Returns:
       A :class:`FitResult`.
@@ -274,6 +280,8 @@ def fit_spec(
                           "measured as 0 (below the profiler's resolution).")
     if steps < 1 or chunk < 1 or not learning_rate > 0 or regularization < 0:
         raise ConfigError("steps and chunk must be >= 1, learning_rate > 0, regularization >= 0.")
+    if not 1 <= bits <= 64:
+        raise ConfigError(f"bits must be a width in [1, 64], got {bits}.")
     lo, hi = [], []
     for f in full:
         flo, fhi = field_range(spec, f)
@@ -304,7 +312,7 @@ def fit_spec(
     lo_a, hi_a = np.asarray(lo), np.asarray(hi)
     u0 = _to_u(np.asarray(init), lo_a, hi_a)
     nf, ne = len(full), len(eff_names)
-    wb = jnp.full(len(layers), 8.0, jnp.float32)
+    wb = jnp.full(len(layers), float(bits), jnp.float32)
     tl = tuple(layers)
 
     with jax.enable_x64(True):
@@ -385,10 +393,10 @@ def fit_spec(
                                  f"profile (npujax fit). {spec.description}".strip())
     eff = {c: float(values[nf + k]) for k, c in enumerate(eff_names)}
     ovh = float(values[-1]) if overhead else 0.0
-    before = predict_latency_s(layers, spec)[idx]
-    after = predict_latency_s(layers, fitted_spec, eff, ovh)[idx]
+    before = predict_latency_s(layers, spec, bits=bits)[idx]
+    after = predict_latency_s(layers, fitted_spec, eff, ovh, bits)[idx]
     return FitResult(
-        spec=fitted_spec, fields=full, initial={f: float(_get(spec, f)) for f in full},
+        spec=fitted_spec, fields=full, bits=bits, initial={f: float(_get(spec, f)) for f in full},
         fitted=fitted, efficiency=eff, overhead_s=ovh, rel_std_err=rel_err,
         identifiable={k: bool(r <= IDENTIFIABLE_REL_ERR) for k, r in rel_err.items()},
         loss=np.concatenate(history), layer_index=idx, measured_s=meas, before_s=before,

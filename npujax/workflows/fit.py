@@ -99,6 +99,7 @@ def fit_profile(
     on_unmatched: str = "error",
     progress: Callable[[int, float], None] | None = None,
     name: str | None = None,
+    bits: int = 8,
 ) -> FitRun:
     """Fit ``npu``'s ``fields`` to a measured per-layer profile of ``model``.
 
@@ -118,6 +119,7 @@ def fit_profile(
       learning_rate: peak Adam learning rate.
       progress: called ``progress(step, loss)`` after every step.
       name: the fitted preset's name (default ``<npu>_fitted``).
+      bits: width of every layer's weights and activations (32 for an fp32 runtime).
       on_unmatched: ``"error"`` or ``"skip"`` for profile names matching no layer.
 
     Returns:
@@ -149,10 +151,10 @@ def fit_profile(
             unmeasured=matched.unmeasured + zero)
     result = fit_spec(layers, spec, matched.layer_index, matched.measured_s, fields,
                       efficiency=efficiency, overhead=overhead, bounds=bounds, steps=steps,
-                      learning_rate=learning_rate, progress=progress, name=name)
+                      learning_rate=learning_rate, progress=progress, name=name, bits=bits)
     preset_only = None
     if result.efficiency or result.overhead_s:
-        alone = predict_latency_s(layers, result.spec)[result.layer_index]
+        alone = predict_latency_s(layers, result.spec, bits=bits)[result.layer_index]
         preset_only = fit_metrics(result.measured_s, alone)
     return FitRun(model_name, prof, matched, layers, spec, result,
                   fit_metrics(result.measured_s, result.before_s),
@@ -249,7 +251,7 @@ def fit_to_dict(run: FitRun) -> dict[str, Any]:
     return {
         "model": run.model, "profile": run.profile.source, "profile_format": run.profile.format,
         "start_preset": run.start.name, "fitted_preset": r.spec.name,
-        "fields": list(r.fields), "initial": r.initial, "fitted": r.fitted,
+        "fields": list(r.fields), "bits": r.bits, "initial": r.initial, "fitted": r.fitted,
         "efficiency": r.efficiency, "overhead_s": r.overhead_s,
         "rel_std_err": r.rel_std_err, "identifiable": r.identifiable,
         "before": run.before, "after": run.after, "preset_only": run.preset_only,
