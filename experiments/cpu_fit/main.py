@@ -154,8 +154,8 @@ def main() -> None:
                   f"rho {run.after['spearman']:.3f}; held-out {test}: MAPE {held['mape']:.1f} %, "
                   f"rho {held['spearman']:.3f}, total {held['total_err_pct']:+.1f} %")
         plot_measured_vs_modelled(out / f"fidelity_cpu_fit_{test}.png", meas_test, series,
-                                  f"{test} on the host CPU (onnxruntime), predicted from a fit "
-                                  f"on {train}")
+                                  f"{test} on the host CPU (onnxruntime),\n"
+                                  f"predicted from a fit on {train}")
     write_json(out / "fidelity_cpu_fit.json", {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": platform.processor() or platform.machine(), "start_preset": start.name,

@@ -265,9 +265,13 @@ def fit_spec(
 
     Raises:
       ConfigError: bad fields or bounds, mismatched or non-positive measurements, bad options,
-        or a fitted value the preset cannot hold.
+        a preset with ``layer`` fusion (its cross-layer schedule is not differentiable), or a
+        fitted value the preset cannot hold.
     """
     full = resolve_fields(fields)
+    if spec.ops.fusion == "layer":
+        raise ConfigError(f"{spec.name} uses 'layer' fusion, whose cross-layer schedule the fit "
+                          "cannot differentiate; fit a copy with ops.fusion = 'residual'.")
     idx = np.asarray(layer_index, np.int64)
     meas = np.asarray(measured_s, np.float64)
     if idx.ndim != 1 or idx.shape != meas.shape or idx.size == 0:

@@ -130,7 +130,7 @@ def fit_profile(
         (its cross-layer schedule is not differentiable); profile names matching no layer.
     """
     spec = as_spec(npu)
-    if spec.ops.fusion == "layer":
+    if spec.ops.fusion == "layer":  # refused by fit_spec too; checked before loading the model
         raise ConfigError(f"{spec.name} uses 'layer' fusion, whose cross-layer schedule the fit "
                           "cannot differentiate; fit a copy with ops.fusion = 'residual'.")
     prof = profile if isinstance(profile, Profile) else read_profile(profile)
