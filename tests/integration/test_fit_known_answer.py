@@ -11,10 +11,10 @@ import pytest
 
 from npujax.cli import main
 from npujax.hw import load_npu_spec
+from npujax.ir.passes import optimize
 from npujax.plan import lower
 from npujax.plan.fit import fit_metrics
 from npujax.report import write_layers_csv
-from npujax.workflows.lowering import import_onnx_for_lowering
 
 pytestmark = pytest.mark.integration
 
@@ -27,11 +27,11 @@ NOT_IDENTIFIABLE = {"host.cpu_ops_per_s"}
 
 def test_fit_recovers_hidden_preset_and_predicts_another_model(tmp_path, ppocr_cls,
                                                                small_resnet):
-    path, _, _ = ppocr_cls
+    path, graph_raw, params = ppocr_cls
     hidden = load_npu_spec("edge_16x16").with_fields(HIDDEN, name="hidden")
     shape = ["--input-shape", "x=1,3,48,192"]
     # the profile: the layers.csv `npujax lower --out` writes, of the hidden preset
-    graph_cls = import_onnx_for_lowering(path, {"x": (1, 3, 48, 192)}, None)
+    graph_cls = optimize(graph_raw, params)[0]
     write_layers_csv(tmp_path / "layers.csv", lower(graph_cls, hidden))
     out = tmp_path / "fit"
     assert main(["-q", "fit", str(tmp_path / "layers.csv"), "--model", str(path),
