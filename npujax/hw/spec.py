@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
+import json
 import math
 import os
 import tomllib
@@ -74,6 +75,7 @@ __all__ = [
     "stack_specs",
     "differentiable_spec",
     "as_spec",
+    "spec_to_toml",
 ]
 
 #: Activation layouts an NPU may keep in its memory.
@@ -628,3 +630,42 @@ def as_spec(spec: NpuSpec | str | os.PathLike[str]) -> NpuSpec:
         return load_npu_spec(spec)
     raise ConfigError(f"expected an NpuSpec, a preset name or a TOML path, got "
                       f"{type(spec).__name__}; load one with npujax.load_npu_spec('edge_16x16').")
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, str):
+        return json.dumps(v)  # a JSON string is a valid TOML basic string
+    if isinstance(v, (tuple, list)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    return repr(float(v))  # shortest round-trip form: '6400000000.0', '1e-07' are valid TOML
+
+
+def spec_to_toml(spec: NpuSpec, header: str = "") -> str:
+    """``spec`` as a preset file that :func:`load_npu_spec` reads back to an equal spec.
+
+    Args:
+      spec: a validated spec with Python-number fields (not traced or stacked arrays).
+      header: comment text put at the top (each line prefixed with ``#``), e.g. the source.
+
+    Returns:
+      The TOML text (every section and key, defaults included).
+
+    Raises:
+      ConfigError: a field is not a Python number or string (a traced or batched spec).
+    """
+    lines = [f"# {line}".rstrip() for line in header.splitlines()]
+    lines += [f"name = {_toml_value(spec.name)}",
+              f"description = {_toml_value(spec.description)}"]
+    for section in _SECTIONS:
+        lines += ["", f"[{section}]"]
+        for key, value in dataclasses.asdict(getattr(spec, section)).items():
+            if not isinstance(value, (str, int, float, tuple, list)):
+                raise ConfigError(f"spec_to_toml: {section}.{key} is a {type(value).__name__}, "
+                                  "not a number; write a concrete spec (not a traced or stacked "
+                                  "one).")
+            lines.append(f"{key} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"
