@@ -15,6 +15,8 @@ Tables go to docs/results/dataflows.md (the prose there is written by hand after
 between the markers this script leaves alone) and plots to docs/results/dataflows_*.png.
 
 Usage: PYTHONPATH=. python experiments/dataflow_comparison/main.py [--out docs/results]
+"""
+
 from __future__ import annotations
 
 import argparse

@@ -70,6 +70,6 @@ def test_rec_qdq_export_argmax_matches_fake_quant(ppocr_rec):
     # which moves a few int8 codes in the conv backbone, and those differences grow layer by
     # layer (the backbone quantized alone disagrees as much). These 3 lines: 117/120 (97.5 %);
     # the bound leaves room for other CPUs' onnxruntime kernels. A wrong Q/DQ grid, scale axis
-    # or operand order falls far below it (the float model agrees with fake-quant on ~90 %).
+    # or operand order would fall far below it (for scale: float vs fake-quant is ~90 %).
     assert (yo.argmax(-1) == yq.argmax(-1)).mean() >= 0.95
     assert (yq.argmax(-1) != 0).sum() >= 10
