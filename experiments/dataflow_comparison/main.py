@@ -14,7 +14,7 @@ attention's data movement run on the vector unit next to the GEMMs on the array.
 Tables go to docs/results/dataflows.md (the prose there is written by hand after reading them,
 between the markers this script leaves alone) and plots to docs/results/dataflows_*.png.
 
-Usage: PYTHONPATH=. python experiments/dataflow_comparison/main.py [--out docs/results]
+Usage: PYTHONPATH=. python experiments/dataflow_comparison/main.py [--out docs/results] [--small]
 """
 
 from __future__ import annotations
@@ -100,16 +100,17 @@ def encoder_graph(seq: int = 128, d_model: int = 768, heads: int = 12, d_ff: int
     return optimize(*trace_flax(block, jnp.zeros((1, seq, d_model), jnp.float32), check=False))[0]
 
 
-def decoder_block_graph(phase: str) -> Graph:
-    """One Qwen2.5-0.5B decoder block (its config.json shapes, see
+def decoder_block_graph(phase: str, config: str = "qwen2.5-0.5b", prefill_tokens: int =
+                        PREFILL_TOKENS, kv_len: int = DECODE_KV) -> Graph:
+    """One decoder block of ``config`` (Qwen2.5-0.5B: its config.json shapes, see
     ``npujax.models.transformer.DECODER_CONFIGS``) in ``phase``, traced from the reference Flax
     decoder; the vocabulary is cut to 1,024 since the embedding and LM head are not reported."""
     from npujax.models.transformer import DECODER_CONFIGS
     from npujax.workflows.lowering import decoder_graph
 
-    cfg = dataclasses.replace(DECODER_CONFIGS["qwen2.5-0.5b"], layers=1, vocab=1024)
-    return decoder_graph(cfg, phase=phase, seq_len=PREFILL_TOKENS if phase == "prefill" else 1,
-                         kv_len=DECODE_KV, batch=1)
+    cfg = dataclasses.replace(DECODER_CONFIGS[config], layers=1, vocab=1024)
+    return decoder_graph(cfg, phase=phase, seq_len=prefill_tokens if phase == "prefill" else 1,
+                         kv_len=kv_len, batch=1)
 
 
 def _block_layers(schedule: Schedule, decoder: bool) -> list:
@@ -136,16 +137,24 @@ def evaluate_traced(graph: Graph, size: int, dataflow: str, decoder: bool = Fals
             "ops": [r.op for r in rows], "pes": size * size}
 
 
-#: Traced transformer workloads: name -> (graph builder, decoder?).
+#: Traced transformer workloads: name -> (graph builder, decoder?, title).
 TRACED = {
-    "transformer_encoder": (encoder_graph, False),
-    "decoder_prefill": (lambda: decoder_block_graph("prefill"), True),
-    "decoder_decode": (lambda: decoder_block_graph("decode"), True),
+    "transformer_encoder": (encoder_graph, False,
+                            "transformer encoder block (traced; BERT-base, 128 tokens)"),
+    "decoder_prefill": (lambda: decoder_block_graph("prefill"), True,
+                        f"Qwen2.5-0.5B decoder block, prefill ({PREFILL_TOKENS} tokens; traced)"),
+    "decoder_decode": (lambda: decoder_block_graph("decode"), True,
+                       f"Qwen2.5-0.5B decoder block, decode (1 token, {DECODE_KV} cached; "
+                       "traced)"),
 }
-TITLES = {
-    "transformer_encoder": "transformer encoder block (traced; BERT-base, 128 tokens)",
-    "decoder_prefill": f"Qwen2.5-0.5B decoder block, prefill ({PREFILL_TOKENS} tokens; traced)",
-    "decoder_decode": f"Qwen2.5-0.5B decoder block, decode (1 token, {DECODE_KV} cached; traced)",
+#: The same workloads at test sizes (``--small``: the whole script in seconds).
+TRACED_SMALL = {
+    "transformer_encoder": (lambda: encoder_graph(16, 64, 4, 128), False,
+                            "transformer encoder block (traced; d_model 64, 16 tokens)"),
+    "decoder_prefill": (lambda: decoder_block_graph("prefill", "tiny", 16, 64), True,
+                        "tiny decoder block, prefill (16 tokens; traced)"),
+    "decoder_decode": (lambda: decoder_block_graph("decode", "tiny", 16, 64), True,
+                       "tiny decoder block, decode (1 token, 64 cached; traced)"),
 }
 
 
@@ -168,7 +177,7 @@ def _plot(path, net, res):
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    sizes = sorted(HARDWARE)
+    sizes = sorted({size for size, _ in res})
     fig, ax = plt.subplots(figsize=(7, 3.8))
     width = 0.26
     for i, df in enumerate(DATAFLOWS):
@@ -215,20 +224,21 @@ def tables(all_res) -> str:
     return "\n".join(out)
 
 
-def traced_tables(all_res) -> str:
+def traced_tables(all_res, titles) -> str:
     out = []
     for net, res in all_res.items():
-        r0 = res[(min(HARDWARE), DATAFLOWS[0])]
+        sizes = sorted({size for size, _ in res})
+        r0 = res[(sizes[0], DATAFLOWS[0])]
         macs = r0["macs"].sum()
         vec_ops = sorted({op for op, g in zip(r0["ops"], r0["gemm"]) if not g})
-        out.append(f"### {TITLES[net]}: {int(r0['gemm'].sum())} GEMM + "
+        out.append(f"### {titles[net]}: {int(r0['gemm'].sum())} GEMM + "
                    f"{int((~r0['gemm']).sum())} vector layers, {macs / 1e9:.3f} GMACs\n")
         out.append(f"Vector layers: {', '.join(vec_ops)}.\n")
         out.append("| array | dataflow | GEMM array cycles | vector cycles | total cycles (with "
                    "stalls) | vector % of total | stall % | GEMM utilization | DRAM MB | "
                    "GEMM layers won |")
         out.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-        for s in sorted(HARDWARE):
+        for s in sizes:
             g = res[(s, DATAFLOWS[0])]["gemm"]
             tot = np.stack([res[(s, df)]["total"][g] for df in DATAFLOWS])
             wins = np.bincount(np.argmin(tot, axis=0), minlength=3)
@@ -249,6 +259,8 @@ def traced_tables(all_res) -> str:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(ROOT / "docs/results"))
+    p.add_argument("--small", action="store_true",
+                   help="transformer blocks at test sizes on the 16x16 array only (for tests)")
     args = p.parse_args(argv)
     out = Path(args.out)
     all_res = {}
@@ -257,14 +269,18 @@ def main(argv=None):
         res = {(s, df): evaluate(layers, s, df) for s in HARDWARE for df in DATAFLOWS}
         all_res[net] = (layers, res)
         _plot(out / f"dataflows_{net}.png", net, res)
-    traced = {}
-    for net, (build, decoder) in TRACED.items():
+    traced, titles = {}, {}
+    for net, (build, decoder, title) in (TRACED_SMALL if args.small else TRACED).items():
+        titles[net] = title
         graph = build()
-        res = {(s, df): evaluate_traced(graph, s, df, decoder) for s in HARDWARE
+        # --small: the smallest array only (each array size and dataflow compiles the cost
+        # model once, ~3 s on the 2-core machine)
+        sizes = [min(HARDWARE)] if args.small else sorted(HARDWARE)
+        res = {(s, df): evaluate_traced(graph, s, df, decoder) for s in sizes
                for df in DATAFLOWS}
         traced[net] = res
         _plot(out / f"dataflows_{net}.png", net, res)
-    body = tables(all_res) + "\n" + traced_tables(traced)
+    body = tables(all_res) + "\n" + traced_tables(traced, titles)
     print(body)
     md = out / "dataflows.md"
     text = md.read_text() if md.exists() else f"# Dataflow comparison\n\n{BEGIN}\n{END}\n"
