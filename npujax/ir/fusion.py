@@ -1,5 +1,4 @@
-"""Pattern fusion: the decomposed LayerNorm, GELU and hard swish that ONNX exporters write become
-one op.
+"""Pattern fusion: the decomposed LayerNorm and GELU that ONNX exporters write become one op.
 
 Exporters (PyTorch's among them) often write LayerNorm and GELU as chains of elementwise
 operators. NPU compilers recognise them and run one normalization or activation; so does
@@ -11,20 +10,14 @@ operators. NPU compilers recognise them and run one normalization or activation;
 * **GELU**, ``x * 0.5 * (1 + erf(x / sqrt 2))`` (``Div`` by sqrt 2 or ``Mul`` by 1/sqrt 2) and
   ``x * 0.5 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))``, the three factors multiplied in any
   order.
-* **Hard swish** (Howard et al. 2019, MobileNetV3, arXiv:1905.02244), as paddle2onnx and
-  older PyTorch exports write it: ``x * Clip(x + 3, 0, 6) / 6`` (``Div`` by 6 or ``Mul`` by
-  1/6, before or after the product) and ``x * HardSigmoid(x)`` with alpha 1/6, beta 1/2. The
-  fused ``HardSwish`` is one vector-unit op instead of four.
 
 A fusion fires only when every condition that makes the subgraph *equal* to the fused op holds:
 both reductions over the same trailing axes ``[a, rank)`` with ``keepdims=1``; the centred
 tensor is ``x`` minus that same mean; the exponent exactly 2; epsilon a scalar constant added to
 the variance (not to the standard deviation); the scale and bias constants that broadcast over
-the normalized axes only; GELU's constants equal to float32 rounding; hard swish's 3, 0, 6 and 6
-exact (1/6 to float32 rounding), the product with the same ``x`` that enters the ``Add``; every
-intermediate used only inside the pattern. A near miss stays unfused, so the graph computes
-exactly what the model wrote. Sources: ONNX LayerNormalization (opset 17), Gelu (opset 20) and
-HardSwish (opset 14) specifications.
+the normalized axes only; GELU's constants equal to float32 rounding; every intermediate used
+only inside the pattern. A near miss stays unfused, so the graph computes exactly what the model
+wrote. Sources: ONNX LayerNormalization (opset 17) and Gelu (opset 20) specifications.
 """
 
 from __future__ import annotations
@@ -257,57 +250,6 @@ def _gelu(v: _View, act: Node) -> tuple[list[Node], Node, str, str] | None:
     return nodes, last, x, approximate
 
 
-def _hard_swish(v: _View, act: Node) -> tuple[list[Node], Node, str] | None:
-    """Match a hard swish around the ``Clip`` or ``HardSigmoid`` node ``act``: ``(nodes, last,
-    x)``."""
-    if act.op == "HardSigmoid":  # x * HardSigmoid(x) with alpha 1/6, beta 1/2
-        if not (np.isclose(act.attrs.get("alpha", 0.2), 1 / 6, rtol=1e-6, atol=0.0)
-                and act.attrs.get("beta", 0.5) == 0.5):
-            return None
-        x = act.inputs[0]
-        users = v.users.get(act.outputs[0], [])
-        if len(users) != 1 or users[0].op != "Mul" or v.other(users[0], act.outputs[0]) != x:
-            return None
-        nodes, last = [act, users[0]], users[0]
-    else:  # x * Clip(x + 3, 0, 6) / 6, the division (or * 1/6) before or after the product
-        lo, hi = act.attrs.get("min"), act.attrs.get("max")
-        if lo is None or hi is None or float(lo) != 0.0 or float(hi) != 6.0:
-            return None
-        add = v.node(act.inputs[0], "Add")
-        three = next((t for t in add.inputs if v.scalar(t, 3.0)), None) if add else None
-        x = v.other(add, three) if add is not None and three is not None else None
-        if add is None or x is None or v.const(x) is not None:
-            return None
-
-        def sixth(n: Node, t: str) -> bool:  # n divides t by 6 or multiplies it by 1/6
-            o = v.other(n, t)
-            return o is not None and ((n.op == "Div" and n.inputs[0] == t and v.scalar(o, 6.0))
-                                      or (n.op == "Mul" and v.scalar(o, 1 / 6, 1e-6)))
-
-        u = v.users.get(act.outputs[0], [])
-        if len(u) != 1 or u[0].op not in ("Mul", "Div"):
-            return None
-        first = u[0]
-        nxt = v.users.get(first.outputs[0], [])
-        if len(nxt) != 1:
-            return None
-        second = nxt[0]
-        if first.op == "Mul" and v.other(first, act.outputs[0]) == x:  # (x * clip) / 6
-            if not sixth(second, first.outputs[0]):
-                return None
-        elif sixth(first, act.outputs[0]):  # x * (clip / 6)
-            if second.op != "Mul" or v.other(second, first.outputs[0]) != x:
-                return None
-        else:
-            return None
-        nodes, last = [add, act, first, second], second
-    inside = {n.name for n in nodes}
-    for n in nodes:
-        if n is not last and not all(v.private(t, inside) for t in n.outputs):
-            return None
-    return nodes, last, x
-
-
 def _rewrite(graph: Graph, params: Params, match: Callable[[_View, Node], tuple | None]
              ) -> tuple[Graph, Params, int]:
     count = 0
@@ -367,19 +309,8 @@ def _match_gelu(v: _View, n: Node) -> tuple | None:
     return nodes, new, None
 
 
-def _match_hard_swish(v: _View, n: Node) -> tuple | None:
-    if n.op not in ("Clip", "HardSigmoid"):
-        return None
-    got = _hard_swish(v, n)
-    if got is None:
-        return None
-    nodes, last, x = got
-    return nodes, Node(last.name, "HardSwish", (x,), last.outputs), None
-
-
 def fuse_transformer_patterns(graph: Graph, params: Params) -> tuple[Graph, Params]:
-    """Fuse decomposed LayerNorms, GELUs and hard swishes into ``LayerNormalization``, ``Gelu``
-    and ``HardSwish`` nodes.
+    """Fuse decomposed LayerNorms and GELUs into ``LayerNormalization`` and ``Gelu`` nodes.
 
     Args:
       graph: an imported or traced graph.
@@ -392,5 +323,4 @@ def fuse_transformer_patterns(graph: Graph, params: Params) -> tuple[Graph, Para
     """
     graph, params, _ = _rewrite(graph, params, _match_layer_norm)
     graph, params, _ = _rewrite(graph, params, _match_gelu)
-    graph, params, _ = _rewrite(graph, params, _match_hard_swish)
     return graph, params

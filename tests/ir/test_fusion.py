@@ -1,6 +1,6 @@
-"""Fusion of the decomposed LayerNorm (both variance forms), GELU (erf and tanh) and hard swish
-that exporters write: fires exactly when the subgraph equals the fused op, and the result
-equals onnxruntime on the unfused model; near misses stay unfused and exact."""
+"""Fusion of the decomposed LayerNorm (both variance forms) and GELU (erf and tanh) that exporters
+write: fires exactly when the subgraph equals the fused op, and the result equals onnxruntime
+on the unfused model; near misses stay unfused and exact."""
 
 from __future__ import annotations
 
@@ -131,44 +131,3 @@ def test_gelu_near_miss_stays_exact():
     inits["sqrt2"] = np.float32(1.5)  # not sqrt(2): some other function
     ops, _, _ = _check(nodes, inits)
     assert "Gelu" not in ops and ops["Erf"] == 1
-
-
-def _hard_swish_nodes(form="clip", order="product_first", div=True):
-    n = helper.make_node
-    if form == "hardsigmoid":
-        return ([n("HardSigmoid", ["x"], ["h"], alpha=1 / 6, beta=0.5),
-                 n("Mul", ["x", "h"], ["y"])], {})
-
-    def scale(a, out):  # a / 6 or a * (1/6)
-        return n("Div", [a, "six"], [out]) if div else n("Mul", [a, "sixth"], [out])
-
-    nodes = [n("Add", ["x", "three"], ["a"]), n("Clip", ["a", "zero", "six"], ["c"])]
-    if order == "product_first":  # (x * clip) / 6
-        nodes += [n("Mul", ["x", "c"], ["p"]), scale("p", "y")]
-    else:  # x * (clip / 6)
-        nodes += [scale("c", "q"), n("Mul", ["q", "x"], ["y"])]
-    inits = {"three": np.float32(3.0), "zero": np.float32(0.0), "six": np.float32(6.0),
-             "sixth": np.float32(1 / 6)}
-    return nodes, inits
-
-
-@pytest.mark.parametrize("form,order,div", [
-    ("clip", "product_first", True), ("clip", "scale_first", True),
-    ("clip", "product_first", False), ("hardsigmoid", None, None)])
-def test_hard_swish_fuses(form, order, div):
-    ops, _, _ = _check(*_hard_swish_nodes(form, order, div))
-    assert ops == {"HardSwish": 1}, ops
-
-
-@pytest.mark.parametrize("miss", ["clip_max_5", "other_operand", "x_plus_2"])
-def test_hard_swish_near_misses_stay_exact(miss):
-    nodes, inits = _hard_swish_nodes()
-    if miss == "clip_max_5":
-        inits["six"] = np.float32(5.0)  # Clip(., 0, 5) / 5: some other function
-    elif miss == "x_plus_2":
-        inits["three"] = np.float32(2.0)
-    else:  # the product takes another tensor than the Add's input
-        nodes.insert(0, helper.make_node("Neg", ["x"], ["nx"]))
-        nodes[3].input[0] = "nx"
-    ops, _, _ = _check(nodes, inits)
-    assert "HardSwish" not in ops and ops["Clip"] == 1
