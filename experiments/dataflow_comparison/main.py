@@ -1,16 +1,26 @@
-"""Compare weight/output/input stationary on ResNet-18, MobileNetV2 and a transformer encoder.
+"""Compare weight/output/input stationary on ResNet-18, MobileNetV2 and transformer blocks.
 
-For 16x16, 32x32 and 128x128 arrays and each dataflow: compute cycles (closed form, exact to
-SCALE-Sim) and total cycles with DRAM stalls (npujax.systolic.memory), summed over the layers;
-tables go to docs/results/dataflows.md (the prose there is written by hand after reading them,
+CNNs (hand-listed GEMMs, experiments/networks.py): for 16x16, 32x32 and 128x128 arrays and each
+dataflow, compute cycles (closed form, exact to SCALE-Sim) and total cycles with DRAM stalls
+(npujax.systolic.memory), summed over the layers.
+
+Transformers (traced graphs, every operator included): a BERT-base encoder block (LayerNorm,
+nnx.MultiHeadAttention with its softmax, GELU MLP) and one Qwen2.5-0.5B decoder block (RMSNorm,
+grouped-query attention with rotary embeddings, SwiGLU) in prefill and in decode, traced from
+Flax and lowered with npujax.lower on the edge_transformer_16x16 preset resized to each array
+(SRAM, DRAM bandwidth and vector lanes scaled as for the CNNs), so softmax, normalization and the
+attention's data movement run on the vector unit next to the GEMMs on the array.
+
+Tables go to docs/results/dataflows.md (the prose there is written by hand after reading them,
 between the markers this script leaves alone) and plots to docs/results/dataflows_*.png.
 
-Usage: PYTHONPATH=. python experiments/dataflow_comparison/main.py [--out docs/results]
+Usage: PYTHONPATH=. python experiments/dataflow_comparison/main.py [--out docs/results] [--small]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import sys
 from pathlib import Path
@@ -25,7 +35,9 @@ sys.path.insert(0, str(ROOT / "experiments"))
 from networks import NETWORKS  # noqa: E402
 
 from npujax._atomic import atomic_write_bytes, atomic_write_text  # noqa: E402
-from npujax.hw import DATAFLOWS  # noqa: E402
+from npujax.hw import DATAFLOWS, NpuSpec, load_npu_spec  # noqa: E402
+from npujax.ir.graph import Graph  # noqa: E402
+from npujax.plan import Schedule, lower  # noqa: E402
 from npujax.systolic import gemm_memory  # noqa: E402
 
 SHORT = {"weight_stationary": "WS", "output_stationary": "OS", "input_stationary": "IS"}
@@ -39,6 +51,111 @@ HARDWARE = {
     128: {"sram": 8 * 1024 * 1024, "bw": 64.0},
 }
 BEGIN, END = "<!-- tables:begin -->", "<!-- tables:end -->"
+#: The traced transformer workloads' base preset (resized per array size by :func:`spec_for`).
+TRANSFORMER_PRESET = "edge_transformer_16x16"
+#: Prompt length of the decoder's prefill and cached positions of its decode step.
+PREFILL_TOKENS, DECODE_KV = 128, 1024
+
+
+def spec_for(size: int) -> NpuSpec:
+    """The transformer preset at ``size`` x ``size``: :data:`HARDWARE`'s SRAMs and bandwidth, and
+    as many vector lanes as array columns (one output row per cycle)."""
+    base = load_npu_spec(TRANSFORMER_PRESET)
+    if size == base.array.rows:
+        return base
+    hw = HARDWARE[size]
+    return base.with_fields({
+        "array.rows": size, "array.cols": size, "vector.lanes": size,
+        "memory.ifmap_sram_bytes": hw["sram"], "memory.filter_sram_bytes": hw["sram"],
+        "memory.ofmap_sram_bytes": hw["sram"],
+        "memory.dram_bytes_per_s": hw["bw"] * base.array.clock_hz,
+    }, name=f"edge_transformer_{size}x{size}")
+
+
+def encoder_graph(seq: int = 128, d_model: int = 768, heads: int = 12, d_ff: int = 3072) -> Graph:
+    """One pre-norm encoder block at BERT-base sizes (Devlin et al. 2019; Vaswani et al. 2017),
+    traced from Flax NNX with zero weights (only the shapes matter for the latency)."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from npujax.frontends.flax import trace_flax
+    from npujax.ir.passes import optimize
+
+    class EncoderBlock(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs):
+            self.ln1 = nnx.LayerNorm(d_model, rngs=rngs)
+            self.attn = nnx.MultiHeadAttention(num_heads=heads, in_features=d_model,
+                                               decode=False, rngs=rngs)
+            self.ln2 = nnx.LayerNorm(d_model, rngs=rngs)
+            self.fc1 = nnx.Linear(d_model, d_ff, rngs=rngs)
+            self.fc2 = nnx.Linear(d_ff, d_model, rngs=rngs)
+
+        def __call__(self, h):
+            h = h + self.attn(self.ln1(h))
+            return h + self.fc2(nnx.gelu(self.fc1(self.ln2(h)), approximate=False))
+
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: EncoderBlock(nnx.Rngs(0))))
+    state = jax.tree.map(lambda v: jnp.zeros(v.shape, v.dtype), state)
+    block = nnx.merge(graphdef, state)
+    return optimize(*trace_flax(block, jnp.zeros((1, seq, d_model), jnp.float32), check=False))[0]
+
+
+def decoder_block_graph(phase: str, config: str = "qwen2.5-0.5b", prefill_tokens: int =
+                        PREFILL_TOKENS, kv_len: int = DECODE_KV) -> Graph:
+    """One decoder block of ``config`` (Qwen2.5-0.5B: its config.json shapes, see
+    ``npujax.models.transformer.DECODER_CONFIGS``) in ``phase``, traced from the reference Flax
+    decoder; the vocabulary is cut to 1,024 since the embedding and LM head are not reported."""
+    from npujax.models.transformer import DECODER_CONFIGS
+    from npujax.workflows.lowering import decoder_graph
+
+    cfg = dataclasses.replace(DECODER_CONFIGS[config], layers=1, vocab=1024)
+    return decoder_graph(cfg, phase=phase, seq_len=prefill_tokens if phase == "prefill" else 1,
+                         kv_len=kv_len, batch=1)
+
+
+def _block_layers(schedule: Schedule, decoder: bool) -> list:
+    """The block's layers: a decoder's without its embedding, final norm and LM head."""
+    layers = list(schedule.layers)
+    if not decoder:
+        return layers
+    names = [r.name for r in layers]
+    start = next(i for i, n in enumerate(names) if n.startswith("blocks/"))
+    return layers[start:names.index("norm")]
+
+
+def evaluate_traced(graph: Graph, size: int, dataflow: str, decoder: bool = False):
+    """Per-layer figures of ``graph`` lowered with ``dataflow`` on :func:`spec_for` ``(size)``:
+    array cycles (``compute``: GEMM layers' array cycles, vector layers' lane cycles), latency
+    cycles (``total``, with stalls, DMA and conversions) and DRAM bytes, plus the layer kinds."""
+    spec = spec_for(size)
+    rows = _block_layers(lower(graph, spec, dataflow=dataflow), decoder)
+    get = lambda f: np.asarray([getattr(r.costs, f) for r in rows], np.float64)  # noqa: E731
+    return {"compute": get("compute_cycles"), "total": get("latency_cycles"),
+            "stall": get("stall_cycles"), "dram": get("dram_bytes"),
+            "macs": np.asarray([r.macs for r in rows], np.float64),
+            "gemm": np.asarray([r.kind == "gemm" for r in rows]),
+            "ops": [r.op for r in rows], "pes": size * size}
+
+
+#: Traced transformer workloads: name -> (graph builder, decoder?, title).
+TRACED = {
+    "transformer_encoder": (encoder_graph, False,
+                            "transformer encoder block (traced; BERT-base, 128 tokens)"),
+    "decoder_prefill": (lambda: decoder_block_graph("prefill"), True,
+                        f"Qwen2.5-0.5B decoder block, prefill ({PREFILL_TOKENS} tokens; traced)"),
+    "decoder_decode": (lambda: decoder_block_graph("decode"), True,
+                       f"Qwen2.5-0.5B decoder block, decode (1 token, {DECODE_KV} cached; "
+                       "traced)"),
+}
+#: The same workloads at test sizes (``--small``: the whole script in seconds).
+TRACED_SMALL = {
+    "transformer_encoder": (lambda: encoder_graph(16, 64, 4, 128), False,
+                            "transformer encoder block (traced; d_model 64, 16 tokens)"),
+    "decoder_prefill": (lambda: decoder_block_graph("prefill", "tiny", 16, 64), True,
+                        "tiny decoder block, prefill (16 tokens; traced)"),
+    "decoder_decode": (lambda: decoder_block_graph("decode", "tiny", 16, 64), True,
+                       "tiny decoder block, decode (1 token, 64 cached; traced)"),
+}
 
 
 def evaluate(layers, size: int, dataflow: str):
@@ -60,7 +177,7 @@ def _plot(path, net, res):
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    sizes = sorted(HARDWARE)
+    sizes = sorted({size for size, _ in res})
     fig, ax = plt.subplots(figsize=(7, 3.8))
     width = 0.26
     for i, df in enumerate(DATAFLOWS):
@@ -107,9 +224,43 @@ def tables(all_res) -> str:
     return "\n".join(out)
 
 
+def traced_tables(all_res, titles) -> str:
+    out = []
+    for net, res in all_res.items():
+        sizes = sorted({size for size, _ in res})
+        r0 = res[(sizes[0], DATAFLOWS[0])]
+        macs = r0["macs"].sum()
+        vec_ops = sorted({op for op, g in zip(r0["ops"], r0["gemm"]) if not g})
+        out.append(f"### {titles[net]}: {int(r0['gemm'].sum())} GEMM + "
+                   f"{int((~r0['gemm']).sum())} vector layers, {macs / 1e9:.3f} GMACs\n")
+        out.append(f"Vector layers: {', '.join(vec_ops)}.\n")
+        out.append("| array | dataflow | GEMM array cycles | vector cycles | total cycles (with "
+                   "stalls) | vector % of total | stall % | GEMM utilization | DRAM MB | "
+                   "GEMM layers won |")
+        out.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for s in sizes:
+            g = res[(s, DATAFLOWS[0])]["gemm"]
+            tot = np.stack([res[(s, df)]["total"][g] for df in DATAFLOWS])
+            wins = np.bincount(np.argmin(tot, axis=0), minlength=3)
+            best = min(res[(s, df)]["total"].sum() for df in DATAFLOWS)
+            for i, df in enumerate(DATAFLOWS):
+                r = res[(s, df)]
+                gc, vc, t = r["compute"][g].sum(), r["compute"][~g].sum(), r["total"].sum()
+                vt = r["total"][~g].sum()
+                tt = f"**{t:,.0f}**" if t == best else f"{t:,.0f}"
+                out.append(f"| {s}x{s} | {SHORT[df]} | {gc:,.0f} | {vc:,.0f} | {tt} | "
+                           f"{100 * vt / t:.1f} | {100 * r['stall'].sum() / t:.1f} | "
+                           f"{macs / (gc * r['pes']):.3f} | {r['dram'].sum() / 1e6:.2f} | "
+                           f"{wins[i]} |")
+        out.append("")
+    return "\n".join(out)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(ROOT / "docs/results"))
+    p.add_argument("--small", action="store_true",
+                   help="transformer blocks at test sizes on the 16x16 array only (for tests)")
     args = p.parse_args(argv)
     out = Path(args.out)
     all_res = {}
@@ -118,7 +269,18 @@ def main(argv=None):
         res = {(s, df): evaluate(layers, s, df) for s in HARDWARE for df in DATAFLOWS}
         all_res[net] = (layers, res)
         _plot(out / f"dataflows_{net}.png", net, res)
-    body = tables(all_res)
+    traced, titles = {}, {}
+    for net, (build, decoder, title) in (TRACED_SMALL if args.small else TRACED).items():
+        titles[net] = title
+        graph = build()
+        # --small: the smallest array only (each array size and dataflow compiles the cost
+        # model once, ~3 s on the 2-core machine)
+        sizes = [min(HARDWARE)] if args.small else sorted(HARDWARE)
+        res = {(s, df): evaluate_traced(graph, s, df, decoder) for s in sizes
+               for df in DATAFLOWS}
+        traced[net] = res
+        _plot(out / f"dataflows_{net}.png", net, res)
+    body = tables(all_res) + "\n" + traced_tables(traced, titles)
     print(body)
     md = out / "dataflows.md"
     text = md.read_text() if md.exists() else f"# Dataflow comparison\n\n{BEGIN}\n{END}\n"

@@ -43,7 +43,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     from npujax.hw import FUSION_LEVELS
     from npujax.plan import OBJECTIVES, SHARING
 
-    lo.add_argument("model", nargs="*", help="an .onnx model, zoo:ppocr_cls / zoo:ppocr_det, a "
+    lo.add_argument("model", nargs="*", help="an .onnx model, zoo:ppocr_cls / zoo:ppocr_det / "
+                    "zoo:ppocr_rec, a "
                     "model.npz written by 'npujax demo', or decoder:<config> (the reference "
                     f"LLM decoder at the shapes of {', '.join(sorted(DECODER_CONFIGS))}); "
                     "several models share the NPU (none with --topology)")

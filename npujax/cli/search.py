@@ -35,7 +35,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "gradient --pin first-last --out runs/cls_policy.json"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     se.add_argument("model", help="model.npz written by 'npujax demo', an .onnx model, or "
-                    "zoo:ppocr_cls / zoo:ppocr_det (real models fetched with pip once)")
+                    "zoo:ppocr_cls / zoo:ppocr_det / zoo:ppocr_rec (real models fetched with pip "
+                    "once)")
     add_data_args(se)
     se.add_argument("--sensitivity", choices=SENSITIVITIES, default="hessian",
                     help="ilp/greedy objective: hessian (HAWQ-V3 trace x perturbation, default) "

@@ -27,7 +27,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "npujax sweep model.npz --grid array.rows=4,8,16,32,64 --grid array.cols=4,8,16,32 "
             "--sample 10 --method lhs --out sweeps/s"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    sw.add_argument("model", help="an .onnx model, zoo:ppocr_cls / zoo:ppocr_det, or a "
+    sw.add_argument("model", help="an .onnx model, zoo:ppocr_cls / zoo:ppocr_det / "
+                    "zoo:ppocr_rec, or a "
                     "model.npz written by 'npujax demo'")
     sw.add_argument("--input-shape", action="append", metavar="NAME=1,3,224,224",
                     help="static shape of an ONNX input (repeat for several inputs)")

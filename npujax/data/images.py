@@ -32,7 +32,8 @@ def _normalize(x: np.ndarray) -> np.ndarray:
     return ((x.astype(np.float32) / 255.0 - 0.5) / 0.5).astype(np.float32)
 
 
-def text_images(h: int, w: int, n: int, seed: int = 0, flip_odd: bool = False) -> np.ndarray:
+def text_images(h: int, w: int, n: int, seed: int = 0, flip_odd: bool = False,
+                fit: bool = False) -> np.ndarray:
     """``n`` rendered text images.
 
     Args:
@@ -41,6 +42,10 @@ def text_images(h: int, w: int, n: int, seed: int = 0, flip_odd: bool = False) -
       n: number of images.
       seed: words, sizes, colours and positions.
       flip_odd: rotate every odd-indexed image by 180 degrees (see :func:`orientation_labels`).
+      fit: shrink a line's font until the whole line lies inside the image, as a text
+        recogniser sees a detected line (cropped to its box, resized to the model's height);
+        otherwise a long line runs off the right edge, cut mid-character. The same seed draws
+        the same words, colours and positions either way.
 
     Returns:
       float32 ``[n, 3, h, w]``, PaddleOCR-normalized to [-1, 1].
@@ -62,8 +67,14 @@ def text_images(h: int, w: int, n: int, seed: int = 0, flip_odd: bool = False) -
         for j in range(n_lines):
             words = " ".join(rng.choice(_WORDS, size=int(rng.integers(2, 5))))
             size = int(rng.integers(12, 24)) if h >= 80 else int(h * 0.45)
-            fig.text(rng.uniform(0.0, 0.2), 0.85 - j * 0.85 / n_lines if h >= 80 else 0.25,
-                     words, fontsize=size, color=tuple(rng.uniform(0.0, 0.3, 3)))
+            t = fig.text(rng.uniform(0.0, 0.2), 0.85 - j * 0.85 / n_lines if h >= 80 else 0.25,
+                         words, fontsize=size, color=tuple(rng.uniform(0.0, 0.3, 3)))
+            for _ in range(4 if fit else 0):  # glyph extents scale almost linearly in size
+                box = t.get_window_extent(canvas.get_renderer())
+                room = 0.97 * w - box.x0
+                if box.x1 <= 0.97 * w or room <= 0:
+                    break
+                t.set_fontsize(t.get_fontsize() * room / box.width)
         canvas.draw()
         img = np.asarray(canvas.buffer_rgba())[..., :3].transpose(2, 0, 1)
         if flip_odd and i % 2:

@@ -1,7 +1,7 @@
 """Real ONNX models that ship inside pip packages (fetched and verified by
 :func:`npujax.data.fetch.fetch_member`).
 
-The two PaddleOCR models (Apache-2.0) inside the pure-Python wheel ``rapidocr-onnxruntime==1.4.4``
+The three PaddleOCR models (Apache-2.0) inside the pure-Python wheel ``rapidocr-onnxruntime==1.4.4``
 are npujax's real-model references; ``zoo:NAME`` on the command line names them.
 """
 
@@ -47,6 +47,16 @@ MODELS: dict[str, ZooModel] = {
         sha256="d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9",
         input_name="x", input_shape=(1, 3, 640, 640),
     ),
+    # PP-OCRv4 mobile text recogniser (opset 12): a PP-LCNetV3 conv backbone and an SVTR neck
+    # (two pre-norm transformer blocks: LayerNorm, 8-head self-attention, Swish MLP) before a CTC
+    # head; output [1, W/8, 6625] per-timestep character probabilities (softmax). The width is
+    # dynamic: 320 is PaddleOCR's default line width.
+    "ppocr_rec": ZooModel(
+        requirement=_WHEEL,
+        member="rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
+        sha256="48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b",
+        input_name="x", input_shape=(1, 3, 48, 320),
+    ),
 }
 
 
@@ -56,7 +66,7 @@ def fetch_model(name: str, cache_dir: str | os.PathLike[str] | None = None,
     (every model of the same wheel is cached from one download).
 
     Args:
-      name: a key of :data:`MODELS` (``"ppocr_cls"``, ``"ppocr_det"``).
+      name: a key of :data:`MODELS` (``"ppocr_cls"``, ``"ppocr_det"``, ``"ppocr_rec"``).
       cache_dir: where models are cached (default :func:`default_cache_dir`).
       timeout_s: limit for the ``pip download`` call, in seconds.
 

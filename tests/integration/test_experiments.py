@@ -11,9 +11,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.integration
 def test_dataflow_comparison_writes_tables_and_plots(tmp_path, monkeypatch):
-    monkeypatch.setattr(sys, "argv", ["main.py", "--out", str(tmp_path)])
+    monkeypatch.setattr(sys, "argv", ["main.py", "--out", str(tmp_path), "--small"])
     runpy.run_path(str(ROOT / "experiments/dataflow_comparison/main.py"), run_name="__main__")
     text = (tmp_path / "dataflows.md").read_text()
     assert "### resnet18" in text and "### mobilenet_v2" in text and "| 128x128 | OS |" in text
-    for net in ("resnet18", "mobilenet_v2", "transformer_encoder"):
+    # the transformer blocks are traced: softmax and normalization are vector layers
+    assert "transformer encoder block (traced" in text and "decode (1 token" in text
+    assert "Gelu, LayerNormalization" in text and "RMSNormalization" in text
+    for net in ("resnet18", "mobilenet_v2", "transformer_encoder", "decoder_prefill",
+                "decoder_decode"):
         assert (tmp_path / f"dataflows_{net}.png").stat().st_size > 10_000
