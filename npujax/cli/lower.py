@@ -307,7 +307,7 @@ def _run_decoder(args: argparse.Namespace) -> int:
     quant = decoder_precision(graph, widths[0], widths[1], args.kv_bits)
     result = lower_dataflows(graph, spec, quant, dataflow=args.dataflow)
     fig = decoder_figures(result.schedule, cfg, phase=args.phase, seq_len=args.seq_len,
-                          kv_len=args.kv_len, batch=batch, kv_bits=args.kv_bits)
+                          kv_len=args.kv_len, batch=batch, kv_bits=args.kv_bits, spec=spec)
     con = console()
     shape = (f"{args.seq_len} tokens" if args.phase == "prefill"
              else f"1 token, {args.kv_len} cached")
@@ -317,6 +317,10 @@ def _run_decoder(args: argparse.Namespace) -> int:
               f"{fig.tokens_per_s:,.1f} tokens/s; KV cache read per token: "
               f"{fig.kv_cache_bytes_per_token:,.0f} bytes ({args.kv_bits}-bit); weights "
               f"{widths[0]}-bit, activations {widths[1]}-bit")
+    con.print(f"roofline: {fig.roofline_s * 1e3:,.3f} ms ({fig.bound}-bound; "
+              f"{fig.arithmetic_intensity:,.1f} MACs/byte vs ridge "
+              f"{spec.ridge_macs_per_byte:,.1f}); modelled / roofline = "
+              f"{result.schedule.latency_s / fig.roofline_s:,.2f}")
     out = output_dir(args.out)
     if out is not None:
         from npujax._atomic import staged_dir

@@ -203,6 +203,10 @@ def layer_bits(layers: list[Workload], quant: QuantSpec | None
     if quant is None:
         return wb, ab
     index = {w.name: i for i, w in enumerate(layers)}
+    # embedding tables (weight-only, quant_spec(embedding_bits=...)): a Gather reads one row
+    # per token, costed as the vector layer's output; the table's width does not enter
+    quant = {n: lq for n, lq in quant.items()
+             if not (lq.act is None and n in index and layers[index[n]].op == "Gather")}
     unknown = sorted(set(quant) - set(index))
     if unknown:
         raise ConfigError(f"the quantization spec names unknown layers {unknown}; layers: "
