@@ -49,26 +49,34 @@ def main() -> None:
     ap.add_argument("--config", default=str(HERE / "config.toml"))
     ap.add_argument("--out", default=str(HERE.parents[1] / "docs" / "results"))
     ap.add_argument("--quick", action="store_true", help="1 epoch, 20 QAT steps (smoke test)")
+    ap.add_argument("--float-model", help="reuse the float model saved here (npujax.save_graph "
+                    "file; written after training when missing)")
     args = ap.parse_args()
     cfg = load_config(args.config)
     fl, qc, sc = cfg["float"], cfg["qat"], dict(cfg["search"])
     if args.quick:
-        fl["epochs"], qc["steps"] = 1, 20
+        fl["epochs"], qc["steps"], cfg["mixed_qat"]["steps"] = 1, 20, 20
     con = Console()
     data = load_mnist5k_nhwc()
     x, y, xte, yte = data.x_train, data.y_train, data.x_test, data.y_test
     rows, res = [], {"config": cfg}
 
     t = time.time()
-    steps = fl["epochs"] * (len(x) // fl["batch_size"])
-    warm = min(fl["warmup_epochs"] * (len(x) // fl["batch_size"]), steps // 2)
-    opt = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, fl["learning_rate"], warm, steps),
-                      weight_decay=fl["weight_decay"])
-    model = train_float(data, epochs=fl["epochs"], learning_rate=fl["learning_rate"],
-                        batch_size=fl["batch_size"], seed=fl["seed"], progress=True,
-                        model=ViT(**cfg["model"], rngs=nnx.Rngs(fl["seed"])), optimizer=opt,
-                        augment=lambda xb, rng: shift(xb, rng, fl["shift_pixels"]))
-    graph, params = nj.optimize(*nj.trace_flax(model, x[:1]))
+    if args.float_model and Path(args.float_model).exists():
+        graph, params = nj.load_graph(args.float_model)[:2]
+    else:
+        steps = fl["epochs"] * (len(x) // fl["batch_size"])
+        warm = min(fl["warmup_epochs"] * (len(x) // fl["batch_size"]), steps // 2)
+        opt = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, fl["learning_rate"], warm,
+                                                             steps),
+                          weight_decay=fl["weight_decay"])
+        model = train_float(data, epochs=fl["epochs"], learning_rate=fl["learning_rate"],
+                            batch_size=fl["batch_size"], seed=fl["seed"], progress=True,
+                            model=ViT(**cfg["model"], rngs=nnx.Rngs(fl["seed"])), optimizer=opt,
+                            augment=lambda xb, rng: shift(xb, rng, fl["shift_pixels"]))
+        graph, params = nj.optimize(*nj.trace_flax(model, x[:1]))
+        if args.float_model:
+            nj.save_graph(args.float_model, graph, params)
     spec = nj.load_npu_spec(sc.pop("npu"))
     int8_s = nj.lower(graph, spec).latency_s
     acc = nj.evaluate(graph, params, xte, yte)
@@ -94,16 +102,18 @@ def main() -> None:
     report = nj.search_precision(graph, params, spec, x, y, qs8,
                                  nj.SearchConfig(**sc, progress=True))
     policy = report.policy
-    qm = policy.quant_spec(graph)
+    mc = cfg["mixed_qat"]
+    qm = policy.quant_spec(graph, quantizer=mc["quantizer"])
     pm, qsm = nj.ptq(graph, params, calib, qm)
     ptq_m = nj.evaluate(graph, pm, xte, yte, quant=qm, qstate=qsm)
-    pm = nj.train_graph(graph, pm, x, y, steps=qc["steps"], learning_rate=qc["learning_rate"],
-                        quant=qm, qstate=qsm, progress=True, description="QAT mixed")
+    pm, qsm = nj.train_graph(graph, pm, x, y, steps=mc["steps"],
+                             learning_rate=mc["learning_rate"], quant=qm, qstate=qsm,
+                             progress=True, description="QAT mixed", return_qstate=True)
     lat = nj.lower(graph, spec, qm).latency_s
     widths = sorted({(policy.weight_bits[n], policy.act_bits[n]) for n in qm})
     rows.append((f"mixed PTQ ({report.method}, budget {sc['budget_ratio']} x INT8)", ptq_m, lat,
                  ""))
-    rows.append((f"mixed QAT ({qc['steps']} steps)",
+    rows.append((f"mixed QAT ({mc['quantizer'].upper()}, {mc['steps']} steps)",
                  nj.evaluate(graph, pm, xte, yte, quant=qm, qstate=qsm), lat,
                  f"{time.time() - t:.0f} s search + QAT"))
     res["policy"] = {n: [policy.weight_bits[n], policy.act_bits[n]] for n in qm}

@@ -26,10 +26,10 @@ from npujax.ops.registry import operand_quantized_ops as operand_quantized_ops
 from npujax.ops.registry import ops_with as ops_with
 from npujax.ops.registry import out_channel_view as out_channel_view
 from npujax.ops.registry import quantizable_nodes as quantizable_nodes
-from npujax.ops.registry import weight_role as weight_role
 from npujax.ops.registry import quantized_ops as quantized_ops
 from npujax.ops.registry import register as register
 from npujax.ops.registry import run_op as run_op
+from npujax.ops.registry import weight_role as weight_role
 
 for _m in pkgutil.iter_modules(__path__):
     if not _m.name.startswith("_") and _m.name != "registry":

@@ -26,6 +26,7 @@ from npujax.plan.pipeline import OBJECTIVES as OBJECTIVES
 from npujax.plan.pipeline import CoreSchedule as CoreSchedule
 from npujax.plan.pipeline import best_core_schedule as best_core_schedule
 from npujax.plan.pipeline import core_schedules as core_schedules
+from npujax.plan.shapes import sweep_shapes as sweep_shapes
 from npujax.plan.workload import Workload as Workload
 from npujax.plan.workload import workloads as workloads
 
@@ -38,6 +39,7 @@ __all__ = [
     "lower_models",
     "MemoryReport",
     "memory_report",
+    "sweep_shapes",
     "CoreSchedule",
     "best_core_schedule",
     "core_schedules",

@@ -22,9 +22,9 @@ from npujax.plan import lower
 from npujax.quant import IntFormat
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.execute import execute
+from npujax.quantize.quantizers import split_learned
 from npujax.quantize.quantizers.lsq import LSQState
 from npujax.quantize.spec import SOFTMAX_RANGE, quant_spec
-from npujax.quantize.quantizers import split_learned
 from npujax.workflows.lowering import decoder_graph, decoder_precision, kv_cache_operands
 from tests.helpers import numpy_init
 from tests.onnx_models import ort_run

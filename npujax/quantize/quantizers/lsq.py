@@ -58,7 +58,14 @@ import jax.numpy as jnp
 
 from npujax.errors import ConfigError
 from npujax.ops import kernel_out_axis
-from npujax.quant import MIN_SCALE, FloatFormat, lsq_fake_quant, lsq_init_step, weight_qparams
+from npujax.quant import (
+    MIN_SCALE,
+    FloatFormat,
+    IntFormat,
+    lsq_fake_quant,
+    lsq_init_step,
+    weight_qparams,
+)
 from npujax.quantize.quantizers.base import (
     Quantizer,
     WeightGrid,
