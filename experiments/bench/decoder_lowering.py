@@ -34,7 +34,7 @@ def timed(fn):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="qwen2.5-0.5b", choices=sorted(DECODER_CONFIGS))
-    ap.add_argument("--seq-lens", default="16,32,64,128,256,512,1024,2048")
+    ap.add_argument("--seq-lens", default="16,64,256,1024,4096")
     ap.add_argument("--npu", default="edge_transformer_16x16,datacenter_128x128")
     ap.add_argument("--repeats", type=int, default=5)
     a = ap.parse_args()
@@ -69,15 +69,19 @@ def main() -> None:
               f"({len(seqs)} cost programs), vmapped {t_sweep:.2f} s first / "
               f"{t_sweep2 * 1e3:.1f} ms steady (1 program; {t_points / t_sweep:.1f}x / "
               f"{t_points / t_sweep2:.0f}x); same latencies: {same}")
-        print("| seq len | latency ms | tokens/s | MACs/byte | roofline bound | "
-              "modelled / roofline |\n|---|---|---|---|---|---|")
+        print(f"| seq len | latency ms | tokens/s | MACs/byte (ridge "
+              f"{spec.ridge_macs_per_byte:.0f}) | roofline bound | modelled / roofline | "
+              "time in compute-bound layers |\n|---|---|---|---|---|---|---|")
+        busy = costs.compute_cycles >= costs.memory_cycles  # per layer (NPU layers)
         for i, s in enumerate(seqs):
+            cyc = costs.latency_cycles[i]
             sched_macs = float(sum(w.macs for w in pts[i]))
             nbytes = float(costs.dram_bytes[i].sum())
             comp, mem = sched_macs / spec.peak_macs_per_s, nbytes / spec.memory.dram_bytes_per_s
             print(f"| {s} | {lat[i] * 1e3:,.3f} | {s / lat[i]:,.0f} | "
                   f"{sched_macs / nbytes:,.1f} | {'compute' if comp >= mem else 'memory'} | "
-                  f"{lat[i] / max(comp, mem):.2f} |")
+                  f"{lat[i] / max(comp, mem):.2f} | "
+                  f"{100 * cyc[busy[i]].sum() / cyc.sum():.0f} % |")
     print(f"\ntracing: {sum(trace_s):.1f} s for {len(seqs)} lengths "
           f"({statistics.median(trace_s):.2f} s median)")
 

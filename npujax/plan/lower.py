@@ -343,9 +343,10 @@ def lower(
     ints = ("compute_cycles", "fill_drain_cycles", "folds")
     clock = spec.array.clock_hz
     reports = []
+    cols = {k: ([int(x) for x in v.tolist()] if k in ints else [float(x) for x in v.tolist()])
+            for k, v in costs._asdict().items()}  # (Python numbers once, not per element)
     for i, w in enumerate(layers):
-        c = LayerCosts(**{k: (int(v[i]) if k in ints else float(v[i]))
-                          for k, v in costs._asdict().items()})
+        c = LayerCosts(**{k: v[i] for k, v in cols.items()})
         bound = ("fallback" if w.device == "cpu" else
                  "compute" if c.compute_cycles >= c.memory_cycles else "memory")
         reports.append(LayerReport(
