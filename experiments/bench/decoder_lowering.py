@@ -34,7 +34,7 @@ def timed(fn):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="qwen2.5-0.5b", choices=sorted(DECODER_CONFIGS))
-    ap.add_argument("--seq-lens", default="16,64,256,1024,4096")
+    ap.add_argument("--seq-lens", default="16,64,256,1024,2048")
     ap.add_argument("--npu", default="edge_transformer_16x16,datacenter_128x128")
     ap.add_argument("--repeats", type=int, default=5)
     a = ap.parse_args()

@@ -71,7 +71,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     lo.add_argument("--kv-len", type=positive_int, default=1024,
                     help="decoder: cached positions of a decode step (default 1024)")
     lo.add_argument("--kv-bits", type=positive_int, default=8,
-                    help="decoder: width of the attention MatMuls' operands, the KV cache "
+                    help="decoder: width of the KV cache, the K/V operand of each decode "
+                    "attention MatMul; the query and the softmax output take --act-bits "
                     "(default 8)")
     lo.add_argument("--sweep-resolution", action="store_true",
                     help="also lower at half and double the input resolution (ONNX models)")
