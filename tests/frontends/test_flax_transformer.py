@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from npujax.frontends.flax import trace_flax
 from npujax.errors import ConfigError
+from npujax.frontends.flax import trace_flax
 from npujax.models.transformer import DECODER_CONFIGS, Decoder, ViT
 from tests.helpers import jit_execute, jit_model, jit_once, numpy_fill, numpy_init
 
