@@ -1,10 +1,12 @@
 """Time of one jitted QAT training step vs the float step on the same model, same run.
 
-Usage: python experiments/bench/qat_step.py [--model lenet|resnet] [--batch 64] [--repeats 50]
+Usage: python experiments/bench/qat_step.py [--model lenet|resnet|vit] [--batch 64] [--repeats 50]
 
 Both steps are ``value_and_grad`` of the cross-entropy of ``npujax.quantize.execute`` plus an Adam
 update, jitted once; the QAT step adds W8A8 fake-quant (per-channel weight scales from the
-current weights, calibrated per-tensor activation ranges, straight-through gradients). The two
+current weights, calibrated per-tensor activation ranges, straight-through gradients; for the
+ViT of experiments/vit_mnist also both operands of attention's ``Q K^T`` and ``P V`` and the
+softmax output on its fixed grid). The two
 are timed interleaved (median of ``repeats`` rounds, each step blocked on), so load on a shared
 machine affects both alike. Prints the ratio; the target is <= 1.3x.
 """
@@ -24,6 +26,7 @@ from flax import nnx
 from npujax.frontends.flax import trace_flax
 from npujax.ir.passes import optimize
 from npujax.models.cnn import LeNet, SmallResNet
+from npujax.models.transformer import ViT
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.execute import execute
 from npujax.quantize.spec import quant_spec
@@ -43,15 +46,19 @@ def make_step(graph, opt, quant=None, qstate=None):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", choices=("lenet", "resnet"), default="lenet")
+    ap.add_argument("--model", choices=("lenet", "resnet", "vit"), default="lenet")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=50)
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.uniform(size=(args.batch, 28, 28, 1)), jnp.float32)
     y = jnp.asarray(rng.integers(0, 10, args.batch), jnp.int32)
-    cls = LeNet if args.model == "lenet" else SmallResNet
-    model = cls(rngs=nnx.Rngs(0), in_shape=(28, 28, 1))
+    if args.model == "vit":  # the ViT of experiments/vit_mnist/config.toml
+        model = ViT(image=28, patch=7, d_model=64, heads=4, d_ff=128, layers=2,
+                    patch_embedding="linear", rngs=nnx.Rngs(0))
+    else:
+        cls = LeNet if args.model == "lenet" else SmallResNet
+        model = cls(rngs=nnx.Rngs(0), in_shape=(28, 28, 1))
     model.eval()
     graph, params = optimize(*trace_flax(model, x[:1]))
     q = quant_spec(graph, 8, 8)

@@ -5,7 +5,9 @@ Usage: python experiments/transformer_quant/lower_decoders.py [--config qwen2.5-
 Traces the reference decoder (zero weights, the shapes of a public config) for a prefill at
 several prompt lengths and one decode step, lowers it on edge_transformer_16x16 and
 datacenter_128x128 at W8A8, with 4-bit weights (int8 compute, an 8- or 16-bit KV cache) and
-weight-only int4 (16-bit activations), and prints markdown tables
+weight-only int4 (16-bit activations), and prints markdown tables. The KV cache is the K/V
+operand of the decode step's attention MatMuls (``--kv-bits``); the query and the softmax output
+take the activation width. ``--seq-lens ""`` lowers the decode step only
 (docs/results/transformers.md).
 """
 
@@ -31,9 +33,9 @@ def main() -> None:
     cfg = DECODER_CONFIGS[a.config]
     print(f"{a.config}: {cfg.source}\n")
     print("| phase | preset | precision | latency ms | tokens/s | KV bytes/token | "
-          "memory-bound layers |")
-    print("|---|---|---|---|---|---|---|")
-    runs = [("prefill", int(s)) for s in a.seq_lens.split(",")] + [("decode", 1)]
+          "memory-bound layers | roofline bound |")
+    print("|---|---|---|---|---|---|---|---|")
+    runs = [("prefill", int(s)) for s in a.seq_lens.split(",") if s] + [("decode", 1)]
     for phase, seq in runs:
         t = time.time()
         g = decoder_graph(cfg, phase=phase, seq_len=seq, kv_len=a.kv_len, batch=1)
@@ -46,12 +48,13 @@ def main() -> None:
                     continue
                 s = lower(g, spec, decoder_precision(g, *bits))
                 f = decoder_figures(s, cfg, phase=phase, seq_len=seq, kv_len=a.kv_len, batch=1,
-                                    kv_bits=bits[2])
+                                    kv_bits=bits[2], spec=spec)
                 shape = f"{seq} tokens" if phase == "prefill" else f"kv {a.kv_len}"
                 mem = sum(r.bound == "memory" for r in s.layers)
                 print(f"| {phase} ({shape}) | {preset} | {label} | {s.latency_s * 1e3:,.3f} | "
                       f"{f.tokens_per_s:,.0f} | {f.kv_cache_bytes_per_token:,.0f} | "
-                      f"{mem}/{len(s.layers)} |", flush=True)
+                      f"{mem}/{len(s.layers)} | {f.bound} ({f.roofline_s * 1e3:,.3f} ms) |",
+                      flush=True)
         print(f"<!-- traced {phase} in {traced:.0f} s -->", flush=True)
 
 

@@ -72,6 +72,7 @@ from npujax.ir.graph import Graph, Node, Params
 from npujax.ops import (
     OPS,
     apply_epilogue,
+    embedding_nodes,
     gemm_nodes,
     kernel_out_axis,
     operand_quantized_ops,
@@ -335,6 +336,12 @@ def convert(
                 multiplier=jnp.asarray(mult32, jnp.float32), output_frac_bits=fb)
         layers[node.name] = layer
     rest = {k: v for k, v in params.items() if k not in layers}
+    for node in embedding_nodes(graph):  # a quantized table: its grid values (Gather is exact)
+        lq = quant.get(node.name)
+        if lq is not None and lq.weight_candidates:
+            t = jnp.asarray(params[node.name]["table"], jnp.float32)
+            rest[node.name] = {**rest[node.name], "table": lq.quantizer.quantize_kernel(
+                node, lq, t, layer_state(quant, qstate, node.name))}
     matmuls = {n.name: _convert_matmul(graph, n, quant, qstate)
                for n in graph.nodes if n.op in operand_quantized_ops() and n.name in quant}
     return IntegerModel(graph=graph, params=rest, layers=layers, requant=requant,

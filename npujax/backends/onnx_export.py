@@ -41,7 +41,7 @@ from npujax._atomic import atomic_write_bytes
 from npujax.backends.integer import requant_target
 from npujax.errors import ConfigError, NpujaxError, UnsupportedOpError
 from npujax.ir.graph import Graph, Node, Params, fresh_name
-from npujax.ops import OPS
+from npujax.ops import OPS, kernel_out_axis
 from npujax.quant import FloatFormat, IntFormat
 from npujax.quant.fixed_point import quantize_bias
 from npujax.quantize.execute import layer_state
@@ -242,6 +242,14 @@ class _Writer:
         act = self.quant[target].act
         assert act is not None
         self._qdq(pre, out, act, target, node.name, "out")
+
+    def table(self, node: Node) -> str:
+        """Name of an embedding Gather's table: a float initializer, or integer codes and a
+        per-row ``DequantizeLinear`` when the spec quantizes it (``embedding_bits``)."""
+        if self.layer_quant(node) is None:
+            return self.init(f"{node.name}.table", self.param(node, "table"))
+        axis = kernel_out_axis(node)
+        return self.weights(node, self.param(node, "table"), axis, 1 - axis)[0]
 
     def weights(self, node: Node, kernel: np.ndarray, axis: int, in_axis: int
                 ) -> tuple[str, str | None]:

@@ -72,7 +72,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     lo.add_argument("--kv-len", type=positive_int, default=1024,
                     help="decoder: cached positions of a decode step (default 1024)")
     lo.add_argument("--kv-bits", type=positive_int, default=8,
-                    help="decoder: width of the attention MatMuls' operands, the KV cache "
+                    help="decoder: width of the KV cache, the K/V operand of each decode "
+                    "attention MatMul; the query and the softmax output take --act-bits "
                     "(default 8)")
     lo.add_argument("--sweep-resolution", action="store_true",
                     help="also lower at half and double the input resolution (ONNX models)")
@@ -308,7 +309,7 @@ def _run_decoder(args: argparse.Namespace) -> int:
     quant = decoder_precision(graph, widths[0], widths[1], args.kv_bits)
     result = lower_dataflows(graph, spec, quant, dataflow=args.dataflow)
     fig = decoder_figures(result.schedule, cfg, phase=args.phase, seq_len=args.seq_len,
-                          kv_len=args.kv_len, batch=batch, kv_bits=args.kv_bits)
+                          kv_len=args.kv_len, batch=batch, kv_bits=args.kv_bits, spec=spec)
     con = console()
     shape = (f"{args.seq_len} tokens" if args.phase == "prefill"
              else f"1 token, {args.kv_len} cached")
@@ -318,6 +319,10 @@ def _run_decoder(args: argparse.Namespace) -> int:
               f"{fig.tokens_per_s:,.1f} tokens/s; KV cache read per token: "
               f"{fig.kv_cache_bytes_per_token:,.0f} bytes ({args.kv_bits}-bit); weights "
               f"{widths[0]}-bit, activations {widths[1]}-bit")
+    con.print(f"roofline: {fig.roofline_s * 1e3:,.3f} ms ({fig.bound}-bound; "
+              f"{fig.arithmetic_intensity:,.1f} MACs/byte vs ridge "
+              f"{spec.ridge_macs_per_byte:,.1f}); modelled / roofline = "
+              f"{result.schedule.latency_s / fig.roofline_s:,.2f}")
     out = output_dir(args.out)
     if out is not None:
         from npujax._atomic import staged_dir

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import numpy as np
 import optax
 from flax import nnx
 
@@ -16,6 +19,8 @@ __all__ = ["train_float"]
 def train_float(
     data: Dataset, *, epochs: int, learning_rate: float, batch_size: int, seed: int,
     progress: bool = False, model: nnx.Module | None = None,
+    optimizer: optax.GradientTransformation | None = None,
+    augment: Callable[[np.ndarray, np.random.Generator], np.ndarray] | None = None,
 ) -> nnx.Module:
     """Train ``model`` in float with optax Adam and a cosine-decayed learning rate.
 
@@ -27,14 +32,21 @@ def train_float(
       seed: initialisation (of the default model) and shuffling seed.
       progress: show a progress bar.
       model: an ``nnx.Module`` mapping a batch to logits; default a new :class:`DigitsCNN`.
+      optimizer: any optax transformation instead of the default (then ``learning_rate`` is
+        unused), e.g. AdamW with warm-up for a transformer.
+      augment: ``augment(x_batch, rng) -> x_batch`` applied to every training batch (numpy,
+        same shape), e.g. random shifts; ``rng`` is seeded from ``seed``.
 
     Returns:
       The trained model, in eval mode (BatchNorm trained in training mode, then frozen).
     """
     model = model if model is not None else DigitsCNN(rngs=nnx.Rngs(seed))
     steps_per_epoch = max(1, len(data.x_train) // batch_size)
-    schedule = optax.cosine_decay_schedule(learning_rate, epochs * steps_per_epoch)
-    optimizer = nnx.Optimizer(model, optax.adam(schedule), wrt=nnx.Param)
+    if optimizer is None:
+        optimizer = optax.adam(optax.cosine_decay_schedule(learning_rate,
+                                                           epochs * steps_per_epoch))
+    opt = nnx.Optimizer(model, optimizer, wrt=nnx.Param)
+    rng = np.random.default_rng(seed)
 
     @nnx.jit
     def step(model, optimizer, x, y):
@@ -46,6 +58,7 @@ def train_float(
     batches = batch_iterator(data.x_train, data.y_train, batch_size, seed)
     with progress_bar(progress, "float training", epochs * steps_per_epoch) as advance:
         for _ in range(epochs * steps_per_epoch):
-            advance(step(model, optimizer, *next(batches)))
+            x, y = next(batches)
+            advance(step(model, opt, x if augment is None else augment(x, rng), y))
     model.eval()
     return model

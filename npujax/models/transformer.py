@@ -4,7 +4,9 @@ Both are written from the usual pieces so that :func:`npujax.trace_flax` turns t
 graph ops: ``nnx.LayerNorm``/``nnx.RMSNorm``, ``nnx.Linear``, ``nnx.Embed``, attention as
 ``einsum``s with a softmax and a mask, GELU or SwiGLU, rotary position embeddings.
 
-* :class:`ViT`: patch embedding (a strided convolution), a class token and learned position
+* :class:`ViT`: patch embedding (a strided convolution, or the same map as a linear layer on
+  flattened patches, the form NPU compilers run a stride-equals-kernel convolution in), a class
+  token and learned position
   embeddings, pre-norm encoder blocks (``nnx.MultiHeadAttention``, GELU MLP), a linear head on
   the class token (Dosovitskiy et al. 2021, arXiv:2010.11929).
 * :class:`Decoder`: a Llama/Qwen-style decoder (Touvron et al. 2023, arXiv:2302.13971): token
@@ -227,15 +229,32 @@ class ViT(nnx.Module):
       d_ff: the MLP's inner size.
       layers: encoder blocks.
       classes: outputs of the head.
+      patch_embedding: ``"conv"`` (an ``nnx.Conv`` with stride = kernel = ``patch``) or
+        ``"linear"`` (the image cut into flattened ``patch x patch x channels`` patches by a
+        reshape and a transpose, then an ``nnx.Linear``: the same function, a Gemm in the graph,
+        where the convolution's stride exceeds what many NPU convolution engines accept).
       rngs: parameter initialisation.
+
+    Raises:
+      ConfigError: ``image`` not a multiple of ``patch``, or an unknown ``patch_embedding``.
     """
 
     def __init__(self, *, image: int = 28, channels: int = 1, patch: int = 7, d_model: int = 32,
                  heads: int = 4, d_ff: int = 64, layers: int = 2, classes: int = 10,
-                 rngs: nnx.Rngs) -> None:
+                 patch_embedding: str = "conv", rngs: nnx.Rngs) -> None:
+        if image % patch:
+            raise ConfigError(f"ViT: image side {image} must be a multiple of patch {patch}.")
+        if patch_embedding not in ("conv", "linear"):
+            raise ConfigError(f"ViT: patch_embedding must be 'conv' or 'linear', got "
+                              f"{patch_embedding!r}.")
         n = (image // patch) ** 2
-        self.patch = nnx.Conv(channels, d_model, (patch, patch), strides=(patch, patch),
-                              padding="VALID", rngs=rngs)
+        self.patch_size = patch
+        self.patch: nnx.Conv | nnx.Linear
+        if patch_embedding == "conv":
+            self.patch = nnx.Conv(channels, d_model, (patch, patch), strides=(patch, patch),
+                                  padding="VALID", rngs=rngs)
+        else:
+            self.patch = nnx.Linear(patch * patch * channels, d_model, rngs=rngs)
         self.cls = nnx.Param(0.02 * jax.random.normal(rngs.params(), (1, 1, d_model)))
         self.pos = nnx.Param(0.02 * jax.random.normal(rngs.params(), (1, n + 1, d_model)))
         self.norms1 = nnx.List([nnx.LayerNorm(d_model, rngs=rngs) for _ in range(layers)])
@@ -249,6 +268,11 @@ class ViT(nnx.Module):
         self.head = nnx.Linear(d_model, classes, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
+        if isinstance(self.patch, nnx.Linear):
+            b, hh, ww, c = x.shape
+            p = self.patch_size
+            x = x.reshape(b, hh // p, p, ww // p, p, c).transpose(0, 1, 3, 2, 4, 5)
+            x = x.reshape(b, (hh // p) * (ww // p), p * p * c)
         h = self.patch(x)
         b = h.shape[0]
         h = h.reshape(b, -1, h.shape[-1])

@@ -15,6 +15,7 @@ from npujax.ops.registry import ArrayWork as ArrayWork
 from npujax.ops.registry import OpDef as OpDef
 from npujax.ops.registry import VectorWork as VectorWork
 from npujax.ops.registry import apply_epilogue as apply_epilogue
+from npujax.ops.registry import embedding_nodes as embedding_nodes
 from npujax.ops.registry import epilogue_ops as epilogue_ops
 from npujax.ops.registry import gemm_nodes as gemm_nodes
 from npujax.ops.registry import get_op as get_op
@@ -28,6 +29,7 @@ from npujax.ops.registry import quantizable_nodes as quantizable_nodes
 from npujax.ops.registry import quantized_ops as quantized_ops
 from npujax.ops.registry import register as register
 from npujax.ops.registry import run_op as run_op
+from npujax.ops.registry import weight_role as weight_role
 
 for _m in pkgutil.iter_modules(__path__):
     if not _m.name.startswith("_") and _m.name != "registry":
@@ -37,5 +39,5 @@ __all__ = [
     "OpDef", "ArrayWork", "VectorWork", "OPS", "ONNX_IMPORTERS", "ONNX_WEIGHT_OPS", "register",
     "onnx_importer", "get_op", "run_op", "gemm_nodes", "quantized_ops", "kernel_out_axis",
     "kernel_in_axis", "out_channel_view", "apply_epilogue", "epilogue_ops", "ops_with",
-    "operand_quantized_ops", "quantizable_nodes",
+    "operand_quantized_ops", "quantizable_nodes", "embedding_nodes", "weight_role",
 ]

@@ -7,7 +7,10 @@ ONNX semantics (https://onnx.ai/onnx/operators/):
   indices count from the end. An embedding table is a param (role ``table``, trainable; the
   Flax tracer makes ``nnx.Embed``/``nn.Embed`` such a node, named by its module path) and the
   node then reads only ``indices``; otherwise ``data`` is the first input (an activation or a
-  constant).
+  constant). A table may be quantized weight-only (``quant_spec(..., embedding_bits=b)``):
+  symmetric per row (one scale per token's vector, the row-wise embedding quantization of
+  FBGEMM and of LLM runtimes), exported as integer codes and a ``DequantizeLinear`` before the
+  ``Gather``.
 * ``Where(condition, X, Y)``: ``X`` where ``condition`` else ``Y``, multidirectional broadcasting
   (attention masks).
 * ``Expand(input, shape)``: ``input`` broadcast with ``shape`` (bidirectionally: a 1 in ``shape``
@@ -95,7 +98,7 @@ def _import_expand(ctx: Any, n: Any, a: Mapping[str, Any]) -> None:
 def _export_gather(w: Any, node: Node) -> None:
     ins = list(node.inputs)
     if "table" in node.params:
-        ins = [w.init(f"{node.name}.table", w.param(node, "table")), *ins]
+        ins = [w.table(node), *ins]
     w.add("Gather", ins, list(node.outputs), node.name, axis=int(node.attrs.get("axis", 0)))
 
 
@@ -115,7 +118,9 @@ def _export_expand(w: Any, node: Node) -> None:
 
 register(
     OpDef(name="Gather", run=_gather, cost="vector", export=_export_gather, integers=True,
-          index_inputs=(1,)),
+          index_inputs=(1,), weight_role="table",
+          kernel_out_axis=lambda n: int(n.attrs.get("axis", 0)),
+          kernel_in_axis=lambda n: 1 - int(n.attrs.get("axis", 0))),
     OpDef(name="Where", run=_where, cost="elementwise", export=_export_where,
           jax_primitives=(), integers=True),
     OpDef(name="Expand", run=_expand, cost="vector", export=_export_expand, codes="exact",

@@ -138,6 +138,7 @@ class OpDef:
     channel_view: Callable[[Node, Any], tuple[Any, int, Callable[[Any], Any]]] | None = None
     quantized: bool = False
     quantized_operands: bool = False
+    weight_role: str = "kernel"
     jax_primitives: tuple[str, ...] = ()
     batch_dependent: bool = False
     integers: bool = False
@@ -214,6 +215,22 @@ def gemm_nodes(graph: Graph) -> list[Node]:
     """The graph's quantizable GEMM layers with a weight kernel (Conv, Gemm), in graph order."""
     q = quantized_ops()
     return [n for n in graph.nodes if n.op in q]
+
+
+def embedding_nodes(graph: Graph) -> list[Node]:
+    """The graph's embedding lookups, in graph order: Gather nodes that read a parameter table
+    (role ``table``, e.g. a traced ``nnx.Embed``), whose tables a spec may quantize weight-only
+    (``quant_spec(..., embedding_bits=b)``)."""
+    return [n for n in graph.nodes
+            if OPS.get(n.op) is not None and OPS[n.op].weight_role == "table"
+            and "table" in n.params]
+
+
+def weight_role(node: Node) -> str:
+    """The param role of a quantized layer's weight: ``"kernel"`` (Conv, Gemm, ...) or
+    ``"table"`` (an embedding Gather)."""
+    d = OPS.get(node.op)
+    return d.weight_role if d is not None else "kernel"
 
 
 def operand_quantized_ops() -> frozenset[str]:

@@ -36,6 +36,7 @@ from npujax.plan.profile import MatchedProfile as MatchedProfile
 from npujax.plan.profile import Profile as Profile
 from npujax.plan.profile import match_profile as match_profile
 from npujax.plan.profile import read_profile as read_profile
+from npujax.plan.shapes import sweep_shapes as sweep_shapes
 from npujax.plan.workload import Workload as Workload
 from npujax.plan.workload import workloads as workloads
 
@@ -48,6 +49,7 @@ __all__ = [
     "lower_models",
     "MemoryReport",
     "memory_report",
+    "sweep_shapes",
     "CoreSchedule",
     "best_core_schedule",
     "core_schedules",

@@ -50,7 +50,7 @@ bit widths (burst rounding passes the gradient of the unrounded bytes straight t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -64,7 +64,14 @@ from npujax.systolic.dataflow import gemm_cycles, get_dataflow
 from npujax.systolic.memory import gemm_memory
 from npujax.systolic.precision import get_precision_scaling, passes
 
-__all__ = ["LayerCosts", "layer_costs", "first_consumers", "BREAKDOWN", "EXACT_FIELDS"]
+__all__ = ["LayerCosts", "layer_costs", "first_consumers", "BREAKDOWN", "EXACT_FIELDS",
+           "SHAPE_FIELDS"]
+
+#: The numeric :class:`~npujax.plan.Workload` fields the cost model reads (the ``shapes`` of
+#: :func:`layer_costs`); the rest (kind, device, producer, fusion) is the workloads' structure.
+SHAPE_FIELDS = ("M", "K", "N", "groups", "macs", "weight_elems", "bias_elems", "in_elems",
+                "out_elems", "vector_ops", "special_ops", "cpu_ops", "link_in_elems",
+                "link_out_elems", "link_transfers")
 
 #: The latency components of a layer; they sum exactly to its latency. ``compute`` is the
 #: streaming part of ``compute_cycles`` (the rest is ``fill_drain``).
@@ -168,6 +175,7 @@ def layer_costs(
     *,
     relaxed: bool = False,
     temperature: float = _relax.DEFAULT_TEMPERATURE,
+    shapes: Mapping[str, jax.Array] | None = None,
 ) -> LayerCosts:
     """Vectorised cost of ``layers`` (pure jnp; jit/vmap over ``spec``, grad w.r.t. the bits).
 
@@ -194,6 +202,11 @@ def layer_costs(
         :data:`EXACT_FIELDS` come back as float64 whole numbers (exact below 2**53).
       temperature: relative temperature of the smoothed maximum and steps (static, in (0, 10];
         only with ``relaxed``): their gradient blends both sides over about this fraction.
+      shapes: ``{field: [L] array}`` of numeric workload fields (:data:`SHAPE_FIELDS`: GEMM
+        extents, element and operation counts) that replace those of ``layers``, as traced
+        values: one compiled program then serves every workload list of the same structure at
+        other shapes (``jax.vmap`` over a sequence-length sweep, :func:`npujax.plan.
+        sweep_shapes`). Pass int64/float64 arrays under ``jax.enable_x64`` to keep counts exact.
 
     Returns:
       :class:`LayerCosts` of ``[L]`` arrays (see above for their dtypes).
@@ -213,9 +226,9 @@ def layer_costs(
     x64 = bool(jax.config.read("jax_enable_x64"))
     if relaxed:
         with _relax.relaxed(temperature):
-            costs = _layer_costs(layers, spec, weight_bits, act_bits, dataflow)
+            costs = _layer_costs(layers, spec, weight_bits, act_bits, dataflow, shapes)
     else:
-        costs = _layer_costs(layers, spec, weight_bits, act_bits, dataflow)
+        costs = _layer_costs(layers, spec, weight_bits, act_bits, dataflow, shapes)
     if x64:
         return costs
     return costs._replace(**{k: v.astype(jnp.float32) for k, v in costs._asdict().items()
@@ -224,19 +237,26 @@ def layer_costs(
 
 @exact
 def _layer_costs(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Array,
-                 act_bits: jax.Array, dataflow: str | None) -> LayerCosts:
+                 act_bits: jax.Array, dataflow: str | None,
+                 shapes: Mapping[str, jax.Array] | None = None) -> LayerCosts:
     df = get_dataflow(dataflow or spec.array.dataflow)
     scaling = get_precision_scaling(spec.array.precision_scaling)
     hw = _hw(spec)
     a, m, h = hw.array, hw.memory, hw.host
     wb = real(weight_bits)
     ab = real(act_bits)
-    i32 = lambda f: _relax.count([f(w) for w in layers])  # noqa: E731  (exact counts)
-    f32 = lambda f: real([f(w) for w in layers])  # noqa: E731  (float64)
+
+    def num(name: str) -> Any:  # a numeric field of every layer: static, or traced ``shapes``
+        if shapes is not None and name in shapes:
+            return shapes[name]
+        return [getattr(w, name) for w in layers]
+
+    i32 = lambda name: _relax.count(num(name))  # noqa: E731  (exact counts)
+    f32 = lambda name: real(num(name))  # noqa: E731  (float64)
     on_npu = jnp.asarray([w.device == "npu" for w in layers])
     is_gemm = jnp.asarray([w.kind == "gemm" for w in layers]) & on_npu
-    M, K, N = (i32(lambda w, d=d: max(getattr(w, d), 1)) for d in "MKN")
-    groups = i32(lambda w: w.groups)
+    M, K, N = (jnp.maximum(i32(d), 1) for d in "MKN")
+    groups = i32("groups")
     R, C, cores = a.rows, a.cols, a.cores
     ob = real(a.operand_bits)
     clock = a.clock_hz
@@ -255,18 +275,18 @@ def _layer_costs(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Arr
     gemm_total = groups * (fill_drain_1 + stream) * n_passes
     gemm_fill_drain = groups * fill_drain_1 * n_passes
     lanes = hw.vector.lanes
-    special = _relax.ceil(f32(lambda w: w.special_ops) * hw.vector.special_cycles_per_elem)
-    vec_cycles = _ceil_div(i32(lambda w: w.vector_ops) + _relax.count(special), lanes * cores)
+    special = _relax.ceil(f32("special_ops") * hw.vector.special_cycles_per_elem)
+    vec_cycles = _ceil_div(i32("vector_ops") + _relax.count(special), lanes * cores)
     total_compute = jnp.where(is_gemm, gemm_total, jnp.where(on_npu, vec_cycles, 0))
     fill_drain = jnp.where(is_gemm, gemm_fill_drain, 0)
 
     burst = real(hw.layout.dram_burst_bytes)
     acc_bits = real(a.accumulator_bits)
     bpc = m.dram_bytes_per_s / clock
-    in_elems, out_elems = f32(lambda w: w.in_elems), f32(lambda w: w.out_elems)
-    bias_bytes = _bursts(f32(lambda w: w.bias_elems) * acc_bits / 8.0, burst)
+    in_elems, out_elems = f32("in_elems"), f32("out_elems")
+    bias_bytes = _bursts(f32("bias_elems") * acc_bits / 8.0, burst)
     # every operand once: the traffic if SRAM were large enough (vector layers always)
-    once = (_bursts(f32(lambda w: w.weight_elems) * wb / 8.0, burst) + bias_bytes
+    once = (_bursts(f32("weight_elems") * wb / 8.0, burst) + bias_bytes
             + _bursts(in_elems * ab / 8.0, burst) + _bursts(out_elems * ab / 8.0, burst))
     # GEMM layers: the tiled traffic of the systolic memory model (SRAM capacity, reuse, spills).
     # im2col happens on chip: the [M, K] operand costs DRAM reads of its distinct elements only.
@@ -295,7 +315,7 @@ def _layer_costs(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Arr
     dma = jnp.where(on_npu & ~fused, m.dram_latency_s * clock + exposed, 0.0)
     sram_peak = jnp.where(is_gemm, (
         jnp.minimum(in_elems * ab / 8.0, sram_a)
-        + jnp.minimum(f32(lambda w: w.weight_elems) * wb / 8.0, sram_b)
+        + jnp.minimum(f32("weight_elems") * wb / 8.0, sram_b)
         + jnp.minimum(out_elems * jnp.where(mem["resident_out"], acc_bits, ab) / 8.0,
                       sram_o)), 0.0)
 
@@ -309,23 +329,23 @@ def _layer_costs(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Arr
     a_in = jnp.where(has_prod, out_width[prod], ab)
     needs = has_prod & on_npu & (a_in != ab)
     conv_bytes = _bursts(in_elems * a_in / 8.0, burst) + _bursts(in_elems * ab / 8.0, burst)
-    conv_cycles = jnp.maximum(real(_ceil_div(i32(lambda w: w.in_elems), lanes * cores)),
+    conv_cycles = jnp.maximum(real(_ceil_div(i32("in_elems"), lanes * cores)),
                               conv_bytes / bpc)
     convert = jnp.where(needs, conv_cycles, 0.0)
 
     cpu = ~on_npu
-    fallback = jnp.where(cpu, f32(lambda w: w.cpu_ops) / h.cpu_ops_per_s * clock, 0.0)
-    link_bytes = (f32(lambda w: w.link_in_elems) + f32(lambda w: w.link_out_elems)) * ab / 8.0
+    fallback = jnp.where(cpu, f32("cpu_ops") / h.cpu_ops_per_s * clock, 0.0)
+    link_bytes = (f32("link_in_elems") + f32("link_out_elems")) * ab / 8.0
     transfer = jnp.where(
         cpu,
-        (f32(lambda w: w.link_transfers) * h.link_latency_s
+        (f32("link_transfers") * h.link_latency_s
          + link_bytes / h.link_bytes_per_s) * clock,
         0.0,
     )
     latency = tc + convert + dma + stall + fallback + transfer
     zero = jnp.zeros_like(memory)
     pes = real(R * C * cores)
-    macs = f32(lambda w: w.macs)
+    macs = f32("macs")
     util = jnp.where(is_gemm, macs / jnp.maximum(tc, 1.0) / pes, zero)
     return LayerCosts(
         compute_cycles=total_compute,

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import weakref
+
 from npujax.ir.graph import Graph
 from npujax.ops import get_op
 
 __all__ = ["peak_activation_bytes"]
+
+
+_PEAK: weakref.WeakKeyDictionary[Graph, dict[int, int]] = weakref.WeakKeyDictionary()
 
 
 def peak_activation_bytes(graph: Graph, act_bits: int = 8) -> int:
@@ -22,6 +27,13 @@ def peak_activation_bytes(graph: Graph, act_bits: int = 8) -> int:
     Returns:
       The peak over all steps of the summed live activation sizes (bytes, rounded up).
     """
+    per_graph = _PEAK.setdefault(graph, {})  # graphs are immutable: once per (graph, width)
+    if act_bits not in per_graph:
+        per_graph[act_bits] = _peak(graph, act_bits)
+    return per_graph[act_bits]
+
+
+def _peak(graph: Graph, act_bits: int) -> int:
     alias: dict[str, str] = {}
 
     def root(t: str) -> str:

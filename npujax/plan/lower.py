@@ -243,6 +243,10 @@ def layer_bits(layers: list[Workload], quant: QuantSpec | None
     if quant is None:
         return wb, ab
     index = {w.name: i for i, w in enumerate(layers)}
+    # embedding tables (weight-only, quant_spec(embedding_bits=...)): a Gather reads one row
+    # per token, costed as the vector layer's output; the table's width does not enter
+    quant = {n: lq for n, lq in quant.items()
+             if not (lq.act is None and n in index and layers[index[n]].op == "Gather")}
     unknown = sorted(set(quant) - set(index))
     if unknown:
         raise ConfigError(f"the quantization spec names unknown layers {unknown}; layers: "
@@ -392,9 +396,10 @@ def lower(
     ints = ("compute_cycles", "fill_drain_cycles", "folds")
     clock = spec.array.clock_hz
     reports = []
+    cols = {k: ([int(x) for x in v.tolist()] if k in ints else [float(x) for x in v.tolist()])
+            for k, v in costs._asdict().items()}  # (Python numbers once, not per element)
     for i, w in enumerate(layers):
-        c = LayerCosts(**{k: (int(v[i]) if k in ints else float(v[i]))
-                          for k, v in costs._asdict().items()})
+        c = LayerCosts(**{k: v[i] for k, v in cols.items()})
         bound = ("fallback" if w.device == "cpu" else
                  "compute" if c.compute_cycles >= c.memory_cycles else "memory")
         reports.append(LayerReport(

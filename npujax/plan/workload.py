@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import weakref
 from typing import Any
 
 import numpy as np
@@ -202,6 +203,12 @@ def _reaches_npu(graph: Graph, tensor: str, placements: dict[str, str]) -> bool:
     return False
 
 
+#: ``{graph: {spec: workloads}}``: graphs and specs are immutable, so a graph lowered again
+#: (a sweep over precisions, a search) reuses its workloads; entries die with their graph.
+_CACHE: weakref.WeakKeyDictionary[Graph, dict[Any, tuple[Workload, ...]]] = \
+    weakref.WeakKeyDictionary()
+
+
 def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
     """The costed layers of ``graph`` on ``spec``, in execution order.
 
@@ -220,6 +227,18 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
       LimitError: a layer whose MACs, operations or tensor elements exceed 2**53
         (:data:`npujax.limits.MAX_EXACT_COUNT`), beyond which counts would not be exact.
     """
+    try:
+        key: Any = spec
+        per_graph = _CACHE.setdefault(graph, {})
+        hit = per_graph.get(key)
+    except TypeError:  # a spec with traced or array fields: not hashable, not cached
+        return _workloads(graph, spec)
+    if hit is None:
+        hit = per_graph[key] = tuple(_workloads(graph, spec))
+    return list(hit)
+
+
+def _workloads(graph: Graph, spec: NpuSpec | None) -> list[Workload]:
     align = _align(spec)
     m_layout = model_layout(graph)
     npu_layout = spec.layout.activation_layout if spec else m_layout

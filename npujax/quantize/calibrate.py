@@ -13,7 +13,7 @@ from npujax._progress import track
 from npujax.calib import Observer, check_finite_state, get_observer, minmax_observer
 from npujax.errors import CalibrationError
 from npujax.ir.graph import Graph, Params
-from npujax.ops import OPS
+from npujax.ops import OPS, weight_role
 from npujax.quant import IntFormat
 from npujax.quantize.execute import execute
 from npujax.quantize.spec import QuantSpec
@@ -98,8 +98,8 @@ def calibrate(
         elif (n, 0) in obs:
             assert states is not None
             act_range = obs[n, 0].compute_range(states[n, 0], lq.act, lq.act_symmetric)
-        kernel = params.get(n, {}).get("kernel")
         node = graph.node(n)
+        kernel = params.get(n, {}).get(weight_role(node))
         qstate[n] = lq.quantizer.init_state(
             node, lq, None if kernel is None else jnp.asarray(kernel, jnp.float32),
             act_range=act_range)

@@ -23,7 +23,7 @@ import numpy as np
 
 from npujax.errors import ShapeError
 from npujax.ir.graph import Graph, Params
-from npujax.ops import OPS, run_op
+from npujax.ops import OPS, run_op, weight_role
 from npujax.quantize.quantizers import QState
 from npujax.quantize.spec import QuantSpec
 
@@ -147,8 +147,9 @@ def execute(
             ins[0] = lq.quantizer.quantize_input(node, lq, ins[0], state, ka)
             if OPS[node.op].quantized_operands:
                 ins[1] = lq.quantizer.quantize_operand(node, lq, ins[1], state, kw)
-            else:
-                p["kernel"] = lq.quantizer.quantize_kernel(node, lq, p["kernel"], state, kw)
+            else:  # the kernel, or an embedding's table
+                role = weight_role(node)
+                p[role] = lq.quantizer.quantize_kernel(node, lq, p[role], state, kw)
         outs = run_op(node, ins, p)
         env.update(zip(node.outputs, outs))
         if node.name in taps:

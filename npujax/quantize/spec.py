@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from npujax.errors import ConfigError
-from npujax.ops import OPS, operand_quantized_ops, quantizable_nodes
+from npujax.ops import OPS, embedding_nodes, operand_quantized_ops, quantizable_nodes
 from npujax.quant import FP8_E4M3FN, FP8_E5M2, FloatFormat, Format, IntFormat, check_bits
 from npujax.quantize.quantizers import STE, Mixture, Quantizer, get_quantizer
 
@@ -172,9 +172,10 @@ def quant_spec(
     weight_format: str = "int",
     act_format: str = "int",
     weight_block_size: int | None = None,
+    embedding_bits: int | None = None,
 ) -> dict[str, LayerQuant]:
     """The standard integer-NPU scheme for every GEMM node of ``graph`` (attention's MatMuls of
-    two activations included, see the module docstring).
+    two activations included, see the module docstring), and optionally its embedding tables.
 
     Weights: signed, narrow-range (``[-2^(b-1)+1, 2^(b-1)-1]``), symmetric, per output channel
     (the second operand of a MatMul of two activations: the activation width, per tensor).
@@ -193,9 +194,14 @@ def quant_spec(
       weight_format: ``"int"``, ``"fp8_e4m3fn"`` or ``"fp8_e5m2"``.
       act_format: ``"int"``, ``"fp8_e4m3fn"`` or ``"fp8_e5m2"``.
       weight_block_size: per-block weight scales over this many input channels, or None.
+      embedding_bits: also quantize every embedding table (a Gather of a parameter table,
+        :func:`npujax.ops.embedding_nodes`) weight-only at this width: signed, narrow range,
+        symmetric per row (each token's vector its own scale), no activation format (the
+        input is token ids); None (default) keeps tables in float.
 
     Returns:
-      ``{node_name: LayerQuant}`` for every GEMM node.
+      ``{node_name: LayerQuant}`` for every GEMM node (and embedding, with
+      ``embedding_bits``).
 
     Raises:
       ConfigError: if a mapping names a node that is not a GEMM node of the graph, or misses
@@ -246,6 +252,11 @@ def quant_spec(
                         act_candidates=acands if len(acands) > 1 else ())
         operand = None if isinstance(weight_bits, Mapping) else ab[n]
         spec[n] = for_operands(graph, n, lq, operand)
+    if embedding_bits is not None:
+        b = check_bits(embedding_bits, "embedding_bits")
+        for node in embedding_nodes(graph):
+            spec[node.name] = LayerQuant(weight=IntFormat(b, narrow_range=True), act=None,
+                                         quantizer=q)
     return spec
 
 

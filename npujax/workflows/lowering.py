@@ -255,6 +255,14 @@ class DecoderLowering:
       kv_cache_bytes_per_token: bytes of K and V cache read per generated token and sequence
         (decode: ``2 * layers * kv_len * kv_heads * head_dim * kv_bits / 8``; prefill: 0, the
         keys and values are computed, not read).
+      macs: multiply-accumulates of the step (all layers).
+      dram_bytes: DRAM bytes the step moves (the schedule's, all layers).
+      roofline_s: the roofline bound of the whole step, ``max(macs / peak MAC rate, dram_bytes
+        / DRAM bandwidth)`` (s; Williams et al. 2009, "Roofline", CACM 52(4)); the modelled
+        latency is never below it. NaN when lowered without a spec.
+      bound: ``"compute"`` or ``"memory"``: which roof is the higher (``""`` without a spec).
+      arithmetic_intensity: ``macs / dram_bytes`` (MACs per byte); the step is compute-bound
+        above the spec's ridge point ``peak MAC rate / bandwidth``.
     """
 
     config: Any
@@ -265,6 +273,11 @@ class DecoderLowering:
     kv_bits: int
     tokens_per_s: float
     kv_cache_bytes_per_token: float
+    macs: float = float("nan")
+    dram_bytes: float = float("nan")
+    roofline_s: float = float("nan")
+    bound: str = ""
+    arithmetic_intensity: float = float("nan")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready figures (the config by its fields)."""
@@ -313,27 +326,79 @@ def decoder_graph(config: Any, *, phase: str, seq_len: int, kv_len: int, batch: 
     return optimize(*trace_flax(model, tokens, check=False))[0]
 
 
+def kv_cache_operands(graph: Graph) -> dict[str, int]:
+    """``{attention MatMul: operand index}``: the operand of each GEMM of two activations that
+    is read from a key/value cache, i.e. whose value comes, through ops exact on integer codes
+    (Reshape, Transpose, ...), from a Concat of a graph constant (the cached positions) with
+    the new ones. Empty for a graph without a cache (a prefill, an encoder)."""
+    from npujax.ops import OPS, operand_quantized_ops
+
+    def from_cache(t: str) -> bool:
+        while (p := graph.producer(t)) is not None:
+            if p.op == "Concat":
+                return any(i in graph.constants for i in p.inputs)
+            if OPS[p.op].codes != "exact" or not p.inputs:
+                return False
+            t = p.inputs[0]
+        return False
+
+    out = {}
+    for n in graph.nodes:
+        if n.op in operand_quantized_ops():
+            idx = [i for i in (0, 1) if from_cache(n.inputs[i])]
+            if len(idx) == 1:
+                out[n.name] = idx[0]
+    return out
+
+
 def decoder_precision(graph: Graph, weight_bits: int, act_bits: int, kv_bits: int
                       ) -> dict[str, Any] | None:
     """The spec of a decoder lowering: the linear layers at ``weight_bits``/``act_bits``
-    (weight-only int4: 4/16), both operands of the attention MatMuls (the KV cache, whichever
-    operand the tracer made it) at ``kv_bits``. None when everything is 8 bits."""
+    (weight-only int4: 4/16); in each attention MatMul the operand read from the KV cache
+    (:func:`kv_cache_operands`: K in ``Q K^T``, V in ``P V`` of a decode step) at ``kv_bits``
+    and the other (the new token's query, the softmax output) at ``act_bits``. A prefill
+    computes its keys and values (no cache operand): both attention operands at ``act_bits``.
+    None when everything is 8 bits.
+
+    Where the operands sit on the array follows the cost model's GEMM mapping (the first
+    operand streams, ``M x K`` at its width; the second is the stationary one, ``K x N``): the
+    traced decode attention streams the cache (``M = kv_len + 1`` positions, or ``K`` for
+    ``P V``) past the one-token operand, so each cached element is read once per step at
+    ``kv_bits``.
+    """
     from npujax.ops import operand_quantized_ops
-    from npujax.quantize.spec import quant_spec
+    from npujax.quant import IntFormat
+    from npujax.quantize.spec import for_operands, quant_spec
 
     if weight_bits == act_bits == kv_bits == 8:
         return None
     q = quant_spec(graph, weight_bits, act_bits)
-    kv = quant_spec(graph, kv_bits, kv_bits)
-    att = {n.name for n in graph.nodes if n.op in operand_quantized_ops()}
-    return {n: kv[n] if n in att else lq for n, lq in q.items()}
+    cache = kv_cache_operands(graph)
+    for n in graph.nodes:
+        if n.op not in operand_quantized_ops():
+            continue
+        first, second = act_bits, act_bits
+        if n.name in cache:
+            first, second = (kv_bits, act_bits) if cache[n.name] == 0 else (act_bits, kv_bits)
+        lq = dataclasses.replace(q[n.name], act=IntFormat(first, signed=False),
+                                 weight=IntFormat(second, narrow_range=True))
+        q[n.name] = for_operands(graph, n.name, lq, second)
+    return q
 
 
 def decoder_figures(schedule: Schedule, config: Any, *, phase: str, seq_len: int, kv_len: int,
-                    batch: int, kv_bits: int) -> DecoderLowering:
-    """Tokens per second and KV-cache bytes per token of a lowered decoder phase."""
+                    batch: int, kv_bits: int, spec: NpuSpec | None = None) -> DecoderLowering:
+    """Tokens per second, KV-cache bytes per token and (with ``spec``) the roofline bound of a
+    lowered decoder phase (see :class:`DecoderLowering`)."""
     tokens = batch * (seq_len if phase == "prefill" else 1)
     kv = (2 * config.layers * kv_len * config.kv_heads * config.head_dim * kv_bits / 8
           if phase == "decode" else 0.0)
+    roof: dict[str, Any] = {}
+    if spec is not None:
+        macs, nbytes = float(schedule.macs), float(schedule.dram_bytes)
+        compute_s, memory_s = macs / spec.peak_macs_per_s, nbytes / spec.memory.dram_bytes_per_s
+        roof = {"macs": macs, "dram_bytes": nbytes, "roofline_s": max(compute_s, memory_s),
+                "bound": "compute" if compute_s >= memory_s else "memory",
+                "arithmetic_intensity": macs / nbytes if nbytes else float("inf")}
     return DecoderLowering(config, phase, seq_len, kv_len, batch, kv_bits,
-                           tokens / schedule.latency_s, kv)
+                           tokens / schedule.latency_s, kv, **roof)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from npujax.errors import ConfigError
 from npujax.frontends.flax import trace_flax
 from npujax.models.transformer import DECODER_CONFIGS, Decoder, ViT
 from tests.helpers import jit_execute, jit_model, jit_once, numpy_fill, numpy_init
@@ -122,6 +123,24 @@ def test_vit_traces():
     ops = Counter(n.op for n in graph.nodes)
     assert ops["LayerNormalization"] == 3 and ops["Softmax"] == 1 and ops["Gelu"] == 1
     assert _error(graph, params, x, jit_model(m)(x)) < TOL
+
+
+def test_vit_linear_patch_embedding_is_the_strided_conv():
+    conv = numpy_init(lambda: ViT(rngs=nnx.Rngs(0), image=8, patch=4, channels=2, layers=1,
+                                  d_model=8, heads=2, d_ff=16))
+    lin = numpy_init(lambda: ViT(rngs=nnx.Rngs(0), image=8, patch=4, channels=2, layers=1,
+                                 d_model=8, heads=2, d_ff=16, patch_embedding="linear"))
+    state = nnx.state(conv, nnx.Param)
+    state["patch"]["kernel"] = nnx.Param(jnp.reshape(conv.patch.kernel[...], (32, 8)))
+    nnx.update(lin, state)  # the conv's weights, its (4, 4, 2, 8) kernel as (32, 8)
+    x = _normal(2, (2, 8, 8, 2))
+    graph, params = trace_flax(lin, x)
+    assert Counter(n.op for n in graph.nodes)["Conv"] == 0 and "patch" in params
+    assert _error(graph, params, x, jit_model(conv)(x)) < TOL
+    with pytest.raises(ConfigError, match="patch_embedding must be 'conv' or 'linear'"):
+        ViT(rngs=nnx.Rngs(0), patch_embedding="dense")
+    with pytest.raises(ConfigError, match="multiple of patch"):
+        ViT(rngs=nnx.Rngs(0), image=28, patch=5)
 
 
 class HandWritten(nnx.Module):

@@ -13,7 +13,19 @@ field              shape, dtype     meaning
                                     ``-z * s`` (the calibrated grid)
 ``weight_step``    f32[C_out] / []  weight step per output channel (per tensor when
                                     ``weight_per_channel=False``), zero point 0 (learned)
+``operand_scale``  f32[]            a GEMM of two activations (attention's ``Q K^T``,
+                                    ``P V``): the second operand's step (learned), from its
+                                    calibrated grid
+``operand_zero_``  i32[]            its calibrated zero point (fixed; 0 for a signed operand)
+``point``
 =================  ===============  ==========================================================
+
+Attention operands: both operands of a GEMM of two activations learn their steps as an
+activation does (the first through ``act_scale``, the second through ``operand_scale``; gradient
+scale ``1 / sqrt(features per sample * Q_p)``), as in the LSQ-quantized transformers of Q-ViT
+(Li et al. 2022, arXiv:2210.06707). An operand with a fixed range (a softmax output's [0, 1],
+``LayerQuant.act_range`` / ``operand_range``) keeps its fixed grid: its step gets no gradient
+(the deployed grid stays 1/255 at 8 bits, as integer softmax kernels assume).
 
 Initialisation (``LSQ.init_state``, the :meth:`Quantizer.init_state` that :func:`npujax.calibrate`
 calls): the activation step is the calibrated scale (whatever observer chose it); the weight step
@@ -46,12 +58,21 @@ import jax.numpy as jnp
 
 from npujax.errors import ConfigError
 from npujax.ops import kernel_out_axis
-from npujax.quant import MIN_SCALE, FloatFormat, lsq_fake_quant, lsq_init_step, weight_qparams
+from npujax.quant import (
+    MIN_SCALE,
+    FloatFormat,
+    IntFormat,
+    lsq_fake_quant,
+    lsq_init_step,
+    weight_qparams,
+)
 from npujax.quantize.quantizers.base import (
     Quantizer,
     WeightGrid,
     calibrated_grid,
     missing_grid,
+    missing_operand_grid,
+    operand_qparams,
     register_quantizer,
 )
 
@@ -64,6 +85,8 @@ class LSQState(NamedTuple):
     act_scale: jax.Array | None = None
     act_zero_point: jax.Array | None = None
     weight_step: jax.Array | None = None
+    operand_scale: jax.Array | None = None
+    operand_zero_point: jax.Array | None = None
 
 
 class LSQPlusState(NamedTuple):
@@ -73,9 +96,16 @@ class LSQPlusState(NamedTuple):
     act_zero_point: jax.Array | None = None
     act_offset: jax.Array | None = None
     weight_step: jax.Array | None = None
+    operand_scale: jax.Array | None = None
+    operand_zero_point: jax.Array | None = None
 
 
-_STEPS = ("act_scale", "weight_step")
+_STEPS = ("act_scale", "weight_step", "operand_scale")
+
+
+def _grad_scale(x: jax.Array, fmt: IntFormat) -> float:
+    """LSQ's activation gradient scale ``1 / sqrt(features per sample * Q_p)``."""
+    return 1.0 / math.sqrt(max(x.size // max(x.shape[0], 1), 1) * max(fmt.qmax, 1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +121,8 @@ class LSQ(Quantizer):
     name = "lsq"
     # the base class's types: LSQPlus overrides both
     state_type: ClassVar[type] = LSQState
-    learned_fields: ClassVar[tuple[str, ...]] = ("act_scale", "weight_step")
+    learned_fields: ClassVar[tuple[str, ...]] = ("act_scale", "weight_step", "operand_scale")
+    quantizes_operands = True
 
     def __post_init__(self) -> None:
         if self.weight_init not in ("minmax", "lsq"):
@@ -131,9 +162,37 @@ class LSQ(Quantizer):
             return x
         if state is None or state.act_scale is None:
             raise missing_grid(node)
-        # LSQ: the paper's activation gradient scale 1 / sqrt(features per sample * Q_p)
-        g = 1.0 / math.sqrt(max(x.size // max(x.shape[0], 1), 1) * max(lq.act.qmax, 1))
-        return lsq_fake_quant(x, state.act_scale, lq.act, g, offset=self._offset(x, state))
+        step, offset = state.act_scale, self._offset(x, state)
+        if lq.act_range is not None:  # a fixed range (softmax output): not learned
+            step, offset = jax.lax.stop_gradient(step), jax.lax.stop_gradient(offset)
+        return lsq_fake_quant(x, step, lq.act, _grad_scale(x, lq.act), offset=offset)
+
+    def init_operand(self, node, lq, state, operand_range):
+        """``state`` with the second operand's calibrated grid (its initial learned step)."""
+        if not lq.weight_candidates:
+            return state
+        (fmt,) = lq.weight_candidates
+        s, z = operand_qparams(lq, fmt, operand_range)
+        return (state or self.state_type())._replace(
+            operand_scale=jnp.asarray(s, jnp.float32), operand_zero_point=z)
+
+    def quantize_operand(self, node, lq, x, state, key=None):
+        """The second activation operand on its learned grid ``(clip(round(x / s) + z) - z) *
+        s`` (LSQ gradients; a fixed range keeps its step)."""
+        if not lq.weight_candidates:
+            return x
+        if state is None or getattr(state, "operand_scale", None) is None:
+            raise missing_operand_grid(node)
+        (fmt,) = lq.weight_candidates
+        step = jnp.maximum(jnp.asarray(state.operand_scale, x.dtype), MIN_SCALE)
+        if lq.operand_range is not None:
+            step = jax.lax.stop_gradient(step)
+        offset = -jnp.asarray(state.operand_zero_point).astype(x.dtype) * step
+        return lsq_fake_quant(x, step, fmt, _grad_scale(x, fmt), offset=offset)
+
+    def operand_grid(self, node, lq, state):
+        s, z = super().operand_grid(node, lq, state)
+        return jnp.maximum(jnp.asarray(s, jnp.float32), MIN_SCALE), z
 
     def quantize_kernel(self, node, lq, w, state, key=None):
         if lq.weight is None:
@@ -170,7 +229,7 @@ class LSQPlus(LSQ):
 
     name = "lsq+"
     state_type = LSQPlusState
-    learned_fields = ("act_scale", "act_offset", "weight_step")
+    learned_fields = ("act_scale", "act_offset", "weight_step", "operand_scale")
 
     def init_state(self, node, lq, kernel, *, act_range=None, act_grid=None):
         s, z = calibrated_grid(lq, act_range, act_grid)
@@ -178,6 +237,10 @@ class LSQPlus(LSQ):
         if s is not None:
             offset = -jnp.asarray(z).astype(jnp.float32) * jnp.asarray(s, jnp.float32)
         return LSQPlusState(s, z, offset, self._weight_step(node, lq, kernel))
+
+    def init_operand(self, node, lq, state, operand_range):
+        """As LSQ's (the second operand learns its step; its zero point stays calibrated)."""
+        return super().init_operand(node, lq, state, operand_range)
 
     def _offset(self, x, state):
         return state.act_offset
