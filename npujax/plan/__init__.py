@@ -10,6 +10,7 @@ from npujax.plan.coresident import lower_models as lower_models
 from npujax.plan.costs import BREAKDOWN as BREAKDOWN
 from npujax.plan.costs import LayerCosts as LayerCosts
 from npujax.plan.costs import layer_costs as layer_costs
+from npujax.plan.costs import layer_costs_by_dataflow as layer_costs_by_dataflow
 from npujax.plan.fusion import EdgeCosts as EdgeCosts
 from npujax.plan.fusion import fused_costs as fused_costs
 from npujax.plan.fusion import scheduled_costs as scheduled_costs
@@ -20,6 +21,7 @@ from npujax.plan.lower import LayerReport as LayerReport
 from npujax.plan.lower import Schedule as Schedule
 from npujax.plan.lower import layer_bits as layer_bits
 from npujax.plan.lower import lower as lower
+from npujax.plan.lower import lower_by_dataflow as lower_by_dataflow
 from npujax.plan.memory import MemoryReport as MemoryReport
 from npujax.plan.memory import memory_report as memory_report
 from npujax.plan.pipeline import OBJECTIVES as OBJECTIVES
@@ -49,8 +51,10 @@ __all__ = [
     "LayerReport",
     "Schedule",
     "layer_costs",
+    "layer_costs_by_dataflow",
     "layer_bits",
     "lower",
+    "lower_by_dataflow",
     "DEFAULT_BITS",
     "peak_activation_bytes",
     "Workload",

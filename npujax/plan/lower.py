@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -20,15 +21,21 @@ from npujax.errors import ConfigError
 from npujax.hw.spec import NpuSpec, as_spec
 from npujax.ir.graph import Graph
 from npujax.ir.passes import rebatch
-from npujax.plan.costs import BREAKDOWN, LayerCosts, first_consumers, layer_costs
+from npujax.plan.costs import (
+    BREAKDOWN,
+    LayerCosts,
+    first_consumers,
+    layer_costs,
+    layer_costs_by_dataflow,
+)
 from npujax.plan.fusion import PLACEMENTS, cross_layer_edges, fused_costs
 from npujax.plan.liveness import peak_activation_bytes
 from npujax.plan.workload import Workload, workloads
 from npujax.quantize.spec import QuantSpec
-from npujax.systolic.dataflow import get_dataflow
+from npujax.systolic.dataflow import DATAFLOWS, get_dataflow
 
-__all__ = ["LayerReport", "EdgeReport", "Schedule", "lower", "layer_bits", "weight_bytes",
-           "DEFAULT_BITS"]
+__all__ = ["LayerReport", "EdgeReport", "Schedule", "lower", "lower_by_dataflow", "layer_bits",
+           "weight_bytes", "DEFAULT_BITS"]
 
 #: Width of the layers a quantization spec does not name (and of every layer without one): the
 #: int8 deployment NPUs are built for.
@@ -248,9 +255,10 @@ def _resident(layers: list[Workload], spec: NpuSpec, wb: np.ndarray
 
 
 @functools.lru_cache(maxsize=64)
-def _jitted_costs(layers: tuple[Workload, ...], dataflow: str):
-    """One compiled cost function per (workloads, dataflow); hardware and bits stay traced."""
-    return jax.jit(lambda spec, w, a: layer_costs(layers, spec, w, a, dataflow))
+def _jitted_costs(layers: tuple[Workload, ...], dataflows: tuple[str, ...]):
+    """One compiled cost function per (workloads, dataflows), all dataflows in one program;
+    hardware and bits stay traced."""
+    return jax.jit(lambda spec, w, a: layer_costs_by_dataflow(layers, spec, w, a, dataflows))
 
 
 @functools.lru_cache(maxsize=64)
@@ -300,6 +308,46 @@ def lower(
       LimitError: a layer beyond 2**53 MACs or elements (:func:`npujax.plan.workloads`).
     """
     spec = as_spec(spec)
+    name = get_dataflow(dataflow or spec.array.dataflow).name
+    return lower_by_dataflow(graph, spec, quant, dataflows=(name,), batch=batch, fusion=fusion,
+                             resident_weights=resident_weights)[name]
+
+
+def lower_by_dataflow(
+    graph: Graph,
+    spec: NpuSpec | str,
+    quant: QuantSpec | None = None,
+    *,
+    dataflows: Sequence[str] = DATAFLOWS,
+    batch: int | None = None,
+    fusion: str | None = None,
+    resident_weights: bool = False,
+) -> dict[str, Schedule]:
+    """:func:`lower` at several dataflows, their costs evaluated in one compiled call.
+
+    The workloads, widths and per-layer reports are built once, and the cost model of all
+    ``dataflows`` is one program (:func:`npujax.plan.layer_costs_by_dataflow`): a dataflow
+    comparison costs one compilation, not one per dataflow. Each schedule equals
+    ``lower(..., dataflow=d)``'s (counts bit for bit; real-valued figures up to the last bit
+    where XLA fuses the two programs' float arithmetic differently). With ``layer`` fusion
+    each dataflow is its own program (:func:`npujax.plan.fused_costs`).
+
+    Args:
+      graph, spec, quant, batch, fusion, resident_weights: as in :func:`lower`.
+      dataflows: the dataflow names (or ``ws``/``os``/``is``); default all of
+        :data:`npujax.systolic.DATAFLOWS`.
+
+    Returns:
+      ``{dataflow: Schedule}`` keyed by the full dataflow names, in the order given.
+
+    Raises:
+      ConfigError: as :func:`lower`; no dataflow, or one given twice.
+      LimitError: as :func:`lower`.
+    """
+    spec = as_spec(spec)
+    names = tuple(get_dataflow(d).name for d in dataflows)
+    if not names or len(set(names)) < len(names):
+        raise ConfigError(f"lower_by_dataflow needs distinct dataflows, got {list(dataflows)}.")
     if fusion is not None and fusion != spec.ops.fusion:
         spec = spec.with_fields({"ops.fusion": fusion})
     if batch is not None:
@@ -308,27 +356,51 @@ def lower(
     wb, ab = layer_bits(layers, quant)
     if resident_weights:
         layers, spec = _resident(layers, spec, wb)
-    df = get_dataflow(dataflow or spec.array.dataflow)
-    extra: dict[str, Any] = {}
+    batch_size = int(graph.tensors[graph.inputs[0]].shape[0]) if graph.inputs else 1
+    act = DEFAULT_BITS if quant is None else int(max(ab, default=DEFAULT_BITS))
+    peak = peak_activation_bytes(graph, act)
+    out: dict[str, Schedule] = {}
     with jax.enable_x64(True):  # the spec's numbers enter as int64/float64 (npujax._exact)
         if spec.ops.fusion == "layer":
-            costs, ec, unfused = jax.tree.map(
-                np.asarray, _jitted_fused(tuple(layers), df.name)(spec, wb, ab))
-            names = [w.name for w in layers]
-            extra = dict(
-                edges=tuple(EdgeReport(
-                    names[e.producer], tuple(names[c] for c in e.consumers),
-                    float(ec.tensor_bytes[i]), PLACEMENTS[int(ec.mode[i])],
-                    int(ec.stripe_rows[i]), int(ec.stripes[i]) if ec.mode[i] == 2 else 0,
-                    float(ec.saved_bytes[i]), float(ec.extra_weight_bytes[i]))
-                    for i, e in enumerate(cross_layer_edges(tuple(layers)))),
-                sram_peak_bytes=float(np.max(ec.sram_bytes, initial=0.0)),
-                sram_capacity_bytes=float(ec.sram_capacity),
-                unfused_dram_bytes=float(np.sum(unfused.dram_bytes)),
-                unfused_latency_s=float(np.sum(unfused.latency_cycles)) / spec.array.clock_hz)
+            for df in names:
+                costs, extra = _layer_fused(tuple(layers), spec, wb, ab, df)
+                out[df] = _schedule(spec, df, layers, wb, ab, costs, batch_size, peak, extra)
         else:
-            costs = jax.tree.map(np.asarray,
-                                 _jitted_costs(tuple(layers), df.name)(spec, wb, ab))
+            by_df = jax.tree.map(np.asarray,
+                                 _jitted_costs(tuple(layers), names)(spec, wb, ab))
+            for df in names:
+                out[df] = _schedule(spec, df, layers, wb, ab, by_df[df], batch_size, peak, {})
+    return out
+
+
+def _layer_fused(layers: tuple[Workload, ...], spec: NpuSpec, wb: np.ndarray, ab: np.ndarray,
+                 dataflow: str) -> tuple[LayerCosts, dict[str, Any]]:
+    """The ``layer``-fusion costs at one dataflow, and the schedule's edge fields."""
+    costs, ec, unfused = jax.tree.map(
+        np.asarray, _jitted_fused(layers, dataflow)(spec, wb, ab))
+    names = [w.name for w in layers]
+    extra = dict(
+        edges=tuple(EdgeReport(
+            names[e.producer], tuple(names[c] for c in e.consumers),
+            float(ec.tensor_bytes[i]), PLACEMENTS[int(ec.mode[i])],
+            int(ec.stripe_rows[i]), int(ec.stripes[i]) if ec.mode[i] == 2 else 0,
+            float(ec.saved_bytes[i]), float(ec.extra_weight_bytes[i]))
+            for i, e in enumerate(cross_layer_edges(layers))),
+        sram_peak_bytes=float(np.max(ec.sram_bytes, initial=0.0)),
+        sram_capacity_bytes=float(ec.sram_capacity),
+        unfused_dram_bytes=float(np.sum(unfused.dram_bytes)),
+        unfused_latency_s=float(np.sum(unfused.latency_cycles)) / spec.array.clock_hz)
+    return costs, extra
+
+
+def _schedule(spec: NpuSpec, dataflow: str, layers: list[Workload], wb: np.ndarray,
+              ab: np.ndarray, costs: LayerCosts, batch_size: int, peak: int,
+              extra: dict[str, Any]) -> Schedule:
+    """The :class:`Schedule` of evaluated costs (numpy ``[L]`` arrays).
+
+    Raises:
+      ConfigError: a non-finite or negative figure.
+    """
     for field, v in costs._asdict().items():  # a report never holds NaN/inf (issue #11)
         bad = np.flatnonzero(~np.isfinite(v) | (v < 0))
         if bad.size:
@@ -338,10 +410,12 @@ def lower(
                 "(see the ranges in docs/hw.md).")
     ints = ("compute_cycles", "fill_drain_cycles", "folds")
     clock = spec.array.clock_hz
+    # Python numbers for the reports, converted per field at once (not per element)
+    cols = {k: (v.astype(np.int64) if k in ints else v.astype(np.float64)).tolist()
+            for k, v in costs._asdict().items()}
     reports = []
     for i, w in enumerate(layers):
-        c = LayerCosts(**{k: (int(v[i]) if k in ints else float(v[i]))
-                          for k, v in costs._asdict().items()})
+        c = LayerCosts(**{k: v[i] for k, v in cols.items()})
         bound = ("fallback" if w.device == "cpu" else
                  "compute" if c.compute_cycles >= c.memory_cycles else "memory")
         reports.append(LayerReport(
@@ -349,7 +423,5 @@ def lower(
             N=w.N, macs=w.macs, weight_bits=int(wb[i]) if w.kind == "gemm" else None,
             act_bits=int(ab[i]), costs=c, latency_s=c.latency_cycles / clock, bound=bound,
             epilogue=w.epilogue))
-    batch_size = int(graph.tensors[graph.inputs[0]].shape[0]) if graph.inputs else 1
-    act = DEFAULT_BITS if quant is None else int(max(ab, default=DEFAULT_BITS))
-    return Schedule(spec.name, df.name, clock, batch_size, tuple(reports),
-                    peak_activation_bytes(graph, act), fusion=spec.ops.fusion, **extra)
+    return Schedule(spec.name, dataflow, clock, batch_size, tuple(reports), peak,
+                    fusion=spec.ops.fusion, **extra)
