@@ -135,8 +135,9 @@ def compare_end_to_end(model: str, npu: str, rounds: int) -> dict:
     print(f"    {'phase':16s} {'reference':>10s} {'new':>8s}")
     for k in new:
         print(f"    {k:16s} {ref[k]:10.2f} {new[k]:8.2f}")
-    print(f"    total {ref['total']:.2f} -> {new['total']:.2f} s = {ref['total'] / new['total']:.2f}x"
-          f" [target <= 2 s: {'met' if new['total'] <= 2.0 else 'NOT met'}]")
+    print(f"    total {ref['total']:.2f} -> {new['total']:.2f} s = "
+          f"{ref['total'] / new['total']:.2f}x [target <= 2 s: "
+          f"{'met' if new['total'] <= 2.0 else 'NOT met'}]")
     return {"end_to_end_cpu_s": med, "end_to_end_rounds": rounds}
 
 
