@@ -41,8 +41,12 @@ scalar division (tens of cycles) per element and bound the vmapped cost model. I
    the estimate of ``a / b`` is within ``2**-52 a / b`` of it. That is below 1 for ``a <= 2**53``
    and ``b >= 3``; for ``b`` = 1 or 2 (powers of two) everything is exact. So ``q`` is the
    ceiling, or one more or one less.
-2. ``q += 1`` where ``q b < a``; then ``q -= 1`` where ``(q - 1) b >= a`` (exact int64 products,
-   below 3 x 2**53). Afterwards ``(q - 1) b < a <= q b``: ``q = ceil(a / b)`` exactly.
+2. ``q += 1`` where ``q b < a``; then ``q -= 1`` where ``(q - 1) b >= a``. Afterwards ``(q - 1)
+   b < a <= q b``: ``q = ceil(a / b)`` exactly. The tests run in float64 too (no int64
+   multiply, which x86 vectorizes only with AVX-512DQ): a product below ``a <= 2**53`` is an
+   integer below 2**53, so exact, and a product at or above ``a`` rounds to at least ``a``
+   (rounding is monotonic), so each comparison has its exact outcome; ``q + 1`` is taken only
+   below the ceiling (at most 2**53) and is exact.
 
 This holds for every ``0 <= a <= 2**53`` and ``1 <= b <= 2**53``
 (:data:`npujax.limits.MAX_EXACT_COUNT`, the largest count npujax accepts), whether XLA divides
@@ -50,7 +54,7 @@ or multiplies by the reciprocal. With ``wide=True`` numerators up to 2**62 (``b 
 first estimate ``q0`` is within ``2**-51 a / b + 1 <= 2**11 + 1`` of ``a / b`` (``a`` itself
 rounds when converted), so the int64 remainder ``e = a - q0 b`` has ``|e| <= 2**-51 a + b <
 2**53`` (exact in float64) and ``|e / b| <= 2**11 + 1``; ``q0 + ceil(e / b)`` (equal to ``ceil(a
-/ b)``) is estimated and corrected as above, all products below 2**63.
+/ b)``) is estimated and corrected as above, in int64 (all products below 2**63).
 ``tests/plan/test_exact_division.py`` checks both against int64 division, exhaustively for small
 operands and at the boundaries where the estimate could cross an integer, under ``jit`` and
 ``vmap`` (the reciprocal rewrite). Inside :func:`integer_division` (the reference for
@@ -168,10 +172,13 @@ def ceil_div(a: Any, b: Any, *, wide: bool = False) -> jax.Array:
     if _INT_DIVISION.get():
         return (a + b - 1) // b
     a, b = jnp.asarray(a, COUNT), jnp.asarray(b, COUNT)
-    fb = b.astype(REAL)
-    q = jnp.ceil(a.astype(REAL) / fb).astype(COUNT)  # within one of ceil(a / b)
-    if wide:  # q within 2**11 + 1: add the remainder's quotient, estimated the same way
-        q = q + jnp.ceil((a - q * b).astype(REAL) / fb).astype(COUNT)
+    fa, fb = a.astype(REAL), b.astype(REAL)
+    if not wide:  # all in float64: the products below are exact or compare correctly
+        q = jnp.ceil(fa / fb)  # within one of ceil(a / b)
+        q = jnp.where(q * fb < fa, q + 1.0, q)
+        return jnp.where((q - 1.0) * fb >= fa, q - 1.0, q).astype(COUNT)
+    q = jnp.ceil(fa / fb).astype(COUNT)  # within 2**11 + 1 of a / b
+    q = q + jnp.ceil((a - q * b).astype(REAL) / fb).astype(COUNT)  # the remainder's quotient
     q = jnp.where(q * b < a, q + 1, q)
     return jnp.where((q - 1) * b >= a, q - 1, q)
 

@@ -344,9 +344,14 @@ def lower_by_dataflow(
     each dataflow is its own program (:func:`npujax.plan.fused_costs`).
 
     Args:
-      graph, spec, quant, batch, fusion, resident_weights: as in :func:`lower`.
+      graph: an optimized graph, as in :func:`lower`.
+      spec: the NPU (its own dataflow is not used), as in :func:`lower`.
+      quant: the layers' precision, as in :func:`lower`.
       dataflows: the dataflow names (or ``ws``/``os``/``is``); default all of
         :data:`npujax.systolic.DATAFLOWS`.
+      batch: inference batch size, as in :func:`lower`.
+      fusion: overrides the preset's fusion level, as in :func:`lower`.
+      resident_weights: weights kept in the filter SRAM, as in :func:`lower`.
 
     Returns:
       ``{dataflow: Schedule}`` keyed by the full dataflow names, in the order given.
