@@ -25,14 +25,21 @@ Four programs per output, so the gain splits into its two causes:
 Every program's output is checked against the reference's: counts (``compute_cycles``) bit for
 bit, float64 latencies to 1e-14 relative (XLA fuses the float arithmetic of two programs
 differently and may turn ``x / y`` into ``x * (1 / y)``, which moves the last bit; the largest
-difference is reported). The machine may be shared: the programs run interleaved (one call of
-each per round) and the median of the rounds is reported.
+difference is reported).
 
-Fraction of peak: ``operations/s / peak``. Operations per evaluation are the elementwise
-instructions XLA runs (arithmetic, comparisons, selects, conversions, inside fusions too; one per
-output element) in the optimized HLO of the program's calls, divided by configurations x layers x
-dataflows. The peak is ``cores x clock x 16`` operations/s (Zen 4: four 256-bit floating-point
-pipes of 4 float64 lanes each; ``--ops-per-cycle`` to change), the clock from ``/proc/cpuinfo``.
+Time is CPU time (``time.process_time``: all threads of the process), the median of
+``--repeat`` interleaved rounds (one call of each program per round): the machine this was
+written on is shared by other jobs (load averages of 10-20 on 2 cores), under which wall-clock
+times of the same call varied 3x from round to round; CPU time measures the work, not the
+waiting. Wall-clock medians are reported too. Rates are evaluations per CPU-second; run under
+``taskset -c 0`` to keep XLA's threads on one core.
+
+Fraction of peak: ``operations per CPU-second / peak of one core``. Operations per evaluation are
+the elementwise instructions XLA runs (arithmetic, comparisons, selects, conversions, inside
+fusions too; one per output element) in the optimized HLO of the program's calls, divided by
+configurations x layers x dataflows. A core's peak is ``clock x 16`` operations/s (Zen 4: four
+256-bit floating-point pipes of 4 float64 lanes each; ``--ops-per-cycle`` to change), the clock
+from ``/proc/cpuinfo``; the CPU's peak is that times its cores.
 """
 
 from __future__ import annotations
@@ -161,13 +168,16 @@ def main() -> None:
     wb = np.full(L, 8.0, np.float32)
     ab = np.full(L, 8.0, np.float32)
     hw = stacked_configs(spec, n)
-    cores = os.cpu_count() or 1
-    peak = cores * clock_hz() * args.ops_per_cycle
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)  # the cores this process may run on (taskset)
+    core_peak = clock_hz() * args.ops_per_cycle  # operations per CPU-second
+    peak = cores * core_peak
     res: dict[str, Any] = {"model": args.model, "npu": spec.name, "layers": L, "dataflows": D,
                            "configs": n, "evaluations_per_round": n * L * D,
                            "backend": jax.default_backend(), "cpu_cores": cores,
                            "clock_hz": clock_hz(), "ops_per_cycle": args.ops_per_cycle,
-                           "peak_ops_per_s": peak, "repeat": args.repeat}
+                           "peak_ops_per_cpu_s": core_peak, "peak_ops_per_s": peak,
+                           "repeat": args.repeat}
     with jax.enable_x64(True):  # the spec's numbers enter as int64/float64 (npujax._exact)
         for field, label in (("compute_cycles", "compute"), ("latency_cycles", "memory")):
             progs = programs(layers, wb, ab, field)
@@ -190,25 +200,29 @@ def main() -> None:
                 if not exact:
                     res.setdefault("max_relative_difference", {})[f"{label}/{name}"] = float(
                         np.max(np.abs(out - ref_out) / np.maximum(np.abs(ref_out), 1e-300)))
-            times: dict[str, list[float]] = {k: [] for k in progs}
+            cpu: dict[str, list[float]] = {k: [] for k in progs}
+            wall: dict[str, list[float]] = {k: [] for k in progs}
             for _ in range(args.repeat):  # interleaved rounds: the same load for every program
                 for name, run in progs.items():
-                    t = time.perf_counter()
+                    t, c = time.perf_counter(), time.process_time()
                     jax.block_until_ready(run(hw))
-                    times[name].append(time.perf_counter() - t)
-            ref = statistics.median(times["reference"])
+                    cpu[name].append(time.process_time() - c)
+                    wall[name].append(time.perf_counter() - t)
+            ref = statistics.median(cpu["reference"])
             rows = {}
             for name in progs:
-                med = statistics.median(times[name])
-                rate = n * L * D / med
-                rows[name] = {"median_s": med, "min_s": min(times[name]),
-                              "evaluations_per_s": rate, "speedup": ref / med,
-                              "ops_per_evaluation": ops[name],
-                              "fraction_of_peak": rate * ops[name] / peak if peak else None,
-                              "first_call_s": compile_s[name]}
-                print(f"{label:8s} {name:15s} {med * 1e3:9.1f} ms  {rate:10.3g} evals/s  "
-                      f"{ref / med:5.2f}x  {ops[name]:6.1f} ops/eval  "
-                      f"{rate * ops[name] / peak:7.2%} of peak" if peak else "")
+                med = statistics.median(cpu[name])
+                rate = n * L * D / med  # per CPU-second (all threads of the process)
+                frac = rate * ops[name] / core_peak if core_peak else None
+                rows[name] = {"median_cpu_s": med, "median_wall_s": statistics.median(wall[name]),
+                              "evaluations_per_cpu_s": rate,
+                              "evaluations_per_s_wall": n * L * D / statistics.median(wall[name]),
+                              "speedup": ref / med, "ops_per_evaluation": ops[name],
+                              "fraction_of_peak": frac, "first_call_s": compile_s[name]}
+                print(f"{label:8s} {name:15s} {med * 1e3:8.1f} ms CPU "
+                      f"({statistics.median(wall[name]) * 1e3:7.1f} ms wall)  {rate:9.3g} "
+                      f"evals/CPU-s  {ref / med:5.2f}x  {ops[name]:6.1f} ops/eval  "
+                      + (f"{frac:6.2%} of peak" if frac is not None else ""))
             res[label] = rows
             target = 5.0 if label == "compute" else 3.0
             sp = rows["new"]["speedup"]
