@@ -229,8 +229,9 @@ def layer_costs_by_dataflow(
 
     What does not depend on the dataflow (vector, conversion and host-CPU layers, the
     operands' bytes) is computed once, and one ``jit`` compiles all dataflows together (a
-    comparison table or a sweep with a dataflow axis costs one compilation and one call, not
-    one per dataflow). The counts of :data:`EXACT_FIELDS` equal ``layer_costs(..., dataflow)``'s
+    comparison table costs one compilation and one call, not one per dataflow). Vmapped over
+    many configurations on a CPU it is not faster than one :func:`layer_costs` per dataflow
+    (XLA compiles a loop per dataflow either way; ``docs/results/cost_throughput.md``). The counts of :data:`EXACT_FIELDS` equal ``layer_costs(..., dataflow)``'s
     bit for bit; the real-valued fields too, up to the last bit where XLA fuses the float
     arithmetic of the two programs differently (it may turn ``x / y`` into ``x * (1 / y)``).
 

@@ -261,7 +261,7 @@ def _resident(layers: list[Workload], spec: NpuSpec, wb: np.ndarray
 #: does not, so the last bit of a real-valued figure could in principle differ; it does not in
 #: any of 945 arrays checked (3 models x 7 presets x 3 dataflows x 15 fields), and
 #: tests/plan/test_fused_dataflows.py compares the two programs bit for bit.
-_ONCE = {"xla_backend_optimization_level": 0}
+_ONCE = {"xla_backend_optimization_level": 0}  # (LLVM only: the HLO schedule is unchanged)
 
 
 @functools.lru_cache(maxsize=64)
