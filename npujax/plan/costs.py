@@ -231,9 +231,10 @@ def layer_costs_by_dataflow(
     operands' bytes) is computed once, and one ``jit`` compiles all dataflows together (a
     comparison table costs one compilation and one call, not one per dataflow). Vmapped over
     many configurations on a CPU it is not faster than one :func:`layer_costs` per dataflow
-    (XLA compiles a loop per dataflow either way; ``docs/results/cost_throughput.md``). The counts of :data:`EXACT_FIELDS` equal ``layer_costs(..., dataflow)``'s
-    bit for bit; the real-valued fields too, up to the last bit where XLA fuses the float
-    arithmetic of the two programs differently (it may turn ``x / y`` into ``x * (1 / y)``).
+    (XLA compiles a loop per dataflow either way; ``docs/results/cost_throughput.md``). The
+    counts of :data:`EXACT_FIELDS` equal ``layer_costs(..., dataflow)``'s bit for bit; the
+    real-valued fields too, up to the last bit where XLA fuses the float arithmetic of the two
+    programs differently (it may turn ``x / y`` into ``x * (1 / y)``).
 
     Args:
       layers: static workloads (from :func:`npujax.plan.workloads`).
