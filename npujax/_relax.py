@@ -14,8 +14,8 @@ helper                 forward (both modes)     gradient in the relaxed mode
 :func:`ceil`           ``ceil(x)``              1 where ``x > 1``, 0 where ``x <= 1`` (a
                                                 quantity that is at least one fold is flat
                                                 there)
-:func:`ceil_div`       ``ceil(a / b)``          that of ``ceil(a / b)`` (exact int64
-                                                division in the exact mode)
+:func:`ceil_div`       ``ceil(a / b)``          that of ``ceil(a / b)`` (exact: see
+                                                below)
 :func:`smooth_max`     ``max(a, b)``            ``s da + (1 - s) db``, ``s = clip(1/2 + (a -
                                                 b) / 2T, 0, 1)``, ``T = temperature x max(|a|,
                                                 |b|)``: the two sides blend within ``T`` of
@@ -29,6 +29,36 @@ helper                 forward (both modes)     gradient in the relaxed mode
 Outside :func:`relaxed` every helper is the plain exact operation, so the exact mode's jaxpr and
 values are unchanged. The mode is read while tracing (like :func:`npujax._exact.exact`), so a
 ``jit`` traced in one mode stays in it.
+
+**Exact division.** x86 has no vector integer divide, so int64 ``(a + b - 1) // b`` runs one
+scalar division (tens of cycles) per element and bound the vmapped cost model. In the exact mode
+:func:`ceil_div` estimates the quotient in float64 (vector instructions) and corrects it in int64:
+
+1. ``q = ceil(fl(a) / fl(b))`` in float64. XLA may compile the division as ``a * (1 / b)`` (its
+   algebraic simplifier does so when ``b`` is broadcast from a smaller array, as a hardware field
+   is under ``vmap``), so ``q`` is only an estimate: ``a`` and ``b`` convert exactly (integers
+   up to 2**53), each of the reciprocal and the product rounds by at most 2**-53 relative, so
+   the estimate of ``a / b`` is within ``2**-52 a / b`` of it. That is below 1 for ``a <= 2**53``
+   and ``b >= 3``; for ``b`` = 1 or 2 (powers of two) everything is exact. So ``q`` is the
+   ceiling, or one more or one less.
+2. ``q += 1`` where ``q b < a``; then ``q -= 1`` where ``(q - 1) b >= a``. Afterwards ``(q - 1)
+   b < a <= q b``: ``q = ceil(a / b)`` exactly. The tests run in float64 too (no int64
+   multiply, which x86 vectorizes only with AVX-512DQ): a product below ``a <= 2**53`` is an
+   integer below 2**53, so exact, and a product at or above ``a`` rounds to at least ``a``
+   (rounding is monotonic), so each comparison has its exact outcome; ``q + 1`` is taken only
+   below the ceiling (at most 2**53) and is exact.
+
+This holds for every ``0 <= a <= 2**53`` and ``1 <= b <= 2**53``
+(:data:`npujax.limits.MAX_EXACT_COUNT`, the largest count npujax accepts), whether XLA divides
+or multiplies by the reciprocal. With ``wide=True`` numerators up to 2**62 (``b <= 2**52``): the
+first estimate ``q0`` is within ``2**-51 a / b + 1 <= 2**11 + 1`` of ``a / b`` (``a`` itself
+rounds when converted), so the int64 remainder ``e = a - q0 b`` has ``|e| <= 2**-51 a + b <
+2**53`` (exact in float64) and ``|e / b| <= 2**11 + 1``; ``q0 + ceil(e / b)`` (equal to ``ceil(a
+/ b)``) is estimated and corrected as above, in int64 (all products below 2**63).
+``tests/plan/test_exact_division.py`` checks both against int64 division, exhaustively for small
+operands and at the boundaries where the estimate could cross an integer, under ``jit`` and
+``vmap`` (the reciprocal rewrite). Inside :func:`integer_division` (the reference for
+benchmarks and equality tests) :func:`ceil_div` is the int64 division again.
 
 Sources: the relaxed-simulator idea of DiffTune (Renda et al., MICRO 2020, arXiv:1912.00103),
 which needed a learned surrogate, and DOSA (Hong et al., MICRO 2023, arXiv:2310.04436), which
@@ -50,13 +80,15 @@ from npujax._exact import COUNT, REAL
 from npujax.errors import ConfigError
 
 __all__ = ["relaxed", "is_relaxed", "temperature", "ceil", "ceil_div", "smooth_max",
-           "select_step", "count", "DEFAULT_TEMPERATURE"]
+           "select_step", "count", "integer_division", "DEFAULT_TEMPERATURE"]
 
 #: Default relative temperature of :func:`smooth_max` and :func:`select_step`.
 DEFAULT_TEMPERATURE = 0.05
 
 _MODE: contextvars.ContextVar[float | None] = contextvars.ContextVar("npujax_relaxed",
                                                                       default=None)
+_INT_DIVISION: contextvars.ContextVar[bool] = contextvars.ContextVar("npujax_int_division",
+                                                                     default=False)
 
 
 @contextlib.contextmanager
@@ -79,6 +111,18 @@ def relaxed(temp: float = DEFAULT_TEMPERATURE) -> Iterator[None]:
         yield
     finally:
         _MODE.reset(token)
+
+
+@contextlib.contextmanager
+def integer_division() -> Iterator[None]:
+    """Trace :func:`ceil_div` as int64 ``(a + b - 1) // b`` (the implementation before the
+    float64 one; see the module docstring): the reference that benchmarks and equality tests
+    compare the float64 division against. Read while tracing, like :func:`relaxed`."""
+    token = _INT_DIVISION.set(True)
+    try:
+        yield
+    finally:
+        _INT_DIVISION.reset(token)
 
 
 def is_relaxed() -> bool:
@@ -110,11 +154,33 @@ def ceil(x: jax.Array) -> jax.Array:
     return _ste(c, jnp.where(x > 1.0, x, 1.0))  # not jnp.maximum: slope 0 (not 1/2) at x == 1
 
 
-def ceil_div(a: Any, b: Any) -> jax.Array:
-    """``ceil(a / b)`` of positive counts: exact int64 division, or relaxed :func:`ceil`."""
-    if not is_relaxed():
+def ceil_div(a: Any, b: Any, *, wide: bool = False) -> jax.Array:
+    """``ceil(a / b)`` of counts ``a >= 0``, ``b >= 1``: exact int64, or relaxed :func:`ceil`.
+
+    Args:
+      a: the numerator: int64 counts (call inside :func:`npujax._exact.exact`), at most 2**53
+        (2**62 with ``wide``).
+      b: the denominator: int64 counts >= 1, at most 2**53 (2**52 with ``wide``).
+      wide: allow numerators up to 2**62 (one correction step more).
+
+    Returns:
+      int64 ``ceil(a / b)`` (float64 in the relaxed mode), broadcast over the inputs, equal to
+      the int64 ``(a + b - 1) // b`` within the ranges above (module docstring).
+    """
+    if is_relaxed():
+        return ceil(jnp.asarray(a, REAL) / jnp.asarray(b, REAL))
+    if _INT_DIVISION.get():
         return (a + b - 1) // b
-    return ceil(jnp.asarray(a, REAL) / jnp.asarray(b, REAL))
+    a, b = jnp.asarray(a, COUNT), jnp.asarray(b, COUNT)
+    fa, fb = a.astype(REAL), b.astype(REAL)
+    if not wide:  # all in float64: the products below are exact or compare correctly
+        q = jnp.ceil(fa / fb)  # within one of ceil(a / b)
+        q = jnp.where(q * fb < fa, q + 1.0, q)
+        return jnp.where((q - 1.0) * fb >= fa, q - 1.0, q).astype(COUNT)
+    q = jnp.ceil(fa / fb).astype(COUNT)  # within 2**11 + 1 of a / b
+    q = q + jnp.ceil((a - q * b).astype(REAL) / fb).astype(COUNT)  # the remainder's quotient
+    q = jnp.where(q * b < a, q + 1, q)
+    return jnp.where((q - 1) * b >= a, q - 1, q)
 
 
 def smooth_max(a: jax.Array, b: jax.Array) -> jax.Array:

@@ -1,9 +1,16 @@
 """Benchmark: ONNX import + lowering time, vmapped lowering over hardware configurations, and the
 jitted JAX forward pass against onnxruntime — all measured side by side in one run.
 
-Usage:  python experiments/bench/lowering.py [--configs 1000] [--model ppocr_det]
+Usage:  python experiments/bench/lowering.py [--configs 1000] [--model ppocr_det] [--rounds 3]
+            [--only-end-to-end]
 
 Prints (and writes as JSON with --out):
+  (0) ``npujax lower MODEL`` end to end, CPU seconds after the imports, split into ONNX import,
+      optimize (of which BN folding), the cost model of every dataflow (workloads, tracing,
+      compilation, evaluation, reports) and printing the tables: the current pipeline side by
+      side with the reference (the pipeline before: every ONNX node traced for its shapes, one
+      ``lower`` and one compilation per dataflow, int64 division), each run in a fresh process
+      (so every compilation is counted), interleaved, median of ``--rounds``;
   (1) import + optimize + lower wall time for the model (first call, incl. compilation) and the
       steady-state lowering time, side by side with the steady time of the layer-fused schedule
       (``fusion="layer"``: activations kept on chip, depth-first pairs; target <= 2x);
@@ -16,8 +23,14 @@ Prints (and writes as JSON with --out):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import io
 import json
+import os
+import statistics
+import subprocess
+import sys
 import time
 
 import jax
@@ -43,18 +56,119 @@ def _best(fn, repeat: int) -> float:
     return min(times)
 
 
+#: The phases of ``npujax lower`` timed in (0), by the function that runs each.
+PHASES = {"onnx_import": ("npujax.workflows.lowering", "from_onnx"),
+          "optimize": ("npujax.workflows.lowering", "optimize"),
+          "fold_batchnorm": ("npujax.ir.passes", "fold_batchnorm"),
+          "cost_model": ("npujax.workflows.lowering", "lower_by_dataflow"),
+          "print_tables": ("npujax.workflows.lowering", "print_lowering")}
+
+
+def _reference_pipeline() -> None:
+    """Put the pipeline before back: every ONNX node traced for its shapes, one ``lower`` per
+    dataflow (and the preset's, cached) compiled with LLVM's optimizations, int64 division."""
+    import importlib
+
+    import npujax.frontends.onnx as onnx_frontend
+    import npujax.workflows.lowering as wl
+    from npujax._relax import integer_division
+    from npujax.systolic import DATAFLOWS
+
+    onnx_frontend._signature = lambda *a: None  # type: ignore[assignment]
+    importlib.import_module("npujax.plan.lower")._ONCE = {}  # LLVM -O2, as before
+
+    def per_dataflow(graph, spec, quant=None, *, dataflows=DATAFLOWS, batch=None):
+        with integer_division():
+            lower(graph, spec, quant, batch=batch)
+            return {df: lower(graph, spec, quant, dataflow=df, batch=batch) for df in dataflows}
+    wl.lower_by_dataflow = per_dataflow  # type: ignore[assignment]
+
+
+def end_to_end(model: str, npu: str, reference: bool) -> dict[str, float]:
+    """CPU seconds of ``npujax lower MODEL --npu NPU`` in this process, after the imports, per
+    phase (:data:`PHASES`) and in total."""
+    import importlib
+
+    import npujax.cli as cli
+
+    cli.build_parser()  # imports every command's modules: not counted
+    import npujax.plan  # noqa: F401
+    import npujax.workflows.lowering  # noqa: F401
+
+    if reference:
+        _reference_pipeline()
+    spent: dict[str, float] = {k: 0.0 for k in PHASES}
+    for phase, (module, name) in PHASES.items():
+        mod = importlib.import_module(module)
+        fn = getattr(mod, name)
+
+        def timed(*a, _fn=fn, _phase=phase, **k):
+            t = time.process_time()
+            try:
+                return _fn(*a, **k)
+            finally:
+                spent[_phase] += time.process_time() - t
+        setattr(mod, name, timed)
+    shape = ",".join(str(d) for d in SHAPES[model])
+    t = time.process_time()
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = cli.main(["lower", str(fetch_model(model)), "--input-shape", f"x={shape}",
+                         "--npu", npu])
+    total = time.process_time() - t
+    if code:
+        raise SystemExit(f"npujax lower failed with exit code {code}")
+    spent["optimize_other"] = spent.pop("optimize") - spent["fold_batchnorm"]
+    spent["other"] = total - sum(spent.values())
+    return {**spent, "total": total}
+
+
+def compare_end_to_end(model: str, npu: str, rounds: int) -> dict:
+    """(0): the current and the reference pipeline, each in fresh processes, interleaved."""
+    runs: dict[str, list[dict[str, float]]] = {"new": [], "reference": []}
+    for _ in range(rounds):
+        for variant in runs:
+            out = subprocess.run(
+                [sys.executable, __file__, "--model", model, "--npu", npu,
+                 "--end-to-end", variant], check=True, capture_output=True, text=True,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}).stdout
+            runs[variant].append(json.loads(out.strip().splitlines()[-1]))
+    med = {v: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for v, rs in runs.items()}
+    new, ref = med["new"], med["reference"]
+    print(f"(0) npujax lower {model} on {npu}, CPU s after imports (median of {rounds}, fresh "
+          "processes, interleaved):")
+    print(f"    {'phase':16s} {'reference':>10s} {'new':>8s}")
+    for k in new:
+        print(f"    {k:16s} {ref[k]:10.2f} {new[k]:8.2f}")
+    print(f"    total {ref['total']:.2f} -> {new['total']:.2f} s = "
+          f"{ref['total'] / new['total']:.2f}x [target <= 2 s: "
+          f"{'met' if new['total'] <= 2.0 else 'NOT met'}]")
+    return {"end_to_end_cpu_s": med, "end_to_end_rounds": rounds}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="ppocr_det", choices=sorted(SHAPES))
     ap.add_argument("--configs", type=int, default=1000)
     ap.add_argument("--npu", default="edge_16x16")
+    ap.add_argument("--rounds", type=int, default=3, help="end-to-end rounds (median)")
+    ap.add_argument("--end-to-end", choices=("new", "reference"),
+                    help="(internal) time one `npujax lower` in this process, print JSON")
+    ap.add_argument("--only-end-to-end", action="store_true", help="run (0) only")
     ap.add_argument("--out", help="write the figures as JSON here")
     args = ap.parse_args()
+    if args.end_to_end:
+        print(json.dumps(end_to_end(args.model, args.npu, args.end_to_end == "reference")))
+        return
+    res: dict = {"model": args.model, "input_shape": SHAPES[args.model], "npu": args.npu,
+                 "backend": jax.default_backend()}
+    res.update(compare_end_to_end(args.model, args.npu, args.rounds))
+    if args.only_end_to_end:
+        _write(args.out, res)
+        return
     path = fetch_model(args.model)
     shape = SHAPES[args.model]
     spec = load_npu_spec(args.npu)
-    res: dict = {"model": args.model, "input_shape": shape, "npu": spec.name,
-                 "backend": jax.default_backend()}
+    res["npu"] = spec.name
 
     # (1) import + lowering
     t = time.perf_counter()
@@ -138,10 +252,14 @@ def main() -> None:
     print(f"(3) forward: JAX {t_jax * 1e3:.1f} ms vs onnxruntime {t_ort * 1e3:.1f} ms = "
           f"{t_jax / t_ort:.2f}x ORT [target <= 2x: {'met' if t_jax <= 2 * t_ort else 'NOT met'}]"
           f"; max |diff| {err:.2e}")
-    if args.out:
+    _write(args.out, res)
+
+
+def _write(out: str | None, res: dict) -> None:
+    if out:
         from npujax.report import write_json
 
-        write_json(args.out, res)
+        write_json(out, res)
     print(json.dumps({k: (round(v, 6) if isinstance(v, float) else v) for k, v in res.items()}))
 
 

@@ -198,6 +198,34 @@ def parse_input_shapes(specs: Sequence[str]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _freeze(v: Any) -> Any:
+    """A hashable, exact stand-in for an attribute value (TypeError for an unknown kind)."""
+    if isinstance(v, np.ndarray):
+        return ("ndarray", v.dtype.str, v.shape, v.tobytes())
+    if isinstance(v, (list, tuple)):
+        return (type(v).__name__, tuple(_freeze(x) for x in v))
+    if isinstance(v, dict):
+        return ("dict", tuple(sorted((str(k), _freeze(x)) for k, x in v.items())))
+    if v is None or isinstance(v, (bool, int, float, str, bytes, np.generic)):
+        return (type(v).__name__, v)
+    raise TypeError(f"no signature for {type(v).__name__}")
+
+
+def _signature(node: Node, specs: Sequence[jax.ShapeDtypeStruct],
+               params: Mapping[str, jax.Array]) -> Any:
+    """What a node's output shapes depend on: its op, attributes, which inputs are given, and
+    the shapes and dtypes of its inputs and parameters (never their values: shape inference
+    sees them abstractly), and JAX's 64-bit mode. None when an attribute cannot be keyed."""
+    try:
+        attrs = _freeze(dict(node.attrs))
+    except TypeError:
+        return None
+    return (node.op, attrs, tuple(bool(t) for t in node.inputs), len(node.outputs),
+            tuple((tuple(s.shape), str(s.dtype)) for s in specs),
+            tuple((k, tuple(v.shape), str(v.dtype)) for k, v in params.items()),
+            bool(jax.config.read("jax_enable_x64")))
+
+
 # ---------------------------------------------------------------------------------------------
 # The importer state
 
@@ -217,6 +245,9 @@ class _Ctx:
         self.graph_inputs: set[str] = set()
         self.onnx_node = onnx.NodeProto()  # the node being converted (set per node)
         self.node_name = ""
+        # output shapes by node signature: most nodes repeat one (the same activation or
+        # elementwise op on the same shapes), and tracing each costs more than the import
+        self.shape_cache: dict[Any, Any] = {}
 
     # -- helpers used by the converters
     def const(self, name: str, what: str) -> np.ndarray:
@@ -261,8 +292,13 @@ class _Ctx:
                 "to 32 bits unless 64-bit types are on (jax.config.update('jax_enable_x64', "
                 "True)).")
         try:
-            run = get_op(op, name).run
-            outs = jax.eval_shape(lambda xs, pp: run(node, xs, pp), specs, p)
+            key = _signature(node, specs, p)
+            outs = self.shape_cache.get(key) if key is not None else None
+            if outs is None:
+                run = get_op(op, name).run
+                outs = jax.eval_shape(lambda xs, pp: run(node, xs, pp), specs, p)
+                if key is not None:
+                    self.shape_cache[key] = outs
         except UnsupportedOpError:
             raise
         except Exception as e:

@@ -16,6 +16,7 @@ from npujax.plan.energy import LayerEnergy as LayerEnergy
 from npujax.plan.energy import layer_energy as layer_energy
 from npujax.plan.fit import FitResult as FitResult
 from npujax.plan.fit import fit_spec as fit_spec
+from npujax.plan.costs import layer_costs_by_dataflow as layer_costs_by_dataflow
 from npujax.plan.fusion import EdgeCosts as EdgeCosts
 from npujax.plan.fusion import fused_costs as fused_costs
 from npujax.plan.fusion import scheduled_costs as scheduled_costs
@@ -26,6 +27,7 @@ from npujax.plan.lower import LayerReport as LayerReport
 from npujax.plan.lower import Schedule as Schedule
 from npujax.plan.lower import layer_bits as layer_bits
 from npujax.plan.lower import lower as lower
+from npujax.plan.lower import lower_by_dataflow as lower_by_dataflow
 from npujax.plan.memory import MemoryReport as MemoryReport
 from npujax.plan.memory import memory_report as memory_report
 from npujax.plan.pipeline import OBJECTIVES as OBJECTIVES
@@ -64,8 +66,10 @@ __all__ = [
     "LayerReport",
     "Schedule",
     "layer_costs",
+    "layer_costs_by_dataflow",
     "layer_bits",
     "lower",
+    "lower_by_dataflow",
     "DEFAULT_BITS",
     "peak_activation_bytes",
     "Workload",

@@ -58,14 +58,15 @@ import jax.numpy as jnp
 
 from npujax import _relax
 from npujax._exact import count, exact, real
+from npujax.errors import ConfigError
 from npujax.hw.spec import NpuSpec
 from npujax.plan.workload import Workload
-from npujax.systolic.dataflow import gemm_cycles, get_dataflow
+from npujax.systolic.dataflow import DATAFLOWS, Dataflow, gemm_cycles, get_dataflow
 from npujax.systolic.memory import gemm_memory
 from npujax.systolic.precision import get_precision_scaling, passes
 
-__all__ = ["LayerCosts", "layer_costs", "first_consumers", "BREAKDOWN", "EXACT_FIELDS",
-           "SHAPE_FIELDS"]
+__all__ = ["LayerCosts", "layer_costs", "layer_costs_by_dataflow", "first_consumers",
+           "BREAKDOWN", "EXACT_FIELDS", "SHAPE_FIELDS"]
 
 #: The numeric :class:`~npujax.plan.Workload` fields the cost model reads (the ``shapes`` of
 #: :func:`layer_costs`); the rest (kind, device, producer, fusion) is the workloads' structure.
@@ -134,7 +135,7 @@ class LayerCosts(NamedTuple):
         }
 
 
-_ceil_div = _relax.ceil_div  # exact int64 division; straight-through in the relaxed mode
+_ceil_div = _relax.ceil_div  # exact (float64 division, npujax._relax); straight-through relaxed
 
 
 def first_consumers(layers: Sequence[Workload]) -> jax.Array:
@@ -223,23 +224,85 @@ def layer_costs(
       Straight-through estimators: Bengio et al., arXiv:1308.3432. Differentiable performance
       models: DiffTune (Renda et al., MICRO 2020) and DOSA (Hong et al., MICRO 2023).
     """
+    return _evaluate(layers, spec, weight_bits, act_bits, (dataflow,), relaxed, temperature,
+                     shapes)[0]
+
+
+def layer_costs_by_dataflow(
+    layers: Sequence[Workload],
+    spec: NpuSpec,
+    weight_bits: jax.Array,
+    act_bits: jax.Array,
+    dataflows: Sequence[str] = DATAFLOWS,
+    *,
+    relaxed: bool = False,
+    temperature: float = _relax.DEFAULT_TEMPERATURE,
+) -> dict[str, LayerCosts]:
+    """:func:`layer_costs` at several dataflows in one program: ``{dataflow: LayerCosts}``.
+
+    What does not depend on the dataflow (vector, conversion and host-CPU layers, the
+    operands' bytes) is computed once, and one ``jit`` compiles all dataflows together (a
+    comparison table costs one compilation and one call, not one per dataflow). Vmapped over
+    many configurations on a CPU it is not faster than one :func:`layer_costs` per dataflow
+    (XLA compiles a loop per dataflow either way; ``docs/results/cost_throughput.md``). The
+    counts of :data:`EXACT_FIELDS` equal ``layer_costs(..., dataflow)``'s bit for bit; the
+    real-valued fields too, up to the last bit where XLA fuses the float arithmetic of the two
+    programs differently (it may turn ``x / y`` into ``x * (1 / y)``).
+
+    Args:
+      layers: static workloads (from :func:`npujax.plan.workloads`).
+      spec: the NPU (its own dataflow is ignored); may be traced or batched, as in
+        :func:`layer_costs`.
+      weight_bits: float32 ``[L]`` weight width per layer.
+      act_bits: float32 ``[L]`` activation width per layer.
+      dataflows: dataflow names (static; default all of :data:`npujax.systolic.DATAFLOWS`, in
+        that order).
+      relaxed: the differentiable mode, as in :func:`layer_costs`.
+      temperature: as in :func:`layer_costs`.
+
+    Returns:
+      ``{name: LayerCosts}`` of ``[L]`` arrays (dtypes as :func:`layer_costs`), keyed by the
+      full dataflow names (``weight_stationary``, ...).
+
+    Raises:
+      ConfigError: an unknown dataflow or precision scaling, no dataflow, or a temperature out
+        of range.
+    """
+    if not dataflows:
+        raise ConfigError(f"layer_costs_by_dataflow needs at least one dataflow, e.g. "
+                          f"{DATAFLOWS}.")
+    names = [get_dataflow(d).name for d in dataflows]
+    if len(set(names)) < len(names):
+        raise ConfigError(f"layer_costs_by_dataflow got a dataflow twice: {list(dataflows)}.")
+    costs = _evaluate(layers, spec, weight_bits, act_bits, tuple(names), relaxed, temperature)
+    return dict(zip(names, costs))
+
+
+def _evaluate(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Array,
+              act_bits: jax.Array, dataflows: tuple[str | None, ...], relaxed: bool,
+              temperature: float, shapes: Mapping[str, jax.Array] | None = None
+              ) -> tuple[LayerCosts, ...]:
     x64 = bool(jax.config.read("jax_enable_x64"))
     if relaxed:
         with _relax.relaxed(temperature):
-            costs = _layer_costs(layers, spec, weight_bits, act_bits, dataflow, shapes)
+            costs = _layer_costs(layers, spec, weight_bits, act_bits, dataflows, shapes)
     else:
-        costs = _layer_costs(layers, spec, weight_bits, act_bits, dataflow, shapes)
+        costs = _layer_costs(layers, spec, weight_bits, act_bits, dataflows, shapes)
     if x64:
         return costs
-    return costs._replace(**{k: v.astype(jnp.float32) for k, v in costs._asdict().items()
-                             if k not in EXACT_FIELDS})
+    return tuple(c._replace(**{k: v.astype(jnp.float32) for k, v in c._asdict().items()
+                               if k not in EXACT_FIELDS}) for c in costs)
 
 
 @exact
 def _layer_costs(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Array,
-                 act_bits: jax.Array, dataflow: str | None,
-                 shapes: Mapping[str, jax.Array] | None = None) -> LayerCosts:
-    df = get_dataflow(dataflow or spec.array.dataflow)
+                 act_bits: jax.Array, dataflows: tuple[str | None, ...],
+                 shapes: Mapping[str, jax.Array] | None = None) -> tuple[LayerCosts, ...]:
+    """The costs at each of ``dataflows`` (None: the spec's). What does not depend on the
+    dataflow (vector, conversion and host layers, the operands' bytes) is traced once. (Not
+    stacked: XLA:CPU emits a concatenation inside a loop fusion as a per-element branch, which
+    halved the vmapped throughput.)"""
+    dfs = [get_dataflow(d or spec.array.dataflow) for d in dataflows]
     scaling = get_precision_scaling(spec.array.precision_scaling)
     hw = _hw(spec)
     a, m, h = hw.array, hw.memory, hw.host
@@ -260,25 +323,15 @@ def _layer_costs(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Arr
     R, C, cores = a.rows, a.cols, a.cores
     ob = real(a.operand_bits)
     clock = a.clock_hz
-
-    # multi-core: split M or N across the cores, whichever is faster
-    by_m = gemm_cycles(_ceil_div(M, cores), K, N, R, C, df)
-    by_n = gemm_cycles(M, K, _ceil_div(N, cores), R, C, df)
-    use_m = by_m["compute_cycles"] <= by_n["compute_cycles"]
-    g = jax.tree.map(lambda x, y: jnp.where(use_m, x, y), by_m, by_n)
     n_passes = passes(wb, ab, ob)
-    fd_per_fold = df.fill_cycles(R, C) + df.drain_cycles(R, C)
-    fill_drain_1 = g["folds"] * fd_per_fold
-    stream_1 = real(g["compute_cycles"] - fill_drain_1)
     scale = scaling.stream_factor(wb, ab, ob, real(a.brick_bits))
-    stream = _relax.count(_relax.ceil(stream_1 * scale))
-    gemm_total = groups * (fill_drain_1 + stream) * n_passes
-    gemm_fill_drain = groups * fill_drain_1 * n_passes
     lanes = hw.vector.lanes
     special = _relax.ceil(f32("special_ops") * hw.vector.special_cycles_per_elem)
-    vec_cycles = _ceil_div(i32("vector_ops") + _relax.count(special), lanes * cores)
-    total_compute = jnp.where(is_gemm, gemm_total, jnp.where(on_npu, vec_cycles, 0))
-    fill_drain = jnp.where(is_gemm, gemm_fill_drain, 0)
+    # (special ops x cycles may pass 2**53: the wide division, exact to 2**62)
+    vec_cycles = _ceil_div(i32("vector_ops") + _relax.count(special), lanes * cores,
+                           wide=True)
+    # multi-core: split M or N across the cores, whichever is faster
+    m_split, n_split = _ceil_div(M, cores), _ceil_div(N, cores)
 
     burst = real(hw.layout.dram_burst_bytes)
     acc_bits = real(a.accumulator_bits)
@@ -288,36 +341,14 @@ def _layer_costs(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Arr
     # every operand once: the traffic if SRAM were large enough (vector layers always)
     once = (_bursts(f32("weight_elems") * wb / 8.0, burst) + bias_bytes
             + _bursts(in_elems * ab / 8.0, burst) + _bursts(out_elems * ab / 8.0, burst))
-    # GEMM layers: the tiled traffic of the systolic memory model (SRAM capacity, reuse, spills).
-    # im2col happens on chip: the [M, K] operand costs DRAM reads of its distinct elements only.
     fcores = real(cores)
     sram_a = real(m.ifmap_sram_bytes) * fcores
     sram_b = real(m.filter_sram_bytes) * fcores
     sram_o = real(m.ofmap_sram_bytes) * fcores
-    mem = gemm_memory(M, K, N, R, C, df, sram_bytes_a=sram_a, sram_bytes_b=sram_b,
-                      sram_bytes_out=sram_o, elem_bytes_a=ab / 8.0, elem_bytes_b=wb / 8.0,
-                      elem_bytes_out=ab / 8.0, dram_bytes_per_cycle=bpc,
-                      unique_elems_a=in_elems / real(groups))
     gf = real(groups)
-    tiled = (_bursts(gf * mem["dram_read_bytes_a"], burst)
-             + _bursts(gf * mem["dram_read_bytes_b"], burst) + bias_bytes
-             + _bursts(gf * (mem["dram_write_bytes_out"] + mem["dram_read_bytes_out"]), burst))
-    dram_bytes = jnp.where(on_npu, jnp.where(is_gemm, tiled, once), 0.0)
-    refetch = jnp.where(on_npu, dram_bytes / jnp.maximum(once, 1.0), 0.0)
-    memory = dram_bytes / bpc
-    # the first tiles in and the last tile out cannot overlap compute
-    exposed = jnp.where(is_gemm, jnp.minimum(mem["prologue_cycles"] + mem["epilogue_cycles"],
-                                             memory), 0.0)
-    tc = real(total_compute)
-    # = max(memory - exposed - tc, 0) bit for bit; relaxed: a smooth max(compute, memory) slope
-    stall = _relax.smooth_max(memory - exposed, tc) - tc
     fused = jnp.asarray([bool(w.fused_into) for w in layers])
-    dma = jnp.where(on_npu & ~fused, m.dram_latency_s * clock + exposed, 0.0)
-    sram_peak = jnp.where(is_gemm, (
-        jnp.minimum(in_elems * ab / 8.0, sram_a)
-        + jnp.minimum(f32("weight_elems") * wb / 8.0, sram_b)
-        + jnp.minimum(out_elems * jnp.where(mem["resident_out"], acc_bits, ab) / 8.0,
-                      sram_o)), 0.0)
+    pes = real(R * C * cores)
+    macs = f32("macs")
 
     # precision conversion: a GEMM's output stage requantizes to the width of its first consumer
     # for free; a vector layer keeps its width. A consumer wanting another width pays a pass.
@@ -342,25 +373,66 @@ def _layer_costs(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Arr
          + link_bytes / h.link_bytes_per_s) * clock,
         0.0,
     )
-    latency = tc + convert + dma + stall + fallback + transfer
-    zero = jnp.zeros_like(memory)
-    pes = real(R * C * cores)
-    macs = f32("macs")
-    util = jnp.where(is_gemm, macs / jnp.maximum(tc, 1.0) / pes, zero)
-    return LayerCosts(
-        compute_cycles=total_compute,
-        fill_drain_cycles=fill_drain,
-        convert_cycles=convert,
-        dma_cycles=dma,
-        stall_cycles=stall,
-        fallback_cycles=fallback,
-        transfer_cycles=transfer,
-        latency_cycles=latency,
-        memory_cycles=memory,
-        dram_bytes=dram_bytes,
-        refetch_factor=refetch,
-        sram_peak_bytes=sram_peak,
-        folds=jnp.where(is_gemm, groups * g["folds"] * n_passes, 0),
-        utilization=util,
-        mapping_efficiency=jnp.where(is_gemm, g["mapping_efficiency"], zero),
-    )
+
+    def one(df: Dataflow) -> LayerCosts:
+        by_m = gemm_cycles(m_split, K, N, R, C, df)
+        by_n = gemm_cycles(M, K, n_split, R, C, df)
+        use_m = by_m["compute_cycles"] <= by_n["compute_cycles"]
+        g = jax.tree.map(lambda x, y: jnp.where(use_m, x, y), by_m, by_n)
+        fd_per_fold = df.fill_cycles(R, C) + df.drain_cycles(R, C)
+        fill_drain_1 = g["folds"] * fd_per_fold
+        stream_1 = real(g["compute_cycles"] - fill_drain_1)
+        stream = _relax.count(_relax.ceil(stream_1 * scale))
+        gemm_total = groups * (fill_drain_1 + stream) * n_passes
+        gemm_fill_drain = groups * fill_drain_1 * n_passes
+        total_compute = jnp.where(is_gemm, gemm_total, jnp.where(on_npu, vec_cycles, 0))
+        fill_drain = jnp.where(is_gemm, gemm_fill_drain, 0)
+
+        # GEMM layers: the tiled traffic of the systolic memory model (SRAM capacity, reuse,
+        # spills). im2col happens on chip: the [M, K] operand costs DRAM reads of its distinct
+        # elements only.
+        mem = gemm_memory(M, K, N, R, C, df, sram_bytes_a=sram_a, sram_bytes_b=sram_b,
+                          sram_bytes_out=sram_o, elem_bytes_a=ab / 8.0, elem_bytes_b=wb / 8.0,
+                          elem_bytes_out=ab / 8.0, dram_bytes_per_cycle=bpc,
+                          unique_elems_a=in_elems / real(groups))
+        tiled = (_bursts(gf * mem["dram_read_bytes_a"], burst)
+                 + _bursts(gf * mem["dram_read_bytes_b"], burst) + bias_bytes
+                 + _bursts(gf * (mem["dram_write_bytes_out"] + mem["dram_read_bytes_out"]),
+                           burst))
+        dram_bytes = jnp.where(on_npu, jnp.where(is_gemm, tiled, once), 0.0)
+        refetch = jnp.where(on_npu, dram_bytes / jnp.maximum(once, 1.0), 0.0)
+        memory = dram_bytes / bpc
+        # the first tiles in and the last tile out cannot overlap compute
+        exposed = jnp.where(is_gemm, jnp.minimum(mem["prologue_cycles"]
+                                                 + mem["epilogue_cycles"], memory), 0.0)
+        tc = real(total_compute)
+        # = max(memory - exposed - tc, 0) bit for bit; relaxed: a smooth max(compute, memory)
+        stall = _relax.smooth_max(memory - exposed, tc) - tc
+        dma = jnp.where(on_npu & ~fused, m.dram_latency_s * clock + exposed, 0.0)
+        sram_peak = jnp.where(is_gemm, (
+            jnp.minimum(in_elems * ab / 8.0, sram_a)
+            + jnp.minimum(f32("weight_elems") * wb / 8.0, sram_b)
+            + jnp.minimum(out_elems * jnp.where(mem["resident_out"], acc_bits, ab) / 8.0,
+                          sram_o)), 0.0)
+        latency = tc + convert + dma + stall + fallback + transfer
+        zero = jnp.zeros_like(memory)
+        util = jnp.where(is_gemm, macs / jnp.maximum(tc, 1.0) / pes, zero)
+        return LayerCosts(
+            compute_cycles=total_compute,
+            fill_drain_cycles=fill_drain,
+            convert_cycles=convert,
+            dma_cycles=dma,
+            stall_cycles=stall,
+            fallback_cycles=fallback,
+            transfer_cycles=transfer,
+            latency_cycles=latency,
+            memory_cycles=memory,
+            dram_bytes=dram_bytes,
+            refetch_factor=refetch,
+            sram_peak_bytes=sram_peak,
+            folds=jnp.where(is_gemm, groups * g["folds"] * n_passes, 0),
+            utilization=util,
+            mapping_efficiency=jnp.where(is_gemm, g["mapping_efficiency"], zero),
+        )
+
+    return tuple(one(df) for df in dfs)

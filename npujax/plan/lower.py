@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -21,16 +22,22 @@ from npujax.hw.energy import area_breakdown
 from npujax.hw.spec import NpuSpec, as_spec
 from npujax.ir.graph import Graph
 from npujax.ir.passes import rebatch
-from npujax.plan.costs import BREAKDOWN, LayerCosts, first_consumers, layer_costs
+from npujax.plan.costs import (
+    BREAKDOWN,
+    LayerCosts,
+    first_consumers,
+    layer_costs,
+    layer_costs_by_dataflow,
+)
 from npujax.plan.energy import ENERGY_BREAKDOWN, LayerEnergy, layer_energy
 from npujax.plan.fusion import PLACEMENTS, cross_layer_edges, fused_costs
 from npujax.plan.liveness import peak_activation_bytes
 from npujax.plan.workload import Workload, workloads
 from npujax.quantize.spec import QuantSpec
-from npujax.systolic.dataflow import get_dataflow
+from npujax.systolic.dataflow import DATAFLOWS, get_dataflow
 
-__all__ = ["LayerReport", "EdgeReport", "Schedule", "lower", "layer_bits", "weight_bytes",
-           "DEFAULT_BITS"]
+__all__ = ["LayerReport", "EdgeReport", "Schedule", "lower", "lower_by_dataflow", "layer_bits",
+           "weight_bytes", "DEFAULT_BITS"]
 
 #: Width of the layers a quantization spec does not name (and of every layer without one): the
 #: int8 deployment NPUs are built for.
@@ -298,14 +305,26 @@ def _energy_area(layers: tuple[Workload, ...], spec: NpuSpec, w: Any, a: Any, da
             area_breakdown(spec))
 
 
+#: XLA options of the cost program that ``lower`` runs about once per compilation: LLVM's
+#: optimizations take longer than they save (0.9 instead of 1.4 s to compile the three dataflows
+#: of the PP-OCR detector; the program runs in well under a millisecond either way). The HLO
+#: passes run as before. LLVM at -O2 may contract a multiply and an add into an FMA, which -O0
+#: does not, so the last bit of a real-valued figure could in principle differ; it does not in
+#: any of 945 arrays checked (3 models x 7 presets x 3 dataflows x 15 fields), and
+#: tests/plan/test_fused_dataflows.py compares the two programs bit for bit.
+_ONCE = {"xla_backend_optimization_level": 0}  # (LLVM only: the HLO schedule is unchanged)
+
+
 @functools.lru_cache(maxsize=64)
-def _jitted_costs(layers: tuple[Workload, ...], dataflow: str):
-    """One compiled cost function per (workloads, dataflow), with the energy and area;
-    hardware and bits stay traced."""
+def _jitted_costs(layers: tuple[Workload, ...], dataflows: tuple[str, ...]):
+    """One compiled cost function per (workloads, dataflows), all dataflows in one program,
+    with each one's energy and the area; hardware and bits stay traced."""
     def run(spec, w, a):
-        costs = layer_costs(layers, spec, w, a, dataflow)
-        return costs, *_energy_area(layers, spec, w, a, dataflow, costs)
-    return jax.jit(run)
+        by_df = layer_costs_by_dataflow(layers, spec, w, a, dataflows)
+        energy = {df: layer_energy(layers, spec, w, a, df, dram_bytes=c.dram_bytes)
+                  for df, c in by_df.items()}
+        return by_df, energy, area_breakdown(spec)
+    return jax.jit(run, compiler_options=_ONCE)
 
 
 @functools.lru_cache(maxsize=64)
@@ -357,6 +376,51 @@ def lower(
       LimitError: a layer beyond 2**53 MACs or elements (:func:`npujax.plan.workloads`).
     """
     spec = as_spec(spec)
+    name = get_dataflow(dataflow or spec.array.dataflow).name
+    return lower_by_dataflow(graph, spec, quant, dataflows=(name,), batch=batch, fusion=fusion,
+                             resident_weights=resident_weights)[name]
+
+
+def lower_by_dataflow(
+    graph: Graph,
+    spec: NpuSpec | str,
+    quant: QuantSpec | None = None,
+    *,
+    dataflows: Sequence[str] = DATAFLOWS,
+    batch: int | None = None,
+    fusion: str | None = None,
+    resident_weights: bool = False,
+) -> dict[str, Schedule]:
+    """:func:`lower` at several dataflows, their costs evaluated in one compiled call.
+
+    The workloads, widths and per-layer reports are built once, and the cost model of all
+    ``dataflows`` is one program (:func:`npujax.plan.layer_costs_by_dataflow`): a dataflow
+    comparison costs one compilation, not one per dataflow. Each schedule equals
+    ``lower(..., dataflow=d)``'s (counts bit for bit; real-valued figures up to the last bit
+    where XLA fuses the two programs' float arithmetic differently). With ``layer`` fusion
+    each dataflow is its own program (:func:`npujax.plan.fused_costs`).
+
+    Args:
+      graph: an optimized graph, as in :func:`lower`.
+      spec: the NPU (its own dataflow is not used), as in :func:`lower`.
+      quant: the layers' precision, as in :func:`lower`.
+      dataflows: the dataflow names (or ``ws``/``os``/``is``); default all of
+        :data:`npujax.systolic.DATAFLOWS`.
+      batch: inference batch size, as in :func:`lower`.
+      fusion: overrides the preset's fusion level, as in :func:`lower`.
+      resident_weights: weights kept in the filter SRAM, as in :func:`lower`.
+
+    Returns:
+      ``{dataflow: Schedule}`` keyed by the full dataflow names, in the order given.
+
+    Raises:
+      ConfigError: as :func:`lower`; no dataflow, or one given twice.
+      LimitError: as :func:`lower`.
+    """
+    spec = as_spec(spec)
+    names = tuple(get_dataflow(d).name for d in dataflows)
+    if not names or len(set(names)) < len(names):
+        raise ConfigError(f"lower_by_dataflow needs distinct dataflows, got {list(dataflows)}.")
     if fusion is not None and fusion != spec.ops.fusion:
         spec = spec.with_fields({"ops.fusion": fusion})
     if batch is not None:
@@ -365,27 +429,54 @@ def lower(
     wb, ab = layer_bits(layers, quant)
     if resident_weights:
         layers, spec = _resident(layers, spec, wb)
-    df = get_dataflow(dataflow or spec.array.dataflow)
-    extra: dict[str, Any] = {}
+    batch_size = int(graph.tensors[graph.inputs[0]].shape[0]) if graph.inputs else 1
+    act = DEFAULT_BITS if quant is None else int(max(ab, default=DEFAULT_BITS))
+    peak = peak_activation_bytes(graph, act)
+    out: dict[str, Schedule] = {}
     with jax.enable_x64(True):  # the spec's numbers enter as int64/float64 (npujax._exact)
         if spec.ops.fusion == "layer":
-            costs, ec, unfused, energy, area = jax.tree.map(
-                np.asarray, _jitted_fused(tuple(layers), df.name)(spec, wb, ab))
-            names = [w.name for w in layers]
-            extra = dict(
-                edges=tuple(EdgeReport(
-                    names[e.producer], tuple(names[c] for c in e.consumers),
-                    float(ec.tensor_bytes[i]), PLACEMENTS[int(ec.mode[i])],
-                    int(ec.stripe_rows[i]), int(ec.stripes[i]) if ec.mode[i] == 2 else 0,
-                    float(ec.saved_bytes[i]), float(ec.extra_weight_bytes[i]))
-                    for i, e in enumerate(cross_layer_edges(tuple(layers)))),
-                sram_peak_bytes=float(np.max(ec.sram_bytes, initial=0.0)),
-                sram_capacity_bytes=float(ec.sram_capacity),
-                unfused_dram_bytes=float(np.sum(unfused.dram_bytes)),
-                unfused_latency_s=float(np.sum(unfused.latency_cycles)) / spec.array.clock_hz)
+            for df in names:
+                costs, energy, area, extra = _layer_fused(tuple(layers), spec, wb, ab, df)
+                out[df] = _schedule(spec, df, layers, wb, ab, costs, energy, area, batch_size,
+                                    peak, extra)
         else:
-            costs, energy, area = jax.tree.map(
-                np.asarray, _jitted_costs(tuple(layers), df.name)(spec, wb, ab))
+            by_df, energies, area = jax.tree.map(
+                np.asarray, _jitted_costs(tuple(layers), names)(spec, wb, ab))
+            for df in names:
+                out[df] = _schedule(spec, df, layers, wb, ab, by_df[df], energies[df], area,
+                                    batch_size, peak, {})
+    return out
+
+
+def _layer_fused(layers: tuple[Workload, ...], spec: NpuSpec, wb: np.ndarray, ab: np.ndarray,
+                 dataflow: str) -> tuple[LayerCosts, LayerEnergy, Any, dict[str, Any]]:
+    """The ``layer``-fusion costs, energy and area at one dataflow, and the schedule's edge
+    fields."""
+    costs, ec, unfused, energy, area = jax.tree.map(
+        np.asarray, _jitted_fused(layers, dataflow)(spec, wb, ab))
+    names = [w.name for w in layers]
+    extra = dict(
+        edges=tuple(EdgeReport(
+            names[e.producer], tuple(names[c] for c in e.consumers),
+            float(ec.tensor_bytes[i]), PLACEMENTS[int(ec.mode[i])],
+            int(ec.stripe_rows[i]), int(ec.stripes[i]) if ec.mode[i] == 2 else 0,
+            float(ec.saved_bytes[i]), float(ec.extra_weight_bytes[i]))
+            for i, e in enumerate(cross_layer_edges(layers))),
+        sram_peak_bytes=float(np.max(ec.sram_bytes, initial=0.0)),
+        sram_capacity_bytes=float(ec.sram_capacity),
+        unfused_dram_bytes=float(np.sum(unfused.dram_bytes)),
+        unfused_latency_s=float(np.sum(unfused.latency_cycles)) / spec.array.clock_hz)
+    return costs, energy, area, extra
+
+
+def _schedule(spec: NpuSpec, dataflow: str, layers: list[Workload], wb: np.ndarray,
+              ab: np.ndarray, costs: LayerCosts, energy: LayerEnergy, area: Any,
+              batch_size: int, peak: int, extra: dict[str, Any]) -> Schedule:
+    """The :class:`Schedule` of evaluated costs and energy (numpy ``[L]`` arrays).
+
+    Raises:
+      ConfigError: a non-finite or negative figure.
+    """
     for field, v in {**costs._asdict(), **energy._asdict()}.items():  # never NaN/inf (#11)
         bad = np.flatnonzero(~np.isfinite(v) | (v < 0))
         if bad.size:
@@ -395,9 +486,11 @@ def lower(
                 "(see the ranges in docs/hw.md).")
     ints = ("compute_cycles", "fill_drain_cycles", "folds")
     clock = spec.array.clock_hz
+    # Python numbers for the reports, converted per field at once (not per element)
+    cols = {k: (v.astype(np.int64) if k in ints else v.astype(np.float64)).tolist()
+            for k, v in costs._asdict().items()}
+    energy_cols = [np.asarray(v, np.float64).tolist() for v in energy]
     reports = []
-    cols = {k: ([int(x) for x in v.tolist()] if k in ints else [float(x) for x in v.tolist()])
-            for k, v in costs._asdict().items()}  # (Python numbers once, not per element)
     for i, w in enumerate(layers):
         c = LayerCosts(**{k: v[i] for k, v in cols.items()})
         bound = ("fallback" if w.device == "cpu" else
@@ -406,11 +499,8 @@ def lower(
             name=w.name, op=w.op, kind=w.kind, device=w.device, reason=w.reason, M=w.M, K=w.K,
             N=w.N, macs=w.macs, weight_bits=int(wb[i]) if w.kind == "gemm" else None,
             act_bits=int(ab[i]), costs=c, latency_s=c.latency_cycles / clock, bound=bound,
-            epilogue=w.epilogue, energy=LayerEnergy(*(float(v[i]) for v in energy))))
-    batch_size = int(graph.tensors[graph.inputs[0]].shape[0]) if graph.inputs else 1
-    act = DEFAULT_BITS if quant is None else int(max(ab, default=DEFAULT_BITS))
-    return Schedule(spec.name, df.name, clock, batch_size, tuple(reports),
-                    peak_activation_bytes(graph, act), fusion=spec.ops.fusion,
-                    area_mm2=float(area.total_mm2),
+            epilogue=w.epilogue, energy=LayerEnergy(*(e[i] for e in energy_cols))))
+    return Schedule(spec.name, dataflow, clock, batch_size, tuple(reports), peak,
+                    fusion=spec.ops.fusion, area_mm2=float(area.total_mm2),
                     area_breakdown_mm2={k.removesuffix("_mm2"): float(v) for k, v in
                                         area._asdict().items() if k != "total_mm2"}, **extra)

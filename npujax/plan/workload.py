@@ -224,7 +224,7 @@ def workloads(graph: Graph, spec: NpuSpec | None = None) -> list[Workload]:
       One :class:`Workload` per costed node, plus layout-transform and unfused-epilogue layers.
 
     Raises:
-      LimitError: a layer whose MACs, operations or tensor elements exceed 2**53
+      LimitError: a layer whose MACs, operations, GEMM extents or tensor elements exceed 2**53
         (:data:`npujax.limits.MAX_EXACT_COUNT`), beyond which counts would not be exact.
     """
     try:
@@ -373,7 +373,8 @@ def _workloads(graph: Graph, spec: NpuSpec | None) -> list[Workload]:
         if device.get(t) == "npu":
             layout_row(t, "out")
     for w in rows:  # int64 cost arithmetic is exact to 2**63; npujax promises 2**53
-        for field in ("macs", "in_elems", "out_elems", "weight_elems", "vector_ops", "cpu_ops"):
+        for field in ("macs", "in_elems", "out_elems", "weight_elems", "vector_ops", "cpu_ops",
+                      "M", "K", "N"):  # (the float64 ceil_div is exact to 2**53, npujax._relax)
             if getattr(w, field) > MAX_EXACT_COUNT:
                 raise LimitError(
                     f"layer {w.name!r} ({w.op}) has {getattr(w, field):,} {field}, more than "

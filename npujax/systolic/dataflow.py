@@ -68,7 +68,7 @@ __all__ = [
 SCALESIM_CYCLE_OFFSET = 1
 
 
-_ceil_div = _relax.ceil_div  # exact int64 division; straight-through in the relaxed mode
+_ceil_div = _relax.ceil_div  # exact (float64 division, npujax._relax); straight-through relaxed
 
 
 class Dataflow(abc.ABC):

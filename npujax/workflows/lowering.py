@@ -16,7 +16,7 @@ from npujax.hw.spec import NpuSpec
 from npujax.ir.graph import Graph
 from npujax.ir.passes import optimize
 from npujax.plan.coresident import CoResidency
-from npujax.plan.lower import Schedule, lower
+from npujax.plan.lower import Schedule, lower, lower_by_dataflow
 from npujax.plan.memory import MemoryReport
 from npujax.plan.pipeline import CoreSchedule
 from npujax.quantize.spec import QuantSpec
@@ -29,7 +29,7 @@ from npujax.report import (
     write_json,
     write_layers_csv,
 )
-from npujax.systolic.dataflow import DATAFLOWS
+from npujax.systolic.dataflow import DATAFLOWS, get_dataflow
 
 __all__ = ["Lowering", "lower_dataflows", "print_lowering", "write_lowering",
            "import_onnx_for_lowering", "resolution_sweep", "print_resolution_sweep",
@@ -52,10 +52,11 @@ class Lowering:
 
 def lower_dataflows(graph: Graph, spec: NpuSpec, quant: QuantSpec | None = None, *,
                     dataflow: str | None = None, batch: int | None = None) -> Lowering:
-    """:func:`npujax.lower` at ``dataflow`` (default the preset's) and at every dataflow."""
-    schedule = lower(graph, spec, quant, dataflow=dataflow, batch=batch)
-    by_df = {df: lower(graph, spec, quant, dataflow=df, batch=batch) for df in DATAFLOWS}
-    return Lowering(schedule, by_df)
+    """:func:`npujax.lower` at ``dataflow`` (default the preset's) and at every dataflow, the
+    costs of all dataflows evaluated in one compiled call (:func:`npujax.plan.lower_by_dataflow`).
+    """
+    by_df = lower_by_dataflow(graph, spec, quant, dataflows=DATAFLOWS, batch=batch)
+    return Lowering(by_df[get_dataflow(dataflow or spec.array.dataflow).name], by_df)
 
 
 def print_lowering(console: Console, lowering: Lowering, title: str) -> None:

@@ -1,0 +1,146 @@
+"""All dataflows in one program: ``layer_costs_by_dataflow`` and ``lower_by_dataflow`` give the
+reference's numbers (int64 division, one program per dataflow), with one compilation; the ONNX
+importer infers each node signature's shapes once."""
+
+import dataclasses
+import importlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from npujax import _relax
+from npujax.errors import ConfigError
+from npujax.frontends import onnx as onnx_frontend
+from npujax.frontends.onnx import from_onnx
+from npujax.hw import DATAFLOWS, load_npu_spec
+from npujax.plan import layer_costs, layer_costs_by_dataflow, lower, lower_by_dataflow, workloads
+from npujax.plan.costs import EXACT_FIELDS
+
+
+@pytest.fixture(scope="module")
+def graph(small_resnet):
+    return small_resnet[0]
+
+
+def _configs(spec, n=48, seed=0):
+    """``spec`` with [n] random array sizes, cores, SRAM sizes and DRAM bandwidths (int64 and
+    float64 leaves, as the sweep builds them)."""
+    rng = np.random.default_rng(seed)
+    hw = jax.tree.map(lambda v: np.broadcast_to(np.asarray(v), (n,)), spec)
+    pick = lambda *c: rng.choice(c, n).astype(np.int64)  # noqa: E731
+    return dataclasses.replace(
+        hw, array=dataclasses.replace(hw.array, rows=pick(1, 3, 8, 16, 33, 128),
+                                      cols=pick(1, 5, 8, 16, 64), cores=pick(1, 2, 3, 4)),
+        memory=dataclasses.replace(hw.memory, ifmap_sram_bytes=pick(512, 4096, 65536),
+                                   filter_sram_bytes=pick(512, 4096, 65536),
+                                   ofmap_sram_bytes=pick(256, 4096, 65536),
+                                   dram_bytes_per_s=rng.uniform(1e9, 5e10, n)))
+
+
+def test_fused_equals_the_reference_per_dataflow(graph):
+    spec = load_npu_spec("bitserial_16x16")  # precision scaling, so the widths matter too
+    layers = tuple(workloads(graph, spec))
+    wb = np.asarray([4.0, 8.0, 2.0, 8.0] * len(layers), np.float32)[:len(layers)]
+    ab = np.asarray([8.0, 4.0] * len(layers), np.float32)[:len(layers)]
+    hw = _configs(spec)
+    with jax.enable_x64(True):
+        new = jax.jit(jax.vmap(lambda s: layer_costs_by_dataflow(layers, s, wb, ab)))(hw)
+        with _relax.integer_division():  # the implementation before: one program per dataflow
+            ref = jax.jit(jax.vmap(lambda s: {df: layer_costs(layers, s, wb, ab, df)
+                                              for df in DATAFLOWS}))(hw)
+    assert set(new) == set(DATAFLOWS)
+    for df in DATAFLOWS:
+        for field in ref[df]._fields:
+            got, want = (np.asarray(getattr(c[df], field)) for c in (new, ref))
+            assert got.dtype == want.dtype and got.shape == (len(hw.array.rows), len(layers))
+            if field in EXACT_FIELDS:  # counts: bit for bit over every configuration
+                np.testing.assert_array_equal(got, want, err_msg=f"{df} {field}")
+            else:  # XLA may fuse the two programs' float arithmetic differently
+                np.testing.assert_allclose(got, want, rtol=1e-14, atol=0, err_msg=f"{df} {field}")
+
+
+def test_lower_by_dataflow_is_lower_at_each_dataflow_with_one_compilation(graph, edge_spec):
+    lower_module = importlib.import_module("npujax.plan.lower")
+    lower_module._jitted_costs.cache_clear()
+    by_df = lower_by_dataflow(graph, edge_spec, dataflows=("os", "ws", "is"))
+    assert list(by_df) == ["output_stationary", "weight_stationary", "input_stationary"]
+    assert lower_module._jitted_costs.cache_info().misses == 1  # one program, all dataflows
+    program = lower_module._jitted_costs(tuple(workloads(graph, edge_spec)), tuple(by_df))
+    assert program._cache_size() == 1  # compiled once
+    assert [s.dataflow for s in by_df.values()] == list(by_df)
+    one = lower(graph, edge_spec, dataflow="is")  # its own program: the same schedule
+    assert by_df["input_stationary"].to_dict() == one.to_dict()
+    # lower compiles without LLVM's optimizations; the values are those of the optimized program
+    layers = workloads(graph, edge_spec)
+    w = np.full(len(layers), 8.0, np.float32)
+    with jax.enable_x64(True):
+        optimized = jax.jit(lambda s: layer_costs_by_dataflow(layers, s, w, w))(edge_spec)
+    for df, sched in by_df.items():
+        for field, v in optimized[df]._asdict().items():
+            np.testing.assert_array_equal([getattr(r.costs, field) for r in sched.layers],
+                                          np.asarray(v), err_msg=f"{df} {field}")
+
+
+def test_lower_by_dataflow_refuses_repeated_or_no_dataflows(graph, edge_spec):
+    with pytest.raises(ConfigError, match="distinct"):
+        lower_by_dataflow(graph, edge_spec, dataflows=("ws", "weight_stationary"))
+    with pytest.raises(ConfigError, match="distinct"):
+        lower_by_dataflow(graph, edge_spec, dataflows=())
+    with pytest.raises(ConfigError, match="unknown dataflow"):
+        lower_by_dataflow(graph, edge_spec, dataflows=("xs",))
+    layers = workloads(graph, edge_spec)
+    w = jnp.full(len(layers), 8.0)
+    with pytest.raises(ConfigError, match="at least one"):
+        layer_costs_by_dataflow(layers, edge_spec, w, w, ())
+    with pytest.raises(ConfigError, match="twice"):
+        layer_costs_by_dataflow(layers, edge_spec, w, w, ("is", "input_stationary"))
+
+
+def _repeated_model() -> bytes:
+    """x -> 4 x (Conv 3x3 8->8 + Relu), each conv with its own weights: 4 nodes of one
+    signature per op."""
+    rng = np.random.default_rng(0)
+    nodes, inits, t = [], [], "x"
+    for i in range(4):
+        w = helper.make_tensor(f"w{i}", TensorProto.FLOAT, [8, 8, 3, 3],
+                               rng.normal(size=8 * 8 * 9).astype(np.float32))
+        inits.append(w)
+        nodes += [helper.make_node("Conv", [t, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1]),
+                  helper.make_node("Relu", [f"c{i}"], [f"r{i}"])]
+        t = f"r{i}"
+    g = helper.make_graph(nodes, "rep", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 8, 16, 16])], [helper.make_tensor_value_info(
+            t, TensorProto.FLOAT, [1, 8, 16, 16])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def test_onnx_import_infers_each_signature_once(monkeypatch):
+    data = _repeated_model()
+    calls = []
+    real = jax.eval_shape
+    monkeypatch.setattr(jax, "eval_shape", lambda *a, **k: calls.append(1) or real(*a, **k))
+    cached, cached_params = from_onnx(data)
+    n_cached = len(calls)
+    monkeypatch.setattr(onnx_frontend, "_signature", lambda *a: None)  # no cache
+    plain, plain_params = from_onnx(data)
+    assert n_cached == 2 and len(calls) - n_cached == 8  # Conv and Relu once each, not 4 times
+    assert {k: (v.shape, v.dtype) for k, v in cached.tensors.items()} == {
+        k: (v.shape, v.dtype) for k, v in plain.tensors.items()}
+    assert [repr(n) for n in cached.nodes] == [repr(n) for n in plain.nodes]
+    assert jax.tree.all(jax.tree.map(np.array_equal, cached_params, plain_params))
+    onnx.checker.check_model(onnx.load_from_string(data))
+
+
+def test_signature_keys_whole_attribute_values():
+    big = np.zeros(10_000, np.int64)
+    other = big.copy()
+    other[5_000] = 1  # the same repr (numpy elides the middle), another value
+    f = onnx_frontend._freeze
+    assert f({"a": big}) != f({"a": other})
+    assert f({"a": [1, 2]}) != f({"a": (1, 2)}) and f(1) != f(1.0) and f(True) != f(1)
+    with pytest.raises(TypeError):
+        f(object())
