@@ -132,9 +132,11 @@ def resolution_sweep(
     return rows
 
 
-def print_resolution_sweep(console: Console, rows: Mapping[str, Mapping[str, Any]]) -> None:
-    """The sweep as a table, with how to read it."""
-    t = Table(title="resolution sweep (H and W scaled; pixels x4 per step)", title_justify="left")
+def print_resolution_sweep(console: Console, rows: Mapping[str, Mapping[str, Any]],
+                           title: str = "") -> None:
+    """The sweep as a table (``title`` prefixes its heading), with how to read it."""
+    t = Table(title=f"{title}resolution sweep (H and W scaled; pixels x4 per step)",
+              title_justify="left")
     for col in ("scale", "input", "MACs", "latency µs", "× vs 1.0", "memory-bound"):
         t.add_column(col, justify="right")
     ref = rows["1.0"]["latency_s"]
@@ -201,9 +203,10 @@ def print_memory(console: Console, reports: Mapping[str, MemoryReport]) -> None:
 
 
 def print_core_schedules(console: Console, schedules: Mapping[str, CoreSchedule],
-                         chosen: str | None = None) -> None:
-    """Layer-split vs pipelined multi-core schedules: latency, period, throughput, stages."""
-    t = Table(title="multi-core schedules", title_justify="left")
+                         chosen: str | None = None, title: str = "") -> None:
+    """Layer-split vs pipelined multi-core schedules: latency, period, throughput, stages
+    (``title`` prefixes the table's heading)."""
+    t = Table(title=f"{title}multi-core schedules", title_justify="left")
     for col in ("schedule", "cores", "latency µs", "period µs", "inferences/s", "stages (layers)",
                 "DRAM-bound period"):
         t.add_column(col, justify="left" if col == "schedule" else "right")
