@@ -155,8 +155,10 @@ def _kib(nbytes: float) -> str:
 
 
 def print_edges(console: Console, schedule: Schedule, limit: int = 40) -> None:
-    """Where each activation lived (``layer`` fusion): placement and DRAM bytes saved per edge,
-    largest savings first, and the totals against the layer-by-layer schedule."""
+    """Where each activation lived (``layer`` fusion): placement and DRAM bytes saved per edge
+    (the write and the reads avoided, less re-read weights; they add up to the total saving),
+    largest savings first, and the totals against the same layers with every activation through
+    DRAM (the ``residual`` fusion level: the baseline ``Schedule.unfused_*``)."""
     if not schedule.edges:
         return
     t = Table(title=f"activations between layers ({schedule.fusion} fusion)", title_justify="left")
@@ -177,7 +179,8 @@ def print_edges(console: Console, schedule: Schedule, limit: int = 40) -> None:
         line += (f"; DRAM {schedule.unfused_dram_bytes / 1e6:,.2f} -> "
                  f"{schedule.dram_bytes / 1e6:,.2f} MB, latency "
                  f"{schedule.unfused_latency_s * 1e6:,.1f} -> {schedule.latency_s * 1e6:,.1f} µs "
-                 "against the layer-by-layer schedule")
+                 "against the same layers with every activation through DRAM (the residual "
+                 "fusion level, --fusion residual)")
     console.print(line)
 
 
