@@ -38,7 +38,7 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"npujax: error: {message} (see '{self.prog} --help')\n")
 
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+    def parse_known_args(self, args=None, namespace=None):
         if not self.intermixed or self._intermixing:
             return super().parse_known_args(args, namespace)
         self._intermixing = True  # parse_known_intermixed_args calls parse_known_args twice

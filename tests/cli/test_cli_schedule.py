@@ -127,5 +127,5 @@ def test_lower_fusion_beyond_the_preset_is_noted(saved_models):
     assert "beyond what edge_16x16's compiler declares" in r.stderr
     # the totals name their baseline: residual fusion, not the preset's elementwise default
     assert "(the residual fusion level, --fusion residual)" in r.stdout.replace("\n", " ")
-    r = run_cli("lower", saved_models[0], "--npu", "edge_16x16", "--fusion", "none")
+    r = run_cli("lower", saved_models[0], "--npu", "edge_16x16", "--fusion", "elementwise")
     assert "beyond" not in r.stderr
