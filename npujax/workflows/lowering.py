@@ -251,11 +251,12 @@ def print_coresidency(console: Console, co: CoResidency) -> None:
         return
     cap = co.dram_capacity_bytes / 1e6
     line = (f"DRAM: {co.dram_footprint_bytes / 1e6:,.2f} MB with every model's weights in DRAM; "
-            f"{co.dram_held_bytes / 1e6:,.2f} MB held (capacity {cap:,.1f} MB)")
+            f"{co.dram_held_bytes / 1e6:,.2f} MB held by the models that fit (capacity "
+            f"{cap:,.1f} MB)")
     if any(m.weights == "host" for m in co.models):
         line += " with the weights of " + ", ".join(
             m.name for m in co.models if m.weights == "host") + " in host memory"
-    console.print(line)
+    console.print(line + ("" if co.fits else "; the deployment does NOT fit the DRAM"))
     for m in co.models:
         if not m.fits:
             alone = m.memory.dram_activation_peak_bytes

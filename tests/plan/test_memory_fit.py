@@ -45,6 +45,15 @@ def test_coresidency_flags_a_deployment_over_capacity(resnet, digits, edge_spec)
     assert not co.models[0].fits and not co.fits
     assert co.to_dict()["fits"] is False and co.to_dict()["models"][0]["fits"] is False
     assert co.dram_held_bytes <= act / 2
+    from rich.console import Console
+
+    from npujax.workflows.lowering import print_coresidency
+
+    con = Console(width=200, record=True)
+    print_coresidency(con, co)
+    text = con.export_text()
+    assert "does NOT fit" in text and "its activations alone need" in text
+    assert " fits " in text and " NO " in text  # the column and the verdict
 
 
 def test_lower_models_rejects_arguments_it_would_ignore(resnet, digits, edge_spec):
