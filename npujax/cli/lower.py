@@ -386,6 +386,9 @@ def _run_decoder(args: argparse.Namespace) -> int:
     if args.input_shape or args.sweep_resolution:
         raise ConfigError("--input-shape and --sweep-resolution apply to .onnx models; a "
                           "decoder's shapes are --seq-len, --kv-len and --batch.")
+    if args.schedule:
+        raise ConfigError(f"--schedule {args.schedule} is not implemented for a decoder (it "
+                          "would be ignored); drop it, or lower the decoder's ONNX export.")
     widths = []
     for what, v in (("--weight-bits", args.weight_bits), ("--act-bits", args.act_bits)):
         b = bits_spec(v) if v else 8

@@ -129,3 +129,8 @@ def test_lower_fusion_beyond_the_preset_is_noted(saved_models):
     assert "(the residual fusion level, --fusion residual)" in r.stdout.replace("\n", " ")
     r = run_cli("lower", saved_models[0], "--npu", "edge_16x16", "--fusion", "elementwise")
     assert "beyond" not in r.stderr
+
+
+def test_lower_decoder_refuses_schedule():
+    r = run_cli("lower", "decoder:tiny", "--schedule", "pipeline")
+    assert r.returncode == 2 and "--schedule pipeline" in r.stderr
