@@ -64,6 +64,13 @@ def run_stream(python: str, paths: list[str], out: Path) -> dict:
     return json.loads(out.read_text())
 
 
+def stream_result(stream: dict, path: str) -> dict | None:
+    """Stream's figures for the model at ``path``: results are keyed by the model's file name
+    (``stream_side.py`` writes them so, and the committed results are so), which does not
+    depend on ``--work``; a full path key (older runs) is accepted too."""
+    return stream.get(Path(path).name) or stream.get(path)
+
+
 def npujax_side(path: str) -> dict:
     graph = optimize(*from_onnx(path))[0]
     int8 = load_npu_spec(HERE / "tpu_like_quad_core.toml")
@@ -110,7 +117,7 @@ def main() -> None:
     for name, path in paths.items():
         ours = npujax_side(path)
         macs = ours["int8"]["macs"]
-        st = stream.get(path)
+        st = stream_result(stream, path)
         if st:
             print(f"| {name} | {macs:,} | Stream 2.1.1 (f32 tensors) | {st['cycles']:,.0f} | "
                   f"{st['offchip_bytes']:,.0f} | {st['wall_s']:.1f} |")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -45,10 +46,10 @@ def main() -> int:
                 if core["is_offchip"]:
                     words += core["read"] + core["write"]
                     port_bits = core["read_bandwidth"]
-        results[path] = {"cycles": est.cycles, "groups": len(est.group_cycles),
+        results[os.path.basename(path)] = {"cycles": est.cycles, "groups": len(est.group_cycles),
                          "offchip_words": words, "offchip_port_bits": port_bits,
                          "offchip_bytes": words * port_bits / 8, "wall_s": wall}
-        print(path, results[path], flush=True)
+        print(path, results[os.path.basename(path)], flush=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
     return 0

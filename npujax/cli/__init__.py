@@ -30,8 +30,22 @@ COMMANDS = (demo, lower, fit, sweep, search, qat, calibrate, presets, topology)
 class _Parser(argparse.ArgumentParser):
     """argparse with npujax's error contract: one ``npujax: error: ...`` line, exit code 2."""
 
+    #: Whether positional arguments may follow options (``npujax lower --npu X A.onnx B.onnx``):
+    #: the command's parser then parses with :meth:`parse_known_intermixed_args`.
+    intermixed = False
+    _intermixing = False
+
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"npujax: error: {message} (see '{self.prog} --help')\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        if not self.intermixed or self._intermixing:
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True  # parse_known_intermixed_args calls parse_known_args twice
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,9 @@ from npujax.cli._common import (
     positive_int,
     precision_from_bits,
 )
-from npujax.errors import ConfigError
+from npujax.errors import ConfigError, NpujaxError
+
+log = logging.getLogger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -40,6 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "npujax lower decoder:qwen2.5-0.5b --phase decode --kv-len 1024 --npu "
             "datacenter_128x128 --weight-bits 4 --act-bits 16 --kv-bits 8"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    lo.intermixed = True  # models may follow options: `npujax lower --npu X A.onnx B.onnx`
     from npujax.hw import FUSION_LEVELS
     from npujax.plan import OBJECTIVES, SHARING
 
@@ -59,11 +63,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     help="override the preset's array.cores (identical cores sharing the DRAM)")
     lo.add_argument("--schedule", choices=("layer_split", "pipeline", "best"),
                     help="also compare layer-split and pipelined multi-core schedules "
-                    "(throughput and latency); 'best' picks by --objective")
-    lo.add_argument("--objective", choices=OBJECTIVES, default="throughput",
-                    help="what --schedule best optimises (default: throughput)")
-    lo.add_argument("--sharing", choices=SHARING, default="time_multiplexed",
-                    help="how several models share the NPU (default: time_multiplexed)")
+                    "(throughput and latency; with several models, of each model alone); "
+                    "'best' picks by --objective")
+    lo.add_argument("--objective", choices=OBJECTIVES,
+                    help="what --schedule best optimises (default: throughput; needs "
+                    "--schedule best)")
+    lo.add_argument("--sharing", choices=SHARING,
+                    help="how several models share the NPU (default: time_multiplexed; needs "
+                    "two or more models)")
     lo.add_argument("--phase", choices=("prefill", "decode"), default="prefill",
                     help="decoder: a prefill of --seq-len tokens or one decode step against "
                     "--kv-len cached positions (default: prefill)")
@@ -76,7 +83,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "attention MatMul; the query and the softmax output take --act-bits "
                     "(default 8)")
     lo.add_argument("--sweep-resolution", action="store_true",
-                    help="also lower at half and double the input resolution (ONNX models)")
+                    help="also lower at half and double the input resolution (ONNX models; "
+                    "each model's with several)")
     lo.add_argument("--npu", default="edge_16x16",
                     help="preset name or TOML path (default: edge_16x16)")
     lo.add_argument("--dataflow", help="override the preset's dataflow "
@@ -89,7 +97,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     lo.add_argument("--batch", type=positive_int,
                     help="inference batch size (default: the model's)")
     lo.add_argument("--out", help="write schedule.json, layers.csv and plots (per-layer latency, "
-                    "stacked breakdown, roofline) here")
+                    "stacked breakdown, roofline) here; with several models coresidency.json "
+                    "and those files of each model alone in DIR/<model>/")
     lo.add_argument("--scalesim-config", metavar="ARCH.cfg",
                     help="a SCALE-Sim architecture config: with --topology, write SCALE-Sim's "
                     "COMPUTE/BANDWIDTH/DETAILED_ACCESS reports for it into --out")
@@ -118,25 +127,40 @@ def _run_scalesim(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_flags(args: argparse.Namespace, models: int) -> None:
+    """Refuse flags that would do nothing with these arguments (a silent no-op misleads).
+
+    Raises:
+      ConfigError: ``--objective`` without ``--schedule best``; ``--sharing`` with one model.
+    """
+    if args.objective is not None and args.schedule != "best":
+        raise ConfigError(f"--objective {args.objective} says what '--schedule best' optimises; "
+                          "add --schedule best (or drop --objective).")
+    if args.sharing is not None and models < 2:
+        raise ConfigError(f"--sharing {args.sharing} says how several models share the NPU, but "
+                          "one model was given; name two or more models (or drop --sharing).")
+
+
+def _note_fusion_override(args: argparse.Namespace, preset_fusion: str, npu: str) -> None:
+    """Log a notice when ``--fusion`` asks for more than the preset's compiler declares."""
+    from npujax.hw import FUSION_LEVELS
+
+    if args.fusion and FUSION_LEVELS.index(args.fusion) > FUSION_LEVELS.index(preset_fusion):
+        log.warning("note: --fusion %s goes beyond what %s's compiler declares (ops.fusion = "
+                    "%r): the figures are those of a compiler that fuses more than the preset "
+                    "claims.", args.fusion, npu, preset_fusion)
+
+
 def run(args: argparse.Namespace) -> int:
-    from npujax._atomic import staged_dir
-    from npujax.frontends.onnx import parse_input_shapes
     from npujax.hw import load_npu_spec
-    from npujax.ir.passes import rebatch
     from npujax.quantize.model_file import load_graph
-    from npujax.workflows.lowering import (
-        import_onnx_for_lowering,
-        lower_dataflows,
-        print_lowering,
-        print_resolution_sweep,
-        resolution_sweep,
-        write_lowering,
-    )
+    from npujax.workflows.lowering import import_onnx_for_lowering, lower_dataflows, print_lowering
 
     if args.scalesim_config or args.topology:
         return _run_scalesim(args)
     if not args.model:
         raise ConfigError("npujax lower needs a model (or --scalesim-config with --topology).")
+    _check_flags(args, len(args.model))
     if any(str(m).startswith("decoder:") for m in args.model):
         if len(args.model) > 1:
             raise ConfigError("decoder:<config> is lowered on its own; give it as the only model.")
@@ -146,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
     wbits = bits_spec(args.weight_bits) if args.weight_bits and not saved else 8
     abits = bits_spec(args.act_bits) if args.act_bits else 8
     spec = load_npu_spec(args.npu)
+    _note_fusion_override(args, spec.ops.fusion, spec.name)
     changes: dict[str, Any] = {}
     if args.fusion:
         changes["ops.fusion"] = args.fusion
@@ -159,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--weight-bits saved applies to one saved model; give widths.")
         return _run_many(args, spec, wbits, abits, out)
     args.model = args.model[0]
-    shapes = parse_input_shapes(_shapes_for(args.input_shape or [], 1, 1))
+    shapes = _input_shapes(args, 1, 1)
     onnx_model = str(args.model).lower().endswith(".onnx")
     batch = args.batch
     meta: dict[str, Any]
@@ -176,44 +201,81 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"{args.model} holds no saved precision policy; pass --weight-bits "
                               "8 or layer=bits pairs.")
         wbits = meta["mixed_precision_policy"]
-
-    def precision(g):
-        default = not isinstance(wbits, dict) and not isinstance(abits, dict) \
-            and wbits == abits == 8
-        return None if default else precision_from_bits(g, wbits, abits)
-
+    if args.sweep_resolution and not onnx_model:
+        raise ConfigError("--sweep-resolution re-imports the model at other input sizes; "
+                          "it needs an .onnx model.")
+    precision = _precision_fn(wbits, abits)
     result = lower_dataflows(graph, spec, precision(graph), dataflow=args.dataflow, batch=batch)
     con = console()
     print_lowering(con, result, f"{Path(args.model).name} on {spec.name} "
                                 f"({result.schedule.dataflow})")
-    from npujax.plan import best_core_schedule, core_schedules, memory_report
-    from npujax.workflows.lowering import print_core_schedules, print_edges, print_memory
+    from npujax.ir.passes import rebatch
+    from npujax.plan import memory_report
+    from npujax.workflows.lowering import print_edges, print_memory
 
     lowered = graph if batch is None else rebatch(graph, batch)
     memory = memory_report(lowered, result.schedule, spec)
     print_edges(con, result.schedule)
     print_memory(con, {Path(args.model).name: memory})
     extra: dict[str, Any] = {"memory": memory.to_dict()}
+    extra.update(_schedules_and_sweep(con, args, args.model, graph, lowered, spec, precision,
+                                      onnx_model))
+    if out is not None:
+        _write(con, out, result, spec, extra)
+    return 0
+
+
+def _precision_fn(wbits: Any, abits: Any):
+    """The quantization spec of a graph from command-line widths (None: 8 bits everywhere)."""
+    def precision(g):
+        default = not isinstance(wbits, dict) and not isinstance(abits, dict) \
+            and wbits == abits == 8
+        return None if default else precision_from_bits(g, wbits, abits)
+    return precision
+
+
+def _schedules_and_sweep(con: Any, args: argparse.Namespace, path: str, graph: Any,
+                         lowered: Any, spec: Any, precision: Any, onnx_model: bool,
+                         title: str = "") -> dict[str, Any]:
+    """``--schedule`` and ``--sweep-resolution`` for one model: printed, and returned for its
+    schedule.json."""
+    from npujax.plan import best_core_schedule, core_schedules
+    from npujax.workflows.lowering import (
+        print_core_schedules,
+        print_resolution_sweep,
+        resolution_sweep,
+    )
+
+    extra: dict[str, Any] = {}
     if args.schedule:
         cores = core_schedules(lowered, spec, precision(graph), dataflow=args.dataflow)
-        chosen = (best_core_schedule(cores, args.objective) if args.schedule == "best"
-                  else cores[args.schedule])
-        print_core_schedules(con, cores, chosen.kind)
+        chosen = (best_core_schedule(cores, args.objective or "throughput")
+                  if args.schedule == "best" else cores[args.schedule])
+        print_core_schedules(con, cores, chosen.kind, title=title)
         extra["core_schedules"] = {k: v.to_dict() for k, v in cores.items()}
         extra["chosen_core_schedule"] = chosen.kind
-    sweep = None
     if args.sweep_resolution:
-        if not onnx_model:
-            raise ConfigError("--sweep-resolution re-imports the model at other input sizes; "
-                              "it needs an .onnx model.")
-        sweep = resolution_sweep(args.model, graph, spec, args.batch, precision, args.dataflow)
-        print_resolution_sweep(con, sweep)
+        batch = args.batch if onnx_model else None
+        sweep = resolution_sweep(path, graph, spec, batch, precision, args.dataflow)
+        print_resolution_sweep(con, sweep, title=title)
         extra["resolution_sweep"] = sweep
-    if out is not None:
-        with staged_dir(out) as stage:
-            names = write_lowering(stage, result, spec, extra or None)
-        con.print(f"wrote {', '.join(str(out / n) for n in names)}")
-    return 0
+    return extra
+
+
+def _write(con: Any, out: Path, result: Any, spec: Any, extra: dict[str, Any]) -> None:
+    """schedule.json, layers.csv and the plots of one model into ``out`` (atomically)."""
+    from npujax._atomic import staged_dir
+    from npujax.workflows.lowering import write_lowering
+
+    with staged_dir(out) as stage:
+        names = write_lowering(stage, result, spec, extra or None)
+    con.print(f"wrote {', '.join(str(out / n) for n in names)}")
+
+
+def _input_shapes(args: argparse.Namespace, index: int, models: int) -> dict[str, Any]:
+    from npujax.frontends.onnx import parse_input_shapes
+
+    return parse_input_shapes(_shapes_for(args.input_shape or [], index, models))
 
 
 def _shapes_for(specs: list[str], index: int, models: int) -> list[str]:
@@ -239,38 +301,70 @@ def _shapes_for(specs: list[str], index: int, models: int) -> list[str]:
 
 def _run_many(args: argparse.Namespace, spec: Any, wbits: Any, abits: Any,
               out: Path | None) -> int:
-    """Several models sharing the NPU: each alone, then together."""
+    """Several models sharing the NPU: each alone, then together; with ``--out`` also each
+    model's own files in ``out/<model>/``."""
     from npujax._atomic import staged_dir
-    from npujax.frontends.onnx import parse_input_shapes
     from npujax.ir.passes import rebatch
     from npujax.plan import lower_models
     from npujax.quantize.model_file import load_graph
     from npujax.report import write_json
-    from npujax.workflows.lowering import import_onnx_for_lowering, print_coresidency
+    from npujax.workflows.lowering import (
+        import_onnx_for_lowering,
+        lower_dataflows,
+        print_coresidency,
+        write_lowering,
+    )
 
-    graphs, quants = {}, {}
+    precision = _precision_fn(wbits, abits)
+    graphs, quants, paths, onnx = {}, {}, {}, {}
+    n_models = len(args.model)
     for i, path in enumerate(args.model, 1):
         name = Path(path).name
         if name in graphs:
             name = f"{i}:{name}"
-        shapes = parse_input_shapes(_shapes_for(args.input_shape or [], i, len(args.model)))
-        if str(path).lower().endswith(".onnx"):
-            g = import_onnx_for_lowering(path, shapes, args.batch)
-        else:
-            g = load_graph(path)[0]
-            if args.batch:
-                g = rebatch(g, args.batch)
-        default = not isinstance(wbits, dict) and not isinstance(abits, dict) \
-            and wbits == abits == 8
-        graphs[name] = g
-        quants[name] = None if default else precision_from_bits(g, wbits, abits)
-    co = lower_models(graphs, spec, quants, sharing=args.sharing, dataflow=args.dataflow)
+        onnx[name] = str(path).lower().endswith(".onnx")
+        if args.sweep_resolution and not onnx[name]:
+            raise ConfigError(f"--sweep-resolution re-imports each model at other input sizes; "
+                              f"model {i} ({name}) is not an .onnx model.")
+        try:
+            shapes = _input_shapes(args, i, n_models)
+            if onnx[name]:
+                g = import_onnx_for_lowering(path, shapes, args.batch)
+            else:
+                if shapes:
+                    raise ConfigError("--input-shape applies to .onnx models; a saved npujax "
+                                      "model has fixed shapes (use --batch).")
+                g = load_graph(path)[0]
+                if args.batch:
+                    g = rebatch(g, args.batch)
+        except NpujaxError as e:
+            raise type(e)(f"model {i} ({name}): {e} With several models, an --input-shape "
+                          f"for one of them is prefixed by its position: --input-shape "
+                          f"{i}:NAME=D1,D2,...") from e
+        graphs[name], paths[name] = g, str(path)
+        quants[name] = precision(g)
+    co = lower_models(graphs, spec, quants, sharing=args.sharing or "time_multiplexed",
+                      dataflow=args.dataflow)
     con = console()
     print_coresidency(con, co)
+    per_model: dict[str, dict[str, Any]] = {}
+    for name, g in graphs.items():
+        per_model[name] = _schedules_and_sweep(con, args, paths[name], g, g, spec, precision,
+                                               onnx[name], title=f"{name}: ")
     if out is not None:
         with staged_dir(out) as stage:
             write_json(stage / "coresidency.json", co.to_dict())
-        con.print(f"wrote {out / 'coresidency.json'}")
+            written = [str(out / "coresidency.json")]
+            for share in co.models:
+                name = share.name
+                folder = name.replace(":", "_")
+                result = lower_dataflows(graphs[name], spec, quants[name],
+                                         dataflow=args.dataflow)
+                (stage / folder).mkdir()
+                write_lowering(stage / folder, result, spec,
+                               {"memory": share.memory.to_dict(), **per_model[name]})
+                written.append(str(out / folder) + "/")
+        con.print(f"wrote {', '.join(written)}")
     return 0
 
 
@@ -294,6 +388,9 @@ def _run_decoder(args: argparse.Namespace) -> int:
     if args.input_shape or args.sweep_resolution:
         raise ConfigError("--input-shape and --sweep-resolution apply to .onnx models; a "
                           "decoder's shapes are --seq-len, --kv-len and --batch.")
+    if args.schedule:
+        raise ConfigError(f"--schedule {args.schedule} is not implemented for a decoder (it "
+                          "would be ignored); drop it, or lower the decoder's ONNX export.")
     widths = []
     for what, v in (("--weight-bits", args.weight_bits), ("--act-bits", args.act_bits)):
         b = bits_spec(v) if v else 8

@@ -21,7 +21,9 @@ core-partitioned model on its own cores. Otherwise weights stream from DRAM ever
 (:func:`npujax.plan.memory_report`) to fit the DRAM capacity together (``memory.dram_bytes``; 0 =
 unlimited): models stay in DRAM in the order given while they fit, and the others are swapped
 (``host``): their weights come over the host link (``host.link_bytes_per_s``, one transfer)
-before every inference.
+before every inference. A swapped model still holds its DRAM activations; a model whose
+activations do not fit beside the models before it (or alone) cannot be deployed: its ``fits``
+is false, and so is the deployment's.
 
 Together is never faster than alone (fewer cores, less SRAM and bandwidth, waits and swaps only
 add time; property-tested). Python over the jnp per-layer model, like :func:`npujax.lower`.
@@ -64,6 +66,8 @@ class ModelShare:
       swap_s: time to swap its weights in (0 when resident) (s).
       memory: its :class:`~npujax.plan.memory.MemoryReport` alone.
       schedule: its :class:`~npujax.plan.Schedule` alone (weights in SRAM if they fit).
+      fits: whether its DRAM share (footprint, or activations when its weights are swapped to
+        the host) fits beside the models before it in the capacity.
     """
 
     name: str
@@ -75,6 +79,7 @@ class ModelShare:
     swap_s: float
     memory: MemoryReport
     schedule: Schedule
+    fits: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (without the per-layer schedule)."""
@@ -96,8 +101,10 @@ class CoResidency:
       npu: the preset's name.
       sharing: one of :data:`SHARING`.
       models: one :class:`ModelShare` per model, in the order given.
-      dram_footprint_bytes: the models' DRAM footprints added up.
+      dram_footprint_bytes: the models' DRAM footprints added up (all weights in DRAM).
       dram_capacity_bytes: the preset's DRAM capacity (0: unlimited).
+      dram_held_bytes: what the DRAM holds with the swapped models' weights in host memory
+        (the models that fit: their footprints, or activations when swapped).
     """
 
     npu: str
@@ -105,12 +112,19 @@ class CoResidency:
     models: tuple[ModelShare, ...]
     dram_footprint_bytes: float
     dram_capacity_bytes: float
+    dram_held_bytes: float = 0.0
+
+    @property
+    def fits(self) -> bool:
+        """Whether every model fits the DRAM (weights swapped to the host where needed)."""
+        return all(m.fits for m in self.models)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
         return {"npu": self.npu, "sharing": self.sharing,
                 "dram_footprint_bytes": self.dram_footprint_bytes,
                 "dram_capacity_bytes": self.dram_capacity_bytes,
+                "dram_held_bytes": self.dram_held_bytes, "fits": self.fits,
                 "models": [m.to_dict() for m in self.models]}
 
 
@@ -149,8 +163,9 @@ def lower_models(
       The :class:`CoResidency`.
 
     Raises:
-      ConfigError: no models, an unknown sharing mode, fewer cores than models for
-        ``core_partitioned``, or ``cores`` that do not add up to the preset's.
+      ConfigError: no models, an unknown sharing mode, a ``quants`` key that names no model,
+        ``cores`` with ``time_multiplexed`` (every model runs on all cores there), fewer cores
+        than models for ``core_partitioned``, or ``cores`` that do not add up to the preset's.
     """
     spec = as_spec(spec)
     if fusion is not None and fusion != spec.ops.fusion:
@@ -161,6 +176,14 @@ def lower_models(
         raise ConfigError(f"unknown sharing {sharing!r}; use one of {', '.join(SHARING)}.")
     quants = quants or {}
     names = list(graphs)
+    unknown = sorted(set(quants) - set(names))
+    if unknown:
+        raise ConfigError(f"quants names {unknown}, which are not among the models "
+                          f"{names}; key each quantization spec by its model's name.")
+    if cores is not None and sharing != "core_partitioned":
+        raise ConfigError(f"cores={list(cores)} splits the cores among the models, which only "
+                          f"core_partitioned sharing does; {sharing} runs every model on all "
+                          "the cores (drop cores or pass sharing='core_partitioned').")
 
     def fits_sram(ns: Sequence[str], cores: int) -> bool:
         return sum(wbytes[n] for n in ns) <= spec.memory.filter_sram_bytes * cores / 2
@@ -174,13 +197,17 @@ def lower_models(
              if fits_sram([n], total) else plain[n] for n in names}
     mem = {n: memory_report(graphs[n], plain[n], spec) for n in names}
     cap = float(spec.memory.dram_bytes)
-    used, host = 0.0, set()
+    used, host, fit = 0.0, set(), {}
     for n in names:
+        fit[n] = True
         if cap <= 0 or used + mem[n].dram_footprint_bytes <= cap:
             used += mem[n].dram_footprint_bytes
         else:
             host.add(n)
-            used += mem[n].dram_activation_peak_bytes
+            if used + mem[n].dram_activation_peak_bytes <= cap:
+                used += mem[n].dram_activation_peak_bytes
+            else:  # even its activations do not fit: it cannot be deployed beside the others
+                fit[n] = False
     swap = {n: (spec.host.link_latency_s + mem[n].weight_bytes / spec.host.link_bytes_per_s
                 if n in host else 0.0) for n in names}
     bw = spec.memory.dram_bytes_per_s
@@ -190,7 +217,7 @@ def lower_models(
         swap = {n: swap[n] if where[n] == "host" else 0.0 for n in names}
         together = {n: (alone[n] if on_chip else plain[n]).latency_s + swap[n] for n in names}
         shares = [ModelShare(n, alone[n].latency_s, sum(together.values()), total, bw,
-                             where[n], swap[n], mem[n], alone[n]) for n in names]
+                             where[n], swap[n], mem[n], alone[n], fit[n]) for n in names]
     else:
         if total < len(names):
             raise ConfigError(f"core_partitioned sharing needs a core per model: {spec.name} "
@@ -221,6 +248,7 @@ def lower_models(
             if rate[n] < bw:
                 sched[n] = run(n, part[n].with_fields({"memory.dram_bytes_per_s": rate[n]}))
         shares = [ModelShare(n, alone[n].latency_s, sched[n].latency_s + swap[n], ncores[n],
-                             rate[n], where[n], swap[n], mem[n], alone[n]) for n in names]
+                             rate[n], where[n], swap[n], mem[n], alone[n], fit[n])
+                  for n in names]
     return CoResidency(spec.name, sharing, tuple(shares),
-                       sum(m.dram_footprint_bytes for m in mem.values()), cap)
+                       sum(m.dram_footprint_bytes for m in mem.values()), cap, used)

@@ -104,7 +104,10 @@ class EdgeCosts(NamedTuple):
       tensor_bytes: float, the tensor's bytes at its width.
       stripe_rows: float, output rows of the consumer per stripe (depth-first), else 0.
       stripes: float, stripes of a depth-first pair, else 0 (1 for ``sram``).
-      saved_bytes: float, DRAM bytes saved (reads and write avoided, less re-read weights).
+      saved_bytes: float, DRAM bytes saved (reads and write avoided, less re-read weights):
+        the edge's share of each layer's saving, so that they add up to the schedule's
+        ``sum(layer_costs.dram_bytes) - sum(costs.dram_bytes)`` exactly (a writer's output,
+        written once, is shared among the edges it feeds).
       extra_weight_bytes: float, weight bytes re-read for the stripes of a depth-first pair.
       sram_bytes: float ``[L]``, SRAM occupied at each row: its working set plus the tensors
         kept on chip (whole or a stripe) while it runs.
@@ -312,7 +315,18 @@ def _fused_costs(layers: tuple[Workload, ...], spec: NpuSpec, weight_bits: jax.A
                           dma_cycles=pick(dma, base.dma_cycles),
                           stall_cycles=pick(stall, base.stall_cycles),
                           latency_cycles=pick(latency, base.latency_cycles))
-    saved = on * (jnp.sum(per_read, axis=1) + t_bytes) - extra
+    # each edge's share of the bytes its layers really saved: its reads avoided, its part of
+    # the (capped) write avoided at the writer, less its re-read weights, scaled per layer where
+    # the layer's DRAM bytes bottomed out at zero; the shares add up to the schedule's saving
+    # (a writer's output counted once however many edges it feeds)
+    wshare = jnp.where(writes > 0, write_saved / jnp.where(writes > 0, writes, 1.0), 0.0)
+    net = (on[:, None] * per_read
+           + (on * t_bytes)[:, None] * jnp.asarray(at_writer) * wshare[None, :]
+           - extra[:, None] * jnp.asarray(at_first))  # [E, L]
+    claimed = read_saved + write_saved - extra_l
+    actual = jnp.where(touched, base.dram_bytes - dram, 0.0)
+    ratio = jnp.where(claimed > 0, actual / jnp.where(claimed > 0, claimed, 1.0), 1.0)
+    saved = jnp.sum(net * ratio[None, :], axis=1)
     return costs, EdgeCosts(mode, t_bytes, h, n_s, saved, extra,
                             base.sram_peak_bytes + occ, cap)
 

@@ -11,7 +11,11 @@
 
 When the preset gives a DRAM capacity (``memory.dram_bytes`` > 0) and the footprint exceeds it,
 the model cannot fit: its ``spill`` lists the layers whose weights would have to
-stay in host memory (largest first, until the rest fits), fetched over the host link.
+stay in host memory (largest first, until the rest fits; all of them when the activations alone
+exceed the capacity), fetched over the host link. When the DRAM activations alone exceed the
+capacity (``activations_fit`` false), spilling weights is not enough: ``activation_spill`` lists
+the activations (by producing layer) that would also have to live in host memory, largest live
+tensor at the fullest step first, until the peak fits.
 
 This is reporting (Python over the lowered schedule), not part of the jnp cost model.
 """
@@ -23,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from npujax.errors import ConfigError
 from npujax.hw.spec import NpuSpec, as_spec
 from npujax.ir.graph import Graph
 from npujax.plan.lower import Schedule
@@ -44,6 +49,10 @@ class MemoryReport:
       sram_capacity_bytes: ``(ifmap + filter + ofmap) x cores``.
       fits: whether the footprint fits the DRAM capacity.
       spill: ``(layer, weight bytes)`` that would have to stay in host memory to fit.
+      activations_fit: whether the DRAM activations alone fit the capacity (else spilling
+        every weight is not enough).
+      activation_spill: ``(producing layer, activation bytes)`` that would also have to live in
+        host memory when the activations alone do not fit (``"graph input"`` for the inputs).
     """
 
     weight_bytes: float
@@ -54,10 +63,13 @@ class MemoryReport:
     sram_capacity_bytes: float
     fits: bool
     spill: tuple[tuple[str, float], ...] = ()
+    activations_fit: bool = True
+    activation_spill: tuple[tuple[str, float], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
-        return {**dataclasses.asdict(self), "spill": [list(s) for s in self.spill]}
+        return {**dataclasses.asdict(self), "spill": [list(s) for s in self.spill],
+                "activation_spill": [list(s) for s in self.activation_spill]}
 
 
 def memory_report(graph: Graph, schedule: Schedule, spec: NpuSpec | str) -> MemoryReport:
@@ -70,12 +82,21 @@ def memory_report(graph: Graph, schedule: Schedule, spec: NpuSpec | str) -> Memo
 
     Returns:
       The :class:`MemoryReport`.
+
+    Raises:
+      ConfigError: ``schedule`` was not lowered from ``graph`` (its layers differ).
     """
     spec = as_spec(spec)
     if spec.ops.fusion != schedule.fusion:
         spec = spec.with_fields({"ops.fusion": schedule.fusion})
     layers = workloads(graph, spec)
     rows = schedule.layers
+    if [w.name for w in layers] != [r.name for r in rows]:
+        raise ConfigError(
+            f"memory_report: the schedule's {len(rows)} layers are not the {len(layers)} layers "
+            f"of this graph (first: {rows[0].name if rows else None!r} vs "
+            f"{layers[0].name if layers else None!r}); pass the graph the schedule was lowered "
+            "from: memory_report(graph, lower(graph, spec), spec).")
     acc = spec.array.accumulator_bits
     w_bytes = np.asarray([w.weight_elems * (r.weight_bits or 0) / 8.0 + w.bias_elems * acc / 8.0
                           for w, r in zip(layers, rows)])
@@ -97,6 +118,18 @@ def memory_report(graph: Graph, schedule: Schedule, spec: NpuSpec | str) -> Memo
     weights = float(w_bytes.sum())
     footprint = weights + act_peak
     cap = float(spec.memory.dram_bytes)
+    act_spill: list[tuple[str, float]] = []
+    if cap > 0 and act_peak > cap:  # spilling weights is not enough: activations go too
+        left, rest = live.copy(), dict(last)
+        while left.max(initial=0.0) > cap and rest:
+            step = int(np.argmax(left))
+            at = [p for p, (end, _) in rest.items() if max(p, 0) <= step <= end]
+            if not at:
+                break
+            p = max(at, key=lambda q: rest[q][1])
+            end, nbytes = rest.pop(p)
+            left[max(p, 0):end + 1] -= nbytes
+            act_spill.append((rows[p].name if p >= 0 else "graph input", float(nbytes)))
     m = spec.memory
     sram_cap = float((m.ifmap_sram_bytes + m.filter_sram_bytes + m.ofmap_sram_bytes)
                      * spec.array.cores)
@@ -111,4 +144,5 @@ def memory_report(graph: Graph, schedule: Schedule, spec: NpuSpec | str) -> Memo
             spill.append((rows[int(i)].name, float(w_bytes[i])))
             over -= float(w_bytes[i])
     return MemoryReport(weights, act_peak, footprint, cap, float(sram_peak), sram_cap,
-                        cap <= 0 or footprint <= cap, tuple(spill))
+                        cap <= 0 or footprint <= cap, tuple(spill), cap <= 0 or act_peak <= cap,
+                        tuple(act_spill))

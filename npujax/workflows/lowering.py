@@ -134,9 +134,11 @@ def resolution_sweep(
     return rows
 
 
-def print_resolution_sweep(console: Console, rows: Mapping[str, Mapping[str, Any]]) -> None:
-    """The sweep as a table, with how to read it."""
-    t = Table(title="resolution sweep (H and W scaled; pixels x4 per step)", title_justify="left")
+def print_resolution_sweep(console: Console, rows: Mapping[str, Mapping[str, Any]],
+                           title: str = "") -> None:
+    """The sweep as a table (``title`` prefixes its heading), with how to read it."""
+    t = Table(title=f"{title}resolution sweep (H and W scaled; pixels x4 per step)",
+              title_justify="left")
     for col in ("scale", "input", "MACs", "latency µs", "× vs 1.0", "memory-bound"):
         t.add_column(col, justify="right")
     ref = rows["1.0"]["latency_s"]
@@ -155,8 +157,10 @@ def _kib(nbytes: float) -> str:
 
 
 def print_edges(console: Console, schedule: Schedule, limit: int = 40) -> None:
-    """Where each activation lived (``layer`` fusion): placement and DRAM bytes saved per edge,
-    largest savings first, and the totals against the layer-by-layer schedule."""
+    """Where each activation lived (``layer`` fusion): placement and DRAM bytes saved per edge
+    (the write and the reads avoided, less re-read weights; they add up to the total saving),
+    largest savings first, and the totals against the same layers with every activation through
+    DRAM (the ``residual`` fusion level: the baseline ``Schedule.unfused_*``)."""
     if not schedule.edges:
         return
     t = Table(title=f"activations between layers ({schedule.fusion} fusion)", title_justify="left")
@@ -177,7 +181,8 @@ def print_edges(console: Console, schedule: Schedule, limit: int = 40) -> None:
         line += (f"; DRAM {schedule.unfused_dram_bytes / 1e6:,.2f} -> "
                  f"{schedule.dram_bytes / 1e6:,.2f} MB, latency "
                  f"{schedule.unfused_latency_s * 1e6:,.1f} -> {schedule.latency_s * 1e6:,.1f} µs "
-                 "against the layer-by-layer schedule")
+                 "against the same layers with every activation through DRAM (the residual "
+                 "fusion level, --fusion residual)")
     console.print(line)
 
 
@@ -195,17 +200,28 @@ def print_memory(console: Console, reports: Mapping[str, MemoryReport]) -> None:
                   "yes" if m.fits else "NO")
     console.print(t)
     for name, m in reports.items():
-        if m.spill:
+        if m.activation_spill:
+            console.print(
+                f"{name} does not fit the DRAM: its activations alone need "
+                f"{m.dram_activation_peak_bytes / 1e6:,.2f} MB at their peak, more than the "
+                f"{m.dram_capacity_bytes / 1e6:,.2f} MB capacity, so spilling weights is not "
+                f"enough: all weights ({_kib(m.weight_bytes)} KiB) and the activations of "
+                + _spill_list(m.activation_spill) + " would have to live in host memory")
+        elif m.spill:
             console.print(f"{name} does not fit the DRAM: the weights of "
-                          + ", ".join(f"{n} ({_kib(b)} KiB)" for n, b in m.spill[:6])
-                          + (" ..." if len(m.spill) > 6 else "")
-                          + " would stay in host memory")
+                          + _spill_list(m.spill) + " would stay in host memory")
+
+
+def _spill_list(items: Sequence[tuple[str, float]], limit: int = 6) -> str:
+    return (", ".join(f"{n} ({_kib(b)} KiB)" for n, b in items[:limit])
+            + (f" and {len(items) - limit} more" if len(items) > limit else ""))
 
 
 def print_core_schedules(console: Console, schedules: Mapping[str, CoreSchedule],
-                         chosen: str | None = None) -> None:
-    """Layer-split vs pipelined multi-core schedules: latency, period, throughput, stages."""
-    t = Table(title="multi-core schedules", title_justify="left")
+                         chosen: str | None = None, title: str = "") -> None:
+    """Layer-split vs pipelined multi-core schedules: latency, period, throughput, stages
+    (``title`` prefixes the table's heading)."""
+    t = Table(title=f"{title}multi-core schedules", title_justify="left")
     for col in ("schedule", "cores", "latency µs", "period µs", "inferences/s", "stages (layers)",
                 "DRAM-bound period"):
         t.add_column(col, justify="left" if col == "schedule" else "right")
@@ -224,16 +240,34 @@ def print_coresidency(console: Console, co: CoResidency) -> None:
     """Each model's latency alone and together, its cores, bandwidth and weights."""
     t = Table(title=f"{len(co.models)} models on {co.npu} ({co.sharing})", title_justify="left")
     for col in ("model", "alone µs", "together µs", "slowdown", "cores", "DRAM GB/s",
-                "weights", "DRAM footprint KiB"):
+                "weights", "DRAM footprint KiB", "fits"):
         t.add_column(col, justify="left" if col in ("model", "weights") else "right")
     for m in co.models:
         t.add_row(m.name, f"{m.alone_s * 1e6:,.1f}", f"{m.together_s * 1e6:,.1f}",
                   f"{m.slowdown:.2f}x", str(m.cores), f"{m.dram_bytes_per_s / 1e9:.2f}",
-                  m.weights, _kib(m.memory.dram_footprint_bytes))
+                  m.weights, _kib(m.memory.dram_footprint_bytes), "yes" if m.fits else "NO")
     console.print(t)
-    cap = ("unlimited" if not co.dram_capacity_bytes
-           else f"{co.dram_capacity_bytes / 1e6:,.1f} MB")
-    console.print(f"DRAM: {co.dram_footprint_bytes / 1e6:,.2f} MB held together (capacity {cap})")
+    if not co.dram_capacity_bytes:
+        console.print(f"DRAM: {co.dram_footprint_bytes / 1e6:,.2f} MB held together "
+                      "(capacity unlimited)")
+        return
+    cap = co.dram_capacity_bytes / 1e6
+    line = (f"DRAM: {co.dram_footprint_bytes / 1e6:,.2f} MB with every model's weights in DRAM; "
+            f"{co.dram_held_bytes / 1e6:,.2f} MB held by the models that fit (capacity "
+            f"{cap:,.1f} MB)")
+    if any(m.weights == "host" for m in co.models):
+        line += " with the weights of " + ", ".join(
+            m.name for m in co.models if m.weights == "host") + " in host memory"
+    console.print(line + ("" if co.fits else "; the deployment does NOT fit the DRAM"))
+    for m in co.models:
+        if not m.fits:
+            alone = m.memory.dram_activation_peak_bytes
+            why = (f"its activations alone need {alone / 1e6:,.2f} MB"
+                   if alone > co.dram_capacity_bytes else
+                   f"its activations ({alone / 1e6:,.2f} MB) do not fit beside the models "
+                   "before it")
+            console.print(f"{m.name} does not fit the DRAM ({cap:,.1f} MB): {why}, even with "
+                          "its weights in host memory")
 
 
 # --------------------------------------------------------------------------------------------
