@@ -16,8 +16,10 @@ each.
 
 **Memory.** Vector layers read their operands and write their output once: ``dram_bytes =
 weights x w_bits/8 + bias x accumulator_bits/8 + (in + out) x a_bits/8``; GEMM layers move the
-tiled traffic of :func:`npujax.systolic.gemm_memory` (operands re-fetched when SRAM cannot hold
-what a fold reuses, partial sums spilled); each tensor is rounded up to whole DRAM bursts and
+tiled traffic of the layer's DRAM-level mapping (:func:`npujax.systolic.gemm_mapping`: by default
+the fold order and chunking with the fewest DRAM bytes, whose extra chunks repeat the folds' fill
+and drain in ``fill_drain_cycles``; or SCALE-Sim's order, :func:`npujax.systolic.gemm_memory`:
+operands re-fetched when SRAM cannot hold what a fold reuses, partial sums spilled); each tensor is rounded up to whole DRAM bursts and
 ``memory_cycles = dram_bytes / (dram_bytes_per_s / clock_hz)``. Compute and DMA are
 double-buffered and overlap, except the first tiles in and the last tile out, which are exposed
 with the first-access latency as ``dma_cycles``; the rest shows as ``stall_cycles = max(0,
@@ -61,7 +63,7 @@ from npujax._exact import count, exact, real
 from npujax.hw.spec import NpuSpec
 from npujax.plan.workload import Workload
 from npujax.systolic.dataflow import gemm_cycles, get_dataflow
-from npujax.systolic.memory import gemm_memory
+from npujax.systolic.mapping import check_mapping, gemm_mapping
 from npujax.systolic.precision import get_precision_scaling, passes
 
 __all__ = ["LayerCosts", "layer_costs", "first_consumers", "BREAKDOWN", "EXACT_FIELDS"]
@@ -168,6 +170,7 @@ def layer_costs(
     *,
     relaxed: bool = False,
     temperature: float = _relax.DEFAULT_TEMPERATURE,
+    mapping: str | None = None,
 ) -> LayerCosts:
     """Vectorised cost of ``layers`` (pure jnp; jit/vmap over ``spec``, grad w.r.t. the bits).
 
@@ -194,12 +197,16 @@ def layer_costs(
         :data:`EXACT_FIELDS` come back as float64 whole numbers (exact below 2**53).
       temperature: relative temperature of the smoothed maximum and steps (static, in (0, 10];
         only with ``relaxed``): their gradient blends both sides over about this fraction.
+      mapping: DRAM-level mapping of the GEMM layers (static; default the spec's
+        ``memory.mapping``): ``best`` (per layer the fold order and chunking with the fewest
+        DRAM bytes, :func:`npujax.systolic.gemm_mapping`) or ``scalesim`` (SCALE-Sim's order).
 
     Returns:
       :class:`LayerCosts` of ``[L]`` arrays (see above for their dtypes).
 
     Raises:
-      ConfigError: an unknown dataflow or precision scaling, or a temperature out of range.
+      ConfigError: an unknown dataflow, precision scaling or mapping, or a temperature out of
+        range.
 
     Examples:
       >>> import jax, jax.numpy as jnp  # doctest: +SKIP
@@ -211,11 +218,12 @@ def layer_costs(
       models: DiffTune (Renda et al., MICRO 2020) and DOSA (Hong et al., MICRO 2023).
     """
     x64 = bool(jax.config.read("jax_enable_x64"))
+    mapping = check_mapping(mapping or spec.memory.mapping)
     if relaxed:
         with _relax.relaxed(temperature):
-            costs = _layer_costs(layers, spec, weight_bits, act_bits, dataflow)
+            costs = _layer_costs(layers, spec, weight_bits, act_bits, dataflow, mapping)
     else:
-        costs = _layer_costs(layers, spec, weight_bits, act_bits, dataflow)
+        costs = _layer_costs(layers, spec, weight_bits, act_bits, dataflow, mapping)
     if x64:
         return costs
     return costs._replace(**{k: v.astype(jnp.float32) for k, v in costs._asdict().items()
@@ -224,7 +232,7 @@ def layer_costs(
 
 @exact
 def _layer_costs(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Array,
-                 act_bits: jax.Array, dataflow: str | None) -> LayerCosts:
+                 act_bits: jax.Array, dataflow: str | None, mapping: str) -> LayerCosts:
     df = get_dataflow(dataflow or spec.array.dataflow)
     scaling = get_precision_scaling(spec.array.precision_scaling)
     hw = _hw(spec)
@@ -252,13 +260,9 @@ def _layer_costs(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Arr
     stream_1 = real(g["compute_cycles"] - fill_drain_1)
     scale = scaling.stream_factor(wb, ab, ob, real(a.brick_bits))
     stream = _relax.count(_relax.ceil(stream_1 * scale))
-    gemm_total = groups * (fill_drain_1 + stream) * n_passes
-    gemm_fill_drain = groups * fill_drain_1 * n_passes
     lanes = hw.vector.lanes
     special = _relax.ceil(f32(lambda w: w.special_ops) * hw.vector.special_cycles_per_elem)
     vec_cycles = _ceil_div(i32(lambda w: w.vector_ops) + _relax.count(special), lanes * cores)
-    total_compute = jnp.where(is_gemm, gemm_total, jnp.where(on_npu, vec_cycles, 0))
-    fill_drain = jnp.where(is_gemm, gemm_fill_drain, 0)
 
     burst = real(hw.layout.dram_burst_bytes)
     acc_bits = real(a.accumulator_bits)
@@ -274,10 +278,18 @@ def _layer_costs(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Arr
     sram_a = real(m.ifmap_sram_bytes) * fcores
     sram_b = real(m.filter_sram_bytes) * fcores
     sram_o = real(m.ofmap_sram_bytes) * fcores
-    mem = gemm_memory(M, K, N, R, C, df, sram_bytes_a=sram_a, sram_bytes_b=sram_b,
-                      sram_bytes_out=sram_o, elem_bytes_a=ab / 8.0, elem_bytes_b=wb / 8.0,
-                      elem_bytes_out=ab / 8.0, dram_bytes_per_cycle=bpc,
-                      unique_elems_a=in_elems / real(groups))
+    mem = gemm_mapping(M, K, N, R, C, df, sram_bytes_a=sram_a, sram_bytes_b=sram_b,
+                       sram_bytes_out=sram_o, elem_bytes_a=ab / 8.0, elem_bytes_b=wb / 8.0,
+                       elem_bytes_out=ab / 8.0, dram_bytes_per_cycle=bpc,
+                       unique_elems_a=in_elems / real(groups), mapping=mapping)
+    # the mapping's chunks of the streamed dimension repeat the folds' fill and drain (whole
+    # cycles, spread evenly over the cores; zero in the scalesim mapping)
+    extra = mem["extra_fill_drain_cycles"]
+    extra_1 = _ceil_div(_relax.count(extra if _relax.is_relaxed() else jnp.rint(extra)), cores)
+    gemm_total = groups * (fill_drain_1 + extra_1 + stream) * n_passes
+    gemm_fill_drain = groups * (fill_drain_1 + extra_1) * n_passes
+    total_compute = jnp.where(is_gemm, gemm_total, jnp.where(on_npu, vec_cycles, 0))
+    fill_drain = jnp.where(is_gemm, gemm_fill_drain, 0)
     gf = real(groups)
     tiled = (_bursts(gf * mem["dram_read_bytes_a"], burst)
              + _bursts(gf * mem["dram_read_bytes_b"], burst) + bias_bytes

@@ -112,7 +112,8 @@ class EdgeReport:
 class Schedule:
     """The lowered model: per-layer reports and end-to-end totals on one NpuSpec and dataflow.
 
-    ``fusion`` is the compiler's fusion level it was lowered at; with ``layer`` fusion,
+    ``fusion`` is the compiler's fusion level it was lowered at and ``mapping`` its DRAM-level
+    mapping (:mod:`npujax.systolic.mapping`); with ``layer`` fusion,
     ``edges`` says where each activation lived, ``sram_peak_bytes`` is the peak SRAM occupied
     (working set plus activations kept on chip) of ``sram_capacity_bytes``, and
     ``unfused_dram_bytes`` / ``unfused_latency_s`` are the layer-by-layer figures of the same
@@ -126,6 +127,7 @@ class Schedule:
     layers: tuple[LayerReport, ...]
     peak_activation_bytes: int = 0
     fusion: str = "elementwise"
+    mapping: str = "best"
     edges: tuple[EdgeReport, ...] = ()
     sram_peak_bytes: float = 0.0
     sram_capacity_bytes: float = 0.0
@@ -175,6 +177,7 @@ class Schedule:
             "peak_activation_bytes": self.peak_activation_bytes,
             "dram_bytes": self.dram_bytes,
             "fusion": self.fusion,
+            "mapping": self.mapping,
             "sram_peak_bytes": self.sram_peak_bytes,
             "sram_capacity_bytes": self.sram_capacity_bytes,
             "unfused_dram_bytes": self.unfused_dram_bytes,
@@ -271,6 +274,7 @@ def lower(
     batch: int | None = None,
     fusion: str | None = None,
     resident_weights: bool = False,
+    mapping: str | None = None,
 ) -> Schedule:
     """Lower ``graph`` onto ``spec`` and return the per-layer :class:`Schedule`.
 
@@ -289,19 +293,24 @@ def lower(
         (loaded once, as for a model served in a loop): no weight traffic per inference, and
         the layers tile with the filter SRAM the weights leave free. They must fit in half of
         it (see :func:`weight_bytes`).
+      mapping: overrides the preset's ``memory.mapping``: ``best`` (the default: per layer the
+        DRAM-level fold order and chunking with the fewest DRAM bytes) or ``scalesim``
+        (SCALE-Sim's fixed order); see :mod:`npujax.systolic.mapping`.
 
     Returns:
       The :class:`Schedule`; its per-layer ``latency_s`` sum to ``Schedule.latency_s``.
 
     Raises:
-      ConfigError: an unknown preset, dataflow, fusion level or layer name, a layer without
-        weights or a search mixture in ``quant``; ``resident_weights`` for weights that do not
+      ConfigError: an unknown preset, dataflow, mapping, fusion level or layer name, a layer
+        without weights or a search mixture in ``quant``; ``resident_weights`` for weights that do not
         fit in half the filter SRAM; a non-finite or negative figure (never reported).
       LimitError: a layer beyond 2**53 MACs or elements (:func:`npujax.plan.workloads`).
     """
     spec = as_spec(spec)
     if fusion is not None and fusion != spec.ops.fusion:
         spec = spec.with_fields({"ops.fusion": fusion})
+    if mapping is not None and mapping != spec.memory.mapping:
+        spec = spec.with_fields({"memory.mapping": mapping})
     if batch is not None:
         graph = rebatch(graph, batch)
     layers = workloads(graph, spec)
@@ -352,4 +361,5 @@ def lower(
     batch_size = int(graph.tensors[graph.inputs[0]].shape[0]) if graph.inputs else 1
     act = DEFAULT_BITS if quant is None else int(max(ab, default=DEFAULT_BITS))
     return Schedule(spec.name, df.name, clock, batch_size, tuple(reports),
-                    peak_activation_bytes(graph, act), fusion=spec.ops.fusion, **extra)
+                    peak_activation_bytes(graph, act), fusion=spec.ops.fusion,
+                    mapping=spec.memory.mapping, **extra)
