@@ -85,11 +85,21 @@ def _floor(x: jax.Array) -> jax.Array:
     return jax.lax.stop_gradient(f) + (x - jax.lax.stop_gradient(x))
 
 
+def _lift(x):
+    """``x`` with a leading axis of length 1 (the candidates'), scalars unchanged (numpy rank
+    promotion is an error in the tests)."""
+    x = jnp.asarray(x)
+    return x[None] if x.ndim else x
+
+
 def _candidate(df: Dataflow, inner: str, chunk, ext, folds, *, half, eb, dedup_a, uniq_a):
     """DRAM bytes of one mapping: fold order (``inner`` spatial dim loops inside the other) and
     chunks of ``chunk`` elements of the streamed dimension. Returns (bytes per operand, resident
     flags, number of chunks)."""
     rows_dim, cols_dim, t_dim = df.layout
+    # chunk is [candidates, *batch]: give the per-GEMM figures that leading axis
+    ext, folds, half, eb = ({k: _lift(v) for k, v in d.items()} for d in (ext, folds, half, eb))
+    dedup_a, uniq_a = _lift(dedup_a), _lift(uniq_a)
     n_chunks = _relax.ceil(ext[t_dim] / chunk)
 
     def need_elems(dims, other):
@@ -162,10 +172,11 @@ def gemm_mapping(
 
     References:
       Parashar et al., "Timeloop: A Systematic Approach to DNN Accelerator Evaluation", ISPASS
-      2019; Mei et al., "ZigZag: Enlarging Joint Architecture-Mapping Design Space Exploration
-      for DNN Accelerators", IEEE Trans. Computers 70(8), 2021 (loop orders and tile sizes per
-      memory level, chosen by search; here the few candidates of a two-level hierarchy in
-      closed form).
+      2019 (a mapper that searches the mapspace of loop orders and tilings per memory level with
+      an analytical cost model); Mei et al., "ZigZag: Enlarging Joint Architecture-Mapping
+      Design Space Exploration for DNN Accelerators", IEEE Trans. Computers 70(8):1160-1174,
+      2021, doi:10.1109/TC.2021.3059962 (temporal-mapping search per layer). Here the few
+      candidates of a two-level hierarchy, in closed form.
     """
     check_mapping(mapping)
     df = get_dataflow(dataflow)
@@ -204,7 +215,7 @@ def gemm_mapping(
             per_row = _per_row_needs(df, inner, ext, folds, eb, dedup_a)
             breaks = [_floor(half[k] / v) for k, v in per_row.items()]
             chunks += breaks + [jnp.minimum(breaks[0], breaks[1])]
-        t = jnp.clip(jnp.stack(jnp.broadcast_arrays(*chunks)), min_chunk, T)
+        t = jnp.clip(jnp.stack(jnp.broadcast_arrays(*chunks)), _lift(min_chunk), _lift(T))
         parts.append(_candidate(df, inner, t, ext, folds, half=half, eb=eb, dedup_a=dedup_a,
                                 uniq_a=uniq_a))
         rows_inner_flags += [inner == rows_dim] * len(chunks)
@@ -221,20 +232,33 @@ def gemm_mapping(
            "res_a": stacked(lambda p: p[1][0]), "res_b": stacked(lambda p: p[1][1]),
            "res_out": stacked(lambda p: p[1][2]), "chunks": stacked(lambda p: p[2])}
     total = fig["rd_a"] + fig["rd_b"] + fig["wr_out"] + fig["rd_out"]
-    est = jnp.maximum(compute + (fig["chunks"] - 1.0) * all_folds * fd, total / bw)
+    est = jnp.maximum(_lift(compute) + (fig["chunks"] - 1.0) * _lift(all_folds) * _lift(fd),
+                      total / _lift(bw))
     # fewest bytes; among equal bytes the fewest cycles; then the first (SCALE-Sim's order)
     sg = jax.lax.stop_gradient
     tb, te = sg(total), sg(est)
-    fewest = tb <= jnp.min(tb, axis=0) * (1.0 + 1e-12)
-    pick = jnp.argmin(jnp.where(fewest, te, jnp.inf), axis=0)
+    fewest = tb <= jnp.min(tb, axis=0, keepdims=True) * (1.0 + 1e-12)
+    key = jnp.where(fewest, te, jnp.inf)
+    best = key <= jnp.min(key, axis=0, keepdims=True)
+    # the first best candidate, unrolled (no argmin: its int64 index breaks jax.grad's transpose
+    # outside the x64 scope)
+    taken = jnp.zeros_like(best[0])
+    rows = []
+    for i in range(best.shape[0]):
+        rows.append(best[i] & ~taken)
+        taken = taken | best[i]
+    onehot = jnp.stack(rows)
 
-    def chosen(values):
-        return jnp.take_along_axis(values, pick[None], axis=0)[0]
+    def chosen(values):  # a masked sum, exact (x + 0 == x) and transposable outside x64
+        if values.dtype == jnp.bool_:
+            return jnp.any(onehot & values, axis=0)
+        return jnp.sum(jnp.where(onehot, values, jnp.zeros_like(values)), axis=0)
 
     rd_a, rd_b, wr_out, rd_out = (chosen(fig[k]) for k in ("rd_a", "rd_b", "wr_out", "rd_out"))
     res_a, res_b, res_out = (chosen(fig[k]) for k in ("res_a", "res_b", "res_out"))
     n_chunks = chosen(fig["chunks"])
-    rows_inner = jnp.asarray(rows_inner_flags)[pick]
+    flags = jnp.asarray(rows_inner_flags).reshape((-1,) + (1,) * (total.ndim - 1))
+    rows_inner = jnp.any(onehot & flags, axis=0)
     extra_fd = (n_chunks - 1.0) * all_folds * fd
     dram = rd_a + rd_b + wr_out + rd_out
     memory = dram / bw
