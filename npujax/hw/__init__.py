@@ -3,6 +3,7 @@
 from npujax.hw.spec import DATAFLOWS as DATAFLOWS
 from npujax.hw.spec import FUSION_LEVELS as FUSION_LEVELS
 from npujax.hw.spec import LAYOUTS as LAYOUTS
+from npujax.hw.spec import MAPPINGS as MAPPINGS
 from npujax.hw.spec import PRECISION_SCALINGS as PRECISION_SCALINGS
 from npujax.hw.spec import ArraySpec as ArraySpec
 from npujax.hw.spec import HostSpec as HostSpec
@@ -30,6 +31,7 @@ __all__ = [
     "PRECISION_SCALINGS",
     "NpuSpec",
     "DATAFLOWS",
+    "MAPPINGS",
     "load_npu_spec",
     "differentiable_spec",
     "npu_spec_from_dict",

@@ -302,8 +302,8 @@ def lower(
 
     Raises:
       ConfigError: an unknown preset, dataflow, mapping, fusion level or layer name, a layer
-        without weights or a search mixture in ``quant``; ``resident_weights`` for weights that do not
-        fit in half the filter SRAM; a non-finite or negative figure (never reported).
+        without weights or a search mixture in ``quant``; ``resident_weights`` for weights
+        that do not fit in half the filter SRAM; a non-finite or negative figure (never reported).
       LimitError: a layer beyond 2**53 MACs or elements (:func:`npujax.plan.workloads`).
     """
     spec = as_spec(spec)
