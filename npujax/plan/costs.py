@@ -23,7 +23,8 @@ operands re-fetched when SRAM cannot hold what a fold reuses, partial sums spill
 is rounded up to whole DRAM bursts and ``memory_cycles = dram_bytes / (dram_bytes_per_s /
 clock_hz)``. Compute and DMA are double-buffered and overlap, except the first tiles in and
 the last tile out, which are exposed with the first-access latency as ``dma_cycles``; the rest
-shows as ``stall_cycles = max(0, memory - exposed - compute)``, so ``latency = max(compute + dma, memory + access latency)``.
+shows as ``stall_cycles = max(0, memory - exposed - compute)``, so ``latency = max(compute +
+dma, memory + access latency)``.
 
 **Precision.** How operand widths change the array's speed is the preset's
 ``precision_scaling`` (:mod:`npujax.systolic.precision`): every array takes ``passes`` for
