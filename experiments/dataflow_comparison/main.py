@@ -49,10 +49,12 @@ BEGIN, END = "<!-- tables:begin -->", "<!-- tables:end -->"
 def evaluate(layers, size: int, dataflow: str, mapping: str = "best"):
     M, K, N, G, U = (jnp.asarray([lay[i] for lay in layers], jnp.int32) for i in range(1, 6))
     hw = HARDWARE[size]
-    m = jax.jit(lambda: gemm_mapping(M, K, N, size, size, dataflow, sram_bytes_a=hw["sram"],
-                                     sram_bytes_b=hw["sram"], sram_bytes_out=hw["sram"],
-                                     dram_bytes_per_cycle=hw["bw"], unique_elems_a=U,
-                                     mapping=mapping))()
+    with jax.enable_x64(True):  # float64 results (a jit outside x64 returns float32)
+        m = jax.jit(lambda: gemm_mapping(M, K, N, size, size, dataflow, sram_bytes_a=hw["sram"],
+                                         sram_bytes_b=hw["sram"], sram_bytes_out=hw["sram"],
+                                         dram_bytes_per_cycle=hw["bw"], unique_elems_a=U,
+                                         mapping=mapping))()
+        m = jax.tree.map(np.asarray, m)
     g = np.asarray(G, np.float64)
     busy = (np.asarray(m["compute_cycles"], np.float64)
             + np.asarray(m["extra_fill_drain_cycles"], np.float64))
