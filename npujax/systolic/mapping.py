@@ -96,7 +96,7 @@ def _candidate(df: Dataflow, inner: str, chunk, ext, folds, *, half, eb, dedup_a
     """DRAM bytes of one mapping: fold order (``inner`` spatial dim loops inside the other) and
     chunks of ``chunk`` elements of the streamed dimension. Returns (bytes per operand, resident
     flags, number of chunks)."""
-    rows_dim, cols_dim, t_dim = df.layout
+    t_dim = df.layout[2]
     # chunk is [candidates, *batch]: give the per-GEMM figures that leading axis
     ext, folds, half, eb = ({k: _lift(v) for k, v in d.items()} for d in (ext, folds, half, eb))
     dedup_a, uniq_a = _lift(dedup_a), _lift(uniq_a)
