@@ -108,3 +108,46 @@ def jit_execute(graph, params, x, **kw):
 
     return jit_once(lambda p, inp: execute(graph, p, inp, **kw))(params, x)
 
+
+
+def run_cli(*args, cwd=None):
+    """Run ``npujax ARGS`` in this process, as a user's shell would run it.
+
+    Returns a :class:`subprocess.CompletedProcess` (``returncode``, ``stdout``, ``stderr``) like
+    ``subprocess.run(..., capture_output=True, text=True)``, without paying a new interpreter's
+    JAX import and empty compilation cache per call (about 3 s of CPU each). ``main`` is the
+    console script's own entry point, so exit codes and messages are the program's; the few tests
+    of process-level behaviour (signals, pipes, the installed script) still use a subprocess.
+    The ``npujax`` logger's configuration, which ``main`` sets, is restored afterwards so that
+    later tests' ``caplog`` still sees npujax's messages, and the command runs under JAX's default
+    (standard) promotion, as the program does: the suite's strict mode is for npujax's own
+    numerics, and the program's dependencies (optax's Adam, Flax's layers) are not written for it.
+    """
+    import contextlib
+    import io
+    import logging
+    import os
+    import subprocess
+
+    import jax
+
+    from npujax.cli import main
+
+    logger = logging.getLogger("npujax")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    out, err = io.StringIO(), io.StringIO()
+    old_cwd = os.getcwd()
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+                jax.numpy_dtype_promotion("standard"), jax.numpy_rank_promotion("allow"):
+            try:
+                code = main([str(a) for a in args])
+            except SystemExit as e:  # argparse: --help, --version, usage errors
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    finally:
+        os.chdir(old_cwd)
+        logger.handlers[:], logger.level, logger.propagate = saved
+    return subprocess.CompletedProcess(["npujax", *map(str, args)], code, out.getvalue(),
+                                       err.getvalue())

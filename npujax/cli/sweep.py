@@ -47,8 +47,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sw.add_argument("--chunk-size", type=positive_int, default=DEFAULT_CHUNK,
                     help=f"configurations per chunk file (default {DEFAULT_CHUNK})")
     sw.add_argument("--pareto", default=",".join(DEFAULT_OBJECTIVES),
-                    help="columns the Pareto front minimises (default "
-                    f"{','.join(DEFAULT_OBJECTIVES)})")
+                    help="columns the Pareto front minimises, e.g. energy_j,area_mm2 or "
+                    f"edp_js,pes (default {','.join(DEFAULT_OBJECTIVES)})")
     sw.add_argument("--out", required=True, help="the sweep's folder (rerun to resume)")
     dist = sw.add_argument_group("several processes (jax.distributed; see the README)")
     dist.add_argument("--distributed", action="store_true",

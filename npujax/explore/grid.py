@@ -34,7 +34,7 @@ __all__ = ["Grid", "parse_grid_axis", "configurations", "SAMPLING_METHODS", "TRA
 #: How :func:`configurations` picks a subset of the product.
 SAMPLING_METHODS = ("random", "lhs")
 #: Sections whose numeric fields are traced (evaluated as data without recompiling).
-TRACED_SECTIONS = ("array", "memory", "vector", "host")
+TRACED_SECTIONS = ("array", "memory", "vector", "host", "technology", "energy", "area")
 #: Widths the ``bits`` axis may take (those npujax quantizes to).
 _BITS_RANGE = (2, 16)
 

@@ -14,9 +14,10 @@ compiles a few programs, not one per batch size.
 
 Each configuration reduces its layers to one row of :data:`COLUMNS` (totals, per layer class,
 utilization); :class:`SweepResult` holds the rows with the axis values and derives the bounds,
-resources and the Pareto front. The model has no energy or area figures: resources are
-reported as ``pes`` (MAC units) and ``sram_bytes`` (on-chip buffers), the quantities an area
-model would be built from.
+resources and the Pareto front. Each row also holds the energy per inference and its
+breakdown (:func:`npujax.plan.layer_energy`), the energy-delay product and the modelled area
+(:func:`npujax.hw.area_mm2`), so a Pareto front can trade latency or energy against area; the
+resources ``pes`` (MAC units) and ``sram_bytes`` (on-chip buffers) stay as columns.
 """
 
 from __future__ import annotations
@@ -37,9 +38,11 @@ from jax.sharding import PartitionSpec as P
 from npujax._exact import COUNT, exact, real
 from npujax.errors import ConfigError
 from npujax.explore.grid import Grid, configurations
+from npujax.hw.energy import area_mm2
 from npujax.hw.spec import NpuSpec, as_spec
 from npujax.ir.graph import Graph
 from npujax.plan.costs import layer_costs
+from npujax.plan.energy import ENERGY_BREAKDOWN, layer_energy
 from npujax.plan.lower import DEFAULT_BITS
 from npujax.plan.workload import Workload, workloads
 
@@ -56,6 +59,7 @@ COLUMNS = (
     "dram_bytes", "utilization", "sram_peak_bytes", "memory_bound_layers",
     *(f"{c}_{f}" for c in LAYER_CLASSES for f in ("latency_cycles", "compute_cycles",
                                                    "memory_cycles")),
+    "energy_j", "edp_js", "area_mm2", *(f"energy_{k}_j" for k in ENERGY_BREAKDOWN),
 )
 #: Of :data:`COLUMNS`, those that are exact integers (int64).
 INT_COLUMNS = ("compute_cycles", "memory_bound_layers", "gemm_compute_cycles",
@@ -103,6 +107,12 @@ def _program(layers: tuple[Workload, ...], dataflow: str, mesh: Mesh) -> Callabl
             out[f"{cls}_compute_cycles"] = jnp.sum(jnp.where(m, comp, 0))
             out[f"{cls}_memory_cycles"] = jnp.sum(jnp.where(m, c.memory_cycles, 0.0))
         out["cpu_latency_cycles"] = jnp.sum(jnp.where(masks["cpu"], cpu_cycles, 0.0))
+        e = layer_energy(layers, spec, widths, widths, dataflow, dram_bytes=c.dram_bytes)
+        out["energy_j"] = jnp.sum(e.total_j)
+        out["edp_js"] = out["energy_j"] * out["latency_s"]
+        out["area_mm2"] = area_mm2(spec)
+        for k, v in e.breakdown().items():
+            out[f"energy_{k}_j"] = jnp.sum(v)
         return out
 
     sharding = NamedSharding(mesh, P("config"))
@@ -119,7 +129,8 @@ def _stacked(spec: NpuSpec, changes: dict[str, np.ndarray], n: int) -> NpuSpec:
     """``spec`` with every numeric leaf an ``[n]`` int64/float64 array; ``changes`` override
     the leaves they name (``section.key``)."""
     sections = {}
-    for section in ("array", "memory", "vector", "layout", "ops", "host"):
+    for section in ("array", "memory", "vector", "layout", "ops", "host", "technology", "energy",
+                    "area"):
         sec = getattr(spec, section)
         new = {}
         for f in dataclasses.fields(sec):

@@ -14,6 +14,14 @@ Hardware is data. Every numeric field carries its unit in its name (``clock_hz``
     [layout]   activation_layout, c0, channel_alignment, dram_burst_bytes
     [ops]      supported, fused_activations, conv_max_kernel, conv_max_stride, fusion (optional)
     [host]     cpu_ops_per_s, link_bytes_per_s, link_latency_s
+    [technology] node_nm (optional section, as the two below: every key has a default)
+    [energy]   reference_node_nm, node_exponent, mult_int8_pj, add_int32_pj,
+               register_pj_per_byte, sram_read_pj_per_byte, sram_write_pj_per_byte,
+               sram_reference_bytes, sram_energy_exponent,
+               dram_pj_per_byte, vector_op_pj, host_op_pj, host_link_pj_per_byte (optional)
+    [area]     reference_node_nm, node_exponent, mult_int8_um2, add_int32_um2,
+               register_um2_per_bit, pe_extra_um2, sram_um2_per_byte,
+               sram_periphery_um2_per_sqrt_byte, vector_lane_um2 (optional)
 
 Unknown keys, missing keys, wrong types, non-positive sizes, values outside a field's physical
 range (``docs/hw.md``: e.g. ``clock_hz`` in [1e3, 1e11]; they keep every latency finite and every
@@ -32,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
+import json
 import math
 import os
 import tomllib
@@ -55,6 +64,9 @@ __all__ = [
     "LayoutSpec",
     "OpsSpec",
     "HostSpec",
+    "TechnologySpec",
+    "EnergySpec",
+    "AreaSpec",
     "NpuSpec",
     "DATAFLOWS",
     "MAPPINGS",
@@ -66,6 +78,7 @@ __all__ = [
     "stack_specs",
     "differentiable_spec",
     "as_spec",
+    "spec_to_toml",
 ]
 
 #: Activation layouts an NPU may keep in its memory.
@@ -228,6 +241,127 @@ class HostSpec:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class TechnologySpec:
+    """The chip's process node.
+
+    The ``[energy]`` and ``[area]`` sections each give their figures at their own
+    ``reference_node_nm`` (default 45 nm, the node of Horowitz's tables) and scale them to
+    ``node_nm`` by ``(node_nm / reference_node_nm) ** node_exponent`` (see
+    :mod:`npujax.hw.energy`).
+
+    Attributes:
+      node_nm: the chip's process node (nm), in [1, 1000]; default 45.
+    """
+
+    node_nm: float = _field(default=45.0, lo=1.0, hi=1000.0)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EnergySpec:
+    """Energy per action (pJ), at ``technology.reference_node_nm``; see :mod:`npujax.hw.energy`
+    for how they combine (and ``docs/npu_model.md``, "Energy and area").
+
+    Defaults are Horowitz, "Computing's energy problem (and what we can do about it)", ISSCC
+    2014, 45 nm at 0.9 V: 8b add 0.03 pJ, 8b multiply 0.2 pJ, 32b add 0.1 pJ, 32b multiply
+    3.1 pJ; a 64-bit SRAM access of 10 pJ at 8 KB, 20 pJ at 32 KB, 100 pJ at 1 MB; DRAM 1.3-2.6
+    nJ per 64 bits; about 70 pJ per instruction of an in-order core. A zero switches an action's
+    energy off (e.g. to compare with a tool that does not count it).
+
+    The on-chip figures scale to the chip's node by ``s_E = (technology.node_nm /
+    reference_node_nm) ** node_exponent``; the default exponent 1 is classical scaling at a
+    flat supply voltage (switched capacitance, hence ``C V^2``, proportional to the feature
+    size; the supply has stayed near 0.8-0.9 V since 45 nm). Stillmaker and Baas (Integration
+    58, 2017) show such rules can err by large factors below 45 nm: a preset whose source gives
+    figures at its own node sets ``reference_node_nm`` to it and gives them. DRAM and host
+    figures are off-chip and not scaled.
+
+    Attributes:
+      reference_node_nm: node at which this section's figures hold (nm); default 45.
+      node_exponent: exponent of the on-chip energy scaling, in [0, 4]; default 1.
+      mult_int8_pj: an 8b x 8b multiply (pJ); a ``w``-bit by ``a``-bit multiply costs
+        ``mult_int8_pj * w * a / 64`` (array multipliers grow with the product of the widths:
+        8b 0.2 pJ to 32b 3.1 pJ is 15.5x for 16x the product). Default 0.2.
+      add_int32_pj: a 32-bit add (pJ); the MAC's accumulation at ``accumulator_bits`` costs
+        ``add_int32_pj * accumulator_bits / 32`` (adders grow with the width). Default 0.1.
+      register_pj_per_byte: writing a byte into a PE's pipeline or partial-sum register (pJ);
+        default 0.03 (Horowitz gives no register figure: a flip-flop bit toggles about as much
+        as a full-adder bit, so a byte costs about an 8b add).
+      sram_read_pj_per_byte, sram_write_pj_per_byte: SRAM access energy per byte of a buffer of
+        ``sram_reference_bytes`` (pJ); default 1.25 (10 pJ per 64-bit read of 8 KB).
+      sram_reference_bytes: capacity at which the two above hold (bytes); default 8192.
+      sram_energy_exponent: access energy grows as ``(capacity / sram_reference_bytes) **
+        sram_energy_exponent`` (CACTI: bit- and word-line lengths grow with the square root of
+        a bank's capacity); default 0.5 (Horowitz: 8 KB -> 32 KB doubles it, 1 MB gives 113 pJ
+        against 100 pJ measured).
+      dram_pj_per_byte: off-chip DRAM access per byte (pJ, interface included; not node
+        scaled); default 162.5 (1.3 nJ per 64 bits, the low end of Horowitz's DDR3 range).
+      vector_op_pj: one lane operation of the vector unit (pJ); default 0.1 (a 32-bit add).
+      host_op_pj: one operation of the host CPU (pJ, not node scaled); default 70 (Horowitz's
+        energy per instruction of an in-order core, mostly fetch and control).
+      host_link_pj_per_byte: moving a byte between the NPU and the host (pJ, not node scaled);
+        default 325 (the copy writes and reads DRAM: twice ``dram_pj_per_byte``).
+    """
+
+    reference_node_nm: float = _field(default=45.0, lo=1.0, hi=1000.0)
+    node_exponent: float = _field(zero_ok=True, default=1.0, lo=0.0, hi=4.0)
+    mult_int8_pj: float = _field(zero_ok=True, default=0.2, lo=0.0, hi=1e4)
+    add_int32_pj: float = _field(zero_ok=True, default=0.1, lo=0.0, hi=1e4)
+    register_pj_per_byte: float = _field(zero_ok=True, default=0.03, lo=0.0, hi=1e4)
+    sram_read_pj_per_byte: float = _field(zero_ok=True, default=1.25, lo=0.0, hi=1e5)
+    sram_write_pj_per_byte: float = _field(zero_ok=True, default=1.25, lo=0.0, hi=1e5)
+    sram_reference_bytes: float = _field(default=8192.0, lo=1.0, hi=2.0**40)
+    sram_energy_exponent: float = _field(zero_ok=True, default=0.5, lo=0.0, hi=2.0)
+    dram_pj_per_byte: float = _field(zero_ok=True, default=162.5, lo=0.0, hi=1e6)
+    vector_op_pj: float = _field(zero_ok=True, default=0.1, lo=0.0, hi=1e5)
+    host_op_pj: float = _field(zero_ok=True, default=70.0, lo=0.0, hi=1e6)
+    host_link_pj_per_byte: float = _field(zero_ok=True, default=325.0, lo=0.0, hi=1e6)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AreaSpec:
+    """Silicon area of the array, SRAMs and vector unit (um^2), at
+    ``technology.reference_node_nm``; see :func:`npujax.hw.area_mm2`.
+
+    Defaults: Horowitz (ISSCC 2014, 45 nm) gives 282 um^2 for an 8b multiplier and 137 um^2
+    for a 32b adder (and 3495 um^2 for a 32b multiplier); a 45 nm D flip-flop is about 4.5
+    um^2 (Nangate 45 nm open cell library, DFF_X1); Intel's 45 nm 6T SRAM cell is 0.346 um^2
+    (Mistry et al., IEDM 2007), 2.77 um^2 per byte. The SRAM periphery (decoders, sense
+    amplifiers, drivers) grows with the edge of the cell array, ``sqrt(capacity)`` (as in
+    CACTI's organisation); 250 um^2 per sqrt(byte) makes it half the cell area at 8 KB and 8 %
+    at 1 MB (an assumption, not a measurement). Areas scale to the chip's node by ``s_A =
+    (technology.node_nm / reference_node_nm) ** node_exponent`` (default 2: classical area
+    scaling with the square of the feature size).
+
+    Attributes:
+      reference_node_nm: node at which this section's figures hold (nm); default 45.
+      node_exponent: exponent of the area scaling, in [0, 4]; default 2.
+      mult_int8_um2: an 8b x 8b multiplier (um^2); scales with the product of the operand
+        widths. Default 282.
+      add_int32_um2: a 32-bit adder (um^2); scales with the width. Default 137.
+      register_um2_per_bit: a flip-flop (um^2); a PE holds ``2 operand_bits +
+        accumulator_bits`` of them. Default 4.5.
+      pe_extra_um2: any further area per PE (operand double buffers, skew registers, muxes,
+        wiring), for a preset whose source gives its PE area (um^2); default 0.
+      sram_um2_per_byte: SRAM cell array per byte (um^2); default 2.77.
+      sram_periphery_um2_per_sqrt_byte: SRAM periphery per square root of a buffer's bytes
+        (um^2); default 250.
+      vector_lane_um2: one lane of the vector unit (um^2); default 3632 (a 32b multiplier and
+        a 32b adder).
+    """
+
+    reference_node_nm: float = _field(default=45.0, lo=1.0, hi=1000.0)
+    node_exponent: float = _field(zero_ok=True, default=2.0, lo=0.0, hi=4.0)
+    mult_int8_um2: float = _field(zero_ok=True, default=282.0, lo=0.0, hi=1e8)
+    add_int32_um2: float = _field(zero_ok=True, default=137.0, lo=0.0, hi=1e8)
+    register_um2_per_bit: float = _field(zero_ok=True, default=4.5, lo=0.0, hi=1e6)
+    pe_extra_um2: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=1e9)
+    sram_um2_per_byte: float = _field(zero_ok=True, default=2.77, lo=0.0, hi=1e6)
+    sram_periphery_um2_per_sqrt_byte: float = _field(zero_ok=True, default=250.0, lo=0.0,
+                                                     hi=1e8)
+    vector_lane_um2: float = _field(zero_ok=True, default=3632.0, lo=0.0, hi=1e9)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class NpuSpec:
     """A complete NPU description (see the module docstring for the TOML layout).
 
@@ -235,6 +369,8 @@ class NpuSpec:
       name: preset name.
       description: free text, including the sources of the figures.
       array, memory, vector, layout, ops, host: the sections.
+      technology, energy, area: the optional sections of the energy and area model (their
+        defaults when a preset leaves them out).
     """
 
     name: str
@@ -245,6 +381,9 @@ class NpuSpec:
     layout: LayoutSpec
     ops: OpsSpec
     host: HostSpec
+    technology: TechnologySpec = dataclasses.field(default_factory=TechnologySpec)
+    energy: EnergySpec = dataclasses.field(default_factory=EnergySpec)
+    area: AreaSpec = dataclasses.field(default_factory=AreaSpec)
 
     @property
     def peak_macs_per_s(self) -> float:
@@ -297,7 +436,13 @@ _SECTIONS: dict[str, type] = {
     "layout": LayoutSpec,
     "ops": OpsSpec,
     "host": HostSpec,
+    "technology": TechnologySpec,
+    "energy": EnergySpec,
+    "area": AreaSpec,
 }
+
+#: Sections a preset may leave out (every key has a default).
+_OPTIONAL_SECTIONS = ("technology", "energy", "area")
 
 
 def _numeric(f: dataclasses.Field) -> bool:
@@ -381,7 +526,7 @@ def _check_value(where: str, key: str, value: Any, f: dataclasses.Field) -> Any:
     else:
         value = float(value)
     unit = key.rsplit("_", 1)[-1] if "_" in key else ""
-    unit = f" ({unit})" if unit in ("bytes", "hz", "s", "bits") else ""
+    unit = f" ({unit})" if unit in ("bytes", "hz", "s", "bits", "nm", "pj", "um2") else ""
     if not math.isfinite(value) or value < 0 or (value == 0 and not f.metadata.get("zero_ok")):
         kind = "non-negative" if f.metadata.get("zero_ok") else "positive"
         raise ConfigError(f"{where}: '{key}' must be a {kind} finite number{unit}, got {value!r}.")
@@ -430,13 +575,14 @@ def npu_spec_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> NpuSp
         )
     if not isinstance(data.get("name"), str) or not data["name"]:
         raise ConfigError(f"{origin}: 'name' (a non-empty string) is required.")
-    missing = [s for s in _SECTIONS if s not in data]
+    missing = [s for s in _SECTIONS if s not in data and s not in _OPTIONAL_SECTIONS]
     if missing:
         raise ConfigError(
             f"{origin}: missing section(s) [{'], ['.join(missing)}]; see docs/hw.md or copy "
             "configs/npu/edge_16x16.toml."
         )
-    sections = {s: _build_section(f"{origin} [{s}]", cls, data[s]) for s, cls in _SECTIONS.items()}
+    sections = {s: _build_section(f"{origin} [{s}]", cls, data.get(s, {}))
+                for s, cls in _SECTIONS.items()}
     description = data.get("description", "")
     if not isinstance(description, str):
         raise ConfigError(f"{origin}: 'description' must be a string.")
@@ -492,3 +638,42 @@ def as_spec(spec: NpuSpec | str | os.PathLike[str]) -> NpuSpec:
         return load_npu_spec(spec)
     raise ConfigError(f"expected an NpuSpec, a preset name or a TOML path, got "
                       f"{type(spec).__name__}; load one with npujax.load_npu_spec('edge_16x16').")
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, str):
+        return json.dumps(v)  # a JSON string is a valid TOML basic string
+    if isinstance(v, (tuple, list)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    return repr(float(v))  # shortest round-trip form: '6400000000.0', '1e-07' are valid TOML
+
+
+def spec_to_toml(spec: NpuSpec, header: str = "") -> str:
+    """``spec`` as a preset file that :func:`load_npu_spec` reads back to an equal spec.
+
+    Args:
+      spec: a validated spec with Python-number fields (not traced or stacked arrays).
+      header: comment text put at the top (each line prefixed with ``#``), e.g. the source.
+
+    Returns:
+      The TOML text (every section and key, defaults included).
+
+    Raises:
+      ConfigError: a field is not a Python number or string (a traced or batched spec).
+    """
+    lines = [f"# {line}".rstrip() for line in header.splitlines()]
+    lines += [f"name = {_toml_value(spec.name)}",
+              f"description = {_toml_value(spec.description)}"]
+    for section in _SECTIONS:
+        lines += ["", f"[{section}]"]
+        for key, value in dataclasses.asdict(getattr(spec, section)).items():
+            if not isinstance(value, (str, int, float, tuple, list)):
+                raise ConfigError(f"spec_to_toml: {section}.{key} is a {type(value).__name__}, "
+                                  "not a number; write a concrete spec (not a traced or stacked "
+                                  "one).")
+            lines.append(f"{key} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"

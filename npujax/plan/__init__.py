@@ -1,6 +1,7 @@
 """The NPU execution model: workloads, per-layer costs (pure jnp), and ``lower``; across
 layers fusion (:mod:`npujax.plan.fusion`), multi-core pipelines (:mod:`npujax.plan.pipeline`),
-co-resident models (:mod:`npujax.plan.coresident`) and peak memory (:mod:`npujax.plan.memory`).
+co-resident models (:mod:`npujax.plan.coresident`) and peak memory (:mod:`npujax.plan.memory`);
+fitting a preset to a measured profile (:mod:`npujax.plan.profile`, :mod:`npujax.plan.fit`).
 """
 
 from npujax.plan.coresident import SHARING as SHARING
@@ -10,6 +11,11 @@ from npujax.plan.coresident import lower_models as lower_models
 from npujax.plan.costs import BREAKDOWN as BREAKDOWN
 from npujax.plan.costs import LayerCosts as LayerCosts
 from npujax.plan.costs import layer_costs as layer_costs
+from npujax.plan.energy import ENERGY_BREAKDOWN as ENERGY_BREAKDOWN
+from npujax.plan.energy import LayerEnergy as LayerEnergy
+from npujax.plan.energy import layer_energy as layer_energy
+from npujax.plan.fit import FitResult as FitResult
+from npujax.plan.fit import fit_spec as fit_spec
 from npujax.plan.fusion import EdgeCosts as EdgeCosts
 from npujax.plan.fusion import fused_costs as fused_costs
 from npujax.plan.fusion import scheduled_costs as scheduled_costs
@@ -26,6 +32,10 @@ from npujax.plan.pipeline import OBJECTIVES as OBJECTIVES
 from npujax.plan.pipeline import CoreSchedule as CoreSchedule
 from npujax.plan.pipeline import best_core_schedule as best_core_schedule
 from npujax.plan.pipeline import core_schedules as core_schedules
+from npujax.plan.profile import MatchedProfile as MatchedProfile
+from npujax.plan.profile import Profile as Profile
+from npujax.plan.profile import match_profile as match_profile
+from npujax.plan.profile import read_profile as read_profile
 from npujax.plan.workload import Workload as Workload
 from npujax.plan.workload import workloads as workloads
 
@@ -46,6 +56,9 @@ __all__ = [
     "fused_costs",
     "scheduled_costs",
     "LayerCosts",
+    "LayerEnergy",
+    "layer_energy",
+    "ENERGY_BREAKDOWN",
     "LayerReport",
     "Schedule",
     "layer_costs",
@@ -55,4 +68,10 @@ __all__ = [
     "peak_activation_bytes",
     "Workload",
     "workloads",
+    "FitResult",
+    "fit_spec",
+    "Profile",
+    "MatchedProfile",
+    "read_profile",
+    "match_profile",
 ]

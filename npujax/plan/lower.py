@@ -17,10 +17,12 @@ import jax
 import numpy as np
 
 from npujax.errors import ConfigError
+from npujax.hw.energy import area_breakdown
 from npujax.hw.spec import NpuSpec, as_spec
 from npujax.ir.graph import Graph
 from npujax.ir.passes import rebatch
 from npujax.plan.costs import BREAKDOWN, LayerCosts, first_consumers, layer_costs
+from npujax.plan.energy import ENERGY_BREAKDOWN, LayerEnergy, layer_energy
 from npujax.plan.fusion import PLACEMENTS, cross_layer_edges, fused_costs
 from npujax.plan.liveness import peak_activation_bytes
 from npujax.plan.workload import Workload, workloads
@@ -49,6 +51,8 @@ class LayerReport:
       bound: ``compute``, ``memory`` or ``fallback`` (the larger of compute and memory cycles,
         or a host-CPU layer).
       epilogue: activations applied in the layer's output stage.
+      energy: its :class:`~npujax.plan.LayerEnergy` (J, Python numbers; see
+        :mod:`npujax.plan.energy`).
     """
 
     name: str
@@ -66,6 +70,12 @@ class LayerReport:
     latency_s: float
     bound: str
     epilogue: tuple[str, ...] = ()
+    energy: LayerEnergy | None = None
+
+    @property
+    def energy_j(self) -> float:
+        """The layer's energy (J); 0 if it was not computed."""
+        return float(self.energy.total_j) if self.energy is not None else 0.0
 
     def breakdown(self) -> dict[str, float]:
         """Cycles per :data:`~npujax.plan.costs.BREAKDOWN` component; they sum to the latency."""
@@ -73,8 +83,12 @@ class LayerReport:
 
     def to_dict(self) -> dict[str, Any]:
         """The row as one flat JSON-ready dict (the costs' fields next to the layer's)."""
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "costs"}
-        return {**d, **self.costs._asdict(), "epilogue": list(self.epilogue)}
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+             if f.name not in ("costs", "energy")}
+        energy = ({"energy_j": self.energy_j} | {
+            f"energy_{k}_j": float(v) for k, v in self.energy.breakdown().items()}
+            if self.energy is not None else {})
+        return {**d, **self.costs._asdict(), **energy, "epilogue": list(self.epilogue)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +132,9 @@ class Schedule:
     (working set plus activations kept on chip) of ``sram_capacity_bytes``, and
     ``unfused_dram_bytes`` / ``unfused_latency_s`` are the layer-by-layer figures of the same
     layers (residual epilogues fused, every activation through DRAM: the ``residual`` level).
+    ``area_mm2`` is the spec's modelled silicon area (:func:`npujax.hw.area_breakdown`, per
+    block in ``area_breakdown_mm2``); energy per inference, its breakdown and the energy-delay
+    product are derived from the layers' energies.
     """
 
     npu: str
@@ -133,6 +150,24 @@ class Schedule:
     sram_capacity_bytes: float = 0.0
     unfused_dram_bytes: float | None = None
     unfused_latency_s: float | None = None
+    area_mm2: float = 0.0
+    area_breakdown_mm2: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    @property
+    def energy_j(self) -> float:
+        """Energy per inference (J, the graph's batch): the sum of the layers' energies."""
+        return float(sum(r.energy_j for r in self.layers))
+
+    @property
+    def edp_js(self) -> float:
+        """Energy-delay product (J s): ``energy_j * latency_s``."""
+        return self.energy_j * self.latency_s
+
+    def energy_breakdown_j(self) -> dict[str, float]:
+        """Joules per :data:`~npujax.plan.ENERGY_BREAKDOWN` component (they sum to
+        ``energy_j``)."""
+        rows = [r.energy.breakdown() for r in self.layers if r.energy is not None]
+        return {k: float(sum(b[k] for b in rows)) for k in ENERGY_BREAKDOWN}
 
     @property
     def dram_bytes(self) -> float:
@@ -183,6 +218,11 @@ class Schedule:
             "unfused_dram_bytes": self.unfused_dram_bytes,
             "unfused_latency_s": self.unfused_latency_s,
             "breakdown_s": self.breakdown_s(),
+            "energy_j": self.energy_j,
+            "energy_breakdown_j": self.energy_breakdown_j(),
+            "edp_js": self.edp_js,
+            "area_mm2": self.area_mm2,
+            "area_breakdown_mm2": dict(self.area_breakdown_mm2),
             "layers": [r.to_dict() for r in self.layers],
             "edges": [e.to_dict() for e in self.edges],
         }
@@ -250,18 +290,31 @@ def _resident(layers: list[Workload], spec: NpuSpec, wb: np.ndarray
              for w in layers], spec.with_fields({"memory.filter_sram_bytes": free}))
 
 
+def _energy_area(layers: tuple[Workload, ...], spec: NpuSpec, w: Any, a: Any, dataflow: str,
+                 costs: LayerCosts) -> tuple[LayerEnergy, Any]:
+    """The layers' energy at the (possibly fused) costs' DRAM bytes, and the spec's area."""
+    return (layer_energy(layers, spec, w, a, dataflow, dram_bytes=costs.dram_bytes),
+            area_breakdown(spec))
+
+
 @functools.lru_cache(maxsize=64)
 def _jitted_costs(layers: tuple[Workload, ...], dataflow: str):
-    """One compiled cost function per (workloads, dataflow); hardware and bits stay traced."""
-    return jax.jit(lambda spec, w, a: layer_costs(layers, spec, w, a, dataflow))
+    """One compiled cost function per (workloads, dataflow), with the energy and area;
+    hardware and bits stay traced."""
+    def run(spec, w, a):
+        costs = layer_costs(layers, spec, w, a, dataflow)
+        return costs, *_energy_area(layers, spec, w, a, dataflow, costs)
+    return jax.jit(run)
 
 
 @functools.lru_cache(maxsize=64)
 def _jitted_fused(layers: tuple[Workload, ...], dataflow: str):
-    """One compiled fused schedule per (workloads, dataflow), with the layer-by-layer costs."""
+    """One compiled fused schedule per (workloads, dataflow), with the layer-by-layer costs,
+    the energy and the area."""
     def run(spec, w, a):
         costs, edges = fused_costs(layers, spec, w, a, dataflow)
-        return costs, edges, layer_costs(layers, spec, w, a, dataflow)
+        return (costs, edges, layer_costs(layers, spec, w, a, dataflow),
+                *_energy_area(layers, spec, w, a, dataflow, costs))
     return jax.jit(run)
 
 
@@ -321,7 +374,7 @@ def lower(
     extra: dict[str, Any] = {}
     with jax.enable_x64(True):  # the spec's numbers enter as int64/float64 (npujax._exact)
         if spec.ops.fusion == "layer":
-            costs, ec, unfused = jax.tree.map(
+            costs, ec, unfused, energy, area = jax.tree.map(
                 np.asarray, _jitted_fused(tuple(layers), df.name)(spec, wb, ab))
             names = [w.name for w in layers]
             extra = dict(
@@ -336,9 +389,9 @@ def lower(
                 unfused_dram_bytes=float(np.sum(unfused.dram_bytes)),
                 unfused_latency_s=float(np.sum(unfused.latency_cycles)) / spec.array.clock_hz)
         else:
-            costs = jax.tree.map(np.asarray,
-                                 _jitted_costs(tuple(layers), df.name)(spec, wb, ab))
-    for field, v in costs._asdict().items():  # a report never holds NaN/inf (issue #11)
+            costs, energy, area = jax.tree.map(
+                np.asarray, _jitted_costs(tuple(layers), df.name)(spec, wb, ab))
+    for field, v in {**costs._asdict(), **energy._asdict()}.items():  # never NaN/inf (#11)
         bad = np.flatnonzero(~np.isfinite(v) | (v < 0))
         if bad.size:
             raise ConfigError(
@@ -357,9 +410,11 @@ def lower(
             name=w.name, op=w.op, kind=w.kind, device=w.device, reason=w.reason, M=w.M, K=w.K,
             N=w.N, macs=w.macs, weight_bits=int(wb[i]) if w.kind == "gemm" else None,
             act_bits=int(ab[i]), costs=c, latency_s=c.latency_cycles / clock, bound=bound,
-            epilogue=w.epilogue))
+            epilogue=w.epilogue, energy=LayerEnergy(*(float(v[i]) for v in energy))))
     batch_size = int(graph.tensors[graph.inputs[0]].shape[0]) if graph.inputs else 1
     act = DEFAULT_BITS if quant is None else int(max(ab, default=DEFAULT_BITS))
     return Schedule(spec.name, df.name, clock, batch_size, tuple(reports),
                     peak_activation_bytes(graph, act), fusion=spec.ops.fusion,
-                    mapping=spec.memory.mapping, **extra)
+                    mapping=spec.memory.mapping, area_mm2=float(area.total_mm2),
+                    area_breakdown_mm2={k.removesuffix("_mm2"): float(v) for k, v in
+                                        area._asdict().items() if k != "total_mm2"}, **extra)

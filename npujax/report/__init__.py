@@ -5,6 +5,7 @@ from npujax.report.files import write_json as write_json
 from npujax.report.files import write_layers_csv as write_layers_csv
 from npujax.report.plots import plot_breakdown as plot_breakdown
 from npujax.report.plots import plot_layer_latency as plot_layer_latency
+from npujax.report.plots import plot_measured_vs_modelled as plot_measured_vs_modelled
 from npujax.report.plots import plot_roofline as plot_roofline
 from npujax.report.sqnr import plot_layer_sqnr as plot_layer_sqnr
 from npujax.report.sqnr import sqnr_markdown as sqnr_markdown
@@ -21,6 +22,7 @@ __all__ = [
     "plot_layer_latency",
     "plot_breakdown",
     "plot_roofline",
+    "plot_measured_vs_modelled",
     "LAYER_COLUMNS",
     "sqnr_table",
     "sqnr_markdown",

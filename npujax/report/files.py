@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from npujax._atomic import atomic_write_text
+from npujax.plan.energy import ENERGY_BREAKDOWN
 from npujax.plan.lower import Schedule
 
 __all__ = ["write_json", "write_layers_csv", "LAYER_COLUMNS"]
@@ -19,7 +20,8 @@ LAYER_COLUMNS = (
     "name", "op", "kind", "device", "M", "K", "N", "macs", "weight_bits", "act_bits",
     "compute_cycles", "fill_drain_cycles", "memory_cycles", "dma_cycles", "stall_cycles",
     "fallback_cycles", "transfer_cycles", "latency_cycles", "latency_s", "bound", "utilization",
-    "mapping_efficiency", "dram_bytes", "folds", "epilogue", "reason",
+    "mapping_efficiency", "dram_bytes", "folds", "energy_j",
+    *(f"energy_{k}_j" for k in ENERGY_BREAKDOWN), "epilogue", "reason",
 )
 
 
@@ -56,7 +58,7 @@ def _rounded(column: str, v: Any) -> Any:
 
 def write_layers_csv(path: str | os.PathLike[str], schedule: Schedule) -> None:
     """One row per layer with :data:`LAYER_COLUMNS` (units in the names: ``_cycles``, ``_s``,
-    ``_bytes``, ``_bits``; ``utilization`` and ``mapping_efficiency`` are fractions), cycles
+    ``_bytes``, ``_bits``, ``_j``; ``utilization`` and ``mapping_efficiency`` are fractions), cycles
     rounded to 0.1 and other figures to 6 significant digits."""
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=LAYER_COLUMNS)

@@ -21,8 +21,8 @@ from npujax._atomic import atomic_write_bytes
 from npujax.plan.costs import BREAKDOWN
 from npujax.plan.lower import Schedule
 
-__all__ = ["plot_layer_latency", "plot_breakdown", "plot_roofline", "new_figure", "save_figure",
-           "MAX_BARS"]
+__all__ = ["plot_layer_latency", "plot_breakdown", "plot_roofline", "plot_measured_vs_modelled",
+           "new_figure", "save_figure", "MAX_BARS"]
 
 Where = str | os.PathLike[str] | None
 
@@ -165,4 +165,42 @@ def plot_roofline(
     ax.set_title(title or f"roofline of {schedule.npu} (red: memory-bound layers)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
+    return save_figure(fig, path)
+
+
+def plot_measured_vs_modelled(
+    path: Where, measured_s: Any, modelled_s: Mapping[str, Any], title: str = "",
+) -> Figure:
+    """Log-log scatter of measured against modelled per-layer latency (µs), one series per entry
+    of ``modelled_s`` (e.g. ``{"before fit": ..., "after fit": ...}``), with the identity line
+    and ±25 % bands, so a reader sees both the scale error and the layers the model ranks wrong.
+
+    Args:
+      path: PNG to write (None: only draw).
+      measured_s: float ``[P]`` measured seconds per layer.
+      modelled_s: ``{label: float [P] modelled seconds}``, each aligned with ``measured_s``.
+      title: the plot title.
+
+    Returns:
+      The figure.
+    """
+    m = np.asarray(measured_s, np.float64) * 1e6
+    fig, ax = new_figure(5.6, 5.0)
+    allv = [m] + [np.asarray(v, np.float64) * 1e6 for v in modelled_s.values()]
+    lo = max(min(float(np.min(v[v > 0])) for v in allv if np.any(v > 0)) / 1.5, 1e-6)
+    hi = max(float(np.max(v)) for v in allv) * 1.5
+    xs = np.geomspace(lo, hi, 50)
+    ax.loglog(xs, xs, "k-", lw=1, label="modelled = measured")
+    ax.fill_between(xs, xs / 1.25, xs * 1.25, color="0.85", label="±25 %")
+    markers = "o^sv"
+    for i, (label, v) in enumerate(modelled_s.items()):
+        ax.loglog(m, np.asarray(v, np.float64) * 1e6, markers[i % 4], ms=4, alpha=0.75,
+                  color=f"C{i}", label=label)
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("measured latency per layer (µs)")
+    ax.set_ylabel("modelled latency per layer (µs)")
+    ax.set_title(title or "measured vs modelled per-layer latency", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
     return save_figure(fig, path)

@@ -30,6 +30,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from npujax.errors import ShapeError
@@ -39,8 +40,10 @@ from npujax.systolic.emulator import _check_operand, check_array_size
 __all__ = ["simulate_gemm"]
 
 
-def _stationary_fold(stat, stream, n_cycles: int):
-    """One stationary fold. stat: [R, C]; stream: [T, R]. Returns (out [T, C], exit [T, C])."""
+def _stationary_fold(stat, stream, n_valid, n_cycles: int):
+    """One stationary fold. stat: [R, C]; stream: [T, R], of which the first ``n_valid`` rows
+    are real (the rest is padding that never enters the array). Returns (out [T, C], exit
+    [T, C])."""
     R, C = stat.shape
     T = stream.shape[0]
     rows = jnp.arange(R)
@@ -53,7 +56,7 @@ def _stationary_fold(stat, stream, n_cycles: int):
         w = jnp.where(filling, jnp.concatenate([new_row[None], w[:-1]], 0), w)
         streaming = jnp.logical_not(filling)
         idx = tau - rows  # skew: row r sees stream element tau - r
-        ok = streaming & (idx >= 0) & (idx < T)
+        ok = streaming & (idx >= 0) & (idx < n_valid)
         left = jnp.where(ok, stream[jnp.clip(idx, 0, T - 1), rows], 0)
         h = jnp.concatenate([left[:, None], h[:, :-1]], 1)
         ht = jnp.concatenate([idx[:, None], ht[:, :-1]], 1)
@@ -81,8 +84,9 @@ def _stationary_fold(stat, stream, n_cycles: int):
     return carry[-2], carry[-1]
 
 
-def _output_stationary_fold(left, top, n_cycles: int):
-    """One OS fold. left: [R, T] (rows of a), top: [T, C]. Returns (out [R, C], exit [R, C])."""
+def _output_stationary_fold(left, top, n_valid, n_cycles: int):
+    """One OS fold. left: [R, T] (rows of a), top: [T, C], of which the first ``n_valid`` steps
+    are real. Returns (out [R, C], exit [R, C])."""
     R, T = left.shape
     C = top.shape[1]
     rows, cols = jnp.arange(R), jnp.arange(C)
@@ -90,7 +94,7 @@ def _output_stationary_fold(left, top, n_cycles: int):
     def step(carry, t):
         a, at, av, b, bt, bv, acc, cnt, ext = carry
         ia, ib = t - rows, t - cols
-        oka, okb = (ia >= 0) & (ia < T), (ib >= 0) & (ib < T)
+        oka, okb = (ia >= 0) & (ia < n_valid), (ib >= 0) & (ib < n_valid)
         a = jnp.concatenate([jnp.where(oka, left[rows, jnp.clip(ia, 0, T - 1)], 0)[:, None],
                              a[:, :-1]], 1)
         at = jnp.concatenate([ia[:, None], at[:, :-1]], 1)
@@ -102,7 +106,7 @@ def _output_stationary_fold(left, top, n_cycles: int):
         mac = av & bv & (at == bt)  # the k-th elements of a row and a column meet
         acc = acc + jnp.where(mac, a * b, 0)
         cnt = cnt + mac.astype(jnp.int32)
-        ext = jnp.where(mac & (cnt == T), t, ext)
+        ext = jnp.where(mac & (cnt == n_valid), t, ext)
         return (a, at, av, b, bt, bv, acc, cnt, ext), None
 
     zi = jnp.zeros((R, C), jnp.int32)
@@ -121,43 +125,45 @@ def _tiles(x, r: int, c: int):
 
 
 @functools.partial(jax.jit, static_argnames=("rows", "cols", "dataflow"))
-def _simulate(a, b, rows: int, cols: int, dataflow: str):
+def _simulate(a, b, extents, rows: int, cols: int, dataflow: str):
+    """Simulate every fold of the zero-padded ``a [M', K']``, ``b [K', N']`` whose real extents
+    are the dynamic ``extents = (M, K, N)``: the streamed operand's padding never enters the
+    array, and folds made only of padding are computed but dropped by the caller, so one
+    compilation serves every shape up to the padded one."""
     df = get_dataflow(dataflow)
     a, b = a.astype(jnp.int32), b.astype(jnp.int32)
-    M, K = a.shape
-    N = b.shape[1]
+    M, K, N = extents[0], extents[1], extents[2]
     if df.layout == ("M", "N", "K"):  # output stationary: a rows on R, b columns on C
-        at_ = _tiles(a, rows, K)[:, 0]          # [FM, R, K]
-        bt_ = _tiles(b, K, cols)[0]             # [FN, K, C]
-        fm, fn = at_.shape[0], bt_.shape[0]
-        n_cycles = 2 * (rows + cols + K) + 4    # generous bound; the measurement decides
-        fold = jax.vmap(jax.vmap(lambda lt, tp: _output_stationary_fold(lt, tp, n_cycles),
+        Kp = a.shape[1]
+        at_ = _tiles(a, rows, Kp)[:, 0]         # [FM, R, K']
+        bt_ = _tiles(b, Kp, cols)[0]            # [FN, K', C]
+        n_cycles = 2 * (rows + cols + Kp) + 4   # generous bound; the measurement decides
+        fold = jax.vmap(jax.vmap(lambda lt, tp: _output_stationary_fold(lt, tp, K, n_cycles),
                                  (None, 0)), (0, None))
         out, ext = fold(at_, bt_)               # [FM, FN, R, C]
-        out = out.transpose(0, 2, 1, 3).reshape(fm * rows, fn * cols)[:M, :N]
+        fm, fn = out.shape[:2]
+        out = out.transpose(0, 2, 1, 3).reshape(fm * rows, fn * cols)
     else:
         # weight stationary: stationary b [K, N], stream a [M, K];
         # input stationary: stationary a^T [K, M], stream b^T [N, K] (output transposed).
-        stat, stream = (b, a) if df.layout[1] == "N" else (a.T, b.T)
+        stat, stream, n_valid = (b, a, M) if df.layout[1] == "N" else (a.T, b.T, N)
         T = stream.shape[0]
         st = _tiles(stat, rows, cols)           # [FK, FX, R, C]
         sq = _tiles(stream, T, rows)[0]         # [FK, T, R]
         n_cycles = 2 * (2 * rows + cols + T) + 4
-        fold = jax.vmap(jax.vmap(lambda s, q: _stationary_fold(s, q, n_cycles), (0, None)),
-                        (0, 0))
+        fold = jax.vmap(jax.vmap(lambda s, q: _stationary_fold(s, q, n_valid, n_cycles),
+                                 (0, None)), (0, 0))
         out, ext = fold(st, sq)                 # [FK, FX, T, C]
         out = jnp.sum(out, axis=0)              # K folds: partial sums added in the buffer
         fx = out.shape[0]
-        out = out.transpose(1, 0, 2).reshape(T, fx * cols)[:, : stat.shape[1]]
+        out = out.transpose(1, 0, 2).reshape(T, fx * cols)
         if df.layout[1] != "N":
             out = out.T
-    ext = ext.reshape(-1, ext.shape[-2] * ext.shape[-1])  # [folds, output slots]
-    fold_len = jnp.max(ext, axis=1) + 1
-    complete = jnp.all(ext >= 0)
-    return out, fold_len, complete, ext
+    return out, ext
 
 
-def simulate_gemm(a, b, rows: int, cols: int, dataflow: str | Dataflow):
+def simulate_gemm(a, b, rows: int, cols: int, dataflow: str | Dataflow, *,
+                  pad_to: tuple[int, int, int] | None = None):
     """Cycle-by-cycle register simulation of ``a @ b`` on a small ``rows x cols`` array.
 
     Args:
@@ -166,6 +172,10 @@ def simulate_gemm(a, b, rows: int, cols: int, dataflow: str | Dataflow):
       rows: array height in PEs (static positive int; meant for small arrays, <= 16).
       cols: array width in PEs (static positive int, <= 16).
       dataflow: dataflow name or :class:`Dataflow`.
+      pad_to: optional ``(M', K', N')`` >= ``(M, K, N)``: the operands are zero-padded to these
+        extents inside the simulation, with the padding masked out (it is never streamed, and
+        folds of padding only are dropped), so the results are those of the unpadded GEMM while
+        one compilation (about 1 s of CPU) serves every GEMM up to that size on this array.
 
     Returns:
       dict: ``out`` int32 ``[M, N]``; ``fold_cycles`` int32 ``[folds]``, the measured length of
@@ -176,7 +186,9 @@ def simulate_gemm(a, b, rows: int, cols: int, dataflow: str | Dataflow):
       partly filled folds included; -1 if it never did).
 
     Raises:
-      ShapeError, ConfigError: as :func:`npujax.systolic.emulate_gemm`.
+      ShapeError: ``a``/``b`` are not ``[M, K]``/``[K, N]`` integers, or ``pad_to`` is smaller
+        than the GEMM.
+      ConfigError: as :func:`npujax.systolic.emulate_gemm`.
     """
     rows, cols = check_array_size(rows, cols)
     df = get_dataflow(dataflow)
@@ -185,7 +197,27 @@ def simulate_gemm(a, b, rows: int, cols: int, dataflow: str | Dataflow):
         raise ShapeError(
             f"simulate_gemm needs a [M, K] and b [K, N]; got a {a.shape}, b {b.shape}."
         )
-    out, fold_len, complete, ext = _simulate(a, b, rows=rows, cols=cols, dataflow=df.name)
-    return {"out": out, "fold_cycles": fold_len, "compute_cycles": jnp.sum(fold_len),
-            "complete": complete, "exit_cycles": ext}
-
+    M, K = a.shape
+    N = b.shape[1]
+    Mp, Kp, Np = (M, K, N) if pad_to is None else (int(v) for v in pad_to)
+    if Mp < M or Kp < K or Np < N:
+        raise ShapeError(f"simulate_gemm: pad_to={tuple(pad_to or ())} is smaller than the GEMM "
+                         f"(M, K, N) = {(M, K, N)}; pass extents at least as large.")
+    # padding and the selection of real folds on the host (numpy): eager jnp ops would compile
+    # once per shape, which is what pad_to exists to avoid
+    a = np.pad(np.asarray(a), ((0, Mp - M), (0, Kp - K)))
+    b = np.pad(np.asarray(b), ((0, Kp - K), (0, Np - N)))
+    out, ext = _simulate(a, b, np.asarray([M, K, N], np.int32), rows=rows, cols=cols,
+                         dataflow=df.name)
+    out, ext = np.asarray(out)[:M, :N], np.asarray(ext)
+    # keep the real folds (and, for the stationary dataflows, the real stream slots)
+    if df.layout == ("M", "N", "K"):
+        ext = ext[: -(-M // rows), : -(-N // cols)]
+    else:
+        n_stat, n_stream = (N, M) if df.layout[1] == "N" else (M, N)
+        ext = ext[: -(-K // rows), : -(-n_stat // cols), :n_stream]
+    ext = ext.reshape(-1, ext.shape[-2] * ext.shape[-1])  # [folds, output slots]
+    fold_len = ext.max(axis=1) + 1
+    return {"out": jnp.asarray(out), "fold_cycles": jnp.asarray(fold_len),
+            "compute_cycles": jnp.asarray(fold_len.sum(), jnp.int32),
+            "complete": jnp.asarray(bool((ext >= 0).all())), "exit_cycles": jnp.asarray(ext)}

@@ -173,6 +173,10 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
                   f"latency {mixed.latency_s * 1e6:.3f} µs vs INT8 "
                   f"{int8.schedule.latency_s * 1e6:.3f} µs "
                   f"({int8.schedule.latency_s / mixed.latency_s:.2f}× faster)")
+    console.print(f"energy per inference: INT8 {int8.schedule.energy_j * 1e6:,.3f} µJ "
+                  f"(EDP {int8.schedule.edp_js:.4g} J·s), mixed {mixed.energy_j * 1e6:,.3f} µJ "
+                  f"(EDP {mixed.edp_js:.4g} J·s); area of {spec.name} "
+                  f"{int8.schedule.area_mm2:,.3f} mm²")
     print_lowering(console, int8, f"INT8 on {spec.name} ({int8.schedule.dataflow})")
     console.print(layer_table(mixed, f"mixed precision on {spec.name} ({mixed.dataflow})"))
 
@@ -190,6 +194,9 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
             "act_bits": 8,
             "accuracy": mp_acc,
             "latency_s": mixed.latency_s,
+            "energy_j": mixed.energy_j,
+            "energy_breakdown_j": mixed.energy_breakdown_j(),
+            "edp_js": mixed.edp_js,
             "budget_s": search.budget_s,
             **({"probabilities": search.details["probabilities"]}
                if "probabilities" in search.details else {}),
@@ -197,6 +204,11 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
         },
         "int8_latency_s": int8.schedule.latency_s,
         "int8_breakdown_s": int8.schedule.breakdown_s(),
+        "int8_energy_j": int8.schedule.energy_j,
+        "int8_energy_breakdown_j": int8.schedule.energy_breakdown_j(),
+        "int8_edp_js": int8.schedule.edp_js,
+        "area_mm2": int8.schedule.area_mm2,
+        "area_breakdown_mm2": int8.schedule.area_breakdown_mm2,
         "peak_activation_bytes": int8.schedule.peak_activation_bytes,
         "dataflow_latency_s": {df: s.latency_s for df, s in int8.by_dataflow.items()},
         "layers": int8.schedule.to_dict()["layers"],

@@ -83,6 +83,7 @@ def write_lowering(out: str | Path, lowering: Lowering, spec: NpuSpec,
     write_json(out / "schedule.json", {
         **s.to_dict(),
         "dataflow_latency_s": {df: x.latency_s for df, x in lowering.by_dataflow.items()},
+        "dataflow_energy_j": {df: x.energy_j for df, x in lowering.by_dataflow.items()},
         **dict(extra or {})})
     write_layers_csv(out / "layers.csv", s)
     plot_layer_latency(out / "layer_latency.png", {s.dataflow: s})

@@ -1,4 +1,5 @@
-"""The CLI as a user runs it: a separate process, exit codes and messages, no tracebacks."""
+"""The CLI as a user runs it: exit codes and messages, no tracebacks (in-process through the
+program's own ``main``; ``test_help`` runs the real program in a separate process)."""
 
 import importlib.resources
 import subprocess
@@ -6,16 +7,17 @@ import sys
 
 import pytest
 
+from tests.helpers import run_cli
+
 GOOD = importlib.resources.files("npujax.presets").joinpath("edge_16x16.toml").read_text()
 
 
-def run(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "npujax.cli", *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=300)
+run = run_cli
 
 
 def test_help():
-    r = run("--help")
+    r = subprocess.run([sys.executable, "-m", "npujax.cli", "--help"], capture_output=True,
+                       text=True, timeout=300)
     assert r.returncode == 0 and "demo" in r.stdout and "lower" in r.stdout
 
 

@@ -1,18 +1,14 @@
-"""`npujax calibrate` and `npujax qat` as a user runs them (separate process, exit codes)."""
+"""`npujax calibrate` and `npujax qat` as a user runs them (exit codes, messages)."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from npujax.errors import ConfigError
 from npujax.workflows.qat_experiment import load_qat_config
+from tests.helpers import run_cli
 
-
-def run(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "npujax.cli", *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=300)
+run = run_cli  # in-process: the program's own main(), without a new interpreter
 
 
 @pytest.mark.parametrize("text,message", [

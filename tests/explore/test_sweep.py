@@ -94,11 +94,19 @@ def test_sweep_equals_lower_per_configuration(graph, edge):
         assert table["compute_cycles"][i] == sum(x.costs.compute_cycles for x in s.layers)
         assert table["latency_cycles"][i] == pytest.approx(s.latency_cycles, rel=1e-12)
         assert table["pes"][i] == rows * 16
+        # energy and area: the same model as lower's report (issue 13, section 3)
+        assert table["energy_j"][i] == pytest.approx(s.energy_j, rel=1e-9)
+        assert table["edp_js"][i] == pytest.approx(s.edp_js, rel=1e-9)
+        assert table["area_mm2"][i] == pytest.approx(s.area_mm2, rel=1e-12)
     # narrower operands move fewer bytes; more bandwidth never slows a configuration down
     assert np.all(table["dram_bytes"][table["bits"] == 4] < table["dram_bytes"][table["bits"] == 8])
     lat = table["latency_s"].reshape(3, 2, 2)
     assert np.all(lat[:, 1] <= lat[:, 0])
     assert set(table["gemm_bound"]) <= {"compute", "memory"}
+    # more rows: more area; narrower operands: less energy
+    area = table["area_mm2"].reshape(3, 2, 2)
+    assert np.all(area[1:] > area[:-1])
+    assert np.all(table["energy_j"][table["bits"] == 4] < table["energy_j"][table["bits"] == 8])
 
 
 def test_run_sweep_writes_chunks_and_resumes(graph, edge, tmp_path):

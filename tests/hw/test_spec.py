@@ -3,7 +3,7 @@ import importlib.resources
 import pytest
 
 from npujax.errors import ConfigError
-from npujax.hw import LAYOUTS, list_presets, load_npu_spec
+from npujax.hw import LAYOUTS, differentiable_spec, list_presets, load_npu_spec, spec_to_toml
 
 GOOD = importlib.resources.files("npujax.presets").joinpath("edge_16x16.toml").read_text()
 
@@ -95,3 +95,23 @@ def test_a_field_with_a_default_may_be_left_out_of_presets():
                                       {"lanes": 16, "ops_per_lane": 4}).ops_per_lane == 4
     with pytest.raises(ConfigError, match="missing required key.*'lanes'"):
         spec_module._build_section("[vector]", Section, {"ops_per_lane": 4})
+
+
+@pytest.mark.parametrize("preset", list_presets())
+def test_every_preset_survives_the_toml_writer(tmp_path, preset):
+    spec = load_npu_spec(preset)
+    path = tmp_path / "p.toml"
+    path.write_text(spec_to_toml(spec, header="line one\nline two"))
+    assert path.read_text().startswith("# line one\n# line two\n")
+    assert load_npu_spec(path) == spec
+
+
+def test_toml_writer_keeps_fitted_floats_exactly_and_refuses_traced_specs(tmp_path):
+    spec = load_npu_spec("edge_16x16").with_fields(
+        {"array.clock_hz": 700039120.321203, "memory.dram_latency_s": 1.234567891234e-7,
+         "array.rows": 23}, name="fitted")
+    path = tmp_path / "fitted.toml"
+    path.write_text(spec_to_toml(spec))
+    assert load_npu_spec(path) == spec
+    with pytest.raises(ConfigError, match="not a number"):
+        spec_to_toml(differentiable_spec(spec))

@@ -2,12 +2,11 @@
 
 import csv
 import json
-import subprocess
-import sys
 
 import pytest
 
 from npujax.quantize.model_file import load_graph
+from tests.helpers import run_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.flax_model]
 
@@ -47,8 +46,8 @@ def check_report(report, out):
 def test_demo_cli_default_meets_targets(tmp_path):
     """The README's main command on the defaults, with the acceptance targets of the issue."""
     out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "npujax.cli", "demo", "--out", str(out),
-                        "--no-progress"], capture_output=True, text=True, timeout=600)
+    r = run_cli("demo", "--out", str(out),
+                "--no-progress")
     assert r.returncode == 0, r.stderr
     assert "latency µs" in r.stdout and "weight_stationary" in r.stdout
     report = json.loads((out / "report.json").read_text())
@@ -62,9 +61,8 @@ def test_demo_cli_default_meets_targets(tmp_path):
         1 + 1e-9)
 
     # `npujax lower` on the saved model reproduces the INT8 latency of the report
-    lo = subprocess.run([sys.executable, "-m", "npujax.cli", "lower", str(out / "model.npz"),
-                         "--out", str(tmp_path / "lowered")], capture_output=True, text=True,
-                        timeout=300)
+    lo = run_cli("lower", str(out / "model.npz"),
+                 "--out", str(tmp_path / "lowered"))
     assert lo.returncode == 0, lo.stderr
     sched = json.loads((tmp_path / "lowered" / "schedule.json").read_text())
     assert sched["latency_s"] == pytest.approx(report["int8_latency_s"], rel=1e-9)

@@ -1,8 +1,6 @@
 """The real ONNX CNNs lowered on every shipped preset, through the API and the CLI."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -10,6 +8,7 @@ from npujax.frontends.onnx import from_onnx
 from npujax.hw import list_presets, load_npu_spec
 from npujax.ir.passes import optimize
 from npujax.plan import lower
+from tests.helpers import run_cli
 from tests.onnx_models import zoo_path
 
 pytestmark = pytest.mark.integration
@@ -44,9 +43,9 @@ def test_cli_lower_onnx_with_sweep(model, tmp_path):
     if name != "ppocr_cls":
         pytest.skip("the resolution sweep is exercised on the small model")
     shape = ",".join(map(str, SHAPES[name]))
-    r = subprocess.run([sys.executable, "-m", "npujax.cli", "lower", str(path), "--input-shape",
-                        f"x={shape}", "--npu", "edge_16x16", "--sweep-resolution", "--out",
-                        str(tmp_path)], capture_output=True, text=True, timeout=600)
+    r = run_cli("lower", str(path), "--input-shape",
+                f"x={shape}", "--npu", "edge_16x16", "--sweep-resolution", "--out",
+                str(tmp_path))
     assert r.returncode == 0, r.stderr
     doc = json.loads((tmp_path / "schedule.json").read_text())
     sweep = doc["resolution_sweep"]
@@ -54,6 +53,5 @@ def test_cli_lower_onnx_with_sweep(model, tmp_path):
     assert sweep["0.5"]["latency_s"] < sweep["1.0"]["latency_s"] < sweep["2.0"]["latency_s"]
     for f in ("layers.csv", "layer_latency.png", "breakdown.png", "roofline.png"):
         assert (tmp_path / f).stat().st_size > 0
-    bad = subprocess.run([sys.executable, "-m", "npujax.cli", "lower", str(path)],
-                         capture_output=True, text=True, timeout=300)
+    bad = run_cli("lower", str(path))
     assert bad.returncode != 0 and "Traceback" not in bad.stderr

@@ -1,7 +1,5 @@
-"""`npujax calibrate` and `npujax qat` end to end (separate processes; slow)."""
+"""`npujax calibrate` and `npujax qat` end to end (the program's main() in-process; slow)."""
 
-import subprocess
-import sys
 
 import jax.numpy as jnp
 import pytest
@@ -11,13 +9,12 @@ from npujax.frontends.flax import trace_flax
 from npujax.ir.passes import optimize
 from npujax.models.cnn import DigitsCNN
 from npujax.quantize.model_file import save_graph
+from tests.helpers import run_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.flax_model]
 
 
-def run(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "npujax.cli", *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=900)
+run = run_cli  # in-process: the program's own main(), without a new interpreter
 
 
 def test_calibrate_writes_model_and_sqnr_report(tmp_path):

@@ -17,6 +17,7 @@ from npujax.quantize.calibrate import calibrate
 from npujax.quantize.model_file import save_graph
 from npujax.quantize.spec import quant_spec
 from npujax.search import SEARCHERS, SearchConfig, load_policy, search_precision
+from tests.helpers import run_cli
 
 pytestmark = pytest.mark.flax_model
 
@@ -127,20 +128,18 @@ def test_cli_search_writes_a_policy(problem, tmp_path):
     g, p, x, y, qs = problem
     with jax.numpy_dtype_promotion("standard"):
         save_graph(tmp_path / "m.npz", g, p, qs)
-    r = subprocess.run([sys.executable, "-m", "npujax.cli", "search", str(tmp_path / "m.npz"),
-                        "--npu", "bitfusion_16x16", "--method", "greedy", "--budget-ratio", "0.95",
-                        "--act-candidates", "4,8", "--sensitivity-samples", "2",
-                        "--out", str(tmp_path / "pol.json")],
-                       capture_output=True, text=True, timeout=600)
+    r = run_cli("search", str(tmp_path / "m.npz"),
+                "--npu", "bitfusion_16x16", "--method", "greedy", "--budget-ratio", "0.95",
+                "--act-candidates", "4,8", "--sensitivity-samples", "2",
+                "--out", str(tmp_path / "pol.json"))
     assert r.returncode == 0, r.stderr
     pol = load_policy(tmp_path / "pol.json")
     assert pol.meta["method"] == "greedy" and pol.meta["npu"] == "bitfusion_16x16"
     assert json.loads((tmp_path / "pol.json").read_text())["format"].startswith("npujax")
-    qat = subprocess.run([sys.executable, "-m", "npujax.cli", "qat", "--policy",
-                          str(tmp_path / "pol.json"), "--model", str(tmp_path / "m.npz"),
-                          "--npu", "bitfusion_16x16", "--steps", "5", "--no-progress",
-                          "--out", str(tmp_path / "q")], capture_output=True, text=True,
-                         timeout=600)
+    qat = run_cli("qat", "--policy",
+                  str(tmp_path / "pol.json"), "--model", str(tmp_path / "m.npz"),
+                  "--npu", "bitfusion_16x16", "--steps", "5", "--no-progress",
+                  "--out", str(tmp_path / "q"))
     assert qat.returncode == 0, qat.stderr
     assert "test accuracy" in qat.stdout and "faster than INT8" in qat.stdout
     assert (tmp_path / "q" / "model.npz").stat().st_size > 0

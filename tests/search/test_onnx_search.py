@@ -3,9 +3,6 @@ per example, and the CLI's ``search``/``qat --policy`` on an .onnx file."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -30,6 +27,7 @@ from npujax.search import (
     search_precision,
 )
 from npujax.search.objective import TaskLoss, fisher_targets, search_targets, task_loss
+from tests.helpers import run_cli
 from tests.onnx_models import ort_run
 
 H = W = 32
@@ -194,31 +192,26 @@ def test_search_on_a_dense_output_model():
 def test_cli_search_and_qat_on_an_onnx_model(tmp_path):
     path = tmp_path / "cls.onnx"
     onnx.save(_classifier(), path)
-    cli = [sys.executable, "-m", "npujax.cli"]
-    r = subprocess.run([*cli, "search", str(path), "--input-shape", f"x=1,3,{H},{W}",
-                        "--data", "photos", "--examples", "40", "--npu", "bitserial_16x16",
-                        "--method", "greedy", "--budget-ratio", "0.85", "--act-candidates", "4,8",
-                        "--sensitivity-samples", "2", "--sensitivity-batch", "16",
-                        "--out", str(tmp_path / "pol.json")],
-                       capture_output=True, text=True, timeout=600)
+    r = run_cli("search", str(path), "--input-shape", f"x=1,3,{H},{W}",
+                "--data", "photos", "--examples", "40", "--npu", "bitserial_16x16",
+                "--method", "greedy", "--budget-ratio", "0.85", "--act-candidates", "4,8",
+                "--sensitivity-samples", "2", "--sensitivity-batch", "16",
+                "--out", str(tmp_path / "pol.json"))
     assert r.returncode == 0, r.stderr
     assert "targets from the float model (distillation)" in r.stdout
     pol = load_policy(tmp_path / "pol.json")
     assert pol.meta["speedup_vs_int8"] >= 1 / 0.85 * (1 - 1e-6)
-    q = subprocess.run([*cli, "qat", "--policy", str(tmp_path / "pol.json"), "--model", str(path),
-                        "--input-shape", f"x=1,3,{H},{W}", "--data", "photos", "--examples", "40",
-                        "--npu", "bitserial_16x16", "--steps", "3", "--no-progress"],
-                       capture_output=True, text=True, timeout=600)
+    q = run_cli("qat", "--policy", str(tmp_path / "pol.json"), "--model", str(path),
+                "--input-shape", f"x=1,3,{H},{W}", "--data", "photos", "--examples", "40",
+                "--npu", "bitserial_16x16", "--steps", "3", "--no-progress")
     assert q.returncode == 0, q.stderr
     assert "top-1 agreement with the float model" in q.stdout
     # an ONNX model without data, or data of the wrong size: clear errors, exit code 2 / 7
-    no_data = subprocess.run([*cli, "search", str(path), "--input-shape", f"x=1,3,{H},{W}"],
-                             capture_output=True, text=True, timeout=300)
+    no_data = run_cli("search", str(path), "--input-shape", f"x=1,3,{H},{W}")
     assert no_data.returncode == 2 and "needs calibration data" in no_data.stderr
     np.save(tmp_path / "bad.npy", np.zeros((4, 3, 8, 8), np.float32))
-    bad = subprocess.run([*cli, "search", str(path), "--input-shape", f"x=1,3,{H},{W}",
-                          "--data", str(tmp_path / "bad.npy")],
-                         capture_output=True, text=True, timeout=300)
+    bad = run_cli("search", str(path), "--input-shape", f"x=1,3,{H},{W}",
+                  "--data", str(tmp_path / "bad.npy"))
     assert bad.returncode == 7 and "model takes (3, 32, 32)" in bad.stderr
 
 

@@ -1,0 +1,119 @@
+"""``npujax fit``: fit a hardware preset to a measured per-layer profile."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from npujax.cli._common import add_progress_arg, console, epilog, output_dir, positive_int
+from npujax.errors import ConfigError
+
+_log = logging.getLogger("npujax.fit")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    from npujax.plan.fit import FITTABLE
+
+    fp = sub.add_parser(
+        "fit", help="fit a preset's numbers to a measured per-layer profile",
+        description="Fit the chosen numeric fields of a hardware preset (and, if allowed, an "
+                    "efficiency factor per op class and a fixed per-layer overhead) to a "
+                    "measured per-layer latency profile, by gradient descent (Adam) on the "
+                    "log-latency error through the differentiable cost model, each value kept in "
+                    "its physical range. PROFILE is a 'layer,latency_s' CSV (layer names as "
+                    "'npujax lower' prints them, or ONNX node names: the nodes of one layer are "
+                    "summed) or an onnxruntime profiling JSON. Writes the fitted preset "
+                    "(fitted.toml, accepted by every --npu), fit.json, fit_layers.csv and the "
+                    "scatter plot fit.png to --out. See docs/fit.md.",
+        epilog=epilog(
+            "npujax fit profile.csv --model zoo:ppocr_cls --input-shape x=1,3,48,192 --npu "
+            "edge_16x16 --params clock_hz,dram_bytes_per_s --out fitted/",
+            "npujax fit onnxruntime_profile.json --model det.onnx --input-shape x=1,3,640,640 "
+            "--npu cpu_preset.toml --params clock_hz,dram_bytes_per_s,lanes --efficiency "
+            "--overhead --out cpu_fit/",
+            "npujax lower zoo:ppocr_cls --input-shape x=1,3,48,192 --npu fitted/fitted.toml"),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    fp.add_argument("profile", help="measured profile: a 'layer,latency_s' CSV or an "
+                    "onnxruntime profiling JSON")
+    fp.add_argument("--model", required=True,
+                    help="the profiled model: an .onnx file, zoo:NAME, or a model.npz")
+    fp.add_argument("--input-shape", action="append", metavar="NAME=1,3,224,224",
+                    help="static shape of an ONNX input (repeat for several inputs)")
+    fp.add_argument("--npu", default="edge_16x16",
+                    help="starting preset, name or TOML path (default: edge_16x16)")
+    fp.add_argument("--params", required=True,
+                    help="comma-separated fields to fit: "
+                    + ", ".join(f.split(".")[1] for f in FITTABLE))
+    fp.add_argument("--bound", action="append", metavar="FIELD=LO:HI",
+                    help="narrow a field's fit range (default: its physical range)")
+    fp.add_argument("--efficiency", action="store_true",
+                    help="also fit an efficiency factor per op class (conv, depthwise, matmul, "
+                    "vector, layout, cpu); reported in fit.json, not in the preset")
+    fp.add_argument("--overhead", action="store_true",
+                    help="also fit a fixed per-layer overhead (s); reported in fit.json")
+    fp.add_argument("--bits", type=positive_int, default=8,
+                    help="width of every layer's weights and activations (default 8; 32 for "
+                    "an fp32 runtime such as onnxruntime on a CPU)")
+    fp.add_argument("--steps", type=positive_int, default=400,
+                    help="Adam steps (default 400)")
+    fp.add_argument("--learning-rate", type=float, default=0.1,
+                    help="peak Adam learning rate on the bounded parameters (default 0.1)")
+    fp.add_argument("--skip-unmatched", action="store_true",
+                    help="skip (and list) profile names that match no layer instead of failing")
+    fp.add_argument("--name", help="name of the fitted preset (default: <npu>_fitted)")
+    fp.add_argument("--out", required=True, help="folder for fitted.toml and the report")
+    add_progress_arg(fp)
+    fp.set_defaults(fn=run)
+
+
+def _bounds(specs: list[str] | None) -> dict[str, tuple[float, float]]:
+    from npujax.plan.fit import resolve_fields
+
+    out: dict[str, tuple[float, float]] = {}
+    for s in specs or []:
+        name, sep, rng = s.partition("=")
+        lo, sep2, hi = rng.partition(":")
+        try:
+            if not (sep and sep2):
+                raise ValueError
+            out[resolve_fields([name])[0]] = (float(lo), float(hi))
+        except ValueError:
+            raise ConfigError(f"--bound {s!r}: write FIELD=LO:HI, e.g. clock_hz=1e8:5e9.") \
+                from None
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from npujax._atomic import staged_dir
+    from npujax._progress import progress_bar
+    from npujax.frontends.onnx import parse_input_shapes
+    from npujax.workflows.fit import fit_profile, print_fit, write_fit
+
+    if not args.learning_rate > 0:
+        raise ConfigError(f"--learning-rate must be > 0, got {args.learning_rate}.")
+    from npujax.plan.fit import resolve_fields
+
+    fields = resolve_fields([f for f in args.params.split(",") if f.strip()])  # fail fast
+    bounds = _bounds(args.bound)
+    out = output_dir(args.out)
+    assert out is not None
+    shapes = parse_input_shapes(args.input_shape or [])
+    every = max(1, args.steps // 8)
+    with progress_bar(not args.no_progress, "fit", args.steps) as advance:
+        def progress(step: int, loss: float) -> None:
+            advance(loss)
+            if step % every == 0 or step == args.steps:
+                _log.info("fit: step %d/%d, loss (mean squared log error) %.6g", step,
+                          args.steps, loss)
+
+        result = fit_profile(args.profile, args.model, args.npu, fields, input_shapes=shapes,
+                             efficiency=args.efficiency, overhead=args.overhead, bounds=bounds,
+                             steps=args.steps, learning_rate=args.learning_rate,
+                             on_unmatched="skip" if args.skip_unmatched else "error",
+                             progress=progress, name=args.name, bits=args.bits)
+    con = console()
+    print_fit(con, result)
+    with staged_dir(out) as stage:
+        names = write_fit(stage, result)
+    con.print(f"wrote {', '.join(str(out / n) for n in names)}")
+    return 0

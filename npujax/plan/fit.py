@@ -1,0 +1,407 @@
+"""Fit a hardware preset to a measured per-layer profile by gradient descent.
+
+The cost model is differentiable in its relaxed mode (``layer_costs(..., relaxed=True)``,
+``npujax/_relax.py``: exact forward values, straight-through and smooth-maximum gradients), so the
+preset's numbers can be fitted to what a device measures, as one fits any model's parameters:
+
+* **Parameters.** The chosen numeric :class:`~npujax.hw.NpuSpec` fields (:data:`FITTABLE`), and
+  where the user allows them, an *efficiency factor* per op class (:func:`op_class`: the
+  modelled latency of the class is divided by it, so it absorbs what the analytical model gets
+  wrong for a whole kind of layer) and a fixed *per-layer overhead* in seconds (kernel launch,
+  dispatch). Each is kept inside its physical range ``[lo, hi]`` (the range preset validation
+  enforces, :mod:`npujax.hw.spec`; fields that may be 0 use ``hi x 1e-9`` as ``lo``) by a
+  bounded reparametrisation in log space: ``value = exp(log lo + sigmoid(u) (log hi - log lo))``
+  with ``u`` unbounded, so every step of the optimiser stays physical.
+* **Loss.** The mean squared error of log latencies over the measured layers,
+  ``mean((log model_i - log measured_i)^2)`` (relative errors, so a 10 us layer counts as much
+  as a 10 ms one), plus ``regularization x mean(log efficiency^2)``: the factors and the
+  hardware's overall speed are otherwise interchangeable, and the small penalty puts the shared
+  part into the hardware fields.
+* **Optimiser.** Adam (optax, Kingma and Ba, arXiv:1412.6980) on ``u`` with a cosine-decayed
+  learning rate, the whole run one jitted ``lax.scan`` per chunk of steps.
+* **Identifiability.** At the optimum, ``J = d log model / d log value`` (``[layers, params]``,
+  forward-mode through the relaxed model) gives the Gauss-Newton covariance ``s^2 (J^T J +
+  eps)^-1`` of the log parameters, ``s`` the RMS log residual (at least 1 %). A parameter whose
+  relative standard error exceeds :data:`IDENTIFIABLE_REL_ERR` is reported as *not
+  identifiable* by this profile: e.g. on a model whose layers are all compute-bound, ``clock_hz``
+  and ``rows`` x ``cols`` scale the same latencies, and only their product is determined.
+
+Integer fields (rows, cols, cores, lanes, SRAM bytes) are fitted as reals and rounded when the
+preset is written; :func:`fit_spec` reports the exact model of the rounded preset as the fit's
+result, so the numbers it reports are what ``npujax lower`` gives with the written file.
+
+References: fitting simulator parameters to measurements by gradient, DiffTune (Renda et al.,
+MICRO 2020, arXiv:1912.00103), which needed a learned surrogate; here the analytical model is
+differentiated itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from npujax.errors import ConfigError
+from npujax.hw.spec import NpuSpec, differentiable_spec
+from npujax.plan.costs import layer_costs
+from npujax.plan.workload import Workload
+
+__all__ = ["FITTABLE", "OP_CLASSES", "IDENTIFIABLE_REL_ERR", "FitResult", "op_class",
+           "resolve_fields", "fit_spec", "predict_latency_s", "field_range", "fit_metrics"]
+
+#: The spec fields :func:`fit_spec` may fit (``section.key``; numeric leaves the cost model
+#: reads and that change latency smoothly). Layout, operator and width fields change the
+#: workloads or the arithmetic itself and are not fitted.
+FITTABLE = (
+    "array.rows", "array.cols", "array.clock_hz", "array.cores",
+    "memory.ifmap_sram_bytes", "memory.filter_sram_bytes", "memory.ofmap_sram_bytes",
+    "memory.dram_bytes_per_s", "memory.dram_latency_s",
+    "vector.lanes", "vector.special_cycles_per_elem",
+    "host.cpu_ops_per_s", "host.link_bytes_per_s", "host.link_latency_s",
+)
+
+#: Op classes of the efficiency factors (:func:`op_class`).
+OP_CLASSES = ("conv", "depthwise", "matmul", "vector", "layout", "cpu")
+
+#: A parameter whose relative standard error (1 sigma) exceeds this is not identifiable.
+IDENTIFIABLE_REL_ERR = 0.1
+
+#: Range of an efficiency factor (dimensionless) and of the per-layer overhead (s).
+EFFICIENCY_RANGE = (1e-3, 1e3)
+OVERHEAD_RANGE = (1e-9, 1e-2)
+
+
+def op_class(w: Workload) -> str:
+    """The efficiency class of a layer: ``cpu`` (host fallback), ``layout`` (layout
+    transforms), ``vector`` (vector unit), ``depthwise`` (grouped convolutions), ``conv`` (Conv and
+    ConvTranspose) or ``matmul`` (other GEMMs: Gemm, MatMul, Einsum)."""
+    if w.device == "cpu":
+        return "cpu"
+    if w.kind == "layout":
+        return "layout"
+    if w.kind != "gemm":
+        return "vector"
+    if w.groups > 1:
+        return "depthwise"
+    return "conv" if w.op in ("Conv", "ConvTranspose") else "matmul"
+
+
+def resolve_fields(names: Sequence[str]) -> tuple[str, ...]:
+    """Full ``section.key`` names of fittable fields given as ``key`` or ``section.key``.
+
+    Raises:
+      ConfigError: an unknown, ambiguous, not fittable or repeated name, or none.
+    """
+    short: dict[str, list[str]] = {}
+    for f in FITTABLE:
+        short.setdefault(f.split(".")[1], []).append(f)
+    out: list[str] = []
+    for raw in names:
+        n = raw.strip()
+        full = n if n in FITTABLE else (short[n][0] if len(short.get(n, [])) == 1 else None)
+        if full is None:
+            raise ConfigError(f"cannot fit {raw!r}; fittable fields are "
+                              f"{', '.join(f.split('.')[1] for f in FITTABLE)} (or section.key).")
+        if full in out:
+            raise ConfigError(f"field {full!r} is given twice.")
+        out.append(full)
+    if not out:
+        raise ConfigError("give at least one field to fit, e.g. clock_hz,dram_bytes_per_s.")
+    return tuple(out)
+
+
+def _get(spec: NpuSpec, field: str) -> Any:
+    section, key = field.split(".")
+    return getattr(getattr(spec, section), key)
+
+
+def _set(spec: NpuSpec, values: Mapping[str, Any]) -> NpuSpec:
+    """``spec`` with fields replaced without validation (traced values inside the fit)."""
+    by_section: dict[str, dict[str, Any]] = {}
+    for f, v in values.items():
+        s, k = f.split(".")
+        by_section.setdefault(s, {})[k] = v
+    return dataclasses.replace(spec, **{s: dataclasses.replace(getattr(spec, s), **kv)
+                                        for s, kv in by_section.items()})
+
+
+def field_range(spec: NpuSpec, field: str) -> tuple[float, float]:
+    """The physical range ``(lo, hi)`` of a fittable field as preset validation enforces it
+    (:mod:`npujax.hw.spec`); a field that may be 0 gets ``lo = hi x 1e-9`` (log scale)."""
+    section, key = field.split(".")
+    meta = {f.name: f.metadata for f in dataclasses.fields(getattr(spec, section))}[key]
+    lo, hi = float(meta["lo"]), float(meta["hi"])
+    return (lo if lo > 0 else hi * 1e-9), hi
+
+
+def _to_value(u: jax.Array, lo: Any, hi: Any) -> jax.Array:
+    return jnp.exp(jnp.log(lo) + jax.nn.sigmoid(u) * (jnp.log(hi) - jnp.log(lo)))
+
+
+def _to_u(value: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    s = (np.log(value) - np.log(lo)) / (np.log(hi) - np.log(lo))
+    s = np.clip(s, 1e-6, 1 - 1e-6)
+    return np.log(s) - np.log1p(-s)
+
+
+def predict_latency_s(layers: Sequence[Workload], spec: NpuSpec,
+                      efficiency: Mapping[str, float] | None = None,
+                      overhead_s: float = 0.0, bits: int = 8) -> np.ndarray:
+    """float64 ``[L]`` modelled seconds per layer (exact mode, weights and activations at
+    ``bits``), with the fit's efficiency factors (``{class: factor}``, missing classes 1) and
+    per-layer overhead (s)."""
+    with jax.enable_x64(True):
+        wb = np.full(len(layers), float(bits), np.float32)
+        c = _exact_costs(tuple(layers))(spec, wb, wb)
+        lat = np.asarray(c.latency_cycles, np.float64) / spec.array.clock_hz
+    eff = np.asarray([(efficiency or {}).get(op_class(w), 1.0) for w in layers])
+    return lat / eff + overhead_s
+
+
+@functools.lru_cache(maxsize=32)
+def _exact_costs(layers: tuple[Workload, ...]) -> Callable[..., Any]:
+    return jax.jit(lambda spec, w, a: layer_costs(layers, spec, w, a))
+
+
+@dataclasses.dataclass(frozen=True)
+class FitResult:
+    """The outcome of :func:`fit_spec`.
+
+    Attributes:
+      spec: the fitted preset (integer fields rounded, validated as a preset file is).
+      fields: the fitted ``section.key`` fields.
+      bits: the width every layer was costed at.
+      initial, fitted: ``{field: value}`` before and after (``fitted`` as in ``spec``).
+      efficiency: ``{op class: factor}`` (empty unless allowed).
+      overhead_s: the fitted per-layer overhead in seconds (0 unless allowed).
+      rel_std_err: ``{parameter: relative standard error}`` of every fitted parameter
+        (fields, ``efficiency.<class>``, ``overhead_s``) at the optimum.
+      identifiable: ``{parameter: bool}``: ``rel_std_err <= IDENTIFIABLE_REL_ERR``.
+      loss: float ``[steps]``, the loss at each step.
+      layer_index: int ``[P]``, the fitted layers (into the workloads).
+      measured_s, before_s, after_s: float64 ``[P]``: measured, modelled with the initial
+        spec, modelled with ``spec`` (and the factors), exact mode.
+    """
+
+    spec: NpuSpec
+    fields: tuple[str, ...]
+    bits: int
+    initial: dict[str, float]
+    fitted: dict[str, float]
+    efficiency: dict[str, float]
+    overhead_s: float
+    rel_std_err: dict[str, float]
+    identifiable: dict[str, bool]
+    loss: np.ndarray
+    layer_index: np.ndarray
+    measured_s: np.ndarray
+    before_s: np.ndarray
+    after_s: np.ndarray
+
+
+def fit_metrics(measured_s: np.ndarray, modelled_s: np.ndarray) -> dict[str, float]:
+    """``mape`` (mean absolute percentage error, %), ``spearman`` (rank correlation, scipy's
+    ``spearmanr``), ``rms_log_err`` and ``total_err_pct`` (error of the summed latency, %)."""
+    from scipy.stats import spearmanr
+
+    m, p = np.asarray(measured_s, np.float64), np.asarray(modelled_s, np.float64)
+    rho = float(spearmanr(m, p).statistic) if len(m) > 1 else float("nan")
+    return {"mape": float(np.mean(np.abs(p - m) / m) * 100.0),
+            "spearman": rho if math.isfinite(rho) else 0.0,
+            "rms_log_err": float(np.sqrt(np.mean(np.log(p / m) ** 2))),
+            "total_err_pct": float((p.sum() / m.sum() - 1.0) * 100.0)}
+
+
+def fit_spec(
+    layers: Sequence[Workload],
+    spec: NpuSpec,
+    layer_index: np.ndarray,
+    measured_s: np.ndarray,
+    fields: Sequence[str],
+    *,
+    efficiency: bool = False,
+    overhead: bool = False,
+    bounds: Mapping[str, tuple[float, float]] | None = None,
+    steps: int = 400,
+    learning_rate: float = 0.1,
+    regularization: float = 1e-3,
+    temperature: float = 0.05,
+    chunk: int = 50,
+    progress: Callable[[int, float], None] | None = None,
+    name: str | None = None,
+    bits: int = 8,
+) -> FitResult:
+    """Fit ``fields`` of ``spec`` (and optional efficiency factors and overhead) to
+    ``measured_s`` by Adam on the log-latency error through the relaxed cost model.
+
+    Args:
+      layers: the model's workloads on ``spec`` (:func:`npujax.plan.workloads`); every layer
+        is costed with weights and activations at ``bits``.
+      spec: the starting preset; fields not fitted keep their values.
+      layer_index: int ``[P]``, the measured layers (indices into ``layers``).
+      measured_s: float ``[P]`` measured seconds of those layers (> 0).
+      fields: fields to fit, ``key`` or ``section.key`` of :data:`FITTABLE`.
+      efficiency: also fit one factor per :func:`op_class` present among the measured layers.
+      overhead: also fit one fixed per-layer overhead (seconds, every measured layer).
+      bounds: ``{field: (lo, hi)}`` narrowing a field's physical range.
+      steps: Adam steps (>= 1).
+      learning_rate: peak Adam step size on the unbounded parameters (> 0).
+      regularization: weight of ``mean(log efficiency^2)`` (>= 0).
+      temperature: relaxation temperature of the cost model (``npujax._relax.relaxed``).
+      chunk: steps per jitted ``lax.scan`` between progress reports.
+      progress: called ``progress(step, loss)`` after every step (e.g. a progress bar).
+      name: the fitted preset's name (default ``<spec>_fitted``).
+      bits: width of every layer's weights and activations (default 8; 32 for an fp32
+        runtime such as onnxruntime on a CPU, with ``array.operand_bits = 32``).
+
+    Returns:
+      A :class:`FitResult`.
+
+    Raises:
+      ConfigError: bad fields or bounds, mismatched or non-positive measurements, bad options,
+        a preset with ``layer`` fusion (its cross-layer schedule is not differentiable), or a
+        fitted value the preset cannot hold.
+    """
+    full = resolve_fields(fields)
+    if spec.ops.fusion == "layer":
+        raise ConfigError(f"{spec.name} uses 'layer' fusion, whose cross-layer schedule the fit "
+                          "cannot differentiate; fit a copy with ops.fusion = 'residual'.")
+    idx = np.asarray(layer_index, np.int64)
+    meas = np.asarray(measured_s, np.float64)
+    if idx.ndim != 1 or idx.shape != meas.shape or idx.size == 0:
+        raise ConfigError(f"layer_index {idx.shape} and measured_s {meas.shape} must be equal, "
+                          "non-empty 1-D arrays.")
+    if np.any(idx < 0) or np.any(idx >= len(layers)):
+        raise ConfigError(f"layer_index must index the {len(layers)} layers.")
+    if not np.all(np.isfinite(meas) & (meas > 0)):
+        raise ConfigError("measured latencies must be finite and > 0 seconds; drop layers "
+                          "measured as 0 (below the profiler's resolution).")
+    if steps < 1 or chunk < 1 or not learning_rate > 0 or regularization < 0:
+        raise ConfigError("steps and chunk must be >= 1, learning_rate > 0, regularization >= 0.")
+    if not 1 <= bits <= 64:
+        raise ConfigError(f"bits must be a width in [1, 64], got {bits}.")
+    lo, hi = [], []
+    for f in full:
+        flo, fhi = field_range(spec, f)
+        if bounds and f in bounds:
+            blo, bhi = (float(x) for x in bounds[f])
+            if not flo <= blo < bhi <= fhi:
+                raise ConfigError(f"bounds of {f} must satisfy {flo:g} <= lo < hi <= {fhi:g}, "
+                                  f"got ({blo:g}, {bhi:g}).")
+            flo, fhi = blo, bhi
+        v0 = float(_get(spec, f))
+        if not flo <= v0 <= fhi:
+            raise ConfigError(f"the starting value {f} = {v0:g} is outside its fit range "
+                              f"[{flo:g}, {fhi:g}]; widen the bounds.")
+        lo.append(flo)
+        hi.append(fhi)
+    unknown = set(bounds or {}) - set(full)
+    if unknown:
+        raise ConfigError(f"bounds given for fields not fitted: {sorted(unknown)}.")
+    classes = [op_class(layers[i]) for i in idx]
+    eff_names = sorted(set(classes)) if efficiency else []
+    cls_index = np.asarray([eff_names.index(c) if efficiency else 0 for c in classes], np.int64)
+    labels = list(full) + [f"efficiency.{c}" for c in eff_names] + (["overhead_s"]
+                                                                      if overhead else [])
+    lo += [EFFICIENCY_RANGE[0]] * len(eff_names) + ([OVERHEAD_RANGE[0]] if overhead else [])
+    hi += [EFFICIENCY_RANGE[1]] * len(eff_names) + ([OVERHEAD_RANGE[1]] if overhead else [])
+    init = ([float(_get(spec, f)) for f in full] + [1.0] * len(eff_names)
+            + ([1e-6] if overhead else []))
+    lo_a, hi_a = np.asarray(lo), np.asarray(hi)
+    u0 = _to_u(np.asarray(init), lo_a, hi_a)
+    nf, ne = len(full), len(eff_names)
+    wb = jnp.full(len(layers), float(bits), jnp.float32)
+    tl = tuple(layers)
+
+    with jax.enable_x64(True):
+        base = differentiable_spec(spec, jnp.float64)
+        log_meas = jnp.log(jnp.asarray(meas))
+
+        def model_log_s(values: jax.Array) -> jax.Array:
+            s = _set(base, {f: values[i] for i, f in enumerate(full)})
+            c = layer_costs(tl, s, wb, wb, relaxed=True, temperature=temperature)
+            lat = c.latency_cycles[idx] / s.array.clock_hz
+            if ne:
+                lat = lat / values[nf:nf + ne][cls_index]
+            if overhead:
+                lat = lat + values[-1]
+            return jnp.log(jnp.maximum(lat, 1e-30))
+
+        def loss_fn(u: jax.Array) -> jax.Array:
+            v = _to_value(u, lo_a, hi_a)
+            err = jnp.mean((model_log_s(v) - log_meas) ** 2)
+            if ne:
+                err = err + regularization * jnp.mean(jnp.log(v[nf:nf + ne]) ** 2)
+            return err
+
+        import optax
+
+        schedule = optax.cosine_decay_schedule(learning_rate, steps, alpha=0.01)
+        opt = optax.adam(schedule)
+
+        @functools.partial(jax.jit, static_argnames="n")
+        def run(u, state, n):
+            def step(carry, _):
+                u, state = carry
+                loss, g = jax.value_and_grad(loss_fn)(u)
+                g = jnp.where(jnp.isfinite(g), g, 0.0)
+                upd, state = opt.update(g, state, u)
+                return (optax.apply_updates(u, upd), state), loss
+            (u, state), losses = jax.lax.scan(step, (u, state), None, length=n)
+            return u, state, losses
+
+        u = jnp.asarray(u0)
+        state = opt.init(u)
+        history: list[np.ndarray] = []
+        done = 0
+        while done < steps:
+            n = min(chunk, steps - done)
+            with jax.numpy_dtype_promotion("standard"):  # optax's schedules mix int and float
+                u, state, losses = run(u, state, n)
+            losses = np.asarray(losses)
+            history.append(losses)
+            if progress is not None:
+                for k, loss in enumerate(losses):
+                    progress(done + k + 1, float(loss))
+            done += n
+        values = np.asarray(_to_value(u, lo_a, hi_a))
+        # identifiability: Gauss-Newton covariance of the log parameters at the optimum
+        jac, resid = jax.jit(lambda lv: (jax.jacfwd(lambda x: model_log_s(jnp.exp(x)))(lv),
+                                         model_log_s(jnp.exp(lv)) - log_meas))(
+            jnp.log(jnp.asarray(values)))
+        jac, resid = np.asarray(jac), np.asarray(resid)
+    sigma = max(float(np.sqrt(np.mean(resid ** 2))), 0.01)
+    jtj = jac.T @ jac
+    eps = 1e-9 * max(float(np.trace(jtj)), 1e-12)
+    cov = sigma ** 2 * np.linalg.inv(jtj + eps * np.eye(len(labels)))
+    rel = np.sqrt(np.maximum(np.diag(cov), 0.0))
+    rel_err = {k: float(r) for k, r in zip(labels, rel)}
+
+    fitted_raw = {f: float(values[i]) for i, f in enumerate(full)}
+    fitted = {}
+    for f, v in fitted_raw.items():
+        fitted[f] = float(max(1, round(v))) if isinstance(_get(spec, f), int) else v
+    changes = {f: (int(v) if isinstance(_get(spec, f), int) else v) for f, v in fitted.items()}
+    try:
+        fitted_spec = spec.with_fields(changes, name=name or f"{spec.name}_fitted")
+    except ConfigError as e:
+        raise ConfigError(f"the fitted values cannot form a preset: {e}") from None
+    fitted_spec = dataclasses.replace(
+        fitted_spec, description=f"{spec.name} with {', '.join(full)} fitted to a measured "
+                                 f"profile (npujax fit). {spec.description}".strip())
+    eff = {c: float(values[nf + k]) for k, c in enumerate(eff_names)}
+    ovh = float(values[-1]) if overhead else 0.0
+    before = predict_latency_s(layers, spec, bits=bits)[idx]
+    after = predict_latency_s(layers, fitted_spec, eff, ovh, bits)[idx]
+    return FitResult(
+        spec=fitted_spec, fields=full, bits=bits, initial={f: float(_get(spec, f)) for f in full},
+        fitted=fitted, efficiency=eff, overhead_s=ovh, rel_std_err=rel_err,
+        identifiable={k: bool(r <= IDENTIFIABLE_REL_ERR) for k, r in rel_err.items()},
+        loss=np.concatenate(history), layer_index=idx, measured_s=meas, before_s=before,
+        after_s=after)
