@@ -14,8 +14,9 @@ register (written at ``register_pj_per_byte`` per byte, read for free, as npujax
 the preset's three SRAM buffers at :func:`npujax.hw.sram_pj_per_byte` of their capacities, and
 DRAM at ``dram_pj_per_byte`` with the preset's bandwidth per cycle. The spatial mapping is the
 preset's dataflow (output stationary: output pixels on the rows, output channels on the
-columns); ZigZag chooses the loop order (``opt="energy"``), npujax keeps its fixed SCALE-Sim
-order. Each layer is one single-operator ONNX model lowered by :func:`npujax.lower` (its Conv or
+columns); ZigZag chooses the loop order (``opt="energy"``), npujax its default DRAM-level
+mapping (``best``, :mod:`npujax.systolic.mapping`). Each layer is one single-operator ONNX
+model lowered by :func:`npujax.lower` (its Conv or
 MatMul row; layout transforms left out) and described to ZigZag with the same loop bounds and
 8-bit operands, 32-bit partial sums and 8-bit outputs.
 

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from npujax.models.transformer import DECODER_CONFIGS
-    from npujax.systolic import DATAFLOWS
+    from npujax.systolic import DATAFLOWS, MAPPINGS
 
     lo = sub.add_parser(
         "lower", help="per-layer NPU latency of an ONNX or saved model",
@@ -89,6 +89,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     help="preset name or TOML path (default: edge_16x16)")
     lo.add_argument("--dataflow", help="override the preset's dataflow "
                     f"({', '.join(DATAFLOWS)})")
+    lo.add_argument("--mapping", choices=MAPPINGS,
+                    help="override the preset's memory.mapping: 'best' (per layer the DRAM-level "
+                    "loop order and tiling with the fewest DRAM bytes; the default) or "
+                    "'scalesim' (SCALE-Sim's fixed fold order, for cross-checks)")
     lo.add_argument("--weight-bits", action="append",
                     help="8 (default), per layer: fc1=4,fc2=8 (layers not named keep 8; may be "
                     "repeated), or 'saved' for the mixed-precision policy in the model file")
@@ -176,6 +180,8 @@ def run(args: argparse.Namespace) -> int:
         changes["ops.fusion"] = args.fusion
     if args.cores:
         changes["array.cores"] = args.cores
+    if args.mapping:
+        changes["memory.mapping"] = args.mapping
     if changes:
         spec = spec.with_fields(changes)
     out = output_dir(args.out)

@@ -8,6 +8,7 @@ from npujax.hw.energy import sram_pj_per_byte as sram_pj_per_byte
 from npujax.hw.spec import DATAFLOWS as DATAFLOWS
 from npujax.hw.spec import FUSION_LEVELS as FUSION_LEVELS
 from npujax.hw.spec import LAYOUTS as LAYOUTS
+from npujax.hw.spec import MAPPINGS as MAPPINGS
 from npujax.hw.spec import PRECISION_SCALINGS as PRECISION_SCALINGS
 from npujax.hw.spec import AreaSpec as AreaSpec
 from npujax.hw.spec import ArraySpec as ArraySpec
@@ -47,6 +48,7 @@ __all__ = [
     "PRECISION_SCALINGS",
     "NpuSpec",
     "DATAFLOWS",
+    "MAPPINGS",
     "load_npu_spec",
     "differentiable_spec",
     "npu_spec_from_dict",

@@ -8,7 +8,8 @@ Hardware is data. Every numeric field carries its unit in its name (``clock_hz``
     [array]    rows, cols, dataflow, clock_hz, operand_bits, accumulator_bits, cores,
                precision_scaling, brick_bits
     [memory]   ifmap_sram_bytes, filter_sram_bytes, ofmap_sram_bytes, dram_bytes_per_s,
-               dram_latency_s, dram_bytes (optional), core_link_bytes_per_s (optional)
+               dram_latency_s, dram_bytes (optional), core_link_bytes_per_s (optional),
+               mapping (optional)
     [vector]   lanes, special_cycles_per_elem (optional, default 4)
     [layout]   activation_layout, c0, channel_alignment, dram_burst_bytes
     [ops]      supported, fused_activations, conv_max_kernel, conv_max_stride, fusion (optional)
@@ -52,6 +53,7 @@ import jax.numpy as jnp
 
 from npujax.errors import ConfigError
 from npujax.systolic.dataflow import DATAFLOWS
+from npujax.systolic.mapping import MAPPINGS
 from npujax.systolic.precision import PRECISION_SCALINGS
 
 __all__ = [
@@ -67,6 +69,7 @@ __all__ = [
     "AreaSpec",
     "NpuSpec",
     "DATAFLOWS",
+    "MAPPINGS",
     "LAYOUTS",
     "PRECISION_SCALINGS",
     "load_npu_spec",
@@ -152,6 +155,10 @@ class MemorySpec:
       core_link_bytes_per_s: bandwidth between cores (on-chip network or shared SRAM) for
         pipelined schedules (bytes/s); 0 (default) = tensors between cores go through DRAM
         (:mod:`npujax.plan.pipeline`).
+      mapping: how the compiler maps a GEMM's tiles between DRAM and the SRAMs, one of
+        :data:`MAPPINGS` (default ``best``: per layer the fold order and tiling with the fewest
+        DRAM bytes; ``scalesim``: SCALE-Sim's fixed fold order, for cross-checks; see
+        :mod:`npujax.systolic.mapping`).
     """
 
     ifmap_sram_bytes: int = _field(lo=1, hi=2**40)
@@ -161,6 +168,7 @@ class MemorySpec:
     dram_latency_s: float = _field(zero_ok=True, lo=0.0, hi=1.0)
     dram_bytes: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=2.0**50)
     core_link_bytes_per_s: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=1e15)
+    mapping: str = _field(choices=MAPPINGS, default="best")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

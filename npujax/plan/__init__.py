@@ -11,12 +11,12 @@ from npujax.plan.coresident import lower_models as lower_models
 from npujax.plan.costs import BREAKDOWN as BREAKDOWN
 from npujax.plan.costs import LayerCosts as LayerCosts
 from npujax.plan.costs import layer_costs as layer_costs
+from npujax.plan.costs import layer_costs_by_dataflow as layer_costs_by_dataflow
 from npujax.plan.energy import ENERGY_BREAKDOWN as ENERGY_BREAKDOWN
 from npujax.plan.energy import LayerEnergy as LayerEnergy
 from npujax.plan.energy import layer_energy as layer_energy
 from npujax.plan.fit import FitResult as FitResult
 from npujax.plan.fit import fit_spec as fit_spec
-from npujax.plan.costs import layer_costs_by_dataflow as layer_costs_by_dataflow
 from npujax.plan.fusion import EdgeCosts as EdgeCosts
 from npujax.plan.fusion import fused_costs as fused_costs
 from npujax.plan.fusion import scheduled_costs as scheduled_costs

@@ -16,12 +16,15 @@ each.
 
 **Memory.** Vector layers read their operands and write their output once: ``dram_bytes =
 weights x w_bits/8 + bias x accumulator_bits/8 + (in + out) x a_bits/8``; GEMM layers move the
-tiled traffic of :func:`npujax.systolic.gemm_memory` (operands re-fetched when SRAM cannot hold
-what a fold reuses, partial sums spilled); each tensor is rounded up to whole DRAM bursts and
-``memory_cycles = dram_bytes / (dram_bytes_per_s / clock_hz)``. Compute and DMA are
-double-buffered and overlap, except the first tiles in and the last tile out, which are exposed
-with the first-access latency as ``dma_cycles``; the rest shows as ``stall_cycles = max(0,
-memory - exposed - compute)``, so ``latency = max(compute + dma, memory + access latency)``.
+tiled traffic of the layer's DRAM-level mapping (:func:`npujax.systolic.gemm_mapping`: by default
+the fold order and chunking with the fewest DRAM bytes, whose extra chunks repeat the folds' fill
+and drain in ``fill_drain_cycles``; or SCALE-Sim's order, :func:`npujax.systolic.gemm_memory`:
+operands re-fetched when SRAM cannot hold what a fold reuses, partial sums spilled); each tensor
+is rounded up to whole DRAM bursts and ``memory_cycles = dram_bytes / (dram_bytes_per_s /
+clock_hz)``. Compute and DMA are double-buffered and overlap, except the first tiles in and
+the last tile out, which are exposed with the first-access latency as ``dma_cycles``; the rest
+shows as ``stall_cycles = max(0, memory - exposed - compute)``, so ``latency = max(compute +
+dma, memory + access latency)``.
 
 **Precision.** How operand widths change the array's speed is the preset's
 ``precision_scaling`` (:mod:`npujax.systolic.precision`): every array takes ``passes`` for
@@ -62,7 +65,7 @@ from npujax.errors import ConfigError
 from npujax.hw.spec import NpuSpec
 from npujax.plan.workload import Workload
 from npujax.systolic.dataflow import DATAFLOWS, Dataflow, gemm_cycles, get_dataflow
-from npujax.systolic.memory import gemm_memory
+from npujax.systolic.mapping import check_mapping, gemm_mapping
 from npujax.systolic.precision import get_precision_scaling, passes
 
 __all__ = ["LayerCosts", "layer_costs", "layer_costs_by_dataflow", "first_consumers",
@@ -177,6 +180,7 @@ def layer_costs(
     relaxed: bool = False,
     temperature: float = _relax.DEFAULT_TEMPERATURE,
     shapes: Mapping[str, jax.Array] | None = None,
+    mapping: str | None = None,
 ) -> LayerCosts:
     """Vectorised cost of ``layers`` (pure jnp; jit/vmap over ``spec``, grad w.r.t. the bits).
 
@@ -208,12 +212,16 @@ def layer_costs(
         values: one compiled program then serves every workload list of the same structure at
         other shapes (``jax.vmap`` over a sequence-length sweep, :func:`npujax.plan.
         sweep_shapes`). Pass int64/float64 arrays under ``jax.enable_x64`` to keep counts exact.
+      mapping: DRAM-level mapping of the GEMM layers (static; default the spec's
+        ``memory.mapping``): ``best`` (per layer the fold order and chunking with the fewest
+        DRAM bytes, :func:`npujax.systolic.gemm_mapping`) or ``scalesim`` (SCALE-Sim's order).
 
     Returns:
       :class:`LayerCosts` of ``[L]`` arrays (see above for their dtypes).
 
     Raises:
-      ConfigError: an unknown dataflow or precision scaling, or a temperature out of range.
+      ConfigError: an unknown dataflow, precision scaling or mapping, or a temperature out of
+        range.
 
     Examples:
       >>> import jax, jax.numpy as jnp  # doctest: +SKIP
@@ -225,7 +233,7 @@ def layer_costs(
       models: DiffTune (Renda et al., MICRO 2020) and DOSA (Hong et al., MICRO 2023).
     """
     return _evaluate(layers, spec, weight_bits, act_bits, (dataflow,), relaxed, temperature,
-                     shapes)[0]
+                     shapes, mapping)[0]
 
 
 def layer_costs_by_dataflow(
@@ -237,6 +245,7 @@ def layer_costs_by_dataflow(
     *,
     relaxed: bool = False,
     temperature: float = _relax.DEFAULT_TEMPERATURE,
+    mapping: str | None = None,
 ) -> dict[str, LayerCosts]:
     """:func:`layer_costs` at several dataflows in one program: ``{dataflow: LayerCosts}``.
 
@@ -259,6 +268,7 @@ def layer_costs_by_dataflow(
         that order).
       relaxed: the differentiable mode, as in :func:`layer_costs`.
       temperature: as in :func:`layer_costs`.
+      mapping: DRAM-level mapping of the GEMM layers, as in :func:`layer_costs`.
 
     Returns:
       ``{name: LayerCosts}`` of ``[L]`` arrays (dtypes as :func:`layer_costs`), keyed by the
@@ -274,20 +284,23 @@ def layer_costs_by_dataflow(
     names = [get_dataflow(d).name for d in dataflows]
     if len(set(names)) < len(names):
         raise ConfigError(f"layer_costs_by_dataflow got a dataflow twice: {list(dataflows)}.")
-    costs = _evaluate(layers, spec, weight_bits, act_bits, tuple(names), relaxed, temperature)
+    costs = _evaluate(layers, spec, weight_bits, act_bits, tuple(names), relaxed, temperature,
+                      None, mapping)
     return dict(zip(names, costs))
 
 
 def _evaluate(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Array,
               act_bits: jax.Array, dataflows: tuple[str | None, ...], relaxed: bool,
-              temperature: float, shapes: Mapping[str, jax.Array] | None = None
-              ) -> tuple[LayerCosts, ...]:
+              temperature: float, shapes: Mapping[str, jax.Array] | None = None,
+              mapping: str | None = None) -> tuple[LayerCosts, ...]:
     x64 = bool(jax.config.read("jax_enable_x64"))
+    mapping = check_mapping(mapping or spec.memory.mapping)
     if relaxed:
         with _relax.relaxed(temperature):
-            costs = _layer_costs(layers, spec, weight_bits, act_bits, dataflows, shapes)
+            costs = _layer_costs(layers, spec, weight_bits, act_bits, dataflows, shapes,
+                                 mapping)
     else:
-        costs = _layer_costs(layers, spec, weight_bits, act_bits, dataflows, shapes)
+        costs = _layer_costs(layers, spec, weight_bits, act_bits, dataflows, shapes, mapping)
     if x64:
         return costs
     return tuple(c._replace(**{k: v.astype(jnp.float32) for k, v in c._asdict().items()
@@ -297,7 +310,8 @@ def _evaluate(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Array,
 @exact
 def _layer_costs(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Array,
                  act_bits: jax.Array, dataflows: tuple[str | None, ...],
-                 shapes: Mapping[str, jax.Array] | None = None) -> tuple[LayerCosts, ...]:
+                 shapes: Mapping[str, jax.Array] | None = None, mapping: str = "best"
+                 ) -> tuple[LayerCosts, ...]:
     """The costs at each of ``dataflows`` (None: the spec's). What does not depend on the
     dataflow (vector, conversion and host layers, the operands' bytes) is traced once. (Not
     stacked: XLA:CPU emits a concatenation inside a loop fusion as a per-element branch, which
@@ -383,18 +397,23 @@ def _layer_costs(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Arr
         fill_drain_1 = g["folds"] * fd_per_fold
         stream_1 = real(g["compute_cycles"] - fill_drain_1)
         stream = _relax.count(_relax.ceil(stream_1 * scale))
-        gemm_total = groups * (fill_drain_1 + stream) * n_passes
-        gemm_fill_drain = groups * fill_drain_1 * n_passes
-        total_compute = jnp.where(is_gemm, gemm_total, jnp.where(on_npu, vec_cycles, 0))
-        fill_drain = jnp.where(is_gemm, gemm_fill_drain, 0)
 
         # GEMM layers: the tiled traffic of the systolic memory model (SRAM capacity, reuse,
-        # spills). im2col happens on chip: the [M, K] operand costs DRAM reads of its distinct
-        # elements only.
-        mem = gemm_memory(M, K, N, R, C, df, sram_bytes_a=sram_a, sram_bytes_b=sram_b,
-                          sram_bytes_out=sram_o, elem_bytes_a=ab / 8.0, elem_bytes_b=wb / 8.0,
-                          elem_bytes_out=ab / 8.0, dram_bytes_per_cycle=bpc,
-                          unique_elems_a=in_elems / real(groups))
+        # spills) under the chosen mapping. im2col happens on chip: the [M, K] operand costs
+        # DRAM reads of its distinct elements only.
+        mem = gemm_mapping(M, K, N, R, C, df, sram_bytes_a=sram_a, sram_bytes_b=sram_b,
+                           sram_bytes_out=sram_o, elem_bytes_a=ab / 8.0, elem_bytes_b=wb / 8.0,
+                           elem_bytes_out=ab / 8.0, dram_bytes_per_cycle=bpc,
+                           unique_elems_a=in_elems / real(groups), mapping=mapping)
+        # the mapping's chunks of the streamed dimension repeat the folds' fill and drain
+        # (whole cycles, spread evenly over the cores; zero in the scalesim mapping)
+        extra = mem["extra_fill_drain_cycles"]
+        extra_1 = _ceil_div(_relax.count(extra if _relax.is_relaxed() else jnp.rint(extra)),
+                            cores)
+        gemm_total = groups * (fill_drain_1 + extra_1 + stream) * n_passes
+        gemm_fill_drain = groups * (fill_drain_1 + extra_1) * n_passes
+        total_compute = jnp.where(is_gemm, gemm_total, jnp.where(on_npu, vec_cycles, 0))
+        fill_drain = jnp.where(is_gemm, gemm_fill_drain, 0)
         tiled = (_bursts(gf * mem["dram_read_bytes_a"], burst)
                  + _bursts(gf * mem["dram_read_bytes_b"], burst) + bias_bytes
                  + _bursts(gf * (mem["dram_write_bytes_out"] + mem["dram_read_bytes_out"]),

@@ -133,7 +133,8 @@ class EdgeReport:
 class Schedule:
     """The lowered model: per-layer reports and end-to-end totals on one NpuSpec and dataflow.
 
-    ``fusion`` is the compiler's fusion level it was lowered at; with ``layer`` fusion,
+    ``fusion`` is the compiler's fusion level it was lowered at and ``mapping`` its DRAM-level
+    mapping (:mod:`npujax.systolic.mapping`); with ``layer`` fusion,
     ``edges`` says where each activation lived, ``sram_peak_bytes`` is the peak SRAM occupied
     (working set plus activations kept on chip) of ``sram_capacity_bytes``, and
     ``unfused_dram_bytes`` / ``unfused_latency_s`` are the layer-by-layer figures of the same
@@ -150,6 +151,7 @@ class Schedule:
     layers: tuple[LayerReport, ...]
     peak_activation_bytes: int = 0
     fusion: str = "elementwise"
+    mapping: str = "best"
     edges: tuple[EdgeReport, ...] = ()
     sram_peak_bytes: float = 0.0
     sram_capacity_bytes: float = 0.0
@@ -217,6 +219,7 @@ class Schedule:
             "peak_activation_bytes": self.peak_activation_bytes,
             "dram_bytes": self.dram_bytes,
             "fusion": self.fusion,
+            "mapping": self.mapping,
             "sram_peak_bytes": self.sram_peak_bytes,
             "sram_capacity_bytes": self.sram_capacity_bytes,
             "unfused_dram_bytes": self.unfused_dram_bytes,
@@ -347,6 +350,7 @@ def lower(
     batch: int | None = None,
     fusion: str | None = None,
     resident_weights: bool = False,
+    mapping: str | None = None,
 ) -> Schedule:
     """Lower ``graph`` onto ``spec`` and return the per-layer :class:`Schedule`.
 
@@ -365,20 +369,23 @@ def lower(
         (loaded once, as for a model served in a loop): no weight traffic per inference, and
         the layers tile with the filter SRAM the weights leave free. They must fit in half of
         it (see :func:`weight_bytes`).
+      mapping: overrides the preset's ``memory.mapping``: ``best`` (the default: per layer the
+        DRAM-level fold order and chunking with the fewest DRAM bytes) or ``scalesim``
+        (SCALE-Sim's fixed order); see :mod:`npujax.systolic.mapping`.
 
     Returns:
       The :class:`Schedule`; its per-layer ``latency_s`` sum to ``Schedule.latency_s``.
 
     Raises:
-      ConfigError: an unknown preset, dataflow, fusion level or layer name, a layer without
-        weights or a search mixture in ``quant``; ``resident_weights`` for weights that do not
-        fit in half the filter SRAM; a non-finite or negative figure (never reported).
+      ConfigError: an unknown preset, dataflow, mapping, fusion level or layer name, a layer
+        without weights or a search mixture in ``quant``; ``resident_weights`` for weights
+        that do not fit in half the filter SRAM; a non-finite or negative figure (never reported).
       LimitError: a layer beyond 2**53 MACs or elements (:func:`npujax.plan.workloads`).
     """
     spec = as_spec(spec)
     name = get_dataflow(dataflow or spec.array.dataflow).name
     return lower_by_dataflow(graph, spec, quant, dataflows=(name,), batch=batch, fusion=fusion,
-                             resident_weights=resident_weights)[name]
+                             resident_weights=resident_weights, mapping=mapping)[name]
 
 
 def lower_by_dataflow(
@@ -390,6 +397,7 @@ def lower_by_dataflow(
     batch: int | None = None,
     fusion: str | None = None,
     resident_weights: bool = False,
+    mapping: str | None = None,
 ) -> dict[str, Schedule]:
     """:func:`lower` at several dataflows, their costs evaluated in one compiled call.
 
@@ -409,6 +417,7 @@ def lower_by_dataflow(
       batch: inference batch size, as in :func:`lower`.
       fusion: overrides the preset's fusion level, as in :func:`lower`.
       resident_weights: weights kept in the filter SRAM, as in :func:`lower`.
+      mapping: overrides the preset's DRAM-level mapping, as in :func:`lower`.
 
     Returns:
       ``{dataflow: Schedule}`` keyed by the full dataflow names, in the order given.
@@ -423,6 +432,8 @@ def lower_by_dataflow(
         raise ConfigError(f"lower_by_dataflow needs distinct dataflows, got {list(dataflows)}.")
     if fusion is not None and fusion != spec.ops.fusion:
         spec = spec.with_fields({"ops.fusion": fusion})
+    if mapping is not None and mapping != spec.memory.mapping:
+        spec = spec.with_fields({"memory.mapping": mapping})
     if batch is not None:
         graph = rebatch(graph, batch)
     layers = workloads(graph, spec)
@@ -501,6 +512,7 @@ def _schedule(spec: NpuSpec, dataflow: str, layers: list[Workload], wb: np.ndarr
             act_bits=int(ab[i]), costs=c, latency_s=c.latency_cycles / clock, bound=bound,
             epilogue=w.epilogue, energy=LayerEnergy(*(e[i] for e in energy_cols))))
     return Schedule(spec.name, dataflow, clock, batch_size, tuple(reports), peak,
-                    fusion=spec.ops.fusion, area_mm2=float(area.total_mm2),
+                    fusion=spec.ops.fusion, mapping=spec.memory.mapping,
+                    area_mm2=float(area.total_mm2),
                     area_breakdown_mm2={k.removesuffix("_mm2"): float(v) for k, v in
                                         area._asdict().items() if k != "total_mm2"}, **extra)

@@ -4,7 +4,9 @@
   utilization, mapping efficiency and SRAM accesses per operand; pure jnp, vmaps over hardware.
 * :func:`emulate_gemm` / :func:`emulate_conv`: int8/int16 -> int32 results, fold by fold, + stats.
 * :func:`simulate_gemm`: register-level ``lax.scan`` over cycles that proves the closed form.
-* :func:`gemm_memory`: SRAM double buffering, DRAM traffic and stall cycles.
+* :func:`gemm_memory`: SRAM double buffering, DRAM traffic and stall cycles (SCALE-Sim's order).
+* :func:`gemm_mapping`: the same under the DRAM-level mapping a compiler picks (fold order and
+  chunks with the fewest DRAM bytes), or SCALE-Sim's (``mapping="scalesim"``).
 * :func:`scalesim_report`: the same figures in SCALE-Sim's report conventions.
 * :class:`PrecisionScaling`: how operand widths change the array's speed (fixed, Bit Fusion,
   Loom).
@@ -22,6 +24,8 @@ from npujax.systolic.dataflow import gemm_cycles as gemm_cycles
 from npujax.systolic.dataflow import get_dataflow as get_dataflow
 from npujax.systolic.emulator import emulate_conv as emulate_conv
 from npujax.systolic.emulator import emulate_gemm as emulate_gemm
+from npujax.systolic.mapping import MAPPINGS as MAPPINGS
+from npujax.systolic.mapping import gemm_mapping as gemm_mapping
 from npujax.systolic.memory import gemm_memory as gemm_memory
 from npujax.systolic.precision import PRECISION_SCALINGS as PRECISION_SCALINGS
 from npujax.systolic.precision import BitComposable as BitComposable
@@ -46,6 +50,8 @@ __all__ = [
     "emulate_conv",
     "simulate_gemm",
     "gemm_memory",
+    "gemm_mapping",
+    "MAPPINGS",
     "scalesim_report",
     "SCALESIM_CYCLE_OFFSET",
     "PrecisionScaling",
