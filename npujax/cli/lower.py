@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,8 @@ from npujax.cli._common import (
     precision_from_bits,
 )
 from npujax.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -110,9 +113,21 @@ def _run_scalesim(args: argparse.Namespace) -> int:
     layers = read_topology(args.topology)
     out = output_dir(args.out)
     assert out is not None
-    names = write_scalesim_reports(layers, config, out)
+    if config.interface_bandwidth != "CALC":
+        log.warning(f"{args.scalesim_config}: InterfaceBandwidth = "
+                    f"{config.interface_bandwidth}; npujax reports SCALE-Sim's CALC mode (a "
+                    "stall-free DRAM interface): Stall Cycles are 0 and the DRAM columns are "
+                    "what CALC mode would report.")
+    written = write_scalesim_reports(layers, config, out)
+    if written.approximate_reads:
+        shown = ", ".join(written.approximate_reads[:5])
+        more = len(written.approximate_reads) - 5
+        shown += f", +{more}" if more > 0 else ""
+        log.warning(f"{len(written.approximate_reads)} layers ({shown}) have an operand larger "
+                    "than half its SRAM: their DRAM read columns are the compulsory reads "
+                    "(SCALE-Sim re-reads evicted data); every other column is exact.")
     console().print(f"{len(layers)} layers on a {config.rows}x{config.cols} {config.dataflow} "
-                    f"array; wrote {', '.join(str(out / n) for n in names)}")
+                    f"array; wrote {', '.join(str(out / n) for n in written.files)}")
     return 0
 
 
