@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from npujax.errors import ShapeError
-from npujax.ir.graph import Graph, Params
+from npujax.errors import GraphError, ShapeError
+from npujax.ir.graph import SHAPES_ONLY_SOURCE, Graph, Params
 from npujax.ops import OPS, run_op
 from npujax.quantize.quantizers import QState
 from npujax.quantize.spec import QuantSpec
@@ -124,7 +124,13 @@ def execute(
       ConfigError: if ``qstate`` lacks what a quantized layer needs (a calibrated grid, a learned
         step, mixture probabilities), or holds another quantizer's state.
       UnsupportedOpError: if a node's operator has no implementation.
+      GraphError: the graph was imported for its shapes only (``from_onnx(...,
+        weights="shapes")`` with its external-data files absent): it has no real weights.
     """
+    if graph.source == SHAPES_ONLY_SOURCE:
+        raise GraphError("this graph was imported for its shapes only (its ONNX external-data "
+                         "files were missing, so its weights are zeros); place the data files "
+                         "next to the model and import it again to execute it.")
     xs = as_inputs(graph, x)
     if xs and xs[0].ndim and xs[0].shape[0] != 1 and _batch_folded(graph):
         return _execute_per_example(graph, params, xs, quant=quant, qstate=qstate, key=key,
