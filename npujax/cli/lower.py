@@ -91,6 +91,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     help="inference batch size (default: the model's)")
     lo.add_argument("--out", help="write schedule.json, layers.csv and plots (per-layer latency, "
                     "stacked breakdown, roofline) here")
+    lo.add_argument("--format", choices=("table", "csv", "json"), default="table",
+                    help="stdout format: tables for reading (default), or the per-layer CSV "
+                    "(layers.csv's columns) / the schedule JSON (schedule.json) alone, for "
+                    "pipelines; messages go to stderr")
     lo.add_argument("--scalesim-config", metavar="ARCH.cfg",
                     help="a SCALE-Sim architecture config: with --topology, write SCALE-Sim's "
                     "COMPUTE/BANDWIDTH/DETAILED_ACCESS reports for it into --out")
@@ -150,6 +154,11 @@ def run(args: argparse.Namespace) -> int:
         return _run_scalesim(args)
     if not args.model:
         raise ConfigError("npujax lower needs a model (or --scalesim-config with --topology).")
+    if args.format != "table" and (len(args.model) > 1 or args.sweep_resolution
+                                   or args.schedule or str(args.model[0]).startswith("decoder:")):
+        raise ConfigError(f"--format {args.format} prints one model's schedule; give one "
+                          "model file, without --sweep-resolution or --schedule (their tables "
+                          "need --format table).")
     if any(str(m).startswith("decoder:") for m in args.model):
         if len(args.model) > 1:
             raise ConfigError("decoder:<config> is lowered on its own; give it as the only model.")
@@ -196,6 +205,8 @@ def run(args: argparse.Namespace) -> int:
         return None if default else precision_from_bits(g, wbits, abits)
 
     result = lower_dataflows(graph, spec, precision(graph), dataflow=args.dataflow, batch=batch)
+    if args.format != "table":
+        return _print_machine_readable(args, result, spec, out)
     con = console()
     print_lowering(con, result, f"{Path(args.model).name} on {spec.name} "
                                 f"({result.schedule.dataflow})")
@@ -226,6 +237,30 @@ def run(args: argparse.Namespace) -> int:
         with staged_dir(out) as stage:
             names = write_lowering(stage, result, spec, extra or None)
         con.print(f"wrote {', '.join(str(out / n) for n in names)}")
+    return 0
+
+
+def _print_machine_readable(args: argparse.Namespace, result: Any, spec: Any,
+                            out: Path | None) -> int:
+    """``--format csv|json``: the schedule alone on stdout (and the files in ``--out``)."""
+    import sys
+
+    from npujax._atomic import staged_dir
+    from npujax.report.files import json_text, layers_csv_text
+    from npujax.workflows.lowering import write_lowering
+
+    s = result.schedule
+    if args.format == "csv":
+        text = layers_csv_text(s)
+    else:
+        text = json_text({**s.to_dict(), "dataflow_latency_s": {
+            df: x.latency_s for df, x in result.by_dataflow.items()}})
+    if out is not None:
+        with staged_dir(out) as stage:
+            names = write_lowering(stage, result, spec)
+        log.info(f"wrote {', '.join(str(out / n) for n in names)}")
+    sys.stdout.write(text)
+    sys.stdout.flush()
     return 0
 
 
