@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 
 from npujax.errors import ConfigError
-
 from npujax.hw.spec import NpuSpec, as_spec
 from npujax.ir.graph import Graph, Params
 from npujax.plan.lower import lower
