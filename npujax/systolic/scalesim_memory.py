@@ -34,7 +34,7 @@ Facts of SCALE-Sim's CALC mode that the figures follow (word = 1 byte, half of e
 Exact (equal to SCALE-Sim) for ``Total Cycles (incl. prefetch)``, the OFMAP DRAM columns, and the
 read columns of an operand with ``D < 50 I``. For a larger operand, npujax reports its
 compulsory reads ``D`` (SCALE-Sim re-reads what leaves its active window, so its count is at least
-this) and the last compute cycle as its stop cycle: :attr:`ScaleSimMemory.reads_exact` says which.
+this) and the last compute cycle as its stop cycle: ``ScaleSimMemory.reads_exact`` says which.
 Only CALC mode is modelled (no stalls); SCALE-Sim's USER mode with a given DRAM bandwidth is not.
 """
 
@@ -232,11 +232,16 @@ def scalesim_memory(*, M: int, K: int, N: int, ifmap_distinct: int, rows: int, c
     """SCALE-Sim 3.0.0's CALC-mode DRAM figures for an ``[M, K] x [K, N]`` layer.
 
     Args:
-      M, K, N: the GEMM (conv: output pixels as SCALE-Sim counts them, window size, filters).
+      M: GEMM rows (conv: output pixels as SCALE-Sim counts them).
+      K: the reduction (conv: window size).
+      N: GEMM columns (conv: filters).
       ifmap_distinct: distinct IFMAP words (:func:`distinct_ifmap_words`; ``M K`` for a GEMM).
-      rows, cols: the array (PEs).
+      rows: array height (PEs).
+      cols: array width (PEs).
       dataflow: ``"ws"``, ``"os"`` or ``"is"``.
-      ifmap_sram_kb, filter_sram_kb, ofmap_sram_kb: SRAM sizes in kB (1024 bytes, 1-byte words).
+      ifmap_sram_kb: IFMAP SRAM size in kB (1024 bytes; 1-byte words).
+      filter_sram_kb: filter SRAM size in kB.
+      ofmap_sram_kb: OFMAP SRAM size in kB.
 
     Returns:
       :class:`ScaleSimMemory` (plain Python ints).
