@@ -17,6 +17,12 @@ another instance). The quantizer state lives beside the model: the calibrated gr
 :class:`QuantState` variable (not trained), the fields a quantizer learns (LSQ steps) in a
 :class:`QuantParam` (an ``nnx.Param``, so the user's optimizer trains them).
 
+What is shared is what the graph's layers read (kernels, biases, norm scales, embedding tables;
+a kernel stored in another shape, such as ``nnx.MultiHeadAttention``'s ``(in, heads,
+head_dim)``, is reshaped as the tracer did). A parameter used in plain arithmetic rather than
+through a layer (a ViT's class token and position embedding) is folded by the tracer into a
+graph constant: the quantized model keeps it at its traced value and QAT does not train it.
+
 Linen has no module objects holding variables, so the same function with ``variables=`` returns
 ``(qmodule, qvariables)``: a Linen module whose ``apply(qvariables, x)`` runs the graph on the
 variables' ``params`` / ``batch_stats`` (the user's own trees) and the quantizer state kept in a
