@@ -3,7 +3,7 @@
 #
 # SCALE-Sim 3.0.0 needs numpy < 2.4 (newer numpy crashes its memory model), so it runs in its own
 # virtual environment, created here (default: experiments/scalesim_reference/.venv, git-ignored).
-# The GEMM, ResNet-18 and depthwise runs go in parallel; the conv run takes ~10-20 minutes on one core
+# The GEMM, ResNet-18, depthwise and small-SRAM report runs go in parallel; the conv run takes ~10-20 minutes on one core
 # (SCALE-Sim steps its memory model cycle by cycle in Python).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -18,5 +18,6 @@ mkdir -p "$out"
 "$venv/bin/python" "$here/run_scalesim.py" "$out/scalesim_gemm.json" --kinds gemm &
 "$venv/bin/python" "$here/run_scalesim.py" "$out/scalesim_resnet18.json" --kinds conv --jobs 2 &
 "$venv/bin/python" "$here/run_scalesim.py" "$out/scalesim_depthwise.json" --kinds depthwise &
+"$venv/bin/python" "$here/run_reports.py" "$out/scalesim_reports.json" &
 wait
-echo "wrote $out/scalesim_{gemm,resnet18,depthwise}.json"
+echo "wrote $out/scalesim_{gemm,resnet18,depthwise,reports}.json"

@@ -20,10 +20,11 @@ __all__ = ["console", "bits_spec", "int_list", "positive_int", "add_data_args",
 
 def console() -> Any:
     """A rich console on stdout. A terminal gets its own width (table cells wrap, never cut);
-    pipes, files and CI logs get room for the widest table, so each row stays on one line."""
+    pipes, files and CI logs get a width no table reaches, so every table keeps its natural width:
+    each row on one line and no cell shortened to ``…`` (long layer names included)."""
     from rich.console import Console
 
-    return Console(width=None if sys.stdout.isatty() else 240)
+    return Console(width=None if sys.stdout.isatty() else 10_000)
 
 
 def bits_spec(text: str | list[str]) -> int | dict[str, int]:

@@ -19,6 +19,8 @@ from npujax.errors import ConfigError, NpujaxError
 
 log = logging.getLogger(__name__)
 
+log = logging.getLogger(__name__)
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from npujax.models.transformer import DECODER_CONFIGS
@@ -103,6 +105,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     lo.add_argument("--out", help="write schedule.json, layers.csv and plots (per-layer latency, "
                     "stacked breakdown, roofline) here; with several models coresidency.json "
                     "and those files of each model alone in DIR/<model>/")
+    lo.add_argument("--format", choices=("table", "csv", "json"), default="table",
+                    help="stdout format: tables for reading (default), or the per-layer CSV "
+                    "(layers.csv's columns) / the schedule JSON (schedule.json) alone, for "
+                    "pipelines; messages go to stderr")
     lo.add_argument("--scalesim-config", metavar="ARCH.cfg",
                     help="a SCALE-Sim architecture config: with --topology, write SCALE-Sim's "
                     "COMPUTE/BANDWIDTH/DETAILED_ACCESS reports for it into --out")
@@ -125,9 +131,21 @@ def _run_scalesim(args: argparse.Namespace) -> int:
     layers = read_topology(args.topology)
     out = output_dir(args.out)
     assert out is not None
-    names = write_scalesim_reports(layers, config, out)
+    if config.interface_bandwidth != "CALC":
+        log.warning(f"{args.scalesim_config}: InterfaceBandwidth = "
+                    f"{config.interface_bandwidth}; npujax reports SCALE-Sim's CALC mode (a "
+                    "stall-free DRAM interface): Stall Cycles are 0 and the DRAM columns are "
+                    "what CALC mode would report.")
+    written = write_scalesim_reports(layers, config, out)
+    if written.approximate_reads:
+        shown = ", ".join(written.approximate_reads[:5])
+        more = len(written.approximate_reads) - 5
+        shown += f", +{more}" if more > 0 else ""
+        log.warning(f"{len(written.approximate_reads)} layers ({shown}) have an operand larger "
+                    "than half its SRAM: their DRAM read columns are the compulsory reads "
+                    "(SCALE-Sim re-reads evicted data); every other column is exact.")
     console().print(f"{len(layers)} layers on a {config.rows}x{config.cols} {config.dataflow} "
-                    f"array; wrote {', '.join(str(out / n) for n in names)}")
+                    f"array; wrote {', '.join(str(out / n) for n in written.files)}")
     return 0
 
 
@@ -165,6 +183,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.model:
         raise ConfigError("npujax lower needs a model (or --scalesim-config with --topology).")
     _check_flags(args, len(args.model))
+    if args.format != "table" and (len(args.model) > 1 or args.sweep_resolution
+                                   or args.schedule or str(args.model[0]).startswith("decoder:")):
+        raise ConfigError(f"--format {args.format} prints one model's schedule; give one "
+                          "model file, without --sweep-resolution or --schedule (their tables "
+                          "need --format table).")
     if any(str(m).startswith("decoder:") for m in args.model):
         if len(args.model) > 1:
             raise ConfigError("decoder:<config> is lowered on its own; give it as the only model.")
@@ -212,6 +235,8 @@ def run(args: argparse.Namespace) -> int:
                           "it needs an .onnx model.")
     precision = _precision_fn(wbits, abits)
     result = lower_dataflows(graph, spec, precision(graph), dataflow=args.dataflow, batch=batch)
+    if args.format != "table":
+        return _print_machine_readable(args, result, spec, out)
     con = console()
     print_lowering(con, result, f"{Path(args.model).name} on {spec.name} "
                                 f"({result.schedule.dataflow})")
@@ -282,6 +307,30 @@ def _input_shapes(args: argparse.Namespace, index: int, models: int) -> dict[str
     from npujax.frontends.onnx import parse_input_shapes
 
     return parse_input_shapes(_shapes_for(args.input_shape or [], index, models))
+
+
+def _print_machine_readable(args: argparse.Namespace, result: Any, spec: Any,
+                            out: Path | None) -> int:
+    """``--format csv|json``: the schedule alone on stdout (and the files in ``--out``)."""
+    import sys
+
+    from npujax._atomic import staged_dir
+    from npujax.report.files import json_text, layers_csv_text
+    from npujax.workflows.lowering import write_lowering
+
+    s = result.schedule
+    if args.format == "csv":
+        text = layers_csv_text(s)
+    else:
+        text = json_text({**s.to_dict(), "dataflow_latency_s": {
+            df: x.latency_s for df, x in result.by_dataflow.items()}})
+    if out is not None:
+        with staged_dir(out) as stage:
+            names = write_lowering(stage, result, spec)
+        log.info(f"wrote {', '.join(str(out / n) for n in names)}")
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    return 0
 
 
 def _shapes_for(specs: list[str], index: int, models: int) -> list[str]:

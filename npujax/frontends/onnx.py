@@ -14,6 +14,7 @@ Source of the semantics: the ONNX operator specification, https://onnx.ai/onnx/o
 from __future__ import annotations
 
 import base64
+import logging
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -28,19 +29,23 @@ from onnx import helper, numpy_helper
 
 from npujax.errors import ConfigError, GraphError, NpujaxError, UnsupportedOpError
 from npujax.ir.fusion import fuse_transformer_patterns
-from npujax.ir.graph import Graph, Node, Params, TensorType, fresh_name
+from npujax.ir.graph import SHAPES_ONLY_SOURCE, Graph, Node, Params, TensorType, fresh_name
 from npujax.limits import ByteBudget, check_bytes, check_elements
 from npujax.ops import ONNX_IMPORTERS, ONNX_WEIGHT_OPS, get_op
 from npujax.ops._onnx import iter_onnx_tensors, reference_evaluator, refuse_external_data
 
 __all__ = ["from_onnx", "SUPPORTED_ONNX_OPS", "load_onnx_model", "parse_input_shapes",
-           "batch_input_shapes"]
+           "batch_input_shapes", "SHAPES_ONLY_SOURCE"]
+
+log = logging.getLogger(__name__)
+
 
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 
 
-def load_onnx_model(path_or_model: str | os.PathLike[str] | bytes | onnx.ModelProto
-                    ) -> onnx.ModelProto:
+def load_onnx_model(path_or_model: str | os.PathLike[str] | bytes | onnx.ModelProto,
+                    *, missing_data: str = "error",
+                    placeholders: list[str] | None = None) -> onnx.ModelProto:
     """Read an ONNX model (a local path, serialized bytes or a ``ModelProto``), with its weights.
 
     External-data tensors, wherever they sit (initializers, node attributes, sparse tensors,
@@ -49,6 +54,12 @@ def load_onnx_model(path_or_model: str | os.PathLike[str] | bytes | onnx.ModelPr
     symlinks) is refused, URLs are never fetched, and a model given in memory may not have any.
     Each length is checked against the tensor's declared size, the file's size and
     :mod:`npujax.limits` before it is read.
+
+    ``missing_data="zeros"`` (for shape-only uses such as the latency model) replaces the data of
+    a floating-point or <= 8-bit integer tensor whose external file is *absent* from the model's
+    folder by zeros of its declared shape (within the limits) and appends its location to
+    ``placeholders``; every other check still applies, and a missing int16/32/64 tensor is still
+    an error (its values may be shapes or indices).
 
     Raises:
       GraphError: the path is a URL or does not exist, the file is not a valid ONNX protobuf, or an
@@ -71,7 +82,9 @@ def load_onnx_model(path_or_model: str | os.PathLike[str] | bytes | onnx.ModelPr
             raise GraphError(f"ONNX model {text!r} does not exist or is not a file.")
         check_bytes(path.stat().st_size, f"ONNX file {text!r}", limit="max_model_bytes")
         model, base = _parse(path.read_bytes(), text), path.resolve().parent
-    _load_external_data(model, base)
+    if missing_data not in ("error", "zeros"):
+        raise GraphError(f"missing_data={missing_data!r}; use 'error' or 'zeros'.")
+    _load_external_data(model, base, placeholders if missing_data == "zeros" else None)
     refuse_external_data(model, "ONNX model")  # the invariant every evaluation relies on
     return model
 
@@ -102,7 +115,13 @@ def _tensor_nbytes(t: onnx.TensorProto, where: str) -> int | None:
     return (n * bits + 7) // 8 if bits else n * dtype.itemsize
 
 
-def _load_external_data(model: onnx.ModelProto, base: Path | None) -> None:
+_PLACEHOLDER_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
+                      onnx.TensorProto.DOUBLE, onnx.TensorProto.INT8, onnx.TensorProto.UINT8,
+                      onnx.TensorProto.INT4, onnx.TensorProto.UINT4}
+
+
+def _load_external_data(model: onnx.ModelProto, base: Path | None,
+                        placeholders: list[str] | None = None) -> None:
     """Read every external-data tensor of ``model`` (at any depth: subgraphs of ``If``/``Loop``/
     ``Scan``, attribute tensors, sparse tensors, functions) from inside ``base``, checking its
     length against the tensor's declared size, the file's size and the limits before reading;
@@ -129,9 +148,18 @@ def _load_external_data(model: onnx.ModelProto, base: Path | None) -> None:
             raise GraphError(
                 f"{where} points at external data {loc!r}, which resolves outside the model's "
                 f"folder {str(base)!r}; refusing to read it.")
+        if not target.exists() and placeholders is not None and nbytes is not None \
+                and t.data_type in _PLACEHOLDER_TYPES:
+            budget.take(nbytes, f"{where} (placeholder for missing {loc!r})")
+            t.raw_data = bytes(nbytes)
+            t.data_location = onnx.TensorProto.DEFAULT
+            del t.external_data[:]
+            placeholders.append(f"{where} ({loc})")
+            continue
         if not target.is_file():
             raise GraphError(f"external data file {loc!r} of {where} does not exist or is not "
-                             "a regular file.")
+                             "a regular file; place it next to the model (only latency needs no "
+                             "weights: `npujax lower` imports such a model for its shapes).")
         if nbytes is None:
             raise GraphError(f"{where}: external data of string tensors is not supported.")
         try:
@@ -693,6 +721,7 @@ def from_onnx(
     *,
     unsupported: str = "error",
     batch: int | None = None,
+    weights: str = "required",
 ) -> tuple[Graph, Params]:
     """Import an ONNX model as ``(Graph, params)``, specialised to static input shapes.
 
@@ -710,6 +739,11 @@ def from_onnx(
       batch: import at this batch size: the leading dimension of every input (given in
         ``input_shapes`` or declared with static other dimensions) is set to it
         (:func:`batch_input_shapes`).
+      weights: ``"required"`` (default): every external-data file must be present.
+        ``"shapes"``: a weight whose external file is absent (e.g. ZigZag's shipped workloads)
+        is imported as zeros with a warning, for what needs only shapes (:func:`npujax.lower`);
+        the graph's ``source`` is then :data:`SHAPES_ONLY_SOURCE` and :func:`npujax.execute`
+        refuses it.
 
     Decomposed LayerNorms and GELUs are fused into single ops where they are exactly that
     (:func:`npujax.ir.fusion.fuse_transformer_patterns`).
@@ -738,7 +772,15 @@ def from_onnx(
     """
     if unsupported not in ("error", "fallback"):
         raise GraphError(f"unsupported={unsupported!r}; use 'error' or 'fallback'.")
-    model = load_onnx_model(path_or_model)
+    if weights not in ("required", "shapes"):
+        raise GraphError(f"weights={weights!r}; use 'required' or 'shapes'.")
+    missing: list[str] = []
+    model = load_onnx_model(path_or_model, missing_data="zeros" if weights == "shapes" else "error",
+                            placeholders=missing)
+    if missing:
+        log.warning(f"{len(missing)} weight tensors have no data ({missing[0]}"
+                    f"{', ...' if len(missing) > 1 else ''}): imported for their shapes only "
+                    "(latency is exact; executing the model needs the external-data files).")
     if batch is not None:
         input_shapes = batch_input_shapes(model, input_shapes, batch) or None
     opset = _check_opset(model)
@@ -843,7 +885,8 @@ def from_onnx(
     for k, v in constants.items():
         tensors[k] = TensorType(tuple(int(d) for d in v.shape), str(v.dtype))
     graph = Graph(nodes=tuple(ctx.nodes), inputs=tuple(inputs), outputs=tuple(outputs),
-                  tensors=tensors, constants=constants, source="onnx")
+                  tensors=tensors, constants=constants,
+                  source=SHAPES_ONLY_SOURCE if missing else "onnx")
     return fuse_transformer_patterns(*_fold_bias_adds(graph, ctx.params))
 
 

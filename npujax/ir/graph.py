@@ -21,10 +21,15 @@ import numpy as np
 
 from npujax.errors import GraphError
 
-__all__ = ["TensorType", "Node", "Graph", "Params", "fresh_name"]
+__all__ = ["TensorType", "Node", "Graph", "Params", "fresh_name", "SHAPES_ONLY_SOURCE"]
 
 #: params pytree: ``{node_name: {role: array}}``.
 Params = dict[str, dict[str, Any]]
+
+#: ``Graph.source`` of an ONNX model imported with ``weights="shapes"`` whose external data was
+#: absent (:func:`npujax.from_onnx`): its missing weights are zeros, so
+#: :func:`npujax.execute` refuses it.
+SHAPES_ONLY_SOURCE = "onnx (shapes only: external weights missing)"
 
 
 def fresh_name(base: str, taken: set[str]) -> str:
@@ -40,6 +45,7 @@ def fresh_name(base: str, taken: set[str]) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
+
 class TensorType:
     """Static shape and dtype of a graph tensor (the traced batch size is part of the shape)."""
 

@@ -234,6 +234,23 @@ class Schedule:
             "edges": [e.to_dict() for e in self.edges],
         }
 
+    def _repr_html_(self) -> str:
+        """The per-layer table in a notebook (latency in µs, utilization in %)."""
+        from npujax._html import html_table
+
+        header = ("layer", "op", "device", "M", "K", "N", "MACs", "W bits", "A bits",
+                  "latency cycles", "latency µs", "bound", "util %")
+        rows = [(r["name"], r["op"], r["device"], r["M"] or None, r["K"] or None,
+                 r["N"] or None, r["macs"] or None, r["weight_bits"], r["act_bits"],
+                 round(r["latency_cycles"], 1), r["latency_s"] * 1e6, r["bound"],
+                 round(100 * r["utilization"], 1) if r["macs"] else None)
+                for r in (layer.to_dict() for layer in self.layers)]
+        caption = (f"{self.npu} — {self.dataflow}, batch {self.batch}: "
+                   f"{self.latency_s * 1e6:,.2f} µs, {self.macs:,} MACs, "
+                   f"{self.throughput_per_s:,.0f} inferences/s")
+        return html_table(caption, header, rows,
+                          numeric=[h not in ("layer", "op", "device", "bound") for h in header])
+
 
 def layer_bits(layers: list[Workload], quant: QuantSpec | None
                ) -> tuple[np.ndarray, np.ndarray]:

@@ -71,6 +71,16 @@ class MemoryReport:
         return {**dataclasses.asdict(self), "spill": [list(s) for s in self.spill],
                 "activation_spill": [list(s) for s in self.activation_spill]}
 
+    def _repr_html_(self) -> str:
+        """The report as a table in a notebook (KiB)."""
+        from npujax._html import html_table
+
+        rows = [(f.name.replace("_bytes", " KiB").replace("_", " "),
+                 getattr(self, f.name) / 1024 if f.name.endswith("_bytes") else
+                 getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "spill"]
+        rows += [(f"spill {layer} KiB", b / 1024) for layer, b in self.spill]
+        return html_table("memory", ("", "value"), rows, numeric=[False, True])
+
 
 def memory_report(graph: Graph, schedule: Schedule, spec: NpuSpec | str) -> MemoryReport:
     """Peak SRAM and DRAM of ``schedule`` (the result of ``lower(graph, spec, ...)``).

@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from npujax.errors import ShapeError
-from npujax.ir.graph import Graph, Params
+from npujax.errors import GraphError, ShapeError
+from npujax.ir.graph import SHAPES_ONLY_SOURCE, Graph, Params
 from npujax.ops import OPS, run_op, weight_role
 from npujax.quantize.quantizers import QState
 from npujax.quantize.spec import QuantSpec
@@ -124,7 +124,13 @@ def execute(
       ConfigError: if ``qstate`` lacks what a quantized layer needs (a calibrated grid, a learned
         step, mixture probabilities), or holds another quantizer's state.
       UnsupportedOpError: if a node's operator has no implementation.
+      GraphError: the graph was imported for its shapes only (``from_onnx(...,
+        weights="shapes")`` with its external-data files absent): it has no real weights.
     """
+    if graph.source == SHAPES_ONLY_SOURCE:
+        raise GraphError("this graph was imported for its shapes only (its ONNX external-data "
+                         "files were missing, so its weights are zeros); place the data files "
+                         "next to the model and import it again to execute it.")
     xs = as_inputs(graph, x)
     if xs and xs[0].ndim and xs[0].shape[0] != 1 and _batch_folded(graph):
         return _execute_per_example(graph, params, xs, quant=quant, qstate=qstate, key=key,
@@ -133,8 +139,10 @@ def execute(
     env.update(zip(graph.inputs, xs))
     quant = quant or {}
     tapped: dict[str, tuple[jax.Array, ...]] = {}
+    batch = int(xs[0].shape[0]) if xs and xs[0].ndim and graph.inputs \
+        and graph.tensors[graph.inputs[0]].shape[:1] == (1,) else 1
     for index, node in enumerate(graph.nodes):
-        ins = [env[t] for t in node.inputs]
+        ins = [_folded_concat_input(graph, node, t, env[t], batch) for t in node.inputs]
         p = dict(params.get(node.name, {}))
         if input_offsets and node.name in input_offsets:
             ins[0] = ins[0] + input_offsets[node.name]
@@ -162,16 +170,21 @@ def execute(
 
 def _batch_folded(graph: Graph) -> bool:
     """Whether ``graph`` was specialised to batch 1 with the batch folded into a shape (an
-    imported ``x.reshape(x.shape[0], -1)`` becomes a Reshape to ``[1, -1]``) or into a constant
-    concatenated with activations (a ViT's class token, broadcast to the traced batch and
-    folded)."""
+    imported ``x.reshape(x.shape[0], -1)`` becomes a Reshape to ``[1, -1]``). (A constant
+    concatenated with activations is broadcast instead: :func:`_folded_concat_input`.)"""
     if not graph.inputs or graph.tensors[graph.inputs[0]].shape[:1] != (1,):
         return False
-    return any((n.op == "Reshape" and n.attrs.get("shape")
-                and n.attrs["shape"][0] not in (0, -1))
-               or (n.op == "Concat" and n.attrs.get("axis", 0) % len(graph.tensors[
-                   n.outputs[0]].shape) != 0 and any(t in graph.constants for t in n.inputs))
+    return any(n.op == "Reshape" and n.attrs.get("shape") and n.attrs["shape"][0] not in (0, -1)
                for n in graph.nodes)
+
+
+def _folded_concat_input(graph: Graph, node: Any, t: str, v: jax.Array, batch: int) -> jax.Array:
+    """A batch-1 constant concatenated with activations along a non-batch axis (a ViT's class
+    token, broadcast to the traced batch 1 and folded), broadcast to ``batch``."""
+    if (node.op != "Concat" or t not in graph.constants or batch == 1 or not v.ndim
+            or v.shape[0] != 1 or node.attrs.get("axis", 0) % v.ndim == 0):
+        return v
+    return jnp.broadcast_to(v, (batch, *v.shape[1:]))
 
 
 def _execute_per_example(graph: Graph, params: Params, xs: list[jax.Array], *,

@@ -17,6 +17,12 @@ another instance). The quantizer state lives beside the model: the calibrated gr
 :class:`QuantState` variable (not trained), the fields a quantizer learns (LSQ steps) in a
 :class:`QuantParam` (an ``nnx.Param``, so the user's optimizer trains them).
 
+What is shared is what the graph's layers read (kernels, biases, norm scales, embedding tables;
+a kernel stored in another shape, such as ``nnx.MultiHeadAttention``'s ``(in, heads,
+head_dim)``, is reshaped as the tracer did). A parameter used in plain arithmetic rather than
+through a layer (a ViT's class token and position embedding) is folded by the tracer into a
+graph constant: the quantized model keeps it at its traced value and QAT does not train it.
+
 Linen has no module objects holding variables, so the same function with ``variables=`` returns
 ``(qmodule, qvariables)``: a Linen module whose ``apply(qvariables, x)`` runs the graph on the
 variables' ``params`` / ``batch_stats`` (the user's own trees) and the quantizer state kept in a
@@ -55,6 +61,9 @@ __all__ = ["QuantizedModel", "QuantState", "QuantParam", "quantize_model",
 
 Rules = Sequence[QuantRule | object] | QuantSpec
 
+#: Graph param roles whose Flax variable has another name (``nnx.Embed.embedding``).
+_VARIABLE_NAME = {"table": "embedding"}
+
 
 class QuantState(nnx.Variable):
     """The calibrated quantizer state ``{layer: state}`` of a :class:`QuantizedModel` (not
@@ -76,17 +85,28 @@ class _Plan:
       quant: the QuantSpec of ``run_graph``.
       refs: ``{node: {role: variable path}}`` into the user's model (NNX: attribute path; Linen:
         ``(collection, *path)``).
+      shapes: ``{node: {role: shape}}`` of the traced params: a variable of another shape and
+        the same size is reshaped (row-major) to it, as the tracer did (the ``(in, heads,
+        head_dim)`` kernels of ``nnx.MultiHeadAttention`` run as ``(in, heads * head_dim)``).
     """
 
     graph: Graph
     run_graph: Graph
     quant: Mapping[str, LayerQuant]
     refs: Mapping[str, Mapping[str, tuple[Any, ...]]]
+    shapes: Mapping[str, Mapping[str, tuple[int, ...]]] = dataclasses.field(
+        default_factory=dict)
 
     def raw(self, read: Callable[[tuple[Any, ...]], Any]) -> Params:
-        """The traced graph's params: the current variable values."""
-        return {node: {role: jnp.asarray(read(path), jnp.float32) for role, path in roles.items()}
-                for node, roles in self.refs.items()}
+        """The traced graph's params: the current variable values (in the traced shapes)."""
+        out: Params = {}
+        for node, roles in self.refs.items():
+            out[node] = {}
+            for role, path in roles.items():
+                v = jnp.asarray(read(path), jnp.float32)
+                shape = self.shapes.get(node, {}).get(role, v.shape)
+                out[node][role] = v if v.shape == shape else v.reshape(shape)
+        return out
 
     def fold(self, raw: Params) -> Params:
         """The run graph's params (BN folded, statistics gradient-stopped)."""
@@ -137,7 +157,33 @@ def _plan(graph: Graph, params: Params, rules: Rules,
     node_paths = _node_paths(graph, paths)
     refs = {name: {role: path_of(node_paths[name], role) for role in params[name]}
             for name in node_paths}
-    return _Plan(graph, run_graph, quant, refs)
+    shapes = {name: {role: tuple(jnp.shape(v)) for role, v in params[name].items()}
+              for name in node_paths}
+    return _Plan(graph, run_graph, quant, refs, shapes)
+
+
+def _check_shared(plan: _Plan, params: Params, read: Callable[[tuple[Any, ...]], Any]) -> None:
+    """The traced params must be the model's variables (reshaped at most).
+
+    Raises:
+      GraphError: a traced param that is not its variable's value (names both), e.g. a kernel
+        the tracer transposed: the quantized model could not share it.
+    """
+    raw = plan.raw(read)
+    for node, roles in params.items():
+        for role, v in roles.items():
+            if node in raw and not bool(jnp.array_equal(raw[node][role], jnp.asarray(v))):
+                raise GraphError(
+                    f"traced layer {node!r} {role} is not the value of the model's variable "
+                    f"{'/'.join(map(str, plan.refs[node][role]))} (shape "
+                    f"{tuple(jnp.shape(v))}); quantize_model cannot share it. Please report the "
+                    "model.")
+
+
+def _as_input(x: ArrayLike) -> jax.Array:
+    """A model input: floating point as float32, integers (token ids) and booleans kept."""
+    a = jnp.asarray(x)
+    return a.astype(jnp.float32) if jnp.issubdtype(a.dtype, jnp.floating) else a
 
 
 def _calibrated(plan: _Plan, params: Params, batches: Iterable[ArrayLike],
@@ -187,7 +233,7 @@ class QuantizedModel(nnx.Module):
 
     def __call__(self, x: ArrayLike) -> Any:
         """The quantized model's output on ``x`` (the traced model's input shape, any batch)."""
-        return self.plan.forward(self._read, jnp.asarray(x, jnp.float32), self.current_qstate())
+        return self.plan.forward(self._read, _as_input(x), self.current_qstate())
 
 
 def _nnx_paths(model: nnx.Module) -> dict[str, tuple[Any, ...]]:
@@ -217,7 +263,7 @@ def _linen_module_class() -> type:
 
             learned = v.get("params", {}).get("npujax_quant", {})
             qstate = _qstate(v.get("quant", {}).get("state", {}), learned)
-            return self.plan.forward(read, jnp.asarray(x, jnp.float32), qstate)
+            return self.plan.forward(read, _as_input(x), qstate)
 
     return QuantizedLinenModule
 
@@ -255,7 +301,8 @@ def quantize_model(
         ``flax.linen.Module`` with ``variables``.
       rules: :class:`npujax.QuantRule` list (npujax or Qwix vocabulary; Qwix ``QtRule`` objects
         too), or a ready :data:`npujax.QuantSpec` for the BN-folded graph.
-      sample_input: float32 ``(batch, ...)``: fixes the non-batch input shape (any batch runs
+      sample_input: ``(batch, ...)``, float (run as float32) or integer (token ids, kept): fixes
+        the non-batch input shape (the model is traced on its first example; any batch runs
         later) and gives the initial activation ranges (re-calibrate on real data with
         :func:`calibrate_model`).
       variables: Linen only: ``{"params": ..., "batch_stats": ...}``.
@@ -278,30 +325,37 @@ def quantize_model(
       ...     weight_qtype="int8", act_qtype="int8")], x[:8])                 # doctest: +SKIP
       >>> opt = nnx.Optimizer(qmodel, optax.adamw(1e-4), wrt=nnx.Param)      # doctest: +SKIP
     """
-    x = jnp.asarray(sample_input, jnp.float32)
+    x = _as_input(sample_input)
+    if x.ndim == 0 or x.shape[0] < 1:
+        raise ConfigError(f"sample_input must be a batch (batch, ...) of at least one example, "
+                          f"got shape {tuple(x.shape)}.")
+    one = x[:1]  # traced at batch 1: shapes that fold the batch run any batch (npujax.execute)
     if _is_linen(model):
         if variables is None:
             raise ConfigError("quantize_model of a flax.linen.Module needs variables= (its "
                               "{'params': ..., 'batch_stats': ...}).")
-        graph, params = trace_flax(model, x, variables=variables, **apply_kwargs)
+        graph, params = trace_flax(model, one, variables=variables, **apply_kwargs)
         linen_paths = {n.name for n in graph.nodes if n.params}
 
         def linen_path(path: str, role: str) -> tuple[Any, ...]:
             coll = "batch_stats" if role in ("mean", "var") else "params"
-            return (coll, *path.split("/"), role)
+            return (coll, *path.split("/"), _VARIABLE_NAME.get(role, role))
 
         plan = _plan(graph, params, rules, linen_path,
                      linen_paths | {n.rsplit("_", 1)[0] for n in linen_paths})
+        _check_shared(plan, params, lambda p: _dig(variables, p))
         learned, rest = _calibrated(plan, plan.params(lambda p: _dig(variables, p)), [x],
                                     observer)
         return _linen_module_class()(plan=plan), _linen_variables(variables, rest, learned)
     if variables is not None or apply_kwargs:
         raise ConfigError("variables= and apply keyword arguments are for Linen models; an "
                           "nnx.Module holds its own variables.")
-    graph, params = trace_flax(model, x)
+    graph, params = trace_flax(model, one)
     paths = _nnx_paths(model)
-    plan = _plan(graph, params, rules, lambda path, role: (*paths[path], role), set(paths))
+    plan = _plan(graph, params, rules,
+                 lambda path, role: (*paths[path], _VARIABLE_NAME.get(role, role)), set(paths))
     qmodel = QuantizedModel(model, plan, {}, {})
+    _check_shared(plan, params, qmodel._read)
     learned, rest = _calibrated(plan, qmodel.folded_params(), [x], observer)
     qmodel.qstate.set_value(rest)
     qmodel.learned.set_value(learned)

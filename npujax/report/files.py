@@ -13,7 +13,7 @@ from npujax._atomic import atomic_write_text
 from npujax.plan.energy import ENERGY_BREAKDOWN
 from npujax.plan.lower import Schedule
 
-__all__ = ["write_json", "write_layers_csv", "LAYER_COLUMNS"]
+__all__ = ["write_json", "write_layers_csv", "json_text", "layers_csv_text", "LAYER_COLUMNS"]
 
 #: Columns of the per-layer CSV, in order.
 LAYER_COLUMNS = (
@@ -37,9 +37,14 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
+def json_text(data: dict[str, Any]) -> str:
+    """``data`` as indented JSON text (numpy/jax values converted; NaN/inf refused)."""
+    return json.dumps(_clean(data), indent=2) + "\n"
+
+
 def write_json(path: str | os.PathLike[str], data: dict[str, Any]) -> None:
     """Write ``data`` as indented JSON (numpy/jax values converted; NaN/inf refused)."""
-    atomic_write_text(path, json.dumps(_clean(data), indent=2) + "\n")
+    atomic_write_text(path, json_text(data))
 
 
 def _rounded(column: str, v: Any) -> Any:
@@ -57,6 +62,11 @@ def _rounded(column: str, v: Any) -> Any:
 
 
 def write_layers_csv(path: str | os.PathLike[str], schedule: Schedule) -> None:
+    """Write :func:`layers_csv_text` of ``schedule`` to ``path`` (atomically)."""
+    atomic_write_text(path, layers_csv_text(schedule))
+
+
+def layers_csv_text(schedule: Schedule) -> str:
     """One row per layer with :data:`LAYER_COLUMNS` (units in the names: ``_cycles``, ``_s``,
     ``_bytes``, ``_bits``, ``_j``; ``utilization`` and ``mapping_efficiency`` are fractions), cycles
     rounded to 0.1 and other figures to 6 significant digits."""
@@ -66,4 +76,4 @@ def write_layers_csv(path: str | os.PathLike[str], schedule: Schedule) -> None:
     for row in schedule.to_dict()["layers"]:
         row["epilogue"] = "+".join(row["epilogue"])
         w.writerow({k: _rounded(k, row[k]) for k in LAYER_COLUMNS})
-    atomic_write_text(path, buf.getvalue())
+    return buf.getvalue()

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
+from npujax.errors import ConfigError
 from npujax.hw.spec import NpuSpec, as_spec
 from npujax.ir.graph import Graph, Params
 from npujax.plan.lower import lower
@@ -26,7 +29,7 @@ def search_precision(
     graph: Graph,
     params: Params,
     spec: NpuSpec | str,
-    x: np.ndarray,
+    x: np.ndarray | Iterable[Any],
     y: np.ndarray | None,
     qstate: QState,
     config: SearchConfig | None = None,
@@ -40,7 +43,10 @@ def search_precision(
       params: its params.
       spec: the NPU whose latency model (:func:`npujax.lower`) is the cost (an
         :class:`~npujax.hw.NpuSpec`, or a preset name or TOML path).
-      x: training/calibration inputs.
+      x: training/calibration inputs ``(n, ...)``, or any iterable (a data loader) of input
+        batches or of ``(inputs, labels)`` batches; an iterable is read once and its batches
+        concatenated (the searchers pass over the data several times), its labels used as
+        ``y``.
       y: their integer labels; ``y=None`` (an unlabelled, e.g. imported, model) distils from the
         float model instead: its top-1 classes as labels for a classifier, its outputs
         (variance-normalized MSE) otherwise (:mod:`npujax.search.objective`).
@@ -59,6 +65,7 @@ def search_precision(
         output, a graph with several outputs, a bad pinned layer.
       ShapeError: labels of another length than ``x``.
     """
+    x, y = _materialize(x, y)
     config = config or SearchConfig()
     spec = as_spec(spec)
     task = loss if loss is not None else task_loss(graph, config.loss)
@@ -81,3 +88,25 @@ def search_precision(
         details=outcome.details, params=outcome.params)
     policy = dataclasses.replace(report.policy, meta=report.meta())
     return dataclasses.replace(report, policy=policy)
+
+
+def _materialize(x: Any, y: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(x, y)`` as arrays: an array as it is, an iterable of batches concatenated."""
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return np.asarray(x), y
+    if not isinstance(x, Iterable):
+        raise ConfigError(f"x must be an array or an iterable of batches, got {type(x).__name__}.")
+    xs, ys = [], []
+    for batch in x:
+        if isinstance(batch, tuple) and len(batch) == 2:
+            xs.append(np.asarray(batch[0]))
+            ys.append(np.asarray(batch[1]))
+        else:
+            xs.append(np.asarray(batch))
+    if not xs:
+        raise ConfigError("the data iterable yielded no batch; give at least one.")
+    if ys and len(ys) != len(xs):
+        raise ConfigError("the data iterable mixes (inputs, labels) pairs and bare inputs.")
+    if ys and y is not None:
+        raise ConfigError("the batches carry labels and y is given too; pass y=None.")
+    return np.concatenate(xs), (np.concatenate(ys) if ys else y)

@@ -55,6 +55,19 @@ class SearchReport:
         """``int8_latency_s / latency_s``."""
         return self.int8_latency_s / self.latency_s
 
+    def _repr_html_(self) -> str:
+        """The chosen widths per layer, with the latency against the budget, in a notebook."""
+        from npujax._html import html_table
+
+        caption = (f"{self.method} on {self.npu}: {self.latency_s * 1e6:,.2f} µs "
+                   f"(budget {self.budget_s * 1e6:,.2f} µs, "
+                   f"{'met' if self.budget_met else 'NOT met'}; "
+                   f"{self.speedup_vs_int8:.2f}x vs int8)")
+        rows = [(name, bits, self.policy.act_bits.get(name))
+                for name, bits in self.policy.weight_bits.items()]
+        return html_table(caption, ("layer", "weight bits", "act bits"), rows,
+                          numeric=[False, True, True])
+
     def meta(self) -> dict[str, Any]:
         """JSON-ready provenance, as stored in the policy file's ``meta``."""
         return {"method": self.method, "npu": self.npu, "loss": self.loss,

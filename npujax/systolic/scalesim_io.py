@@ -15,11 +15,13 @@ Formats as SCALE-Sim 3.0.0 reads and writes them (``scalesim/scale_config.py``,
 * GEMM topology: header ``Layer, M, N, K,`` then ``name, M, N, K,`` rows.
 * reports: ``COMPUTE_REPORT.csv``, ``BANDWIDTH_REPORT.csv``, ``DETAILED_ACCESS_REPORT.csv``.
 
-The per-layer figures come from :func:`npujax.systolic.scalesim_report` (SCALE-Sim's conventions
-restated in closed form; equal to SCALE-Sim's own on the reference cases in
-``tests/systolic/data``). Columns npujax does not model cycle by cycle are not written:
-``Total Cycles (incl. prefetch)`` (SCALE-Sim's DRAM prefetch trace), the DRAM traffic and the
-start/stop cycles of each access stream.
+The per-layer figures come from :func:`npujax.systolic.scalesim_report` (the compute side) and
+:mod:`npujax.systolic.scalesim_memory` (the DRAM side of SCALE-Sim's estimate-bandwidth mode):
+SCALE-Sim's conventions restated in closed form, equal to SCALE-Sim's own on the reference cases
+in ``tests/systolic/data``, including ``Total Cycles (incl. prefetch)``. One approximation:
+an operand with more distinct words than half its SRAM is re-read by SCALE-Sim as its sets
+rotate; npujax reports its compulsory reads (``ScaleSimReports.approximate_reads`` names those
+layers).
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ from npujax._atomic import atomic_write_text
 from npujax.errors import ConfigError
 from npujax.systolic.scalesim import scalesim_report
 
-__all__ = ["ScaleSimConfig", "TopologyLayer", "read_scalesim_config", "read_topology",
-           "write_topology", "write_scalesim_reports", "REPORT_FILES"]
+__all__ = ["ScaleSimConfig", "ScaleSimReports", "TopologyLayer", "read_scalesim_config",
+           "read_topology", "write_topology", "write_scalesim_reports", "read_report",
+           "REPORT_FILES"]
 
 #: The report files :func:`write_scalesim_reports` writes.
 REPORT_FILES = ("COMPUTE_REPORT.csv", "BANDWIDTH_REPORT.csv", "DETAILED_ACCESS_REPORT.csv")
@@ -55,6 +58,8 @@ class ScaleSimConfig:
       dataflow: ``"ws"``, ``"os"`` or ``"is"``.
       ifmap_sram_kb, filter_sram_kb, ofmap_sram_kb: SRAM sizes in kB.
       bandwidth_words_per_cycle: the ``Bandwidth`` entry (USER mode), or None (CALC).
+      interface_bandwidth: ``[run_presets] InterfaceBandwidth``: ``"CALC"`` (SCALE-Sim sizes the
+        DRAM interface so that nothing stalls; the mode npujax's reports follow) or ``"USER"``.
     """
 
     run_name: str
@@ -65,6 +70,7 @@ class ScaleSimConfig:
     filter_sram_kb: int
     ofmap_sram_kb: int
     bandwidth_words_per_cycle: float | None = None
+    interface_bandwidth: str = "CALC"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -148,12 +154,18 @@ def read_scalesim_config(path: str | os.PathLike[str]) -> ScaleSimConfig:
         except ValueError:
             bw = None
     name = get("general", "run_name") if cp.has_option("general", "run_name") else "npujax"
+    mode = "CALC"
+    if cp.has_option("run_presets", "InterfaceBandwidth"):
+        mode = get("run_presets", "InterfaceBandwidth").upper()
+        if mode not in ("CALC", "USER"):
+            raise ConfigError(f"SCALE-Sim config {str(path)!r}: [run_presets] "
+                              f"InterfaceBandwidth must be CALC or USER, got {mode!r}.")
     return ScaleSimConfig(run_name=name, rows=positive("ArrayHeight"),
                           cols=positive("ArrayWidth"), dataflow=df,
                           ifmap_sram_kb=positive("IfmapSramSzkB"),
                           filter_sram_kb=positive("FilterSramSzkB"),
                           ofmap_sram_kb=positive("OfmapSramSzkB"),
-                          bandwidth_words_per_cycle=bw)
+                          bandwidth_words_per_cycle=bw, interface_bandwidth=mode)
 
 
 def read_topology(path: str | os.PathLike[str]) -> list[TopologyLayer]:
@@ -217,46 +229,97 @@ def _fmt(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else repr(float(v))
 
 
-def write_scalesim_reports(layers: Sequence[TopologyLayer], config: ScaleSimConfig,
-                           out_dir: str | os.PathLike[str]) -> list[str]:
-    """Write SCALE-Sim's report CSVs for ``layers`` on ``config``'s array into ``out_dir``.
+_COMPUTE_COLUMNS = ("Total Cycles (incl. prefetch)", "Total Cycles", "Stall Cycles",
+                    "Overall Util %", "Mapping Efficiency %", "Compute Util %")
+_BANDWIDTH_COLUMNS = ("Avg IFMAP SRAM BW", "Avg FILTER SRAM BW", "Avg OFMAP SRAM BW",
+                      "Avg IFMAP DRAM BW", "Avg FILTER DRAM BW", "Avg OFMAP DRAM BW")
+_DETAIL_COLUMNS = tuple(
+    f"{mem} {op} {what}"
+    for mem in ("SRAM", "DRAM")
+    for op, verb in (("IFMAP", "Reads"), ("Filter", "Reads"), ("OFMAP", "Writes"))
+    for what in ("Start Cycle", "Stop Cycle", verb))
 
-    ``COMPUTE_REPORT.csv``: ``LayerID, Total Cycles, Stall Cycles, Overall Util %, Mapping
-    Efficiency %, Compute Util %`` (equal to SCALE-Sim 3.0.0's; stalls 0 as in its CALC
-    bandwidth mode). ``BANDWIDTH_REPORT.csv``: ``Avg IFMAP/FILTER/OFMAP SRAM BW`` (words per
-    cycle). ``DETAILED_ACCESS_REPORT.csv``: ``SRAM IFMAP Reads, SRAM Filter Reads, SRAM OFMAP
-    Writes``. Every file written atomically.
+
+@dataclasses.dataclass(frozen=True)
+class ScaleSimReports:
+    """What :func:`write_scalesim_reports` wrote.
+
+    Attributes:
+      files: the report file names, in ``out_dir``.
+      approximate_reads: names of the layers with an operand larger than half its SRAM, whose
+        DRAM read columns are npujax's compulsory reads (SCALE-Sim re-reads evicted data; see
+        :mod:`npujax.systolic.scalesim_memory`).
+    """
+
+    files: tuple[str, ...]
+    approximate_reads: tuple[str, ...]
+
+
+def _line(cells: Sequence[object]) -> str:
+    return ", ".join(_fmt(c) if isinstance(c, float) else str(c) for c in cells) + ","
+
+
+def write_scalesim_reports(layers: Sequence[TopologyLayer], config: ScaleSimConfig,
+                           out_dir: str | os.PathLike[str]) -> ScaleSimReports:
+    """Write SCALE-Sim 3.0.0's report CSVs for ``layers`` on ``config``'s array into ``out_dir``.
+
+    The columns and their order are SCALE-Sim's (CALC bandwidth mode, no sparsity):
+    ``COMPUTE_REPORT.csv``: ``LayerID, Total Cycles (incl. prefetch), Total Cycles, Stall
+    Cycles, Overall Util %, Mapping Efficiency %, Compute Util %`` (equal to SCALE-Sim's own on
+    every reference case in ``tests/systolic/data``). ``BANDWIDTH_REPORT.csv``: the average
+    SRAM and DRAM words per cycle of each operand. ``DETAILED_ACCESS_REPORT.csv``: start cycle,
+    stop cycle and count of the SRAM and DRAM accesses of each operand. Figures from
+    :func:`npujax.systolic.scalesim_report` and
+    :func:`npujax.systolic.scalesim_memory.scalesim_memory`. Every file written atomically.
 
     Returns:
-      The names of the files written.
+      :class:`ScaleSimReports`.
 
     Raises:
       ConfigError: no layers.
     """
+    from npujax.systolic.scalesim_memory import distinct_ifmap_words, scalesim_memory
+
     if not layers:
         raise ConfigError("the topology has no layer to report.")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    M, K, N = (np.array([getattr(ly, f) for ly in layers], np.int64) for f in "MKN")
-    r = {k: np.asarray(v) for k, v in scalesim_report(M, K, N, config.rows, config.cols,
-                                                        config.dataflow).items()}
-    compute = ["LayerID, Total Cycles, Stall Cycles, Overall Util %, Mapping Efficiency %, "
-               "Compute Util %,"]
-    bandwidth = ["LayerID, Avg IFMAP SRAM BW, Avg FILTER SRAM BW, Avg OFMAP SRAM BW,"]
-    detail = ["LayerID, SRAM IFMAP Reads, SRAM Filter Reads, SRAM OFMAP Writes,"]
-    for i in range(len(layers)):
+    # padded to a power of two (with 1x1x1 GEMMs) so that topologies of similar length share
+    # one compiled program
+    size = 1 << max(3, (len(layers) - 1).bit_length())
+    M, K, N = (np.array([getattr(ly, f) for ly in layers] + [1] * (size - len(layers)), np.int64)
+               for f in "MKN")
+    r = {k: np.asarray(v)[:len(layers)]
+         for k, v in scalesim_report(M, K, N, config.rows, config.cols, config.dataflow).items()}
+    compute = ["LayerID, " + ", ".join(_COMPUTE_COLUMNS) + ","]
+    bandwidth = ["LayerID, " + ", ".join(_BANDWIDTH_COLUMNS) + ","]
+    detail = ["LayerID, " + ", ".join(_DETAIL_COLUMNS) + ","]
+    approximate = []
+    for i, ly in enumerate(layers):
+        mem = scalesim_memory(
+            M=ly.M, K=ly.K, N=ly.N, rows=config.rows, cols=config.cols, dataflow=config.dataflow,
+            ifmap_distinct=distinct_ifmap_words(ly.ifmap_h, ly.ifmap_w, ly.filt_h, ly.filt_w,
+                                                ly.channels, ly.stride),
+            ifmap_sram_kb=config.ifmap_sram_kb, filter_sram_kb=config.filter_sram_kb,
+            ofmap_sram_kb=config.ofmap_sram_kb)
+        if not all(mem.reads_exact):
+            approximate.append(ly.name)
         cyc = int(r["total_cycles"][i])
-        compute.append(", ".join([str(i), str(cyc), _fmt(r["stall_cycles"][i]),
-                                  _fmt(r["overall_util_pct"][i]),
-                                  _fmt(r["mapping_efficiency_pct"][i]),
-                                  _fmt(r["compute_util_pct"][i])]) + ",")
-        reads = [int(r[k][i]) for k in ("sram_ifmap_reads", "sram_filter_reads",
-                                        "sram_ofmap_writes")]
-        bandwidth.append(", ".join([str(i), *(_fmt(v / cyc) for v in reads)]) + ",")
-        detail.append(", ".join([str(i), *map(str, reads)]) + ",")
+        compute.append(_line([i, mem.total_cycles_incl_prefetch, cyc, int(r["stall_cycles"][i]),
+                              float(r["overall_util_pct"][i]),
+                              float(r["mapping_efficiency_pct"][i]),
+                              float(r["compute_util_pct"][i])]))
+        sram = [int(r[k][i]) for k in ("sram_ifmap_reads", "sram_filter_reads",
+                                       "sram_ofmap_writes")]
+        dram = [mem.ifmap_dram, mem.filter_dram, mem.ofmap_dram]
+        bandwidth.append(_line([i, *(float(v / cyc) for v in sram),
+                                *(float(n / (stop - start + 1)) for start, stop, n in dram)]))
+        spans = [mem.ifmap_sram, mem.filter_sram, mem.ofmap_sram]
+        detail.append(_line([i, *(x for (a, b), n in zip(spans, sram) for x in (a, b, n)),
+                             *(x for d in dram for x in d)]))
     for name, lines in zip(REPORT_FILES, (compute, bandwidth, detail)):
         atomic_write_text(out / name, "\n".join(lines) + "\n")
-    return list(REPORT_FILES)
+    return ScaleSimReports(files=REPORT_FILES, approximate_reads=tuple(approximate))
 
 
 def read_report(path: str | os.PathLike[str]) -> list[dict[str, float]]:

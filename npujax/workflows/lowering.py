@@ -96,8 +96,10 @@ def write_lowering(out: str | Path, lowering: Lowering, spec: NpuSpec,
 def import_onnx_for_lowering(path: str | Path, shapes: Mapping[str, Sequence[int]] | None,
                              batch: int | None) -> Graph:
     """An ONNX model as an optimized graph for the latency model: unsupported operators kept as
-    CPU fallbacks, optionally at another batch size."""
-    graph, params = from_onnx(path, shapes or None, unsupported="fallback", batch=batch)
+    CPU fallbacks, optionally at another batch size. Latency needs only shapes, so weights whose
+    external-data file is absent are zeros (with a warning; ``from_onnx(weights="shapes")``)."""
+    graph, params = from_onnx(path, shapes or None, unsupported="fallback", batch=batch,
+                              weights="shapes")
     return optimize(graph, params)[0]
 
 

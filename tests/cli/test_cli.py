@@ -94,6 +94,7 @@ def test_lower_writes_readable_outputs(saved_model, tmp_path):
     r = run("lower", str(saved_model), "--npu", "gemmini_16x16", "--out", str(tmp_path / "o"))
     assert r.returncode == 0, r.stderr
     assert "fallback" in r.stdout  # gemmini has no average pooling: it runs on the CPU
+    assert "…" not in r.stdout  # a pipe gets whole table cells, never shortened ones
     mode = stat.S_IMODE(os.stat(tmp_path / "o" / "schedule.json").st_mode)
     umask = os.umask(0)
     os.umask(umask)
@@ -144,3 +145,21 @@ def test_repeated_bit_options_combine():
     assert bits_spec(["4"]) == 4
     with pytest.raises(ConfigError, match="twice"):
         bits_spec(["fc1=4", "fc1=2"])
+
+
+@pytest.mark.integration  # ~4 s: lowers the model at every dataflow (one compilation each)
+def test_lower_format_csv_and_json_print_only_the_schedule(saved_model, capsys):
+    """``--format csv|json`` is for pipelines: stdout holds the CSV / JSON alone."""
+    import csv
+    import io
+    import json
+
+    from npujax.cli import main
+
+    assert main(["lower", str(saved_model), "--format", "csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert rows and {"name", "latency_cycles", "latency_s"} <= set(rows[0])
+    assert main(["lower", str(saved_model), "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["latency_s"] > 0 and len(doc["layers"]) == len(rows)
+    assert main(["lower", str(saved_model), str(saved_model), "--format", "csv"]) == 2

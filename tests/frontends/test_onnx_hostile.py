@@ -281,3 +281,48 @@ def test_64_bit_integers_are_checked_at_the_input_or_refused_inside():
                      [hi.vi("x", [2])], [hi.vi("y", [2], i64)])
     with pytest.raises(UnsupportedOpError, match="64-bit"):
         from_onnx(inner)
+
+
+def _matmul_with_external_weight(folder, data_type=onnx.TensorProto.FLOAT):
+    """``y = x @ w`` with ``w`` ([16, 8]) kept in ``w.bin`` next to the model (not written)."""
+    w = hi.external_tensor("w", "w.bin", n=16 * 8)
+    w.data_type = data_type
+    del w.dims[:]
+    w.dims.extend([16, 8])
+    m = hi.model([h.make_node("MatMul", ["x", "w"], ["y"])], [hi.vi("x", [1, 16])],
+                 [hi.vi("y", [1, 8])], [w])
+    onnx.save(m, folder / "m.onnx")
+    return folder / "m.onnx"
+
+
+def test_missing_external_weights_lower_for_shapes_only(secret_cwd, caplog):
+    """ZigZag ships workloads without their weight files: latency needs only shapes, so the
+    lowering import reads them as zeros (with a warning); execution still needs the data."""
+    from npujax.ir.graph import SHAPES_ONLY_SOURCE
+    from npujax.workflows.lowering import import_onnx_for_lowering
+
+    path = _matmul_with_external_weight(secret_cwd)
+    with pytest.raises(GraphError, match="does not exist.*npujax lower"):
+        from_onnx(path)
+    graph, params = from_onnx(path, weights="shapes")
+    assert "1 weight tensors have no data" in caplog.text
+    assert graph.source == SHAPES_ONLY_SOURCE
+    assert not np.any(params[graph.nodes[0].name]["kernel"])
+    with pytest.raises(GraphError, match="shapes only"):
+        execute(graph, params, np.ones((1, 16), np.float32))
+    lowered = import_onnx_for_lowering(path, None, None)  # what `npujax lower` costs
+    (secret_cwd / "w.bin").write_bytes(np.ones(16 * 8, np.float32).tobytes())
+    real = import_onnx_for_lowering(path, None, None)
+    assert real.source == "onnx" and lowered.source == SHAPES_ONLY_SOURCE
+    assert repr((lowered.nodes, lowered.tensors)) == repr((real.nodes, real.tensors))
+
+
+def test_shapes_only_keeps_every_other_external_data_check(secret_cwd):
+    """Only an *absent* file inside the folder becomes zeros: a location outside the folder is
+    still refused, and a missing integer tensor (perhaps a shape) is still an error."""
+    onnx.save(hi.if_external("../cwd/.hidden/key.bin"), secret_cwd / "esc.onnx")
+    with pytest.raises(GraphError, match="outside"):
+        from_onnx(secret_cwd / "esc.onnx", unsupported="fallback", weights="shapes")
+    path = _matmul_with_external_weight(secret_cwd, onnx.TensorProto.INT64)
+    with pytest.raises(GraphError, match="does not exist"):
+        from_onnx(path, weights="shapes")

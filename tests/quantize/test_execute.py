@@ -54,3 +54,27 @@ def test_execute_errors(traced):
         execute(g, p, jnp.ones((1, 8, 8, 1), jnp.float32), quant=quant_spec(g, 8, 8))
     with pytest.raises(ConfigError, match="unknown"):
         quant_spec(g, {"conv1": 8, "nope": 4})
+
+
+def test_batch_one_graph_with_a_folded_class_token_runs_any_batch_without_vmap():
+    """A ViT traced at batch 1 concatenates its class token as a folded ``[1, 1, d]`` constant;
+    at batch 3 the constant is broadcast (one batched program, no per-example ``vmap``), with
+    the numbers of three batch-1 runs."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from npujax.frontends.onnx import from_onnx
+    from npujax.quantize.execute import _batch_folded
+
+    cls = numpy_helper.from_array(np.arange(4, dtype=np.float32).reshape(1, 1, 4), "cls")
+    g = helper.make_graph(
+        [helper.make_node("Concat", ["cls", "x"], ["c"], axis=1),
+         helper.make_node("Relu", ["c"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 4])], [cls])
+    graph, params = from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    assert "cls" in graph.constants and not _batch_folded(graph)
+    x = np.random.default_rng(0).normal(size=(3, 2, 4)).astype(np.float32)
+    y = execute(graph, params, x)
+    assert y.shape == (3, 3, 4)
+    np.testing.assert_array_equal(y, np.concatenate([execute(graph, params, x[i:i + 1])
+                                                     for i in range(3)]))

@@ -3,6 +3,7 @@ model's own, runs the same graph as the existing QAT path (same numbers), trains
 transform under nnx.jit, checkpoints with orbax, and leaves the trained weights in the original
 module; the Linen equivalent; Qwix-vocabulary rules."""
 
+import dataclasses
 import types
 
 import jax
@@ -215,3 +216,30 @@ def test_linen_equivalent(data):
     assert not np.allclose(np.asarray(plain["params"]["fc"]["kernel"]),
                            np.asarray(variables["params"]["fc"]["kernel"]))
     model.apply(plain, x)  # the user's own module runs the trained variables
+
+
+@pytest.mark.integration  # ~10 s on a loaded 2-core machine: two transformers traced
+def test_transformers_share_reshaped_attention_kernels_and_keep_int_tokens():
+    """A ViT's ``nnx.MultiHeadAttention`` kernels are ``(in, heads, head_dim)`` variables that the
+    graph runs as ``(in, heads * head_dim)``: shared, reshaped, read live (a new value in the
+    module is what the quantized model runs). A decoder's int32 token ids stay integers (an
+    ``nnx.Embed`` lookup), its single input any batch."""
+    from npujax.models.transformer import DECODER_CONFIGS, Decoder, ViT
+
+    vit = ViT(image=4, patch=2, channels=1, d_model=8, heads=2, d_ff=8, layers=1,
+              classes=3, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(1), (4, 4, 4, 1))
+    q = npujax.quantize_model(vit, W8A8, x)
+    assert_close(q(x), vit(x), atol=0.05)
+    before = q(x)
+    kernel = vit.attns[0].value.kernel
+    kernel.set_value(-2 * kernel[...])  # (8, 2, 4), run as (8, 8)
+    assert not np.allclose(q(x), before, atol=0.05)
+    npujax.calibrate_model(q, [x])  # the static activation ranges, for the new weights
+    assert_close(q(x), vit(x), atol=0.05)
+    cfg = dataclasses.replace(DECODER_CONFIGS["tiny"], d_model=16, d_ff=16, layers=1)
+    dec = Decoder(cfg, seq_len=4, rngs=nnx.Rngs(0))
+    tokens = jnp.arange(12, dtype=jnp.int32).reshape(3, 4)
+    q = npujax.quantize_model(dec, W8A8, tokens)
+    assert q(tokens[:2]).shape == (2, 4, cfg.vocab)
+    assert_close(q(tokens), dec(tokens), atol=0.1)

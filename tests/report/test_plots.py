@@ -45,3 +45,24 @@ def test_small_models_plot_every_layer():
     fig = plot_layer_latency(None, {"x": _schedule(5)})
     assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == [f"l{i}" for i in range(5)]
     assert "slowest" not in fig.axes[0].get_title()
+
+
+def test_schedule_and_reports_render_as_html_tables_in_notebooks():
+    """Jupyter shows a cell's value through ``_repr_html_``; plots are Figures (shown inline)."""
+    from npujax.plan import MemoryReport
+    from npujax.search import PrecisionPolicy, SearchReport
+
+    s = _schedule(3)
+    page = s._repr_html_()
+    assert page.count("<tr>") == 1 + 3 and "l2" in page and "output_stationary" in page
+    assert "<td style=\"text-align:right\">1,536</td>" in page  # MACs of l2, separated
+    mem = MemoryReport(weight_bytes=2048.0, dram_activation_peak_bytes=1024.0,
+                       dram_footprint_bytes=3072.0, dram_capacity_bytes=0.0,
+                       sram_peak_bytes=512.0, sram_capacity_bytes=4096.0, fits=True,
+                       spill=(("fc<1>", 1024.0),))
+    page = mem._repr_html_()
+    assert "weight KiB</td><td style=\"text-align:right\">2</td>" in page and "fc&lt;1&gt;" in page
+    rep = SearchReport(policy=PrecisionPolicy({"l0": 4, "l1": 8}, {"l0": 8, "l1": 8}),
+                       method="ilp", npu="npu", loss="logits", distilled=True, budget_s=1e-6,
+                       latency_s=2e-6, int8_latency_s=3e-6, pinned=None, details={})
+    assert "NOT met" in rep._repr_html_() and rep._repr_html_().count("<tr>") == 3

@@ -156,3 +156,25 @@ def test_cli_search_writes_a_policy(problem, tmp_path):
     assert "Exception ignored" not in err, err
     assert load_policy(tmp_path / "piped.json").meta["method"] == "greedy"
     # (usage errors such as --candidates 2,x: tests/cli/test_cli.py, in-process)
+
+
+def test_search_takes_a_data_iterator():
+    """A data loader works as well as arrays: its (inputs, labels) batches are read once and
+    concatenated (the searchers pass over the data several times); labels become ``y``."""
+    import numpy as np
+
+    from npujax.search.api import _materialize
+
+    x, y = np.arange(5 * 4, dtype=np.float32).reshape(5, 4), np.arange(5)
+    xs, ys = _materialize(((x[i:i + 2], y[i:i + 2]) for i in range(0, 5, 2)), None)
+    np.testing.assert_array_equal(xs, x)
+    np.testing.assert_array_equal(ys, y)
+    xs, ys = _materialize(iter([x[:3], x[3:]]), y)
+    np.testing.assert_array_equal(xs, x)
+    assert ys is y
+    with pytest.raises(ConfigError, match="y is given too"):
+        _materialize([(x[:2], y[:2])], y)
+    with pytest.raises(ConfigError, match="mixes"):
+        _materialize([(x[:2], y[:2]), x[2:]], None)
+    with pytest.raises(ConfigError, match="no batch"):  # search_precision reads it first
+        search_precision(None, {}, "edge_16x16", iter([]), None, {})
