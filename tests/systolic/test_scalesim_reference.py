@@ -17,7 +17,9 @@ from npujax.systolic import gemm_cycles
 from npujax.systolic.scalesim import scalesim_report
 
 DATA = Path(__file__).parent / "data"
-FILES = sorted(DATA.glob("scalesim_*.json"))
+# SCALE-Sim's per-layer results ({"cases": [...]}); scalesim_reports.json holds its raw report
+# CSVs for tests/systolic/test_scalesim_io.py instead
+FILES = sorted(p for p in DATA.glob("scalesim_*.json") if p.name != "scalesim_reports.json")
 INT_KEYS = ("total_cycles", "stall_cycles", "sram_ifmap_reads", "sram_filter_reads",
             "sram_ofmap_writes")
 PCT_KEYS = ("overall_util_pct", "mapping_efficiency_pct", "compute_util_pct")
