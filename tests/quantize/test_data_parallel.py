@@ -1,0 +1,123 @@
+"""Data-parallel QAT and precision search: 8 forced host devices give the one-device results for
+the same global batches (to float rounding: the batch mean is summed per device, then across
+devices, in another order than on one device)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import pytest
+
+from npujax.errors import ConfigError
+from npujax.quantize.parallel import data_parallel
+from npujax.search import SearchConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPT = """
+import json, sys
+import time
+import jax, jax.numpy as jnp, numpy as np, optax
+from flax import nnx
+from npujax.data.datasets import load_digits_nhwc
+from npujax.errors import ConfigError
+from npujax.frontends.flax import trace_flax
+from npujax.ir.passes import optimize
+from npujax.models.cnn import DigitsCNN
+from npujax.quantize import calibrate, evaluate, execute, quant_spec, train_graph, cross_entropy
+from npujax.search import SearchConfig, search_precision
+
+assert len(jax.local_devices()) == 8, jax.local_devices()
+data = load_digits_nhwc()
+g, p = optimize(*trace_flax(DigitsCNN(rngs=nnx.Rngs(0)), jnp.zeros((1, 8, 8, 1), jnp.float32)))
+x, y = data.x_train[:256], data.y_train[:256]
+q = quant_spec(g, 8, 8)
+qs = calibrate(g, p, [x[:128]], q)
+out = {}
+runs = {}
+for devices in (None, "all"):  # one device, then the batch split over 8
+    t0 = time.perf_counter()
+    # plain SGD: Adam divides by sqrt(v), so a gradient that is zero up to rounding (1e-12
+    # on one device, -1e-12 on eight) becomes a full +-lr step; SGD keeps rounding at rounding
+    tp = train_graph(g, p, x, y, steps=6, batch_size=64, quant=q, qstate=qs,
+                     optimizer=optax.sgd(0.1), devices=devices)
+    print("qat", devices, time.perf_counter() - t0, file=sys.stderr)
+    leaf = tp["conv1"]["kernel"]
+    loss = float(cross_entropy(execute(g, tp, jnp.asarray(x), quant=q, qstate=qs),
+                               jnp.asarray(y)))
+    acc = evaluate(g, tp, data.x_test, data.y_test, quant=q, qstate=qs)
+    pols = {}
+    for method in ("ilp", "gradient"):
+        rep = search_precision(g, p, "edge_16x16", x, y, qs, SearchConfig(
+            method=method, candidates=(4, 8), budget_ratio=0.8, sensitivity_batch=64,
+            sensitivity_samples=4, steps=6, batch_size=32, devices=devices))
+        pols[method] = {n: [rep.policy.weight_bits[n], rep.policy.act_bits[n]]
+                        for n in rep.policy.weight_bits}
+        if method == "gradient":
+            pols["gradient_probabilities"] = rep.details["probabilities"]
+        print(method, devices, time.perf_counter() - t0, file=sys.stderr)
+    runs[str(devices)] = (tp, loss, acc, pols, len(leaf.sharding.device_set))
+(p1, l1, a1, s1, d1), (p8, l8, a8, s8, d8) = runs["None"], runs["all"]
+out["devices"] = [d1, d8]
+out["max_param_diff"] = max(float(jnp.max(jnp.abs(a - b))) for a, b in
+                            zip(jax.tree.leaves(p1), jax.tree.leaves(p8)))
+out["max_param"] = max(float(jnp.max(jnp.abs(a))) for a in jax.tree.leaves(p1))
+out["loss"] = [l1, l8]
+out["accuracy"] = [a1, a8]
+out["policies"] = [s1, s8]
+try:
+    train_graph(g, p, x, y, steps=1, batch_size=60, devices="all")
+    out["indivisible"] = None
+except ConfigError as e:
+    out["indivisible"] = str(e)
+json.dump(out, sys.stdout)
+"""
+
+
+@pytest.mark.integration  # one subprocess, ~30 s of CPU: 2 QAT runs and 4 searches
+def test_eight_host_devices_equal_one_device():
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(SCRIPT)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-4000:]
+    print(p.stderr[-2000:])
+    r = json.loads(p.stdout)
+    print({k: r[k] for k in ("max_param_diff", "max_param", "loss", "accuracy")})
+    assert r["devices"] == [1, 8]  # the data-parallel params really live on 8 devices
+    # QAT: same params, loss and accuracy after the same 6 global batches
+    assert r["max_param_diff"] <= 1e-5 * max(1.0, r["max_param"]), r
+    assert abs(r["loss"][0] - r["loss"][1]) <= 1e-5 * abs(r["loss"][0]), r["loss"]
+    assert r["accuracy"][0] == r["accuracy"][1]
+    # precision search: the same chosen widths (ILP on Hessian sensitivities; gradient search)
+    one, eight = r["policies"]
+    assert one["ilp"] == eight["ilp"] and one["gradient"] == eight["gradient"]
+    for n, pr in one["gradient_probabilities"].items():
+        assert max(abs(a - b) for a, b in zip(pr, eight["gradient_probabilities"][n])) < 1e-5
+    assert "60 examples" in r["indivisible"] and "multiple of 8" in r["indivisible"]
+
+
+def test_devices_option_is_validated():
+    with pytest.raises(ConfigError, match="local device"):
+        data_parallel(len(jax.local_devices()) + 1)
+    with pytest.raises(ConfigError, match="'all'"):
+        data_parallel("gpu")
+    with pytest.raises(ConfigError, match="devices"):
+        SearchConfig(devices=0)
+    assert data_parallel(None) is None
+    assert data_parallel(1).size == 1
+
+
+def test_cli_devices_option_is_a_one_line_usage_error(capsys):
+    from npujax.cli import main
+
+    for cmd in (["search", "m.npz"], ["qat", "--policy", "p.json", "--model", "m.npz"]):
+        with pytest.raises(SystemExit) as e:
+            main([*cmd, "--devices", "two"])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1, err
+        assert "--devices: takes 'all' or a device count >= 1, got 'two'" in err
