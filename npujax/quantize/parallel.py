@@ -10,6 +10,14 @@ updated params after each step. Nothing in the model or the loss is rewritten, a
 runs on one CPU, several host devices (``XLA_FLAGS=--xla_force_host_platform_device_count=8``)
 or several GPUs (``jax.devices()``).
 
+The same placement serves a quantized Flax model trained in the user's own ``nnx.jit`` loop
+(:func:`npujax.quantize_model`)::
+
+    dp = data_parallel("all")
+    nnx.update(qmodel, dp.replicate(nnx.state(qmodel)))
+    nnx.update(optimizer, dp.replicate(nnx.state(optimizer)))
+    loss = step(qmodel, optimizer, dp.shard(xb), dp.shard(yb))  # the unchanged nnx.jit step
+
 A data-parallel step computes the same function as a one-device step on the same global batch;
 the values agree to float rounding only, because the batch sum is reduced in a different order
 (per-device partial sums, then across devices).
@@ -58,7 +66,7 @@ class DataParallel:
         """Refuse a global batch of ``n`` examples that does not split evenly.
 
         Raises:
-          ConfigError: ``n`` is not a multiple of :attr:`size` (names ``what``, ``n``, the
+          ConfigError: ``n`` is not a multiple of ``size`` (names ``what``, ``n``, the
             device count and a batch that would work).
         """
         if n % self.size:
@@ -71,7 +79,7 @@ class DataParallel:
         """Every array leaf of ``tree`` split on its leading (batch) axis over the devices.
 
         Raises:
-          ConfigError: a leaf whose leading dimension is not a multiple of :attr:`size`.
+          ConfigError: a leaf whose leading dimension is not a multiple of ``size``.
         """
         for leaf in jax.tree.leaves(tree):
             self.check(int(np.shape(leaf)[0]) if np.ndim(leaf) else 0, what)
