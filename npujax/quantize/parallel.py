@@ -73,7 +73,7 @@ class DataParallel:
             raise ConfigError(
                 f"the {what} of {n} examples does not split evenly over {self.size} devices; "
                 f"use a global {what} that is a multiple of {self.size} (e.g. "
-                f"{max(self.size, n - n % self.size)}) or fewer devices.")
+                f"{max(self.size, n - n % self.size)}) or a device count that divides {n}.")
 
     def shard(self, tree: T, what: str = "batch") -> T:
         """Every array leaf of ``tree`` split on its leading (batch) axis over the devices.
