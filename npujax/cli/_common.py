@@ -142,6 +142,23 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
                    help="images generated for --data text/photos (default 256)")
 
 
+def add_devices_arg(p: argparse.ArgumentParser) -> None:
+    """``--devices all|N``: data-parallel batches over the local devices (one when absent)."""
+    def devices(text: str) -> str | int:
+        if text == "all":
+            return text
+        try:
+            return positive_int(text)
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(
+                f"takes 'all' or a device count >= 1, got {text!r}") from None
+
+    p.add_argument("--devices", type=devices, metavar="all|N",
+                   help="split every batch over the local devices (jax.devices(): GPUs, or "
+                        "host devices forced with XLA_FLAGS): 'all' or the first N; the "
+                        "batch sizes must be multiples of it (default: one device)")
+
+
 def add_progress_arg(p: argparse.ArgumentParser) -> None:
     """``--no-progress`` (every long command has it)."""
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")

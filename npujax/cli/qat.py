@@ -9,6 +9,7 @@ import json
 
 from npujax.cli._common import (
     add_data_args,
+    add_devices_arg,
     add_progress_arg,
     console,
     epilog,
@@ -47,6 +48,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     help="seed of the data split and QAT (default 0)")
     qa.add_argument("--out", help="write quantization.md/.json and SQNR reports here (with "
                     "--policy: the fine-tuned model.npz)")
+    add_devices_arg(qa)
     add_progress_arg(qa)
     qa.set_defaults(fn=run)
 
@@ -71,6 +73,7 @@ def _with_policy(args: argparse.Namespace) -> int:
         with contextlib.ExitStack() as stack:
             stage = None if out is None else stack.enter_context(staged_dir(out))
             r = qat_with_policy(model, policy, spec, steps=args.steps, seed=args.seed,
+                                devices=args.devices,
                                 progress=not args.no_progress, out=stage)
     except ConfigError as e:
         raise ConfigError(f"{args.policy}: {e}") from None

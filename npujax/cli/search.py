@@ -6,6 +6,7 @@ import argparse
 
 from npujax.cli._common import (
     add_data_args,
+    add_devices_arg,
     add_progress_arg,
     bits_spec,
     epilog,
@@ -63,6 +64,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     se.add_argument("--seed", type=seed, default=0,
                     help="seed of the data split, probes and mini-batches (default 0)")
     se.add_argument("--out", default="policy.json", help="policy file (default policy.json)")
+    add_devices_arg(se)
     add_progress_arg(se)
     se.set_defaults(fn=run)
 
@@ -82,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         budget_ratio=args.budget_ratio, candidates=args.candidates,
         act_candidates=args.act_candidates, steps=args.steps,
         sensitivity_samples=args.sensitivity_samples, sensitivity_batch=args.sensitivity_batch,
-        seed=args.seed, progress=not args.no_progress)
+        seed=args.seed, progress=not args.no_progress, devices=args.devices)
     SearchConfig(**settings)
     m = load_model_and_data(args.model, data=args.data, examples=args.examples,
                             input_shapes=parse_input_shapes(args.input_shape or []),
@@ -103,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         budget_s=args.budget_latency, budget_ratio=args.budget_ratio,
         candidates=args.candidates, act_candidates=args.act_candidates, steps=args.steps,
         sensitivity_samples=args.sensitivity_samples, sensitivity_batch=args.sensitivity_batch,
-        seed=args.seed, progress=not args.no_progress)
+        seed=args.seed, progress=not args.no_progress, devices=args.devices)
     # (None only when calibration found no layer: no states)
     report = search_precision(m.graph, m.params, spec, m.x_train, m.y_train, m.qstate or {},
                               config)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from npujax.cli._common import add_progress_arg, console, epilog, int_list, positive_int, seed
@@ -81,10 +82,17 @@ def run(args: argparse.Namespace) -> int:
         axes["bits"] = args.bits
     grid = Grid.build(axes, spec)
     graph = _load_model(args)
-    r = run_sweep(graph, spec, grid, args.out, model=Path(args.model).name, sample=args.sample,
-                  method=args.method, seed=args.seed, chunk_size=args.chunk_size,
-                  objectives=tuple(o.strip() for o in args.pareto.split(",") if o.strip()),
-                  progress=not args.no_progress)
+    try:
+        r = run_sweep(graph, spec, grid, args.out, model=Path(args.model).name,
+                      sample=args.sample, method=args.method, seed=args.seed,
+                      chunk_size=args.chunk_size,
+                      objectives=tuple(o.strip() for o in args.pareto.split(",") if o.strip()),
+                      progress=not args.no_progress)
+    except KeyboardInterrupt:  # the generic "no output" line would hide the kept chunks
+        done = len(list((Path(args.out) / "chunks").glob("chunk-*.npz")))
+        print(f"npujax sweep: {done} finished chunk(s) kept in {args.out}; rerun the same "
+              "command to resume", file=sys.stderr)
+        raise
     con = console()
     if r.result is None:
         con.print(f"evaluated {r.evaluated} chunk(s); process 0 writes the results")

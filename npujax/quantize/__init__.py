@@ -5,6 +5,8 @@ from npujax.quantize.calibrate import calibrate as calibrate
 from npujax.quantize.execute import execute as execute
 from npujax.quantize.model_file import load_graph as load_graph
 from npujax.quantize.model_file import save_graph as save_graph
+from npujax.quantize.parallel import DataParallel as DataParallel
+from npujax.quantize.parallel import data_parallel as data_parallel
 from npujax.quantize.ptq import bias_correction as bias_correction
 from npujax.quantize.ptq import layer_sqnr as layer_sqnr
 from npujax.quantize.ptq import ptq as ptq
@@ -32,4 +34,4 @@ __all__ = ["LayerQuant", "QuantSpec", "quant_spec", "QuantRule", "quant_spec_fro
            "first_last_rules", "Quantizer", "QUANTIZERS", "get_quantizer", "STE", "LSQ",
            "LSQPlus", "Mixture", "QState", "init_states", "execute", "calibrate", "ptq",
            "bias_correction", "layer_sqnr", "train_graph", "evaluate", "cross_entropy",
-           "batch_iterator", "save_graph", "load_graph"]
+           "batch_iterator", "save_graph", "load_graph", "DataParallel", "data_parallel"]

@@ -24,6 +24,7 @@ from npujax.errors import ConfigError, ShapeError
 from npujax.ir.graph import Graph, Params
 from npujax.ir.passes import fold_batchnorm, frozen_bn_stats
 from npujax.quantize.execute import execute
+from npujax.quantize.parallel import Devices, data_parallel
 from npujax.quantize.quantizers import QState, merge_learned, split_learned
 from npujax.quantize.spec import QuantSpec
 from npujax.quantize.weights import check_weights
@@ -67,6 +68,7 @@ def train_graph(
     qstate: QState | None = ..., seed: int = ..., progress: bool = ..., description: str = ...,
     fold_bn: bool = ..., loss_fn: Callable[[jax.Array, jax.Array], jax.Array] | None = ...,
     return_qstate: Literal[False] = ..., optimizer: optax.GradientTransformation | None = ...,
+    devices: Devices = ...,
 ) -> Params: ...
 @overload
 def train_graph(
@@ -76,6 +78,7 @@ def train_graph(
     qstate: QState | None = ..., seed: int = ..., progress: bool = ..., description: str = ...,
     fold_bn: bool = ..., loss_fn: Callable[[jax.Array, jax.Array], jax.Array] | None = ...,
     return_qstate: Literal[True], optimizer: optax.GradientTransformation | None = ...,
+    devices: Devices = ...,
 ) -> tuple[Params, dict[str, Any]]: ...
 @overload
 def train_graph(
@@ -85,6 +88,7 @@ def train_graph(
     qstate: QState | None = ..., seed: int = ..., progress: bool = ..., description: str = ...,
     fold_bn: bool = ..., loss_fn: Callable[[jax.Array, jax.Array], jax.Array] | None = ...,
     return_qstate: bool = ..., optimizer: optax.GradientTransformation | None = ...,
+    devices: Devices = ...,
 ) -> Params | tuple[Params, dict[str, Any]]: ...
 def train_graph(
     graph: Graph,
@@ -104,6 +108,7 @@ def train_graph(
     loss_fn: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
     return_qstate: bool = False,
     optimizer: optax.GradientTransformation | None = None,
+    devices: Devices = None,
 ) -> Params | tuple[Params, dict[str, Any]]:
     """Fine-tune ``params`` of ``graph`` with an optax optimizer (default: Adam with a
     cosine-decayed learning rate).
@@ -139,6 +144,11 @@ def train_graph(
         dropped silently.
       optimizer: any optax ``GradientTransformation`` (e.g. ``optax.adamw(1e-4)``, a chain with
         clipping); it trains the params and the learned quantizer fields together.
+      devices: data-parallel training (:mod:`npujax.quantize.parallel`): ``"all"`` local
+        devices, a count, or a list of ``jax.Device``; every global batch is split over them on
+        a ``Mesh`` axis ``data`` and the state replicated, so the result equals the one-device
+        run on the same global batches up to float rounding (the batch mean is summed in
+        another order). None (default): one device.
 
     Returns:
       The trained params (unfolded when ``fold_bn``; fold them with
@@ -147,7 +157,8 @@ def train_graph(
 
     Raises:
       ConfigError: ``steps`` < 1 or missing where required, ``y`` given with an iterable of
-        batches, LSQ layers in ``quant`` without ``return_qstate=True``, or no batch at all.
+        batches, LSQ layers in ``quant`` without ``return_qstate=True``, no batch at all, or
+        with ``devices``, a batch not divisible by the device count.
       CalibrationError: a NaN/inf or too large weight (names the layer).
     """
     check_weights(params)
@@ -167,6 +178,9 @@ def train_graph(
                           "return_qstate=True and use the returned qstate with the params.")
     opt = optimizer if optimizer is not None else optax.adam(
         optax.cosine_decay_schedule(learning_rate, steps))
+    dp = data_parallel(devices)
+    if dp is not None and arrays:  # before any compilation
+        dp.check(min(batch_size, len(np.asarray(x))), "batch_size")
     opt_state = opt.init((params, learned))
 
     run_graph, transform = graph, lambda p: p
@@ -196,13 +210,17 @@ def train_graph(
         batch_iterator(np.asarray(x), np.asarray(y), batch_size, seed) if arrays
         else iter(x))
     base_key = jax.random.key(seed)
-    state = (params, learned)
+    state: Any = (params, learned)
+    place: Callable[[Any], Any] = jnp.asarray
+    if dp is not None:
+        state, opt_state, base_key = dp.replicate((state, opt_state, base_key))
+        place = dp.shard
     done = 0
     with progress_bar(progress, description, steps) as advance:
         for i, (xb, yb) in enumerate(batches):
             if steps is not None and i >= steps:
                 break
-            state, opt_state, loss = step(state, opt_state, jnp.asarray(xb), jnp.asarray(yb),
+            state, opt_state, loss = step(state, opt_state, place(xb), place(yb),
                                           jax.random.fold_in(base_key, i))
             advance(loss)
             done += 1

@@ -44,6 +44,10 @@ class SearchConfig:
       dataflow: overrides the preset's dataflow in the latency model.
       seed: random seed (probes, mini-batches).
       progress: show progress bars.
+      devices: data-parallel data passes (sensitivity batch, gradient-search mini-batches)
+        over a ``Mesh`` axis ``data`` (:mod:`npujax.quantize.parallel`): ``"all"`` local
+        devices or a count; ``sensitivity_batch`` (or the data, if smaller) and ``batch_size``
+        must be multiples of it. None (default): one device.
 
     Raises:
       ConfigError: an unknown method or sensitivity, an empty candidate list, a budget ratio
@@ -70,6 +74,7 @@ class SearchConfig:
     dataflow: str | None = None
     seed: int = 0
     progress: bool = False
+    devices: str | int | None = None
 
     def __post_init__(self) -> None:
         if self.method not in SEARCHERS:
@@ -108,5 +113,11 @@ class SearchConfig:
         for what in ("sensitivity_samples", "sensitivity_batch", "steps", "batch_size"):
             if getattr(self, what) < 1:
                 raise ConfigError(f"SearchConfig.{what} must be >= 1, got {getattr(self, what)}.")
+        if self.devices is not None and not (
+                self.devices == "all" or (isinstance(self.devices, int)
+                                          and not isinstance(self.devices, bool)
+                                          and self.devices >= 1)):
+            raise ConfigError(f"SearchConfig.devices must be None, 'all' or a device count "
+                              f">= 1, got {self.devices!r}.")
         if self.lam < 0:
             raise ConfigError(f"lam must be >= 0, got {self.lam}.")

@@ -23,6 +23,7 @@ least decided give way first.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, final
 
 import jax
@@ -34,6 +35,7 @@ from npujax._progress import progress_bar
 from npujax.ops import operand_quantized_ops
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.execute import execute
+from npujax.quantize.parallel import data_parallel
 from npujax.quantize.quantizers import init_states
 from npujax.quantize.quantizers.mixture import set_probabilities
 from npujax.quantize.spec import quant_spec
@@ -120,10 +122,17 @@ class GradientSearcher(Searcher):
 
         lam_arr = jnp.asarray(config.lam, jnp.float32)
         batches = batch_iterator(x, y, config.batch_size, config.seed)
+        place: Callable[[Any], Any] = jnp.asarray
+        dp = data_parallel(config.devices)
+        if dp is not None:  # mini-batches split over the devices, the state on every one
+            dp.check(min(config.batch_size, len(x)), "batch_size")
+            state, opt_state, lam_arr = dp.replicate((state, opt_state, lam_arr))
+            place = dp.shard
         with progress_bar(config.progress, "precision search", config.steps) as advance:
             for _ in range(config.steps):
                 xb, yb = next(batches)
-                state, opt_state, lam_arr, loss = step(state, opt_state, lam_arr, xb, yb)
+                state, opt_state, lam_arr, loss = step(state, opt_state, lam_arr, place(xb),
+                                                       place(yb))
                 advance(loss)
         probs = {n: np.asarray(p) for n, p in probs_of(state["a"], wmask).items()}
         aprobs = {n: np.asarray(p) for n, p in probs_of(state["x"], amask).items()}

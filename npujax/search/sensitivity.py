@@ -28,6 +28,7 @@ from npujax.ops import kernel_out_axis, quantizable_nodes
 from npujax.quant import IntFormat, fake_quant, qparams_from_range
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.execute import execute
+from npujax.quantize.parallel import data_parallel
 from npujax.quantize.quantizers import quantize_weight
 from npujax.quantize.quantizers.mixture import set_probabilities
 from npujax.quantize.spec import quant_spec
@@ -223,11 +224,14 @@ def loss_sensitivity(
     qstate = calibrate(graph, params, [x], q)
 
     @jax.jit
-    def loss(wi, ai):  # wi, ai: int32 [n_layers] candidate index per layer
+    def loss_of(wi, ai, params, x, y):  # wi, ai: int32 [n_layers] candidate index per layer
         bp = {n: jax.nn.one_hot(wi[i], len(wc), dtype=jnp.float32) for i, n in enumerate(names)}
         ap = {n: jax.nn.one_hot(ai[i], len(ac), dtype=jnp.float32) for i, n in enumerate(names)}
         qs = set_probabilities(q, qstate, bp, ap)
         return loss_fn(execute(graph, params, x, quant=q, qstate=qs), y)
+
+    def loss(wi, ai):  # the data as arguments: a batch sharded over devices stays sharded
+        return loss_of(wi, ai, params, x, y)
 
     ref_w = np.full(len(names), wc.index(reference_bits), np.int32)
     ref_a = np.full(len(names), ac.index(reference_bits), np.int32)
@@ -258,6 +262,10 @@ def layer_sensitivity(problem: SearchProblem, config: SearchConfig
     n = min(config.sensitivity_batch, len(problem.x))
     xb = jnp.asarray(problem.x[:n], jnp.float32)
     yb = jnp.asarray(problem.targets[:n])
+    dp = data_parallel(config.devices)
+    if dp is not None:  # the batch split over the devices, params on every one
+        xb, yb = dp.shard((xb, yb), "sensitivity batch")
+        params = dp.replicate(params)
     cands, acts = config.candidates, config.act_candidates
     if config.sensitivity == "loss":
         return loss_sensitivity(graph, params, xb, yb, layers, cands, acts, loss_fn=task,
@@ -273,10 +281,12 @@ def layer_sensitivity(problem: SearchProblem, config: SearchConfig
     traces = hessian_traces(lambda p, b: task(execute(graph, p, b[0]), b[1]), params,
                             (xb, yb), kernels, samples=config.sensitivity_samples,
                             seed=config.seed, progress=config.progress)
+    fisher_y = jnp.asarray(fisher_targets(problem.targets[:n], task, config.seed))
+    if dp is not None:
+        fisher_y = dp.shard(fisher_y, "sensitivity batch")
     w_omega = hawq_sensitivity(traces, weight_perturbation(graph, params, kernels, cands))
     a_omega = activation_sensitivity(
-        graph, params, xb, jnp.asarray(fisher_targets(problem.targets[:n], task, config.seed)),
-        kernels, acts, loss_fn=task)
+        graph, params, xb, fisher_y, kernels, acts, loss_fn=task)
     out.update({ln: {(w, a): w_omega[ln][w] + a_omega[ln][a] for w in cands for a in acts}
                 for ln in kernels})
     return out

@@ -16,6 +16,7 @@ from npujax.plan.lower import lower
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.execute import execute
 from npujax.quantize.model_file import save_graph
+from npujax.quantize.parallel import Devices
 from npujax.quantize.train import evaluate, train_graph
 from npujax.search.objective import search_targets, task_loss
 from npujax.search.policy import PrecisionPolicy
@@ -53,7 +54,8 @@ class PolicyQATResult:
 
 def qat_with_policy(model: LoadedModel, policy: PrecisionPolicy, spec: NpuSpec, *,
                     steps: int = 300, seed: int = 0, progress: bool = False,
-                    out: str | Path | None = None) -> PolicyQATResult:
+                    out: str | Path | None = None, devices: Devices = None
+                    ) -> PolicyQATResult:
     """Calibrate ``model`` with the policy's spec, QAT-fine-tune it and score it.
 
     Unlabelled data is fine-tuned by distillation from the model's float outputs
@@ -67,6 +69,8 @@ def qat_with_policy(model: LoadedModel, policy: PrecisionPolicy, spec: NpuSpec, 
       seed: shuffling seed.
       progress: progress bar.
       out: write ``model.npz`` (graph, fine-tuned params, states and the policy) there.
+      devices: data-parallel QAT over these devices (``"all"``, a count; see
+        :func:`npujax.quantize.train_graph`); None: one device.
 
     Returns:
       A :class:`PolicyQATResult`.
@@ -90,7 +94,7 @@ def qat_with_policy(model: LoadedModel, policy: PrecisionPolicy, spec: NpuSpec, 
     qstate = calibrate(graph, params, [x[i:i + 64] for i in range(0, min(len(x), 512), 64)], q)
     tuned = train_graph(graph, params, x, targets, steps=steps, learning_rate=1e-4, quant=q,
                         qstate=qstate, seed=seed, loss_fn=task, progress=progress,
-                        description="QAT with policy")
+                        description="QAT with policy", devices=devices)
     if yte is not None:
         metric, score = "test accuracy", evaluate(graph, tuned, xte, yte, quant=q, qstate=qstate)
     else:
