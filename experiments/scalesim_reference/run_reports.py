@@ -21,6 +21,9 @@ import tempfile
 import scalesim
 from scalesim.scale_sim import scalesim as ScaleSim
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from run_scalesim import CONFIG  # noqa: E402  (the same architecture config as the reference)
+
 GEMM = "Layer, M, N, K,\n" + "".join(f"{n}, {m}, {nn}, {k},\n" for n, m, k, nn in [
     ("g_64x9x16", 64, 9, 16), ("g_100x37x23", 100, 37, 23), ("g_33x300x7", 33, 300, 7),
     ("g_200x8x1", 200, 8, 1), ("g_17x20x40", 17, 20, 40)])
@@ -30,44 +33,6 @@ CONV = ("Layer name, IFMAP Height, IFMAP Width, Filter Height, Filter Width, Cha
         "c3x3_s2, 17, 17, 3, 3, 4, 12, 2,\n"
         "c1x1_s2, 15, 15, 1, 1, 16, 24, 2,\n")
 
-CONFIG = """[general]
-run_name = {run}
-
-[architecture_presets]
-ArrayHeight = {rows}
-ArrayWidth = {cols}
-IfmapSramSzkB = {kb}
-FilterSramSzkB = {kb}
-OfmapSramSzkB = {kb}
-IfmapOffset = 0
-FilterOffset = 10000000
-OfmapOffset = 20000000
-Bandwidth = 10
-Dataflow = {df}
-ReadRequestBuffer = 32
-WriteRequestBuffer = 32
-
-[layout]
-IfmapCustomLayout = False
-FilterCustomLayout = False
-IfmapSRAMBankBandwidth = 10
-IfmapSRAMBankNum = 10
-IfmapSRAMBankPort = 2
-FilterSRAMBankBandwidth = 10
-FilterSRAMBankNum = 10
-FilterSRAMBankPort = 2
-
-[sparsity]
-SparsitySupport = false
-SparseRep = ellpack_block
-OptimizedMapping = false
-BlockSize = 8
-RandomNumberGeneratorSeed = 40
-
-[run_presets]
-InterfaceBandwidth = CALC
-UseRamulatorTrace = False
-"""
 
 
 def run(kind, df, rows, cols, kb):
@@ -81,7 +46,7 @@ def run(kind, df, rows, cols, kb):
         cfg = os.path.join(d, "a.cfg")
         run_name = f"{kind}_{df}_{rows}x{cols}_{kb}kB"
         with open(cfg, "w") as f:
-            f.write(CONFIG.format(run=run_name, rows=rows, cols=cols, kb=kb, df=df))
+            f.write(CONFIG.format(run=run_name, rows=rows, cols=cols, sram_kb=kb, df=df))
         sim = ScaleSim(save_disk_space=True, verbose=False, config=cfg, topology=topo,
                        layout=layout, input_type_gemm=(kind == "gemm"))
         with contextlib.redirect_stdout(io.StringIO()):
