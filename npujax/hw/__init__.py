@@ -24,6 +24,7 @@ from npujax.hw.spec import differentiable_spec as differentiable_spec
 from npujax.hw.spec import list_presets as list_presets
 from npujax.hw.spec import load_npu_spec as load_npu_spec
 from npujax.hw.spec import npu_spec_from_dict as npu_spec_from_dict
+from npujax.hw.spec import npu_spec_to_toml as npu_spec_to_toml
 from npujax.hw.spec import stack_specs as stack_specs
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "load_npu_spec",
     "differentiable_spec",
     "npu_spec_from_dict",
+    "npu_spec_to_toml",
     "list_presets",
     "stack_specs",
     "as_spec",

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
+import json
 import math
 import os
 import tomllib
@@ -74,6 +75,7 @@ __all__ = [
     "stack_specs",
     "differentiable_spec",
     "as_spec",
+    "npu_spec_to_toml",
 ]
 
 #: Activation layouts an NPU may keep in its memory.
@@ -628,3 +630,46 @@ def as_spec(spec: NpuSpec | str | os.PathLike[str]) -> NpuSpec:
         return load_npu_spec(spec)
     raise ConfigError(f"expected an NpuSpec, a preset name or a TOML path, got "
                       f"{type(spec).__name__}; load one with npujax.load_npu_spec('edge_16x16').")
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return repr(v)  # shortest round-tripping form; finite (validated)
+    if isinstance(v, str):
+        return json.dumps(v)  # a JSON string is a valid TOML basic string
+    if isinstance(v, (tuple, list)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise ConfigError(f"cannot write {v!r} ({type(v).__name__}) to a preset TOML file.")
+
+
+def npu_spec_to_toml(spec: NpuSpec, comment: str = "") -> str:
+    """``spec`` as a preset TOML document that :func:`load_npu_spec` reads back to an equal spec.
+
+    Every section and key is written (defaults included), so the file does not depend on
+    npujax's defaults at the time it is read.
+
+    Args:
+      spec: a concrete spec (Python numbers, as loaded; not traced or stacked).
+      comment: text written as ``#`` comment lines at the top (provenance).
+
+    Returns:
+      The TOML text.
+
+    Raises:
+      ConfigError: a field holds an array (a traced, stacked or differentiable spec).
+
+    Examples:
+      >>> s = load_npu_spec("edge_16x16")  # doctest: +SKIP
+      >>> npu_spec_from_dict(tomllib.loads(npu_spec_to_toml(s))) == s  # doctest: +SKIP
+    """
+    lines = [f"# {ln}".rstrip() for ln in comment.splitlines()]
+    lines += [f"name = {_toml_value(spec.name)}", f"description = {_toml_value(spec.description)}"]
+    for section in _SECTIONS:
+        lines += ["", f"[{section}]"]
+        for key, value in dataclasses.asdict(getattr(spec, section)).items():
+            lines.append(f"{key} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"

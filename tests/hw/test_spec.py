@@ -95,3 +95,18 @@ def test_a_field_with_a_default_may_be_left_out_of_presets():
                                       {"lanes": 16, "ops_per_lane": 4}).ops_per_lane == 4
     with pytest.raises(ConfigError, match="missing required key.*'lanes'"):
         spec_module._build_section("[vector]", Section, {"ops_per_lane": 4})
+
+
+def test_every_preset_round_trips_through_toml(tmp_path):
+    """npu_spec_to_toml writes a complete preset that loads back to an equal spec."""
+    import tomllib
+
+    from npujax.hw import list_presets, npu_spec_from_dict, npu_spec_to_toml
+
+    for name in list_presets():
+        spec = load_npu_spec(name)
+        text = npu_spec_to_toml(spec, "provenance\nline two")
+        assert text.startswith("# provenance\n# line two\n")
+        assert npu_spec_from_dict(tomllib.loads(text)) == spec
+    (tmp_path / "p.toml").write_text(text)
+    assert load_npu_spec(tmp_path / "p.toml") == spec
