@@ -6,7 +6,7 @@ accuracy constraint, then rounded to an exact design and evaluated with :func:`n
 ``cols = exp(theta_c)``, each SRAM buffer ``exp(theta_s)`` bytes, put into a float spec
 (:func:`npujax.hw.differentiable_spec`) and costed by the relaxed model
 (``layer_costs(..., relaxed=True)``, :func:`npujax.plan.layer_energy`: exact forward values,
-straight-through and smoothed gradients, :mod:`npujax._relax`). The bandwidth class ``k`` (of a
+straight-through and smoothed gradients, ``npujax/_relax.py``). The bandwidth class ``k`` (of a
 small table: bandwidth, PHY area, PHY power, :data:`BANDWIDTH_CLASSES`) and each GEMM layer's
 (w, a) candidate are softmax mixtures: the costs are ``sum_k q_k cost(bw_k)`` and the PHY costs
 ``sum_k q_k cost_k``, and each layer's latency and energy the expectation over its candidates

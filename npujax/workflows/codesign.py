@@ -1,5 +1,5 @@
 """The ``npujax codesign`` workflow: sensitivities of a model, the gradient co-design of
-:func:`npujax.search.codesign.codesign`, and its outputs written as one folder (atomically):
+:func:`codesign`, and its outputs written as one folder (atomically):
 
 * ``preset.toml`` — the chosen hardware, a complete preset every command loads (``--npu``);
 * ``policy.json`` — the chosen per-layer widths (``npujax qat --policy``, ``npujax lower``);
@@ -59,7 +59,7 @@ def run_codesign(graph: Graph, params: Params, base: NpuSpec, x: np.ndarray,
     """Measure the sensitivities, co-design, and write :data:`OUTPUTS` to ``out`` (if given).
 
     Raises:
-      ConfigError: see :func:`npujax.search.codesign.codesign`.
+      ConfigError: see :func:`codesign`.
       OutputError: ``out`` cannot be written (nothing is left half-written).
     """
     sens = model_sensitivity(graph, params, x, y, config.candidates, examples=examples,

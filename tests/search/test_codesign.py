@@ -1,6 +1,8 @@
 """Hardware-precision co-design (npujax.search.codesign): budgets, exactness of the written
 design, never worse than the base preset, and bad arguments."""
 
+import json
+
 import jax.numpy as jnp
 import pytest
 from flax import nnx
@@ -127,3 +129,33 @@ def test_cli_refuses_bad_arguments(tmp_path):
     r = run_cli("codesign", "m.npz", "--area-mm2", "2", "--candidates", "1,8",
                 "--out", str(tmp_path / "o"))
     assert r.returncode == 2 and not (tmp_path / "o").exists()
+
+
+@pytest.mark.integration
+def test_cli_codesign_writes_loadable_outputs(model, tmp_path):
+    """The command end to end: its preset loads as --npu and its policy drives lower."""
+    import jax
+
+    from npujax.data.datasets import load_digits_nhwc
+    from npujax.quantize.calibrate import calibrate
+    from npujax.quantize.model_file import save_graph
+    from npujax.quantize.spec import quant_spec
+
+    g, spec, _ = model
+    _, p = optimize(*trace_flax(DigitsCNN(rngs=nnx.Rngs(0)), jnp.zeros((1, 8, 8, 1),
+                                                                        jnp.float32)))
+    x = load_digits_nhwc().x_train[:64]
+    with jax.numpy_dtype_promotion("standard"):
+        save_graph(tmp_path / "m.npz", g, p, calibrate(g, p, [x], quant_spec(g, 8, 8)))
+    area = float(area_mm2(spec)) + BANDWIDTH_CLASSES[0].phy_area_mm2
+    r = run_cli("codesign", str(tmp_path / "m.npz"), "--npu", "bitserial_16x16",
+                "--area-mm2", str(area), "--objective", "latency", "--steps", "10",
+                "--sensitivity-batch", "32", "--max-loss-increase", "0.5", "--no-progress",
+                "--out", str(tmp_path / "cd"))
+    assert r.returncode == 0, r.stderr
+    assert "better than the base preset" in r.stdout
+    chosen = load_npu_spec(tmp_path / "cd" / "preset.toml")
+    policy = load_policy(tmp_path / "cd" / "policy.json")
+    report = json.loads((tmp_path / "cd" / "codesign.json").read_text())
+    assert report["best"]["area_mm2"] <= area
+    assert lower(g, chosen, policy.quant_spec(g)).latency_s == report["best"]["latency_s"]
