@@ -1,6 +1,7 @@
 """Hardware-precision co-design (npujax.search.codesign): budgets, exactness of the written
 design, never worse than the base preset, and bad arguments."""
 
+import dataclasses
 import json
 
 import jax.numpy as jnp
@@ -96,6 +97,20 @@ def test_random_search_respects_the_budgets(model):
     ds = random_search(g, spec, sens, config, evaluations=3, seed=1)
     assert len(ds) == 3 and all(d.area_mm2 <= config.area_mm2 for d in ds)
     assert all(d.loss_increase <= config.max_loss_increase for d in ds)
+    # the power budget: average power (energy / latency) plus the DRAM PHY's
+    d = ds[0]
+    assert d.power_w == pytest.approx(d.energy_j / d.latency_s + d.bandwidth.phy_power_w)
+    a, m = d.spec.array, d.spec.memory
+    kw = dict(rows=a.rows, cols=a.cols, sram_bytes=(m.ifmap_sram_bytes, m.filter_sram_bytes,
+                                                    m.ofmap_sram_bytes),
+              bandwidth=d.bandwidth.name,
+              policy={n: (d.policy.weight_bits[n], d.policy.act_bits[n])
+                      for n in d.policy.weight_bits})
+    for factor, ok in ((2.0, True), (0.5, False)):
+        cfg = dataclasses.replace(config, power_w=d.power_w * factor)
+        assert evaluate_design(g, spec, sens, cfg, **kw).feasible is ok
+    with pytest.raises(ConfigError, match="bandwidth class"):
+        evaluate_design(g, spec, sens, config, **{**kw, "bandwidth": "ddr9"})
 
 
 @pytest.mark.parametrize("bad", [
