@@ -45,9 +45,8 @@ from npujax.search.codesign import (
     BANDWIDTH_CLASSES,
     CodesignConfig,
     codesign,
-    grid_search,
-    random_search,
 )
+from npujax.search.codesign_baselines import grid_search, random_search
 from npujax.workflows.codesign import model_sensitivity, plot_codesign
 
 SETTINGS = (("bitserial_16x16", "latency"), ("bitserial_16x16", "edp"), ("edge_16x16", "edp"))

@@ -21,8 +21,8 @@ from npujax.search.codesign import (
     CodesignConfig,
     codesign,
     evaluate_design,
-    random_search,
 )
+from npujax.search.codesign_baselines import random_search
 from npujax.workflows.codesign import OUTPUTS, write_codesign
 from tests.helpers import run_cli
 
