@@ -131,12 +131,14 @@ def _block_layers(schedule: Schedule, decoder: bool) -> list:
     return layers[start:names.index("norm")]
 
 
-def evaluate_traced(graph: Graph, size: int, dataflow: str, decoder: bool = False):
-    """Per-layer figures of ``graph`` lowered with ``dataflow`` on :func:`spec_for` ``(size)``:
-    array cycles (``compute``: GEMM layers' array cycles, vector layers' lane cycles), latency
-    cycles (``total``, with stalls, DMA and conversions) and DRAM bytes, plus the layer kinds."""
+def evaluate_traced(graph: Graph, size: int, dataflow: str, decoder: bool = False,
+                    mapping: str | None = None):
+    """Per-layer figures of ``graph`` lowered with ``dataflow`` on :func:`spec_for` ``(size)``
+    under ``mapping`` (None: the preset's, ``best``): array cycles (``compute``: GEMM layers'
+    array cycles, vector layers' lane cycles), latency cycles (``total``, with stalls, DMA and
+    conversions) and DRAM bytes, plus the layer kinds."""
     spec = spec_for(size)
-    rows = _block_layers(lower(graph, spec, dataflow=dataflow), decoder)
+    rows = _block_layers(lower(graph, spec, dataflow=dataflow, mapping=mapping), decoder)
     get = lambda f: np.asarray([getattr(r.costs, f) for r in rows], np.float64)  # noqa: E731
     return {"compute": get("compute_cycles"), "total": get("latency_cycles"),
             "stall": get("stall_cycles"), "dram": get("dram_bytes"),
@@ -228,6 +230,8 @@ def _bold(v, best):
 
 
 def tables(all_res) -> str:
+    """Markdown tables of the hand-listed CNNs: ``all_res`` {net: (layers, {(size, dataflow,
+    mapping): figures of :func:`evaluate`})}, both mappings per array size (bold: best dataflow)."""
     out = []
     for net, (layers, res) in all_res.items():
         macs = sum(lay[1] * lay[2] * lay[3] * lay[4] for lay in layers)
@@ -332,20 +336,25 @@ def ppocr_tables() -> str:
     return "\n".join(out) + "\n"
 
 
-def traced_tables(all_res, titles) -> str:
+def traced_tables(all_res, titles, mapping: str, ref=None) -> str:
+    """Markdown tables of the traced blocks: ``all_res`` {net: {(size, dataflow): figures}} of
+    :func:`evaluate_traced` under ``mapping``; ``ref`` (optional, same layout) the same lowered in
+    SCALE-Sim's fold order, shown as one more column of total cycles."""
     out = []
     for net, res in all_res.items():
+        rr = (ref or {}).get(net)
         sizes = sorted({size for size, _ in res})
         r0 = res[(sizes[0], DATAFLOWS[0])]
         macs = r0["macs"].sum()
         vec_ops = sorted({op for op, g in zip(r0["ops"], r0["gemm"]) if not g})
         out.append(f"### {titles[net]}: {int(r0['gemm'].sum())} GEMM + "
-                   f"{int((~r0['gemm']).sum())} vector layers, {macs / 1e9:.3f} GMACs\n")
+                   f"{int((~r0['gemm']).sum())} vector layers, {macs / 1e9:.3f} GMACs "
+                   f"({mapping} mapping)\n")
         out.append(f"Vector layers: {', '.join(vec_ops)}.\n")
         out.append("| array | dataflow | GEMM array cycles | vector cycles | total cycles (with "
                    "stalls) | vector % of total | stall % | GEMM utilization | DRAM MB | "
-                   "GEMM layers won |")
-        out.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+                   "GEMM layers won |" + (" total cycles, SCALE-Sim order |" if rr else ""))
+        out.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if rr else ""))
         for s in sizes:
             g = res[(s, DATAFLOWS[0])]["gemm"]
             tot = np.stack([res[(s, df)]["total"][g] for df in DATAFLOWS])
@@ -359,7 +368,8 @@ def traced_tables(all_res, titles) -> str:
                 out.append(f"| {s}x{s} | {SHORT[df]} | {gc:,.0f} | {vc:,.0f} | {tt} | "
                            f"{100 * vt / t:.1f} | {100 * r['stall'].sum() / t:.1f} | "
                            f"{macs / (gc * r['pes']):.3f} | {r['dram'].sum() / 1e6:.2f} | "
-                           f"{wins[i]} |")
+                           f"{wins[i]} |"
+                           + (f" {rr[(s, df)]['total'].sum():,.0f} |" if rr else ""))
         out.append("")
     return "\n".join(out)
 
@@ -381,7 +391,8 @@ def main(argv=None):
                for s in HARDWARE for df in DATAFLOWS for mp in MAPPINGS}
         all_res[net] = (layers, res)
         _plot(out / f"dataflows_{net}.png", net, res)
-    traced, titles = {}, {}
+    traced, traced_ref, titles = {}, {}, {}
+    mapping = spec_for(min(HARDWARE)).memory.mapping  # lower() uses the preset's mapping
     for net, (build, decoder, title) in (TRACED_SMALL if args.small else TRACED).items():
         titles[net] = title
         graph = build()
@@ -391,10 +402,13 @@ def main(argv=None):
         res = {(s, df): evaluate_traced(graph, s, df, decoder) for s in sizes
                for df in DATAFLOWS}
         traced[net] = res
-        mapping = spec_for(min(sizes)).memory.mapping  # lower() uses the preset's mapping
-        _plot(out / f"dataflows_{net}.png", net,
-              {(s, df, mapping): r for (s, df), r in res.items()}, mapping)
-    body = tables(all_res) + "\n" + traced_tables(traced, titles)
+        plot_res = {(s, df, mapping): r for (s, df), r in res.items()}
+        if not args.small and mapping != "scalesim":  # the "before" column (skipped in tests)
+            traced_ref[net] = {(s, df): evaluate_traced(graph, s, df, decoder, "scalesim")
+                               for s in sizes for df in DATAFLOWS}
+            plot_res.update({(s, df, "scalesim"): r for (s, df), r in traced_ref[net].items()})
+        _plot(out / f"dataflows_{net}.png", net, plot_res, mapping)
+    body = tables(all_res) + "\n" + traced_tables(traced, titles, mapping, traced_ref)
     if not (args.small or args.skip_ppocr):
         body += "\n" + ppocr_tables()
     print(body)
