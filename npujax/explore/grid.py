@@ -12,8 +12,9 @@ covered evenly), all reproducible from a seed.
 
 Axes split into *traced* ones (numeric fields of ``array``, ``memory``, ``vector``, ``host`` and
 ``bits``), which the sweep evaluates as data in one compiled program, and *static* ones
-(``dataflow``, ``array.precision_scaling`` and the ``layout``/``ops`` fields, which change the
-layers' workloads), one compiled program per combination of their values.
+(``dataflow``, ``array.precision_scaling``, ``memory.mapping`` and the ``layout``/``ops``
+fields: names that choose the cost model's formulas or change the layers' workloads), one
+compiled program per combination of their values.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ class Grid:
         section, _, field = name.partition(".")
         if section not in TRACED_SECTIONS:
             return True
-        return field in ("dataflow", "precision_scaling")
+        return field in ("dataflow", "precision_scaling", "mapping")  # names, not numbers
 
     def to_json(self) -> dict[str, list[Any]]:
         """``{name: values}`` (JSON-ready)."""

@@ -136,3 +136,19 @@ def test_run_sweep_refuses_foreign_folder(graph, edge, tmp_path):
     with pytest.raises(OutputError, match="did not write"):
         run_sweep(graph, edge, Grid.build({"array.rows": [8]}, edge), tmp_path, progress=False)
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_mapping_axis_is_static_and_equals_lower(graph, edge):
+    """``memory.mapping`` is a name (it picks the mapper's formulas), so the sweep compiles one
+    program per value; each row equals lower() with that mapping (it was once taken as a traced
+    number and silently ignored)."""
+    small = edge.with_fields({"memory.ifmap_sram_bytes": 1024, "memory.filter_sram_bytes": 1024,
+                              "memory.ofmap_sram_bytes": 1024})
+    grid = Grid.build({"memory.mapping": ["scalesim", "best"]}, small)
+    assert grid.is_static("memory.mapping")
+    table = sweep(graph, small, {"memory.mapping": ["scalesim", "best"]}).table(small)
+    for i, mp in enumerate(table["memory.mapping"]):
+        s = lower(graph, small, mapping=str(mp))
+        assert table["latency_cycles"][i] == pytest.approx(s.latency_cycles, rel=1e-12)
+        assert table["dram_bytes"][i] == pytest.approx(s.dram_bytes, rel=1e-12)
+    assert table["dram_bytes"][1] < table["dram_bytes"][0]  # the mapper moves fewer bytes here
