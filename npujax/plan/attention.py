@@ -14,10 +14,10 @@ compiler that fuses attention (the preset's ``ops.attention_fusion``,
   probabilities, the P·V GEMM's operand), at most ``S_k``.
 * **Scores fit** (``B_c = S_k``, ``on_chip`` and ``flash``): a query block's whole score rows
   stay in SRAM. The two GEMMs keep their own traffic (their tiled reads of Q, K, V and the
-  write of O) less the score tensor's: Q·Kᵀ does not write the scores (``out x a_bits/8``,
-  whole bursts), P·V does not read P (its elements once; any re-fetch of P by the P·V mapping
-  is kept, a conservative saving) and the ops between them move nothing. Their compute is
-  unchanged.
+  write of O) less the score tensor's: Q·Kᵀ does not write the scores (``groups x M x N x
+  a_bits/8``, whole bursts), P·V does not read P (its elements once; any re-fetch of P by the
+  P·V mapping is kept, a conservative saving) and the ops between them move nothing. Their
+  compute is unchanged.
 * **Scores do not fit** (``flash`` only): FlashAttention tiling in FlashAttention-2's loop
   order (Dao, ICLR 2024, arXiv:2307.08691: the outer loop over query blocks, so Q is read and O
   written once; FlashAttention's Algorithm 1 loops over K/V blocks outside and re-reads Q and O
@@ -258,18 +258,21 @@ def attention_costs(
     rows = col(lambda c: c.query_rows)
     d = col(lambda c: c.head_dim)
     g = col(lambda c: c.groups)
+    # the operands as the GEMMs move them (groups x extents, as the mapping's traffic; the
+    # layout's channel padding of the workloads' element counts is not DRAM traffic of a GEMM)
     lw = layers
-    k_el = col(lambda c: lw[c.qk].in_elems if c.k_is_input else lw[c.qk].weight_elems)
-    q_el = col(lambda c: lw[c.qk].weight_elems if c.k_is_input else lw[c.qk].in_elems)
-    k_w = jnp.where(jnp.asarray([c.k_is_input for c in chains]), ab[qk], wb[qk])
-    q_w = jnp.where(jnp.asarray([c.k_is_input for c in chains]), wb[qk], ab[qk])
-    p_el = col(lambda c: lw[c.pv].in_elems if c.p_is_input else lw[c.pv].weight_elems)
-    v_el = col(lambda c: lw[c.pv].weight_elems if c.p_is_input else lw[c.pv].in_elems)
+    k_el = col(lambda c: lw[c.qk].groups * c.key_len * c.head_dim)
+    q_el = col(lambda c: lw[c.qk].groups * c.query_rows * c.head_dim)
+    s_el = col(lambda c: lw[c.qk].groups * lw[c.qk].M * lw[c.qk].N)
+    p_el = col(lambda c: lw[c.pv].groups * lw[c.pv].M * lw[c.pv].K if c.p_is_input
+               else lw[c.pv].groups * lw[c.pv].K * lw[c.pv].N)
+    v_el = col(lambda c: lw[c.pv].groups * lw[c.pv].K * lw[c.pv].N if c.p_is_input
+               else lw[c.pv].groups * lw[c.pv].M * lw[c.pv].K)
+    o_el = col(lambda c: lw[c.pv].groups * lw[c.pv].M * lw[c.pv].N)
+    k_in = jnp.asarray([c.k_is_input for c in chains])
+    k_w, q_w = jnp.where(k_in, ab[qk], wb[qk]), jnp.where(k_in, wb[qk], ab[qk])
     p_in = jnp.asarray([c.p_is_input for c in chains])
-    p_w = jnp.where(p_in, ab[pv], wb[pv])
-    v_w = jnp.where(p_in, wb[pv], ab[pv])
-    s_el = col(lambda c: lw[c.qk].out_elems)
-    o_el = col(lambda c: lw[c.pv].out_elems)
+    p_w, v_w = jnp.where(p_in, ab[pv], wb[pv]), jnp.where(p_in, wb[pv], ab[pv])
 
     # FlashAttention's blocks (Algorithm 1) at this SRAM
     sram = (real(m.ifmap_sram_bytes) + real(m.filter_sram_bytes)
