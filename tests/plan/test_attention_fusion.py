@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import pytest
 
-from npujax.hw import load_npu_spec
+from npujax.hw import load_npu_spec, stack_specs
 from npujax.models.transformer import DECODER_CONFIGS
 from npujax.plan import LayerCosts, lower, workloads
 from npujax.plan.attention import attention_chains, attention_costs
@@ -148,3 +148,17 @@ def test_lower_reports_the_fused_block(case):
     assert (a.qk, a.softmax, a.pv, a.mode) == ("matmul_0", "softmax_0", "matmul_1", "flash")
     assert a.dram_bytes_saved == base.dram_bytes.sum() - s.dram_bytes > 0
     assert s.to_dict()["attention"][0]["mode"] == "flash"
+
+
+def test_vmap_over_stacked_specs_decides_per_spec(case):
+    graph, layers, chains, spec, (wb, ab), base = case
+    specs = stack_specs([spec, spec.with_fields(SMALL)])
+    both = jax.tree.map(lambda *x: np.stack(x), base["fits"], base["tiled"])
+    with jax.enable_x64(True):
+        costs, att = jax.vmap(_jitted(tuple(layers), chains, "flash"),
+                              in_axes=(0, 0, None, None))(specs, both, wb, ab)
+    assert np.asarray(att.mode).tolist() == [[1], [2]]  # on_chip at 128 KiB, flash at 1 KiB
+    for i, which in enumerate(("fits", "tiled")):
+        one, _ = _fuse(case, "flash", which)
+        np.testing.assert_allclose(np.asarray(costs.latency_cycles)[i], one.latency_cycles,
+                                   rtol=1e-6)
