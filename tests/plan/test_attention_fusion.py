@@ -16,6 +16,7 @@ import jax
 import numpy as np
 import pytest
 
+from npujax.errors import ConfigError
 from npujax.hw import load_npu_spec, stack_specs
 from npujax.models.transformer import DECODER_CONFIGS
 from npujax.plan import LayerCosts, lower, workloads
@@ -162,3 +163,11 @@ def test_vmap_over_stacked_specs_decides_per_spec(case):
         one, _ = _fuse(case, "flash", which)
         np.testing.assert_allclose(np.asarray(costs.latency_cycles)[i], one.latency_cycles,
                                    rtol=1e-6)
+
+
+def test_unknown_capability_is_a_config_error(case):
+    graph, layers, chains, spec, (wb, ab), base = case
+    with pytest.raises(ConfigError, match="unknown attention_fusion 'fast'"):
+        spec.with_fields({"ops.attention_fusion": "fast"})
+    with pytest.raises(ConfigError, match="unknown attention fusion 'fast'"):
+        attention_costs(layers, chains, spec, base["fits"], wb, ab, "fast")
