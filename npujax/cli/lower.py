@@ -242,11 +242,12 @@ def run(args: argparse.Namespace) -> int:
                                 f"({result.schedule.dataflow})")
     from npujax.ir.passes import rebatch
     from npujax.plan import memory_report
-    from npujax.workflows.lowering import print_edges, print_memory
+    from npujax.workflows.lowering import print_attention, print_edges, print_memory
 
     lowered = graph if batch is None else rebatch(graph, batch)
     memory = memory_report(lowered, result.schedule, spec)
     print_edges(con, result.schedule)
+    print_attention(con, result.schedule)
     print_memory(con, {Path(args.model).name: memory})
     extra: dict[str, Any] = {"memory": memory.to_dict()}
     extra.update(_schedules_and_sweep(con, args, args.model, graph, lowered, spec, precision,
@@ -432,6 +433,7 @@ def _run_decoder(args: argparse.Namespace) -> int:
         decoder_graph,
         decoder_precision,
         lower_dataflows,
+        print_attention,
         print_lowering,
         write_lowering,
     )
@@ -475,6 +477,7 @@ def _run_decoder(args: argparse.Namespace) -> int:
               f"{fig.arithmetic_intensity:,.1f} MACs/byte vs ridge "
               f"{spec.ridge_macs_per_byte:,.1f}); modelled / roofline = "
               f"{result.schedule.latency_s / fig.roofline_s:,.2f}")
+    print_attention(con, result.schedule)
     out = output_dir(args.out)
     if out is not None:
         from npujax._atomic import staged_dir

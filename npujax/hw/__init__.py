@@ -5,6 +5,7 @@ from npujax.hw.energy import area_breakdown as area_breakdown
 from npujax.hw.energy import area_mm2 as area_mm2
 from npujax.hw.energy import mac_energy_pj as mac_energy_pj
 from npujax.hw.energy import sram_pj_per_byte as sram_pj_per_byte
+from npujax.hw.spec import ATTENTION_FUSIONS as ATTENTION_FUSIONS
 from npujax.hw.spec import DATAFLOWS as DATAFLOWS
 from npujax.hw.spec import FUSION_LEVELS as FUSION_LEVELS
 from npujax.hw.spec import LAYOUTS as LAYOUTS
@@ -29,6 +30,7 @@ from npujax.hw.spec import spec_to_toml as spec_to_toml
 from npujax.hw.spec import stack_specs as stack_specs
 
 __all__ = [
+    "ATTENTION_FUSIONS",
     "ArraySpec",
     "MemorySpec",
     "VectorSpec",

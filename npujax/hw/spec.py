@@ -12,7 +12,8 @@ Hardware is data. Every numeric field carries its unit in its name (``clock_hz``
                mapping (optional)
     [vector]   lanes, special_cycles_per_elem (optional, default 4)
     [layout]   activation_layout, c0, channel_alignment, dram_burst_bytes
-    [ops]      supported, fused_activations, conv_max_kernel, conv_max_stride, fusion (optional)
+    [ops]      supported, fused_activations, conv_max_kernel, conv_max_stride, fusion,
+               attention_fusion (optional)
     [host]     cpu_ops_per_s, link_bytes_per_s, link_latency_s
     [technology] node_nm (optional section, as the two below: every key has a default)
     [energy]   reference_node_nm, node_exponent, mult_int8_pj, add_int32_pj,
@@ -58,6 +59,7 @@ from npujax.systolic.precision import PRECISION_SCALINGS
 
 __all__ = [
     "FUSION_LEVELS",
+    "ATTENTION_FUSIONS",
     "ArraySpec",
     "MemorySpec",
     "VectorSpec",
@@ -91,6 +93,13 @@ LAYOUTS = ("NHWC", "NCHW", "NC1HWC0")
 #: activation after it) and ``layer`` (also activations kept in on-chip SRAM between layers and
 #: depth-first tiling of layer pairs; see :mod:`npujax.plan.fusion`).
 FUSION_LEVELS = ("none", "elementwise", "residual", "layer")
+
+#: How an NPU's compiler fuses an attention block (Q·Kᵀ → scale/mask → Softmax → P·V):
+#: ``none`` (each op is a layer, the [heads, S_q, S_k] scores go to DRAM and back),
+#: ``on_chip`` (the chain runs as one kernel when a query block's whole score rows fit in SRAM)
+#: and ``flash`` (also FlashAttention tiling when they do not: K/V streamed in blocks, online
+#: softmax; Dao et al., NeurIPS 2022). See :mod:`npujax.plan.attention`.
+ATTENTION_FUSIONS = ("none", "on_chip", "flash")
 
 
 def _field(*, zero_ok: bool = False, choices: tuple[str, ...] | None = None, default=None,
@@ -216,6 +225,8 @@ class OpsSpec:
       conv_max_stride: largest supported stride, >= 1.
       fusion: what the compiler fuses across layers, one of :data:`FUSION_LEVELS` (default
         ``elementwise``: elementwise epilogues only).
+      attention_fusion: how the compiler fuses attention blocks, one of
+        :data:`ATTENTION_FUSIONS` (default ``none``; :mod:`npujax.plan.attention`).
     """
 
     supported: tuple[str, ...] = _field()
@@ -223,6 +234,7 @@ class OpsSpec:
     conv_max_kernel: int = _field(lo=1, hi=2**16)
     conv_max_stride: int = _field(lo=1, hi=2**16)
     fusion: str = _field(choices=FUSION_LEVELS, default="elementwise")
+    attention_fusion: str = _field(choices=ATTENTION_FUSIONS, default="none")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

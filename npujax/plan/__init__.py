@@ -4,6 +4,10 @@ co-resident models (:mod:`npujax.plan.coresident`) and peak memory (:mod:`npujax
 fitting a preset to a measured profile (:mod:`npujax.plan.profile`, :mod:`npujax.plan.fit`).
 """
 
+from npujax.plan.attention import AttentionChain as AttentionChain
+from npujax.plan.attention import AttentionCosts as AttentionCosts
+from npujax.plan.attention import attention_chains as attention_chains
+from npujax.plan.attention import attention_costs as attention_costs
 from npujax.plan.coresident import SHARING as SHARING
 from npujax.plan.coresident import CoResidency as CoResidency
 from npujax.plan.coresident import ModelShare as ModelShare
@@ -43,6 +47,10 @@ from npujax.plan.workload import Workload as Workload
 from npujax.plan.workload import workloads as workloads
 
 __all__ = [
+    "AttentionChain",
+    "AttentionCosts",
+    "attention_chains",
+    "attention_costs",
     "BREAKDOWN",
     "SHARING",
     "OBJECTIVES",

@@ -22,6 +22,12 @@ from npujax.hw.energy import area_breakdown
 from npujax.hw.spec import NpuSpec, as_spec
 from npujax.ir.graph import Graph
 from npujax.ir.passes import rebatch
+from npujax.plan.attention import (
+    ATTENTION_MODES,
+    AttentionChain,
+    attention_chains,
+    attention_costs,
+)
 from npujax.plan.costs import (
     BREAKDOWN,
     LayerCosts,
@@ -36,8 +42,8 @@ from npujax.plan.workload import Workload, workloads
 from npujax.quantize.spec import QuantSpec
 from npujax.systolic.dataflow import DATAFLOWS, get_dataflow
 
-__all__ = ["LayerReport", "EdgeReport", "Schedule", "lower", "lower_by_dataflow", "layer_bits",
-           "weight_bytes", "DEFAULT_BITS"]
+__all__ = ["LayerReport", "EdgeReport", "AttentionReport", "Schedule", "lower",
+           "lower_by_dataflow", "layer_bits", "weight_bytes", "DEFAULT_BITS"]
 
 #: Width of the layers a quantization spec does not name (and of every layer without one): the
 #: int8 deployment NPUs are built for.
@@ -130,6 +136,36 @@ class EdgeReport:
 
 
 @dataclasses.dataclass(frozen=True)
+class AttentionReport:
+    """How one attention block ran (:mod:`npujax.plan.attention`).
+
+    Attributes:
+      qk, softmax, pv: the Q·Kᵀ MatMul, Softmax and P·V MatMul layers.
+      layers: every layer of the chain (the scale, mask and transposes between included).
+      mode: ``unfused``, ``on_chip`` (the scores stayed in SRAM) or ``flash`` (FlashAttention
+        tiling), one of :data:`npujax.plan.attention.ATTENTION_MODES`.
+      query_block, key_block: FlashAttention's ``B_r`` and ``B_c`` (``B_c = S_k`` on chip).
+      query_blocks, key_blocks: ``T_r`` and ``T_c``.
+      dram_bytes_saved: DRAM bytes saved against the unfused chain.
+    """
+
+    qk: str
+    softmax: str
+    pv: str
+    layers: tuple[str, ...]
+    mode: str
+    query_block: int
+    key_block: int
+    query_blocks: int
+    key_blocks: int
+    dram_bytes_saved: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The block as a JSON-ready dict."""
+        return {**dataclasses.asdict(self), "layers": list(self.layers)}
+
+
+@dataclasses.dataclass(frozen=True)
 class Schedule:
     """The lowered model: per-layer reports and end-to-end totals on one NpuSpec and dataflow.
 
@@ -139,7 +175,9 @@ class Schedule:
     (working set plus activations kept on chip) of ``sram_capacity_bytes``, and
     ``unfused_dram_bytes`` / ``unfused_latency_s`` are the layer-by-layer figures of the same
     layers (residual epilogues fused, every activation through DRAM: the ``residual`` level).
-    ``area_mm2`` is the spec's modelled silicon area (:func:`npujax.hw.area_breakdown`, per
+    ``attention_fusion`` is the compiler's attention fusion capability and ``attention`` the
+    recognised attention blocks and how each ran (:class:`AttentionReport`; not with ``layer``
+    fusion). ``area_mm2`` is the spec's modelled silicon area (:func:`npujax.hw.area_breakdown`, per
     block in ``area_breakdown_mm2``); energy per inference, its breakdown and the energy-delay
     product are derived from the layers' energies.
     """
@@ -157,6 +195,8 @@ class Schedule:
     sram_capacity_bytes: float = 0.0
     unfused_dram_bytes: float | None = None
     unfused_latency_s: float | None = None
+    attention_fusion: str = "none"
+    attention: tuple[AttentionReport, ...] = ()
     area_mm2: float = 0.0
     area_breakdown_mm2: dict[str, float] = dataclasses.field(default_factory=dict)
 
@@ -224,6 +264,8 @@ class Schedule:
             "sram_capacity_bytes": self.sram_capacity_bytes,
             "unfused_dram_bytes": self.unfused_dram_bytes,
             "unfused_latency_s": self.unfused_latency_s,
+            "attention_fusion": self.attention_fusion,
+            "attention": [a.to_dict() for a in self.attention],
             "breakdown_s": self.breakdown_s(),
             "energy_j": self.energy_j,
             "energy_breakdown_j": self.energy_breakdown_j(),
@@ -336,14 +378,20 @@ _ONCE = {"xla_backend_optimization_level": 0}  # (LLVM only: the HLO schedule is
 
 
 @functools.lru_cache(maxsize=64)
-def _jitted_costs(layers: tuple[Workload, ...], dataflows: tuple[str, ...]):
-    """One compiled cost function per (workloads, dataflows), all dataflows in one program,
-    with each one's energy and the area; hardware and bits stay traced."""
+def _jitted_costs(layers: tuple[Workload, ...], dataflows: tuple[str, ...],
+                  chains: tuple[AttentionChain, ...] = ()):
+    """One compiled cost function per (workloads, dataflows, attention chains), all dataflows
+    in one program, with each one's energy, attention decisions and the area; hardware and bits
+    stay traced."""
     def run(spec, w, a):
         by_df = layer_costs_by_dataflow(layers, spec, w, a, dataflows)
+        att = {}
+        if chains and spec.ops.attention_fusion != "none":
+            for df in dataflows:
+                by_df[df], att[df] = attention_costs(layers, chains, spec, by_df[df], w, a)
         energy = {df: layer_energy(layers, spec, w, a, df, dram_bytes=c.dram_bytes)
                   for df, c in by_df.items()}
-        return by_df, energy, area_breakdown(spec)
+        return by_df, energy, area_breakdown(spec), att
     return jax.jit(run, compiler_options=_ONCE)
 
 
@@ -468,12 +516,28 @@ def lower_by_dataflow(
                 out[df] = _schedule(spec, df, layers, wb, ab, costs, energy, area, batch_size,
                                     peak, extra)
         else:
-            by_df, energies, area = jax.tree.map(
-                np.asarray, _jitted_costs(tuple(layers), names)(spec, wb, ab))
+            chains = (attention_chains(graph, layers)
+                      if spec.ops.attention_fusion != "none" else ())
+            by_df, energies, area, att = jax.tree.map(
+                np.asarray, _jitted_costs(tuple(layers), names, chains)(spec, wb, ab))
             for df in names:
                 out[df] = _schedule(spec, df, layers, wb, ab, by_df[df], energies[df], area,
-                                    batch_size, peak, {})
+                                    batch_size, peak, _attention_report(layers, chains,
+                                                                        att.get(df)))
     return out
+
+
+def _attention_report(layers: list[Workload], chains: tuple[AttentionChain, ...],
+                      att: Any) -> dict[str, Any]:
+    """The schedule's ``attention`` field from :func:`attention_costs`' decisions."""
+    if att is None:
+        return {}
+    n = [w.name for w in layers]
+    return dict(attention=tuple(AttentionReport(
+        n[c.qk], n[c.softmax], n[c.pv], tuple(n[r] for r in c.rows),
+        ATTENTION_MODES[int(att.mode[i])], int(att.query_block[i]), int(att.key_block[i]),
+        int(att.query_blocks[i]), int(att.key_blocks[i]), float(att.saved_bytes[i]))
+        for i, c in enumerate(chains)))
 
 
 def _layer_fused(layers: tuple[Workload, ...], spec: NpuSpec, wb: np.ndarray, ab: np.ndarray,
@@ -530,6 +594,7 @@ def _schedule(spec: NpuSpec, dataflow: str, layers: list[Workload], wb: np.ndarr
             epilogue=w.epilogue, energy=LayerEnergy(*(e[i] for e in energy_cols))))
     return Schedule(spec.name, dataflow, clock, batch_size, tuple(reports), peak,
                     fusion=spec.ops.fusion, mapping=spec.memory.mapping,
+                    attention_fusion=spec.ops.attention_fusion,
                     area_mm2=float(area.total_mm2),
                     area_breakdown_mm2={k.removesuffix("_mm2"): float(v) for k, v in
                                         area._asdict().items() if k != "total_mm2"}, **extra)

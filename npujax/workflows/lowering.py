@@ -33,7 +33,8 @@ from npujax.systolic.dataflow import DATAFLOWS, get_dataflow
 
 __all__ = ["Lowering", "lower_dataflows", "print_lowering", "write_lowering",
            "import_onnx_for_lowering", "resolution_sweep", "print_resolution_sweep",
-           "print_edges", "print_memory", "print_core_schedules", "print_coresidency",
+           "print_edges", "print_attention", "print_memory", "print_core_schedules",
+           "print_coresidency",
            "DecoderLowering", "decoder_graph", "decoder_precision", "decoder_figures"]
 
 
@@ -185,6 +186,31 @@ def print_edges(console: Console, schedule: Schedule, limit: int = 40) -> None:
                  f"{schedule.unfused_latency_s * 1e6:,.1f} -> {schedule.latency_s * 1e6:,.1f} µs "
                  "against the same layers with every activation through DRAM (the residual "
                  "fusion level, --fusion residual)")
+    console.print(line)
+
+
+def print_attention(console: Console, schedule: Schedule, limit: int = 8) -> None:
+    """The attention blocks (``ops.attention_fusion``): how each ran (``on_chip``, ``flash`` or
+    ``unfused``), FlashAttention's blocks and the DRAM bytes saved against the unfused chain
+    (:mod:`npujax.plan.attention`); one row per distinct outcome when blocks repeat."""
+    if not schedule.attention:
+        return
+    t = Table(title=f"attention blocks (attention_fusion = {schedule.attention_fusion})",
+              title_justify="left")
+    for col in ("Q·Kᵀ", "P·V", "layers fused", "mode", "B_r x B_c", "T_r x T_c",
+                "DRAM KiB saved"):
+        t.add_column(col, justify="left" if col in ("Q·Kᵀ", "P·V", "mode") else "right")
+    for a in schedule.attention[:limit]:
+        t.add_row(a.qk, a.pv, str(len(a.layers)) if a.mode != "unfused" else "0", a.mode,
+                  f"{a.query_block} x {a.key_block}", f"{a.query_blocks} x {a.key_blocks}",
+                  _kib(a.dram_bytes_saved))
+    console.print(t)
+    n = len(schedule.attention)
+    fused = sum(a.mode != "unfused" for a in schedule.attention)
+    saved = sum(a.dram_bytes_saved for a in schedule.attention)
+    line = f"{fused}/{n} attention blocks fused, {saved / 1e6:,.2f} MB DRAM saved"
+    if n > limit:
+        line += f" (table: the first {limit})"
     console.print(line)
 
 
