@@ -8,6 +8,11 @@
     vmapped, jitted call: compute cycles alone, and with the memory model.
 (c) Bit-exact emulation of a ResNet-18 conv layer (3x3, 64->64, 56x56, int8) vs a plain ``jnp``
     int32 matmul of the same GEMM shape.
+(d) Bit-exact square GEMMs (n = 512, 1024, int8) on 16x16 and 128x128 arrays: the emulator vs
+    a plain int32 ``jnp.matmul`` vs the previous emulator (all K-folds' partial sums materialised
+    by one batched ``dot_general``, then summed), interleaved medians (target <= 1.5x matmul).
+(e) Compilations over 24 random GEMM shapes on one array: the previous emulator (one per shape)
+    vs the shape-bucketed one: count and compile+first-run seconds.
 
 Usage: PYTHONPATH=. python experiments/bench/emulator.py [--quick]
 CPU only here (no GPU in this environment).
@@ -16,6 +21,7 @@ CPU only here (no GPU in this environment).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -33,7 +39,9 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 from networks import resnet  # noqa: E402
 
-from npujax.systolic import emulate_conv, gemm_cycles, gemm_memory  # noqa: E402
+import npujax.systolic.emulator as emulator_mod  # noqa: E402
+from npujax.systolic import emulate_conv, emulate_gemm, gemm_cycles, gemm_memory  # noqa: E402,E501
+from npujax.systolic.emulator import k_fold_size  # noqa: E402
 from npujax.systolic.scalesim import scalesim_report  # noqa: E402
 
 DF = {"ws": "weight_stationary", "os": "output_stationary", "is": "input_stationary"}
@@ -49,6 +57,81 @@ def _best_time(f, n=10):
         jax.block_until_ready(f())
         ts.append(time.perf_counter() - t0)
     return float(np.min(ts))
+
+
+def _interleaved_medians(fns: dict, rounds: int = 15) -> dict:
+    """Median seconds of each callable, run in turn round after round (so load on the shared
+    machine hits every side alike); each is compiled and checked first."""
+    for f in fns.values():
+        jax.block_until_ready(f())
+    ts: dict = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, f in fns.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(f())
+            ts[k].append(time.perf_counter() - t0)
+    return {k: float(np.median(v)) for k, v in ts.items()}
+
+
+@functools.partial(jax.jit, static_argnames=("rows", "cols", "dataflow"))
+def _previous_emulate_gemm(a, b, rows, cols, dataflow):
+    """The emulator before shape buckets and the fold loop (kept here as the reference): every
+    K-fold's partial sums materialised by one batched ``dot_general``, then summed in int32."""
+    M, K = a.shape
+    N = b.shape[1]
+    tk = k_fold_size(K, rows, cols, dataflow)
+    fk = -(-K // tk)
+    a = jnp.pad(a, ((0, 0), (0, fk * tk - K))).reshape(M, fk, tk)
+    b = jnp.pad(b, ((0, fk * tk - K), (0, 0))).reshape(fk, tk, N)
+    partial = jax.lax.dot_general(a, b, (((2,), (1,)), ((1,), (0,))),
+                                  preferred_element_type=jnp.int32)
+    return jnp.sum(partial, axis=0, dtype=jnp.int32), gemm_cycles(M, K, N, rows, cols, dataflow)
+
+
+def bench_square_gemms(sizes=(512, 1024), arrays=(16, 128), rounds=15):
+    rng = np.random.default_rng(0)
+    mm = jax.jit(jnp.matmul)
+    out = []
+    for n in sizes:
+        a8 = jnp.asarray(rng.integers(-128, 128, (n, n)), jnp.int8)
+        b8 = jnp.asarray(rng.integers(-128, 128, (n, n)), jnp.int8)
+        a32, b32 = a8.astype(jnp.int32), b8.astype(jnp.int32)
+        ref = np.asarray(mm(a32, b32))
+        for r in arrays:
+            for df in ("ws", "os", "is"):
+                fns = {"matmul": functools.partial(mm, a32, b32),
+                       "emulate": lambda a=a8, b=b8, r=r, df=df: emulate_gemm(a, b, r, r, df)[0],
+                       "previous": lambda a=a8, b=b8, r=r, df=df: _previous_emulate_gemm(
+                           a, b, rows=r, cols=r, dataflow=DF[df])[0]}
+                exact = all(np.array_equal(np.asarray(f()), ref) for f in fns.values())
+                t = _interleaved_medians(fns, rounds)
+                out.append({"n": n, "array": f"{r}x{r}", "dataflow": df, **t, "bit_exact": exact,
+                            "ratio": t["emulate"] / t["matmul"],
+                            "previous_ratio": t["previous"] / t["matmul"]})
+    return out
+
+
+def bench_compiles(n_shapes=24, rows=16):
+    """Compile count and seconds (compile + first run) for ``n_shapes`` random GEMM shapes."""
+    rng = np.random.default_rng(3)
+    shapes = [tuple(int(v) for v in rng.integers(32, 700, 3)) for _ in range(n_shapes)]
+    ops = [(jnp.asarray(rng.integers(-128, 128, (m, k)), jnp.int8),
+            jnp.asarray(rng.integers(-128, 128, (k, n)), jnp.int8)) for m, k, n in shapes]
+    runs = {"previous": (lambda a, b: _previous_emulate_gemm(a, b, rows, rows, DF["ws"]),
+                         _previous_emulate_gemm),
+            "bucketed": (lambda a, b: emulate_gemm(a, b, rows, rows, "ws"),
+                         emulator_mod._emulate_gemm)}
+    gemm_cycles(1, 1, 1, rows, rows, "ws")  # the eager statistics' one-time warm-up per process
+    before = {k: fn._cache_size() for k, (_, fn) in runs.items()}
+    secs = dict.fromkeys(runs, 0.0)
+    for a, b in ops:  # interleaved shape by shape
+        for k, (run, _) in runs.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(run(a, b))
+            secs[k] += time.perf_counter() - t0
+    res = {k: {"compiles": fn._cache_size() - before[k], "seconds": secs[k]}
+           for k, (_, fn) in runs.items()}
+    return {"shapes": n_shapes, "array": f"{rows}x{rows}", **res}
 
 
 def _scalesim_cases(arrays: str):
@@ -143,10 +226,8 @@ def bench_emulation(rows: int, dataflow: str):
     b = jnp.asarray(rng.integers(-128, 128, (576, 64)), jnp.int32)
     mm = jax.jit(jnp.matmul)
     emu = lambda: emulate_conv(x, w, rows, rows, dataflow, padding=1)[0]  # noqa: E731
-    t_ref = t_emu = float("inf")
-    for _ in range(3):  # interleaved, so both see the same load on the shared machine
-        t_ref = min(t_ref, _best_time(lambda: mm(a, b), n=10))
-        t_emu = min(t_emu, _best_time(emu, n=10))
+    t = _interleaved_medians({"matmul": lambda: mm(a, b), "emulate": emu})
+    t_ref, t_emu = t["matmul"], t["emulate"]
     return {"array": f"{rows}x{rows}", "dataflow": dataflow, "emulate_s": t_emu,
             "matmul_s": t_ref, "slowdown": t_emu / t_ref}
 
@@ -162,6 +243,8 @@ def main(argv=None):
     a, a_conv = bench_scalesim("32,128" if args.quick else "8,16,32,128")
     b = bench_sweep(args.configs)
     c = [bench_emulation(r, df) for r in (16, 128) for df in ("ws", "os", "is")]
+    d = bench_square_gemms()
+    e = bench_compiles()
 
     print(f"(a) SCALE-Sim vs npujax, {a['cases']} GEMM cases (SCALE-Sim timings: {a['source']})")
     print(f"    SCALE-Sim {a['scalesim_s']:10.3f} s | npujax {a['npujax_s'] * 1e6:10.1f} us | "
@@ -179,8 +262,20 @@ def main(argv=None):
           "[3136,576]x[576,64]")
     for r in c:
         print(f"    {r['array']:>7s} {r['dataflow']:2s}  emulate {r['emulate_s'] * 1e3:7.2f} ms  "
-              f"matmul {r['matmul_s'] * 1e3:7.2f} ms  -> {r['slowdown']:.2f}x (target <= 2x)")
-    return {"scalesim": a, "scalesim_conv": a_conv, "sweep": b, "emulation": c}
+              f"matmul {r['matmul_s'] * 1e3:7.2f} ms  -> {r['slowdown']:.2f}x (target <= 1.5x)")
+    print("(d) bit-exact square int8 GEMMs vs jnp int32 matmul (interleaved medians of 15)")
+    for r in d:
+        print(f"    n={r['n']:4d} {r['array']:>7s} {r['dataflow']:2s}  matmul "
+              f"{r['matmul'] * 1e3:7.2f} ms  emulate {r['emulate'] * 1e3:7.2f} ms "
+              f"-> {r['ratio']:.2f}x (target <= 1.5x)  previous {r['previous'] * 1e3:7.2f} ms "
+              f"-> {r['previous_ratio']:.2f}x  bit-exact {r['bit_exact']}")
+    print(f"(e) compilations for {e['shapes']} random GEMM shapes (M, K, N in 32..699) on "
+          f"{e['array']} ws")
+    for k in ("previous", "bucketed"):
+        print(f"    {k:9s} {e[k]['compiles']:3d} compilations, {e[k]['seconds']:6.2f} s "
+              "(compile + first run)")
+    return {"scalesim": a, "scalesim_conv": a_conv, "sweep": b, "emulation": c,
+            "square_gemms": d, "compiles": e}
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ Prints (and writes as JSON with --out):
   (2) the full lowering of the model vmapped across N hardware configurations (array size, SRAM
       sizes and DRAM bandwidth as traced numbers) in one jitted call: (configuration x layer)
       evaluations per second (target >= 1e6 on 2 CPU cores);
-  (3) the jitted JAX forward pass vs onnxruntime on the same input (target: <= 2x ORT's time).
+  (3) the jitted JAX forward pass vs onnxruntime on the same input, interleaved medians
+      (target: <= 1.5x ORT's time on the classifier, <= 1x on the detector).
 """
 
 from __future__ import annotations
@@ -241,17 +242,26 @@ def main() -> None:
     x = np.random.default_rng(1).uniform(-1, 1, shape).astype(np.float32)
     fwd = jax.jit(lambda p, v: execute(graph, p, v))
     y = np.asarray(fwd(params, x))
-    t_jax = _best(lambda: jax.block_until_ready(fwd(params, x)), 5)
     so = ort.SessionOptions()
     sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     y_ort = sess.run(None, {"x": x})[0]
-    t_ort = _best(lambda: sess.run(None, {"x": x}), 5)
+    # interleaved medians: the shared machine's load hits both sides alike
+    t_jax_all, t_ort_all = [], []
+    for _ in range(30 if args.model == "ppocr_cls" else 8):
+        t = time.perf_counter()
+        jax.block_until_ready(fwd(params, x))
+        t_jax_all.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        sess.run(None, {"x": x})
+        t_ort_all.append(time.perf_counter() - t)
+    t_jax, t_ort = statistics.median(t_jax_all), statistics.median(t_ort_all)
     err = float(np.max(np.abs(y - y_ort)))
     res.update(jax_forward_s=t_jax, ort_forward_s=t_ort, jax_over_ort=t_jax / t_ort,
                max_abs_diff_vs_ort=err)
-    print(f"(3) forward: JAX {t_jax * 1e3:.1f} ms vs onnxruntime {t_ort * 1e3:.1f} ms = "
-          f"{t_jax / t_ort:.2f}x ORT [target <= 2x: {'met' if t_jax <= 2 * t_ort else 'NOT met'}]"
-          f"; max |diff| {err:.2e}")
+    target = 1.5 if args.model == "ppocr_cls" else 1.0
+    print(f"(3) forward (interleaved medians): JAX {t_jax * 1e3:.2f} ms vs onnxruntime "
+          f"{t_ort * 1e3:.2f} ms = {t_jax / t_ort:.2f}x ORT [target <= {target:g}x: "
+          f"{'met' if t_jax <= target * t_ort else 'NOT met'}]; max |diff| {err:.2e}")
     _write(args.out, res)
 
 

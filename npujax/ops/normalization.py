@@ -41,7 +41,10 @@ def _batchnorm(node: Node, inputs: Sequence[jax.Array], params: Mapping[str, jax
     axis = node.attrs["axis"] % x.ndim
     shape = [1] * x.ndim
     shape[axis] = -1
-    inv = lax.rsqrt(params["var"] + node.attrs["epsilon"])
+    # "inv_std" = rsqrt(var + epsilon), when the caller computed it already (execute computes
+    # every BatchNormalization's at once: one XLA kernel instead of one per node)
+    inv = params["inv_std"] if "inv_std" in params else \
+        lax.rsqrt(params["var"] + node.attrs["epsilon"])
     y = (x - params["mean"].reshape(shape)) * inv.reshape(shape)
     if "scale" in params:
         y = y * params["scale"].reshape(shape)

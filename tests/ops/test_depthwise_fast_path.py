@@ -50,3 +50,23 @@ def test_pointwise_matches_conv(layout, klayout):
     assert _is_pointwise(wl, a)
     np.testing.assert_allclose(np.asarray(_pointwise_conv(xl, wl, a)),
                                np.asarray(_dense_conv(xl, wl, a)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("layout,klayout", [("NCHW", "OIHW"), ("NHWC", "HWIO")])
+@pytest.mark.parametrize("c,k,s,d,pad", [
+    (3, 3, 2, 1, ((1, 1), (1, 1))), (1, 5, 1, 2, ((2, 1), (0, 3))), (4, 2, 3, 1, ((0, 0), (1, 0))),
+])
+def test_small_cin_im2col_matches_conv(layout, klayout, c, k, s, d, pad):
+    from npujax.ops.gemm import _im2col_conv, _is_small_cin
+
+    rng = np.random.default_rng(c * 10 + k)
+    x = rng.normal(size=(2, c, 11, 13)).astype(np.float32)
+    w = rng.normal(size=(5, c, k, k)).astype(np.float32)
+    xl = jnp.asarray(np.transpose(x, ["NCHW".index(a) for a in layout]))
+    wl = jnp.asarray(np.transpose(w, ["OIHW".index(a) for a in klayout]))
+    a = dict(data_layout=layout, kernel_layout=klayout, strides=[s, s], dilations=[d, d],
+             padding=[list(p) for p in pad], groups=1)
+    assert _is_small_cin(xl, a)
+    fast, ref = _im2col_conv(xl, wl, a), _dense_conv(xl, wl, a)
+    assert fast.shape == ref.shape
+    np.testing.assert_allclose(np.asarray(fast), np.asarray(ref), rtol=1e-5, atol=1e-5)

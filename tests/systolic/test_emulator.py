@@ -225,3 +225,20 @@ def test_bad_input_raises_designed_errors(call, err, msg):
     with pytest.raises(err, match=msg) as info:
         call()
     assert isinstance(info.value, NpujaxError)
+
+
+def test_shape_buckets_share_one_compilation_and_stay_exact():
+    # (21, 13, 9) and (23, 14, 10) fall in the same bucket (24, 16, 10) on a 4x4 ws array
+    rng = np.random.default_rng(7)
+    shapes = [(21, 13, 9), (23, 14, 10)]
+    ops = [(_rand(rng, (m, k), jnp.int8), _rand(rng, (k, n), jnp.int8)) for m, k, n in shapes]
+    emulate_gemm(*ops[0], 4, 4, "ws")
+    before = emulator_mod._emulate_gemm._cache_size()
+    for (a, b), (m, k, n) in zip(ops, shapes):
+        out, stats = emulate_gemm(a, b, 4, 4, "ws")
+        assert out.shape == (m, n)
+        np.testing.assert_array_equal(np.asarray(out), _ref(a, b))
+        assert int(stats["folds"]) == int(gemm_cycles(m, k, n, 4, 4, "ws")["folds"])
+    assert emulator_mod._emulate_gemm._cache_size() == before
+    assert [emulator_mod.shape_bucket(v) for v in (4, 5, 9, 21, 24, 25, 1000)] == \
+        [4, 5, 10, 24, 24, 28, 1024]
