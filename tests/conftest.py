@@ -59,6 +59,19 @@ def _strict_jax(request):
         yield
 
 
+@pytest.fixture(autouse=True)
+def _npujax_logger():
+    """Restore the ``npujax`` logger after each test: the CLI's ``main`` (run in-process by many
+    tests) points it at the stderr of the moment and stops propagation, which would leave later
+    tests of the same worker writing to a closed capture and their ``caplog`` empty."""
+    import logging
+
+    logger = logging.getLogger("npujax")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved
+
+
 @pytest.fixture(scope="session")
 def edge_spec():
     from npujax.hw import load_npu_spec

@@ -69,7 +69,7 @@ def test_lower_by_dataflow_is_lower_at_each_dataflow_with_one_compilation(graph,
     by_df = lower_by_dataflow(graph, edge_spec, dataflows=("os", "ws", "is"))
     assert list(by_df) == ["output_stationary", "weight_stationary", "input_stationary"]
     assert lower_module._jitted_costs.cache_info().misses == 1  # one program, all dataflows
-    program = lower_module._jitted_costs(tuple(workloads(graph, edge_spec)), tuple(by_df))
+    program = lower_module._jitted_costs(tuple(workloads(graph, edge_spec)), tuple(by_df), ())
     assert program._cache_size() == 1  # compiled once
     assert [s.dataflow for s in by_df.values()] == list(by_df)
     one = lower(graph, edge_spec, dataflow="is")  # its own program: the same schedule
