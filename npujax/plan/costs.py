@@ -69,7 +69,7 @@ from npujax.systolic.mapping import check_mapping, gemm_mapping
 from npujax.systolic.precision import get_precision_scaling, passes
 
 __all__ = ["LayerCosts", "layer_costs", "layer_costs_by_dataflow", "first_consumers",
-           "BREAKDOWN", "EXACT_FIELDS", "SHAPE_FIELDS"]
+           "input_widths", "BREAKDOWN", "EXACT_FIELDS", "SHAPE_FIELDS"]
 
 #: The numeric :class:`~npujax.plan.Workload` fields the cost model reads (the ``shapes`` of
 #: :func:`layer_costs`); the rest (kind, device, producer, fusion) is the workloads' structure.
@@ -148,6 +148,32 @@ def first_consumers(layers: Sequence[Workload]) -> jax.Array:
         if w.producer >= 0 and first[w.producer] < 0:
             first[w.producer] = j
     return jnp.asarray(first, jnp.int32)
+
+
+def input_widths(layers: Sequence[Workload], act_bits: jax.Array, on_npu: jax.Array
+                 ) -> tuple[jax.Array, jax.Array]:
+    """The width each layer's input arrives at, and whether it needs a conversion pass.
+
+    A GEMM's output stage requantizes to the width of its first consumer for free; a vector
+    layer keeps its width. A consumer on the NPU that wants another width than it receives pays
+    a conversion (read at the arriving width, written at its own).
+
+    Args:
+      layers: static workloads (``producer`` indices).
+      act_bits: ``[L]`` activation width per layer (float).
+      on_npu: bool ``[L]``, the layers the NPU runs.
+
+    Returns:
+      ``(a_in, needs)``: ``[L]`` arriving widths (the layer's own without a producer) and bool
+      ``[L]`` conversion flags.
+    """
+    first = first_consumers(layers)
+    out_width = jnp.where(jnp.asarray([w.kind == "gemm" for w in layers]) & (first >= 0),
+                          act_bits[jnp.maximum(first, 0)], act_bits)
+    prod = jnp.asarray([max(w.producer, 0) for w in layers], jnp.int32)
+    has_prod = jnp.asarray([w.producer >= 0 for w in layers])
+    a_in = jnp.where(has_prod, out_width[prod], act_bits)
+    return a_in, has_prod & on_npu & (a_in != act_bits)
 
 
 def _bursts(nbytes, burst):
@@ -364,15 +390,8 @@ def _layer_costs(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Arr
     pes = real(R * C * cores)
     macs = f32("macs")
 
-    # precision conversion: a GEMM's output stage requantizes to the width of its first consumer
-    # for free; a vector layer keeps its width. A consumer wanting another width pays a pass.
-    first = first_consumers(layers)
-    out_width = jnp.where(jnp.asarray([w.kind == "gemm" for w in layers]) & (first >= 0),
-                          ab[jnp.maximum(first, 0)], ab)
-    prod = jnp.asarray([max(w.producer, 0) for w in layers], jnp.int32)
-    has_prod = jnp.asarray([w.producer >= 0 for w in layers])
-    a_in = jnp.where(has_prod, out_width[prod], ab)
-    needs = has_prod & on_npu & (a_in != ab)
+    # precision conversion: a consumer wanting another width than it receives pays a pass
+    a_in, needs = input_widths(layers, ab, on_npu)
     conv_bytes = _bursts(in_elems * a_in / 8.0, burst) + _bursts(in_elems * ab / 8.0, burst)
     conv_cycles = jnp.maximum(real(_ceil_div(i32("in_elems"), lanes * cores)),
                               conv_bytes / bpc)

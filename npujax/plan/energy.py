@@ -43,7 +43,7 @@ from npujax import _relax
 from npujax._exact import exact, real
 from npujax.hw.energy import energy_scale, mac_energy_pj, sram_pj_per_byte
 from npujax.hw.spec import NpuSpec
-from npujax.plan.costs import _hw, first_consumers, layer_costs
+from npujax.plan.costs import _hw, input_widths, layer_costs
 from npujax.plan.workload import Workload
 from npujax.systolic.dataflow import gemm_cycles, get_dataflow
 from npujax.systolic.memory import gemm_memory
@@ -194,13 +194,7 @@ def _layer_energy(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Ar
     stage_vec = real(dram_bytes) * 0.5 * (e_wr["a"] + e_rd["o"])
 
     # precision conversion of an input read at another width (as in the latency model)
-    first = first_consumers(layers)
-    out_width = jnp.where(jnp.asarray([w.kind == "gemm" for w in layers]) & (first >= 0),
-                          ab[jnp.maximum(first, 0)], ab)
-    prod = jnp.asarray([max(w.producer, 0) for w in layers], jnp.int32)
-    has_prod = jnp.asarray([w.producer >= 0 for w in layers])
-    a_in = jnp.where(has_prod, out_width[prod], ab)
-    needs = has_prod & on_npu & (a_in != ab)
+    a_in, needs = input_widths(layers, ab, on_npu)
     conv_bytes = in_elems * (a_in + ab) / 8.0
     conv_sram = in_elems * (a_in * e_rd["a"] + ab * e_wr["a"]) / 8.0
 
