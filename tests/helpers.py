@@ -118,14 +118,13 @@ def run_cli(*args, cwd=None):
     JAX import and empty compilation cache per call (about 3 s of CPU each). ``main`` is the
     console script's own entry point, so exit codes and messages are the program's; the few tests
     of process-level behaviour (signals, pipes, the installed script) still use a subprocess.
-    The ``npujax`` logger's configuration, which ``main`` sets, is restored afterwards so that
-    later tests' ``caplog`` still sees npujax's messages, and the command runs under JAX's default
-    (standard) promotion, as the program does: the suite's strict mode is for npujax's own
-    numerics, and the program's dependencies (optax's Adam, Flax's layers) are not written for it.
+    The command runs under JAX's default (standard) promotion, as the program does: the suite's
+    strict mode is for npujax's own numerics, and the program's dependencies (optax's Adam,
+    Flax's layers) are not written for it. The ``npujax`` logger, which ``main`` configures, is
+    restored after each test by ``tests/conftest.py``.
     """
     import contextlib
     import io
-    import logging
     import os
     import subprocess
 
@@ -133,8 +132,6 @@ def run_cli(*args, cwd=None):
 
     from npujax.cli import main
 
-    logger = logging.getLogger("npujax")
-    saved = (list(logger.handlers), logger.level, logger.propagate)
     out, err = io.StringIO(), io.StringIO()
     old_cwd = os.getcwd()
     try:
@@ -148,6 +145,5 @@ def run_cli(*args, cwd=None):
                 code = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     finally:
         os.chdir(old_cwd)
-        logger.handlers[:], logger.level, logger.propagate = saved
     return subprocess.CompletedProcess(["npujax", *map(str, args)], code, out.getvalue(),
                                        err.getvalue())
