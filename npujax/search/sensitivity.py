@@ -127,27 +127,33 @@ def activation_sensitivity(
       ``{layer: {bits: Omega}}``.
     """
     loss_fn = cross_entropy if loss_fn is None else loss_fn
+    layers, bits = list(layers), [int(b) for b in candidates]
+    shapes = {n: graph.tensors[graph.node(n).inputs[0]].shape[1:] for n in layers}
 
-    zeros = {n: jnp.zeros((x.shape[0], *graph.tensors[graph.node(n).inputs[0]].shape[1:]),
-                          jnp.float32) for n in layers}
+    @jax.jit  # one program for every layer and width (eagerly, each op compiled per shape)
+    def omega(params, x, y):
+        zeros = {n: jnp.zeros((x.shape[0], *shapes[n]), jnp.float32) for n in layers}
 
-    def loss(offsets):
-        out, taps = execute(graph, params, x, taps=layers, input_offsets=offsets)
-        return loss_fn(out, y), taps
+        def loss(offsets):
+            out, taps = execute(graph, params, x, taps=layers, input_offsets=offsets)
+            return loss_fn(out, y), taps
 
-    grads, taps = jax.grad(loss, has_aux=True)(zeros)
-    out: dict[str, dict[int, float]] = {}
-    for n in layers:
-        act = taps[n][0]
-        fisher = float(jnp.mean(jnp.square(grads[n])))
-        lo, hi = jnp.min(act), jnp.max(act)
-        out[n] = {}
-        for b in candidates:
-            fmt = IntFormat(int(b), signed=False)
-            sb, zb = qparams_from_range(lo, hi, fmt, symmetric=False)
-            noise = float(jnp.sum(jnp.square(fake_quant(act, sb, zb, fmt) - act)))
-            out[n][int(b)] = fisher * noise / act.shape[0]
-    return out
+        grads, taps = jax.grad(loss, has_aux=True)(zeros)
+        fisher, noise = {}, {}
+        for n in layers:
+            act = taps[n][0]
+            fisher[n] = jnp.mean(jnp.square(grads[n]))
+            lo, hi = jnp.min(act), jnp.max(act)
+            noise[n] = []
+            for b in bits:
+                fmt = IntFormat(b, signed=False)
+                sb, zb = qparams_from_range(lo, hi, fmt, symmetric=False)
+                noise[n].append(jnp.sum(jnp.square(fake_quant(act, sb, zb, fmt) - act)))
+        return fisher, noise
+
+    fisher, noise = jax.device_get(omega(params, x, y))
+    return {n: {b: float(fisher[n]) * float(noise[n][j]) / x.shape[0] for j, b in enumerate(bits)}
+            for n in layers}
 
 
 def weight_perturbation(
@@ -158,14 +164,17 @@ def weight_perturbation(
     ``Q_b`` is the scheme :func:`npujax.quant_spec` uses: signed, narrow-range, symmetric,
     per output channel.
     """
-    out: dict[str, dict[int, float]] = {}
-    for n in layers:
-        w = params[n]["kernel"]
-        axis = kernel_out_axis(graph.node(n))
-        out[n] = {int(b): float(jnp.sum(jnp.square(
-            quantize_weight(w, IntFormat(int(b), narrow_range=True), axis) - w)))
-            for b in candidates}
-    return out
+    layers, bits = list(layers), [int(b) for b in candidates]
+    axes = {n: kernel_out_axis(graph.node(n)) for n in layers}
+
+    @jax.jit  # one program for every layer and width
+    def perturbation(kernels):
+        return {n: [jnp.sum(jnp.square(quantize_weight(
+            kernels[n], IntFormat(b, narrow_range=True), axes[n]) - kernels[n])) for b in bits]
+            for n in layers}
+
+    table = jax.device_get(perturbation({n: params[n]["kernel"] for n in layers}))
+    return {n: {b: float(table[n][j]) for j, b in enumerate(bits)} for n in layers}
 
 
 def hawq_sensitivity(
