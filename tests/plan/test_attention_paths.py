@@ -133,3 +133,20 @@ def test_layer_fusion_with_attention_blocks(graphs, fits):
     else:  # tiled, the kernel's K/V re-reads lose to the layer schedule: that one is kept
         assert a.mode == "unfused" and a.dram_bytes_saved == 0
         assert s.latency_s == plain.latency_s
+
+
+@pytest.mark.integration  # compiles the co-design's relaxed program
+def test_codesign_relaxed_tables_follow_lower(graphs):
+    from npujax.search.codesign import CodesignConfig, _Problem
+
+    g, spec = graphs[64], _spec("edge (on_chip, as shipped)")
+    names = [w.name for w in workloads(g, spec) if w.kind == "gemm"]
+    p = _Problem(g, spec, {n: {8: 0.0} for n in names}, CodesignConfig(area_mm2=100.0,
+                                                                       candidates=(8,)))
+    a, m = spec.array, spec.memory
+    lat, _, _ = p._tables(float(a.rows), float(a.cols), (float(m.ifmap_sram_bytes),
+                          float(m.filter_sram_bytes), float(m.ofmap_sram_bytes)),
+                          float(m.dram_bytes_per_s))
+    s = lower(g, spec)
+    np.testing.assert_allclose(np.asarray(lat)[0].sum(), s.latency_s, rtol=1e-6)
+    assert s.latency_s < lower(g, _none(spec)).latency_s
