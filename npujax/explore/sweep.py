@@ -1,5 +1,6 @@
 """Evaluate a design-space sweep: every configuration of a :class:`~npujax.explore.Grid`
-through the cost model (:func:`npujax.plan.layer_costs`), vmapped and sharded over devices.
+through the cost model (:func:`npujax.plan.layer_costs`, the attention blocks fused as the
+spec declares: :func:`npujax.plan.attention_costs`), vmapped and sharded over devices.
 
 For each combination of the grid's static axes (dataflow, precision scaling, layout and operator
 fields: they change the program or the workloads) the layers' workloads are built once and one
@@ -41,6 +42,7 @@ from npujax.explore.grid import Grid, configurations
 from npujax.hw.energy import area_mm2
 from npujax.hw.spec import NpuSpec, as_spec
 from npujax.ir.graph import Graph
+from npujax.plan.attention import AttentionChain, attention_chains, attention_costs
 from npujax.plan.costs import layer_costs
 from npujax.plan.energy import ENERGY_BREAKDOWN, layer_energy
 from npujax.plan.lower import DEFAULT_BITS
@@ -72,8 +74,10 @@ def _mesh(devices: Sequence[Any] | None) -> Mesh:
 
 
 @functools.lru_cache(maxsize=32)
-def _program(layers: tuple[Workload, ...], dataflow: str, mesh: Mesh) -> Callable[..., Any]:
-    """The jitted, sharded evaluation of ``layers`` for a batch of configurations."""
+def _program(layers: tuple[Workload, ...], dataflow: str, mesh: Mesh,
+             chains: tuple[AttentionChain, ...] = ()) -> Callable[..., Any]:
+    """The jitted, sharded evaluation of ``layers`` for a batch of configurations (the
+    attention blocks ``chains`` fused as the configurations' ``ops.attention_fusion`` allows)."""
     L = len(layers)
     on_npu = np.asarray([w.device == "npu" for w in layers])
     masks = {"gemm": on_npu & np.asarray([w.kind == "gemm" for w in layers]),
@@ -84,6 +88,8 @@ def _program(layers: tuple[Workload, ...], dataflow: str, mesh: Mesh) -> Callabl
     def one(spec: NpuSpec, bits: jax.Array) -> dict[str, jax.Array]:
         widths = jnp.full((L,), bits, real(0).dtype)
         c = layer_costs(layers, spec, widths, widths, dataflow)
+        if chains and spec.ops.attention_fusion != "none":
+            c = attention_costs(layers, chains, spec, c, widths, widths)[0]
         lat = c.latency_cycles
         comp = c.compute_cycles
         cpu_cycles = c.fallback_cycles + c.transfer_cycles
@@ -145,7 +151,8 @@ def _stacked(spec: NpuSpec, changes: dict[str, np.ndarray], n: int) -> NpuSpec:
 
 
 def evaluate(layers: Sequence[Workload], spec: NpuSpec, changes: dict[str, np.ndarray],
-             bits: np.ndarray, devices: Sequence[Any] | None = None) -> dict[str, np.ndarray]:
+             bits: np.ndarray, devices: Sequence[Any] | None = None,
+             chains: Sequence[AttentionChain] = ()) -> dict[str, np.ndarray]:
     """The :data:`COLUMNS` of ``n`` configurations sharing ``spec``'s static fields.
 
     Args:
@@ -154,6 +161,8 @@ def evaluate(layers: Sequence[Workload], spec: NpuSpec, changes: dict[str, np.nd
       changes: ``{"section.key": values [n]}`` for the swept numeric fields.
       bits: ``[n]`` uniform weight and activation width per configuration.
       devices: the devices to shard over (default: every local device).
+      chains: the graph's attention blocks (:func:`npujax.plan.attention_chains`), fused as
+        ``spec.ops.attention_fusion`` declares, as :func:`npujax.lower` does.
 
     Returns:
       ``{column: [n] array}`` (int64 for :data:`INT_COLUMNS`, float64 otherwise).
@@ -166,7 +175,7 @@ def evaluate(layers: Sequence[Workload], spec: NpuSpec, changes: dict[str, np.nd
     size = _bucket(n, ndev)
     pad = lambda v: np.concatenate([v, np.repeat(v[-1:], size - n)])  # noqa: E731
     stacked = _stacked(spec, {k: pad(np.asarray(v)) for k, v in changes.items()}, size)
-    program = _program(tuple(layers), spec.array.dataflow, mesh)
+    program = _program(tuple(layers), spec.array.dataflow, mesh, tuple(chains))
     with jax.enable_x64(True):  # the numbers enter as int64/float64 (npujax._exact)
         out = exact(program)(stacked, pad(np.asarray(bits, np.float64)))
         out = {k: np.asarray(v)[:n] for k, v in out.items()}
@@ -278,6 +287,8 @@ def evaluate_configs(graph: Graph, base: NpuSpec, grid: Grid, configs: np.ndarra
                                      for j, v in zip(static, key)}) if key else base
             cache[key] = (spec, workloads(graph, spec))
         spec, layers = cache[key]
+        chains = (attention_chains(graph, layers) if spec.ops.attention_fusion != "none"
+                  else ())
         changes, bits = {}, np.full(len(rows), DEFAULT_BITS, np.float64)
         for j, (name, vals) in enumerate(grid.axes):
             if grid.is_static(name):
@@ -287,7 +298,7 @@ def evaluate_configs(graph: Graph, base: NpuSpec, grid: Grid, configs: np.ndarra
                 bits = picked.astype(np.float64)
             else:
                 changes[name] = picked
-        cols = evaluate(layers, spec, changes, bits, devices)
+        cols = evaluate(layers, spec, changes, bits, devices, chains)
         for k, v in cols.items():
             out[k][rows] = v
     return out

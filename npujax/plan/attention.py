@@ -43,14 +43,16 @@ consumer and is not a graph output. Q·Kᵀ's streamed dimension ``M`` or its ``
 
 **Pure jnp** (:func:`attention_costs`): the blocks, the decision and the costs are jnp of the
 spec's numeric fields and the bit widths (jit, ``jax.vmap`` over stacked specs); the chain
-detection is Python on the static graph. Not applied with the ``layer`` fusion level (its
-cross-layer schedule decides where the scores live) nor in the gradient search's cost
-(:func:`npujax.plan.scheduled_costs`).
+detection is Python on the static graph. Every cost path applies it as :func:`npujax.lower`
+does: :func:`npujax.plan.scheduled_costs` (the precision search's table),
+:func:`npujax.plan.sweep_shapes` (the extents from the traced sizes, ``shapes``), the
+design-space sweep and :func:`npujax.plan.fused_costs` (``layer`` fusion, where a fused block is
+a boundary of the cross-layer schedule).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -141,8 +143,15 @@ def attention_chains(graph: Graph, layers: Sequence[Workload]) -> tuple[Attentio
         i = index.get(node.name)
         return i is not None and layers[i].device == "npu"
 
+    # producers and readers in one pass (graph.producer/consumers scan every node per call)
+    producer = {t: n for n in graph.nodes for t in n.outputs}
+    readers: dict[str, list] = {}
+    for n in graph.nodes:
+        for t in dict.fromkeys(n.inputs):
+            readers.setdefault(t, []).append(n)
+
     def single(t: str):
-        cs = graph.consumers(t)
+        cs = readers.get(t, [])
         return cs[0] if len(cs) == 1 and t not in graph.outputs else None
 
     chains = []
@@ -152,7 +161,7 @@ def attention_chains(graph: Graph, layers: Sequence[Workload]) -> tuple[Attentio
         mid = [node.name]
         t, qk = node.inputs[0], None
         while True:  # back to Q·Kᵀ
-            p = graph.producer(t)
+            p = producer.get(t)
             if p is None or single(t) is None:
                 break
             if p.op in _GEMM and npu(p):
@@ -205,6 +214,8 @@ def attention_costs(
     weight_bits: jax.Array,
     act_bits: jax.Array,
     capability: str | None = None,
+    *,
+    shapes: Mapping[str, jax.Array] | None = None,
 ) -> tuple[LayerCosts, AttentionCosts]:
     """Per-layer costs with the attention chains fused (pure jnp; jit, vmap over ``spec``).
 
@@ -218,6 +229,10 @@ def attention_costs(
       act_bits: float ``[L]`` activation width per layer.
       capability: one of :data:`~npujax.hw.ATTENTION_FUSIONS` (static); default the spec's
         ``ops.attention_fusion``.
+      shapes: the traced workload sizes ``{field: [L]}`` that ``base`` was computed with
+        (:data:`~npujax.plan.costs.SHAPE_FIELDS`, as ``layer_costs(..., shapes=)``; a
+        sequence-length sweep, :func:`npujax.plan.sweep_shapes`): the chains' extents are
+        taken from them instead of from ``chains`` and ``layers``. Default: the static sizes.
 
     Returns:
       ``(costs, chains)``: ``base`` with the chains' rows' ``compute_cycles``, ``dram_bytes``,
@@ -248,30 +263,29 @@ def attention_costs(
     def bursts(nbytes):
         return jnp.ceil(nbytes / burst) * burst
 
-    def col(f):  # a static per-chain count as float64 [C]
-        return real(np.asarray([f(c) for c in chains], np.float64))
-
     qk = np.asarray([c.qk for c in chains])
     pv = np.asarray([c.pv for c in chains])
     sm = np.asarray([c.softmax for c in chains])
-    s_k = col(lambda c: c.key_len)
-    rows = col(lambda c: c.query_rows)
-    d = col(lambda c: c.head_dim)
-    g = col(lambda c: c.groups)
+    k_in = jnp.asarray([c.k_is_input for c in chains])
+    p_in = jnp.asarray([c.p_is_input for c in chains])
+
+    def size(field):  # a GEMM extent per layer as float64 [L], static or traced (shapes)
+        if shapes is not None and field in shapes:
+            return real(shapes[field])
+        return real(np.asarray([getattr(w, field) for w in layers], np.float64))
+
+    M, K, N, G = size("M"), size("K"), size("N"), size("groups")
+    # the chain's extents: S_k is Q·Kᵀ's M when K is its streamed operand, else its N
+    s_k = jnp.where(k_in, M[qk], N[qk])
+    rows = jnp.where(k_in, N[qk], M[qk])
+    d, g = K[qk], G[qk]
     # the operands as the GEMMs move them (groups x extents, as the mapping's traffic; the
     # layout's channel padding of the workloads' element counts is not DRAM traffic of a GEMM)
-    lw = layers
-    k_el = col(lambda c: lw[c.qk].groups * c.key_len * c.head_dim)
-    q_el = col(lambda c: lw[c.qk].groups * c.query_rows * c.head_dim)
-    s_el = col(lambda c: lw[c.qk].groups * lw[c.qk].M * lw[c.qk].N)
-    p_el = col(lambda c: lw[c.pv].groups * lw[c.pv].M * lw[c.pv].K if c.p_is_input
-               else lw[c.pv].groups * lw[c.pv].K * lw[c.pv].N)
-    v_el = col(lambda c: lw[c.pv].groups * lw[c.pv].K * lw[c.pv].N if c.p_is_input
-               else lw[c.pv].groups * lw[c.pv].M * lw[c.pv].K)
-    o_el = col(lambda c: lw[c.pv].groups * lw[c.pv].M * lw[c.pv].N)
-    k_in = jnp.asarray([c.k_is_input for c in chains])
+    k_el, q_el, s_el = g * s_k * d, g * rows * d, g * M[qk] * N[qk]
+    mk, kn = G[pv] * M[pv] * K[pv], G[pv] * K[pv] * N[pv]
+    p_el, v_el = jnp.where(p_in, mk, kn), jnp.where(p_in, kn, mk)
+    o_el = G[pv] * M[pv] * N[pv]
     k_w, q_w = jnp.where(k_in, ab[qk], wb[qk]), jnp.where(k_in, wb[qk], ab[qk])
-    p_in = jnp.asarray([c.p_is_input for c in chains])
     p_w, v_w = jnp.where(p_in, ab[pv], wb[pv]), jnp.where(p_in, wb[pv], ab[pv])
 
     # FlashAttention's blocks (Algorithm 1) at this SRAM

@@ -58,6 +58,7 @@ import numpy as np
 
 from npujax._exact import REAL, exact, real
 from npujax.hw.spec import NpuSpec
+from npujax.plan.attention import AttentionChain, AttentionCosts, attention_costs
 from npujax.plan.costs import EXACT_FIELDS, LayerCosts, layer_costs
 from npujax.plan.workload import Workload
 
@@ -174,6 +175,8 @@ def fused_costs(
     weight_bits: jax.Array,
     act_bits: jax.Array,
     dataflow: str | None = None,
+    *,
+    chains: Sequence[AttentionChain] = (),
 ) -> tuple[LayerCosts, EdgeCosts]:
     """Per-layer costs with activations kept on chip where they fit (pure jnp; jit, vmap).
 
@@ -183,6 +186,9 @@ def fused_costs(
       weight_bits: float32 ``[L]`` weight width per layer.
       act_bits: float32 ``[L]`` activation width per layer.
       dataflow: dataflow name (static); default the spec's.
+      chains: the graph's attention blocks (:func:`npujax.plan.attention_chains`, static);
+        with the spec's ``ops.attention_fusion`` other than ``none`` they run as attention
+        kernels that are boundaries of the cross-layer schedule (see the module doc).
 
     Runs in 64 bits internally, as :func:`~npujax.plan.layer_costs` does, and returns the same
     dtypes: the exact counts 64-bit, the other fields (and the :class:`EdgeCosts`' floats) in
@@ -196,7 +202,8 @@ def fused_costs(
     Raises:
       ConfigError: an unknown dataflow or precision scaling (from :func:`layer_costs`).
     """
-    costs, edges = _fused_costs(tuple(layers), spec, weight_bits, act_bits, dataflow)
+    costs, edges, _ = _fused_costs(tuple(layers), spec, weight_bits, act_bits, dataflow,
+                                   tuple(chains))
     if bool(jax.config.read("jax_enable_x64")):
         return costs, edges
     f32 = {k: v.astype(jnp.float32) for k, v in costs._asdict().items() if k not in EXACT_FIELDS}
@@ -206,10 +213,48 @@ def fused_costs(
 
 @exact
 def _fused_costs(layers: tuple[Workload, ...], spec: NpuSpec, weight_bits: jax.Array,
-                 act_bits: jax.Array, dataflow: str | None) -> tuple[LayerCosts, EdgeCosts]:
+                 act_bits: jax.Array, dataflow: str | None,
+                 chains: tuple[AttentionChain, ...] = ()
+                 ) -> tuple[LayerCosts, EdgeCosts, AttentionCosts | None]:
+    """:func:`fused_costs` with the attention decisions (None without chains or capability)."""
     layers = tuple(layers)
     edges = cross_layer_edges(layers)
     base = layer_costs(layers, spec, weight_bits, act_bits, dataflow)
+    costs, ec = _place(layers, edges, spec, weight_bits, act_bits, dataflow, base, base, None)
+    if not chains or spec.ops.attention_fusion == "none":
+        return costs, ec, None
+    # the fused attention blocks as boundaries of the cross-layer schedule: no tensor that a
+    # fused block's rows produce, write or read is kept on chip by the layer schedule
+    with_att, att = attention_costs(layers, chains, spec, base, weight_bits, act_bits)
+    member = np.zeros((len(chains), len(layers)))
+    for i, c in enumerate(chains):
+        member[i, list(c.rows)] = 1.0
+    on_row = jnp.sum(jnp.asarray(member, REAL) * (att.mode > 0).astype(REAL)[:, None],
+                     axis=0) > 0  # [L]
+    touches = np.zeros((len(edges), len(layers)))
+    for i, e in enumerate(edges):
+        touches[i, [e.producer, e.writer, *e.consumers]] = 1.0
+    blocked = jnp.sum(jnp.asarray(touches, REAL) * on_row.astype(REAL)[None, :], axis=1) > 0
+    costs2, ec2 = _place(layers, edges, spec, weight_bits, act_bits, dataflow, with_att, base,
+                         blocked)
+    # the compiler keeps the schedule with the attention kernels only when it moves no more
+    # DRAM bytes and takes no longer than the layer schedule without them (piecewise constant)
+    use = jax.lax.stop_gradient(
+        (jnp.sum(costs2.latency_cycles) <= jnp.sum(costs.latency_cycles))
+        & (jnp.sum(costs2.dram_bytes) <= jnp.sum(costs.dram_bytes)))
+    pick = functools.partial(jax.tree.map, lambda new, old: jnp.where(use, new, old))
+    att = att._replace(mode=jnp.where(use, att.mode, 0).astype(jnp.int32),
+                       saved_bytes=jnp.where(use, att.saved_bytes, 0.0))
+    return pick(costs2, costs), pick(ec2, ec), att
+
+
+def _place(layers: tuple[Workload, ...], edges: tuple[Edge, ...], spec: NpuSpec,
+           weight_bits: jax.Array, act_bits: jax.Array, dataflow: str | None,
+           base: LayerCosts, unfused: LayerCosts, blocked: Any
+           ) -> tuple[LayerCosts, EdgeCosts]:
+    """The cross-layer placement on top of the per-layer costs ``base`` (``unfused``: the
+    layer-by-layer costs, for the GEMMs' input traffic); ``blocked``: None or bool ``[E]``,
+    edges that must stay in DRAM."""
     L, E = len(layers), len(edges)
     m, a = spec.memory, spec.array
     cores = _real(a.cores)
@@ -224,8 +269,8 @@ def _fused_costs(layers: tuple[Workload, ...], spec: NpuSpec, weight_bits: jax.A
     # the traffic of a GEMM's input operand, re-fetches included: the layer with and without it
     no_input = tuple(dataclasses.replace(w, in_elems=0) if g else w
                      for w, g in zip(layers, is_gemm))
-    rd_a = jnp.maximum(base.dram_bytes - layer_costs(no_input, spec, weight_bits, act_bits,
-                                                     dataflow).dram_bytes, 0.0)
+    rd_a = jnp.maximum(unfused.dram_bytes - layer_costs(no_input, spec, weight_bits, act_bits,
+                                                        dataflow).dram_bytes, 0.0)
     w_bytes = _real([w.weight_elems for w in layers]) * wb / 8.0
     out_bytes = _real([w.out_elems for w in layers]) * ab / 8.0
 
@@ -263,9 +308,10 @@ def _fused_costs(layers: tuple[Workload, ...], spec: NpuSpec, weight_bits: jax.A
     free0 = cap - base.sram_peak_bytes
 
     def decide(occ, x):
-        live_e, nbytes, rb, ke, se, hce, ok, saves, pw, fit = x
+        live_e, nbytes, rb, ke, se, hce, ok, saves, pw, fit, free_e = x
         avail = jnp.min(jnp.where(live_e, free0 - occ, jnp.inf))
-        whole = nbytes <= avail
+        whole = free_e & (nbytes <= avail)
+        ok = ok & free_e
         h = jnp.clip(jnp.floor((avail / rb - ke) / se) + 1.0, 1.0, hce)
         n_s = jnp.ceil(hce / h)
         extra = jnp.where(fit, 0.0, (n_s - 1.0) * pw)
@@ -282,7 +328,8 @@ def _fused_costs(layers: tuple[Workload, ...], spec: NpuSpec, weight_bits: jax.A
     occ, (mode, h, n_s) = jax.lax.scan(
         decide, jnp.zeros(L, REAL),
         (jnp.asarray(live), sg(t_bytes), sg(row_bytes), k, s, hc, dfs_ok, sg(read_first),
-         sg(pair_w), sg(w_fit)))
+         sg(pair_w), sg(w_fit),
+         jnp.ones(E, bool) if blocked is None else ~sg(blocked)))
     extra = jnp.where((mode == 2) & ~w_fit, (n_s - 1.0) * pair_w, 0.0)
     on = (mode > 0).astype(REAL)
     per_read = jnp.where(jnp.asarray(is_gemm)[None, :], rd_a[None, :],
@@ -337,10 +384,18 @@ def scheduled_costs(
     weight_bits: jax.Array,
     act_bits: jax.Array,
     dataflow: str | None = None,
+    *,
+    chains: Sequence[AttentionChain] = (),
 ) -> LayerCosts:
-    """The per-layer costs under the preset's compiler: :func:`fused_costs` when
-    ``spec.ops.fusion`` is ``"layer"``, else :func:`~npujax.plan.layer_costs` (the fusion
-    levels below it change the workloads, not the costs). Pure jnp; arguments as there."""
+    """The per-layer costs under the preset's compiler, the numbers :func:`npujax.lower`
+    reports: :func:`fused_costs` when ``spec.ops.fusion`` is ``"layer"``, else
+    :func:`~npujax.plan.layer_costs` (the fusion levels below it change the workloads, not the
+    costs) with the attention blocks ``chains`` fused as ``spec.ops.attention_fusion`` allows
+    (:func:`~npujax.plan.attention_costs`). Pure jnp; arguments as there; ``chains`` from
+    :func:`npujax.plan.attention_chains` of the graph the workloads came from."""
     if spec.ops.fusion == "layer":
-        return fused_costs(layers, spec, weight_bits, act_bits, dataflow)[0]
-    return layer_costs(layers, spec, weight_bits, act_bits, dataflow)
+        return fused_costs(layers, spec, weight_bits, act_bits, dataflow, chains=chains)[0]
+    costs = layer_costs(layers, spec, weight_bits, act_bits, dataflow)
+    if chains and spec.ops.attention_fusion != "none":
+        costs = attention_costs(layers, tuple(chains), spec, costs, weight_bits, act_bits)[0]
+    return costs

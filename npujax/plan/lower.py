@@ -36,7 +36,7 @@ from npujax.plan.costs import (
     layer_costs_by_dataflow,
 )
 from npujax.plan.energy import ENERGY_BREAKDOWN, LayerEnergy, layer_energy
-from npujax.plan.fusion import PLACEMENTS, cross_layer_edges, fused_costs
+from npujax.plan.fusion import PLACEMENTS, _fused_costs, cross_layer_edges
 from npujax.plan.liveness import peak_activation_bytes
 from npujax.plan.workload import Workload, workloads
 from npujax.quantize.spec import QuantSpec
@@ -176,10 +176,12 @@ class Schedule:
     ``unfused_dram_bytes`` / ``unfused_latency_s`` are the layer-by-layer figures of the same
     layers (residual epilogues fused, every activation through DRAM: the ``residual`` level).
     ``attention_fusion`` is the compiler's attention fusion capability and ``attention`` the
-    recognised attention blocks and how each ran (:class:`AttentionReport`; not with ``layer``
-    fusion). ``area_mm2`` is the spec's modelled silicon area (:func:`npujax.hw.area_breakdown`, per
-    block in ``area_breakdown_mm2``); energy per inference, its breakdown and the energy-delay
-    product are derived from the layers' energies.
+    recognised attention blocks and how each ran (:class:`AttentionReport`; with ``layer``
+    fusion a fused block is a boundary of the cross-layer schedule, see
+    :func:`npujax.plan.fused_costs`). ``area_mm2`` is the spec's modelled silicon area
+    (:func:`npujax.hw.area_breakdown`, per block in ``area_breakdown_mm2``); energy per
+    inference, its breakdown and the energy-delay product are derived from the layers'
+    energies.
     """
 
     npu: str
@@ -396,13 +398,15 @@ def _jitted_costs(layers: tuple[Workload, ...], dataflows: tuple[str, ...],
 
 
 @functools.lru_cache(maxsize=64)
-def _jitted_fused(layers: tuple[Workload, ...], dataflow: str):
-    """One compiled fused schedule per (workloads, dataflow), with the layer-by-layer costs,
-    the energy and the area."""
+def _jitted_fused(layers: tuple[Workload, ...], dataflow: str,
+                  chains: tuple[AttentionChain, ...] = ()):
+    """One compiled fused schedule per (workloads, dataflow, attention chains), with the
+    layer-by-layer costs, the energy, the area and the attention decisions (None without
+    chains)."""
     def run(spec, w, a):
-        costs, edges = fused_costs(layers, spec, w, a, dataflow)
+        costs, edges, att = _fused_costs(layers, spec, w, a, dataflow, chains)
         return (costs, edges, layer_costs(layers, spec, w, a, dataflow),
-                *_energy_area(layers, spec, w, a, dataflow, costs))
+                *_energy_area(layers, spec, w, a, dataflow, costs), att)
     return jax.jit(run)
 
 
@@ -510,14 +514,15 @@ def lower_by_dataflow(
     peak = peak_activation_bytes(graph, act)
     out: dict[str, Schedule] = {}
     with jax.enable_x64(True):  # the spec's numbers enter as int64/float64 (npujax._exact)
+        chains = (attention_chains(graph, layers)
+                  if spec.ops.attention_fusion != "none" else ())
         if spec.ops.fusion == "layer":
             for df in names:
-                costs, energy, area, extra = _layer_fused(tuple(layers), spec, wb, ab, df)
+                costs, energy, area, extra = _layer_fused(tuple(layers), spec, wb, ab, df,
+                                                          chains)
                 out[df] = _schedule(spec, df, layers, wb, ab, costs, energy, area, batch_size,
                                     peak, extra)
         else:
-            chains = (attention_chains(graph, layers)
-                      if spec.ops.attention_fusion != "none" else ())
             by_df, energies, area, att = jax.tree.map(
                 np.asarray, _jitted_costs(tuple(layers), names, chains)(spec, wb, ab))
             for df in names:
@@ -541,11 +546,12 @@ def _attention_report(layers: list[Workload], chains: tuple[AttentionChain, ...]
 
 
 def _layer_fused(layers: tuple[Workload, ...], spec: NpuSpec, wb: np.ndarray, ab: np.ndarray,
-                 dataflow: str) -> tuple[LayerCosts, LayerEnergy, Any, dict[str, Any]]:
+                 dataflow: str, chains: tuple[AttentionChain, ...]
+                 ) -> tuple[LayerCosts, LayerEnergy, Any, dict[str, Any]]:
     """The ``layer``-fusion costs, energy and area at one dataflow, and the schedule's edge
-    fields."""
-    costs, ec, unfused, energy, area = jax.tree.map(
-        np.asarray, _jitted_fused(layers, dataflow)(spec, wb, ab))
+    and attention fields."""
+    costs, ec, unfused, energy, area, att = jax.tree.map(
+        np.asarray, _jitted_fused(layers, dataflow, chains)(spec, wb, ab))
     names = [w.name for w in layers]
     extra = dict(
         edges=tuple(EdgeReport(
@@ -557,7 +563,8 @@ def _layer_fused(layers: tuple[Workload, ...], spec: NpuSpec, wb: np.ndarray, ab
         sram_peak_bytes=float(np.max(ec.sram_bytes, initial=0.0)),
         sram_capacity_bytes=float(ec.sram_capacity),
         unfused_dram_bytes=float(np.sum(unfused.dram_bytes)),
-        unfused_latency_s=float(np.sum(unfused.latency_cycles)) / spec.array.clock_hz)
+        unfused_latency_s=float(np.sum(unfused.latency_cycles)) / spec.array.clock_hz,
+        **_attention_report(list(layers), chains, att))
     return costs, energy, area, extra
 
 

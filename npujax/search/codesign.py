@@ -57,6 +57,7 @@ from npujax.errors import ConfigError, NpujaxError
 from npujax.hw.energy import area_mm2
 from npujax.hw.spec import NpuSpec, differentiable_spec
 from npujax.ir.graph import Graph
+from npujax.plan.attention import attention_chains, attention_costs
 from npujax.plan.costs import layer_costs
 from npujax.plan.energy import layer_energy
 from npujax.plan.lower import lower
@@ -296,6 +297,8 @@ class _Problem:
                  config: CodesignConfig) -> None:
         self.graph, self.base, self.config = graph, base, config
         self.layers = tuple(workloads(graph, base))
+        self.chains = (attention_chains(graph, list(self.layers))
+                       if base.ops.attention_fusion != "none" else ())
         self.gemm = [i for i, w in enumerate(self.layers) if w.kind == "gemm"]
         if not self.gemm:
             raise ConfigError("the model has no GEMM layer (Conv, Gemm, MatMul) to co-design for.")
@@ -332,6 +335,8 @@ class _Problem:
 
         def column(w: Any, a: Any) -> tuple[Any, Any]:
             c = layer_costs(self.layers, spec, w, a, df, relaxed=True)
+            if self.chains:  # the attention blocks as lower fuses them
+                c = attention_costs(self.layers, self.chains, spec, c, w, a)[0]
             e = layer_energy(self.layers, spec, w, a, df, dram_bytes=c.dram_bytes, relaxed=True)
             return (c.latency_cycles.astype(jnp.float32) / spec.array.clock_hz,
                     e.total_j.astype(jnp.float32))

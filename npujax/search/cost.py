@@ -13,11 +13,13 @@ Vasconcelos, CVPR 2020).
 
 A layer's latency depends only on its own widths (a GEMM's output stage requantizes for free, so
 chains of layers never pay conversions); vector layers (pooling, ...) are costed at the widest
-activation candidate, an upper bound. On a preset whose compiler fuses layers (``ops.fusion =
-"layer"``) the table holds the fused schedule's per-layer latencies
-(:func:`npujax.plan.scheduled_costs`), each column with every layer at that candidate: which
-activations stay on chip depends on the neighbours' widths too, so the table is exact at
-uniform policies and an approximation for mixed ones. :func:`npujax.plan.lower` gives the
+activation candidate, an upper bound. The table holds the per-layer latencies of the
+preset's compiler (:func:`npujax.plan.scheduled_costs`): layer fusion when ``ops.fusion =
+"layer"``, the attention blocks fused as ``ops.attention_fusion`` declares, each column with
+every layer at that candidate. Which activations stay on chip and how an attention block is
+tiled depend on the neighbours' widths too, so on such a preset the table is exact at uniform
+policies (equal to ``lower``'s per-layer latencies, to float32) and an approximation for
+mixed ones. :func:`npujax.plan.lower` gives the
 exact latency of the final policy.
 """
 
@@ -34,6 +36,7 @@ import numpy as np
 from npujax.errors import ConfigError
 from npujax.hw.spec import NpuSpec
 from npujax.ir.graph import Graph
+from npujax.plan.attention import attention_chains
 from npujax.plan.fusion import scheduled_costs
 from npujax.plan.lower import lower
 from npujax.plan.workload import workloads
@@ -111,12 +114,14 @@ def latency_table(
     if not pairs:
         raise ConfigError("latency_table needs at least one candidate width.")
     layers = workloads(graph, spec)
+    chains = attention_chains(graph, layers) if spec.ops.attention_fusion != "none" else ()
     gemm = [i for i, w in enumerate(layers) if w.kind == "gemm"]
     n = len(layers)
 
     def column(w, a):
-        c = scheduled_costs(layers, spec, jnp.full(n, float(w)), jnp.full(n, float(a)), dataflow)
-        with jax.enable_x64(True):  # float64 seconds, then the table's float32
+        with jax.enable_x64(True):  # float64 as in lower, then the table's float32 seconds
+            c = scheduled_costs(layers, spec, jnp.full(n, float(w)), jnp.full(n, float(a)),
+                                dataflow, chains=chains)
             return (c.latency_cycles / spec.array.clock_hz).astype(jnp.float32)
 
     table = jnp.stack([column(w, a) for w, a in pairs], axis=1)  # [all layers, n]

@@ -1,0 +1,152 @@
+"""Every cost path applies the preset's attention fusion (``ops.attention_fusion``) as
+``lower`` does: the precision search's latency table at uniform widths, ``sweep_shapes`` at
+each sequence length, the design-space sweep, and the ``layer`` fusion schedule (a fused
+attention block is a boundary of the cross-layer schedule), on a traced one-block decoder.
+
+Each test also checks that the fusion changed the numbers, so that a path ignoring it fails."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from npujax.errors import ConfigError
+from npujax.explore import sweep
+from npujax.hw import load_npu_spec
+from npujax.models.transformer import DECODER_CONFIGS
+from npujax.plan import lower, sweep_shapes, workloads
+from npujax.quantize.spec import quant_spec
+from npujax.search import latency_table, policy_latency_s
+from npujax.workflows.lowering import decoder_graph
+
+pytestmark = pytest.mark.flax_model
+
+SEQS = (32, 64)
+# ofmap 1 KiB: a query block's score rows do not fit, so "flash" tiles (B_c < S_k)
+SMALL = {"memory.ofmap_sram_bytes": 1024}
+SPECS = {
+    "edge (on_chip, as shipped)": ("edge_transformer_16x16", {}),
+    "edge, flash-tiled": ("edge_transformer_16x16", {"ops.attention_fusion": "flash", **SMALL}),
+    "datacenter (flash, as shipped)": ("datacenter_128x128", {}),
+}
+# the shipped edge preset in the default run; each further spec compiles its own programs
+KEYS = [pytest.param(k, marks=() if i == 0 else pytest.mark.integration)
+        for i, k in enumerate(SPECS)]
+
+
+@pytest.fixture(scope="module")
+def graphs():
+    """``{seq_len: graph}`` of a one-block tiny decoder's prefill (one attention block)."""
+    cfg = dataclasses.replace(DECODER_CONFIGS["tiny"], layers=1)
+    return {s: decoder_graph(cfg, phase="prefill", seq_len=s, kv_len=1, batch=1) for s in SEQS}
+
+
+def _spec(key, **extra):
+    name, fields = SPECS[key]
+    return load_npu_spec(name).with_fields({**fields, **extra})
+
+
+def _none(spec):
+    return spec.with_fields({"ops.attention_fusion": "none"})
+
+
+def test_stock_transformer_presets_declare_attention_fusion():
+    assert load_npu_spec("edge_transformer_16x16").ops.attention_fusion == "on_chip"
+    assert load_npu_spec("bitserial_transformer_16x16").ops.attention_fusion == "on_chip"
+    assert load_npu_spec("datacenter_128x128").ops.attention_fusion == "flash"
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_search_table_equals_lower_at_uniform_widths(graphs, key):
+    g, spec = graphs[64], _spec(key)
+    table = latency_table(g, spec, (4, 8), 8)
+    for w in (4, 8):
+        policy = {n: (w, 8) for n in table.layers}  # the attention MatMuls' operands included
+        q = quant_spec(g, {n: w for n in table.layers}, 8)
+        s = lower(g, spec, q)
+        assert any(a.mode != "unfused" for a in s.attention)
+        assert s.latency_s < lower(g, _none(spec), q).latency_s
+        per_layer = {r.name: r.latency_s for r in s.layers}
+        col = np.asarray(table.seconds)[:, table.column((w, 8))]
+        np.testing.assert_allclose(col, [per_layer[n] for n in table.layers], rtol=1e-6)
+        np.testing.assert_allclose(table.latency_s(policy), s.latency_s, rtol=1e-6)
+        np.testing.assert_allclose(policy_latency_s(g, spec, policy), s.latency_s, rtol=1e-12)
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_sweep_shapes_equals_lower_at_each_length(graphs, key):
+    spec = _spec(key)
+    costs = sweep_shapes([graphs[s] for s in SEQS], spec)
+    for i, s in enumerate(SEQS):
+        sched = lower(graphs[s], spec)
+        for f in ("latency_cycles", "dram_bytes", "compute_cycles"):  # per layer, bit for bit
+            np.testing.assert_array_equal(getattr(costs, f)[i],
+                                          [getattr(r.costs, f) for r in sched.layers])
+        # (the totals up to the order of the sum)
+        np.testing.assert_allclose(costs.latency_cycles[i].sum() / spec.array.clock_hz,
+                                   sched.latency_s, rtol=1e-12)
+        assert sched.dram_bytes < lower(graphs[s], _none(spec)).dram_bytes
+
+
+def test_sweep_shapes_refuses_what_it_cannot_fuse(graphs):
+    spec = _spec("edge (on_chip, as shipped)")
+    lists = [workloads(graphs[s], spec) for s in SEQS]
+    with pytest.raises(ConfigError, match="pass the points' graphs"):
+        sweep_shapes(lists, spec)
+    sweep_shapes(lists, _none(spec))  # nothing to fuse: workload lists suffice
+    with pytest.raises(ConfigError, match="fuses layers"):
+        sweep_shapes([graphs[s] for s in SEQS], spec.with_fields({"ops.fusion": "layer"}))
+
+
+def test_design_space_sweep_equals_lower(graphs):
+    g, spec = graphs[64], _spec("edge, flash-tiled")
+    r = sweep(g, spec, {"memory.dram_bytes_per_s": [6.4e9, 12.8e9]})
+    for i, bw in enumerate((6.4e9, 12.8e9)):
+        s = lower(g, spec.with_fields({"memory.dram_bytes_per_s": bw}))
+        assert {a.mode for a in s.attention} == {"flash"}
+        np.testing.assert_allclose(r.columns["latency_s"][i], s.latency_s, rtol=1e-12)
+        np.testing.assert_allclose(r.columns["dram_bytes"][i], s.dram_bytes, rtol=1e-12)
+
+
+@pytest.mark.integration  # compiles the layer schedule's programs (about 10 s unloaded)
+@pytest.mark.parametrize("fits", [True, False])
+def test_layer_fusion_with_attention_blocks(graphs, fits):
+    g = graphs[64]
+    spec = _spec("edge (on_chip, as shipped)", **{"ops.fusion": "layer",
+                                                   "ops.attention_fusion": "flash",
+                                                   **({} if fits else SMALL)})
+    s, plain = lower(g, spec), lower(g, _none(spec))
+    # never worse than the layer schedule alone; the table follows lower
+    assert s.latency_s <= plain.latency_s and s.dram_bytes <= plain.dram_bytes
+    table = latency_table(g, spec, (8,), 8)
+    np.testing.assert_allclose(table.latency_s({n: 8 for n in table.layers}), s.latency_s,
+                               rtol=1e-6)
+    (a,) = s.attention
+    if fits:  # the block runs as one kernel: faster, and no tensor it touches stays on chip
+        assert a.mode == "on_chip" and s.latency_s < plain.latency_s
+        rows = set(a.layers)
+        touching = [e for e in s.edges if e.producer in rows or rows & set(e.consumers)]
+        assert touching and all(e.placement == "dram" for e in touching)
+        assert any(e.placement != "dram" for e in s.edges)  # the rest is still fused
+    else:  # tiled, the kernel's K/V re-reads lose to the layer schedule: that one is kept
+        assert a.mode == "unfused" and a.dram_bytes_saved == 0
+        assert s.latency_s == plain.latency_s
+
+
+@pytest.mark.integration  # compiles the co-design's relaxed program
+def test_codesign_relaxed_tables_follow_lower(graphs):
+    from npujax.search.codesign import CodesignConfig, _Problem
+
+    g, spec = graphs[64], _spec("edge (on_chip, as shipped)")
+    names = [w.name for w in workloads(g, spec) if w.kind == "gemm"]
+    p = _Problem(g, spec, {n: {8: 0.0} for n in names}, CodesignConfig(area_mm2=100.0,
+                                                                       candidates=(8,)))
+    a, m = spec.array, spec.memory
+    lat, _, _ = p._tables(float(a.rows), float(a.cols), (float(m.ifmap_sram_bytes),
+                          float(m.filter_sram_bytes), float(m.ofmap_sram_bytes)),
+                          float(m.dram_bytes_per_s))
+    s = lower(g, spec)
+    np.testing.assert_allclose(np.asarray(lat)[0].sum(), s.latency_s, rtol=1e-6)
+    assert s.latency_s < lower(g, _none(spec)).latency_s
