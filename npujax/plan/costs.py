@@ -188,8 +188,12 @@ def split_over_cores(M, K, N, rows, cols, cores, df: Dataflow
     direction of the step). The forward values are the exact mode's.
 
     Args:
-      M, K, N: GEMM extents, ``[L]`` counts (>= 1).
-      rows, cols, cores: the array's, counts (scalars, may be traced).
+      M: rows of the GEMM's output, ``[L]`` counts (>= 1).
+      K: the reduction extent, ``[L]`` counts (>= 1).
+      N: columns of the output, ``[L]`` counts (>= 1).
+      rows: the array's rows (a count; scalar, may be traced).
+      cols: the array's columns (likewise).
+      cores: the number of cores (likewise).
       df: the dataflow.
 
     Returns:
