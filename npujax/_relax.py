@@ -14,8 +14,15 @@ helper                 forward (both modes)     gradient in the relaxed mode
 :func:`ceil`           ``ceil(x)``              1 where ``x > 1``, 0 where ``x <= 1`` (a
                                                 quantity that is at least one fold is flat
                                                 there)
-:func:`ceil_div`       ``ceil(a / b)``          that of ``ceil(a / b)`` (exact: see
-                                                below)
+:func:`ceil_div`       ``ceil(a / b)``          w.r.t. ``a``: ``1 / b`` where ``a / b > 1``
+                                                (as :func:`ceil`); w.r.t. ``b``: the forward
+                                                difference ``ceil(a / (b + 1)) - ceil(a /
+                                                b)``, or with ``slope="mean"`` that of
+                                                :func:`ceil` (see below; the division is
+                                                exact, see further below)
+:func:`select`         ``where(take, x, y)``    of ``where(grad_take, x, y)``: a discrete
+                                                choice whose gradient follows the choice a
+                                                step would make (at a tie)
 :func:`smooth_max`     ``max(a, b)``            ``s da + (1 - s) db``, ``s = clip(1/2 + (a -
                                                 b) / 2T, 0, 1)``, ``T = temperature x max(|a|,
                                                 |b|)``: the two sides blend within ``T`` of
@@ -25,6 +32,25 @@ helper                 forward (both modes)     gradient in the relaxed mode
 :func:`count`          int64 (exact) / float64  float64 keeps the gradient (values are whole
                                                 numbers below 2**53, so still exact)
 =====================  =======================  =============================================
+
+**Denominators: one unit more.** Every denominator of :func:`ceil_div` in the cost model is an
+integer hardware count (array rows or columns, cores, lanes x cores), and a count changes by
+whole units. The straight-through slope of ``ceil(a / b)`` w.r.t. ``b``, ``-a / b**2``, is the
+staircase's mean slope; at a given ``b`` the change of one unit more is known exactly,
+``ceil(a / (b + 1)) - ceil(a / b)``: 0 on a plateau (one more row saves no fold of ``a``, so
+the layer only pays the longer fill and drain), minus whole folds where it crosses a step. The
+relaxed gradient w.r.t. ``b`` is that forward difference (per unit of ``b``), so ``gradient x
+1`` predicts what one more row, column, core or lane does, including its sign on plateaus
+(measured: ``docs/npu_model.md``). It is myopic by design, and no single slope serves both
+questions at a plateau: one more row costs fill and drain there (a positive change), while
+the trend over several rows is fewer folds (a negative one). A descent that moves over many
+units needs the trend, so :func:`relaxed` takes ``slope="mean"`` (``layer_costs(...,
+count_slope="mean")``): the straight-through ``-a / b**2`` of before.
+:func:`npujax.search.codesign.codesign` uses it; with the one-unit slope its descent stalled at
+plateaus (the digits CNN's EDP on ``edge_16x16``: 26.8 pJ s against 17.5; averaging the
+one-unit slope over sub-unit offsets of the shape recovered only 21.1, as plateaus span several
+rows). The numerators (workload extents, bit widths, and counts derived from other hardware
+fields) keep the straight-through slope in both.
 
 Outside :func:`relaxed` every helper is the plain exact operation, so the exact mode's jaxpr and
 values are unchanged. The mode is read while tracing (like :func:`npujax._exact.exact`), so a
@@ -79,37 +105,53 @@ import jax.numpy as jnp
 from npujax._exact import COUNT, REAL
 from npujax.errors import ConfigError
 
-__all__ = ["relaxed", "is_relaxed", "temperature", "ceil", "ceil_div", "smooth_max",
-           "select_step", "count", "integer_division", "DEFAULT_TEMPERATURE"]
+__all__ = ["relaxed", "is_relaxed", "temperature", "count_slope", "ceil", "ceil_div",
+           "smooth_max", "select_step", "select", "count", "integer_division",
+           "DEFAULT_TEMPERATURE", "COUNT_SLOPES"]
 
 #: Default relative temperature of :func:`smooth_max` and :func:`select_step`.
 DEFAULT_TEMPERATURE = 0.05
 
 _MODE: contextvars.ContextVar[float | None] = contextvars.ContextVar("npujax_relaxed",
                                                                       default=None)
+#: How :func:`ceil_div`'s gradient w.r.t. its denominator (a hardware count) is estimated:
+#: ``unit``, the change for one unit more (the default); ``mean``, the staircase's mean slope.
+COUNT_SLOPES = ("unit", "mean")
+
+_SLOPE: contextvars.ContextVar[str] = contextvars.ContextVar("npujax_count_slope",
+                                                             default="unit")
 _INT_DIVISION: contextvars.ContextVar[bool] = contextvars.ContextVar("npujax_int_division",
                                                                      default=False)
 
 
 @contextlib.contextmanager
-def relaxed(temp: float = DEFAULT_TEMPERATURE) -> Iterator[None]:
+def relaxed(temp: float = DEFAULT_TEMPERATURE, slope: str = "unit") -> Iterator[None]:
     """Trace the cost functions in the differentiable mode (see the module docstring).
 
     Args:
       temp: relative temperature (> 0, at most 10) of the smooth maximum and of the buffer
         residency steps: the gradient blends the two sides within ``temp`` of their size.
+      slope: the gradient of a fold count w.r.t. the hardware count that divides it
+        (:data:`COUNT_SLOPES`): ``unit``, the exact change for one unit more (what one more
+        row does); ``mean``, the staircase's mean slope (the trend over many units, for a
+        descent that must cross plateaus; module docstring).
 
     Raises:
-      ConfigError: ``temp`` not a finite number in (0, 10].
+      ConfigError: ``temp`` not a finite number in (0, 10], or an unknown ``slope``.
     """
     t = float(temp)
     if not 0.0 < t <= 10.0:
         raise ConfigError(f"relaxation temperature {temp!r} is out of range; use a number in "
                           f"(0, 10], e.g. the default {DEFAULT_TEMPERATURE}.")
-    token = _MODE.set(t)
+    if slope not in COUNT_SLOPES:
+        raise ConfigError(f"unknown count slope {slope!r}; use one of {', '.join(COUNT_SLOPES)} "
+                          "('unit': the change for one unit more; 'mean': the staircase's mean "
+                          "slope).")
+    token, token_s = _MODE.set(t), _SLOPE.set(slope)
     try:
         yield
     finally:
+        _SLOPE.reset(token_s)
         _MODE.reset(token)
 
 
@@ -134,6 +176,11 @@ def temperature() -> float:
     """The relative temperature of the current :func:`relaxed` scope (default outside)."""
     t = _MODE.get()
     return DEFAULT_TEMPERATURE if t is None else t
+
+
+def count_slope() -> str:
+    """The :data:`COUNT_SLOPES` entry of the current :func:`relaxed` scope."""
+    return _SLOPE.get()
 
 
 def _ste(value: jax.Array, surrogate: jax.Array) -> jax.Array:
@@ -168,7 +215,8 @@ def ceil_div(a: Any, b: Any, *, wide: bool = False) -> jax.Array:
       the int64 ``(a + b - 1) // b`` within the ranges above (module docstring).
     """
     if is_relaxed():
-        return ceil(jnp.asarray(a, REAL) / jnp.asarray(b, REAL))
+        a, b = jnp.asarray(a, REAL), jnp.asarray(b, REAL)
+        return _ceil_ratio(a, b) if count_slope() == "unit" else ceil(a / b)
     if _INT_DIVISION.get():
         return (a + b - 1) // b
     a, b = jnp.asarray(a, COUNT), jnp.asarray(b, COUNT)
@@ -181,6 +229,29 @@ def ceil_div(a: Any, b: Any, *, wide: bool = False) -> jax.Array:
     q = q + jnp.ceil((a - q * b).astype(REAL) / fb).astype(COUNT)  # the remainder's quotient
     q = jnp.where(q * b < a, q + 1, q)
     return jnp.where((q - 1) * b >= a, q - 1, q)
+
+
+def _ceil_ratio(a: jax.Array, b: jax.Array) -> jax.Array:
+    """``ceil(a / b)`` (float64) with the relaxed gradients of :func:`ceil_div`: w.r.t. ``a``
+    the straight-through slope ``1 / b`` where ``a / b > 1`` (0 where one fold stays one
+    fold); w.r.t. ``b`` the forward difference ``ceil(a / (b + 1)) - ceil(a / b)`` per unit of
+    ``b`` (the exact change of the count for one more row, column, core or lane)."""
+    sg = jax.lax.stop_gradient
+    c = jnp.ceil(a / b)
+    sa, sb = sg(a), sg(b)
+    unit = jnp.ceil(sa / (sb + 1.0)) - sg(c)  # <= 0: one more unit of b never adds a fold
+    numerator = jnp.where(sa / sb > 1.0, a / sb, 1.0)
+    return _ste(c, numerator + unit * b)
+
+
+def select(take: jax.Array, grad_take: jax.Array, x: jax.Array, y: jax.Array) -> jax.Array:
+    """``where(take, x, y)``; relaxed, with the gradient of ``where(grad_take, x, y)`` (a
+    discrete choice whose gradient follows another choice, e.g. the one a step would make at a
+    tie). Outside the relaxed mode ``grad_take`` is ignored."""
+    v = jnp.where(take, x, y)
+    if not is_relaxed():
+        return v
+    return _ste(v, jnp.where(grad_take, x, y))
 
 
 def smooth_max(a: jax.Array, b: jax.Array) -> jax.Array:

@@ -1,6 +1,7 @@
 """Benchmark: are the relaxed cost model's gradients useful? Gradient vs exact secant (issue 13).
 
 Usage:  python experiments/bench/gradients.py [--layers 150] [--seed 0] [--out table.md]
+                                             [--count-slope unit|mean]
 
 For every preset and ``--layers`` random layers (GEMMs of log-uniform M, K, N with random
 groups, and vector layers), compares ``d latency / d p x one unit`` of the relaxed model
@@ -44,6 +45,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=150)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--temperature", type=float, default=None)
+    ap.add_argument("--count-slope", default="unit", choices=("unit", "mean"),
+                    help="slope of fold counts w.r.t. rows/cols/cores/lanes (default unit)")
     ap.add_argument("--out", default=None, help="also write the Markdown table here")
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
@@ -55,7 +58,8 @@ def main() -> None:
         layers = random_layers(args.layers, rng)
         wb = rng.integers(2, spec.array.operand_bits + 1, args.layers).astype(float)
         ab = rng.integers(2, spec.array.operand_bits + 1, args.layers).astype(float)
-        chk = secant_check(layers, spec, wb, ab, temperature=args.temperature)
+        chk = secant_check(layers, spec, wb, ab, temperature=args.temperature,
+                           count_slope=args.count_slope)
         r = chk.rates()["all"]
         lines.append(f"| {preset} | {r['cases']} | {r['sign']:.1%} | {r['magnitude']:.1%} |")
         for k, v in chk.rates().items():
@@ -74,7 +78,7 @@ def main() -> None:
     text = "\n".join(rows)
     print(text)
     print(f"\n{args.layers} random layers x {len(list_presets())} presets, seed {args.seed}, "
-          f"{time.perf_counter() - t0:.1f} s")
+          f"count slope {args.count_slope}, {time.perf_counter() - t0:.1f} s")
     if args.out:
         with open(args.out, "w") as f:
             f.write(text + "\n")

@@ -69,7 +69,7 @@ from npujax.systolic.mapping import check_mapping, gemm_mapping
 from npujax.systolic.precision import get_precision_scaling, passes
 
 __all__ = ["LayerCosts", "layer_costs", "layer_costs_by_dataflow", "first_consumers",
-           "input_widths", "BREAKDOWN", "EXACT_FIELDS", "SHAPE_FIELDS"]
+           "input_widths", "split_over_cores", "BREAKDOWN", "EXACT_FIELDS", "SHAPE_FIELDS"]
 
 #: The numeric :class:`~npujax.plan.Workload` fields the cost model reads (the ``shapes`` of
 #: :func:`layer_costs`); the rest (kind, device, producer, fusion) is the workloads' structure.
@@ -176,6 +176,45 @@ def input_widths(layers: Sequence[Workload], act_bits: jax.Array, on_npu: jax.Ar
     return a_in, has_prod & on_npu & (a_in != act_bits)
 
 
+def split_over_cores(M, K, N, rows, cols, cores, df: Dataflow
+                     ) -> tuple[dict[str, jax.Array], jax.Array]:
+    """The fold model of one core's share of a GEMM split over ``cores`` along M or along N,
+    whichever finishes first (M on a tie).
+
+    In the relaxed mode the gradient is the chosen split's, except at a tie (always at one
+    core, where both splits are the whole layer): there it follows the split that one more
+    core would choose, the one-sided derivative of ``min(by_m, by_n)`` towards more cores
+    (the derivative of a minimum at a tie is the smaller of the two sides' derivatives in the
+    direction of the step). The forward values are the exact mode's.
+
+    Args:
+      M: rows of the GEMM's output, ``[L]`` counts (>= 1).
+      K: the reduction extent, ``[L]`` counts (>= 1).
+      N: columns of the output, ``[L]`` counts (>= 1).
+      rows: the array's rows (a count; scalar, may be traced).
+      cols: the array's columns (likewise).
+      cores: the number of cores (likewise).
+      df: the dataflow.
+
+    Returns:
+      ``(g, use_m)``: :func:`npujax.systolic.gemm_cycles`'s dict for the chosen split, and the
+      bool ``[L]`` choice (True: split along M).
+    """
+    by_m = gemm_cycles(_ceil_div(M, cores), K, N, rows, cols, df)
+    by_n = gemm_cycles(M, K, _ceil_div(N, cores), rows, cols, df)
+    cm, cn = by_m["compute_cycles"], by_n["compute_cycles"]
+    use_m = cm <= cn
+    grad_m = use_m
+    if _relax.is_relaxed():
+        sg = jax.lax.stop_gradient
+        more = sg(cores) + 1.0
+        nm = gemm_cycles(_ceil_div(sg(M), more), K, N, rows, cols, df)["compute_cycles"]
+        nn = gemm_cycles(M, K, _ceil_div(sg(N), more), rows, cols, df)["compute_cycles"]
+        grad_m = jnp.where(sg(cm) == sg(cn), sg(nm) <= sg(nn), use_m)
+    g = jax.tree.map(lambda x, y: _relax.select(use_m, grad_m, x, y), by_m, by_n)
+    return g, use_m
+
+
 def _bursts(nbytes, burst):
     """Round up to whole bursts; the gradient is that of ``nbytes`` (straight-through)."""
     rounded = jnp.ceil(nbytes / burst) * burst
@@ -207,6 +246,7 @@ def layer_costs(
     temperature: float = _relax.DEFAULT_TEMPERATURE,
     shapes: Mapping[str, jax.Array] | None = None,
     mapping: str | None = None,
+    count_slope: str = "unit",
 ) -> LayerCosts:
     """Vectorised cost of ``layers`` (pure jnp; jit/vmap over ``spec``, grad w.r.t. the bits).
 
@@ -241,13 +281,19 @@ def layer_costs(
       mapping: DRAM-level mapping of the GEMM layers (static; default the spec's
         ``memory.mapping``): ``best`` (per layer the fold order and chunking with the fewest
         DRAM bytes, :func:`npujax.systolic.gemm_mapping`) or ``scalesim`` (SCALE-Sim's order).
+      count_slope: with ``relaxed``, the gradient of a fold count w.r.t. the hardware count
+        that divides it (rows, cols, cores, lanes; static): ``unit`` (default), the exact
+        change for one unit more, so ``gradient x 1`` predicts what one more row does;
+        ``mean``, the staircase's mean slope, the trend a descent over many units needs to
+        cross plateaus of whole folds (:func:`npujax.search.codesign.codesign` uses it).
+        ``npujax/_relax.py`` says why one slope cannot serve both.
 
     Returns:
       :class:`LayerCosts` of ``[L]`` arrays (see above for their dtypes).
 
     Raises:
-      ConfigError: an unknown dataflow, precision scaling or mapping, or a temperature out of
-        range.
+      ConfigError: an unknown dataflow, precision scaling, mapping or count slope, or a
+        temperature out of range.
 
     Examples:
       >>> import jax, jax.numpy as jnp  # doctest: +SKIP
@@ -259,7 +305,7 @@ def layer_costs(
       models: DiffTune (Renda et al., MICRO 2020) and DOSA (Hong et al., MICRO 2023).
     """
     return _evaluate(layers, spec, weight_bits, act_bits, (dataflow,), relaxed, temperature,
-                     shapes, mapping)[0]
+                     shapes, mapping, count_slope)[0]
 
 
 def layer_costs_by_dataflow(
@@ -272,6 +318,7 @@ def layer_costs_by_dataflow(
     relaxed: bool = False,
     temperature: float = _relax.DEFAULT_TEMPERATURE,
     mapping: str | None = None,
+    count_slope: str = "unit",
 ) -> dict[str, LayerCosts]:
     """:func:`layer_costs` at several dataflows in one program: ``{dataflow: LayerCosts}``.
 
@@ -295,6 +342,7 @@ def layer_costs_by_dataflow(
       relaxed: the differentiable mode, as in :func:`layer_costs`.
       temperature: as in :func:`layer_costs`.
       mapping: DRAM-level mapping of the GEMM layers, as in :func:`layer_costs`.
+      count_slope: as in :func:`layer_costs`.
 
     Returns:
       ``{name: LayerCosts}`` of ``[L]`` arrays (dtypes as :func:`layer_costs`), keyed by the
@@ -311,18 +359,19 @@ def layer_costs_by_dataflow(
     if len(set(names)) < len(names):
         raise ConfigError(f"layer_costs_by_dataflow got a dataflow twice: {list(dataflows)}.")
     costs = _evaluate(layers, spec, weight_bits, act_bits, tuple(names), relaxed, temperature,
-                      None, mapping)
+                      None, mapping, count_slope)
     return dict(zip(names, costs))
 
 
 def _evaluate(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Array,
               act_bits: jax.Array, dataflows: tuple[str | None, ...], relaxed: bool,
               temperature: float, shapes: Mapping[str, jax.Array] | None = None,
-              mapping: str | None = None) -> tuple[LayerCosts, ...]:
+              mapping: str | None = None, count_slope: str = "unit"
+              ) -> tuple[LayerCosts, ...]:
     x64 = bool(jax.config.read("jax_enable_x64"))
     mapping = check_mapping(mapping or spec.memory.mapping)
     if relaxed:
-        with _relax.relaxed(temperature):
+        with _relax.relaxed(temperature, count_slope):
             costs = _layer_costs(layers, spec, weight_bits, act_bits, dataflows, shapes,
                                  mapping)
     else:
@@ -370,9 +419,6 @@ def _layer_costs(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Arr
     # (special ops x cycles may pass 2**53: the wide division, exact to 2**62)
     vec_cycles = _ceil_div(i32("vector_ops") + _relax.count(special), lanes * cores,
                            wide=True)
-    # multi-core: split M or N across the cores, whichever is faster
-    m_split, n_split = _ceil_div(M, cores), _ceil_div(N, cores)
-
     burst = real(hw.layout.dram_burst_bytes)
     acc_bits = real(a.accumulator_bits)
     bpc = m.dram_bytes_per_s / clock
@@ -408,10 +454,7 @@ def _layer_costs(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Arr
     )
 
     def one(df: Dataflow) -> LayerCosts:
-        by_m = gemm_cycles(m_split, K, N, R, C, df)
-        by_n = gemm_cycles(M, K, n_split, R, C, df)
-        use_m = by_m["compute_cycles"] <= by_n["compute_cycles"]
-        g = jax.tree.map(lambda x, y: jnp.where(use_m, x, y), by_m, by_n)
+        g, _ = split_over_cores(M, K, N, R, C, cores, df)
         fd_per_fold = df.fill_cycles(R, C) + df.drain_cycles(R, C)
         fill_drain_1 = g["folds"] * fd_per_fold
         stream_1 = real(g["compute_cycles"] - fill_drain_1)

@@ -43,9 +43,9 @@ from npujax import _relax
 from npujax._exact import exact, real
 from npujax.hw.energy import energy_scale, mac_energy_pj, sram_pj_per_byte
 from npujax.hw.spec import NpuSpec
-from npujax.plan.costs import _hw, input_widths, layer_costs
+from npujax.plan.costs import _hw, input_widths, layer_costs, split_over_cores
 from npujax.plan.workload import Workload
-from npujax.systolic.dataflow import gemm_cycles, get_dataflow
+from npujax.systolic.dataflow import get_dataflow
 from npujax.systolic.memory import gemm_memory
 
 __all__ = ["LayerEnergy", "layer_energy", "ENERGY_BREAKDOWN"]
@@ -92,6 +92,7 @@ def layer_energy(
     dram_bytes: jax.Array | None = None,
     relaxed: bool = False,
     temperature: float = _relax.DEFAULT_TEMPERATURE,
+    count_slope: str = "unit",
 ) -> LayerEnergy:
     """Per-layer energy (J) of ``layers`` on ``spec`` (pure jnp; jit/vmap over ``spec``, grad).
 
@@ -108,6 +109,7 @@ def layer_energy(
       relaxed: the differentiable mode of :func:`~npujax.plan.layer_costs` (static): same
         forward values, straight-through gradients of folds and tiles.
       temperature: as in :func:`~npujax.plan.layer_costs` (only with ``relaxed``).
+      count_slope: as in :func:`~npujax.plan.layer_costs` (only with ``relaxed``).
 
     Returns:
       :class:`LayerEnergy` of ``[L]`` float arrays (JAX's default float type unless x64 is
@@ -122,9 +124,9 @@ def layer_energy(
     """
     if dram_bytes is None:
         dram_bytes = layer_costs(layers, spec, weight_bits, act_bits, dataflow, relaxed=relaxed,
-                                 temperature=temperature).dram_bytes
+                                 temperature=temperature, count_slope=count_slope).dram_bytes
     if relaxed:
-        with _relax.relaxed(temperature):
+        with _relax.relaxed(temperature, count_slope):
             out = _layer_energy(layers, spec, weight_bits, act_bits, dataflow, dram_bytes)
     else:
         out = _layer_energy(layers, spec, weight_bits, act_bits, dataflow, dram_bytes)
@@ -160,10 +162,7 @@ def _layer_energy(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Ar
     register = jnp.where(is_gemm, macs * (wb + ab + acc) / 8.0, 0.0) * s_e * en.register_pj_per_byte
 
     # SRAM: the array's accesses, per core at the split the latency model chooses
-    by_m = gemm_cycles(_relax.ceil_div(M, cores), K, N, R, C, df)
-    by_n = gemm_cycles(M, K, _relax.ceil_div(N, cores), R, C, df)
-    use_m = by_m["compute_cycles"] <= by_n["compute_cycles"]
-    g = jax.tree.map(lambda x, y: jnp.where(use_m, x, y), by_m, by_n)
+    g, use_m = split_over_cores(M, K, N, R, C, cores, df)
     per_core_out = jnp.where(use_m, real(_relax.ceil_div(M, cores)) * real(N),
                              real(M) * real(_relax.ceil_div(N, cores)))
     k_acc = fcores * groups

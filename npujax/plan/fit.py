@@ -325,7 +325,9 @@ def fit_spec(
 
         def model_log_s(values: jax.Array) -> jax.Array:
             s = _set(base, {f: values[i] for i, f in enumerate(full)})
-            c = layer_costs(tl, s, wb, wb, relaxed=True, temperature=temperature)
+            # the mean slope of fold counts: a descent over many units (as codesign's)
+            c = layer_costs(tl, s, wb, wb, relaxed=True, temperature=temperature,
+                            count_slope="mean")
             lat = c.latency_cycles[idx] / s.array.clock_hz
             if ne:
                 lat = lat / values[nf:nf + ne][cls_index]

@@ -5,8 +5,10 @@ accuracy constraint, then rounded to an exact design and evaluated with :func:`n
 **Relaxation.** The hardware numbers are continuous parameters, ``rows = exp(theta_r)``,
 ``cols = exp(theta_c)``, each SRAM buffer ``exp(theta_s)`` bytes, put into a float spec
 (:func:`npujax.hw.differentiable_spec`) and costed by the relaxed model
-(``layer_costs(..., relaxed=True)``, :func:`npujax.plan.layer_energy`: exact forward values,
-straight-through and smoothed gradients, ``npujax/_relax.py``). The bandwidth class ``k`` (of a
+(``layer_costs(..., relaxed=True, count_slope="mean")``, :func:`npujax.plan.layer_energy`:
+exact forward values, straight-through and smoothed gradients, ``npujax/_relax.py``; the mean
+slope of the fold staircases, not the default change for one unit more, which stalls a descent
+on plateaus of whole folds). The bandwidth class ``k`` (of a
 small table: bandwidth, PHY area, PHY power, :data:`BANDWIDTH_CLASSES`) and each GEMM layer's
 (w, a) candidate are softmax mixtures: the costs are ``sum_k q_k cost(bw_k)`` and the PHY costs
 ``sum_k q_k cost_k``, and each layer's latency and energy the expectation over its candidates
@@ -334,10 +336,14 @@ class _Problem:
         df = self.config.dataflow
 
         def column(w: Any, a: Any) -> tuple[Any, Any]:
-            c = layer_costs(self.layers, spec, w, a, df, relaxed=True)
+            # the mean slope of the fold staircases: the descent moves rows and cols over many
+            # units, and one unit more (the default slope) is mostly a plateau that only adds
+            # fill and drain, which stalled it at the base shape (npujax/_relax.py)
+            c = layer_costs(self.layers, spec, w, a, df, relaxed=True, count_slope="mean")
             if self.chains:  # the attention blocks as lower fuses them
                 c = attention_costs(self.layers, self.chains, spec, c, w, a)[0]
-            e = layer_energy(self.layers, spec, w, a, df, dram_bytes=c.dram_bytes, relaxed=True)
+            e = layer_energy(self.layers, spec, w, a, df, dram_bytes=c.dram_bytes, relaxed=True,
+                             count_slope="mean")
             return (c.latency_cycles.astype(jnp.float32) / spec.array.clock_hz,
                     e.total_j.astype(jnp.float32))
 
