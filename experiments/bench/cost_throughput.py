@@ -66,6 +66,7 @@ from npujax.ir.passes import optimize
 from npujax.models.zoo import fetch_model
 from npujax.plan import layer_costs, layer_costs_by_dataflow, workloads
 from npujax.systolic import DATAFLOWS
+from npujax.systolic.mapping import stacked_search
 
 SHAPES = {"ppocr_det": (1, 3, 640, 640), "ppocr_cls": (1, 3, 48, 192)}
 #: Elementwise HLO instructions counted as one operation per output element.
@@ -117,8 +118,9 @@ def stacked_configs(spec: Any, n: int, seed: int = 0) -> Any:
 
 def programs(layers: tuple, wb: np.ndarray, ab: np.ndarray, field: str
              ) -> dict[str, Callable[[Any], Any]]:
-    """name -> a function of the stacked spec returning the D ``[configs, L]`` outputs."""
-    def separate(int_division: bool) -> Callable[[Any], Any]:
+    """name -> a function of the stacked spec returning the D ``[configs, L]`` outputs; its
+    ``mode`` is the context it must be traced in (the implementation it stands for)."""
+    def separate(mode: Callable[[], Any]) -> Callable[[Any], Any]:
         calls = []
         for df in DATAFLOWS:
             fn = jax.jit(jax.vmap(lambda h, df=df: getattr(layer_costs(layers, h, wb, ab, df),
@@ -126,23 +128,40 @@ def programs(layers: tuple, wb: np.ndarray, ab: np.ndarray, field: str
             calls.append(fn)
 
         def run(hw: Any) -> Any:
-            return [c(hw) for c in calls]  # three calls, as lower_dataflows made before
+            return [c(hw) for c in calls]  # one call per dataflow, as npujax sweep runs
         run.calls = calls  # type: ignore[attr-defined]
-        run.int_division = int_division  # type: ignore[attr-defined]
+        run.mode = mode  # type: ignore[attr-defined]
         return run
 
-    def together(int_division: bool) -> Callable[[Any], Any]:
+    def together(mode: Callable[[], Any]) -> Callable[[Any], Any]:
         fn = jax.jit(jax.vmap(lambda h: [getattr(c, field) for c in layer_costs_by_dataflow(
             layers, h, wb, ab, DATAFLOWS).values()]))
 
         def run(hw: Any) -> Any:
             return fn(hw)  # one call, the D outputs together
         run.calls = [fn]  # type: ignore[attr-defined]
-        run.int_division = int_division  # type: ignore[attr-defined]
+        run.mode = mode  # type: ignore[attr-defined]
         return run
 
-    return {"reference": separate(True), "float_division": separate(False),
-            "fused_int": together(True), "new": together(False)}
+    return {"reference": separate(reference_mode), "previous": separate(previous_mode),
+            "new": separate(contextlib.nullcontext),
+            "new_fused": together(contextlib.nullcontext)}
+
+
+@contextlib.contextmanager
+def reference_mode() -> Any:
+    """The implementation before the float64 division: int64 ``(a + b - 1) // b`` and the
+    mapping candidates stacked on an axis."""
+    with _relax.integer_division(), stacked_search():
+        yield
+
+
+@contextlib.contextmanager
+def previous_mode() -> Any:
+    """main before this change: float64 division with the correction everywhere, the mapping
+    candidates stacked on an axis."""
+    with _relax.corrected_division(), stacked_search():
+        yield
 
 
 def _ready(out: Any) -> np.ndarray:
@@ -183,8 +202,7 @@ def main() -> None:
             progs = programs(layers, wb, ab, field)
             outs, ops, compile_s = {}, {}, {}
             for name, run in progs.items():
-                mode = _relax.integer_division() if run.int_division else contextlib.nullcontext()
-                with mode:
+                with run.mode():
                     t = time.perf_counter()
                     outs[name] = _ready(run(hw))  # traced (and compiled) in its mode
                     compile_s[name] = time.perf_counter() - t

@@ -278,8 +278,8 @@ def layer_costs_by_dataflow(
     What does not depend on the dataflow (vector, conversion and host-CPU layers, the
     operands' bytes) is computed once, and one ``jit`` compiles all dataflows together (a
     comparison table costs one compilation and one call, not one per dataflow). Vmapped over
-    many configurations on a CPU it is not faster than one :func:`layer_costs` per dataflow
-    (XLA compiles a loop per dataflow either way; ``docs/results/cost_throughput.md``). The
+    many configurations on a CPU it is also somewhat faster than one :func:`layer_costs` per
+    dataflow (``docs/results/cost_throughput.md``). The
     counts of :data:`EXACT_FIELDS` equal ``layer_costs(..., dataflow)``'s bit for bit; the
     real-valued fields too, up to the last bit where XLA fuses the float arithmetic of the two
     programs differently (it may turn ``x / y`` into ``x * (1 / y)``).
@@ -354,6 +354,11 @@ def _layer_costs(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Arr
             return shapes[name]
         return [getattr(w, name) for w in layers]
 
+    def bound(*names: str) -> int | None:  # the largest static value (None if traced)
+        if shapes is not None and any(n in shapes for n in names):
+            return None
+        return max([1] + [int(getattr(w, n)) for w in layers for n in names])
+
     i32 = lambda name: _relax.count(num(name))  # noqa: E731  (exact counts)
     f32 = lambda name: real(num(name))  # noqa: E731  (float64)
     on_npu = jnp.asarray([w.device == "npu" for w in layers])
@@ -371,7 +376,9 @@ def _layer_costs(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Arr
     vec_cycles = _ceil_div(i32("vector_ops") + _relax.count(special), lanes * cores,
                            wide=True)
     # multi-core: split M or N across the cores, whichever is faster
-    m_split, n_split = _ceil_div(M, cores), _ceil_div(N, cores)
+    # static bounds of the numerators: <= 2**50 takes the one-rounding division (_relax)
+    mkn = bound("M", "K", "N")
+    m_split, n_split = _ceil_div(M, cores, bound=mkn), _ceil_div(N, cores, bound=mkn)
 
     burst = real(hw.layout.dram_burst_bytes)
     acc_bits = real(a.accumulator_bits)
@@ -393,7 +400,8 @@ def _layer_costs(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Arr
     # precision conversion: a consumer wanting another width than it receives pays a pass
     a_in, needs = input_widths(layers, ab, on_npu)
     conv_bytes = _bursts(in_elems * a_in / 8.0, burst) + _bursts(in_elems * ab / 8.0, burst)
-    conv_cycles = jnp.maximum(real(_ceil_div(i32("in_elems"), lanes * cores)),
+    conv_cycles = jnp.maximum(real(_ceil_div(i32("in_elems"), lanes * cores,
+                                             bound=bound("in_elems"))),
                               conv_bytes / bpc)
     convert = jnp.where(needs, conv_cycles, 0.0)
 
@@ -408,8 +416,8 @@ def _layer_costs(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Arr
     )
 
     def one(df: Dataflow) -> LayerCosts:
-        by_m = gemm_cycles(m_split, K, N, R, C, df)
-        by_n = gemm_cycles(M, K, n_split, R, C, df)
+        by_m = gemm_cycles(m_split, K, N, R, C, df, bound=mkn)
+        by_n = gemm_cycles(M, K, n_split, R, C, df, bound=mkn)
         use_m = by_m["compute_cycles"] <= by_n["compute_cycles"]
         g = jax.tree.map(lambda x, y: jnp.where(use_m, x, y), by_m, by_n)
         fd_per_fold = df.fill_cycles(R, C) + df.drain_cycles(R, C)
@@ -423,7 +431,8 @@ def _layer_costs(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Arr
         mem = gemm_mapping(M, K, N, R, C, df, sram_bytes_a=sram_a, sram_bytes_b=sram_b,
                            sram_bytes_out=sram_o, elem_bytes_a=ab / 8.0, elem_bytes_b=wb / 8.0,
                            elem_bytes_out=ab / 8.0, dram_bytes_per_cycle=bpc,
-                           unique_elems_a=in_elems / real(groups), mapping=mapping)
+                           unique_elems_a=in_elems / real(groups), mapping=mapping,
+                           bound=mkn)
         # the mapping's chunks of the streamed dimension repeat the folds' fill and drain
         # (whole cycles, spread evenly over the cores; zero in the scalesim mapping)
         extra = mem["extra_fill_drain_cycles"]
