@@ -17,8 +17,10 @@ worst case does not fit, naming the bound; ``"int64"`` always widens.
 The fold loop is a rolled ``fori_loop``: each K-fold is one ``dot_general`` (operands stay
 int8/int16, ``preferred_element_type=int32``) added into a single int32 output buffer, so XLA
 runs it as fast as a plain int32 matmul and keeps one fold's partial sums at a time. Concrete
-GEMM operands are zero-padded to shape buckets (:func:`shape_bucket`), so one compilation per
-array size and bucket serves many GEMM shapes. Cycle and traffic statistics come from the
+GEMM operands run as fixed-shape ``TILE x TILE`` output tiles over K-chunks of whole folds
+(zero-padded; :func:`_tile_step`), so one compilation per array edge and dataflow serves every
+GEMM shape; ``shapes="buckets"`` pads to shape buckets instead (:func:`shape_bucket`, one
+compilation per bucket, one call per GEMM). Cycle and traffic statistics come from the
 closed form :func:`gemm_cycles`; the register-level simulation in :mod:`npujax.systolic.registers`
 proves that closed form.
 """

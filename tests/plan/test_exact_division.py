@@ -5,7 +5,8 @@ operand pair, and large operands at the boundaries where a rounded quotient coul
 integer (``a = q b + r`` with ``r`` in ``{0, 1, b - 1}``, ``a`` at 2**53), for denominators of
 every size the model divides by (array rows/cols up to 2**16, lanes x cores up to 2**36, up to
 2**53), both as XLA compiles a plain division and as it compiles a divisor broadcast under
-``vmap`` (``a * (1 / b)``, the rewrite that makes the float quotient only an estimate).
+``vmap`` (``a * (1 / b)``, the rewrite that makes the float quotient only an estimate); and the
+one-rounding form ``ceil((a - 1/2) / b)`` for numerators below a static bound, up to 2**50.
 """
 
 import jax
