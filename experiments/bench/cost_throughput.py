@@ -1,5 +1,5 @@
-"""Benchmark: throughput of the vmapped cost model, the float64-division fused-dataflow program
-against the int64-division per-dataflow one it replaced, side by side in one run.
+"""Benchmark: throughput of the vmapped cost model, the current program against the int64-division
+reference and the float64 program before it, side by side in one run.
 
 Usage:  python experiments/bench/cost_throughput.py [--model ppocr_det] [--configs 2048]
             [--repeat 9] [--out FILE.json]
@@ -13,14 +13,18 @@ traced) x every layer x the three dataflows, vmapped over the configurations, an
 * ``compute``: ``compute_cycles`` (MAC-array and vector-unit cycles; XLA drops the rest);
 * ``memory``: ``latency_cycles`` (compute plus the memory model: DRAM traffic, stalls, DMA).
 
-Four programs per output, so the gain splits into its two causes:
+Four programs per output, each traced from the same code in its mode (:func:`reference_mode`,
+:func:`previous_mode`):
 
-* ``reference``: the implementation before (int64 ``(a + b - 1) // b`` division,
-  :func:`npujax._relax.integer_division`; one jitted call per dataflow, three calls);
-* ``float_division``: float64 division (exact, ``npujax/_relax.py``), still one call per dataflow;
-* ``fused_int``: int64 division, the three dataflows in one call
-  (:func:`npujax.plan.layer_costs_by_dataflow`);
-* ``new``: float64 division and the dataflows fused (what npujax runs now).
+* ``reference``: int64 ``(a + b - 1) // b`` division (:func:`npujax._relax.integer_division`)
+  and the mapping candidates stacked on an axis (:func:`npujax.systolic.mapping.
+  stacked_search`); one jitted call per dataflow;
+* ``previous``: float64 division corrected everywhere (:func:`npujax._relax.
+  corrected_division`), candidates stacked; one call per dataflow (main before this change);
+* ``new``: the one-rounding division where a static bound is known and the candidates
+  unrolled (what npujax runs); one call per dataflow, as ``npujax sweep`` runs;
+* ``new_fused``: the same, the three dataflows in one call
+  (:func:`npujax.plan.layer_costs_by_dataflow`).
 
 Every program's output is checked against the reference's: counts (``compute_cycles``) bit for
 bit, float64 latencies to 1e-14 relative (XLA fuses the float arithmetic of two programs
