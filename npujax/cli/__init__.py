@@ -110,7 +110,7 @@ def compile_cache() -> str | None:
     """
     import jax
 
-    current = jax.config.jax_compilation_cache_dir
+    current = jax.config.jax_compilation_cache_dir  # type: ignore[attr-defined]
     if current:
         return str(current)
     want = os.environ.get(COMPILE_CACHE_ENV, "")
