@@ -64,8 +64,8 @@ def test_fused_equals_the_reference_per_dataflow(graph):
                 np.testing.assert_allclose(got, want, rtol=1e-14, atol=0, err_msg=f"{df} {field}")
 
 
-@pytest.mark.parametrize("preset", ["edge_16x16", "bitserial_16x16"])
-def test_bounded_division_and_unrolled_mapping_change_no_bit(graph, preset):
+@pytest.mark.integration  # ~20 s on a loaded 2-core machine: two cost programs compiled
+def test_bounded_division_and_unrolled_mapping_change_no_bit(graph, preset="bitserial_16x16"):
     """What runs (one-rounding division of the static GEMM extents, the mapping candidates
     unrolled) against the float64 program before it (corrected division everywhere, stacked
     candidates): every field, bit for bit, over random configurations."""

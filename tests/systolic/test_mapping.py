@@ -121,6 +121,7 @@ def test_unknown_mapping_is_a_config_error():
                      dram_bytes_per_cycle=1.0, mapping="fastest")
 
 
+@pytest.mark.integration  # 6-23 s on a loaded 2-core machine: two search programs compiled
 @pytest.mark.parametrize("df", DATAFLOWS)
 def test_unrolled_search_equals_the_stacked_one_bit_for_bit(df):
     """The candidates evaluated one by one (what runs) give every figure of the stacked search
@@ -158,7 +159,7 @@ def test_unrolled_search_equals_the_stacked_one_bit_for_bit(df):
                             unique_elems_a=25600 * 96)["total_cycles"]
 
     with _relax.relaxed():
-        g_new = jax.grad(total)(131072.0)
+        g_new = jax.jit(jax.grad(total))(131072.0)
         with stacked_search():
-            g_old = jax.grad(total)(131072.0)
+            g_old = jax.jit(jax.grad(total))(131072.0)
     assert float(g_new) == float(g_old)
