@@ -81,6 +81,16 @@ first estimate ``q0`` is within ``2**-51 a / b + 1 <= 2**11 + 1`` of ``a / b`` (
 rounds when converted), so the int64 remainder ``e = a - q0 b`` has ``|e| <= 2**-51 a + b <
 2**53`` (exact in float64) and ``|e / b| <= 2**11 + 1``; ``q0 + ceil(e / b)`` (equal to ``ceil(a
 / b)``) is estimated and corrected as above, in int64 (all products below 2**63).
+**One rounding, for bounded numerators.** Where a static bound ``a <= 2**50`` is known (the
+GEMM extents of a layer list, ``ceil_div(..., bound=)``), ``ceil(a / b) = ceil((a - 1/2) / b)``
+needs no correction: for integers ``a >= 0``, ``b >= 1`` with ``n = ceil(a / b)``, ``(a - 1/2)
+/ b`` lies in ``[n - 1 + 1/(2b), n - 1/(2b)]`` (``(n - 1) b < a <= n b``; for ``a = 0`` at
+``-1/(2b)``), at least ``1/(2b)`` from the integers on either side. ``a - 1/2`` is exact (``a <
+2**52``); the quotient, divided once or multiplied by a rounded reciprocal (two roundings of at
+most 2**-53 relative), is within ``2**-51.9 (a - 1/2) / b < 2**-1.9 / b`` of it, so its ceiling
+is ``n``: three vector operations (subtract, divide or multiply, ceil) instead of eleven. (At
+2**51 the margin would be gone.)
+
 ``tests/plan/test_exact_division.py`` checks both against int64 division, exhaustively for small
 operands and at the boundaries where the estimate could cross an integer, under ``jit`` and
 ``vmap`` (the reciprocal rewrite). Inside :func:`integer_division` (the reference for
@@ -107,10 +117,13 @@ from npujax.errors import ConfigError
 
 __all__ = ["relaxed", "is_relaxed", "temperature", "count_slope", "ceil", "ceil_div",
            "smooth_max", "select_step", "select", "count", "integer_division",
-           "DEFAULT_TEMPERATURE", "COUNT_SLOPES"]
+           "corrected_division", "DEFAULT_TEMPERATURE", "COUNT_SLOPES", "ONE_ROUNDING_BOUND"]
 
 #: Default relative temperature of :func:`smooth_max` and :func:`select_step`.
 DEFAULT_TEMPERATURE = 0.05
+
+#: Numerators up to this (given as ``ceil_div(..., bound=)``) take the one-rounding form.
+ONE_ROUNDING_BOUND = 2**50
 
 _MODE: contextvars.ContextVar[float | None] = contextvars.ContextVar("npujax_relaxed",
                                                                       default=None)
@@ -122,6 +135,8 @@ _SLOPE: contextvars.ContextVar[str] = contextvars.ContextVar("npujax_count_slope
                                                              default="unit")
 _INT_DIVISION: contextvars.ContextVar[bool] = contextvars.ContextVar("npujax_int_division",
                                                                      default=False)
+_CORRECTED: contextvars.ContextVar[bool] = contextvars.ContextVar("npujax_corrected_division",
+                                                                  default=False)
 
 
 @contextlib.contextmanager
@@ -167,6 +182,18 @@ def integer_division() -> Iterator[None]:
         _INT_DIVISION.reset(token)
 
 
+@contextlib.contextmanager
+def corrected_division() -> Iterator[None]:
+    """Trace :func:`ceil_div` with the float64 estimate and its correction everywhere, ignoring
+    ``bound`` (the implementation before the one-rounding form): a reference for benchmarks
+    and equality tests. Read while tracing, like :func:`relaxed`."""
+    token = _CORRECTED.set(True)
+    try:
+        yield
+    finally:
+        _CORRECTED.reset(token)
+
+
 def is_relaxed() -> bool:
     """Whether the cost functions are being traced in the differentiable mode."""
     return _MODE.get() is not None
@@ -201,7 +228,7 @@ def ceil(x: jax.Array) -> jax.Array:
     return _ste(c, jnp.where(x > 1.0, x, 1.0))  # not jnp.maximum: slope 0 (not 1/2) at x == 1
 
 
-def ceil_div(a: Any, b: Any, *, wide: bool = False) -> jax.Array:
+def ceil_div(a: Any, b: Any, *, wide: bool = False, bound: int | None = None) -> jax.Array:
     """``ceil(a / b)`` of counts ``a >= 0``, ``b >= 1``: exact int64, or relaxed :func:`ceil`.
 
     Args:
@@ -209,6 +236,11 @@ def ceil_div(a: Any, b: Any, *, wide: bool = False) -> jax.Array:
         (2**62 with ``wide``).
       b: the denominator: int64 counts >= 1, at most 2**53 (2**52 with ``wide``).
       wide: allow numerators up to 2**62 (one correction step more).
+      bound: a static upper bound of ``a`` (a Python int, e.g. the largest GEMM extent of the
+        layers), or None. At most :data:`ONE_ROUNDING_BOUND` (2**50), the quotient takes the
+        one-rounding form ``ceil((a - 1/2) / b)`` (3 vector operations instead of 11; module
+        docstring). A bound below the true ``a`` gives wrong counts: give one only where it is
+        known.
 
     Returns:
       int64 ``ceil(a / b)`` (float64 in the relaxed mode), broadcast over the inputs, equal to
@@ -219,6 +251,11 @@ def ceil_div(a: Any, b: Any, *, wide: bool = False) -> jax.Array:
         return _ceil_ratio(a, b) if count_slope() == "unit" else ceil(a / b)
     if _INT_DIVISION.get():
         return (a + b - 1) // b
+    if (bound is not None and not wide and int(bound) <= ONE_ROUNDING_BOUND
+            and not _CORRECTED.get()):
+        # a - 1/2 is exact (a < 2**52) and lies at least 1/(2b) from a multiple of b: one
+        # rounded division (or product with a rounded reciprocal) cannot cross it
+        return jnp.ceil((jnp.asarray(a, REAL) - 0.5) / jnp.asarray(b, REAL)).astype(COUNT)
     a, b = jnp.asarray(a, COUNT), jnp.asarray(b, COUNT)
     fa, fb = a.astype(REAL), b.astype(REAL)
     if not wide:  # all in float64: the products below are exact or compare correctly

@@ -1,5 +1,5 @@
-"""Benchmark: throughput of the vmapped cost model, the float64-division fused-dataflow program
-against the int64-division per-dataflow one it replaced, side by side in one run.
+"""Benchmark: throughput of the vmapped cost model, the current program against the int64-division
+reference and the float64 program before it, side by side in one run.
 
 Usage:  python experiments/bench/cost_throughput.py [--model ppocr_det] [--configs 2048]
             [--repeat 9] [--out FILE.json]
@@ -13,14 +13,18 @@ traced) x every layer x the three dataflows, vmapped over the configurations, an
 * ``compute``: ``compute_cycles`` (MAC-array and vector-unit cycles; XLA drops the rest);
 * ``memory``: ``latency_cycles`` (compute plus the memory model: DRAM traffic, stalls, DMA).
 
-Four programs per output, so the gain splits into its two causes:
+Four programs per output, each traced from the same code in its mode (:func:`reference_mode`,
+:func:`previous_mode`):
 
-* ``reference``: the implementation before (int64 ``(a + b - 1) // b`` division,
-  :func:`npujax._relax.integer_division`; one jitted call per dataflow, three calls);
-* ``float_division``: float64 division (exact, ``npujax/_relax.py``), still one call per dataflow;
-* ``fused_int``: int64 division, the three dataflows in one call
-  (:func:`npujax.plan.layer_costs_by_dataflow`);
-* ``new``: float64 division and the dataflows fused (what npujax runs now).
+* ``reference``: int64 ``(a + b - 1) // b`` division (:func:`npujax._relax.integer_division`)
+  and the mapping candidates stacked on an axis (:func:`npujax.systolic.mapping.
+  stacked_search`); one jitted call per dataflow;
+* ``previous``: float64 division corrected everywhere (:func:`npujax._relax.
+  corrected_division`), candidates stacked; one call per dataflow (main before this change);
+* ``new``: the one-rounding division where a static bound is known and the candidates
+  unrolled (what npujax runs); one call per dataflow, as ``npujax sweep`` runs;
+* ``new_fused``: the same, the three dataflows in one call
+  (:func:`npujax.plan.layer_costs_by_dataflow`).
 
 Every program's output is checked against the reference's: counts (``compute_cycles``) bit for
 bit, float64 latencies to 1e-14 relative (XLA fuses the float arithmetic of two programs
@@ -66,6 +70,7 @@ from npujax.ir.passes import optimize
 from npujax.models.zoo import fetch_model
 from npujax.plan import layer_costs, layer_costs_by_dataflow, workloads
 from npujax.systolic import DATAFLOWS
+from npujax.systolic.mapping import stacked_search
 
 SHAPES = {"ppocr_det": (1, 3, 640, 640), "ppocr_cls": (1, 3, 48, 192)}
 #: Elementwise HLO instructions counted as one operation per output element.
@@ -117,8 +122,9 @@ def stacked_configs(spec: Any, n: int, seed: int = 0) -> Any:
 
 def programs(layers: tuple, wb: np.ndarray, ab: np.ndarray, field: str
              ) -> dict[str, Callable[[Any], Any]]:
-    """name -> a function of the stacked spec returning the D ``[configs, L]`` outputs."""
-    def separate(int_division: bool) -> Callable[[Any], Any]:
+    """name -> a function of the stacked spec returning the D ``[configs, L]`` outputs; its
+    ``mode`` is the context it must be traced in (the implementation it stands for)."""
+    def separate(mode: Callable[[], Any]) -> Callable[[Any], Any]:
         calls = []
         for df in DATAFLOWS:
             fn = jax.jit(jax.vmap(lambda h, df=df: getattr(layer_costs(layers, h, wb, ab, df),
@@ -126,23 +132,40 @@ def programs(layers: tuple, wb: np.ndarray, ab: np.ndarray, field: str
             calls.append(fn)
 
         def run(hw: Any) -> Any:
-            return [c(hw) for c in calls]  # three calls, as lower_dataflows made before
+            return [c(hw) for c in calls]  # one call per dataflow, as npujax sweep runs
         run.calls = calls  # type: ignore[attr-defined]
-        run.int_division = int_division  # type: ignore[attr-defined]
+        run.mode = mode  # type: ignore[attr-defined]
         return run
 
-    def together(int_division: bool) -> Callable[[Any], Any]:
+    def together(mode: Callable[[], Any]) -> Callable[[Any], Any]:
         fn = jax.jit(jax.vmap(lambda h: [getattr(c, field) for c in layer_costs_by_dataflow(
             layers, h, wb, ab, DATAFLOWS).values()]))
 
         def run(hw: Any) -> Any:
             return fn(hw)  # one call, the D outputs together
         run.calls = [fn]  # type: ignore[attr-defined]
-        run.int_division = int_division  # type: ignore[attr-defined]
+        run.mode = mode  # type: ignore[attr-defined]
         return run
 
-    return {"reference": separate(True), "float_division": separate(False),
-            "fused_int": together(True), "new": together(False)}
+    return {"reference": separate(reference_mode), "previous": separate(previous_mode),
+            "new": separate(contextlib.nullcontext),
+            "new_fused": together(contextlib.nullcontext)}
+
+
+@contextlib.contextmanager
+def reference_mode() -> Any:
+    """The implementation before the float64 division: int64 ``(a + b - 1) // b`` and the
+    mapping candidates stacked on an axis."""
+    with _relax.integer_division(), stacked_search():
+        yield
+
+
+@contextlib.contextmanager
+def previous_mode() -> Any:
+    """main before this change: float64 division with the correction everywhere, the mapping
+    candidates stacked on an axis."""
+    with _relax.corrected_division(), stacked_search():
+        yield
 
 
 def _ready(out: Any) -> np.ndarray:
@@ -183,8 +206,7 @@ def main() -> None:
             progs = programs(layers, wb, ab, field)
             outs, ops, compile_s = {}, {}, {}
             for name, run in progs.items():
-                mode = _relax.integer_division() if run.int_division else contextlib.nullcontext()
-                with mode:
+                with run.mode():
                     t = time.perf_counter()
                     outs[name] = _ready(run(hw))  # traced (and compiled) in its mode
                     compile_s[name] = time.perf_counter() - t

@@ -11,8 +11,9 @@
 (d) Bit-exact square GEMMs (n = 512, 1024, int8) on 16x16 and 128x128 arrays: the emulator vs
     a plain int32 ``jnp.matmul`` vs the previous emulator (all K-folds' partial sums materialised
     by one batched ``dot_general``, then summed), interleaved medians (target <= 1.5x matmul).
-(e) Compilations over 24 random GEMM shapes on one array: the previous emulator (one per shape)
-    vs the shape-bucketed one: count and compile+first-run seconds.
+(e) Compilations over 24 random GEMM shapes on one array: the previous emulator (one per shape),
+    the shape-bucketed one and the tiled one (the default: one per array): count and
+    compile+first-run seconds.
 
 Usage: PYTHONPATH=. python experiments/bench/emulator.py [--quick]
 CPU only here (no GPU in this environment).
@@ -101,12 +102,15 @@ def bench_square_gemms(sizes=(512, 1024), arrays=(16, 128), rounds=15):
             for df in ("ws", "os", "is"):
                 fns = {"matmul": functools.partial(mm, a32, b32),
                        "emulate": lambda a=a8, b=b8, r=r, df=df: emulate_gemm(a, b, r, r, df)[0],
+                       "buckets": lambda a=a8, b=b8, r=r, df=df: emulate_gemm(
+                           a, b, r, r, df, shapes="buckets")[0],
                        "previous": lambda a=a8, b=b8, r=r, df=df: _previous_emulate_gemm(
                            a, b, rows=r, cols=r, dataflow=DF[df])[0]}
                 exact = all(np.array_equal(np.asarray(f()), ref) for f in fns.values())
                 t = _interleaved_medians(fns, rounds)
                 out.append({"n": n, "array": f"{r}x{r}", "dataflow": df, **t, "bit_exact": exact,
                             "ratio": t["emulate"] / t["matmul"],
+                            "buckets_ratio": t["buckets"] / t["matmul"],
                             "previous_ratio": t["previous"] / t["matmul"]})
     return out
 
@@ -119,9 +123,12 @@ def bench_compiles(n_shapes=24, rows=16):
             jnp.asarray(rng.integers(-128, 128, (k, n)), jnp.int8)) for m, k, n in shapes]
     runs = {"previous": (lambda a, b: _previous_emulate_gemm(a, b, rows, rows, DF["ws"]),
                          _previous_emulate_gemm),
-            "bucketed": (lambda a, b: emulate_gemm(a, b, rows, rows, "ws"),
-                         emulator_mod._emulate_gemm)}
+            "bucketed": (lambda a, b: emulate_gemm(a, b, rows, rows, "ws", shapes="buckets"),
+                         emulator_mod._emulate_gemm),
+            "tiled": (lambda a, b: emulate_gemm(a, b, rows, rows, "ws"), emulator_mod._tile_step)}
     gemm_cycles(1, 1, 1, rows, rows, "ws")  # the eager statistics' one-time warm-up per process
+    for _, fn in runs.values():  # count every compilation, also of programs (d) compiled
+        fn.clear_cache()
     before = {k: fn._cache_size() for k, (_, fn) in runs.items()}
     secs = dict.fromkeys(runs, 0.0)
     for a, b in ops:  # interleaved shape by shape
@@ -236,15 +243,21 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer SCALE-Sim arrays")
     p.add_argument("--configs", type=int, default=10_000)
+    p.add_argument("--only-emulator", action="store_true",
+                   help="run only (d) and (e), the emulator against matmul and its compilations")
     args = p.parse_args(argv)
     print(f"jax {jax.__version__} on {jax.devices()[0].platform} "
           f"({os.cpu_count()} CPUs visible); no GPU run in this environment.\n")
 
-    a, a_conv = bench_scalesim("32,128" if args.quick else "8,16,32,128")
-    b = bench_sweep(args.configs)
-    c = [bench_emulation(r, df) for r in (16, 128) for df in ("ws", "os", "is")]
+    if not args.only_emulator:
+        a, a_conv = bench_scalesim("32,128" if args.quick else "8,16,32,128")
+        b = bench_sweep(args.configs)
+        c = [bench_emulation(r, df) for r in (16, 128) for df in ("ws", "os", "is")]
     d = bench_square_gemms()
     e = bench_compiles()
+    if args.only_emulator:
+        _print_emulator(d, e)
+        return {"square_gemms": d, "compiles": e}
 
     print(f"(a) SCALE-Sim vs npujax, {a['cases']} GEMM cases (SCALE-Sim timings: {a['source']})")
     print(f"    SCALE-Sim {a['scalesim_s']:10.3f} s | npujax {a['npujax_s'] * 1e6:10.1f} us | "
@@ -263,19 +276,25 @@ def main(argv=None):
     for r in c:
         print(f"    {r['array']:>7s} {r['dataflow']:2s}  emulate {r['emulate_s'] * 1e3:7.2f} ms  "
               f"matmul {r['matmul_s'] * 1e3:7.2f} ms  -> {r['slowdown']:.2f}x (target <= 1.5x)")
-    print("(d) bit-exact square int8 GEMMs vs jnp int32 matmul (interleaved medians of 15)")
+    _print_emulator(d, e)
+    return {"scalesim": a, "scalesim_conv": a_conv, "sweep": b, "emulation": c,
+            "square_gemms": d, "compiles": e}
+
+
+def _print_emulator(d, e):
+    print("(d) bit-exact square int8 GEMMs vs jnp int32 matmul (interleaved medians of 15): "
+          "emulate (tiles, the default), shape buckets, previous")
     for r in d:
         print(f"    n={r['n']:4d} {r['array']:>7s} {r['dataflow']:2s}  matmul "
               f"{r['matmul'] * 1e3:7.2f} ms  emulate {r['emulate'] * 1e3:7.2f} ms "
-              f"-> {r['ratio']:.2f}x (target <= 1.5x)  previous {r['previous'] * 1e3:7.2f} ms "
+              f"-> {r['ratio']:.2f}x (target <= 1.5x)  buckets {r['buckets'] * 1e3:7.2f} ms "
+              f"-> {r['buckets_ratio']:.2f}x  previous {r['previous'] * 1e3:7.2f} ms "
               f"-> {r['previous_ratio']:.2f}x  bit-exact {r['bit_exact']}")
     print(f"(e) compilations for {e['shapes']} random GEMM shapes (M, K, N in 32..699) on "
           f"{e['array']} ws")
-    for k in ("previous", "bucketed"):
+    for k in ("previous", "bucketed", "tiled"):
         print(f"    {k:9s} {e[k]['compiles']:3d} compilations, {e[k]['seconds']:6.2f} s "
               "(compile + first run)")
-    return {"scalesim": a, "scalesim_conv": a_conv, "sweep": b, "emulation": c,
-            "square_gemms": d, "compiles": e}
 
 
 if __name__ == "__main__":

@@ -91,11 +91,44 @@ def _hard_exit(code: int) -> None:
     os._exit(code)
 
 
+#: Environment variable: the folder of the compiled-program cache of the command line, or "off".
+COMPILE_CACHE_ENV = "NPUJAX_COMPILE_CACHE"
+
+
+def compile_cache() -> str | None:
+    """Keep the command line's compiled XLA programs between runs: JAX's persistent
+    compilation cache, in ``$NPUJAX_COMPILE_CACHE`` or ``<cache>/jax`` (``<cache>`` as for
+    the model zoo: ``$NPUJAX_CACHE`` or ``~/.cache/npujax``), for programs that took at least a
+    second to compile (JAX's default threshold). ``npujax lower`` of a model it has lowered
+    before then skips compiling the cost model (seconds on a CPU; the hardware numbers are
+    traced, so every preset of a layer list shares one program). Nothing is changed when JAX
+    already has a cache folder (``JAX_COMPILATION_CACHE_DIR`` or ``jax.config``) or with
+    ``NPUJAX_COMPILE_CACHE=off``.
+
+    Returns:
+      The cache folder in use, or None.
+    """
+    import jax
+
+    current = jax.config.jax_compilation_cache_dir  # type: ignore[attr-defined]
+    if current:
+        return str(current)
+    want = os.environ.get(COMPILE_CACHE_ENV, "")
+    if want.lower() == "off":
+        return None
+    from npujax.data.fetch import default_cache_dir
+
+    folder = want or str(default_cache_dir() / "jax")
+    jax.config.update("jax_compilation_cache_dir", folder)
+    return folder
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``npujax`` console script; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args.verbosity)
+    compile_cache()
     try:
         from npujax.limits import limits
 

@@ -176,7 +176,7 @@ def input_widths(layers: Sequence[Workload], act_bits: jax.Array, on_npu: jax.Ar
     return a_in, has_prod & on_npu & (a_in != act_bits)
 
 
-def split_over_cores(M, K, N, rows, cols, cores, df: Dataflow
+def split_over_cores(M, K, N, rows, cols, cores, df: Dataflow, *, bound: int | None = None
                      ) -> tuple[dict[str, jax.Array], jax.Array]:
     """The fold model of one core's share of a GEMM split over ``cores`` along M or along N,
     whichever finishes first (M on a tie).
@@ -195,13 +195,15 @@ def split_over_cores(M, K, N, rows, cols, cores, df: Dataflow
       cols: the array's columns (likewise).
       cores: the number of cores (likewise).
       df: the dataflow.
+      bound: a static upper bound of ``M``, ``K`` and ``N`` or None (the one-rounding division
+        of :func:`npujax._relax.ceil_div`).
 
     Returns:
       ``(g, use_m)``: :func:`npujax.systolic.gemm_cycles`'s dict for the chosen split, and the
       bool ``[L]`` choice (True: split along M).
     """
-    by_m = gemm_cycles(_ceil_div(M, cores), K, N, rows, cols, df)
-    by_n = gemm_cycles(M, K, _ceil_div(N, cores), rows, cols, df)
+    by_m = gemm_cycles(_ceil_div(M, cores, bound=bound), K, N, rows, cols, df, bound=bound)
+    by_n = gemm_cycles(M, K, _ceil_div(N, cores, bound=bound), rows, cols, df, bound=bound)
     cm, cn = by_m["compute_cycles"], by_n["compute_cycles"]
     use_m = cm <= cn
     grad_m = use_m
@@ -325,8 +327,8 @@ def layer_costs_by_dataflow(
     What does not depend on the dataflow (vector, conversion and host-CPU layers, the
     operands' bytes) is computed once, and one ``jit`` compiles all dataflows together (a
     comparison table costs one compilation and one call, not one per dataflow). Vmapped over
-    many configurations on a CPU it is not faster than one :func:`layer_costs` per dataflow
-    (XLA compiles a loop per dataflow either way; ``docs/results/cost_throughput.md``). The
+    many configurations on a CPU it is also somewhat faster than one :func:`layer_costs` per
+    dataflow (``docs/results/cost_throughput.md``). The
     counts of :data:`EXACT_FIELDS` equal ``layer_costs(..., dataflow)``'s bit for bit; the
     real-valued fields too, up to the last bit where XLA fuses the float arithmetic of the two
     programs differently (it may turn ``x / y`` into ``x * (1 / y)``).
@@ -403,6 +405,11 @@ def _layer_costs(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Arr
             return shapes[name]
         return [getattr(w, name) for w in layers]
 
+    def bound(*names: str) -> int | None:  # the largest static value (None if traced)
+        if shapes is not None and any(n in shapes for n in names):
+            return None
+        return max([1] + [int(getattr(w, n)) for w in layers for n in names])
+
     i32 = lambda name: _relax.count(num(name))  # noqa: E731  (exact counts)
     f32 = lambda name: real(num(name))  # noqa: E731  (float64)
     on_npu = jnp.asarray([w.device == "npu" for w in layers])
@@ -419,6 +426,9 @@ def _layer_costs(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Arr
     # (special ops x cycles may pass 2**53: the wide division, exact to 2**62)
     vec_cycles = _ceil_div(i32("vector_ops") + _relax.count(special), lanes * cores,
                            wide=True)
+    # static bounds of the numerators: <= 2**50 takes the one-rounding division (_relax)
+    mkn = bound("M", "K", "N")
+
     burst = real(hw.layout.dram_burst_bytes)
     acc_bits = real(a.accumulator_bits)
     bpc = m.dram_bytes_per_s / clock
@@ -439,7 +449,8 @@ def _layer_costs(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Arr
     # precision conversion: a consumer wanting another width than it receives pays a pass
     a_in, needs = input_widths(layers, ab, on_npu)
     conv_bytes = _bursts(in_elems * a_in / 8.0, burst) + _bursts(in_elems * ab / 8.0, burst)
-    conv_cycles = jnp.maximum(real(_ceil_div(i32("in_elems"), lanes * cores)),
+    conv_cycles = jnp.maximum(real(_ceil_div(i32("in_elems"), lanes * cores,
+                                             bound=bound("in_elems"))),
                               conv_bytes / bpc)
     convert = jnp.where(needs, conv_cycles, 0.0)
 
@@ -454,7 +465,7 @@ def _layer_costs(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Arr
     )
 
     def one(df: Dataflow) -> LayerCosts:
-        g, _ = split_over_cores(M, K, N, R, C, cores, df)
+        g, _ = split_over_cores(M, K, N, R, C, cores, df, bound=mkn)
         fd_per_fold = df.fill_cycles(R, C) + df.drain_cycles(R, C)
         fill_drain_1 = g["folds"] * fd_per_fold
         stream_1 = real(g["compute_cycles"] - fill_drain_1)
@@ -466,7 +477,8 @@ def _layer_costs(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Arr
         mem = gemm_mapping(M, K, N, R, C, df, sram_bytes_a=sram_a, sram_bytes_b=sram_b,
                            sram_bytes_out=sram_o, elem_bytes_a=ab / 8.0, elem_bytes_b=wb / 8.0,
                            elem_bytes_out=ab / 8.0, dram_bytes_per_cycle=bpc,
-                           unique_elems_a=in_elems / real(groups), mapping=mapping)
+                           unique_elems_a=in_elems / real(groups), mapping=mapping,
+                           bound=mkn)
         # the mapping's chunks of the streamed dimension repeat the folds' fill and drain
         # (whole cycles, spread evenly over the cores; zero in the scalesim mapping)
         extra = mem["extra_fill_drain_cycles"]

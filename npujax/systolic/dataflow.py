@@ -99,12 +99,13 @@ class Dataflow(abc.ABC):
         """Cycles of one fold: ``fill + T + drain``."""
         return self.fill_cycles(rows, cols) + temporal + self.drain_cycles(rows, cols)
 
-    def dim_folds(self, dim: str, extent, rows, cols):
-        """How many times GEMM dimension ``dim`` ("M", "K" or "N") of size ``extent`` folds."""
+    def dim_folds(self, dim: str, extent, rows, cols, *, bound: int | None = None):
+        """How many times GEMM dimension ``dim`` ("M", "K" or "N") of size ``extent`` folds
+        (``bound``: a static upper bound of ``extent``, see :func:`npujax._relax.ceil_div`)."""
         if dim == self.layout[0]:
-            return _ceil_div(extent, rows)
+            return _ceil_div(extent, rows, bound=bound)
         if dim == self.layout[1]:
-            return _ceil_div(extent, cols)
+            return _ceil_div(extent, cols, bound=bound)
         return jnp.ones_like(extent)
 
     def __repr__(self) -> str:
@@ -181,7 +182,9 @@ def get_dataflow(dataflow: str | Dataflow) -> Dataflow:
 
 
 @exact
-def gemm_cycles(M, K, N, rows, cols, dataflow: str | Dataflow) -> dict[str, jax.Array]:
+def gemm_cycles(
+    M, K, N, rows, cols, dataflow: str | Dataflow, *, bound: int | None = None
+) -> dict[str, jax.Array]:
     """Compute cycles, efficiency and SRAM traffic of an ``[M,K] x [K,N]`` GEMM on an array.
 
     Args:
@@ -191,6 +194,9 @@ def gemm_cycles(M, K, N, rows, cols, dataflow: str | Dataflow) -> dict[str, jax.
       rows: array height in PEs (int scalar or array, may be traced), >= 1.
       cols: array width in PEs, same kind, >= 1.
       dataflow: a :class:`Dataflow` or its name (static).
+      bound: a static upper bound of ``M``, ``K`` and ``N`` (Python int) or None; up to 2**50
+        the fold counts take the one-rounding float64 division (:func:`npujax._relax.ceil_div`;
+        the same values, fewer operations). It must hold: a smaller bound gives wrong counts.
 
     Returns:
       dict of arrays broadcast over the inputs. int64 (exact, see ``npujax._exact``):
@@ -218,7 +224,7 @@ def gemm_cycles(M, K, N, rows, cols, dataflow: str | Dataflow) -> dict[str, jax.
     df = get_dataflow(dataflow)
     M, K, N, rows, cols = (_relax.count(v) for v in (M, K, N, rows, cols))
     s_r, s_c, t = df.map_gemm(M, K, N)
-    folds = _ceil_div(s_r, rows) * _ceil_div(s_c, cols)
+    folds = _ceil_div(s_r, rows, bound=bound) * _ceil_div(s_c, cols, bound=bound)
     per_fold = df.fold_cycles(rows, cols, t)
     cycles = folds * per_fold
     pes = real(rows * cols)
@@ -232,7 +238,7 @@ def gemm_cycles(M, K, N, rows, cols, dataflow: str | Dataflow) -> dict[str, jax.
         "scalesim_cycles": cycles - SCALESIM_CYCLE_OFFSET,
         "mapping_efficiency": mapping,
         "utilization": util,
-        "sram_reads_a": M * K * df.dim_folds("N", N, rows, cols),
-        "sram_reads_b": K * N * df.dim_folds("M", M, rows, cols),
-        "sram_writes_out": M * N * df.dim_folds("K", K, rows, cols),
+        "sram_reads_a": M * K * df.dim_folds("N", N, rows, cols, bound=bound),
+        "sram_reads_b": K * N * df.dim_folds("M", M, rows, cols, bound=bound),
+        "sram_writes_out": M * N * df.dim_folds("K", K, rows, cols, bound=bound),
     }

@@ -17,8 +17,10 @@ worst case does not fit, naming the bound; ``"int64"`` always widens.
 The fold loop is a rolled ``fori_loop``: each K-fold is one ``dot_general`` (operands stay
 int8/int16, ``preferred_element_type=int32``) added into a single int32 output buffer, so XLA
 runs it as fast as a plain int32 matmul and keeps one fold's partial sums at a time. Concrete
-GEMM operands are zero-padded to shape buckets (:func:`shape_bucket`), so one compilation per
-array size and bucket serves many GEMM shapes. Cycle and traffic statistics come from the
+GEMM operands run as fixed-shape ``TILE x TILE`` output tiles over K-chunks of whole folds
+(zero-padded; :func:`_tile_step`), so one compilation per array edge and dataflow serves every
+GEMM shape; ``shapes="buckets"`` pads to shape buckets instead (:func:`shape_bucket`, one
+compilation per bucket, one call per GEMM). Cycle and traffic statistics come from the
 closed form :func:`gemm_cycles`; the register-level simulation in :mod:`npujax.systolic.registers`
 proves that closed form.
 """
@@ -38,7 +40,7 @@ from npujax.systolic.dataflow import Dataflow, gemm_cycles, get_dataflow
 
 __all__ = ["emulate_gemm", "emulate_conv", "check_array_size", "k_fold_size",
            "accumulator_dtype", "ACCUMULATORS",
-           "shape_bucket"]
+           "shape_bucket", "tile_fold_size", "TILE", "SHAPE_MODES"]
 
 _MAX_BITS = 16
 #: Accumulator choices of :func:`emulate_gemm` / :func:`emulate_conv`.
@@ -174,6 +176,64 @@ def _emulate_gemm(a, b, k, rows: int, cols: int, dataflow: str, acc: str):
     return _folded_matmul(a, b, tk, acc, folds=-(-k // tk))
 
 
+#: Output tile edge (M and N) and K-chunk target of the tiled path of :func:`emulate_gemm`.
+TILE = 128
+
+
+def tile_fold_size(rows: int, cols: int, dataflow: str | Dataflow) -> int:
+    """The K-fold size of the tiled path: the array edge K lies on (rows for weight and input
+    stationary, whatever the GEMM's K, padded with zeros), or :data:`TILE` for output
+    stationary, whose fold is all of K (its int32 sum is the same cut in chunks: integer
+    addition is exact within the accumulator's range, which :func:`accumulator_dtype` checks)."""
+    df = get_dataflow(dataflow)
+    if df.layout[0] == "K":
+        return rows
+    if df.layout[1] == "K":
+        return cols
+    return TILE
+
+
+@functools.partial(jax.jit, static_argnames=("tk", "acc"))
+def _tile_step(out, a, b, folds, tk: int, acc: str):
+    """``out + a @ b`` of one ``[TILE, kc] x [kc, TILE]`` tile pair, fold by fold: the first
+    ``folds`` (traced int32) K-folds of ``tk``. Every operand has a fixed shape, so one program
+    per (fold size, accumulator, operand dtype) serves every GEMM."""
+    dt = jnp.dtype(acc)
+
+    def fold(f, o):
+        a_f = lax.dynamic_slice_in_dim(a, f * tk, tk, axis=1)
+        b_f = lax.dynamic_slice_in_dim(b, f * tk, tk, axis=0)
+        return o + lax.dot(a_f, b_f, preferred_element_type=dt)  # partial sums in the buffer
+
+    return lax.fori_loop(0, folds, fold, out)
+
+
+def _tiled_gemm(a, b, rows: int, cols: int, df: Dataflow, acc: str) -> jax.Array:
+    """``a @ b`` of concrete operands as ``TILE x TILE`` output tiles, each accumulated over
+    K-chunks of whole folds by :func:`_tile_step` (zero-padded on the host; the padding folds
+    of the last chunk are skipped), assembled on the host."""
+    a_np, b_np = np.asarray(a), np.asarray(b)
+    (M, K), N = a_np.shape, b_np.shape[1]
+    tk = tile_fold_size(rows, cols, df)
+    kc = tk * max(1, TILE // tk)
+    Mp, Kp, Np = (-(-M // TILE) * TILE, -(-K // kc) * kc, -(-N // TILE) * TILE)
+    a_p = np.zeros((Mp, Kp), a_np.dtype)
+    a_p[:M, :K] = a_np
+    b_p = np.zeros((Kp, Np), b_np.dtype)
+    b_p[:K, :N] = b_np
+    out = np.empty((Mp, Np), acc)
+    zero = jax.device_put(np.zeros((TILE, TILE), acc))  # a device array, as o becomes
+    for i in range(0, Mp, TILE):
+        for j in range(0, Np, TILE):
+            o = zero
+            for k in range(0, Kp, kc):
+                folds = np.int32(-(-min(kc, K - k) // tk)) if k < K else np.int32(0)
+                o = _tile_step(o, a_p[i:i + TILE, k:k + kc], b_p[k:k + kc, j:j + TILE], folds,
+                               tk=tk, acc=acc)
+            out[i:i + TILE, j:j + TILE] = np.asarray(o)
+    return jnp.asarray(out[:M, :N])
+
+
 def _bucket_extents(M: int, K: int, N: int, rows: int, cols: int, df: Dataflow):
     """The padded ``(M', K', N')`` of a GEMM: :func:`shape_bucket` for M and N (padding there
     is multiplied), and K rounded up to a power of two of whole folds (folds of padding are
@@ -203,8 +263,12 @@ def _pad_to_bucket(x, shape):
     return jnp.asarray(np.pad(np.asarray(x), [(0, t - s) for s, t in zip(x.shape, shape)]))
 
 
+#: How :func:`emulate_gemm` compiles concrete operands (its ``shapes`` argument).
+SHAPE_MODES = ("tiles", "buckets", "exact")
+
+
 def emulate_gemm(a, b, rows: int, cols: int, dataflow: str | Dataflow, *,
-                 accumulator: str = "auto", bucket: bool = True):
+                 accumulator: str = "auto", bucket: bool = True, shapes: str = "tiles"):
     """Run ``a @ b`` on a ``rows x cols`` systolic array, bit-exactly, fold by fold.
 
     Args:
@@ -215,11 +279,16 @@ def emulate_gemm(a, b, rows: int, cols: int, dataflow: str | Dataflow, *,
       dataflow: ``weight_stationary``/``output_stationary``/``input_stationary`` (or ws/os/is),
         or a :class:`Dataflow`.
       accumulator: ``"auto"``, ``"int32"`` or ``"int64"`` (:func:`accumulator_dtype`).
-      bucket: zero-pad concrete operands to the :func:`shape_bucket` of M and N and K to a
-        power of two of whole folds, run only the real folds and cut the output back, so one
-        compiled program serves every GEMM of a bucket on one array (padding is zeros: the
-        result is unchanged, bit for bit; the statistics run eagerly, uncompiled). False
-        compiles one program per exact shape (no padding work).
+      bucket: False is ``shapes="exact"`` (kept for compatibility).
+      shapes: how concrete operands are compiled (static; operands traced by a caller's ``jit``
+        are always ``exact``): ``"tiles"`` (default) runs ``TILE x TILE`` output tiles over
+        K-chunks of whole folds, zero-padded, through one program per array edge, dataflow,
+        accumulator and operand dtype, whatever the GEMM's shape (:func:`_tile_step`: many
+        GEMM shapes, one compilation; a host loop over the tiles); ``"buckets"`` zero-pads to
+        the :func:`shape_bucket` of M and N and K to a power of two of whole folds (one
+        compilation per bucket, one call); ``"exact"`` compiles one program per shape. Padding
+        is zeros and skipped folds: the result is the same bit for bit in every mode; the
+        statistics run eagerly, uncompiled.
 
     Returns:
       ``(out, stats)``: ``out`` ``[M, N]`` equal to the exact integer ``a @ b``, int32 (int64
@@ -230,7 +299,7 @@ def emulate_gemm(a, b, rows: int, cols: int, dataflow: str | Dataflow, *,
 
     Raises:
       ShapeError: non-integer or wider-than-16-bit operands, ranks other than 2, mismatched K.
-      ConfigError: non-positive array sizes, unknown dataflow or accumulator.
+      ConfigError: non-positive array sizes, unknown dataflow, accumulator or ``shapes``.
       QuantizationError: ``accumulator="int32"`` and the worst case does not fit int32.
 
     Examples:
@@ -249,10 +318,18 @@ def emulate_gemm(a, b, rows: int, cols: int, dataflow: str | Dataflow, *,
         )
     if min(a.shape + b.shape) < 1:
         raise ShapeError(f"empty GEMM: a {a.shape}, b {b.shape}; every extent must be >= 1.")
+    if shapes not in SHAPE_MODES:
+        raise ConfigError(f"shapes={shapes!r}; use one of {', '.join(SHAPE_MODES)}.")
     acc = accumulator_dtype(a.dtype, b.dtype, a.shape[1], accumulator)
     a, b = _common_dtype(a, b)
     (M, K), N = a.shape, b.shape[1]
-    if isinstance(a, jax.core.Tracer) or isinstance(b, jax.core.Tracer) or not bucket:
+    traced = isinstance(a, jax.core.Tracer) or isinstance(b, jax.core.Tracer)
+    mode = "exact" if traced or not bucket else shapes
+    if mode == "tiles":
+        with jax.enable_x64(acc == "int64"):
+            out = _tiled_gemm(a, b, rows, cols, df, acc)
+        return out, dict(_stats(M, K, N, rows, cols, df.name))
+    if mode == "exact":
         Mp, Kp, Np = M, K, N  # under a caller's trace: that trace compiles once anyway
     else:
         Mp, Kp, Np = _bucket_extents(M, K, N, rows, cols, df)

@@ -49,6 +49,11 @@ is the chosen mapping's, as a compiler's choice is piecewise constant).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
+from collections.abc import Iterator
+
 import jax
 import jax.numpy as jnp
 
@@ -62,6 +67,30 @@ __all__ = ["MAPPINGS", "gemm_mapping", "check_mapping"]
 
 #: DRAM-level mappings: ``best`` (the closed-form mapper) and ``scalesim`` (SCALE-Sim's order).
 MAPPINGS = ("best", "scalesim")
+
+
+_STACKED: contextvars.ContextVar[bool] = contextvars.ContextVar("npujax_stacked_mapping",
+                                                               default=False)
+
+
+@contextlib.contextmanager
+def stacked_search() -> Iterator[None]:
+    """Trace :func:`gemm_mapping` with its candidates stacked on a leading axis (the
+    implementation before the unrolled one; the same values bit for bit): the reference that
+    ``experiments/bench/cost_throughput.py`` and the equality tests compare against. Read while
+    tracing, like :func:`npujax._relax.integer_division`."""
+    token = _STACKED.set(True)
+    try:
+        yield
+    finally:
+        _STACKED.reset(token)
+
+
+def _lift(x):
+    """``x`` with a leading axis of length 1 (the candidates'), scalars unchanged (numpy rank
+    promotion is an error in the tests)."""
+    x = jnp.asarray(x)
+    return x[None] if x.ndim else x
 
 
 def check_mapping(mapping: str) -> str:
@@ -85,21 +114,11 @@ def _floor(x: jax.Array) -> jax.Array:
     return jax.lax.stop_gradient(f) + (x - jax.lax.stop_gradient(x))
 
 
-def _lift(x):
-    """``x`` with a leading axis of length 1 (the candidates'), scalars unchanged (numpy rank
-    promotion is an error in the tests)."""
-    x = jnp.asarray(x)
-    return x[None] if x.ndim else x
-
-
 def _candidate(df: Dataflow, inner: str, chunk, ext, folds, *, half, eb, dedup_a, uniq_a):
     """DRAM bytes of one mapping: fold order (``inner`` spatial dim loops inside the other) and
-    chunks of ``chunk`` elements of the streamed dimension. Returns (bytes per operand, resident
-    flags, number of chunks)."""
+    chunks of ``chunk`` elements of the streamed dimension (arrays broadcast over the batch).
+    Returns (bytes per operand, resident flags, number of chunks)."""
     t_dim = df.layout[2]
-    # chunk is [candidates, *batch]: give the per-GEMM figures that leading axis
-    ext, folds, half, eb = ({k: _lift(v) for k, v in d.items()} for d in (ext, folds, half, eb))
-    dedup_a, uniq_a = _lift(dedup_a), _lift(uniq_a)
     n_chunks = _relax.ceil(ext[t_dim] / chunk)
 
     def need_elems(dims, other):
@@ -144,6 +163,7 @@ def gemm_mapping(
     dram_bytes_per_cycle,
     unique_elems_a=None,
     mapping: str = "best",
+    bound: int | None = None,
 ) -> dict[str, jax.Array]:
     """DRAM traffic and stalls of an ``[M,K] x [K,N]`` GEMM under the best DRAM-level mapping.
 
@@ -159,6 +179,8 @@ def gemm_mapping(
     Args:
       mapping: ``"best"`` (the closed-form mapper of the module docstring) or ``"scalesim"``
         (:func:`gemm_memory`'s figures, bit for bit, with no extra cycles). Static.
+      bound: a static upper bound of ``M``, ``K`` and ``N`` or None (see
+        :func:`npujax.systolic.gemm_cycles`).
 
     Raises:
       ConfigError: an unknown dataflow or mapping.
@@ -184,7 +206,7 @@ def gemm_mapping(
                        sram_bytes_b=sram_bytes_b, sram_bytes_out=sram_bytes_out,
                        elem_bytes_a=elem_bytes_a, elem_bytes_b=elem_bytes_b,
                        elem_bytes_out=elem_bytes_out, dram_bytes_per_cycle=dram_bytes_per_cycle,
-                       unique_elems_a=unique_elems_a)
+                       unique_elems_a=unique_elems_a, bound=bound)
     zero = jnp.zeros_like(base["dram_bytes"])
     if mapping == "scalesim":
         return {**base, "extra_fill_drain_cycles": zero, "chunks": zero + 1.0,
@@ -192,7 +214,7 @@ def gemm_mapping(
 
     ext = {"M": real(M), "K": real(K), "N": real(N)}
     count = _relax.count
-    folds = {d: real(df.dim_folds(d, count(v), count(rows), count(cols)))
+    folds = {d: real(df.dim_folds(d, count(v), count(rows), count(cols), bound=bound))
              for d, v in (("M", M), ("K", K), ("N", N))}
     half = {"a": real(sram_bytes_a) / 2, "b": real(sram_bytes_b) / 2,
             "out": real(sram_bytes_out) / 2}
@@ -207,58 +229,10 @@ def gemm_mapping(
     compute = real(base["compute_cycles"])
     bw = real(dram_bytes_per_cycle)
 
-    parts = []  # per fold order: (bytes tuple, resident tuple, chunks), leading candidate axis
-    rows_inner_flags = []
-    for inner in (rows_dim, cols_dim):  # SCALE-Sim's order first: it wins ties
-        chunks = [T]
-        if t_dim != "K":
-            per_row = _per_row_needs(df, inner, ext, folds, eb, dedup_a)
-            breaks = [_floor(half[k] / v) for k, v in per_row.items()]
-            chunks += breaks + [jnp.minimum(breaks[0], breaks[1])]
-        t = jnp.clip(jnp.stack(jnp.broadcast_arrays(*chunks)), _lift(min_chunk), _lift(T))
-        parts.append(_candidate(df, inner, t, ext, folds, half=half, eb=eb, dedup_a=dedup_a,
-                                uniq_a=uniq_a))
-        rows_inner_flags += [inner == rows_dim] * len(chunks)
-
-    def stacked(get):
-        """One figure of every candidate, ``[candidates, *batch]``."""
-        vals = [jnp.asarray(get(p)) for p in parts]
-        shape = jnp.broadcast_shapes(*(v.shape[1:] if v.ndim else () for v in vals),
-                                     base["dram_bytes"].shape)
-        return jnp.concatenate([jnp.broadcast_to(v, v.shape[:1] + shape) for v in vals])
-
-    fig = {"rd_a": stacked(lambda p: p[0][0]), "rd_b": stacked(lambda p: p[0][1]),
-           "wr_out": stacked(lambda p: p[0][2]), "rd_out": stacked(lambda p: p[0][3]),
-           "res_a": stacked(lambda p: p[1][0]), "res_b": stacked(lambda p: p[1][1]),
-           "res_out": stacked(lambda p: p[1][2]), "chunks": stacked(lambda p: p[2])}
-    total = fig["rd_a"] + fig["rd_b"] + fig["wr_out"] + fig["rd_out"]
-    est = jnp.maximum(_lift(compute) + (fig["chunks"] - 1.0) * _lift(all_folds) * _lift(fd),
-                      total / _lift(bw))
-    # fewest bytes; among equal bytes the fewest cycles; then the first (SCALE-Sim's order)
-    sg = jax.lax.stop_gradient
-    tb, te = sg(total), sg(est)
-    fewest = tb <= jnp.min(tb, axis=0, keepdims=True) * (1.0 + 1e-12)
-    key = jnp.where(fewest, te, jnp.inf)
-    best = key <= jnp.min(key, axis=0, keepdims=True)
-    # the first best candidate, unrolled (no argmin: its int64 index breaks jax.grad's transpose
-    # outside the x64 scope)
-    taken = jnp.zeros_like(best[0])
-    rows = []
-    for i in range(best.shape[0]):
-        rows.append(best[i] & ~taken)
-        taken = taken | best[i]
-    onehot = jnp.stack(rows)
-
-    def chosen(values):  # a masked sum, exact (x + 0 == x) and transposable outside x64
-        if values.dtype == jnp.bool_:
-            return jnp.any(onehot & values, axis=0)
-        return jnp.sum(jnp.where(onehot, values, jnp.zeros_like(values)), axis=0)
-
-    rd_a, rd_b, wr_out, rd_out = (chosen(fig[k]) for k in ("rd_a", "rd_b", "wr_out", "rd_out"))
-    res_a, res_b, res_out = (chosen(fig[k]) for k in ("res_a", "res_b", "res_out"))
-    n_chunks = chosen(fig["chunks"])
-    flags = jnp.asarray(rows_inner_flags).reshape((-1,) + (1,) * (total.ndim - 1))
-    rows_inner = jnp.any(onehot & flags, axis=0)
+    search = _search_stacked if _STACKED.get() else _search
+    rd_a, rd_b, wr_out, rd_out, res_a, res_b, res_out, n_chunks, rows_inner = search(
+        df, ext, folds, half, eb, dedup_a, uniq_a, T, min_chunk, compute, all_folds, fd, bw,
+        jnp.shape(base["dram_bytes"]))
     extra_fd = (n_chunks - 1.0) * all_folds * fd
     dram = rd_a + rd_b + wr_out + rd_out
     memory = dram / bw
@@ -283,6 +257,115 @@ def gemm_mapping(
         "chunks": n_chunks,
         "rows_inner": rows_inner,
     }
+
+
+def _search(df: Dataflow, ext, folds, half, eb, dedup_a, uniq_a, T, min_chunk, compute,
+            all_folds, fd, bw, batch):
+    """The mapping with the fewest DRAM bytes (ties: fewest cycles, then the first candidate):
+    its four traffic figures, three residency flags, chunks and fold order, each ``[*batch]``."""
+    rows_dim, cols_dim, t_dim = df.layout
+    # the candidates one by one, each a [*batch] array (not stacked on a candidate axis: XLA
+    # then fuses the whole search into one loop over the batch, where a stacked axis made it
+    # materialise [batch, candidates] intermediates and branch per element in concatenations)
+    cands = []  # (bytes tuple, resident tuple, chunks, rows inner)
+    for inner in (rows_dim, cols_dim):  # SCALE-Sim's order first: it wins ties
+        chunks = [T]
+        if t_dim != "K":
+            per_row = _per_row_needs(df, inner, ext, folds, eb, dedup_a)
+            breaks = [_floor(half[k] / v) for k, v in per_row.items()]
+            chunks += breaks + [jnp.minimum(breaks[0], breaks[1])]
+        for chunk in chunks:
+            t = jnp.clip(chunk, min_chunk, T)
+            by, res, n = _candidate(df, inner, t, ext, folds, half=half, eb=eb, dedup_a=dedup_a,
+                                    uniq_a=uniq_a)
+            cands.append((by, res, n, inner == rows_dim))
+    shape = jnp.broadcast_shapes(*(jnp.shape(x) for c in cands for x in (*c[0], *c[1], c[2])),
+                                 batch)
+    totals = [by[0] + by[1] + by[2] + by[3] for by, _, _, _ in cands]
+    ests = [jnp.maximum(compute + (n - 1.0) * all_folds * fd, total / bw)
+            for total, (_, _, n, _) in zip(totals, cands)]
+    # fewest bytes; among equal bytes the fewest cycles; then the first (SCALE-Sim's order)
+    sg = jax.lax.stop_gradient
+    tbs, tes = [sg(x) for x in totals], [sg(x) for x in ests]
+    least = functools.reduce(jnp.minimum, tbs)
+    keys = [jnp.where(tb <= least * (1.0 + 1e-12), te, jnp.inf) for tb, te in zip(tbs, tes)]
+    least_key = functools.reduce(jnp.minimum, keys)
+    best = [key <= least_key for key in keys]
+
+    def chosen(get):
+        """The figure of the first best candidate (zero / False if none is best: NaN costs),
+        exact, and a gradient of the chosen candidate only."""
+        vals = [jnp.broadcast_to(get(c), shape) for c in cands]
+        out = jnp.zeros_like(vals[0])
+        for b, v in zip(reversed(best), reversed(vals)):
+            out = jnp.where(b, v, out)
+        return out
+
+    rd_a, rd_b, wr_out, rd_out = (chosen(lambda c, i=i: c[0][i]) for i in range(4))
+    res_a, res_b, res_out = (chosen(lambda c, i=i: c[1][i]) for i in range(3))
+    n_chunks = chosen(lambda c: c[2])
+    rows_inner = chosen(lambda c: jnp.asarray(c[3]))
+    return rd_a, rd_b, wr_out, rd_out, res_a, res_b, res_out, n_chunks, rows_inner
+
+
+def _search_stacked(df: Dataflow, ext, folds, half, eb, dedup_a, uniq_a, T, min_chunk, compute,
+                    all_folds, fd, bw, batch):
+    """:func:`_search` with the candidates on a leading axis (the previous implementation, kept
+    as the reference: :func:`stacked_search`); the same values bit for bit."""
+    rows_dim, cols_dim, t_dim = df.layout
+    parts = []  # per fold order: (bytes tuple, resident tuple, chunks), leading candidate axis
+    rows_inner_flags = []
+    lifted = ({k: _lift(v) for k, v in d.items()} for d in (ext, folds, half, eb))
+    l_ext, l_folds, l_half, l_eb = lifted
+    for inner in (rows_dim, cols_dim):  # SCALE-Sim's order first: it wins ties
+        chunks = [T]
+        if t_dim != "K":
+            per_row = _per_row_needs(df, inner, ext, folds, eb, dedup_a)
+            breaks = [_floor(half[k] / v) for k, v in per_row.items()]
+            chunks += breaks + [jnp.minimum(breaks[0], breaks[1])]
+        t = jnp.clip(jnp.stack(jnp.broadcast_arrays(*chunks)), _lift(min_chunk), _lift(T))
+        parts.append(_candidate(df, inner, t, l_ext, l_folds, half=l_half, eb=l_eb,
+                                dedup_a=_lift(dedup_a), uniq_a=_lift(uniq_a)))
+        rows_inner_flags += [inner == rows_dim] * len(chunks)
+
+    def stacked(get):
+        """One figure of every candidate, ``[candidates, *batch]``."""
+        vals = [jnp.asarray(get(p)) for p in parts]
+        shape = jnp.broadcast_shapes(*(v.shape[1:] if v.ndim else () for v in vals), batch)
+        return jnp.concatenate([jnp.broadcast_to(v, v.shape[:1] + shape) for v in vals])
+
+    fig = {"rd_a": stacked(lambda p: p[0][0]), "rd_b": stacked(lambda p: p[0][1]),
+           "wr_out": stacked(lambda p: p[0][2]), "rd_out": stacked(lambda p: p[0][3]),
+           "res_a": stacked(lambda p: p[1][0]), "res_b": stacked(lambda p: p[1][1]),
+           "res_out": stacked(lambda p: p[1][2]), "chunks": stacked(lambda p: p[2])}
+    total = fig["rd_a"] + fig["rd_b"] + fig["wr_out"] + fig["rd_out"]
+    est = jnp.maximum(_lift(compute) + (fig["chunks"] - 1.0) * _lift(all_folds) * _lift(fd),
+                      total / _lift(bw))
+    sg = jax.lax.stop_gradient
+    tb, te = sg(total), sg(est)
+    fewest = tb <= jnp.min(tb, axis=0, keepdims=True) * (1.0 + 1e-12)
+    key = jnp.where(fewest, te, jnp.inf)
+    best = key <= jnp.min(key, axis=0, keepdims=True)
+    # the first best candidate, unrolled (no argmin: its int64 index breaks jax.grad's transpose
+    # outside the x64 scope)
+    taken = jnp.zeros_like(best[0])
+    rows = []
+    for i in range(best.shape[0]):
+        rows.append(best[i] & ~taken)
+        taken = taken | best[i]
+    onehot = jnp.stack(rows)
+
+    def chosen(values):  # a masked sum, exact (x + 0 == x) and transposable outside x64
+        if values.dtype == jnp.bool_:
+            return jnp.any(onehot & values, axis=0)
+        return jnp.sum(jnp.where(onehot, values, jnp.zeros_like(values)), axis=0)
+
+    rd_a, rd_b, wr_out, rd_out = (chosen(fig[k]) for k in ("rd_a", "rd_b", "wr_out", "rd_out"))
+    res_a, res_b, res_out = (chosen(fig[k]) for k in ("res_a", "res_b", "res_out"))
+    n_chunks = chosen(fig["chunks"])
+    flags = jnp.asarray(rows_inner_flags).reshape((-1,) + (1,) * (total.ndim - 1))
+    rows_inner = jnp.any(onehot & flags, axis=0)
+    return rd_a, rd_b, wr_out, rd_out, res_a, res_b, res_out, n_chunks, rows_inner
 
 
 def _per_row_needs(df: Dataflow, inner: str, ext, folds, eb, dedup_a) -> dict[str, jax.Array]:

@@ -64,6 +64,7 @@ def gemm_memory(
     elem_bytes_a=1, elem_bytes_b=1, elem_bytes_out=1,
     dram_bytes_per_cycle,
     unique_elems_a=None,
+    bound: int | None = None,
 ) -> dict[str, jax.Array]:
     """DRAM traffic and memory stalls of an ``[M,K] x [K,N]`` GEMM (pure jnp, vmappable).
 
@@ -86,6 +87,7 @@ def gemm_memory(
         ``a`` is the im2col matrix whose windows overlap; pass the input size per group
         (``batch*H*W*C_in/groups``) and ``a`` costs DRAM reads of its distinct elements, as in
         SCALE-Sim, whose DRAM IFMAP reads count distinct addresses.
+      bound: a static upper bound of ``M``, ``K`` and ``N`` or None (see :func:`gemm_cycles`).
 
     Returns:
       dict of float64 arrays: ``dram_read_bytes_a``, ``dram_read_bytes_b``,
@@ -100,12 +102,12 @@ def gemm_memory(
       ConfigError: unknown dataflow name.
     """
     df = get_dataflow(dataflow)
-    g = gemm_cycles(M, K, N, rows, cols, df)
+    g = gemm_cycles(M, K, N, rows, cols, df, bound=bound)
     ext = {"M": _f32(M), "K": _f32(K), "N": _f32(N)}
     r, c = _f32(rows), _f32(cols)
     inner, outer, _ = df.layout
     count = _relax.count
-    folds = {d: _f32(df.dim_folds(d, count(v), count(rows), count(cols)))
+    folds = {d: _f32(df.dim_folds(d, count(v), count(rows), count(cols), bound=bound))
              for d, v in (("M", M), ("K", K), ("N", N))}
 
     def tile(d):  # extent of dimension d inside one fold

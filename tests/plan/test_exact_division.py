@@ -5,7 +5,8 @@ operand pair, and large operands at the boundaries where a rounded quotient coul
 integer (``a = q b + r`` with ``r`` in ``{0, 1, b - 1}``, ``a`` at 2**53), for denominators of
 every size the model divides by (array rows/cols up to 2**16, lanes x cores up to 2**36, up to
 2**53), both as XLA compiles a plain division and as it compiles a divisor broadcast under
-``vmap`` (``a * (1 / b)``, the rewrite that makes the float quotient only an estimate).
+``vmap`` (``a * (1 / b)``, the rewrite that makes the float quotient only an estimate); and the
+one-rounding form ``ceil((a - 1/2) / b)`` for numerators below a static bound, up to 2**50.
 """
 
 import jax
@@ -128,3 +129,66 @@ def test_relaxed_mode_unchanged(relaxed):
         out = _relax.ceil_div(a.astype(jnp.int64), b.astype(jnp.int64))
         assert out.dtype == jnp.int64
     np.testing.assert_array_equal(out, [2, 2, 3])
+
+
+@exact
+def _bounded_ceil_div(a: np.ndarray, b: np.ndarray, bound: int) -> tuple[np.ndarray, ...]:
+    """The one-rounding form (a static ``bound``) under jit, and under vmap over b (the
+    reciprocal rewrite), with the numerator traced and as a constant folded into the program
+    (as the cost model's static GEMM extents are)."""
+    row = np.asarray(a[0], np.int64)  # a numpy constant, folded into the program
+    a, b = jnp.asarray(a, jnp.int64), jnp.asarray(b, jnp.int64)
+    f = lambda x, y: _relax.ceil_div(x, y, bound=bound)  # noqa: E731
+    flat = jax.jit(f)(a, b)
+    per_b = jax.jit(jax.vmap(f))(a, b[:, 0])
+    const = jax.jit(jax.vmap(lambda y: f(row, y)))(b[:, 0])
+    return np.asarray(flat), np.asarray(per_b), np.asarray(const)
+
+
+def _check_bounded(a: np.ndarray, b: np.ndarray, bound: int) -> None:
+    """a: [B, A] (or [A], the same for every row), b: [B, 1]."""
+    a = np.broadcast_to(a, (b.shape[0], a.shape[-1]))
+    want = _exact_ceil(a, np.broadcast_to(b, a.shape))
+    flat, per_b, const = _bounded_ceil_div(a, np.broadcast_to(b, a.shape), bound)
+    np.testing.assert_array_equal(flat, want)
+    np.testing.assert_array_equal(per_b, want)
+    np.testing.assert_array_equal(const, _exact_ceil(np.broadcast_to(a[0], a.shape),
+                                                     np.broadcast_to(b, a.shape)))
+
+
+def test_one_rounding_every_small_pair():
+    a = np.arange(0, 2049, dtype=np.int64)
+    b = np.arange(1, 257, dtype=np.int64)[:, None]
+    _check_bounded(a, b, bound=2048)
+
+
+def test_one_rounding_boundaries_up_to_its_bound():
+    rng = np.random.default_rng(4)
+    top = _relax.ONE_ROUNDING_BOUND
+    a = _stack([_boundary_numerators(b, top, rng) for b in _DENOMINATORS])
+    _check_bounded(a, np.asarray(_DENOMINATORS, np.int64)[:, None], bound=top)
+
+
+def test_one_rounding_random_pairs_up_to_its_bound():
+    rng = np.random.default_rng(5)
+    b = np.exp2(rng.uniform(0, 53, (64, 1))).astype(np.int64).clip(1, MAX_EXACT_COUNT)
+    a = np.exp2(rng.uniform(0, 50, (64, 512))).astype(np.int64).clip(0, 2**50)
+    _check_bounded(a, b, bound=2**50)
+
+
+@exact
+def test_one_rounding_is_taken_only_within_its_bound():
+    """A bound above 2**50 (or none, or the corrected_division reference) keeps the corrected
+    form; within it the program has no correction (no select), and near 2**53, where the
+    margin is gone, the one-rounding form would be wrong (why the bound is checked)."""
+    a, b = jnp.asarray([7, 8, 9], jnp.int64), jnp.asarray(4, jnp.int64)
+    jaxpr = lambda **kw: str(jax.make_jaxpr(  # noqa: E731
+        lambda x, y: _relax.ceil_div(x, y, **kw))(a, b))
+    assert "select_n" not in jaxpr(bound=2**50)
+    assert "select_n" in jaxpr(bound=2**50 + 1)
+    assert "select_n" in jaxpr()
+    with _relax.corrected_division():
+        assert "select_n" in jaxpr(bound=16)
+    np.testing.assert_array_equal(_relax.ceil_div(a, b, bound=9), [2, 2, 3])
+    big = 9007199254737994  # near 2**53: a - 1/2 rounds, and so does the reciprocal's product
+    assert np.ceil((np.float64(big) - 0.5) * (1.0 / 3.0)) != -(-big // 3)

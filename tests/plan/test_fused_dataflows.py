@@ -19,6 +19,7 @@ from npujax.frontends.onnx import from_onnx
 from npujax.hw import DATAFLOWS, load_npu_spec
 from npujax.plan import layer_costs, layer_costs_by_dataflow, lower, lower_by_dataflow, workloads
 from npujax.plan.costs import EXACT_FIELDS
+from npujax.systolic.mapping import stacked_search
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +50,7 @@ def test_fused_equals_the_reference_per_dataflow(graph):
     hw = _configs(spec)
     with jax.enable_x64(True):
         new = jax.jit(jax.vmap(lambda s: layer_costs_by_dataflow(layers, s, wb, ab)))(hw)
-        with _relax.integer_division():  # the implementation before: one program per dataflow
+        with _relax.integer_division(), stacked_search():  # before: one program per dataflow
             ref = jax.jit(jax.vmap(lambda s: {df: layer_costs(layers, s, wb, ab, df)
                                               for df in DATAFLOWS}))(hw)
     assert set(new) == set(DATAFLOWS)
@@ -61,6 +62,29 @@ def test_fused_equals_the_reference_per_dataflow(graph):
                 np.testing.assert_array_equal(got, want, err_msg=f"{df} {field}")
             else:  # XLA may fuse the two programs' float arithmetic differently
                 np.testing.assert_allclose(got, want, rtol=1e-14, atol=0, err_msg=f"{df} {field}")
+
+
+@pytest.mark.integration  # ~20 s on a loaded 2-core machine: two cost programs compiled
+def test_bounded_division_and_unrolled_mapping_change_no_bit(graph, preset="bitserial_16x16"):
+    """What runs (one-rounding division of the static GEMM extents, the mapping candidates
+    unrolled) against the float64 program before it (corrected division everywhere, stacked
+    candidates): every field, bit for bit, over random configurations."""
+    spec = load_npu_spec(preset)
+    layers = tuple(workloads(graph, spec))
+    wb = np.asarray([4.0, 8.0, 2.0, 8.0] * len(layers), np.float32)[:len(layers)]
+    ab = np.asarray([8.0, 4.0] * len(layers), np.float32)[:len(layers)]
+    hw = _configs(spec, seed=1)
+    run = lambda: jax.jit(jax.vmap(lambda s: {  # noqa: E731
+        df: layer_costs(layers, s, wb, ab, df) for df in DATAFLOWS}))(hw)
+    with jax.enable_x64(True):
+        new = run()
+        with _relax.corrected_division(), stacked_search():
+            before = run()
+    for df in DATAFLOWS:
+        for field in before[df]._fields:
+            np.testing.assert_array_equal(np.asarray(getattr(new[df], field)),
+                                          np.asarray(getattr(before[df], field)),
+                                          err_msg=f"{df} {field}")
 
 
 def test_lower_by_dataflow_is_lower_at_each_dataflow_with_one_compilation(graph, edge_spec):

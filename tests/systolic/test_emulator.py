@@ -131,12 +131,14 @@ def test_jaxpr_int8_operands_accumulate_in_int32(dataflow):
 def test_no_recompilation_when_only_values_change(dataflow):
     rng = np.random.default_rng(4)
     shapes = ((21, 13), (13, 6))
-    emulate_gemm(_rand(rng, shapes[0], jnp.int8), _rand(rng, shapes[1], jnp.int8), 4, 4, dataflow)
-    before = emulator_mod._emulate_gemm._cache_size()
-    for _ in range(3):
+    for mode, fn in (("tiles", emulator_mod._tile_step), ("buckets", emulator_mod._emulate_gemm)):
         emulate_gemm(_rand(rng, shapes[0], jnp.int8), _rand(rng, shapes[1], jnp.int8), 4, 4,
-                     dataflow)
-    assert emulator_mod._emulate_gemm._cache_size() == before
+                     dataflow, shapes=mode)
+        before = fn._cache_size()
+        for _ in range(3):
+            emulate_gemm(_rand(rng, shapes[0], jnp.int8), _rand(rng, shapes[1], jnp.int8), 4, 4,
+                         dataflow, shapes=mode)
+        assert fn._cache_size() == before, mode
 
 
 def test_stats_are_the_closed_form(dataflow):
@@ -232,13 +234,35 @@ def test_shape_buckets_share_one_compilation_and_stay_exact():
     rng = np.random.default_rng(7)
     shapes = [(21, 13, 9), (23, 14, 10)]
     ops = [(_rand(rng, (m, k), jnp.int8), _rand(rng, (k, n), jnp.int8)) for m, k, n in shapes]
-    emulate_gemm(*ops[0], 4, 4, "ws")
+    emulate_gemm(*ops[0], 4, 4, "ws", shapes="buckets")
     before = emulator_mod._emulate_gemm._cache_size()
     for (a, b), (m, k, n) in zip(ops, shapes):
-        out, stats = emulate_gemm(a, b, 4, 4, "ws")
+        out, stats = emulate_gemm(a, b, 4, 4, "ws", shapes="buckets")
         assert out.shape == (m, n)
         np.testing.assert_array_equal(np.asarray(out), _ref(a, b))
         assert int(stats["folds"]) == int(gemm_cycles(m, k, n, 4, 4, "ws")["folds"])
     assert emulator_mod._emulate_gemm._cache_size() == before
     assert [emulator_mod.shape_bucket(v) for v in (4, 5, 9, 21, 24, 25, 1000)] == \
         [4, 5, 10, 24, 24, 28, 1024]
+
+
+def test_tiles_compile_once_per_array_whatever_the_gemm_shapes():
+    """The default tiled path: a dozen random GEMM shapes (and a 1x1x1 one) on one array and
+    dataflow add one compilation; another array edge adds one more; output stationary, whose
+    fold is all of K, also one; every result exact."""
+    rng = np.random.default_rng(11)
+    shapes = [tuple(int(v) for v in rng.integers(1, 300, 3)) for _ in range(12)] + [(1, 1, 1)]
+    ops = [(_rand(rng, (m, k), jnp.int8), _rand(rng, (k, n), jnp.int8)) for m, k, n in shapes]
+    step = emulator_mod._tile_step
+    for rows, df in ((5, "ws"), (7, "is"), (5, "os")):
+        before = step._cache_size()
+        for a, b in ops:
+            out, _ = emulate_gemm(a, b, rows, rows, df)
+            assert out.dtype == jnp.int32
+            np.testing.assert_array_equal(np.asarray(out), _ref(a, b))
+        assert step._cache_size() - before <= 1, (rows, df)
+    before = step._cache_size()
+    emulate_gemm(*ops[0], 13, 13, "ws")  # a new array edge: one more program
+    assert step._cache_size() == before + 1
+    with pytest.raises(ConfigError, match="tiles"):
+        emulate_gemm(*ops[0], 4, 4, "ws", shapes="per_call")
