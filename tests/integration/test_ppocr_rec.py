@@ -14,54 +14,70 @@ import onnxruntime as ort
 import pytest
 
 from npujax.backends.onnx_export import to_onnx
+from npujax.ops import weight_role
 from npujax.plan import lower
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.execute import execute, layer_state
 from npujax.quantize.spec import SOFTMAX_RANGE, quant_spec
-from tests.onnx_models import ort_run, text_images
+from tests.onnx_models import text_images
 
 pytestmark = pytest.mark.integration
 
 
 def _ort_lines(model, x: np.ndarray) -> np.ndarray:
-    """onnxruntime on each line of ``x`` (the model keeps its imported batch of 1)."""
-    return np.concatenate([ort_run(model, {"x": xi[None]})[0] for xi in x])
+    """onnxruntime on each line of ``x`` (the model keeps its imported batch of 1), in one
+    session (as :func:`tests.onnx_models.ort_run` sets it up; building one takes longer than a
+    line's run)."""
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 2
+    src = model if isinstance(model, bytes) else str(model)
+    sess = ort.InferenceSession(src, opts, providers=["CPUExecutionProvider"])
+    return np.concatenate([sess.run(None, {"x": xi[None]})[0] for xi in x])
 
 
-def _quantizer_mismatches(graph, q, qstate, model: bytes, x: np.ndarray) -> tuple[int, int]:
-    """Teacher-forced check of every exported ``QuantizeLinear -> DequantizeLinear`` pair:
-    npujax's fake-quant (the layer's own quantizer, as ``execute`` calls it) applied to the tensor
-    that onnxruntime (graph optimizations off) feeds that pair, against what the pair returns.
-    Returns ``(values that differ, values compared)``; the float values must be bit-identical
-    (same grid, zero point, rounding half to even, saturation), whatever the upstream float
-    rounding did."""
+def _quantizer_mismatches(graph, params, q, qstate, model: bytes, x: np.ndarray
+                          ) -> tuple[int, int]:
+    """Teacher-forced check of every exported quantizer: each ``QuantizeLinear ->
+    DequantizeLinear`` pair against npujax's fake-quant (the layer's own quantizer, as
+    ``execute`` calls it) of the tensor that onnxruntime (graph optimizations off) feeds that
+    pair, and each weight ``DequantizeLinear`` against the fake-quantized kernel. Returns
+    ``(values that differ, values compared)``; the float values must be bit-identical (same
+    grid, zero point, rounding half to even, saturation, per-channel axis), whatever the
+    upstream float rounding did."""
     m = onnx.load_from_string(model)
     dq_of = {n.input[0]: n for n in m.graph.node if n.op_type == "DequantizeLinear"}
-    pairs = []
+    pairs, weights = [], {}
     for n in m.graph.node:
         layer, _, what = n.name.rpartition("/")
         if n.op_type == "QuantizeLinear" and what in ("act_quant", "operand_quant"):
             pairs.append((layer, what, n.input[0], dq_of[n.output[0]].output[0]))
+        elif what == "weight_dequant":
+            weights[layer] = n.output[0]
+    assert len(pairs) == len(q) + sum(graph.node(n).op == "MatMul" for n in q)
+    assert len(weights) == sum(graph.node(n).op != "MatMul" for n in q)
     m.graph.output.extend(onnx.ValueInfoProto(name=t) for _, _, *ts in pairs for t in ts)
+    m.graph.output.extend(onnx.ValueInfoProto(name=t) for t in weights.values())
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"x": x})))
 
-    def fake_quant_all(ins):  # one jitted program (op by op, 55 shapes compile for minutes)
+    def fake_quant_all(ins, kernels):  # one jitted program (op by op: minutes of compiling)
         out = []
         for (layer, what, *_), v in zip(pairs, ins):
-            lq, state = q[layer], layer_state(q, qstate, layer)
-            quantizer = lq.quantizer
+            lq, state, quantizer = q[layer], layer_state(q, qstate, layer), q[layer].quantizer
             fq = quantizer.quantize_input if what == "act_quant" else quantizer.quantize_operand
             out.append(fq(graph.node(layer), lq, v, state))
+        for layer, k in zip(weights, kernels):
+            lq, state = q[layer], layer_state(q, qstate, layer)
+            out.append(lq.quantizer.quantize_kernel(graph.node(layer), lq, k, state))
         return out
 
-    ys = jax.jit(fake_quant_all)([got[t_in] for _, _, t_in, _ in pairs])
-    bad = sum(int((np.asarray(y) != got[t_dq]).sum()) for y, (*_, t_dq) in zip(ys, pairs))
-    total = sum(int(np.size(y)) for y in ys)
-    assert len(pairs) == len(q) + sum(graph.node(n).op == "MatMul" for n in q)
-    return bad, total
+    kernels = [params[n][weight_role(graph.node(n))] for n in weights]
+    ys = jax.jit(fake_quant_all)([got[t_in] for _, _, t_in, _ in pairs], kernels)
+    want = [got[t_dq] for *_, t_dq in pairs] + [got[t] for t in weights.values()]
+    bad = sum(int((np.asarray(y) != w).sum()) for y, w in zip(ys, want, strict=True))
+    return bad, sum(int(np.size(w)) for w in want)
 
 
 def test_rec_import_matches_onnxruntime(ppocr_rec):
@@ -102,9 +118,10 @@ def test_rec_qdq_export_argmax_matches_fake_quant(ppocr_rec):
     model = to_onnx(graph, params, q, qstate, int32_bias=False,
                     requantize_outputs=False).SerializeToString()
     # The semantics, teacher-forced: every Q/DQ pair that onnxruntime runs, fed its own input
-    # tensor, returns fake-quant's values bit for bit (measured: 0 of 5.5 M on this line).
-    bad, total = _quantizer_mismatches(graph, q, qstate, model, x[:1])
-    assert total > 5_000_000 and bad == 0, (bad, total)
+    # tensor, and every weight it dequantizes equal fake-quant bit for bit (measured: 0 of
+    # 5.5 M activation and 2.7 M weight values on this line).
+    bad, total = _quantizer_mismatches(graph, params, q, qstate, model, x[:1])
+    assert total > 8_000_000 and bad == 0, (bad, total)
     yo = _ort_lines(model, x)
     assert yo.shape == yq.shape == (3, 40, 6625)
     # End to end the codes drift apart: one float-rounding flip (1 code, at a rounding boundary)
