@@ -13,7 +13,8 @@ rendered lines drawn with ``--seed`` (21: held out from the test's seed 11):
 2. the top-2 log-probability margin of fake-quant where they disagree, and whether the float
    model has the same argmax there;
 3. teacher-forced Q/DQ pairs: each exported QuantizeLinear -> DequantizeLinear, fed the tensor
-   onnxruntime (optimizations off) gives it, against npujax's fake-quant of that tensor;
+   onnxruntime (optimizations off) gives it, against npujax's fake-quant of that tensor; and
+   each weight DequantizeLinear against the fake-quantized kernel;
 4. end to end (not teacher-forced), per quantized layer of line 0: input codes that differ
    between npujax and onnxruntime (optimizations off), and the largest difference in codes;
 5. with ``--per-node N``: each node of N lines run by npujax on onnxruntime's own inputs (slow,
@@ -184,6 +185,16 @@ def main() -> None:
         bad += sum(int((np.asarray(y) != got[t_dq]).sum()) for y, (*_, t_dq) in zip(ys, pairs))
         total += sum(int(np.size(y)) for y in ys)
     print(f"\nteacher-forced Q/DQ pairs (2 lines): {bad} of {total} values differ")
+    m = onnx.load_from_string(model)
+    wdq = {n.name.rpartition("/")[0]: n.output[0] for n in m.graph.node
+           if n.name.endswith("/weight_dequant")}
+    got = run_all(session(model, False, list(wdq.values())), x[:1])
+    ks = jax.jit(lambda ks: [
+        q[n].quantizer.quantize_kernel(graph.node(n), q[n], k, layer_state(q, qstate, n))
+        for n, k in zip(wdq, ks)])([params[n][weight_role(graph.node(n))] for n in wdq])
+    bad = sum(int((np.asarray(k) != got[t]).sum()) for k, t in zip(ks, wdq.values()))
+    print(f"weight DequantizeLinear ({len(wdq)}) vs the fake-quantized kernels: {bad} of "
+          f"{sum(int(np.size(k)) for k in ks)} values differ")
 
     names = [n.name for n in graph.nodes if n.name in q]
     _, taps = jax.jit(lambda p, x: execute(graph, p, x, quant=q, qstate=qstate, taps=names))(
