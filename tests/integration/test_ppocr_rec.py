@@ -1,7 +1,7 @@
 """The real PP-OCRv4 text recogniser (a PP-LCNetV3 conv backbone and two SVTR transformer
 blocks, issue 12's pretrained transformer): strict import equal to onnxruntime, its LayerNorms
-fused, no CPU fallback on the transformer edge preset, and a W8A8 QDQ export whose per-timestep
-argmax equals npujax's fake-quant."""
+fused, no CPU fallback on the transformer edge preset, and a W8A8 QDQ export whose Q/DQ pairs
+equal npujax's fake-quant bit for bit and whose per-timestep argmax agrees with it."""
 
 from __future__ import annotations
 
@@ -9,21 +9,74 @@ import collections
 
 import jax
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
 
 from npujax.backends.onnx_export import to_onnx
 from npujax.plan import lower
+from npujax.quant import fake_quant
 from npujax.quantize.calibrate import calibrate
-from npujax.quantize.execute import execute
+from npujax.quantize.execute import execute, layer_state
 from npujax.quantize.spec import SOFTMAX_RANGE, quant_spec
-from tests.onnx_models import ort_run, text_images
+from tests.onnx_models import text_images
 
 pytestmark = pytest.mark.integration
 
 
 def _ort_lines(model, x: np.ndarray) -> np.ndarray:
-    """onnxruntime on each line of ``x`` (the model keeps its imported batch of 1)."""
-    return np.concatenate([ort_run(model, {"x": xi[None]})[0] for xi in x])
+    """onnxruntime on each line of ``x`` (the model keeps its imported batch of 1), in one
+    session (as :func:`tests.onnx_models.ort_run` sets it up; building one takes longer than a
+    line's run)."""
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 2
+    src = model if isinstance(model, bytes) else str(model)
+    sess = ort.InferenceSession(src, opts, providers=["CPUExecutionProvider"])
+    return np.concatenate([sess.run(None, {"x": xi[None]})[0] for xi in x])
+
+
+def _quantizer_mismatches(graph, q, qstate, model: bytes, x: np.ndarray) -> tuple[int, int]:
+    """Teacher-forced check of every exported ``QuantizeLinear -> DequantizeLinear`` pair:
+    npujax's ``fake_quant`` on the layer's calibrated grid (as its STE quantizer applies it in
+    ``execute``) of the tensor that onnxruntime (graph optimizations off) feeds that pair,
+    against what the pair returns. Returns ``(values that differ, values compared)``; the float
+    values must be bit-identical (same grid, zero point, rounding half to even, saturation),
+    whatever the upstream float rounding did. The pairs of one format run as one call (a
+    per-element grid over their concatenated values: the same elementwise arithmetic as per
+    tensor), since tracing 55 quantizers took longer than the rest of the test."""
+    m = onnx.load_from_string(model)
+    dq_of = {n.input[0]: n for n in m.graph.node if n.op_type == "DequantizeLinear"}
+    pairs = []
+    for n in m.graph.node:
+        layer, _, what = n.name.rpartition("/")
+        if n.op_type == "QuantizeLinear" and what in ("act_quant", "operand_quant"):
+            pairs.append((layer, what, n.input[0], dq_of[n.output[0]].output[0]))
+    assert len(pairs) == len(q) + sum(graph.node(n).op == "MatMul" for n in q)
+    m.graph.output.extend(onnx.ValueInfoProto(name=t) for _, _, *ts in pairs for t in ts)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"x": x})))
+    groups: dict = collections.defaultdict(lambda: ([], [], [], []))
+    for layer, what, t_in, t_dq in pairs:
+        state = layer_state(q, qstate, layer)
+        if what == "act_quant":
+            fmt, s, z = q[layer].act, state.act_scale, state.act_zero_point
+        else:
+            fmt, s, z = q[layer].weight_candidates[0], state.operand_scale, state.operand_zero_point
+        xs, ss, zs, want = groups[fmt]
+        xs.append(got[t_in].ravel())
+        ss.append(np.full(got[t_in].size, s, np.float32))
+        zs.append(np.full(got[t_in].size, z, np.int32))
+        want.append(got[t_dq].ravel())
+    bad = total = 0
+    for fmt, parts in groups.items():
+        xs, ss, zs, want = (np.concatenate(p) for p in parts)
+        y = np.asarray(jax.jit(fake_quant, static_argnames=("fmt", "axis"))(
+            xs, ss, zs, fmt=fmt, axis=0))
+        bad += int((y != want).sum())
+        total += y.size
+    return bad, total
 
 
 def test_rec_import_matches_onnxruntime(ppocr_rec):
@@ -63,13 +116,21 @@ def test_rec_qdq_export_argmax_matches_fake_quant(ppocr_rec):
     # Float biases and no output requantization: the fake-quant model execute computes.
     model = to_onnx(graph, params, q, qstate, int32_bias=False,
                     requantize_outputs=False).SerializeToString()
+    # The semantics, teacher-forced: every Q/DQ pair that onnxruntime runs, fed its own input
+    # tensor, returns fake-quant's values bit for bit (measured: 0 of 5.5 M on this line; the
+    # weights' DequantizeLinear: 0 of 2.7 M, experiments/transformer_quant/ppocr_rec_qdq_gap.py).
+    bad, total = _quantizer_mismatches(graph, q, qstate, model, x[:1])
+    assert total > 5_000_000 and bad == 0, (bad, total)
     yo = _ort_lines(model, x)
     assert yo.shape == yq.shape == (3, 40, 6625)
-    # Measured (experiments/transformer_quant/ppocr_rec.py, 6 lines): 237/240 timesteps (98.75 %),
-    # below issue 12's 99 %: XLA's and onnxruntime's float convolutions differ in the last bits,
-    # which moves a few int8 codes in the conv backbone, and those differences grow layer by
-    # layer (the backbone quantized alone disagrees as much). These 3 lines: 117/120 (97.5 %);
-    # the bound leaves room for other CPUs' onnxruntime kernels. A wrong Q/DQ grid, scale axis
-    # or operand order would fall far below it (for scale: float vs fake-quant is ~90 %).
+    # End to end the codes drift apart: one float-rounding flip (1 code, at a rounding boundary)
+    # spreads to thousands of codes 20 layers on, so a few timesteps move. Measured on 36
+    # held-out lines (1,440 timesteps): onnxruntime vs fake-quant 97.8 % (default graph
+    # optimizations), 98.3 % (none), and fake-quant vs itself compiled for a vmapped batch of 3
+    # instead of 1, no export involved: 97.4 %. Issue 12's 99 % is below that noise floor, so
+    # the bound (these 3 lines: 120/120) leaves room for other CPUs' kernels; a wrong grid,
+    # axis or operand order falls far below it (float vs fake-quant is ~90 %), and the
+    # bit-exact check above is the test of the export's semantics.
     assert (yo.argmax(-1) == yq.argmax(-1)).mean() >= 0.95
+    # not a collapsed model (entropy calibration reads every timestep as blank: 100 % agreement)
     assert (yq.argmax(-1) != 0).sum() >= 10
