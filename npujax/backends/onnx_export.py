@@ -83,6 +83,8 @@ class _Writer:
         self.nodes: list[onnx.NodeProto] = []
         self.inits: dict[str, onnx.TensorProto] = {}
         self.used: set[str] = set(graph.tensors) | {n.name for n in graph.nodes}
+        # node names are their own ONNX namespace: a layer's node keeps the layer's name
+        self.node_names: set[str] = set()
         self._after: list[onnx.NodeProto] = []
 
     # -- names, initializers, nodes
@@ -102,8 +104,9 @@ class _Writer:
         return self.init(f"{node.name}.{what}", np.asarray(value, np.int64))
 
     def add(self, op: str, inputs: list[str], outputs: list[str], name: str, **attrs: Any) -> None:
-        """Add an ONNX node (its name made unique)."""
-        self.nodes.append(helper.make_node(op, inputs, outputs, name=self.name(name), **attrs))
+        """Add an ONNX node (its name made unique among the nodes)."""
+        self.nodes.append(helper.make_node(op, inputs, outputs,
+                                           name=fresh_name(name, self.node_names), **attrs))
 
     @staticmethod
     def onnx_dtype(dtype: np.dtype) -> int:
@@ -153,7 +156,8 @@ class _Writer:
         self.add("Transpose", [node.inputs[0]], [x], f"{node.name}/to_nchw", perm=perm)
         y = self.name(f"{node.outputs[0]}/nchw")
         self._after = [helper.make_node("Transpose", [y], [node.outputs[0]],
-                                        name=self.name(f"{node.name}/from_nchw"),
+                                        name=fresh_name(f"{node.name}/from_nchw",
+                                                        self.node_names),
                                         perm=list(np.argsort(perm)))]
         return x, y, perm
 

@@ -125,3 +125,15 @@ def test_absorb_transposes_of_old_style_exports():
     assert_close(execute(absorbed, params, xv), ort_run(model.SerializeToString(), {"x": xv})[0],
                  atol=1e-5)
     onnx.checker.check_model(model)
+
+
+def test_export_keeps_the_model_layer_names(digits, tmp_path):
+    """The ONNX nodes of the layers carry the graph's names (not ``conv1_1``), so a re-imported
+    model's layers are the model's: ``--weight-bits fc1=4`` and saved policies still match."""
+    graph, params, _ = digits
+    model = to_onnx(graph, params, path=tmp_path / "m.onnx")
+    names = {n.name for n in model.graph.node}
+    layers = [n.name for n in graph.nodes if n.params]
+    assert layers and set(layers) <= names, sorted(names)
+    g2, _ = optimize(*from_onnx(tmp_path / "m.onnx"))
+    assert [n.name for n in g2.nodes] == [n.name for n in graph.nodes]
