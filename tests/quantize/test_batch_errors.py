@@ -1,0 +1,56 @@
+"""Data-loader mistakes a user makes with the iterator APIs (``calibrate``,
+``calibrate_model``, ``train_graph``) raise an NpujaxError that says what was passed and how
+to fix it, not a numpy/optax traceback."""
+
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import npujax
+from npujax.errors import CalibrationError, ConfigError
+
+
+class _Tiny(nnx.Module):
+    def __init__(self, rngs):
+        self.fc = nnx.Linear(4, 3, rngs=rngs)
+
+    def __call__(self, x):
+        return self.fc(x)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    x = np.random.default_rng(0).uniform(size=(8, 4)).astype(np.float32)
+    y = np.arange(8, dtype=np.int32) % 3
+    graph, params = npujax.trace_flax(_Tiny(nnx.Rngs(0)), x[:1])
+    return graph, params, x, y
+
+
+def test_calibrate_given_input_target_pairs(tiny):
+    graph, params, x, y = tiny
+    q = npujax.quant_spec(graph)
+    with pytest.raises(CalibrationError, match=r"\(inputs, targets\).*x for x, _ in"):
+        npujax.calibrate(graph, params, [(x, y)], q)
+
+
+def test_train_graph_iterable_with_y(tiny):
+    graph, params, x, y = tiny
+    batches = [(x, y)]
+    for steps in (None, 2):
+        with pytest.raises(ConfigError, match="y is given with an iterable"):
+            npujax.train_graph(graph, params, iter(batches), y, steps=steps,
+                               optimizer=optax.sgd(0.1))
+
+
+def test_train_graph_batches_without_targets(tiny):
+    graph, params, x, _ = tiny
+    with pytest.raises(ConfigError, match=r"batch 0 .*\(inputs, targets\)"):
+        npujax.train_graph(graph, params, (x[i:i + 4] for i in (0, 4)),
+                           optimizer=optax.sgd(0.1))
+
+
+def test_train_graph_optimizer_not_a_transform(tiny):
+    graph, params, x, y = tiny
+    with pytest.raises(ConfigError, match="GradientTransformation.*optax.adam"):
+        npujax.train_graph(graph, params, x, y, steps=1, optimizer="adam")
