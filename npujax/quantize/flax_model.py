@@ -21,7 +21,8 @@ What is shared is what the graph's layers read (kernels, biases, norm scales, em
 a kernel stored in another shape, such as ``nnx.MultiHeadAttention``'s ``(in, heads,
 head_dim)``, is reshaped as the tracer did). A parameter used in plain arithmetic rather than
 through a layer (a ViT's class token and position embedding) is folded by the tracer into a
-graph constant: the quantized model keeps it at its traced value and QAT does not train it.
+graph constant: the quantized model keeps it at its traced value and QAT does not train it
+(``quantize_model`` logs a warning naming such parameters).
 
 Linen has no module objects holding variables, so the same function with ``variables=`` returns
 ``(qmodule, qvariables)``: a Linen module whose ``apply(qvariables, x)`` runs the graph on the
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -60,6 +62,8 @@ __all__ = ["QuantizedModel", "QuantState", "QuantParam", "quantize_model",
            "calibrate_model", "graph_of", "write_back"]
 
 Rules = Sequence[QuantRule | object] | QuantSpec
+
+log = logging.getLogger(__name__)
 
 #: Graph param roles whose Flax variable has another name (``nnx.Embed.embedding``).
 _VARIABLE_NAME = {"table": "embedding"}
@@ -178,6 +182,24 @@ def _check_shared(plan: _Plan, params: Params, read: Callable[[tuple[Any, ...]],
                     f"{'/'.join(map(str, plan.refs[node][role]))} (shape "
                     f"{tuple(jnp.shape(v))}); quantize_model cannot share it. Please report the "
                     "model.")
+
+
+def _warn_unshared(plan: _Plan, param_paths: Iterable[tuple[Any, ...]], strip: int) -> None:
+    """Name the model's parameters the quantized model does not read (folded into graph
+    constants by the tracer): QAT keeps them at their traced values, so the user's optimizer
+    gets zero gradients for them. ``strip`` leading path entries of ``plan.refs`` (Linen: the
+    ``"params"`` collection) are not in ``param_paths``."""
+    shared = {tuple(str(p) for p in path[strip:])
+              for roles in plan.refs.values() for path in roles.values()}
+    frozen = sorted("/".join(str(p) for p in path) for path in param_paths
+                    if tuple(str(p) for p in path) not in shared)
+    if frozen:
+        shown = ", ".join(frozen[:8]) + (f", +{len(frozen) - 8}" if len(frozen) > 8 else "")
+        log.warning(f"quantize_model: {len(frozen)} parameter(s) of the model ({shown}) are "
+                    "used outside a layer (plain arithmetic, e.g. a position embedding or class "
+                    "token); the traced graph holds them as constants, so QAT does not train "
+                    "them (their gradient is zero) and the quantized model keeps the values "
+                    "they had when quantize_model traced it.")
 
 
 def _as_input(x: ArrayLike) -> jax.Array:
@@ -344,6 +366,9 @@ def quantize_model(
         plan = _plan(graph, params, rules, linen_path,
                      linen_paths | {n.rsplit("_", 1)[0] for n in linen_paths})
         _check_shared(plan, params, lambda p: _dig(variables, p))
+        _warn_unshared(plan, (tuple(getattr(k, "key", k) for k in path) for path, _ in
+                              jax.tree_util.tree_flatten_with_path(
+                                  variables.get("params", {}))[0]), 1)
         learned, rest = _calibrated(plan, plan.params(lambda p: _dig(variables, p)), [x],
                                     observer)
         return _linen_module_class()(plan=plan), _linen_variables(variables, rest, learned)
@@ -356,6 +381,7 @@ def quantize_model(
                  lambda path, role: (*paths[path], _VARIABLE_NAME.get(role, role)), set(paths))
     qmodel = QuantizedModel(model, plan, {}, {})
     _check_shared(plan, params, qmodel._read)
+    _warn_unshared(plan, (path for path, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))), 0)
     learned, rest = _calibrated(plan, qmodel.folded_params(), [x], observer)
     qmodel.qstate.set_value(rest)
     qmodel.learned.set_value(learned)
