@@ -39,8 +39,8 @@ from onnx import helper, numpy_helper
 
 from npujax._atomic import atomic_write_bytes
 from npujax.backends.integer import requant_target
-from npujax.errors import ConfigError, NpujaxError, UnsupportedOpError
-from npujax.ir.graph import Graph, Node, Params, fresh_name
+from npujax.errors import ConfigError, GraphError, NpujaxError, UnsupportedOpError
+from npujax.ir.graph import SHAPES_ONLY_SOURCE, Graph, Node, Params, fresh_name
 from npujax.ops import OPS, kernel_out_axis
 from npujax.quant import FloatFormat, IntFormat
 from npujax.quant.fixed_point import quantize_bias
@@ -449,7 +449,13 @@ def to_onnx(
     Raises:
       ConfigError: a quantized layer has no qstate entry or several candidate formats.
       UnsupportedOpError: a node has no ONNX equivalent (e.g. a raw ``JaxPrimitive``).
+      GraphError: the graph was imported for its shapes only (``from_onnx(...,
+        weights="shapes")``): its weights are zeros, not the model's.
     """
+    if graph.source == SHAPES_ONLY_SOURCE:
+        raise GraphError("to_onnx: this graph was imported for its shapes only (its ONNX "
+                         "external-data files were missing, so its weights are zeros); place "
+                         "the data files next to the model and import it again to export it.")
     quant = quant or {}
     extended = any(lq.weight_block_size is not None or any(
         isinstance(f, FloatFormat) for f in (*lq.weight_candidates, lq.act))
