@@ -11,6 +11,7 @@ see :mod:`npujax.quantize.quantizers.lsq`).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, overload
 
@@ -30,6 +31,8 @@ from npujax.quantize.spec import QuantSpec
 from npujax.quantize.weights import check_weights
 
 __all__ = ["batch_iterator", "train_graph", "evaluate", "cross_entropy"]
+
+log = logging.getLogger(__name__)
 
 
 def batch_iterator(
@@ -251,6 +254,11 @@ def train_graph(
             done += 1
     if done == 0:
         raise ConfigError("train_graph got no training batch; the iterable was empty.")
+    if steps is not None and done < steps:
+        log.warning(f"train_graph: the iterable of batches ended after {done} of the {steps} "
+                    "steps asked for (a default optimizer's cosine schedule did not reach its "
+                    "end); pass a longer (or repeating) iterable, or steps=None with an "
+                    "optimizer to train until it ends.")
     params, learned = state
     if return_qstate:
         return params, merge_learned(learned, full)

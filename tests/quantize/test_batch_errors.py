@@ -54,3 +54,16 @@ def test_train_graph_optimizer_not_a_transform(tiny):
     graph, params, x, y = tiny
     with pytest.raises(ConfigError, match="GradientTransformation.*optax.adam"):
         npujax.train_graph(graph, params, x, y, steps=1, optimizer="adam")
+
+
+def test_train_graph_says_when_the_iterable_ends_before_steps(tiny, caplog):
+    import logging
+
+    graph, params, x, y = tiny
+    with caplog.at_level(logging.WARNING, logger="npujax"):
+        npujax.train_graph(graph, params, [(x, y)] * 2, steps=5, optimizer=optax.sgd(0.1))
+    assert "ended after 2 of the 5 steps" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="npujax"):
+        npujax.train_graph(graph, params, [(x, y)] * 2, optimizer=optax.sgd(0.1))
+    assert "ended after" not in caplog.text  # steps=None: until the iterable ends, as asked
