@@ -259,8 +259,12 @@ class QuantizedModel(nnx.Module):
 
 
 def _nnx_paths(model: nnx.Module) -> dict[str, tuple[Any, ...]]:
-    return {"/".join(str(p) for p in path): tuple(path)
-            for path, node in nnx.iter_graph(model) if isinstance(node, nnx.Module) and path}
+    """``{module path: attribute path}`` of the model's modules; a model that is itself one
+    layer (``nnx.Linear``) is traced under its class name and maps to the root ``()``."""
+    paths = {"/".join(str(p) for p in path): tuple(path)
+             for path, node in nnx.iter_graph(model) if isinstance(node, nnx.Module) and path}
+    paths.setdefault(type(model).__name__, ())
+    return paths
 
 
 # ------------------------------------------------------------------------------------- Linen
@@ -359,9 +363,13 @@ def quantize_model(
         graph, params = trace_flax(model, one, variables=variables, **apply_kwargs)
         linen_paths = {n.name for n in graph.nodes if n.params}
 
+        root = type(model).__name__  # the tracer's name of a layer that is the model itself
+
         def linen_path(path: str, role: str) -> tuple[Any, ...]:
             coll = "batch_stats" if role in ("mean", "var") else "params"
-            return (coll, *path.split("/"), _VARIABLE_NAME.get(role, role))
+            keys = () if path == root and root not in variables.get(coll, {}) else \
+                tuple(path.split("/"))
+            return (coll, *keys, _VARIABLE_NAME.get(role, role))
 
         plan = _plan(graph, params, rules, linen_path,
                      linen_paths | {n.rsplit("_", 1)[0] for n in linen_paths})
@@ -436,6 +444,11 @@ def calibrate_model(
 
 def _linen_plan(qmodel: Any, variables: Mapping | None) -> _Plan:
     plan = getattr(qmodel, "plan", None)
+    if isinstance(qmodel, tuple) and len(qmodel) == 2 and isinstance(
+            getattr(qmodel[0], "plan", None), _Plan):
+        raise ConfigError("got the (qmodule, qvariables) pair that quantize_model returns for "
+                          "a Linen module; pass its two parts: graph_of(qmodule, qvariables), "
+                          "calibrate_model(qmodule, batches, variables=qvariables).")
     if not isinstance(plan, _Plan):
         raise ConfigError(f"expected a model from npujax.quantize_model, got "
                           f"{type(qmodel).__name__}.")

@@ -67,3 +67,26 @@ def test_train_graph_says_when_the_iterable_ends_before_steps(tiny, caplog):
     with caplog.at_level(logging.WARNING, logger="npujax"):
         npujax.train_graph(graph, params, [(x, y)] * 2, optimizer=optax.sgd(0.1))
     assert "ended after" not in caplog.text  # steps=None: until the iterable ends, as asked
+
+
+def test_graph_of_given_the_linen_pair_says_how_to_call_it():
+    import flax.linen as nn
+    import jax
+
+    m = nn.Dense(3)
+    x = np.ones((2, 4), np.float32)
+    pair = npujax.quantize_model(m, [npujax.QuantRule(pattern=".*")], x,
+                                 variables=m.init(jax.random.key(0), x))
+    with pytest.raises(ConfigError, match=r"graph_of\(qmodule, qvariables\)"):
+        npujax.graph_of(pair)
+    graph, _, _ = npujax.graph_of(*pair)
+    assert graph.nodes
+
+
+def test_a_model_that_is_one_layer_quantizes():
+    """``quantize_model(nnx.Linear(...))``: the layer is the model itself (before: 'matches no
+    module of the model; please report'; Linen ``nn.Dense``: a KeyError)."""
+    x = np.random.default_rng(0).uniform(size=(2, 4)).astype(np.float32)
+    lin = nnx.Linear(4, 3, rngs=nnx.Rngs(0))
+    q = npujax.quantize_model(lin, [npujax.QuantRule(pattern=".*")], x)
+    np.testing.assert_allclose(q(x), lin(x), atol=0.05)
