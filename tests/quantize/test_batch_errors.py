@@ -90,3 +90,12 @@ def test_a_model_that_is_one_layer_quantizes():
     lin = nnx.Linear(4, 3, rngs=nnx.Rngs(0))
     q = npujax.quantize_model(lin, [npujax.QuantRule(pattern=".*")], x)
     np.testing.assert_allclose(q(x), lin(x), atol=0.05)
+
+
+def test_unsigned_weight_qtype_is_refused():
+    """npujax's weights are signed symmetric: ``weight_qtype="uint4"`` was silently read as a
+    signed int4 grid; it now says so (activations: ``uint8`` = ``int8``, unsigned by default)."""
+    with pytest.raises(ConfigError, match=r"weight_qtype 'uint4'.*signed.*'int4'"):
+        npujax.QuantRule(module_path=".*", weight_qtype="uint4")
+    rule = npujax.QuantRule(module_path=".*", weight_qtype="int4", act_qtype="uint8")
+    assert rule.layer_quant().act.signed is False
