@@ -39,8 +39,8 @@ from onnx import helper, numpy_helper
 
 from npujax._atomic import atomic_write_bytes
 from npujax.backends.integer import requant_target
-from npujax.errors import ConfigError, NpujaxError, UnsupportedOpError
-from npujax.ir.graph import Graph, Node, Params, fresh_name
+from npujax.errors import ConfigError, GraphError, NpujaxError, UnsupportedOpError
+from npujax.ir.graph import SHAPES_ONLY_SOURCE, Graph, Node, Params, fresh_name
 from npujax.ops import OPS, kernel_out_axis
 from npujax.quant import FloatFormat, IntFormat
 from npujax.quant.fixed_point import quantize_bias
@@ -83,6 +83,8 @@ class _Writer:
         self.nodes: list[onnx.NodeProto] = []
         self.inits: dict[str, onnx.TensorProto] = {}
         self.used: set[str] = set(graph.tensors) | {n.name for n in graph.nodes}
+        # node names are their own ONNX namespace: a layer's node keeps the layer's name
+        self.node_names: set[str] = set()
         self._after: list[onnx.NodeProto] = []
 
     # -- names, initializers, nodes
@@ -102,8 +104,9 @@ class _Writer:
         return self.init(f"{node.name}.{what}", np.asarray(value, np.int64))
 
     def add(self, op: str, inputs: list[str], outputs: list[str], name: str, **attrs: Any) -> None:
-        """Add an ONNX node (its name made unique)."""
-        self.nodes.append(helper.make_node(op, inputs, outputs, name=self.name(name), **attrs))
+        """Add an ONNX node (its name made unique among the nodes)."""
+        self.nodes.append(helper.make_node(op, inputs, outputs,
+                                           name=fresh_name(name, self.node_names), **attrs))
 
     @staticmethod
     def onnx_dtype(dtype: np.dtype) -> int:
@@ -153,7 +156,8 @@ class _Writer:
         self.add("Transpose", [node.inputs[0]], [x], f"{node.name}/to_nchw", perm=perm)
         y = self.name(f"{node.outputs[0]}/nchw")
         self._after = [helper.make_node("Transpose", [y], [node.outputs[0]],
-                                        name=self.name(f"{node.name}/from_nchw"),
+                                        name=fresh_name(f"{node.name}/from_nchw",
+                                                        self.node_names),
                                         perm=list(np.argsort(perm)))]
         return x, y, perm
 
@@ -445,7 +449,13 @@ def to_onnx(
     Raises:
       ConfigError: a quantized layer has no qstate entry or several candidate formats.
       UnsupportedOpError: a node has no ONNX equivalent (e.g. a raw ``JaxPrimitive``).
+      GraphError: the graph was imported for its shapes only (``from_onnx(...,
+        weights="shapes")``): its weights are zeros, not the model's.
     """
+    if graph.source == SHAPES_ONLY_SOURCE:
+        raise GraphError("to_onnx: this graph was imported for its shapes only (its ONNX "
+                         "external-data files were missing, so its weights are zeros); place "
+                         "the data files next to the model and import it again to export it.")
     quant = quant or {}
     extended = any(lq.weight_block_size is not None or any(
         isinstance(f, FloatFormat) for f in (*lq.weight_candidates, lq.act))

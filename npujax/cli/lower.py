@@ -114,7 +114,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "COMPUTE/BANDWIDTH/DETAILED_ACCESS reports for it into --out")
     lo.add_argument("--topology", metavar="TOPO.csv",
                     help="a SCALE-Sim topology (conv or GEMM form) to report on")
-    lo.set_defaults(fn=run)
+    lo.set_defaults(fn=run, model_flag_defaults={d: lo.get_default(d) for d in _MODEL_FLAGS})
+
+
+#: The destinations of the options that only a model lowering reads (SCALE-Sim mode takes its
+#: array, dataflow and layers from the config and topology, and refuses them).
+_MODEL_FLAGS = ("input_shape", "fusion", "cores", "schedule", "objective", "sharing", "phase",
+                "seq_len", "kv_len", "kv_bits", "sweep_resolution", "npu", "dataflow",
+                "mapping", "weight_bits", "act_bits", "batch", "format")
 
 
 def _run_scalesim(args: argparse.Namespace) -> int:
@@ -127,6 +134,13 @@ def _run_scalesim(args: argparse.Namespace) -> int:
     if not (args.scalesim_config and args.topology and args.out) or args.model:
         raise ConfigError("SCALE-Sim mode needs --scalesim-config ARCH.cfg, --topology "
                           "TOPO.csv and --out DIR, and no model argument.")
+    defaults = getattr(args, "model_flag_defaults", {})
+    given = [f"--{d.replace('_', '-')}" for d, v in defaults.items() if getattr(args, d) != v]
+    if given:
+        verb = "does" if len(given) == 1 else "do"
+        raise ConfigError(f"{', '.join(given)} {verb} nothing in SCALE-Sim mode: the array "
+                          "size, SRAMs and dataflow come from --scalesim-config and the layers "
+                          "from --topology; edit those files (or drop the option).")
     config = read_scalesim_config(args.scalesim_config)
     layers = read_topology(args.topology)
     out = output_dir(args.out)

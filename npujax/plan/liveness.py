@@ -5,7 +5,7 @@ from __future__ import annotations
 import weakref
 
 from npujax.ir.graph import Graph
-from npujax.ops import get_op
+from npujax.plan.workload import lowering_cost
 
 __all__ = ["peak_activation_bytes"]
 
@@ -34,6 +34,7 @@ def peak_activation_bytes(graph: Graph, act_bits: int = 8) -> int:
 
 
 def _peak(graph: Graph, act_bits: int) -> int:
+    cost = lowering_cost(graph)
     alias: dict[str, str] = {}
 
     def root(t: str) -> str:
@@ -42,7 +43,7 @@ def _peak(graph: Graph, act_bits: int) -> int:
         return t
 
     for n in graph.nodes:
-        if get_op(n.op, n.name).cost == "free":
+        if cost[n.name] == "free":
             alias[n.outputs[0]] = n.inputs[0]
     last_use: dict[str, int] = {}
     for i, n in enumerate(graph.nodes):
@@ -56,7 +57,7 @@ def _peak(graph: Graph, act_bits: int) -> int:
     live = {root(t) for t in graph.inputs}
     peak = sum(size[t] for t in live)
     for i, n in enumerate(graph.nodes):
-        if get_op(n.op, n.name).cost != "free":
+        if cost[n.name] != "free":
             live |= {root(t) for t in n.outputs}
         peak = max(peak, sum(size[t] for t in live))
         live = {t for t in live if last_use.get(t, -1) > i}

@@ -5,8 +5,10 @@ This is the bridge from the Graph to the NPU model. Each costed node becomes one
 
 * **Placement.** A node runs on the NPU if its operator is in ``spec.ops.supported`` and meets the
   constraints (Conv kernel size and stride); otherwise it falls back to the host CPU. Shape-only
-  nodes (Reshape, Flatten, ...) cost nothing. An activation fused into a GEMM that the NPU's output
-  stage cannot apply becomes its own layer (on the vector unit or the CPU).
+  nodes (Reshape, Flatten, ...) cost nothing, and so does an activation ``QuantizeLinear ->
+  DequantizeLinear`` pair of an imported QDQ model (:func:`grid_pairs`). An activation fused
+  into a GEMM that the NPU's output stage cannot apply becomes its own layer (on the vector unit
+  or the CPU).
 * **Alignment.** Channels are padded to ``spec.layout.channel_alignment`` (and to ``c0`` in the
   ``NC1HWC0`` layout): compute and bytes use the padded counts, so latency is a staircase in the
   channel count (63 and 64 channels cost the same, 65 costs a whole extra block).
@@ -190,13 +192,47 @@ def _array_work(graph: Graph, node: Node, align: int) -> dict:
     return dict(w._asdict(), cpu_ops=2 * w.macs)
 
 
-def _reaches_npu(graph: Graph, tensor: str, placements: dict[str, str]) -> bool:
+def grid_pairs(graph: Graph) -> frozenset[str]:
+    """The nodes of the activation ``QuantizeLinear -> DequantizeLinear`` pairs of ``graph``.
+
+    In a QDQ model (``to_onnx`` with a QuantSpec, onnxruntime's quantizer) such a pair states
+    the grid of an integer tensor; an integer NPU holds that tensor as codes already (its input
+    quantization is the producer's requantization epilogue), so the pair is no computation and
+    the NPU model costs it like a Reshape, ``free``: a QDQ export lowers like the quantized graph
+    it came from. A QuantizeLinear whose codes reach anything but a DequantizeLinear, or a graph
+    output, is not a pair (it stays a vector-unit layer).
+
+    Returns:
+      The names of the QuantizeLinear and DequantizeLinear nodes of the pairs.
+    """
+    out: set[str] = set()
+    for n in graph.nodes:
+        if n.op != "QuantizeLinear" or n.inputs[0] in graph.constants \
+                or n.outputs[0] in graph.outputs:
+            continue
+        users = graph.consumers(n.outputs[0])
+        if users and all(u.op == "DequantizeLinear" for u in users):
+            out.add(n.name)
+            out.update(u.name for u in users)
+    return frozenset(out)
+
+
+def lowering_cost(graph: Graph) -> dict[str, str]:
+    """``{node: cost class}`` as the NPU model sees it: the operator's class
+    (:data:`npujax.ops.registry.CostClass`), ``free`` for the nodes of :func:`grid_pairs`."""
+    pairs = grid_pairs(graph)
+    return {n.name: "free" if n.name in pairs else get_op(n.op, n.name).cost
+            for n in graph.nodes}
+
+
+def _reaches_npu(graph: Graph, tensor: str, placements: dict[str, str],
+                 cost: dict[str, str]) -> bool:
     """Whether ``tensor`` is a graph output or read by an NPU node (looking through free ops)."""
     if tensor in graph.outputs:
         return True
     for c in graph.consumers(tensor):
-        if OPS[c.op].cost == "free":
-            if any(_reaches_npu(graph, t, placements) for t in c.outputs):
+        if cost[c.name] == "free":
+            if any(_reaches_npu(graph, t, placements, cost) for t in c.outputs):
                 return True
         elif not placements[c.name]:
             return True
@@ -265,7 +301,7 @@ def _workloads(graph: Graph, spec: NpuSpec | None) -> list[Workload]:
                              out_elems=n, vector_ops=n, producer=made_by.get(t, -1),
                              inputs=((made_by.get(t, -1), n),)))
 
-    cost = {n.name: get_op(n.op, n.name).cost for n in graph.nodes}
+    cost = lowering_cost(graph)
     placements = {n.name: _placement(n, spec, graph.constants) for n in graph.nodes
                   if cost[n.name] != "free"}
     level = FUSION_LEVELS.index(spec.ops.fusion) if spec else FUSION_LEVELS.index("elementwise")
@@ -328,7 +364,7 @@ def _workloads(graph: Graph, spec: NpuSpec | None) -> list[Workload]:
         link: dict[str, Any] = {}
         if dev == "cpu":
             to_cpu = [t for t in ins if device.get(t) == "npu"]
-            back = [t for t in node.outputs if _reaches_npu(graph, t, placements)]
+            back = [t for t in node.outputs if _reaches_npu(graph, t, placements, cost)]
             for t in to_cpu:
                 if t in pending_layout_in:
                     pending_layout_in.discard(t)

@@ -55,7 +55,8 @@ def calibrate(
       mixture's per-candidate grids and uniform probabilities.
 
     Raises:
-      CalibrationError: no batches, an empty batch, NaN/inf reaching a layer, or a NaN/inf or
+      CalibrationError: no batches, an empty batch, a batch that is a tuple of arrays (an
+        ``(inputs, targets)`` pair), NaN/inf reaching a layer, or a NaN/inf or
         too large weight (:func:`npujax.quantize.weights.check_weights`; names the layer).
     """
     check_weights(params)  # weights are checked like activations are (names the layer)
@@ -78,6 +79,11 @@ def calibrate(
     states = None
     count = 0
     for i, x in enumerate(track(batches, "calibrating", progress)):
+        if isinstance(x, tuple | list) and x and all(hasattr(v, "shape") for v in x):
+            raise CalibrationError(
+                f"calibration batch {i} is a {type(x).__name__} of {len(x)} arrays, like the "
+                "(inputs, targets) batches of a training loader; calibration observes the "
+                "inputs only: pass (x for x, _ in loader).")
         if jnp.shape(x)[:1] == (0,):
             raise CalibrationError(f"calibration batch {i} is empty (0 examples); pass only "
                                    "non-empty batches (e.g. slice up to len(x), not past it).")

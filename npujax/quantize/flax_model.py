@@ -21,7 +21,8 @@ What is shared is what the graph's layers read (kernels, biases, norm scales, em
 a kernel stored in another shape, such as ``nnx.MultiHeadAttention``'s ``(in, heads,
 head_dim)``, is reshaped as the tracer did). A parameter used in plain arithmetic rather than
 through a layer (a ViT's class token and position embedding) is folded by the tracer into a
-graph constant: the quantized model keeps it at its traced value and QAT does not train it.
+graph constant: the quantized model keeps it at its traced value and QAT does not train it
+(``quantize_model`` logs a warning naming such parameters).
 
 Linen has no module objects holding variables, so the same function with ``variables=`` returns
 ``(qmodule, qvariables)``: a Linen module whose ``apply(qvariables, x)`` runs the graph on the
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -60,6 +62,8 @@ __all__ = ["QuantizedModel", "QuantState", "QuantParam", "quantize_model",
            "calibrate_model", "graph_of", "write_back"]
 
 Rules = Sequence[QuantRule | object] | QuantSpec
+
+log = logging.getLogger(__name__)
 
 #: Graph param roles whose Flax variable has another name (``nnx.Embed.embedding``).
 _VARIABLE_NAME = {"table": "embedding"}
@@ -180,6 +184,24 @@ def _check_shared(plan: _Plan, params: Params, read: Callable[[tuple[Any, ...]],
                     "model.")
 
 
+def _warn_unshared(plan: _Plan, param_paths: Iterable[tuple[Any, ...]], strip: int) -> None:
+    """Name the model's parameters the quantized model does not read (folded into graph
+    constants by the tracer): QAT keeps them at their traced values, so the user's optimizer
+    gets zero gradients for them. ``strip`` leading path entries of ``plan.refs`` (Linen: the
+    ``"params"`` collection) are not in ``param_paths``."""
+    shared = {tuple(str(p) for p in path[strip:])
+              for roles in plan.refs.values() for path in roles.values()}
+    frozen = sorted("/".join(str(p) for p in path) for path in param_paths
+                    if tuple(str(p) for p in path) not in shared)
+    if frozen:
+        shown = ", ".join(frozen[:8]) + (f", +{len(frozen) - 8}" if len(frozen) > 8 else "")
+        log.warning(f"quantize_model: {len(frozen)} parameter(s) of the model ({shown}) are "
+                    "used outside a layer (plain arithmetic, e.g. a position embedding or class "
+                    "token); the traced graph holds them as constants, so QAT does not train "
+                    "them (their gradient is zero) and the quantized model keeps the values "
+                    "they had when quantize_model traced it.")
+
+
 def _as_input(x: ArrayLike) -> jax.Array:
     """A model input: floating point as float32, integers (token ids) and booleans kept."""
     a = jnp.asarray(x)
@@ -237,8 +259,12 @@ class QuantizedModel(nnx.Module):
 
 
 def _nnx_paths(model: nnx.Module) -> dict[str, tuple[Any, ...]]:
-    return {"/".join(str(p) for p in path): tuple(path)
-            for path, node in nnx.iter_graph(model) if isinstance(node, nnx.Module) and path}
+    """``{module path: attribute path}`` of the model's modules; a model that is itself one
+    layer (``nnx.Linear``) is traced under its class name and maps to the root ``()``."""
+    paths = {"/".join(str(p) for p in path): tuple(path)
+             for path, node in nnx.iter_graph(model) if isinstance(node, nnx.Module) and path}
+    paths.setdefault(type(model).__name__, ())
+    return paths
 
 
 # ------------------------------------------------------------------------------------- Linen
@@ -337,13 +363,20 @@ def quantize_model(
         graph, params = trace_flax(model, one, variables=variables, **apply_kwargs)
         linen_paths = {n.name for n in graph.nodes if n.params}
 
+        root = type(model).__name__  # the tracer's name of a layer that is the model itself
+
         def linen_path(path: str, role: str) -> tuple[Any, ...]:
             coll = "batch_stats" if role in ("mean", "var") else "params"
-            return (coll, *path.split("/"), _VARIABLE_NAME.get(role, role))
+            keys = () if path == root and root not in variables.get(coll, {}) else \
+                tuple(path.split("/"))
+            return (coll, *keys, _VARIABLE_NAME.get(role, role))
 
         plan = _plan(graph, params, rules, linen_path,
                      linen_paths | {n.rsplit("_", 1)[0] for n in linen_paths})
         _check_shared(plan, params, lambda p: _dig(variables, p))
+        _warn_unshared(plan, (tuple(getattr(k, "key", k) for k in path) for path, _ in
+                              jax.tree_util.tree_flatten_with_path(
+                                  variables.get("params", {}))[0]), 1)
         learned, rest = _calibrated(plan, plan.params(lambda p: _dig(variables, p)), [x],
                                     observer)
         return _linen_module_class()(plan=plan), _linen_variables(variables, rest, learned)
@@ -356,6 +389,7 @@ def quantize_model(
                  lambda path, role: (*paths[path], _VARIABLE_NAME.get(role, role)), set(paths))
     qmodel = QuantizedModel(model, plan, {}, {})
     _check_shared(plan, params, qmodel._read)
+    _warn_unshared(plan, (path for path, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))), 0)
     learned, rest = _calibrated(plan, qmodel.folded_params(), [x], observer)
     qmodel.qstate.set_value(rest)
     qmodel.learned.set_value(learned)
@@ -410,6 +444,11 @@ def calibrate_model(
 
 def _linen_plan(qmodel: Any, variables: Mapping | None) -> _Plan:
     plan = getattr(qmodel, "plan", None)
+    if isinstance(qmodel, tuple) and len(qmodel) == 2 and isinstance(
+            getattr(qmodel[0], "plan", None), _Plan):
+        raise ConfigError("got the (qmodule, qvariables) pair that quantize_model returns for "
+                          "a Linen module; pass its two parts: graph_of(qmodule, qvariables), "
+                          "calibrate_model(qmodule, batches, variables=qvariables).")
     if not isinstance(plan, _Plan):
         raise ConfigError(f"expected a model from npujax.quantize_model, got "
                           f"{type(qmodel).__name__}.")

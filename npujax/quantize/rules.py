@@ -78,7 +78,8 @@ class QuantRule:
       module_path: regular expression that must match the whole layer name (Qwix's
         ``QtRule.module_path``, ``re.fullmatch``).
       weight_qtype: Qwix-style weight type (``"int8"``, ``"int4"``, ``"float8_e4m3fn"``, a
-        dtype); overrides ``weight_bits`` / ``weight_format``.
+        dtype); overrides ``weight_bits`` / ``weight_format``. Weights are signed and
+        symmetric: an unsigned type (``"uint4"``) raises ConfigError.
       act_qtype: Qwix-style input-activation type; overrides ``act_bits`` / ``act_format``
         (``"int8"`` gives unsigned asymmetric codes unless ``act_symmetric``, as npujax's NPUs
         use; ``"uint8"`` the same).
@@ -136,8 +137,12 @@ class QuantRule:
             if qt is None and self.module_path is None:
                 continue  # npujax vocabulary: the widths and formats as given
             # Qwix vocabulary (or a qtype given): the qtype decides; no qtype, no quantization
-            fmt, bits = ("int", None) if qt is None else parse_qtype(
-                qt, f"QuantRule.{op}_qtype")[:2]
+            fmt, bits, signed = ("int", None, True) if qt is None else parse_qtype(
+                qt, f"QuantRule.{op}_qtype")
+            if op == "weight" and signed is False:
+                raise ConfigError(f"QuantRule.weight_qtype {qt!r}: npujax quantizes weights "
+                                  "signed and symmetric (narrow range, zero point 0), so an "
+                                  f"unsigned weight type has no meaning; use 'int{bits}'.")
             object.__setattr__(self, f"{op}_bits", bits if fmt == "int" or qt is None else 8)
             object.__setattr__(self, f"{op}_format", fmt)
         for f in ("weight_bits", "act_bits"):

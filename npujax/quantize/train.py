@@ -11,6 +11,7 @@ see :mod:`npujax.quantize.quantizers.lsq`).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, overload
 
@@ -30,6 +31,8 @@ from npujax.quantize.spec import QuantSpec
 from npujax.quantize.weights import check_weights
 
 __all__ = ["batch_iterator", "train_graph", "evaluate", "cross_entropy"]
+
+log = logging.getLogger(__name__)
 
 
 def batch_iterator(
@@ -57,6 +60,16 @@ def batch_iterator(
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     """Mean softmax cross-entropy with integer labels (``optax``)."""
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+
+def _is_batches(x: Any) -> bool:
+    """Whether ``x`` is an iterable of batches rather than an array of inputs: an iterator or a
+    loader without a length, or a sequence whose first item is a pair of arrays."""
+    if not hasattr(x, "__len__") or not hasattr(x, "__getitem__"):
+        return True
+    first = x[0] if len(x) else None
+    return isinstance(first, tuple | list) and len(first) == 2 and all(
+        hasattr(v, "shape") for v in first)
 
 
 # The result's type follows return_qstate: params alone, or (params, qstate).
@@ -157,12 +170,22 @@ def train_graph(
 
     Raises:
       ConfigError: ``steps`` < 1 or missing where required, ``y`` given with an iterable of
-        batches, LSQ layers in ``quant`` without ``return_qstate=True``, no batch at all, or
+        batches, a batch that is not an ``(inputs, targets)`` pair, an ``optimizer`` that is
+        not an optax ``GradientTransformation``,
+        LSQ layers in ``quant`` without ``return_qstate=True``, no batch at all, or
         with ``devices``, a batch not divisible by the device count.
       CalibrationError: a NaN/inf or too large weight (names the layer).
     """
     check_weights(params)
     arrays = y is not None
+    if arrays and not isinstance(x, np.ndarray | jax.Array) and _is_batches(x):
+        raise ConfigError(f"train_graph: y is given with an iterable of batches as x (a "
+                          f"{type(x).__name__}); pass arrays x and y, or batches of "
+                          "(inputs, targets) as x with y=None.")
+    if optimizer is not None and not (callable(getattr(optimizer, "init", None))
+                                      and callable(getattr(optimizer, "update", None))):
+        raise ConfigError(f"optimizer must be an optax GradientTransformation (e.g. "
+                          f"optax.adam(1e-3)), got {type(optimizer).__name__} {optimizer!r}.")
     if not arrays and isinstance(x, np.ndarray | jax.Array):
         raise ConfigError("train_graph got input arrays without targets y; pass y, or an "
                           "iterable of (inputs, targets) batches as x.")
@@ -217,15 +240,25 @@ def train_graph(
         place = dp.shard
     done = 0
     with progress_bar(progress, description, steps) as advance:
-        for i, (xb, yb) in enumerate(batches):
+        for i, batch in enumerate(batches):
             if steps is not None and i >= steps:
                 break
+            if not isinstance(batch, tuple | list) or len(batch) != 2:
+                raise ConfigError(f"train_graph: batch {i} of the iterable is a "
+                                  f"{type(batch).__name__}, not a pair (inputs, targets); "
+                                  "yield (x, y) pairs, e.g. zip(x_batches, y_batches).")
+            xb, yb = batch
             state, opt_state, loss = step(state, opt_state, place(xb), place(yb),
                                           jax.random.fold_in(base_key, i))
             advance(loss)
             done += 1
     if done == 0:
         raise ConfigError("train_graph got no training batch; the iterable was empty.")
+    if steps is not None and done < steps:
+        log.warning(f"train_graph: the iterable of batches ended after {done} of the {steps} "
+                    "steps asked for (a default optimizer's cosine schedule did not reach its "
+                    "end); pass a longer (or repeating) iterable, or steps=None with an "
+                    "optimizer to train until it ends.")
     params, learned = state
     if return_qstate:
         return params, merge_learned(learned, full)

@@ -310,6 +310,11 @@ def test_missing_external_weights_lower_for_shapes_only(secret_cwd, caplog):
     assert not np.any(params[graph.nodes[0].name]["kernel"])
     with pytest.raises(GraphError, match="shapes only"):
         execute(graph, params, np.ones((1, 16), np.float32))
+    from npujax.backends.onnx_export import to_onnx
+
+    with pytest.raises(GraphError, match="shapes only"):  # would write all-zero weights
+        to_onnx(graph, params, path=secret_cwd / "zeros.onnx")
+    assert not (secret_cwd / "zeros.onnx").exists()
     lowered = import_onnx_for_lowering(path, None, None)  # what `npujax lower` costs
     (secret_cwd / "w.bin").write_bytes(np.ones(16 * 8, np.float32).tobytes())
     real = import_onnx_for_lowering(path, None, None)

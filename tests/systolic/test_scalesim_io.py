@@ -174,3 +174,22 @@ def test_all_three_reports_equal_scalesim_with_small_srams(tmp_path):
                     np.testing.assert_allclose(o[col], v, rtol=1e-12, err_msg=f"{name} {col}")
                     exact_cells += 1
     assert exact_cells > 1400 and approx_rows > 0
+
+
+@pytest.mark.parametrize("flag", [["--npu", "tpu_v1"], ["--dataflow", "os"], ["--batch", "4"],
+                                  ["--weight-bits", "4"], ["--format", "json"],
+                                  ["--cores", "4"], ["--mapping", "scalesim"]])
+def test_scalesim_mode_refuses_model_flags(tmp_path, flag, capsys):
+    """The array, dataflow and layers of SCALE-Sim mode come from its config and topology: a
+    model-mode flag would do nothing, so it is refused (exit 2) instead of silently ignored."""
+    from npujax.cli import main
+
+    (tmp_path / "a.cfg").write_text(CFG.format(run="r", rows=8, cols=8, df="ws"))
+    (tmp_path / "t.csv").write_text("Layer, M, N, K,\ng1, 64, 16, 9,\n")
+    base = ["lower", "--scalesim-config", str(tmp_path / "a.cfg"), "--topology",
+            str(tmp_path / "t.csv"), "--out", str(tmp_path / "rep")]
+    assert main([*base, *flag]) == 2
+    err = capsys.readouterr().err
+    assert flag[0] in err and "SCALE-Sim" in err
+    assert not (tmp_path / "rep").exists()
+    assert main(base) == 0
