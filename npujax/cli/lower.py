@@ -19,8 +19,6 @@ from npujax.errors import ConfigError, NpujaxError
 
 log = logging.getLogger(__name__)
 
-log = logging.getLogger(__name__)
-
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from npujax.models.transformer import DECODER_CONFIGS
