@@ -26,6 +26,7 @@ from npujax.report import (
     plot_breakdown,
     plot_layer_latency,
     plot_roofline,
+    print_table,
     write_json,
     write_layers_csv,
 )
@@ -63,8 +64,8 @@ def lower_dataflows(graph: Graph, spec: NpuSpec, quant: QuantSpec | None = None,
 def print_lowering(console: Console, lowering: Lowering, title: str) -> None:
     """The per-layer table, the dataflow comparison and the layers that fall back to the CPU."""
     s = lowering.schedule
-    console.print(layer_table(s, title))
-    console.print(dataflow_table(lowering.by_dataflow, reference=s.dataflow))
+    print_table(console, layer_table(s, title))
+    print_table(console, dataflow_table(lowering.by_dataflow, reference=s.dataflow))
     cpu = [r for r in s.layers if r.device == "cpu"]
     if cpu:
         console.print(f"{len(cpu)} layer(s) fall back to the host CPU: "
