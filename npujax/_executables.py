@@ -76,7 +76,7 @@ def _key(static: Hashable, options: dict[str, Any] | None, args: tuple[Any, ...]
         [_leaf_signature(x) for x in leaves],
         jax.__version__,
         jaxlib.__version__,
-        bool(jax.config.jax_enable_x64),  # type: ignore[attr-defined]
+        str(jax.dtypes.canonicalize_dtype(np.int64)),  # x64 on or off (a context too)
         [str(d.device_kind) for d in jax.devices()],
         jax.default_backend(),
         os.environ.get("XLA_FLAGS", ""),

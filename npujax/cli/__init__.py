@@ -103,7 +103,7 @@ def compile_cache() -> str | None:
     second to compile (JAX's default threshold). ``npujax lower`` of a model it has lowered
     before then skips compiling the cost model (seconds on a CPU; the hardware numbers are
     traced, so every preset of a layer list shares one program); the cost model's compiled
-    executable is also kept in ``<folder>/npujax-executables`` (:mod:`npujax._executables`), so
+    executable is also kept in ``<folder>/npujax-executables`` (``npujax._executables``), so
     such a run skips tracing and lowering it as well. Nothing is changed when JAX
     already has a cache folder (``JAX_COMPILATION_CACHE_DIR`` or ``jax.config``) or with
     ``NPUJAX_COMPILE_CACHE=off``.
