@@ -34,7 +34,8 @@ __all__ = ["enable", "folder", "compiled"]
 log = logging.getLogger(__name__)
 
 _FOLDER: Path | None = None
-_LOADED: dict[str, Any] = {}  # key -> executable, for the rest of this process
+_LOADED: dict[str, Any] = {}  # key -> executable, the last _KEEP of this process
+_KEEP = 64  # as many as the cost program's lru_cache keeps jitted functions
 
 
 def enable(path: str | os.PathLike | None) -> None:
@@ -109,6 +110,8 @@ def compiled(
     key = _key(static, options, args)
     if key in _LOADED:
         return _LOADED[key]
+    while len(_LOADED) >= _KEEP:
+        del _LOADED[next(iter(_LOADED))]
     path = _FOLDER / f"{key}.exe"
     if path.exists():
         try:
