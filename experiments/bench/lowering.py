@@ -2,7 +2,7 @@
 jitted JAX forward pass against onnxruntime — all measured side by side in one run.
 
 Usage:  python experiments/bench/lowering.py [--configs 1000] [--model ppocr_det] [--rounds 3]
-            [--only-end-to-end]
+            [--only-end-to-end] [--before OTHER_CHECKOUT]
 
 Prints (and writes as JSON with --out):
   (0) ``npujax lower MODEL`` end to end, CPU seconds after the imports, split into ONNX import,
@@ -127,42 +127,52 @@ def end_to_end(model: str, npu: str, reference: bool) -> dict[str, float]:
     return {**spent, "total": total}
 
 
-def compare_end_to_end(model: str, npu: str, rounds: int) -> dict:
+def compare_end_to_end(model: str, npu: str, rounds: int, before: str | None = None) -> dict:
     """(0): the reference pipeline, the current one with an empty compile cache (cold: what a
     first run pays) and with a warm one (a model lowered before: ``npujax.cli.compile_cache``),
-    each in fresh processes, interleaved."""
+    each in fresh processes, interleaved; with ``before`` (another checkout of npujax, e.g. a
+    ``git worktree`` of the previous commit) also that checkout's current pipeline, cold and
+    warm, run from its own tree."""
     import tempfile
 
-    warm_dir = tempfile.mkdtemp(prefix="npujax-bench-warm-")
+    warm_dirs = {"new_warm": tempfile.mkdtemp(prefix="npujax-bench-warm-"),
+                 "before_warm": tempfile.mkdtemp(prefix="npujax-bench-warm-before-")}
     base = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
-    base["PYTHONPATH"] = os.pathsep.join(sys.path)
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
     def run(variant: str) -> dict[str, float]:
-        cache = {"reference": "off", "new": tempfile.mkdtemp(prefix="npujax-bench-cold-"),
-                 "new_warm": warm_dir}[variant]
+        cache = warm_dirs.get(variant) or ("off" if variant == "reference" else
+                                           tempfile.mkdtemp(prefix="npujax-bench-cold-"))
+        tree = before if variant.startswith("before") else here
+        paths = [tree] + [p for p in sys.path if os.path.abspath(p or ".") != here]
         out = subprocess.run(
-            [sys.executable, __file__, "--model", model, "--npu", npu, "--end-to-end",
+            [sys.executable, os.path.join(tree, "experiments", "bench", "lowering.py"),
+             "--model", model, "--npu", npu, "--end-to-end",
              "reference" if variant == "reference" else "new"], check=True,
-            capture_output=True, text=True,
-            env={**base, "NPUJAX_COMPILE_CACHE": cache}).stdout
+            capture_output=True, text=True, cwd=tree,
+            env={**base, "NPUJAX_COMPILE_CACHE": cache,
+                 "PYTHONPATH": os.pathsep.join(paths)}).stdout
         return json.loads(out.strip().splitlines()[-1])
 
-    run("new_warm")  # fills the warm cache
-    runs: dict[str, list[dict[str, float]]] = {"reference": [], "new": [], "new_warm": []}
+    variants = ["reference", *(("before", "before_warm") if before else ()), "new", "new_warm"]
+    for v in warm_dirs:  # fill the warm caches
+        if v in variants:
+            run(v)
+    runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     for _ in range(rounds):
         for variant in runs:
             runs[variant].append(run(variant))
     med = {v: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for v, rs in runs.items()}
-    new, ref, warm = med["new"], med["reference"], med["new_warm"]
+    ref = med["reference"]
     print(f"(0) npujax lower {model} on {npu}, CPU s after imports (median of {rounds}, fresh "
           "processes, interleaved):")
-    print(f"    {'phase':16s} {'reference':>10s} {'new cold':>9s} {'new warm':>9s}")
-    for k in new:
-        print(f"    {k:16s} {ref[k]:10.2f} {new[k]:9.2f} {warm[k]:9.2f}")
-    for name, v in (("cold", new), ("warm", warm)):
-        print(f"    total, {name} compile cache: {ref['total']:.2f} -> {v['total']:.2f} s = "
-              f"{ref['total'] / v['total']:.2f}x less [target <= 2 s: "
-              f"{'met' if v['total'] <= 2.0 else 'NOT met'}]")
+    print(f"    {'phase':16s}" + "".join(f" {v:>12s}" for v in variants))
+    for k in ref:
+        print(f"    {k:16s}" + "".join(f" {med[v][k]:12.2f}" for v in variants))
+    for v in variants[1:]:
+        print(f"    total, {v}: {ref['total']:.2f} -> {med[v]['total']:.2f} s = "
+              f"{ref['total'] / med[v]['total']:.2f}x less [target <= 2 s: "
+              f"{'met' if med[v]['total'] <= 2.0 else 'NOT met'}]")
     return {"end_to_end_cpu_s": med, "end_to_end_rounds": rounds}
 
 
@@ -175,6 +185,8 @@ def main() -> None:
     ap.add_argument("--end-to-end", choices=("new", "reference"),
                     help="(internal) time one `npujax lower` in this process, print JSON")
     ap.add_argument("--only-end-to-end", action="store_true", help="run (0) only")
+    ap.add_argument("--before", metavar="CHECKOUT",
+                    help="(0) also times this other npujax checkout's pipeline, cold and warm")
     ap.add_argument("--out", help="write the figures as JSON here")
     args = ap.parse_args()
     if args.end_to_end:
@@ -182,7 +194,7 @@ def main() -> None:
         return
     res: dict = {"model": args.model, "input_shape": SHAPES[args.model], "npu": args.npu,
                  "backend": jax.default_backend()}
-    res.update(compare_end_to_end(args.model, args.npu, args.rounds))
+    res.update(compare_end_to_end(args.model, args.npu, args.rounds, args.before))
     if args.only_end_to_end:
         _write(args.out, res)
         return

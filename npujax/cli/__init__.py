@@ -14,6 +14,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NoReturn
 
 from npujax._version import __version__
@@ -101,7 +102,9 @@ def compile_cache() -> str | None:
     the model zoo: ``$NPUJAX_CACHE`` or ``~/.cache/npujax``), for programs that took at least a
     second to compile (JAX's default threshold). ``npujax lower`` of a model it has lowered
     before then skips compiling the cost model (seconds on a CPU; the hardware numbers are
-    traced, so every preset of a layer list shares one program). Nothing is changed when JAX
+    traced, so every preset of a layer list shares one program); the cost model's compiled
+    executable is also kept in ``<folder>/npujax-executables`` (``npujax._executables``), so
+    such a run skips tracing and lowering it as well. Nothing is changed when JAX
     already has a cache folder (``JAX_COMPILATION_CACHE_DIR`` or ``jax.config``) or with
     ``NPUJAX_COMPILE_CACHE=off``.
 
@@ -120,6 +123,9 @@ def compile_cache() -> str | None:
 
     folder = want or str(default_cache_dir() / "jax")
     jax.config.update("jax_compilation_cache_dir", folder)
+    from npujax import _executables
+
+    _executables.enable(Path(folder) / "npujax-executables")
     return folder
 
 

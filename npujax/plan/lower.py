@@ -17,6 +17,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from npujax import _executables
 from npujax.errors import ConfigError
 from npujax.hw.energy import area_breakdown
 from npujax.hw.spec import NpuSpec, as_spec
@@ -523,8 +524,10 @@ def lower_by_dataflow(
                 out[df] = _schedule(spec, df, layers, wb, ab, costs, energy, area, batch_size,
                                     peak, extra)
         else:
-            by_df, energies, area, att = jax.tree.map(
-                np.asarray, _jitted_costs(tuple(layers), names, chains)(spec, wb, ab))
+            run = _executables.compiled(  # the jitted program, or its saved executable
+                _jitted_costs(tuple(layers), names, chains),
+                ("lower_by_dataflow", tuple(layers), names, chains), spec, wb, ab, options=_ONCE)
+            by_df, energies, area, att = jax.tree.map(np.asarray, run(spec, wb, ab))
             for df in names:
                 out[df] = _schedule(spec, df, layers, wb, ab, by_df[df], energies[df], area,
                                     batch_size, peak, _attention_report(layers, chains,

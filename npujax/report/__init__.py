@@ -13,9 +13,11 @@ from npujax.report.sqnr import sqnr_table as sqnr_table
 from npujax.report.sqnr import write_sqnr_report as write_sqnr_report
 from npujax.report.tables import dataflow_table as dataflow_table
 from npujax.report.tables import layer_table as layer_table
+from npujax.report.tables import print_table as print_table
 
 __all__ = [
     "layer_table",
+    "print_table",
     "dataflow_table",
     "write_json",
     "write_layers_csv",

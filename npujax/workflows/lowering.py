@@ -26,6 +26,7 @@ from npujax.report import (
     plot_breakdown,
     plot_layer_latency,
     plot_roofline,
+    print_table,
     write_json,
     write_layers_csv,
 )
@@ -63,8 +64,8 @@ def lower_dataflows(graph: Graph, spec: NpuSpec, quant: QuantSpec | None = None,
 def print_lowering(console: Console, lowering: Lowering, title: str) -> None:
     """The per-layer table, the dataflow comparison and the layers that fall back to the CPU."""
     s = lowering.schedule
-    console.print(layer_table(s, title))
-    console.print(dataflow_table(lowering.by_dataflow, reference=s.dataflow))
+    print_table(console, layer_table(s, title))
+    print_table(console, dataflow_table(lowering.by_dataflow, reference=s.dataflow))
     cpu = [r for r in s.layers if r.device == "cpu"]
     if cpu:
         console.print(f"{len(cpu)} layer(s) fall back to the host CPU: "
@@ -150,7 +151,7 @@ def print_resolution_sweep(console: Console, rows: Mapping[str, Mapping[str, Any
                   "; ".join(f"{k}={tuple(v)}" for k, v in r["input_shapes"].items()),
                   f"{r['macs']:,}", f"{r['latency_s'] * 1e6:,.1f}",
                   f"{r['latency_s'] / ref:.2f}", f"{r['memory_bound_layers']}/{r['layers']}")
-    console.print(t)
+    print_table(console, t)
     console.print("latency growing ~4x per doubling means compute- or activation-bound; much "
                   "less means weight-bandwidth or fixed overheads (fallback, transfers) dominate.")
 
@@ -174,7 +175,7 @@ def print_edges(console: Console, schedule: Schedule, limit: int = 40) -> None:
         t.add_row(e.producer, ", ".join(e.consumers), _kib(e.tensor_bytes), e.placement,
                   f"{e.stripes} x {e.stripe_rows} rows" if e.stripes else "",
                   _kib(e.dram_bytes_saved))
-    console.print(t)
+    print_table(console, t)
     n = len(schedule.edges)
     kept = sum(e.placement != "dram" for e in schedule.edges)
     line = f"{kept}/{n} activations stayed on chip"
@@ -204,7 +205,7 @@ def print_attention(console: Console, schedule: Schedule, limit: int = 8) -> Non
         t.add_row(a.qk, a.pv, str(len(a.layers)) if a.mode != "unfused" else "0", a.mode,
                   f"{a.query_block} x {a.key_block}", f"{a.query_blocks} x {a.key_blocks}",
                   _kib(a.dram_bytes_saved))
-    console.print(t)
+    print_table(console, t)
     n = len(schedule.attention)
     fused = sum(a.mode != "unfused" for a in schedule.attention)
     saved = sum(a.dram_bytes_saved for a in schedule.attention)
@@ -226,7 +227,7 @@ def print_memory(console: Console, reports: Mapping[str, MemoryReport]) -> None:
                   _kib(m.dram_capacity_bytes) if m.dram_capacity_bytes else "unlimited",
                   _kib(m.sram_peak_bytes), _kib(m.sram_capacity_bytes),
                   "yes" if m.fits else "NO")
-    console.print(t)
+    print_table(console, t)
     for name, m in reports.items():
         if m.activation_spill:
             console.print(
@@ -259,7 +260,7 @@ def print_core_schedules(console: Console, schedules: Mapping[str, CoreSchedule]
                   f"{s.period_s * 1e6:,.1f}", f"{s.throughput_per_s:,.1f}",
                   " + ".join(str(len(x)) for x in s.stages),
                   "yes" if s.dram_s >= s.period_s * (1 - 1e-9) else "no")
-    console.print(t)
+    print_table(console, t)
     if chosen:
         console.print(f"* chosen: {chosen}")
 
@@ -274,7 +275,7 @@ def print_coresidency(console: Console, co: CoResidency) -> None:
         t.add_row(m.name, f"{m.alone_s * 1e6:,.1f}", f"{m.together_s * 1e6:,.1f}",
                   f"{m.slowdown:.2f}x", str(m.cores), f"{m.dram_bytes_per_s / 1e9:.2f}",
                   m.weights, _kib(m.memory.dram_footprint_bytes), "yes" if m.fits else "NO")
-    console.print(t)
+    print_table(console, t)
     if not co.dram_capacity_bytes:
         console.print(f"DRAM: {co.dram_footprint_bytes / 1e6:,.2f} MB held together "
                       "(capacity unlimited)")

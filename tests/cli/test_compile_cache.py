@@ -1,19 +1,27 @@
 """The command line keeps compiled programs between runs (JAX's persistent compilation cache)
 in its own folder, unless JAX already has one or it is switched off."""
 
+from pathlib import Path
+
 import jax
 
-from npujax import cli
+from npujax import _executables, cli
 
 
 def _with_cache_dir(value, fn):
     """Run ``fn`` with JAX's cache folder set to ``value``, then put the previous one back."""
-    saved = jax.config.jax_compilation_cache_dir
+    saved = jax.config.jax_compilation_cache_dir, _executables.folder()
     jax.config.update("jax_compilation_cache_dir", value)
+    _executables.enable(None)
     try:
-        return fn(), jax.config.jax_compilation_cache_dir
+        out = fn(), jax.config.jax_compilation_cache_dir
+        exe = _executables.folder()  # the compiled executables go next to JAX's cache
+        assert exe == (None if out[0] is None or out[0] == value else
+                       Path(out[0]) / "npujax-executables")
+        return out
     finally:
-        jax.config.update("jax_compilation_cache_dir", saved)
+        jax.config.update("jax_compilation_cache_dir", saved[0])
+        _executables.enable(saved[1])
 
 
 def test_compile_cache_folder_env_default_and_off(tmp_path, monkeypatch):
