@@ -196,7 +196,7 @@ def split_over_cores(M, K, N, rows, cols, cores, df: Dataflow, *, bound: int | N
       cores: the number of cores (likewise).
       df: the dataflow.
       bound: a static upper bound of ``M``, ``K`` and ``N`` or None (the one-rounding division
-        of :func:`npujax._relax.ceil_div`).
+        of ``npujax._relax.ceil_div``).
 
     Returns:
       ``(g, use_m)``: :func:`npujax.systolic.gemm_cycles`'s dict for the chosen split, and the

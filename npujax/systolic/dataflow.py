@@ -101,7 +101,7 @@ class Dataflow(abc.ABC):
 
     def dim_folds(self, dim: str, extent, rows, cols, *, bound: int | None = None):
         """How many times GEMM dimension ``dim`` ("M", "K" or "N") of size ``extent`` folds
-        (``bound``: a static upper bound of ``extent``, see :func:`npujax._relax.ceil_div`)."""
+        (``bound``: a static upper bound of ``extent``, see ``npujax._relax.ceil_div``)."""
         if dim == self.layout[0]:
             return _ceil_div(extent, rows, bound=bound)
         if dim == self.layout[1]:
@@ -195,7 +195,7 @@ def gemm_cycles(
       cols: array width in PEs, same kind, >= 1.
       dataflow: a :class:`Dataflow` or its name (static).
       bound: a static upper bound of ``M``, ``K`` and ``N`` (Python int) or None; up to 2**50
-        the fold counts take the one-rounding float64 division (:func:`npujax._relax.ceil_div`;
+        the fold counts take the one-rounding float64 division (``npujax._relax.ceil_div``;
         the same values, fewer operations). It must hold: a smaller bound gives wrong counts.
 
     Returns:

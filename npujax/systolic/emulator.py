@@ -18,7 +18,7 @@ The fold loop is a rolled ``fori_loop``: each K-fold is one ``dot_general`` (ope
 int8/int16, ``preferred_element_type=int32``) added into a single int32 output buffer, so XLA
 runs it as fast as a plain int32 matmul and keeps one fold's partial sums at a time. Concrete
 GEMM operands run as fixed-shape ``TILE x TILE`` output tiles over K-chunks of whole folds
-(zero-padded; :func:`_tile_step`), so one compilation per array edge and dataflow serves every
+(zero-padded; ``_tile_step``), so one compilation per array edge and dataflow serves every
 GEMM shape; ``shapes="buckets"`` pads to shape buckets instead (:func:`shape_bucket`, one
 compilation per bucket, one call per GEMM). Cycle and traffic statistics come from the
 closed form :func:`gemm_cycles`; the register-level simulation in :mod:`npujax.systolic.registers`
@@ -210,7 +210,7 @@ def _tile_step(out, a, b, folds, tk: int, acc: str):
 
 def _tiled_gemm(a, b, rows: int, cols: int, df: Dataflow, acc: str) -> jax.Array:
     """``a @ b`` of concrete operands as ``TILE x TILE`` output tiles, each accumulated over
-    K-chunks of whole folds by :func:`_tile_step` (zero-padded on the host; the padding folds
+    K-chunks of whole folds by ``_tile_step`` (zero-padded on the host; the padding folds
     of the last chunk are skipped), assembled on the host."""
     a_np, b_np = np.asarray(a), np.asarray(b)
     (M, K), N = a_np.shape, b_np.shape[1]
@@ -283,7 +283,7 @@ def emulate_gemm(a, b, rows: int, cols: int, dataflow: str | Dataflow, *,
       shapes: how concrete operands are compiled (static; operands traced by a caller's ``jit``
         are always ``exact``): ``"tiles"`` (default) runs ``TILE x TILE`` output tiles over
         K-chunks of whole folds, zero-padded, through one program per array edge, dataflow,
-        accumulator and operand dtype, whatever the GEMM's shape (:func:`_tile_step`: many
+        accumulator and operand dtype, whatever the GEMM's shape (``_tile_step``: many
         GEMM shapes, one compilation; a host loop over the tiles); ``"buckets"`` zero-pads to
         the :func:`shape_bucket` of M and N and K to a power of two of whole folds (one
         compilation per bucket, one call); ``"exact"`` compiles one program per shape. Padding

@@ -78,7 +78,7 @@ def stacked_search() -> Iterator[None]:
     """Trace :func:`gemm_mapping` with its candidates stacked on a leading axis (the
     implementation before the unrolled one; the same values bit for bit): the reference that
     ``experiments/bench/cost_throughput.py`` and the equality tests compare against. Read while
-    tracing, like :func:`npujax._relax.integer_division`."""
+    tracing, like ``npujax._relax.integer_division``."""
     token = _STACKED.set(True)
     try:
         yield
