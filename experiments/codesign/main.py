@@ -17,7 +17,8 @@ per-layer loss increase of 0.05 nats (measured sensitivities of the trained mode
 * **grid search** — ``10 E`` and ``100 E`` exact evaluations (powers of two, uniform widths).
 
 Then the joint policy is QAT-fine-tuned on the digits and its test accuracy is reported next to
-the objective. Writes ``codesign_<model>.md`` and one Pareto plot per setting into ``--out``
+the objective. Writes ``codesign_<model>.md``, the same figures as ``codesign_<model>.json``
+and one Pareto plot per setting into ``--out``
 (``docs/results/codesign.md`` gathers them with a reading written by hand).
 """
 
@@ -25,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
+import json
 import time
 from pathlib import Path
 
@@ -131,6 +134,7 @@ def main() -> None:
                "accuracy joint / INT8 base |",
                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     details = []
+    records = []
     for preset, objective in settings:
         spec = load_npu_spec(preset)
         k0 = int(np.argmin([abs(np.log(c.dram_bytes_per_s / spec.memory.dram_bytes_per_s))
@@ -185,11 +189,26 @@ def main() -> None:
             f"![{preset} {objective}](codesign_{args.model}_{preset}_{objective}.png)",
             "",
         ]
+        records.append({
+            "preset": preset, "objective": objective, "area_budget_mm2": area,
+            "exact_evaluations": E, "base_int8": joint.base.summary(),
+            "joint": b.summary(), "hardware_only": hw.best.summary(),
+            "precision_only": prec.best.summary(),
+            "random_10E": r10, "random_100E": r100, "random_needed": need,
+            "grid_10E": g10, "grid_100E": g100,
+            "accuracy_joint": acc, "accuracy_int8_base": acc8, "joint_seconds": t_joint,
+        })
         plot_codesign(out / f"codesign_{args.model}_{preset}_{objective}.png", joint, cfg)
         print(summary[-1], flush=True)
     text = "\n".join(lines + summary + [""] + details
                      + [f"Total run time {time.time() - t0:.0f} s.", ""])
     atomic_write_text(out / f"codesign_{args.model}.md", text)
+    atomic_write_text(out / f"codesign_{args.model}.json", json.dumps({
+        "model": args.model, "float_accuracy": float_acc, "qat_steps": args.qat_steps,
+        "seeds": args.seeds, "steps": args.steps, "max_loss_increase": 0.05,
+        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "run_seconds": time.time() - t0, "settings": records,
+    }, indent=1, default=float) + "\n")
     print(text)
 
 
