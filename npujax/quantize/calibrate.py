@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -19,7 +20,33 @@ from npujax.quantize.execute import execute
 from npujax.quantize.spec import QuantSpec
 from npujax.quantize.weights import check_weights
 
-__all__ = ["calibrate"]
+__all__ = ["calibrate", "ChannelClipWarning"]
+
+
+class ChannelClipWarning(UserWarning):
+    """A calibrated per-tensor range lies inside whole channels' values (see :func:`calibrate`)."""
+
+
+def _channel_axis(node: Any, tap: int, ndim: int) -> int:
+    """The channel axis of a layer's observed tensor: the input's ``C`` of a Conv's
+    ``data_layout``, else the last axis (a GEMM's features, a second operand's columns)."""
+    if tap == 0 and node.op == "Conv":
+        return node.attrs["data_layout"].index("C")
+    return ndim - 1
+
+
+def _channel_sums(x: jax.Array, axis: int) -> tuple[jax.Array, jax.Array]:
+    """Per-channel ``(sum, count)`` of ``x`` along ``axis``, f32[C] each."""
+    x = jnp.moveaxis(jnp.asarray(x, jnp.float32), axis, 0).reshape(x.shape[axis], -1)
+    return jnp.sum(x, axis=1), jnp.full((x.shape[0],), x.shape[1], jnp.float32)
+
+
+def _clipped_channels(sums, lo, hi) -> list[tuple[int, float]]:
+    """``(channel, mean)`` of the channels whose mean lies outside ``[min(lo, 0), max(hi, 0)]``
+    (the grid always holds 0): most of such a channel's values saturate at the range's end."""
+    mean = jax.device_get(sums[0] / jnp.maximum(sums[1], 1.0))
+    lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
+    return [(c, float(m)) for c, m in enumerate(mean) if m > hi or m < lo]
 
 
 def calibrate(
@@ -54,6 +81,13 @@ def calibrate(
       and per quantizer the initial LSQ ``weight_step`` and LSQ+ ``act_offset``, or a search
       mixture's per-candidate grids and uniform probabilities.
 
+    Warns:
+      ChannelClipWarning: a layer's calibrated per-tensor range lies inside whole channels'
+        values (a channel's mean, channel axis: a Conv input's ``C``, else the last, outside
+        ``[min(lo, 0), max(hi, 0)]``); names each such layer, its channel count and the worst
+        channel. Never for min-max; the clipping observers can (entropy: 8 layers of PP-OCRv4
+        rec, whose quantized model then reads 40 % of timesteps as float does, vs 92 %).
+
     Raises:
       CalibrationError: no batches, an empty batch, a batch that is a tuple of arrays (an
         ``(inputs, targets)`` pair), NaN/inf reaching a layer, or a NaN/inf or
@@ -76,7 +110,17 @@ def calibrate(
     run = jax.jit(lambda p, x: execute(graph, p, x, taps=names)[1])
     update = jax.jit(lambda states, taps: {k: obs[k].update(states[k], taps[k[0]][k[1]])
                                            for k in keys})
-    states = None
+
+    def add_sums(sums, taps):
+        new = {}
+        for n, t in keys:
+            x = taps[n][t]
+            s, c = _channel_sums(x, _channel_axis(graph.node(n), t, jnp.ndim(x)))
+            new[n, t] = (s, c) if sums is None else (sums[n, t][0] + s, sums[n, t][1] + c)
+        return new
+
+    channel_sums = jax.jit(add_sums)
+    states = sums = None
     count = 0
     for i, x in enumerate(track(batches, "calibrating", progress)):
         if isinstance(x, tuple | list) and x and all(hasattr(v, "shape") for v in x):
@@ -91,12 +135,25 @@ def calibrate(
         if states is None:
             states = {k: obs[k].init(taps[k[0]][k[1]]) for k in keys}
         states = update(states, taps)
+        sums = channel_sums(sums, taps)
         for k in keys:
             check_finite_state(states[k], k[0])
         count += 1
     if count == 0:
         raise CalibrationError("calibration needs at least one batch; the iterator was empty.")
     qstate: dict[str, Any] = {}
+    clipped: list[str] = []
+
+    def check(n, t, lo, hi):
+        bad = _clipped_channels(sums[n, t], lo, hi)
+        if bad:
+            c, m = max(bad, key=lambda cm: abs(cm[1]))
+            what = "input" if t == 0 else "second operand"
+            clipped.append(
+                f"{n} ({what}: {len(bad)} channel(s), e.g. channel {c} with mean "
+                f"{m:.3g} outside [{float(lo):.3g}, {float(hi):.3g}])"
+            )
+
     for n, lq in quant.items():
         act_range = None
         if lq.act is not None and lq.act_range is not None:
@@ -104,6 +161,7 @@ def calibrate(
         elif (n, 0) in obs:
             assert states is not None
             act_range = obs[n, 0].compute_range(states[n, 0], lq.act, lq.act_symmetric)
+            check(n, 0, *act_range)
         node = graph.node(n)
         kernel = params.get(n, {}).get(weight_role(node))
         qstate[n] = lq.quantizer.init_state(
@@ -117,5 +175,17 @@ def calibrate(
                 fmt = lq.weight_candidates[-1]
                 r = obs[n, 2].compute_range(states[n, 2], fmt,
                                             not isinstance(fmt, IntFormat) or fmt.signed)
+                check(n, 2, *r)
             qstate[n] = lq.quantizer.init_operand(node, lq, qstate[n], r)
+    if clipped:
+        warnings.warn(
+            f"the calibrated range saturates whole channels (their mean lies outside it) at "
+            f"{len(clipped)} layer(s): {'; '.join(clipped)}. A clipping criterion (entropy, "
+            "percentile, MSE) weighs such an outlier channel as a small fraction of the "
+            "tensor's values, but the channel may carry a feature the model needs (PP-OCRv4 rec "
+            "with entropy calibration: 40 % of timesteps agree with float, 92 % with min-max). "
+            "If the quantized model degrades, calibrate with observer='minmax' or 'mse'.",
+            ChannelClipWarning,
+            stacklevel=2,
+        )
     return qstate

@@ -188,3 +188,64 @@ def test_entropy_sensible_range_at_every_width(bits, entropy_states):
         assert np.isfinite(float(s)) and float(s) > 0
         # the clip keeps at least the median of the non-zero values
         assert float(hi) >= np.median(data[data > 0]), (bits, str(fmt), sym, float(hi))
+
+
+@pytest.mark.parametrize("amax", [2.6704421, 1.0, 0.7, 5.8039618])
+def test_exact_zeros_binned_on_the_positive_side(amax):
+    # Regression: (0 + amax) / (2 amax) * 2 bins rounded below `bins` for amax = 2.6704421 under
+    # jit, so exact zeros went to the [-w, 0) bin while the zero removal emptied [0, w) instead.
+    x = np.r_[np.zeros(50), [amax, -0.5 * amax, 1e-4 * amax, -1e-4 * amax]].astype(np.float32)
+    state = run(entropy_observer(bins=2048), [x])
+    hist = np.asarray(state["hist"])
+    assert float(state["zeros"]) == 50
+    assert hist[2048] == 51 and hist[2047] == 1, (hist[2047], hist[2048])
+
+
+def _trt_entropy_threshold(h, width, levels):
+    """TensorRT's entropy threshold on an ``|x|`` histogram ``h`` (pytorch-quantization's
+    ``_compute_amax_entropy``), numpy reference; thresholds from bin 128 on."""
+    divs = []
+    for i in range(128, len(h) + 1):
+        p = h[:i].astype(np.float64)
+        p[i - 1] += h[i:].sum()
+        grp = np.arange(i) * levels // i
+        total = np.bincount(grp, weights=h[:i], minlength=levels)
+        count = np.bincount(grp, weights=(h[:i] > 0).astype(float), minlength=levels)
+        q = np.where(h[:i] > 0, total[grp] / np.maximum(count[grp], 1), 0.0)
+        p, q = p / p.sum(), q / q.sum()  # scipy.stats.entropy(p, q), without its import time
+        with np.errstate(divide="ignore", invalid="ignore"):  # p > 0 = q: inf, as scipy
+            kl = p * (np.log(np.where(p > 0, p, 1.0)) - np.log(q))
+        divs.append(np.sum(np.where(p > 0, kl, 0.0)))
+    return (128 + int(np.argmin(divs))) * width
+
+
+def test_entropy_of_zero_heavy_signed_data_matches_references():
+    # PP-OCRv4 rec's 29th conv input (17 % exact zeros, a few % of values in a tail 8x past the
+    # bulk, max 2.6704421): with the zeros left in the |x| histogram's first bin, the threshold
+    # fell to 1/8 of the reference's and every timestep read as blank. With them left out, the
+    # threshold is TensorRT's on the non-zero |x| histogram, and onnxruntime's EntropyCalibrater
+    # algorithm (mirrored |x| histogram, 2 x 128 levels) lands within a bin of it.
+    from onnxruntime.quantization.calibrate import HistogramCollector
+
+    rng = np.random.default_rng(9)
+    n = 40_000
+    neg, pos = -np.abs(rng.laplace(0, 0.03, n)), np.abs(rng.laplace(0, 0.05, n))
+    x = np.where(rng.uniform(size=n) < 0.5, neg, pos)
+    x[rng.uniform(size=n) < 0.02] *= 10.0
+    x[rng.uniform(size=n) < 0.17] = 0.0
+    x = (x * (2.6704421 / x.max())).astype(np.float32)
+    x[np.argmax(x)] = np.float32(2.6704421)
+    a = np.abs(x[x != 0])
+    for bins in (1024, 256):  # onnxruntime's Python loops get the small one
+        obs = entropy_observer(bins=bins)
+        lo, hi = obs.compute_range(run(obs, [x]), I8, True)
+        h, _ = np.histogram(a, bins, range=(0, float(np.abs(x).max())))
+        width = float(np.abs(x).max()) / bins
+        ref = _trt_entropy_threshold(h, width, 128)
+        assert abs(float(hi) - ref) <= 1.01 * width and float(lo) == -float(hi), (float(hi), ref)
+        assert float(hi) > 4 * np.quantile(a, 0.9)  # not clipped into the bulk
+    edges = np.linspace(-a.max(), a.max(), 2 * bins + 1).astype(np.float32)
+    collector = HistogramCollector("entropy", True, 2 * bins, 256, None, None)
+    mirrored = (np.r_[h[::-1], h], edges, np.float32(-a.max()), np.float32(a.max()))
+    _, ort_hi = collector.get_entropy_threshold(mirrored, 256)
+    assert abs(float(hi) - float(ort_hi)) <= 2.01 * width, (float(hi), float(ort_hi))
