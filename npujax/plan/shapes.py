@@ -93,7 +93,7 @@ def sweep_shapes(points: Sequence[Graph | Sequence[Workload]], spec: NpuSpec | s
                           "shapes: lower each point with npujax.lower, or sweep a copy with "
                           "spec.with_fields({'ops.fusion': 'residual'}).")
     graphs = [p if isinstance(p, Graph) else None for p in points]
-    lists = [workloads(g, spec) if g is not None else list(p) for g, p in zip(graphs, points)]
+    lists = [workloads(p, spec) if isinstance(p, Graph) else list(p) for p in points]
     first = tuple(lists[0])
     ref = structure(first)
     for i, p in enumerate(lists[1:], 1):
@@ -109,7 +109,7 @@ def sweep_shapes(points: Sequence[Graph | Sequence[Workload]], spec: NpuSpec | s
                     f"{spec.ops.attention_fusion!r}) and its blocks are recognised on the "
                     "graph: pass the points' graphs to sweep_shapes, not their workload lists.")
         else:
-            found = [attention_chains(g, w) for g, w in zip(graphs, lists)]
+            found = [attention_chains(g, w) for g, w in zip(graphs, lists) if g is not None]
             chains = found[0]
             for i, c in enumerate(found[1:], 1):
                 if tuple(map(_static, c)) != tuple(map(_static, chains)):

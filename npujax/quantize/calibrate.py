@@ -120,12 +120,14 @@ def calibrate(
         return new
 
     channel_sums = jax.jit(add_sums)
-    states = sums = None
+    states = None
+    sums: Any = None
     count = 0
     for i, x in enumerate(track(batches, "calibrating", progress)):
-        if isinstance(x, tuple | list) and x and all(hasattr(v, "shape") for v in x):
+        batch: Any = x  # a user's loader may yield anything
+        if isinstance(batch, tuple | list) and batch and all(hasattr(v, "shape") for v in batch):
             raise CalibrationError(
-                f"calibration batch {i} is a {type(x).__name__} of {len(x)} arrays, like the "
+                f"calibration batch {i} is a {type(batch).__name__} of {len(batch)} arrays, like the "
                 "(inputs, targets) batches of a training loader; calibration observes the "
                 "inputs only: pass (x for x, _ in loader).")
         if jnp.shape(x)[:1] == (0,):

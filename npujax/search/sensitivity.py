@@ -139,7 +139,8 @@ def activation_sensitivity(
             return loss_fn(out, y), taps
 
         grads, taps = jax.grad(loss, has_aux=True)(zeros)
-        fisher, noise = {}, {}
+        fisher: dict[str, jax.Array] = {}
+        noise: dict[str, list[jax.Array]] = {}
         for n in layers:
             act = taps[n][0]
             fisher[n] = jnp.mean(jnp.square(grads[n]))
