@@ -14,6 +14,16 @@ the compile options, the jax/jaxlib/XLA versions and the device, so a hit return
 that compiling would; a fresh folder per session also means no entry written by another checkout,
 another environment or an interrupted run is ever read.
 
+XLA's CPU backend compiles the suite's programs with LLVM at ``-O0``
+(``--xla_backend_optimization_level=0``, added to ``XLA_FLAGS`` for the session and its
+subprocesses unless the caller set a level): the HLO passes (fusion, layout, the program's
+arithmetic) run as in a user's process, only LLVM's code-generation optimizations are skipped,
+which take longer than the suite's small programs run. ``npujax lower`` compiles its cost program
+this way for users too (``npujax.plan.lower._ONCE``). LLVM at ``-O2`` may contract a multiply and
+an add into an FMA where ``-O0`` does not, so a real-valued result could differ in its last bit
+from a user's process; every tolerance in the suite is far above that, and bit-identity tests
+compare two programs compiled alike.
+
 Under pytest-xdist (``-n auto`` in ``pyproject.toml``) each worker has its own folder. (Sharing one
 needs JAX's size-limited cache for its file lock, and that cache stats every entry and reads its
 access time on every write, under the lock: quadratic in the thousands of entries a run makes.)
@@ -27,7 +37,9 @@ import jax
 import pytest
 
 _JAX_CACHE = pytest.StashKey[tuple[str, dict[str, str | None]]]()
-_CACHE_ENV = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")
+_CACHE_ENV = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+              "XLA_FLAGS")
+_LLVM_O0 = "--xla_backend_optimization_level=0"
 
 
 def pytest_configure(config):
@@ -37,7 +49,10 @@ def pytest_configure(config):
     # every program, however fast it compiled: the small ones are most of the repeats
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_compilation_cache_dir", path)
-    os.environ.update(zip(_CACHE_ENV, (path, "0")))  # inherited by CLI subprocesses
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_backend_optimization_level" not in flags:  # read when the backend starts, below
+        flags = f"{flags} {_LLVM_O0}".strip()
+    os.environ.update(zip(_CACHE_ENV, (path, "0", flags)))  # inherited by CLI subprocesses
 
 
 def pytest_unconfigure(config):

@@ -8,6 +8,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.typing import ArrayLike
 
 from npujax._progress import track
@@ -44,7 +45,8 @@ def _channel_sums(x: jax.Array, axis: int) -> tuple[jax.Array, jax.Array]:
 def _clipped_channels(sums, lo, hi) -> list[tuple[int, float]]:
     """``(channel, mean)`` of the channels whose mean lies outside ``[min(lo, 0), max(hi, 0)]``
     (the grid always holds 0): most of such a channel's values saturate at the range's end."""
-    mean = jax.device_get(sums[0] / jnp.maximum(sums[1], 1.0))
+    s, c = (np.asarray(v, np.float32) for v in jax.device_get(sums))  # on the host
+    mean = s / np.maximum(c, np.float32(1.0))
     lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
     return [(c, float(m)) for c, m in enumerate(mean) if m > hi or m < lo]
 
@@ -127,8 +129,8 @@ def calibrate(
         batch: Any = x  # a user's loader may yield anything
         if isinstance(batch, tuple | list) and batch and all(hasattr(v, "shape") for v in batch):
             raise CalibrationError(
-                f"calibration batch {i} is a {type(batch).__name__} of {len(batch)} arrays, like the "
-                "(inputs, targets) batches of a training loader; calibration observes the "
+                f"calibration batch {i} is a {type(batch).__name__} of {len(batch)} arrays, like "
+                "the (inputs, targets) batches of a training loader; calibration observes the "
                 "inputs only: pass (x for x, _ in loader).")
         if jnp.shape(x)[:1] == (0,):
             raise CalibrationError(f"calibration batch {i} is empty (0 examples); pass only "

@@ -69,7 +69,8 @@ def test_eight_host_devices_equal_one_device(model, reference, tmp_path):
         g = load_graph({str(model[1])!r})[0]
         r = sweep(g, "edge_16x16", {GRID!r})  # sharded over the 8 devices
         np.savez({str(out)!r}, **r.columns)
-    """, _env(XLA_FLAGS="--xla_force_host_platform_device_count=8"))
+    """, _env(XLA_FLAGS=os.environ.get("XLA_FLAGS", "")
+                   + " --xla_force_host_platform_device_count=8"))
     log, _ = p.communicate(timeout=240)
     assert p.returncode == 0, log
     with np.load(out) as z:

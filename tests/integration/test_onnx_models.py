@@ -55,9 +55,9 @@ def test_cls_gradients_are_finite(ppocr_cls):
     _, graph, params = ppocr_cls
     x = text_images(48, 192, 1, seed=1)
     grads = jax.jit(jax.grad(lambda p: jnp.sum(execute(graph, p, x) ** 2)))(params)
-    leaves = jax.tree_util.tree_leaves(grads)
-    assert all(bool(jnp.all(jnp.isfinite(g))) for g in leaves)
-    assert sum(float(jnp.abs(g).max()) > 0 for g in leaves) > len(leaves) // 2
+    leaves = [np.asarray(g) for g in jax.tree_util.tree_leaves(grads)]  # checked on the host
+    assert all(np.isfinite(g).all() for g in leaves)
+    assert sum(float(np.abs(g).max()) > 0 for g in leaves) > len(leaves) // 2
 
 
 @pytest.mark.parametrize("name", CLAIMED)

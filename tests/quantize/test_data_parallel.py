@@ -115,7 +115,8 @@ json.dump(out, sys.stdout)
 
 @pytest.mark.integration  # one subprocess: 2 QAT runs and 4 searches
 def test_eight_host_devices_equal_one_device():
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    env = {**os.environ, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")
+           + " --xla_force_host_platform_device_count=8"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     p = subprocess.run([sys.executable, "-c", textwrap.dedent(SCRIPT)], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=900)
