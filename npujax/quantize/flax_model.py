@@ -44,6 +44,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.typing import ArrayLike
 
@@ -176,7 +177,7 @@ def _check_shared(plan: _Plan, params: Params, read: Callable[[tuple[Any, ...]],
     raw = plan.raw(read)
     for node, roles in params.items():
         for role, v in roles.items():
-            if node in raw and not bool(jnp.array_equal(raw[node][role], jnp.asarray(v))):
+            if node in raw and not np.array_equal(np.asarray(raw[node][role]), np.asarray(v)):
                 raise GraphError(
                     f"traced layer {node!r} {role} is not the value of the model's variable "
                     f"{'/'.join(map(str, plan.refs[node][role]))} (shape "

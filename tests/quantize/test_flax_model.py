@@ -102,11 +102,15 @@ def test_forward_equals_the_traced_graph_and_any_batch(data):
     graph, params = trace_flax(m, x[:1])
     fgraph, fparams = fold_batchnorm(graph, params)
     qstate = npujax.calibrate(fgraph, fparams, [x[:16]], q.plan.quant)
-    want = npujax.execute(fgraph, fparams, x, quant=q.plan.quant, qstate=qstate)
-    assert_close(q(x), want)
-    assert q(x[:7]).shape == (7, 10)
+    quant = q.plan.quant  # compiled, as a user runs it (op by op: a program per op and shape)
+    run = jax.jit(lambda g, p, s, x: npujax.execute(g, p, x, quant=quant, qstate=s),
+                  static_argnums=0)
+    want = run(fgraph, fparams, qstate, x)
+    forward = nnx.jit(lambda q, x: q(x))
+    assert_close(forward(q, x), want)
+    assert forward(q, x[:7]).shape == (7, 10)
     g, p, s = npujax.graph_of(q)
-    assert_close(npujax.execute(g, p, x, quant=q.plan.quant, qstate=s), want)
+    assert_close(run(g, p, s, x), want)
 
 
 def test_user_loop_equals_train_graph_and_writes_into_the_model(data):
