@@ -10,7 +10,8 @@ import onnx
 
 @functools.cache
 def node_cases() -> dict:
-    """``{case name: TestCase}`` of onnx's backend node tests (built in memory by onnx)."""
+    """``{case name: TestCase}`` of all onnx's backend node tests (built in memory by onnx: this
+    runs every case's reference computation, ~10-20 s; :func:`node_case` builds one)."""
     import warnings
 
     from onnx.backend.test.loader import load_model_tests
@@ -18,6 +19,52 @@ def node_cases() -> dict:
     with warnings.catch_warnings():  # onnx's case builders overflow casts on purpose
         warnings.simplefilter("ignore")
         return {c.name: c for c in load_model_tests(kind="node")}
+
+
+@functools.cache
+def _case_sources() -> dict[str, str]:
+    """``{module name: source}`` of onnx's node-case modules (read, not imported)."""
+    import pkgutil
+
+    import onnx.backend.test.case.node as pkg
+
+    out = {}
+    for info in pkgutil.iter_modules(pkg.__path__):
+        if not info.ispkg:
+            spec = info.module_finder.find_spec(info.name)  # type: ignore[call-arg]
+            with open(spec.origin, encoding="utf-8") as f:
+                out[f"{pkg.__name__}.{info.name}"] = f.read()
+    return out
+
+
+def node_case(name: str):
+    """The backend node test case ``name``, building only the onnx module(s) that name it (an
+    import runs a module's reference computations); all of them when no module names it
+    literally (names built at run time)."""
+    import importlib
+    import re
+    import warnings
+
+    from onnx.backend.test.case.node import _NodeTestCases
+
+    def found():
+        return next((c for c in _NodeTestCases if c.name == name), None)
+
+    sources = _case_sources()
+    base = re.sub(r"_expanded(_ver\d+)?$", "", name)
+    named = [m for m, src in sources.items() if f'"{base}"' in src or f"'{base}'" in src]
+    # names built at run time: the module of the op, e.g. test_layer_normalization_2d_axis0 in
+    # .../node/layernormalization.py
+    words = base.removeprefix("test_").split("_")
+    pkg = "onnx.backend.test.case.node"
+    by_op = [f"{pkg}.{''.join(words[:k])}" for k in range(len(words), 0, -1)]
+    for module in named + [m for m in by_op if m in sources]:
+        with warnings.catch_warnings():  # onnx's case builders overflow casts on purpose
+            warnings.simplefilter("ignore")
+            importlib.import_module(module)
+        if (case := found()) is not None:
+            return case
+    return node_cases()[name]
 
 
 def load_case(case):

@@ -236,9 +236,9 @@ INTEGER_CASES = ("test_div_int32_trunc", "test_div_int8", "test_div_uint16", "te
 
 @pytest.mark.parametrize("name", INTEGER_CASES)
 def test_integer_node_cases_keep_onnx_semantics(name):
-    from tests.onnx_conformance import node_cases, run_case
+    from tests.onnx_conformance import node_case, run_case
 
-    run_case(node_cases()[name])  # (asserts the values and the dtype)
+    run_case(node_case(name))  # (asserts the values and the dtype)
 
 
 def test_issue_example_integer_div_truncates_and_keeps_int32():

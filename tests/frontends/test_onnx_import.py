@@ -195,10 +195,10 @@ SAMPLE = _sample(CLAIMED) + ["test_conv_with_strides_and_asymmetric_padding",
 
 @pytest.mark.parametrize("name", SAMPLE)
 def test_onnx_node_case_sample(name):
-    from tests.onnx_conformance import node_cases, run_case
+    from tests.onnx_conformance import node_case, run_case
 
     assert name in CLAIMED
-    run_case(node_cases()[name])
+    run_case(node_case(name))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -62,6 +62,6 @@ def test_cls_gradients_are_finite(ppocr_cls):
 
 @pytest.mark.parametrize("name", CLAIMED)
 def test_onnx_node_case(name):
-    from tests.onnx_conformance import node_cases, run_case
+    from tests.onnx_conformance import node_case, run_case
 
-    run_case(node_cases()[name])
+    run_case(node_case(name))

@@ -156,9 +156,9 @@ def test_scalar_graph_input_runs():
     in execute)."""
     from npujax.frontends.onnx import from_onnx
     from npujax.quantize.execute import execute
-    from tests.onnx_conformance import load_case, node_cases
+    from tests.onnx_conformance import load_case, node_case
 
-    model, (x,), (want,) = load_case(node_cases()["test_einsum_scalar"])
+    model, (x,), (want,) = load_case(node_case("test_einsum_scalar"))
     graph, params = from_onnx(model)
     assert graph.tensors[graph.inputs[0]].shape == ()
     y = execute(graph, params, np.asarray(x, np.float32))
