@@ -2,7 +2,6 @@
 QLinearMatMul bit for bit (uint8 activations, int8 per-channel weights, int32 bias), and the
 whole exported demo CNN equals onnxruntime's execution of it."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import onnx
@@ -15,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from npujax.backends.integer import _int_gemm, convert, execute_integer
 from npujax.backends.onnx_export import to_onnx
 from npujax.ir.graph import Node
+from tests.helpers import jit_optimized
 
 N, H, W, CI, CO = 2, 6, 6, 3, 4
 CONV = Node("c", "Conv", ("x",), ("y",), attrs={
@@ -109,6 +109,6 @@ def test_digits_cnn_integer_path_equals_onnxruntime_bit_for_bit(digits_w8a8, tmp
     name = graph.inputs[0]
     want = np.concatenate([sess.run(None, {name: xi[None]})[0] for xi in x])
     integer = convert(graph, params, q8, qstate, requant="float")
-    got = np.asarray(jax.jit(lambda v: execute_integer(integer, v))(jnp.asarray(x)))
+    got = np.asarray(jit_optimized(lambda v: execute_integer(integer, v))(jnp.asarray(x)))
     # Same int32 accumulators, the same final float32 multiply: identical, not just close.
     np.testing.assert_array_equal(got, want)

@@ -18,7 +18,7 @@ from npujax.ops import gemm_nodes
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.execute import execute
 from npujax.quantize.spec import quant_spec
-from tests.helpers import assert_close
+from tests.helpers import assert_close, jit_optimized
 from tests.onnx_models import ort_run, text_images
 
 
@@ -118,7 +118,7 @@ def test_qdq_export_in_onnxruntime_equals_the_integer_path(cls_quantized):
     graph, params, q, qstate, xs, *_ = cls_quantized
     model = to_onnx(graph, params, q, qstate).SerializeToString()
     integer = convert(graph, params, q, qstate, requant="float")
-    run = jax.jit(lambda x: execute_integer(integer, x))
+    run = jit_optimized(lambda x: execute_integer(integer, x))  # integer convs: -O2
     diff = []
     for x in xs[:4]:
         (y,) = ort_run(model, {"x": x[None]})
