@@ -48,8 +48,9 @@ for devices in (None, "all"):  # one device, then the batch split over 8
                      optimizer=optax.sgd(0.1), devices=devices)
     print("qat", devices, time.perf_counter() - t0, file=sys.stderr)
     leaf = tp["conv1"]["kernel"]
-    loss = float(cross_entropy(execute(g, tp, jnp.asarray(x), quant=q, qstate=qs),
-                               jnp.asarray(y)))
+    # jitted, as a user evaluates (an eager execute compiles every op: ~12 s here)
+    loss = float(jax.jit(lambda p, x, y: cross_entropy(execute(g, p, x, quant=q, qstate=qs),
+                                                       y))(tp, jnp.asarray(x), jnp.asarray(y)))
     acc = evaluate(g, tp, data.x_test, data.y_test, quant=q, qstate=qs)
     pols = {}
     for method in ("ilp", "gradient"):
