@@ -189,10 +189,10 @@ def test_layer_costs_grad_and_vmap_over_hardware(graph, edge_spec):
         c = layer_costs(layers, spec, wbits, jnp.full(n, 8.0), "output_stationary")
         return jnp.sum(c.latency_cycles)
 
-    g = jax.grad(total)(jnp.full(n, 8.0))
+    g = jax.jit(jax.grad(total))(jnp.full(n, 8.0))  # jitted: eagerly, ~200 op compilations
     fc1 = [w.name for w in layers].index("fc1")
     assert np.all(np.isfinite(np.asarray(g))) and float(g[fc1]) > 0  # fc1 is memory-bound
-    batch = jax.vmap(total)(jnp.stack([jnp.full(n, b) for b in (2.0, 4.0, 8.0)]))
+    batch = jax.jit(jax.vmap(total))(jnp.stack([jnp.full(n, b) for b in (2.0, 4.0, 8.0)]))
     assert np.all(np.diff(np.asarray(batch)) >= 0)
     # 64 hardware configurations (bandwidth x array size) in one jitted vmapped call over the
     # spec itself (a pytree: no mirror class)

@@ -88,7 +88,7 @@ def test_exact_under_jit_vmap_and_grad_on_the_default_config(big_conv, edge_spec
     def total(wbits):
         return jnp.sum(layer_costs(layers, edge_spec, wbits, jnp.full(n, 8.0)).latency_cycles)
 
-    g = jax.grad(total)(jnp.full(n, 8.0))
+    g = jax.jit(jax.grad(total))(jnp.full(n, 8.0))
     assert g.dtype == jnp.float32 and np.all(np.isfinite(np.asarray(g)))
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -60,6 +62,7 @@ def test_bitserial_weight_width_slope_is_the_streaming_time_per_bit():
     layers = [_gemm(1024, 64, 64)]
     a = jnp.full(1, 8.0)
 
+    @functools.partial(jax.jit, static_argnums=1)  # (eagerly: a compilation per op)
     def lat(w, relaxed):
         return layer_costs(layers, spec, w, a, relaxed=relaxed).latency_cycles.sum()
 
@@ -76,6 +79,7 @@ def test_hardware_gradients_through_integer_fields():
     layers = [_gemm(4096, 576, 64), _vector(100_000, ops_per_elem=100)]  # compute-bound
     w = jnp.full(2, 8.0)
 
+    @jax.jit  # (eagerly: a compilation per op)
     def lat(s):
         return (layer_costs(layers, s, w, w, relaxed=True).latency_cycles.sum()
                 / s.array.clock_hz)
@@ -146,7 +150,7 @@ def test_split_over_cores_at_a_tie_follows_the_split_one_more_core_takes():
         return layer_costs(layers, s, w, w, relaxed=True).compute_cycles.sum()
 
     with jax.enable_x64(True):
-        g = float(jax.grad(compute)(differentiable_spec(spec, jnp.float64)).array.cores)
+        g = float(jax.jit(jax.grad(compute))(differentiable_spec(spec, jnp.float64)).array.cores)
         secant = float(layer_costs(layers, spec.with_fields({"array.cores": 2}), w, w)
                        .compute_cycles.sum() - layer_costs(layers, spec, w, w)
                        .compute_cycles.sum())
