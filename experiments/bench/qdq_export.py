@@ -7,11 +7,13 @@ Usage (from the checkout root, ``PYTHONPATH=$PWD``)::
 
 ``dump`` builds each model (``cls``: PP-OCR direction classifier at (1, 3, 48, 192), 4 text
 images; ``det``: PP-OCR detector at (1, 3, 320, 320), 2 text images; ``digits``: DigitsCNN, 2
-batches of 32 random images), then times each library call once in a fresh process state and
-counts the XLA compilations it makes (jax.monitoring's backend-compile event). It saves the
-calibrated qstate, the exported ONNX bytes and every array of the IntegerModel
-(``requant="float"`` and ``"fixed_point"``) as ``OUT_DIR/<model>.npz``. ``compare`` checks every
-array of two such dumps for equal dtype, shape and bytes and prints the differences.
+batches of 32 random images; ``model:lsq`` with the LSQ quantizer, ``model:fp8block`` with
+FP8 weights in blocks of 16, exported only), then times each library call once in a fresh
+process state and counts the XLA compilations it makes (jax.monitoring's backend-compile
+event). It saves the calibrated qstate, the exported ONNX bytes and every array of the
+IntegerModel (``requant="float"`` and ``"fixed_point"``) as ``OUT_DIR/<model>.npz``.
+``compare`` checks every array of two such dumps for equal dtype, shape and bytes and prints
+the differences.
 """
 
 from __future__ import annotations
@@ -89,6 +91,11 @@ def _build(name):
     return graph, params, [np.asarray(x, np.float32)[None] for x in xs[:n]]
 
 
+# "model:variant" selects a quant_spec other than the default W8A8 STE one
+_VARIANTS = {"": {}, "lsq": {"quantizer": "lsq"},
+             "fp8block": {"weight_format": "fp8_e4m3fn", "weight_block_size": 16}}
+
+
 def _timed(label, fn, times):
     _COMPILES.clear()
     _COMPILE_S.clear()
@@ -121,22 +128,24 @@ def _dump_one(name, out_dir):
     from npujax.quantize.spec import quant_spec
 
     print(name, flush=True)
-    graph, params, xs = _build(name)
-    q = quant_spec(graph)
+    base, _, variant = name.partition(":")
+    graph, params, xs = _build(base)
+    q = quant_spec(graph, **_VARIANTS[variant])
     times = {}
     qstate = _timed("calibrate", lambda: calibrate(graph, params, xs, q), times)
     proto = _timed("to_onnx", lambda: to_onnx(graph, params, q, qstate), times)
     _timed("to_onnx (again)", lambda: to_onnx(graph, params, q, qstate), times)
-    im_f = _timed("convert float", lambda: convert(graph, params, q, qstate,
-                                                   requant="float"), times)
-    im_x = _timed("convert fixed_point", lambda: convert(graph, params, q, qstate), times)
     arrays = {}
     _canon(qstate, "qstate", arrays)
-    _canon(im_f, "int_float", arrays)
-    _canon(im_x, "int_fixed", arrays)
+    if variant != "fp8block":  # the integer path is int-only
+        im_f = _timed("convert float", lambda: convert(graph, params, q, qstate,
+                                                       requant="float"), times)
+        im_x = _timed("convert fixed_point", lambda: convert(graph, params, q, qstate), times)
+        _canon(im_f, "int_float", arrays)
+        _canon(im_x, "int_fixed", arrays)
     arrays["onnx"] = np.frombuffer(proto.SerializeToString(), np.uint8)
-    np.savez(out_dir / f"{name}.npz", **arrays)
-    (out_dir / f"{name}.json").write_text(json.dumps(times, indent=1))
+    np.savez(out_dir / f"{name.replace(':', '_')}.npz", **arrays)
+    (out_dir / f"{name.replace(':', '_')}.json").write_text(json.dumps(times, indent=1))
 
 
 def compare(a_dir, b_dir):
