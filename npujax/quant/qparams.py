@@ -87,7 +87,9 @@ def weight_qparams(
 
     Returns:
       ``(scale, zero_point)`` of shape ``[w.shape[axis]]`` (or scalars, or the per-block shape
-      above), gradient-stopped; float32 and int32.
+      above), gradient-stopped; float32 and int32. A concrete ``w`` (not traced) is computed in
+      numpy, bit for bit as the jnp code runs eagerly, without compiling (see
+      ``_host_weight_qparams``).
 
     Raises:
       QuantizationError: ``block_size`` without an axis, or not a positive int.
