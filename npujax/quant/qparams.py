@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.typing import ArrayLike
 
 from npujax.errors import QuantizationError
@@ -86,11 +87,21 @@ def weight_qparams(
 
     Returns:
       ``(scale, zero_point)`` of shape ``[w.shape[axis]]`` (or scalars, or the per-block shape
-      above), gradient-stopped; float32 and int32.
+      above), gradient-stopped; float32 and int32. A concrete ``w`` (not traced) is computed in
+      numpy, bit for bit as the jnp code runs eagerly, without compiling (see
+      ``_host_weight_qparams``).
 
     Raises:
       QuantizationError: ``block_size`` without an axis, or not a positive int.
     """
+    if not isinstance(w, jax.core.Tracer):  # a concrete weight: on the host, no compilation
+        s, z = _host_weight_qparams(np.asarray(w, np.float32), fmt, axis, block_size)
+        return jax.device_put(s), jax.device_put(z)  # (jnp.asarray compiles per shape)
+    return _jnp_weight_qparams(w, fmt, axis, block_size)
+
+
+def _jnp_weight_qparams(w: ArrayLike, fmt: Format, axis: int | None, block_size: int | None
+                        ) -> tuple[jax.Array, jax.Array]:
     w = jax.lax.stop_gradient(jnp.asarray(w, jnp.float32))
     if block_size is not None:
         return _block_qparams(w, fmt, axis, block_size)
@@ -101,11 +112,54 @@ def weight_qparams(
     return qparams_from_range(jnp.min(w, axis=reduce), jnp.max(w, axis=reduce), fmt, True)
 
 
-def _block_qparams(w: jax.Array, fmt: Format, axis: int | None, block_size: int):
+def _check_block(axis: int | None, block_size: int) -> None:
     if axis is None:
         raise QuantizationError(f"block_size={block_size} needs the blocked axis; pass axis=.")
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise QuantizationError(f"block_size must be a positive int, got {block_size!r}.")
+
+
+def _host_weight_qparams(w: np.ndarray, fmt: Format, axis: int | None,
+                         block_size: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`weight_qparams` of a concrete array, in numpy on the host, bit for bit what the
+    jnp code computes op by op (eagerly), without compiling one XLA program per weight shape
+    (a model's export or conversion compiled ~170 of them).
+
+    The one rounding step is ``amax / d`` (``d = (qmax - qmin) / 2`` or ``fmt.max``). Eager
+    XLA divides a scalar (or one-element array) exactly, but rewrites the division of a larger
+    array by the broadcast ``d`` into a multiplication by the float32 reciprocal ``1 / d``
+    (which differs from the true quotient in the last bit for a few percent of the values), so
+    this does the same. Min, max, negation and the clamp to :data:`MIN_SCALE` are exact.
+    """
+    zero = np.float32(0.0)
+    if block_size is not None:  # as _block_qparams: qparams_from_range(-amax, amax)
+        _check_block(axis, block_size)
+        assert axis is not None
+        axis %= w.ndim
+        n = w.shape[axis]
+        nb = -(-n // block_size)
+        pad = [(0, nb * block_size - n if i == axis else 0) for i in range(w.ndim)]
+        a = np.abs(np.pad(w, pad)).reshape(w.shape[:axis] + (nb, block_size) + w.shape[axis + 1:])
+        hi = np.max(a, axis=axis + 1)
+        lo = -hi
+    else:
+        reduce = None if axis is None else tuple(i for i in range(w.ndim) if i != axis % w.ndim)
+        lo, hi = np.min(w, axis=reduce), np.max(w, axis=reduce)
+    amax = np.maximum(-np.minimum(lo, zero), np.maximum(hi, zero))  # as qparams_from_range
+    amax = np.asarray(amax, np.float32)
+    if isinstance(fmt, FloatFormat):
+        d = np.float32(fmt.max)
+    else:
+        d = np.float32((fmt.qmax - fmt.qmin) / 2.0)
+    q = amax / d if amax.size == 1 else amax * (np.float32(1.0) / d)
+    scale = np.maximum(q, np.float32(MIN_SCALE)).astype(np.float32)
+    mid = 0 if isinstance(fmt, FloatFormat) or fmt.signed else (fmt.qmin + fmt.qmax + 1) // 2
+    return scale, np.full(scale.shape, mid, np.int32)
+
+
+def _block_qparams(w: jax.Array, fmt: Format, axis: int | None, block_size: int):
+    _check_block(axis, block_size)
+    assert axis is not None
     axis %= w.ndim
     n = w.shape[axis]
     nb = -(-n // block_size)

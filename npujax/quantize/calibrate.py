@@ -113,15 +113,15 @@ def calibrate(
     update = jax.jit(lambda states, taps: {k: obs[k].update(states[k], taps[k[0]][k[1]])
                                            for k in keys})
 
-    def add_sums(sums, taps):
-        new = {}
-        for n, t in keys:
-            x = taps[n][t]
-            s, c = _channel_sums(x, _channel_axis(graph.node(n), t, jnp.ndim(x)))
-            new[n, t] = (s, c) if sums is None else (sums[n, t][0] + s, sums[n, t][1] + c)
-        return new
+    def batch_sums(taps):
+        return {(n, t): _channel_sums(taps[n][t], _channel_axis(graph.node(n), t,
+                                                               jnp.ndim(taps[n][t])))
+                for n, t in keys}
 
-    channel_sums = jax.jit(add_sums)
+    # one small program per batch shape; the running sums are added on the host in float32
+    # (as XLA adds them). Adding them inside the program made XLA fuse the transposes with the
+    # additions: a 3 s compilation on the PP-OCR classifier instead of 0.3 s.
+    channel_sums = jax.jit(batch_sums)
     states = None
     sums: Any = None
     count = 0
@@ -139,7 +139,9 @@ def calibrate(
         if states is None:
             states = {k: obs[k].init(taps[k[0]][k[1]]) for k in keys}
         states = update(states, taps)
-        sums = channel_sums(sums, taps)
+        new = jax.device_get(channel_sums(taps))
+        sums = new if sums is None else {k: (sums[k][0] + new[k][0], sums[k][1] + new[k][1])
+                                         for k in keys}
         for k in keys:
             check_finite_state(states[k], k[0])
         count += 1

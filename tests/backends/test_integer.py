@@ -85,3 +85,28 @@ def test_jaxpr_int8_codes_int32_accumulation(model_and_data):
     for e in convs:
         assert e.outvars[0].aval.dtype == jnp.int32
         assert all(v.aval.dtype == jnp.int32 for v in e.invars)
+
+
+def test_convert_and_export_compile_nothing(model_and_data):
+    """Weight scales, codes and bias codes are host arithmetic: converting and exporting a
+    calibrated model lowers no XLA program (before: one program per weight shape and per op,
+    169 on the PP-OCR classifier's export, 63 on its conversion). Lowerings are counted, not
+    backend compilations, so a persistent-cache hit cannot hide one."""
+    from npujax.backends.onnx_export import to_onnx
+
+    graph, params, q, qstate, _ = model_and_data
+    lowered = []
+
+    def listen(event, duration, **kw):
+        if event == "/jax/core/compile/jaxpr_to_mlir_module_duration":
+            lowered.append(kw.get("fun_name"))
+
+    jax.clear_caches()  # so that programs an earlier test compiled would be lowered again
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        for requant in ("fixed_point", "float"):
+            convert(graph, params, q, qstate, requant=requant)
+        to_onnx(graph, params, q, qstate)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert lowered == []

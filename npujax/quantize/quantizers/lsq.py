@@ -55,6 +55,7 @@ from typing import ClassVar, NamedTuple, final
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from npujax.errors import ConfigError
 from npujax.ops import kernel_out_axis
@@ -215,8 +216,10 @@ class LSQ(Quantizer):
             return super().weight_grid(node, lq, w, state, out_axis=out_axis, in_axis=in_axis)
         axis = (kernel_out_axis(node) if out_axis is None else out_axis) \
             if lq.weight_per_channel else None
-        s = jnp.maximum(jnp.asarray(state.weight_step, jnp.float32), MIN_SCALE)
-        return WeightGrid(s, jnp.zeros(s.shape, jnp.int32), axis, None)
+        # on the host (exact): export and conversion compiled a program per channel count
+        s = np.maximum(np.asarray(state.weight_step, np.float32), np.float32(MIN_SCALE))
+        return WeightGrid(jax.device_put(s), jax.device_put(np.zeros(s.shape, np.int32)), axis,
+                          None)
 
     def project(self, learned):
         return {k: jnp.maximum(v, MIN_SCALE) if k in _STEPS else v for k, v in learned.items()}
