@@ -87,21 +87,28 @@ def test_jaxpr_int8_codes_int32_accumulation(model_and_data):
         assert all(v.aval.dtype == jnp.int32 for v in e.invars)
 
 
-def test_convert_and_export_compile_nothing(model_and_data):
+@pytest.mark.flax_model  # (the Flax model is traced here)
+def test_convert_and_export_compile_nothing():
     """Weight scales, codes and bias codes are host arithmetic: converting and exporting a
     calibrated model lowers no XLA program (before: one program per weight shape and per op,
     169 on the PP-OCR classifier's export, 63 on its conversion). Lowerings are counted, not
-    backend compilations, so a persistent-cache hit cannot hide one."""
+    backend compilations, so a persistent-cache hit cannot hide one; the model's widths (13,
+    26, 37) appear in no other test, so no earlier test's eager program of the same shapes can
+    hide one either (clearing JAX's caches instead would make the worker's later tests compile
+    again)."""
     from npujax.backends.onnx_export import to_onnx
 
-    graph, params, q, qstate, _ = model_and_data
+    x = np.random.default_rng(1).uniform(size=(16, 8, 8, 1)).astype(np.float32)
+    graph, params = optimize(*trace_flax(DigitsCNN(rngs=nnx.Rngs(0), width=13, hidden=37),
+                                         x[:1]))
+    q = quant_spec(graph, 8, 8)
+    qstate = calibrate(graph, params, [x], q)
     lowered = []
 
     def listen(event, duration, **kw):
         if event == "/jax/core/compile/jaxpr_to_mlir_module_duration":
             lowered.append(kw.get("fun_name"))
 
-    jax.clear_caches()  # so that programs an earlier test compiled would be lowered again
     jax.monitoring.register_event_duration_secs_listener(listen)
     try:
         for requant in ("fixed_point", "float"):
