@@ -17,8 +17,10 @@ from npujax.errors import ConfigError
 from npujax.frontends import onnx as onnx_frontend
 from npujax.frontends.onnx import from_onnx
 from npujax.hw import DATAFLOWS, load_npu_spec
+from npujax.hw.energy import area_breakdown
 from npujax.plan import layer_costs, layer_costs_by_dataflow, lower, lower_by_dataflow, workloads
 from npujax.plan.costs import EXACT_FIELDS
+from npujax.plan.energy import layer_energy
 from npujax.systolic.mapping import stacked_search
 
 
@@ -168,3 +170,44 @@ def test_signature_keys_whole_attribute_values():
     assert f({"a": [1, 2]}) != f({"a": (1, 2)}) and f(1) != f(1.0) and f(True) != f(1)
     with pytest.raises(TypeError):
         f(object())
+
+
+@pytest.fixture(scope="module")
+def digits():
+    from flax import nnx
+
+    from npujax.models.cnn import DigitsCNN
+    from tests.flax_graphs import traced
+
+    return traced(DigitsCNN(rngs=nnx.Rngs(0)), (1, 8, 8, 1))[0]
+
+
+def test_energy_total_summed_on_the_host_changes_no_bit(digits):
+    """``lower``'s cost program leaves the energy total out and sums it on the host
+    (``_with_total``): every output, the total included, bit for bit as the program with the
+    total in it, at random widths (bitfusion_16x16: precision scaling)."""
+    lower_module = importlib.import_module("npujax.plan.lower")
+    spec = load_npu_spec("bitfusion_16x16")
+    layers = tuple(workloads(digits, spec))
+    rng = np.random.default_rng(0)
+    widths = [np.full(len(layers), 8.0, np.float32)] + [
+        rng.choice([2.0, 3.0, 4.0, 6.0, 8.0], len(layers)).astype(np.float32) for _ in range(3)]
+
+    def before(s, w, a):  # the program before, energy total included
+        by_df = layer_costs_by_dataflow(layers, s, w, a, ("weight_stationary",))
+        return by_df, {df: layer_energy(layers, s, w, a, df, dram_bytes=c.dram_bytes)
+                       for df, c in by_df.items()}, area_breakdown(s)
+
+    with jax.enable_x64(True):
+        ref = jax.jit(before, compiler_options=lower_module._ONCE)
+        new = lower_module._jitted_costs.__wrapped__(layers, ("weight_stationary",))
+        for wb, ab in zip(widths, widths[::-1]):
+            want = jax.tree.map(np.asarray, ref(spec, wb, ab))
+            by_df, energy, area, att = jax.tree.map(np.asarray, new(spec, wb, ab))
+            assert att == {} and all(e.total_j is None for e in energy.values())
+            got = (by_df, {df: lower_module._with_total(e) for df, e in energy.items()}, area)
+            leaves = jax.tree_util.tree_flatten_with_path(want)[0]
+            assert [k for k, _ in leaves] == [k for k, _ in
+                                               jax.tree_util.tree_flatten_with_path(got)[0]]
+            for (path, w), g in zip(leaves, jax.tree.leaves(got)):
+                assert w.dtype == g.dtype and np.array_equal(w, g), jax.tree_util.keystr(path)
