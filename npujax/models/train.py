@@ -45,7 +45,9 @@ def train_float(
     if optimizer is None:
         optimizer = optax.adam(optax.cosine_decay_schedule(learning_rate,
                                                            epochs * steps_per_epoch))
-    opt = nnx.Optimizer(model, optimizer, wrt=nnx.Param)
+    # built as one compiled program: eagerly the optimizer's zeros compile one program per
+    # parameter shape (the state is the same, zeros and a step count)
+    opt = nnx.jit(lambda m: nnx.Optimizer(m, optimizer, wrt=nnx.Param))(model)
     rng = np.random.default_rng(seed)
 
     @nnx.jit

@@ -102,13 +102,17 @@ class _Plan:
     shapes: Mapping[str, Mapping[str, tuple[int, ...]]] = dataclasses.field(
         default_factory=dict)
 
-    def raw(self, read: Callable[[tuple[Any, ...]], Any]) -> Params:
-        """The traced graph's params: the current variable values (in the traced shapes)."""
+    def values(self, read: Callable[[tuple[Any, ...]], Any]) -> Params:
+        """The current variable values as float32, in the variables' own shapes."""
+        return {node: {role: jnp.asarray(read(path), jnp.float32) for role, path in roles.items()}
+                for node, roles in self.refs.items()}
+
+    def shaped(self, values: Params) -> Params:
+        """``values`` reshaped (row-major) to the traced shapes."""
         out: Params = {}
-        for node, roles in self.refs.items():
+        for node, roles in values.items():
             out[node] = {}
-            for role, path in roles.items():
-                v = jnp.asarray(read(path), jnp.float32)
+            for role, v in roles.items():
                 shape = self.shapes.get(node, {}).get(role, v.shape)
                 out[node][role] = v if v.shape == shape else v.reshape(shape)
         return out
@@ -119,21 +123,23 @@ class _Plan:
 
     def params(self, read: Callable[[tuple[Any, ...]], Any]) -> Params:
         """The run graph's params from the current variable values."""
-        return self._jit_fold(self.raw(read))
+        return self._jit_fold(self.values(read))
 
     def forward(self, read: Callable[[tuple[Any, ...]], Any], x: jax.Array, qstate: Any) -> Any:
-        """The quantized graph's output: fold and execute, as one compiled program (eager calls
-        are as fast as jitted ones; inside ``nnx.jit`` it inlines)."""
-        return self._jit_forward(self.raw(read), x, qstate)
+        """The quantized graph's output: reshape, fold and execute, as one compiled program
+        (eager calls are as fast as jitted ones; inside ``nnx.jit`` it inlines). The reshapes
+        run inside it: eagerly each kernel shape compiled a program of its own."""
+        return self._jit_forward(self.values(read), x, qstate)
 
     @functools.cached_property
     def _jit_fold(self) -> Callable[[Params], Params]:
-        return jax.jit(self.fold)
+        return jax.jit(lambda values: self.fold(self.shaped(values)))
 
     @functools.cached_property
     def _jit_forward(self) -> Callable[..., Any]:
-        def run(raw, x, qstate):
-            return execute(self.run_graph, self.fold(raw), x, quant=self.quant, qstate=qstate)
+        def run(values, x, qstate):
+            return execute(self.run_graph, self.fold(self.shaped(values)), x, quant=self.quant,
+                           qstate=qstate)
 
         return jax.jit(run)
 
@@ -174,10 +180,11 @@ def _check_shared(plan: _Plan, params: Params, read: Callable[[tuple[Any, ...]],
       GraphError: a traced param that is not its variable's value (names both), e.g. a kernel
         the tracer transposed: the quantized model could not share it.
     """
-    raw = plan.raw(read)
+    values = plan.values(read)  # compared on the host (reshaping eagerly compiles per shape)
     for node, roles in params.items():
         for role, v in roles.items():
-            if node in raw and not np.array_equal(np.asarray(raw[node][role]), np.asarray(v)):
+            got, want = np.asarray(values.get(node, {}).get(role, v)), np.asarray(v)
+            if got.size != want.size or not np.array_equal(got.reshape(want.shape), want):
                 raise GraphError(
                     f"traced layer {node!r} {role} is not the value of the model's variable "
                     f"{'/'.join(map(str, plan.refs[node][role]))} (shape "
@@ -205,8 +212,12 @@ def _warn_unshared(plan: _Plan, param_paths: Iterable[tuple[Any, ...]], strip: i
 
 def _as_input(x: ArrayLike) -> jax.Array:
     """A model input: floating point as float32, integers (token ids) and booleans kept."""
-    a = jnp.asarray(x)
-    return a.astype(jnp.float32) if jnp.issubdtype(a.dtype, jnp.floating) else a
+    if isinstance(x, jax.Array):
+        return x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x
+    # converted on the host and device_put: an eager conversion, and jnp.asarray of a numpy
+    # array, compile a program per shape
+    a = np.asarray(x)
+    return jax.device_put(a.astype(np.float32) if np.issubdtype(a.dtype, np.floating) else a)
 
 
 def _calibrated(plan: _Plan, params: Params, batches: Iterable[ArrayLike],
@@ -356,7 +367,10 @@ def quantize_model(
     if x.ndim == 0 or x.shape[0] < 1:
         raise ConfigError(f"sample_input must be a batch (batch, ...) of at least one example, "
                           f"got shape {tuple(x.shape)}.")
-    one = x[:1]  # traced at batch 1: shapes that fold the batch run any batch (npujax.execute)
+    # traced at batch 1: shapes that fold the batch run any batch (npujax.execute); sliced on
+    # the host when the input is there (an eager slice compiles a program per shape)
+    one = x[:1] if isinstance(sample_input, jax.Array) else \
+        _as_input(np.asarray(sample_input)[:1])
     if _is_linen(model):
         if variables is None:
             raise ConfigError("quantize_model of a flax.linen.Module needs variables= (its "

@@ -203,9 +203,10 @@ def load_graph(path: str | os.PathLike[str]) -> tuple[Graph, Params, dict[str, A
             raise GraphError(f"{where!r}: layer {node!r} was saved with quantizer {name!r}, "
                              f"which this npujax does not have ({sorted(QUANTIZERS)}).")
         try:
-            qstate[node] = q.coerce({k: jax.numpy.asarray(v) for k, v in fields.items()}, node)
+            # (device_put: jnp.asarray of a numpy array compiles a program per shape)
+            qstate[node] = q.coerce({k: jax.device_put(v) for k, v in fields.items()}, node)
         except TypeError as e:
             raise GraphError(f"{where!r}: the quantization state of {node!r} is incomplete "
                              f"({e}).") from None
-    return graph, {n: {r: jax.numpy.asarray(v) for r, v in ps.items()}
+    return graph, {n: {r: jax.device_put(v) for r, v in ps.items()}
                    for n, ps in params.items()}, qstate, doc.get("meta", {})

@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.typing import ArrayLike
 
 from npujax.calib.observers import Observer
@@ -81,17 +82,21 @@ def bias_correction(
         return out
 
     fn = jax.jit(shift)
-    total, count = None, 0
+    # the per-channel shifts are summed and applied on the host (float32 add, divide and
+    # subtract round as XLA's do): eagerly each op compiled a program per layer shape
+    total: dict[str, np.ndarray] | None = None
+    count = 0
     for x in batches:
-        s = fn(params, jnp.asarray(x, jnp.float32))
-        total = s if total is None else jax.tree.map(jnp.add, total, s)
+        s = {k: np.asarray(v) for k, v in fn(params, jnp.asarray(x, jnp.float32)).items()}
+        total = s if total is None else {k: total[k] + s[k] for k in total}
         count += 1
     if total is None:  # (count == 0)
         raise CalibrationError("bias correction needs at least one batch; the iterator was empty.")
     new = {k: dict(v) for k, v in params.items()}
     for name in names:
-        b = new[name].get("bias", jnp.zeros_like(total[name]))
-        new[name]["bias"] = b - total[name] / count
+        mean_shift = total[name] / np.float32(count)
+        b = np.asarray(new[name]["bias"]) if "bias" in new[name] else np.zeros_like(mean_shift)
+        new[name]["bias"] = jax.device_put(b - mean_shift)
     return new
 
 

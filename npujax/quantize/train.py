@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, overload
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -204,7 +203,8 @@ def train_graph(
     dp = data_parallel(devices)
     if dp is not None and arrays:  # before any compilation
         dp.check(min(batch_size, len(np.asarray(x))), "batch_size")
-    opt_state = opt.init((params, learned))
+    # one compiled program (eagerly the optimizer's zeros compile one per parameter shape)
+    opt_state = jax.jit(opt.init)((params, learned))
 
     run_graph, transform = graph, lambda p: p
     if fold_bn:
@@ -234,7 +234,7 @@ def train_graph(
         else iter(x))
     base_key = jax.random.key(seed)
     state: Any = (params, learned)
-    place: Callable[[Any], Any] = jnp.asarray
+    place: Callable[[Any], Any] = to_device
     if dp is not None:
         state, opt_state, base_key = dp.replicate((state, opt_state, base_key))
         place = dp.shard
@@ -265,6 +265,13 @@ def train_graph(
     return params
 
 
+def to_device(a: Any) -> jax.Array:
+    """``jnp.asarray(a)`` without compiling: ``jnp.asarray`` of a numpy array compiles a small
+    program per shape and dtype (jax 0.10), ``jax.device_put`` of it does not (same values,
+    dtypes canonicalized alike: float64 as float32 unless x64 is on)."""
+    return a if isinstance(a, jax.Array) else jax.device_put(np.asarray(a))
+
+
 def evaluate(
     graph: Graph,
     params: Params,
@@ -290,8 +297,10 @@ def evaluate(
       The fraction of correct top-1 predictions.
     """
     fn = jax.jit(lambda p, xb: execute(graph, p, xb, quant=quant, qstate=qstate))
+    y = np.asarray(y)
     correct = 0
     for i in range(0, len(x), batch_size):
-        logits = fn(params, jnp.asarray(x[i : i + batch_size]))
-        correct += int(jnp.sum(jnp.argmax(logits, -1) == jnp.asarray(y[i : i + batch_size])))
+        logits = np.asarray(fn(params, to_device(x[i : i + batch_size])))
+        # counted on the host: eager jnp ops compiled three programs per batch shape
+        correct += int(np.sum(np.argmax(logits, -1) == y[i : i + batch_size]))
     return correct / len(x)

@@ -126,11 +126,12 @@ def latency_table(
 
     with jax.enable_x64(True):  # float64 as in lower, then the table's float32 seconds
         ws, acts_ = (jnp.asarray([p[i] for p in pairs], jnp.float64) for i in (0, 1))
-        table = jax.jit(column)(ws, acts_).T  # [all layers, n]
+        # [all layers, n], on the host: indexing it eagerly compiled ~10 programs per shape
+        table = np.asarray(jax.jit(column)(ws, acts_)).T
     widest = pairs.index((pairs[0][0], max(acts)))
     fixed = float(sum(float(table[i, widest]) for i in range(n) if i not in gemm))
     return LatencyTable(tuple(layers[i].name for i in gemm), pairs,
-                        table[jnp.asarray(gemm, jnp.int32)], fixed)
+                        jax.device_put(table[np.asarray(gemm, np.int64)]), fixed)
 
 
 def expected_latency(probs: jax.Array, table: LatencyTable) -> jax.Array:

@@ -39,7 +39,7 @@ from npujax.quantize.parallel import data_parallel
 from npujax.quantize.quantizers import init_states
 from npujax.quantize.quantizers.mixture import set_probabilities
 from npujax.quantize.spec import quant_spec
-from npujax.quantize.train import batch_iterator
+from npujax.quantize.train import batch_iterator, to_device
 from npujax.search.base import Searcher, SearchOutcome, SearchProblem
 from npujax.search.cost import expected_latency
 from npujax.search.ilp import ilp_policy
@@ -74,9 +74,11 @@ class GradientSearcher(Searcher):
         allowed = allowed_mask(table, problem.pinned).reshape(len(table.layers),
                                                               len(candidates), len(acts))
         # additive logit masks: 0 where allowed, -1e9 (probability exactly 0) elsewhere
-        wmask = {n: jnp.asarray(np.where(allowed[i].any(1), 0.0, -1e9), jnp.float32)
+        # (made on the host and device_put: an eager conversion or fill, and jnp.asarray of a
+        # numpy array, compile one program per shape)
+        wmask = {n: jax.device_put(np.where(allowed[i].any(1), 0.0, -1e9).astype(np.float32))
                  for i, n in enumerate(table.layers)}
-        amask = {n: jnp.asarray(np.where(allowed[i].any(0), 0.0, -1e9), jnp.float32)
+        amask = {n: jax.device_put(np.where(allowed[i].any(0), 0.0, -1e9).astype(np.float32))
                  for i, n in enumerate(table.layers)}
         mixed_acts = len(acts) > 1
         quant = quant_spec(graph, {n: candidates for n in table.layers},
@@ -90,15 +92,15 @@ class GradientSearcher(Searcher):
                                quant)
         else:  # the calibrated grids, as states of the mixture quantizer
             qstate = init_states(graph, params, quant, problem.qstate)
-        logits = {n: jnp.zeros(len(candidates), jnp.float32) for n in table.layers}
-        act_logits = {n: jnp.zeros(len(acts), jnp.float32) for n in table.layers}
+        logits = {n: jax.device_put(np.zeros(len(candidates), np.float32)) for n in table.layers}
+        act_logits = {n: jax.device_put(np.zeros(len(acts), np.float32)) for n in table.layers}
         opt = optax.multi_transform(
             {"w": optax.adam(config.learning_rate), "a": optax.adam(config.logits_learning_rate)},
             {"w": jax.tree.map(lambda _: "w", params), "a": jax.tree.map(lambda _: "a", logits),
              "x": jax.tree.map(lambda _: "a", act_logits)},
         )
         state: dict[str, Any] = {"w": params, "a": logits, "x": act_logits}
-        opt_state = opt.init(state)
+        opt_state = jax.jit(opt.init)(state)  # (eagerly: Adam's zeros, one program per shape)
 
         def probs_of(a, mask):
             return {n: jax.nn.softmax(v + mask[n]) for n, v in a.items()}
@@ -120,9 +122,9 @@ class GradientSearcher(Searcher):
             lam = jnp.clip(lam + config.dual_rate * (lat / budget_s - 1.0), 0.0, 1e4)
             return optax.apply_updates(state, updates), opt_state, lam, loss
 
-        lam_arr = jnp.asarray(config.lam, jnp.float32)
+        lam_arr = to_device(np.float32(config.lam))
         batches = batch_iterator(x, y, config.batch_size, config.seed)
-        place: Callable[[Any], Any] = jnp.asarray
+        place: Callable[[Any], Any] = to_device
         dp = data_parallel(config.devices)
         if dp is not None:  # mini-batches split over the devices, the state on every one
             dp.check(min(config.batch_size, len(x)), "batch_size")
@@ -134,6 +136,7 @@ class GradientSearcher(Searcher):
                 state, opt_state, lam_arr, loss = step(state, opt_state, lam_arr, place(xb),
                                                        place(yb))
                 advance(loss)
+        # eager, as reported so far (a jitted softmax fuses: it can differ in the last bit)
         probs = {n: np.asarray(p) for n, p in probs_of(state["a"], wmask).items()}
         aprobs = {n: np.asarray(p) for n, p in probs_of(state["x"], amask).items()}
 

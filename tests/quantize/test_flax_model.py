@@ -20,7 +20,7 @@ from npujax.ir.passes import fold_batchnorm
 from npujax.quant import FP8_E4M3FN, IntFormat
 from npujax.quantize.rules import QuantRule, parse_qtype, quant_spec_from_rules
 from npujax.quantize.train import train_graph
-from tests.helpers import assert_close
+from tests.helpers import assert_close, jit_execute, numpy_init
 
 pytestmark = pytest.mark.flax_model
 
@@ -35,8 +35,8 @@ def _model(seed=0):
     (initialising an NNX model costs seconds on a loaded CPU, cloning it nothing)."""
     from npujax.models.cnn import DigitsCNN
 
-    if seed not in _MODELS:
-        m = DigitsCNN(rngs=nnx.Rngs(seed), width=4, hidden=16)
+    if seed not in _MODELS:  # numpy weights: Flax's initialisers compile ~20 programs
+        m = numpy_init(lambda: DigitsCNN(rngs=nnx.Rngs(seed), width=4, hidden=16), seed)
         rng = np.random.default_rng(seed)
         for bn in (m.bn1, m.bn2):
             n = bn.mean[...].shape[0]
@@ -44,6 +44,13 @@ def _model(seed=0):
             bn.var[...] = jnp.asarray(rng.uniform(0.5, 2.0, n), jnp.float32)
         _MODELS[seed] = m
     return nnx.clone(_MODELS[seed])
+
+
+@nnx.jit
+def _call(model, x):
+    """``model(x)`` as one compiled program (eagerly every op of a transformer compiles its own:
+    ~50 programs), its variables read at each call."""
+    return model(x)
 
 
 @pytest.fixture(scope="module")
@@ -156,9 +163,14 @@ def test_calibrate_model_from_an_iterator_and_lsq_steps_train(data):
     assert float(q.current_qstate()["fc1"].act_scale) != float(before)
     step0 = np.asarray(q.learned.get_value()["fc1"]["weight_step"])
     opt = nnx.Optimizer(q, optax.adam(1e-2), wrt=nnx.Param)
-    grads = nnx.grad(lambda q: optax.softmax_cross_entropy_with_integer_labels(
-        q(x), y).mean())(q)
-    opt.update(q, grads)
+
+    @nnx.jit  # as a user's training step (eagerly every op compiled on its own: ~100 programs)
+    def step(q, opt):
+        grads = nnx.grad(lambda q: optax.softmax_cross_entropy_with_integer_labels(
+            q(x), y).mean())(q)
+        opt.update(q, grads)
+
+    step(q, opt)
     assert not np.allclose(np.asarray(q.learned.get_value()["fc1"]["weight_step"]), step0)
 
 
@@ -201,19 +213,23 @@ def test_linen_equivalent(data):
 
     x, y = data
     model = MLP()
-    variables = model.init(jax.random.key(0), x[:1])
+    variables = jax.jit(model.init)(jax.random.key(0), x[:1])  # (eagerly: ~13 programs)
     qm, qv = npujax.quantize_model(model, W8A8, x[:16], variables=variables)
     g, p, s = npujax.graph_of(qm, qv)
-    assert_close(qm.apply(qv, x), npujax.execute(g, p, x, quant=qm.plan.quant, qstate=s))
+    assert_close(qm.apply(qv, x), jit_execute(g, p, x, quant=qm.plan.quant, qstate=s))
 
     def loss(params):
         out = qm.apply({**qv, "params": params}, x)
         return optax.softmax_cross_entropy_with_integer_labels(out, y).mean()
 
-    grads = jax.grad(loss)(qv["params"])
     tx = optax.sgd(0.1)
-    updates, _ = tx.update(grads, tx.init(qv["params"]), qv["params"])
-    qv = {**qv, "params": optax.apply_updates(qv["params"], updates)}
+
+    @jax.jit  # a user's training step (eagerly every op compiles its own program: ~60)
+    def step(params):
+        updates, _ = tx.update(jax.grad(loss)(params), tx.init(params), params)
+        return optax.apply_updates(params, updates)
+
+    qv = {**qv, "params": step(qv["params"])}
     qv = npujax.calibrate_model(qm, [x], variables=qv)
     plain = npujax.write_back(qm, qv)
     assert set(plain) == set(variables)
@@ -234,16 +250,16 @@ def test_transformers_share_reshaped_attention_kernels_and_keep_int_tokens():
               classes=3, rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(1), (4, 4, 4, 1))
     q = npujax.quantize_model(vit, W8A8, x)
-    assert_close(q(x), vit(x), atol=0.05)
+    assert_close(q(x), _call(vit, x), atol=0.05)
     before = q(x)
     kernel = vit.attns[0].value.kernel
     kernel.set_value(-2 * kernel[...])  # (8, 2, 4), run as (8, 8)
     assert not np.allclose(q(x), before, atol=0.05)
     npujax.calibrate_model(q, [x])  # the static activation ranges, for the new weights
-    assert_close(q(x), vit(x), atol=0.05)
+    assert_close(q(x), _call(vit, x), atol=0.05)
     cfg = dataclasses.replace(DECODER_CONFIGS["tiny"], d_model=16, d_ff=16, layers=1)
     dec = Decoder(cfg, seq_len=4, rngs=nnx.Rngs(0))
     tokens = jnp.arange(12, dtype=jnp.int32).reshape(3, 4)
     q = npujax.quantize_model(dec, W8A8, tokens)
     assert q(tokens[:2]).shape == (2, 4, cfg.vocab)
-    assert_close(q(tokens), dec(tokens), atol=0.1)
+    assert_close(q(tokens), _call(dec, tokens), atol=0.1)

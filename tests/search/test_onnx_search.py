@@ -106,7 +106,8 @@ def test_batch_one_graph_runs_any_batch_per_example(cls):
     y = np.asarray(jax.jit(lambda p, xb: execute(graph, p, xb))(params, x[:6]))
     (want,) = ort_run(model.SerializeToString(), {"x": x[:6]})
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
-    out, taps = execute(graph, params, x[:3], taps=["conv2"])
+    # jitted, as a user runs it (eagerly every op compiles its own program: ~25)
+    out, taps = jax.jit(lambda p, xb: execute(graph, p, xb, taps=["conv2"]))(params, x[:3])
     assert out.shape == (3, 4) and taps["conv2"][0].shape[0] == 3
 
 
@@ -140,7 +141,7 @@ def test_targets_pseudo_labels_and_fisher_samples(cls):
     _, graph, params, x, _ = cls
     task = task_loss(graph)
     y = search_targets(graph, params, x[:10], None, task)
-    want = np.asarray(execute(graph, params, x[:10])).argmax(1)
+    want = np.asarray(jax.jit(lambda p, xb: execute(graph, p, xb))(params, x[:10])).argmax(1)
     np.testing.assert_array_equal(y, want)
     assert y.dtype == np.int32
     with pytest.raises(ShapeError, match="labels must have shape"):
