@@ -133,13 +133,7 @@ def _host_weight_qparams(w: np.ndarray, fmt: Format, axis: int | None,
     """
     zero = np.float32(0.0)
     if block_size is not None:  # as _block_qparams: qparams_from_range(-amax, amax)
-        _check_block(axis, block_size)
-        assert axis is not None
-        axis %= w.ndim
-        n = w.shape[axis]
-        nb = -(-n // block_size)
-        pad = [(0, nb * block_size - n if i == axis else 0) for i in range(w.ndim)]
-        a = np.abs(np.pad(w, pad)).reshape(w.shape[:axis] + (nb, block_size) + w.shape[axis + 1:])
+        a, axis = _abs_blocks(np, w, axis, block_size)
         hi = np.max(a, axis=axis + 1)
         lo = -hi
     else:
@@ -157,14 +151,20 @@ def _host_weight_qparams(w: np.ndarray, fmt: Format, axis: int | None,
     return scale, np.full(scale.shape, mid, np.int32)
 
 
-def _block_qparams(w: jax.Array, fmt: Format, axis: int | None, block_size: int):
+def _abs_blocks(xp, w, axis: int | None, block_size: int):
+    """``(|w| with axis split into (blocks, block_size), the axis as a non-negative int)``, the
+    last block zero-padded (zeros never raise a block's amax); ``xp`` is numpy or jax.numpy."""
     _check_block(axis, block_size)
     assert axis is not None
     axis %= w.ndim
     n = w.shape[axis]
     nb = -(-n // block_size)
     pad = [(0, nb * block_size - n if i == axis else 0) for i in range(w.ndim)]
-    a = jnp.abs(jnp.pad(w, pad))  # zero padding never raises a block's amax
-    a = a.reshape(w.shape[:axis] + (nb, block_size) + w.shape[axis + 1:])
+    a = xp.abs(xp.pad(w, pad))
+    return a.reshape(w.shape[:axis] + (nb, block_size) + w.shape[axis + 1:]), axis
+
+
+def _block_qparams(w: jax.Array, fmt: Format, axis: int | None, block_size: int):
+    a, axis = _abs_blocks(jnp, w, axis, block_size)
     amax = jnp.max(a, axis=axis + 1)
     return qparams_from_range(-amax, amax, fmt, symmetric=True)
