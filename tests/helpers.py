@@ -1,5 +1,7 @@
 """Shared test helpers: tolerances per dtype in one place."""
 
+import contextlib
+
 import numpy as np
 
 TOLERANCES = {
@@ -158,3 +160,29 @@ def jit_optimized(fn, **kwargs):
     import jax
 
     return jax.jit(fn, compiler_options={"xla_backend_optimization_level": 2}, **kwargs)
+
+
+#: JAX's monitoring events that name an XLA program (``fun_name``): a backend compilation
+#: (persistent-cache hits included) and a lowering to MLIR (every program JAX builds, even one a
+#: cache then returns).
+COMPILED = "/jax/core/compile/backend_compile_duration"
+LOWERED = "/jax/core/compile/jaxpr_to_mlir_module_duration"
+
+
+@contextlib.contextmanager
+def programs(event=COMPILED):
+    """Yield the list of ``fun_name`` of the programs ``event`` reports inside the block
+    (:data:`COMPILED` or :data:`LOWERED`)."""
+    import jax
+
+    names: list[str] = []
+
+    def listener(ev, duration, **kw):
+        if ev == event:
+            names.append(kw.get("fun_name", "?"))
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield names
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)

@@ -15,6 +15,7 @@ from npujax.ops import gemm_nodes
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.execute import execute
 from npujax.quantize.spec import quant_spec
+from tests.helpers import LOWERED, programs
 
 
 @pytest.fixture(scope="module")
@@ -103,17 +104,8 @@ def test_convert_and_export_compile_nothing():
                                          x[:1]))
     q = quant_spec(graph, 8, 8)
     qstate = calibrate(graph, params, [x], q)
-    lowered = []
-
-    def listen(event, duration, **kw):
-        if event == "/jax/core/compile/jaxpr_to_mlir_module_duration":
-            lowered.append(kw.get("fun_name"))
-
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    try:
+    with programs(LOWERED) as lowered:
         for requant in ("fixed_point", "float"):
             convert(graph, params, q, qstate, requant=requant)
         to_onnx(graph, params, q, qstate)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listen)
     assert lowered == []

@@ -2,30 +2,13 @@
 program of its own (20-50 ms each on CPU), so ``evaluate`` counts correct predictions with
 numpy and compiles only its forward program."""
 
-import contextlib
-
 import jax
 import numpy as np
 from flax import nnx
 
 import npujax
 from npujax.quantize.train import evaluate, to_device
-
-
-@contextlib.contextmanager
-def _compilations():
-    """The names of the XLA programs compiled inside the block (persistent-cache hits too)."""
-    names: list[str] = []
-
-    def listener(event, duration, **kw):
-        if event == "/jax/core/compile/backend_compile_duration":
-            names.append(kw.get("fun_name", "?"))
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        yield names
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
+from tests.helpers import programs
 
 
 class _Odd(nnx.Module):  # shapes no other test uses, so no eager program is compiled already
@@ -41,7 +24,7 @@ def test_evaluate_compiles_only_its_forward():
     x = rng.uniform(size=(13, 5)).astype(np.float32)
     y = (np.arange(13) % 7).astype(np.int64)
     graph, params = npujax.trace_flax(_Odd(nnx.Rngs(0)), x[:1])
-    with _compilations() as names:
+    with programs() as names:
         acc = evaluate(graph, params, x, y, batch_size=8)  # batches of 8 and 5
     assert names and set(names) == {"jit(<lambda>)"}, names
     logits = np.asarray(jax.jit(lambda p, v: npujax.execute(graph, p, v))(params, x))
@@ -50,7 +33,7 @@ def test_evaluate_compiles_only_its_forward():
 
 def test_to_device_compiles_nothing_and_keeps_values():
     a = np.random.default_rng(1).normal(size=(3, 11)).astype(np.float32)
-    with _compilations() as names:
+    with programs() as names:
         d = to_device(a)
         same = to_device(d)
     assert names == [] and same is d
