@@ -43,6 +43,8 @@ from npujax.plan.profile import Profile as Profile
 from npujax.plan.profile import match_profile as match_profile
 from npujax.plan.profile import read_profile as read_profile
 from npujax.plan.shapes import sweep_shapes as sweep_shapes
+from npujax.plan.table import LayerTable as LayerTable
+from npujax.plan.table import layer_table as layer_table
 from npujax.plan.workload import Workload as Workload
 from npujax.plan.workload import workloads as workloads
 
@@ -82,6 +84,8 @@ __all__ = [
     "peak_activation_bytes",
     "Workload",
     "workloads",
+    "LayerTable",
+    "layer_table",
     "FitResult",
     "fit_spec",
     "Profile",

@@ -63,6 +63,7 @@ from npujax import _relax
 from npujax._exact import count, exact, real
 from npujax.errors import ConfigError
 from npujax.hw.spec import NpuSpec
+from npujax.plan.table import SHAPE_FIELDS, LayerTable, layer_table
 from npujax.plan.workload import Workload
 from npujax.systolic.dataflow import DATAFLOWS, Dataflow, gemm_cycles, get_dataflow
 from npujax.systolic.mapping import check_mapping, gemm_mapping
@@ -70,12 +71,6 @@ from npujax.systolic.precision import get_precision_scaling, passes
 
 __all__ = ["LayerCosts", "layer_costs", "layer_costs_by_dataflow", "first_consumers",
            "input_widths", "split_over_cores", "BREAKDOWN", "EXACT_FIELDS", "SHAPE_FIELDS"]
-
-#: The numeric :class:`~npujax.plan.Workload` fields the cost model reads (the ``shapes`` of
-#: :func:`layer_costs`); the rest (kind, device, producer, fusion) is the workloads' structure.
-SHAPE_FIELDS = ("M", "K", "N", "groups", "macs", "weight_elems", "bias_elems", "in_elems",
-                "out_elems", "vector_ops", "special_ops", "cpu_ops", "link_in_elems",
-                "link_out_elems", "link_transfers")
 
 #: The latency components of a layer; they sum exactly to its latency. ``compute`` is the
 #: streaming part of ``compute_cycles`` (the rest is ``fill_drain``).
@@ -143,15 +138,11 @@ _ceil_div = _relax.ceil_div  # exact (float64 division, npujax._relax); straight
 
 def first_consumers(layers: Sequence[Workload]) -> jax.Array:
     """Index of the first layer reading each layer's output (-1 if none), static int32 [L]."""
-    first = [-1] * len(layers)
-    for j, w in enumerate(layers):
-        if w.producer >= 0 and first[w.producer] < 0:
-            first[w.producer] = j
-    return jnp.asarray(first, jnp.int32)
+    return jnp.asarray(layer_table(layers).first_consumer)
 
 
-def input_widths(layers: Sequence[Workload], act_bits: jax.Array, on_npu: jax.Array
-                 ) -> tuple[jax.Array, jax.Array]:
+def input_widths(layers: Sequence[Workload] | LayerTable, act_bits: jax.Array,
+                 on_npu: jax.Array) -> tuple[jax.Array, jax.Array]:
     """The width each layer's input arrives at, and whether it needs a conversion pass.
 
     A GEMM's output stage requantizes to the width of its first consumer for free; a vector
@@ -159,7 +150,8 @@ def input_widths(layers: Sequence[Workload], act_bits: jax.Array, on_npu: jax.Ar
     a conversion (read at the arriving width, written at its own).
 
     Args:
-      layers: static workloads (``producer`` indices).
+      layers: the workloads (``producer`` indices), or their :class:`~npujax.plan.LayerTable`
+        (its columns may be traced).
       act_bits: ``[L]`` activation width per layer (float).
       on_npu: bool ``[L]``, the layers the NPU runs.
 
@@ -167,12 +159,13 @@ def input_widths(layers: Sequence[Workload], act_bits: jax.Array, on_npu: jax.Ar
       ``(a_in, needs)``: ``[L]`` arriving widths (the layer's own without a producer) and bool
       ``[L]`` conversion flags.
     """
-    first = first_consumers(layers)
-    out_width = jnp.where(jnp.asarray([w.kind == "gemm" for w in layers]) & (first >= 0),
+    t = layer_table(layers)
+    first = jnp.asarray(t.first_consumer)
+    out_width = jnp.where(jnp.asarray(t.gemm) & (first >= 0),
                           act_bits[jnp.maximum(first, 0)], act_bits)
-    prod = jnp.asarray([max(w.producer, 0) for w in layers], jnp.int32)
-    has_prod = jnp.asarray([w.producer >= 0 for w in layers])
-    a_in = jnp.where(has_prod, out_width[prod], act_bits)
+    producer = jnp.asarray(t.producer)
+    has_prod = producer >= 0
+    a_in = jnp.where(has_prod, out_width[jnp.maximum(producer, 0)], act_bits)
     return a_in, has_prod & on_npu & (a_in != act_bits)
 
 
@@ -238,7 +231,7 @@ EXACT_FIELDS = ("compute_cycles", "fill_drain_cycles", "folds", "dram_bytes")
 
 
 def layer_costs(
-    layers: Sequence[Workload],
+    layers: Sequence[Workload] | LayerTable,
     spec: NpuSpec,
     weight_bits: jax.Array,
     act_bits: jax.Array,
@@ -259,7 +252,10 @@ def layer_costs(
     mix with the caller's jnp code. Gradients w.r.t. float32 bit widths are float32.
 
     Args:
-      layers: static workloads (from :func:`npujax.plan.workloads`).
+      layers: static workloads (from :func:`npujax.plan.workloads`), or their
+        :class:`~npujax.plan.LayerTable` (:func:`npujax.plan.layer_table`), which may be a
+        traced argument: one compiled program then serves every workload list of its length
+        (pad shorter ones, ``layer_table(layers, length)``), with the same numbers bit for bit.
       spec: the NPU; its numeric fields may be traced or batched (:func:`npujax.hw.stack_specs`
         under ``jax.vmap``).
       weight_bits: float32 ``[L]`` weight width per layer (ignored for non-GEMM layers).
@@ -311,7 +307,7 @@ def layer_costs(
 
 
 def layer_costs_by_dataflow(
-    layers: Sequence[Workload],
+    layers: Sequence[Workload] | LayerTable,
     spec: NpuSpec,
     weight_bits: jax.Array,
     act_bits: jax.Array,
@@ -334,7 +330,8 @@ def layer_costs_by_dataflow(
     programs differently (it may turn ``x / y`` into ``x * (1 / y)``).
 
     Args:
-      layers: static workloads (from :func:`npujax.plan.workloads`).
+      layers: static workloads (from :func:`npujax.plan.workloads`) or their (possibly traced)
+        :class:`~npujax.plan.LayerTable`, as in :func:`layer_costs`.
       spec: the NPU (its own dataflow is ignored); may be traced or batched, as in
         :func:`layer_costs`.
       weight_bits: float32 ``[L]`` weight width per layer.
@@ -365,7 +362,7 @@ def layer_costs_by_dataflow(
     return dict(zip(names, costs))
 
 
-def _evaluate(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Array,
+def _evaluate(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight_bits: jax.Array,
               act_bits: jax.Array, dataflows: tuple[str | None, ...], relaxed: bool,
               temperature: float, shapes: Mapping[str, jax.Array] | None = None,
               mapping: str | None = None, count_slope: str = "unit"
@@ -385,7 +382,7 @@ def _evaluate(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Array,
 
 
 @exact
-def _layer_costs(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Array,
+def _layer_costs(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight_bits: jax.Array,
                  act_bits: jax.Array, dataflows: tuple[str | None, ...],
                  shapes: Mapping[str, jax.Array] | None = None, mapping: str = "best"
                  ) -> tuple[LayerCosts, ...]:
@@ -400,20 +397,22 @@ def _layer_costs(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Arr
     wb = real(weight_bits)
     ab = real(act_bits)
 
-    def num(name: str) -> Any:  # a numeric field of every layer: static, or traced ``shapes``
+    t = layer_table(layers)
+
+    def num(name: str) -> Any:  # a numeric column: static, traced, or from ``shapes``
         if shapes is not None and name in shapes:
             return shapes[name]
-        return [getattr(w, name) for w in layers]
+        return getattr(t, name)
 
-    def bound(*names: str) -> int | None:  # the largest static value (None if traced)
+    def bound(*names: str) -> int | None:  # a static bound of the columns (None: unknown)
         if shapes is not None and any(n in shapes for n in names):
             return None
-        return max([1] + [int(getattr(w, n)) for w in layers for n in names])
+        return t.bound(*names)
 
     i32 = lambda name: _relax.count(num(name))  # noqa: E731  (exact counts)
     f32 = lambda name: real(num(name))  # noqa: E731  (float64)
-    on_npu = jnp.asarray([w.device == "npu" for w in layers])
-    is_gemm = jnp.asarray([w.kind == "gemm" for w in layers]) & on_npu
+    on_npu = jnp.asarray(t.npu)
+    is_gemm = jnp.asarray(t.gemm) & on_npu
     M, K, N = (jnp.maximum(i32(d), 1) for d in "MKN")
     groups = i32("groups")
     R, C, cores = a.rows, a.cols, a.cores
@@ -442,12 +441,12 @@ def _layer_costs(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Arr
     sram_b = real(m.filter_sram_bytes) * fcores
     sram_o = real(m.ofmap_sram_bytes) * fcores
     gf = real(groups)
-    fused = jnp.asarray([bool(w.fused_into) for w in layers])
+    fused = jnp.asarray(t.fused)
     pes = real(R * C * cores)
     macs = f32("macs")
 
     # precision conversion: a consumer wanting another width than it receives pays a pass
-    a_in, needs = input_widths(layers, ab, on_npu)
+    a_in, needs = input_widths(t, ab, on_npu)
     conv_bytes = _bursts(in_elems * a_in / 8.0, burst) + _bursts(in_elems * ab / 8.0, burst)
     conv_cycles = jnp.maximum(real(_ceil_div(i32("in_elems"), lanes * cores,
                                              bound=bound("in_elems"))),

@@ -44,6 +44,7 @@ from npujax._exact import exact, real
 from npujax.hw.energy import energy_scale, mac_energy_pj, sram_pj_per_byte
 from npujax.hw.spec import NpuSpec
 from npujax.plan.costs import _hw, input_widths, layer_costs, split_over_cores
+from npujax.plan.table import LayerTable, layer_table
 from npujax.plan.workload import Workload
 from npujax.systolic.dataflow import get_dataflow
 from npujax.systolic.memory import gemm_memory
@@ -83,7 +84,7 @@ class LayerEnergy(NamedTuple):
 
 
 def layer_energy(
-    layers: Sequence[Workload],
+    layers: Sequence[Workload] | LayerTable,
     spec: NpuSpec,
     weight_bits: jax.Array,
     act_bits: jax.Array,
@@ -97,7 +98,8 @@ def layer_energy(
     """Per-layer energy (J) of ``layers`` on ``spec`` (pure jnp; jit/vmap over ``spec``, grad).
 
     Args:
-      layers: static workloads (from :func:`npujax.plan.workloads`).
+      layers: static workloads (from :func:`npujax.plan.workloads`) or their (possibly traced)
+        :class:`~npujax.plan.LayerTable`, as in :func:`~npujax.plan.layer_costs`.
       spec: the NPU; its numeric fields may be traced or batched (:func:`npujax.hw.stack_specs`
         under ``jax.vmap``; :func:`npujax.hw.differentiable_spec` for gradients).
       weight_bits: float ``[L]`` weight width per layer (ignored for non-GEMM layers).
@@ -136,25 +138,25 @@ def layer_energy(
 
 
 @exact
-def _layer_energy(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Array,
+def _layer_energy(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight_bits: jax.Array,
                   act_bits: jax.Array, dataflow: str | None, dram_bytes: jax.Array
                   ) -> LayerEnergy:
     df = get_dataflow(dataflow or spec.array.dataflow)
     hw = _hw(spec)
     a, m, en = hw.array, hw.memory, hw.energy
     wb, ab = real(weight_bits), real(act_bits)
-    i64 = lambda f: _relax.count([f(w) for w in layers])  # noqa: E731  (exact counts)
-    f64 = lambda f: real([f(w) for w in layers])  # noqa: E731
-    on_npu = jnp.asarray([w.device == "npu" for w in layers])
-    is_gemm = jnp.asarray([w.kind == "gemm" for w in layers]) & on_npu
-    fused = jnp.asarray([bool(w.fused_into) for w in layers])
-    M, K, N = (i64(lambda w, d=d: max(getattr(w, d), 1)) for d in "MKN")
-    groups = real(i64(lambda w: w.groups))
+    t = layer_table(layers)
+    f64 = lambda name: real(getattr(t, name))  # noqa: E731
+    on_npu = jnp.asarray(t.npu)
+    is_gemm = jnp.asarray(t.gemm) & on_npu
+    fused = jnp.asarray(t.fused)
+    M, K, N = (jnp.maximum(_relax.count(getattr(t, d)), 1) for d in "MKN")
+    groups = real(_relax.count(t.groups))
     R, C, cores = a.rows, a.cols, a.cores
     fcores = real(cores)
     acc = real(a.accumulator_bits)
-    macs = f64(lambda w: w.macs)
-    in_elems, out_elems = f64(lambda w: w.in_elems), f64(lambda w: w.out_elems)
+    macs = f64("macs")
+    in_elems, out_elems = f64("in_elems"), f64("out_elems")
     s_e = energy_scale(hw)
 
     # array datapath and PE registers
@@ -193,7 +195,7 @@ def _layer_energy(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Ar
     stage_vec = real(dram_bytes) * 0.5 * (e_wr["a"] + e_rd["o"])
 
     # precision conversion of an input read at another width (as in the latency model)
-    a_in, needs = input_widths(layers, ab, on_npu)
+    a_in, needs = input_widths(t, ab, on_npu)
     conv_bytes = in_elems * (a_in + ab) / 8.0
     conv_sram = in_elems * (a_in * e_rd["a"] + ab * e_wr["a"]) / 8.0
 
@@ -202,12 +204,12 @@ def _layer_energy(layers: Sequence[Workload], spec: NpuSpec, weight_bits: jax.Ar
     sram = sram + jnp.where(needs, conv_sram, 0.0)
     dram = (jnp.where(on_npu, real(dram_bytes), 0.0)
             + jnp.where(needs, conv_bytes, 0.0)) * en.dram_pj_per_byte
-    lane_ops = (f64(lambda w: w.vector_ops)
-                + f64(lambda w: w.special_ops) * hw.vector.special_cycles_per_elem)
+    lane_ops = (f64("vector_ops")
+                + f64("special_ops") * hw.vector.special_cycles_per_elem)
     vector = (jnp.where(on_npu & ~is_gemm, lane_ops, 0.0)
               + jnp.where(needs, in_elems, 0.0)) * s_e * en.vector_op_pj
-    link_bytes = (f64(lambda w: w.link_in_elems) + f64(lambda w: w.link_out_elems)) * ab / 8.0
-    host = jnp.where(~on_npu, f64(lambda w: w.cpu_ops) * en.host_op_pj
+    link_bytes = (f64("link_in_elems") + f64("link_out_elems")) * ab / 8.0
+    host = jnp.where(~on_npu, f64("cpu_ops") * en.host_op_pj
                      + link_bytes * en.host_link_pj_per_byte, 0.0)
     mac, register, sram, dram, vector, host = (
         x * _PJ for x in (mac, register, sram, dram, vector, host))

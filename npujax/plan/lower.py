@@ -39,6 +39,7 @@ from npujax.plan.costs import (
 from npujax.plan.energy import ENERGY_BREAKDOWN, LayerEnergy, layer_energy
 from npujax.plan.fusion import PLACEMENTS, _fused_costs, cross_layer_edges
 from npujax.plan.liveness import peak_activation_bytes
+from npujax.plan.table import layer_table, table_length
 from npujax.plan.workload import Workload, workloads
 from npujax.quantize.spec import QuantSpec
 from npujax.systolic.dataflow import DATAFLOWS, get_dataflow
@@ -415,6 +416,45 @@ def _jitted_costs(layers: tuple[Workload, ...], dataflows: tuple[str, ...],
     return jax.jit(run, compiler_options=_ONCE)
 
 
+@functools.lru_cache(maxsize=16)
+def _jitted_table_costs(dataflows: tuple[str, ...]):
+    """One compiled cost function per dataflows for every workload list: the layers enter as
+    a traced :class:`~npujax.plan.LayerTable` (padded to :func:`~npujax.plan.table.
+    table_length` rows, so a program serves all lists of its length), as :func:`_jitted_costs`
+    computes them without attention chains (bit for bit: ``tests/plan/test_layer_table.py``)."""
+    def run(spec, w, a, table):
+        by_df = layer_costs_by_dataflow(table, spec, w, a, dataflows)
+        energy = {df: layer_energy(table, spec, w, a, df, dram_bytes=c.dram_bytes
+                                   )._replace(total_j=None)  # summed on the host (_with_total)
+                  for df, c in by_df.items()}
+        return by_df, energy, area_breakdown(spec), {}
+    return jax.jit(run, compiler_options=_ONCE)
+
+
+def _costs_program(layers: list[Workload], names: tuple[str, ...],
+                   chains: tuple[AttentionChain, ...], spec: NpuSpec, wb: np.ndarray,
+                   ab: np.ndarray) -> tuple[Any, ...]:
+    """``(by_dataflow, energies, area, attention)`` of ``layers`` as numpy ``[L]`` arrays: the
+    shared program of traced workload tables (:func:`_jitted_table_costs`), or with attention
+    chains (whose blocks are static) the program of this list (:func:`_jitted_costs`)."""
+    if chains:
+        run = _executables.compiled(  # the jitted program, or its saved executable
+            _jitted_costs(tuple(layers), names, chains),
+            ("lower_by_dataflow", tuple(layers), names, chains), spec, wb, ab, options=_ONCE)
+        return jax.tree.map(np.asarray, run(spec, wb, ab))
+    n = len(layers)
+    length = table_length(n)
+    table = layer_table(layers, length)
+    pad = np.full(length - n, float(DEFAULT_BITS), np.float32)
+    w, a = np.concatenate([wb, pad]), np.concatenate([ab, pad])
+    run = _executables.compiled(
+        _jitted_table_costs(names), ("lower_by_dataflow/table", names, table.small),
+        spec, w, a, table, options=_ONCE)
+    out = jax.tree.map(lambda x: np.asarray(x)[:n] if np.ndim(x) else np.asarray(x),
+                       run(spec, w, a, table))
+    return out
+
+
 @functools.lru_cache(maxsize=64)
 def _jitted_fused(layers: tuple[Workload, ...], dataflow: str,
                   chains: tuple[AttentionChain, ...] = ()):
@@ -541,10 +581,7 @@ def lower_by_dataflow(
                 out[df] = _schedule(spec, df, layers, wb, ab, costs, energy, area, batch_size,
                                     peak, extra)
         else:
-            run = _executables.compiled(  # the jitted program, or its saved executable
-                _jitted_costs(tuple(layers), names, chains),
-                ("lower_by_dataflow", tuple(layers), names, chains), spec, wb, ab, options=_ONCE)
-            by_df, energies, area, att = jax.tree.map(np.asarray, run(spec, wb, ab))
+            by_df, energies, area, att = _costs_program(layers, names, chains, spec, wb, ab)
             for df in names:
                 out[df] = _schedule(spec, df, layers, wb, ab, by_df[df],
                                     _with_total(energies[df]), area,

@@ -18,9 +18,17 @@ from npujax.frontends import onnx as onnx_frontend
 from npujax.frontends.onnx import from_onnx
 from npujax.hw import DATAFLOWS, load_npu_spec
 from npujax.hw.energy import area_breakdown
-from npujax.plan import layer_costs, layer_costs_by_dataflow, lower, lower_by_dataflow, workloads
+from npujax.plan import (
+    layer_costs,
+    layer_costs_by_dataflow,
+    layer_table,
+    lower,
+    lower_by_dataflow,
+    workloads,
+)
 from npujax.plan.costs import EXACT_FIELDS
 from npujax.plan.energy import layer_energy
+from npujax.plan.table import table_length
 from npujax.systolic.mapping import stacked_search
 
 
@@ -91,11 +99,11 @@ def test_bounded_division_and_unrolled_mapping_change_no_bit(graph, preset="bits
 
 def test_lower_by_dataflow_is_lower_at_each_dataflow_with_one_compilation(graph, edge_spec):
     lower_module = importlib.import_module("npujax.plan.lower")
-    lower_module._jitted_costs.cache_clear()
+    lower_module._jitted_table_costs.cache_clear()
     by_df = lower_by_dataflow(graph, edge_spec, dataflows=("os", "ws", "is"))
     assert list(by_df) == ["output_stationary", "weight_stationary", "input_stationary"]
-    assert lower_module._jitted_costs.cache_info().misses == 1  # one program, all dataflows
-    program = lower_module._jitted_costs(tuple(workloads(graph, edge_spec)), tuple(by_df), ())
+    assert lower_module._jitted_table_costs.cache_info().misses == 1  # one program, all dataflows
+    program = lower_module._jitted_table_costs(tuple(by_df))
     assert program._cache_size() == 1  # compiled once
     assert [s.dataflow for s in by_df.values()] == list(by_df)
     one = lower(graph, edge_spec, dataflow="is")  # its own program: the same schedule
@@ -188,22 +196,23 @@ def test_energy_total_summed_on_the_host_changes_no_bit(digits):
     total in it, at random widths (bitfusion_16x16: precision scaling)."""
     lower_module = importlib.import_module("npujax.plan.lower")
     spec = load_npu_spec("bitfusion_16x16")
-    layers = tuple(workloads(digits, spec))
+    layers = workloads(digits, spec)
+    table = layer_table(layers, table_length(len(layers)))
     rng = np.random.default_rng(0)
-    widths = [np.full(len(layers), 8.0, np.float32)] + [
-        rng.choice([2.0, 3.0, 4.0, 6.0, 8.0], len(layers)).astype(np.float32) for _ in range(3)]
+    widths = [np.full(len(table), 8.0, np.float32)] + [
+        rng.choice([2.0, 3.0, 4.0, 6.0, 8.0], len(table)).astype(np.float32) for _ in range(3)]
 
-    def before(s, w, a):  # the program before, energy total included
-        by_df = layer_costs_by_dataflow(layers, s, w, a, ("weight_stationary",))
-        return by_df, {df: layer_energy(layers, s, w, a, df, dram_bytes=c.dram_bytes)
+    def before(s, w, a, t):  # the program before, energy total included
+        by_df = layer_costs_by_dataflow(t, s, w, a, ("weight_stationary",))
+        return by_df, {df: layer_energy(t, s, w, a, df, dram_bytes=c.dram_bytes)
                        for df, c in by_df.items()}, area_breakdown(s)
 
     with jax.enable_x64(True):
         ref = jax.jit(before, compiler_options=lower_module._ONCE)
-        new = lower_module._jitted_costs.__wrapped__(layers, ("weight_stationary",))
+        new = lower_module._jitted_table_costs(("weight_stationary",))
         for wb, ab in zip(widths, widths[::-1]):
-            want = jax.tree.map(np.asarray, ref(spec, wb, ab))
-            by_df, energy, area, att = jax.tree.map(np.asarray, new(spec, wb, ab))
+            want = jax.tree.map(np.asarray, ref(spec, wb, ab, table))
+            by_df, energy, area, att = jax.tree.map(np.asarray, new(spec, wb, ab, table))
             assert att == {} and all(e.total_j is None for e in energy.values())
             got = (by_df, {df: lower_module._with_total(e) for df, e in energy.items()}, area)
             leaves = jax.tree_util.tree_flatten_with_path(want)[0]
