@@ -431,6 +431,19 @@ def _jitted_table_costs(dataflows: tuple[str, ...]):
     return jax.jit(run, compiler_options=_ONCE)
 
 
+def _program_spec(spec: NpuSpec) -> NpuSpec:
+    """``spec`` with the static fields that the table program does not read (name, description,
+    default dataflow, activation layout, operator lists, fusion levels: the workloads and the
+    chains carry their effect) set to one value each, so that specs differing only there share
+    one compiled program; the precision scaling and the DRAM-level mapping stay."""
+    return dataclasses.replace(
+        spec, name="", description="",
+        array=dataclasses.replace(spec.array, dataflow=DATAFLOWS[0]),
+        layout=dataclasses.replace(spec.layout, activation_layout="NHWC"),
+        ops=dataclasses.replace(spec.ops, supported=(), fused_activations=(),
+                                fusion="elementwise", attention_fusion="none"))
+
+
 def _costs_program(layers: list[Workload], names: tuple[str, ...],
                    chains: tuple[AttentionChain, ...], spec: NpuSpec, wb: np.ndarray,
                    ab: np.ndarray) -> tuple[Any, ...]:
@@ -447,6 +460,7 @@ def _costs_program(layers: list[Workload], names: tuple[str, ...],
     table = layer_table(layers, length)
     pad = np.full(length - n, float(DEFAULT_BITS), np.float32)
     w, a = np.concatenate([wb, pad]), np.concatenate([ab, pad])
+    spec = _program_spec(spec)
     run = _executables.compiled(
         _jitted_table_costs(names), ("lower_by_dataflow/table", names, table.small),
         spec, w, a, table, options=_ONCE)

@@ -120,3 +120,20 @@ def test_layer_table_columns_and_padding(small_resnet, edge_spec):
     assert [table_length(r) for r in (0, 1, 16, 17, 100)] == [16, 16, 16, 32, 128]
     with pytest.raises(ValueError, match="length"):
         layer_table(layers, len(layers) - 1)
+
+
+def test_specs_differing_in_fields_the_costs_do_not_read_share_the_program(digits, edge_spec):
+    """A renamed copy with another default dataflow, layout and operator lists lowers through
+    the program already compiled, with the same costs; another precision scaling compiles."""
+    program = lower_module._jitted_table_costs(("weight_stationary",))
+    a = lower(digits, edge_spec, dataflow="ws")
+    n = program._cache_size()
+    other = edge_spec.with_fields({"array.dataflow": "output_stationary",
+                                   "ops.attention_fusion": "on_chip",
+                                   "ops.fused_activations": ("Relu",)}, name="renamed")
+    b = lower(digits, other, dataflow="ws")
+    assert program._cache_size() == n and b.npu == "renamed"
+    assert [r.costs for r in a.layers] == [r.costs for r in b.layers]
+    lower(digits, edge_spec.with_fields({"array.precision_scaling": "bit_serial"}),
+          dataflow="ws")
+    assert program._cache_size() == n + 1
