@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import io
 import sys
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +45,7 @@ from networks import NETWORKS  # noqa: E402
 from npujax._atomic import atomic_write_bytes, atomic_write_text  # noqa: E402
 from npujax.hw import DATAFLOWS, MAPPINGS, NpuSpec, load_npu_spec  # noqa: E402
 from npujax.ir.graph import Graph  # noqa: E402
-from npujax.plan import Schedule, lower  # noqa: E402
+from npujax.plan import Schedule, lower_by_dataflow  # noqa: E402
 from npujax.systolic import gemm_mapping  # noqa: E402
 
 SHORT = {"weight_stationary": "WS", "output_stationary": "OS", "input_stationary": "IS"}
@@ -131,20 +131,25 @@ def _block_layers(schedule: Schedule, decoder: bool) -> list:
     return layers[start:names.index("norm")]
 
 
-def evaluate_traced(graph: Graph, size: int, dataflow: str, decoder: bool = False,
-                    mapping: str | None = None):
-    """Per-layer figures of ``graph`` lowered with ``dataflow`` on :func:`spec_for` ``(size)``
+def evaluate_traced(graph: Graph, size: int, decoder: bool = False,
+                    mapping: str | None = None) -> dict[str, dict]:
+    """Per dataflow, the per-layer figures of ``graph`` lowered on :func:`spec_for` ``(size)``
     under ``mapping`` (None: the preset's, ``best``): array cycles (``compute``: GEMM layers'
     array cycles, vector layers' lane cycles), latency cycles (``total``, with stalls, DMA and
-    conversions) and DRAM bytes, plus the layer kinds."""
+    conversions) and DRAM bytes, plus the layer kinds. All dataflows come from one compiled
+    call (:func:`npujax.plan.lower_by_dataflow`)."""
     spec = spec_for(size)
-    rows = _block_layers(lower(graph, spec, dataflow=dataflow, mapping=mapping), decoder)
-    get = lambda f: np.asarray([getattr(r.costs, f) for r in rows], np.float64)  # noqa: E731
-    return {"compute": get("compute_cycles"), "total": get("latency_cycles"),
-            "stall": get("stall_cycles"), "dram": get("dram_bytes"),
-            "macs": np.asarray([r.macs for r in rows], np.float64),
-            "gemm": np.asarray([r.kind == "gemm" for r in rows]),
-            "ops": [r.op for r in rows], "pes": size * size}
+    out = {}
+    for df, schedule in lower_by_dataflow(graph, spec, dataflows=DATAFLOWS,
+                                          mapping=mapping).items():
+        rows = _block_layers(schedule, decoder)
+        get = lambda f: np.asarray([getattr(r.costs, f) for r in rows], np.float64)  # noqa: E731,B023
+        out[df] = {"compute": get("compute_cycles"), "total": get("latency_cycles"),
+                   "stall": get("stall_cycles"), "dram": get("dram_bytes"),
+                   "macs": np.asarray([r.macs for r in rows], np.float64),
+                   "gemm": np.asarray([r.kind == "gemm" for r in rows]),
+                   "ops": [r.op for r in rows], "pes": size * size}
+    return out
 
 
 #: Traced transformer workloads: name -> (graph builder, decoder?, title).
@@ -168,14 +173,21 @@ TRACED_SMALL = {
 }
 
 
+@functools.partial(jax.jit, static_argnames=("size", "dataflow", "mapping"))
+def _gemm_mapping(M, K, N, U, sram, bw, *, size: int, dataflow: str, mapping: str):
+    """:func:`npujax.systolic.gemm_mapping` of the layers (traced extents, so one compilation
+    serves every network of the same length) on a ``size`` x ``size`` array."""
+    return gemm_mapping(M, K, N, size, size, dataflow, sram_bytes_a=sram, sram_bytes_b=sram,
+                        sram_bytes_out=sram, dram_bytes_per_cycle=bw, unique_elems_a=U,
+                        mapping=mapping)
+
+
 def evaluate(layers, size: int, dataflow: str, mapping: str = "best"):
-    M, K, N, G, U = (jnp.asarray([lay[i] for lay in layers], jnp.int32) for i in range(1, 6))
+    M, K, N, G, U = (np.asarray([lay[i] for lay in layers], np.int32) for i in range(1, 6))
     hw = HARDWARE[size]
     with jax.enable_x64(True):  # float64 results (a jit outside x64 returns float32)
-        m = jax.jit(lambda: gemm_mapping(M, K, N, size, size, dataflow, sram_bytes_a=hw["sram"],
-                                         sram_bytes_b=hw["sram"], sram_bytes_out=hw["sram"],
-                                         dram_bytes_per_cycle=hw["bw"], unique_elems_a=U,
-                                         mapping=mapping))()
+        m = _gemm_mapping(M, K, N, U, np.float64(hw["sram"]), np.float64(hw["bw"]), size=size,
+                          dataflow=dataflow, mapping=mapping)
         m = jax.tree.map(np.asarray, m)
     g = np.asarray(G, np.float64)
     busy = (np.asarray(m["compute_cycles"], np.float64)
@@ -396,16 +408,17 @@ def main(argv=None):
     for net, (build, decoder, title) in (TRACED_SMALL if args.small else TRACED).items():
         titles[net] = title
         graph = build()
-        # --small: the smallest array only (each array size and dataflow compiles the cost
-        # model once, ~3 s on the 2-core machine)
+        # --small: the smallest array only (each array size compiles the cost model of the
+        # three dataflows once, ~3 s on the 2-core machine)
         sizes = [min(HARDWARE)] if args.small else sorted(HARDWARE)
-        res = {(s, df): evaluate_traced(graph, s, df, decoder) for s in sizes
-               for df in DATAFLOWS}
+        res = {(s, df): r for s in sizes
+               for df, r in evaluate_traced(graph, s, decoder).items()}
         traced[net] = res
         plot_res = {(s, df, mapping): r for (s, df), r in res.items()}
         if not args.small and mapping != "scalesim":  # the "before" column (skipped in tests)
-            traced_ref[net] = {(s, df): evaluate_traced(graph, s, df, decoder, "scalesim")
-                               for s in sizes for df in DATAFLOWS}
+            traced_ref[net] = {(s, df): r for s in sizes
+                               for df, r in evaluate_traced(graph, s, decoder,
+                                                            "scalesim").items()}
             plot_res.update({(s, df, "scalesim"): r for (s, df), r in traced_ref[net].items()})
         _plot(out / f"dataflows_{net}.png", net, plot_res, mapping)
     body = tables(all_res) + "\n" + traced_tables(traced, titles, mapping, traced_ref)
