@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import io
 import sys
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -173,21 +173,16 @@ TRACED_SMALL = {
 }
 
 
-@functools.partial(jax.jit, static_argnames=("size", "dataflow", "mapping"))
-def _gemm_mapping(M, K, N, U, sram, bw, *, size: int, dataflow: str, mapping: str):
-    """:func:`npujax.systolic.gemm_mapping` of the layers (traced extents, so one compilation
-    serves every network of the same length) on a ``size`` x ``size`` array."""
-    return gemm_mapping(M, K, N, size, size, dataflow, sram_bytes_a=sram, sram_bytes_b=sram,
-                        sram_bytes_out=sram, dram_bytes_per_cycle=bw, unique_elems_a=U,
-                        mapping=mapping)
-
-
 def evaluate(layers, size: int, dataflow: str, mapping: str = "best"):
-    M, K, N, G, U = (np.asarray([lay[i] for lay in layers], np.int32) for i in range(1, 6))
+    # (the extents are constants of the program: XLA folds most of the mapping model at
+    # compile time, faster than compiling it for traced extents)
+    M, K, N, G, U = (jnp.asarray([lay[i] for lay in layers], jnp.int32) for i in range(1, 6))
     hw = HARDWARE[size]
     with jax.enable_x64(True):  # float64 results (a jit outside x64 returns float32)
-        m = _gemm_mapping(M, K, N, U, np.float64(hw["sram"]), np.float64(hw["bw"]), size=size,
-                          dataflow=dataflow, mapping=mapping)
+        m = jax.jit(lambda: gemm_mapping(M, K, N, size, size, dataflow, sram_bytes_a=hw["sram"],
+                                         sram_bytes_b=hw["sram"], sram_bytes_out=hw["sram"],
+                                         dram_bytes_per_cycle=hw["bw"], unique_elems_a=U,
+                                         mapping=mapping))()
         m = jax.tree.map(np.asarray, m)
     g = np.asarray(G, np.float64)
     busy = (np.asarray(m["compute_cycles"], np.float64)
