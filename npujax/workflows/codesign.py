@@ -130,5 +130,5 @@ def plot_codesign(path: Path, result: CodesignResult, config: CodesignConfig) ->
     ax.set_ylabel(f"{obj} ({units})")
     ax.set_title(f"co-design: {result.exact_evaluations} exact evaluations, "
                  f"{len(tr['objective'])} gradient steps")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper right")  # (not "best": slow on many points, and warns)
     save_figure(fig, path)

@@ -307,7 +307,7 @@ def plot_sweep(out: Path, result: SweepResult, table: dict[str, np.ndarray],
     ax.set_xlabel(x)
     ax.set_ylabel(y)
     ax.set_title(f"{len(result)} configurations, {front.size} on the Pareto front")
-    ax.legend()
+    ax.legend(loc="upper right")  # (matplotlib's "best" is slow on many points, and warns)
     save_figure(fig, out / "pareto.png")
     axes = result.grid.axes
     fig, _ = new_figure(3.2 * len(axes), 3.2)
@@ -326,6 +326,6 @@ def plot_sweep(out: Path, result: SweepResult, table: dict[str, np.ndarray],
         a.tick_params(axis="x", labelrotation=30)
         if j == 0:
             a.set_ylabel("latency_s")
-            a.legend()
+            a.legend(loc="upper right")
     save_figure(fig, out / "axes.png")
     return ["pareto.png", "axes.png"]
