@@ -24,6 +24,17 @@ an add into an FMA where ``-O0`` does not, so a real-valued result could differ 
 from a user's process; every tolerance in the suite is far above that, and bit-identity tests
 compare two programs compiled alike.
 
+XLA:CPU also emits the suite's elementwise fusions with its legacy emitters
+(``--xla_cpu_use_fusion_emitters=false``), which compile in about half the time of the MLIR
+fusion emitters users get (the whole suite: 15:00 -> 11:08 of CPU on 2 cores, 1,313 tests, back
+to back on one machine). The two may order a float sum or contract a multiply-add differently,
+so a float64 result can differ in its last bit (40 of 15,720 cost-model arrays did, see
+``experiments/bench/cost_program_options.py``). As with ``-O0``, tests that compare two programs
+compile both alike, and the few claims about the bits a user's process gets (the integer path
+equal to onnxruntime, the host-summed energy total) compile with a user's options
+(``tests.helpers.USER_OPTIONS``). The flag is added only after a subprocess has shown that this
+jaxlib knows it: XLA aborts a process whose ``XLA_FLAGS`` names an unknown flag.
+
 Under pytest-xdist (``-n auto`` in ``pyproject.toml``) each worker has its own folder. (Sharing one
 needs JAX's size-limited cache for its file lock, and that cache stats every entry and reads its
 access time on every write, under the lock: quadratic in the thousands of entries a run makes.)
@@ -31,6 +42,8 @@ access time on every write, under the lock: quadratic in the thousands of entrie
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import jax
@@ -49,6 +62,19 @@ _JAX_CACHE = pytest.StashKey[tuple[str, dict[str, str | None]]]()
 _CACHE_ENV = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
               "XLA_FLAGS")
 _LLVM_O0 = "--xla_backend_optimization_level=0"
+_LEGACY_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
+
+
+def _xla_knows(flag: str) -> bool:
+    """Whether this jaxlib's XLA accepts ``flag`` in ``XLA_FLAGS`` (a process that starts its
+    CPU backend with it exits 0; an unknown flag aborts it)."""
+    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()}
+    probe = "import jax; jax.jit(lambda x: x + 1)(1.0).block_until_ready()"
+    try:
+        return subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                              timeout=120).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 def pytest_configure(config):
@@ -61,6 +87,9 @@ def pytest_configure(config):
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_backend_optimization_level" not in flags:  # read when the backend starts, below
         flags = f"{flags} {_LLVM_O0}".strip()
+    # (xdist workers inherit the controller's XLA_FLAGS with the flag, so only it probes)
+    if "xla_cpu_use_fusion_emitters" not in flags and _xla_knows(_LEGACY_EMITTERS):
+        flags = f"{flags} {_LEGACY_EMITTERS}"
     os.environ.update(zip(_CACHE_ENV, (path, "0", flags)))  # inherited by CLI subprocesses
 
 

@@ -151,15 +151,22 @@ def run_cli(*args, cwd=None):
                                        err.getvalue())
 
 
+#: XLA options that undo the suite's compile-time settings (tests/conftest.py: LLVM at ``-O0``,
+#: XLA:CPU's legacy fusion emitters): a program compiled with them gets the code, and the bits,
+#: of a user's process.
+USER_OPTIONS = {"xla_backend_optimization_level": 2, "xla_cpu_use_fusion_emitters": True}
+
+
 def jit_optimized(fn, **kwargs):
-    """``jax.jit(fn)`` compiled with LLVM's optimizations on (``-O2``, as in a user's process),
-    for the few programs whose run time, not their compile time, dominates a test. The suite
-    compiles everything else with LLVM at ``-O0`` (tests/conftest.py), which makes XLA:CPU's
-    integer convolutions -- plain loops, not a library kernel -- about 27x slower: 7.3 s
-    instead of 0.27 s per image of the PP-OCR classifier's integer path."""
+    """``jax.jit(fn)`` compiled as in a user's process (:data:`USER_OPTIONS`: LLVM's
+    optimizations on, ``-O2``, and XLA:CPU's fusion emitters), for the programs whose run time
+    or whose exact bits a test is about. The suite compiles everything else with LLVM at
+    ``-O0`` (tests/conftest.py), which makes XLA:CPU's integer convolutions -- plain loops, not
+    a library kernel -- about 27x slower: 7.3 s instead of 0.27 s per image of the PP-OCR
+    classifier's integer path."""
     import jax
 
-    return jax.jit(fn, compiler_options={"xla_backend_optimization_level": 2}, **kwargs)
+    return jax.jit(fn, compiler_options=USER_OPTIONS, **kwargs)
 
 
 #: JAX's monitoring events that name an XLA program (``fun_name``): a backend compilation

@@ -193,7 +193,9 @@ def digits():
 def test_energy_total_summed_on_the_host_changes_no_bit(digits):
     """``lower``'s cost program leaves the energy total out and sums it on the host
     (``_with_total``): every output, the total included, bit for bit as the program with the
-    total in it, at random widths (bitfusion_16x16: precision scaling)."""
+    total in it, at random widths (bitfusion_16x16: precision scaling). Both programs are
+    compiled with ``lower``'s options in a user's process (the suite's legacy fusion emitters,
+    tests/conftest.py, may sum in another order)."""
     lower_module = importlib.import_module("npujax.plan.lower")
     spec = load_npu_spec("bitfusion_16x16")
     layers = workloads(digits, spec)
@@ -208,8 +210,10 @@ def test_energy_total_summed_on_the_host_changes_no_bit(digits):
                        for df, c in by_df.items()}, area_breakdown(s)
 
     with jax.enable_x64(True):
-        ref = jax.jit(before, compiler_options=lower_module._ONCE)
-        new = lower_module._jitted_table_costs(("weight_stationary",))
+        options = {**lower_module._ONCE, "xla_cpu_use_fusion_emitters": True}
+        ref = jax.jit(before, compiler_options=options)
+        new = jax.jit(lower_module._jitted_table_costs(("weight_stationary",)).__wrapped__,
+                      compiler_options=options)
         for wb, ab in zip(widths, widths[::-1]):
             want = jax.tree.map(np.asarray, ref(spec, wb, ab, table))
             by_df, energy, area, att = jax.tree.map(np.asarray, new(spec, wb, ab, table))
