@@ -35,6 +35,12 @@ equal to onnxruntime, the host-summed energy total) compile with a user's option
 (``tests.helpers.USER_OPTIONS``). The flag is added only after a subprocess has shown that this
 jaxlib knows it: XLA aborts a process whose ``XLA_FLAGS`` names an unknown flag.
 
+MLIR locations carry the op's own source line but not the whole Python traceback
+(``jax_include_full_tracebacks_in_locations`` off, for the session and its subprocesses): under
+pytest every op's stack is 40-100 frames deep, and turning them into locations took about 5 %
+of the suite's CPU. Locations are debug information only (JAX strips them from the compilation
+cache key; the compiled code is the same).
+
 Under pytest-xdist (``-n auto`` in ``pyproject.toml``) each worker has its own folder. (Sharing one
 needs JAX's size-limited cache for its file lock, and that cache stats every entry and reads its
 access time on every write, under the lock: quadratic in the thousands of entries a run makes.)
@@ -45,6 +51,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import jax
 import pytest
@@ -60,7 +67,7 @@ settings.load_profile("gate")
 
 _JAX_CACHE = pytest.StashKey[tuple[str, dict[str, str | None]]]()
 _CACHE_ENV = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
-              "XLA_FLAGS")
+              "XLA_FLAGS", "JAX_INCLUDE_FULL_TRACEBACKS_IN_LOCATIONS")
 _LLVM_O0 = "--xla_backend_optimization_level=0"
 _LEGACY_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
 
@@ -84,13 +91,26 @@ def pytest_configure(config):
     # every program, however fast it compiled: the small ones are most of the repeats
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_include_full_tracebacks_in_locations", False)
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_backend_optimization_level" not in flags:  # read when the backend starts, below
         flags = f"{flags} {_LLVM_O0}".strip()
     # (xdist workers inherit the controller's XLA_FLAGS with the flag, so only it probes)
     if "xla_cpu_use_fusion_emitters" not in flags and _xla_knows(_LEGACY_EMITTERS):
         flags = f"{flags} {_LEGACY_EMITTERS}"
-    os.environ.update(zip(_CACHE_ENV, (path, "0", flags)))  # inherited by CLI subprocesses
+    os.environ.update(zip(_CACHE_ENV, (path, "0", flags, "false")))  # inherited by subprocesses
+
+
+#: Test modules that each wait on one long subprocess (mypy ~20 s cold, mkdocs ~6 s): run first,
+#: so that one worker waits on them while the other works, instead of one being among the last
+#: tests of a queue (xdist cannot steal those), with the other worker idle until it ends.
+_FIRST = ("test_typecheck.py", "test_docs.py")
+_TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: item.path.parent == _TESTS and item.path.name in _FIRST,
+               reverse=True)  # stable: the rest keep their order
 
 
 def pytest_unconfigure(config):
