@@ -231,7 +231,7 @@ def _tiled_gemm(a, b, rows: int, cols: int, df: Dataflow, acc: str) -> jax.Array
                 o = _tile_step(o, a_p[i:i + TILE, k:k + kc], b_p[k:k + kc, j:j + TILE], folds,
                                tk=tk, acc=acc)
             out[i:i + TILE, j:j + TILE] = np.asarray(o)
-    return jnp.asarray(out[:M, :N])
+    return jax.device_put(out[:M, :N])  # (jnp.asarray of numpy compiles a program per shape)
 
 
 def _bucket_extents(M: int, K: int, N: int, rows: int, cols: int, df: Dataflow):
