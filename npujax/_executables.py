@@ -13,6 +13,13 @@ versions, the devices, ``XLA_FLAGS`` and the compiler options. A hit loads the e
 It is off unless :func:`enable` was called (the command line does, next to JAX's cache, and
 ``NPUJAX_COMPILE_CACHE=off`` turns both off). A file that cannot be read back (truncated,
 another jaxlib) is compiled again and replaced; a folder that cannot be written is skipped.
+
+An executable that JAX's persistent compilation cache supplied (the same program compiled by an
+earlier process, e.g. before an npujax upgrade changed the source digest) is not saved: jaxlib
+0.10 serializes such an executable without its kernels, and the copy loaded from it fails when
+it runs (``NOT_FOUND: Function ... not found``). Every loaded file is therefore run once before
+it is used; one that fails (written by an earlier npujax) is removed and the program compiled
+again.
 """
 
 from __future__ import annotations
@@ -117,17 +124,43 @@ def compiled(
         try:
             payload, in_tree, out_tree = pickle.loads(path.read_bytes())
             exe = deserialize_and_load(payload, in_tree, out_tree)
+            jax.block_until_ready(exe(*args))  # one run: a file without kernels fails here
             _LOADED[key] = exe
             return exe
         except Exception as e:  # noqa: BLE001  (any unreadable file: compile again)
             log.debug(f"{path}: not loaded ({e}); compiling again")
-    exe = jitted.trace(*args).lower().compile()
-    try:
-        _FOLDER.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_bytes(pickle.dumps(serialize(exe)))
-        os.replace(tmp, path)
-    except Exception as e:  # noqa: BLE001  (a read-only or full disk: run without saving)
-        log.debug(f"{path}: not saved ({e})")
+            path.unlink(missing_ok=True)
+    exe, from_cache = _compile(jitted, args)
+    if from_cache:  # (its serialized form would lack the kernels, see the module docstring)
+        log.debug(f"{path}: not saved (the executable came from JAX's compilation cache)")
+    else:
+        try:
+            _FOLDER.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_bytes(pickle.dumps(serialize(exe)))
+            os.replace(tmp, path)
+        except Exception as e:  # noqa: BLE001  (a read-only or full disk: run without saving)
+            log.debug(f"{path}: not saved ({e})")
     _LOADED[key] = exe
     return exe
+
+
+_CACHE_HIT = "/jax/compilation_cache/cache_hits"
+
+
+def _compile(jitted: Any, args: tuple[Any, ...]) -> tuple[Any, bool]:
+    """``(executable, from_cache)``: ``jitted`` traced, lowered and compiled for ``args``;
+    ``from_cache`` when JAX's persistent compilation cache supplied the executable (its
+    ``/jax/compilation_cache/cache_hits`` event fired during the compilation)."""
+    hits: list[str] = []
+
+    def listener(event: str, **kwargs: Any) -> None:
+        if event == _CACHE_HIT:
+            hits.append(event)
+
+    jax.monitoring.register_event_listener(listener)
+    try:
+        exe = jitted.trace(*args).lower().compile()
+    finally:
+        jax.monitoring.unregister_event_listener(listener)
+    return exe, bool(hits)

@@ -57,7 +57,15 @@ def test_the_key_holds_the_static_key_shapes_and_dtypes(folder):
     _executables.compiled(_program(traces), "a", x, {"s": np.float64(2.0)})  # another dtype
     with jax.enable_x64(True):  # the same arguments traced with 64-bit types
         _executables.compiled(_program(traces), "a", x, p)
-    assert len(traces) == 5 and len(list(folder.glob("*.exe"))) == 5
+        key64 = _executables._key("a", None, (x, p))
+    # each traced: none loaded another's executable (programs that JAX's compilation cache
+    # already holds, such as "b", are not saved: see the next tests)
+    assert len(traces) == 5
+    keys = {_executables._key(*k) for k in [("a", None, (x, p)), ("b", None, (x, p)),
+                                             ("a", None, (np.ones(5, np.float32), p)),
+                                             ("a", None, (x, {"s": np.float64(2.0)}))]}
+    assert len(keys | {key64}) == 5
+    assert {f.stem for f in folder.glob("*.exe")} <= keys | {key64}
 
 
 def test_an_unreadable_file_is_compiled_again_and_replaced(folder):
@@ -68,5 +76,46 @@ def test_an_unreadable_file_is_compiled_again_and_replaced(folder):
     path.write_bytes(b"truncated")
     _executables._LOADED.clear()
     out = _executables.compiled(_program(traces), "c", x, p)(x, p)
-    assert len(traces) == 2 and path.stat().st_size > 100
+    # traced again; the file replaced, or removed where JAX's cache supplied the program
+    assert len(traces) == 2 and (not path.exists() or path.stat().st_size > 100)
     np.testing.assert_array_equal(out["y"], np.sin(x) * 0.5 + np.float32(1.0 / 3.0))
+
+
+def _reciprocal_program(c):
+    """A program of its own (the constant ``c`` in it), so no earlier test compiled it."""
+    return jax.jit(lambda x: {"y": (x / c + jnp.sqrt(x)) * 2.0})
+
+
+def test_an_executable_from_jaxs_compilation_cache_is_not_saved(folder):
+    """The same program compiled in an earlier process (as before an npujax upgrade changed
+    the key): JAX's persistent compilation cache supplies it. Its serialized form lacks the
+    kernels in jaxlib 0.10 (the loaded copy failed when run: ``Function ... not found``), so
+    it is not saved; whatever is in the folder loads and runs with the same bits."""
+    x = np.arange(1.0, 9.0, dtype=np.float32)
+    c = np.float32(7.1231)
+    want = np.asarray(_reciprocal_program(c)(x)["y"])  # compiled and written to JAX's cache
+    got = _executables.compiled(_reciprocal_program(c), "from-cache", x)(x)
+    np.testing.assert_array_equal(got["y"], want)
+    _executables._LOADED.clear()  # as the next process
+    again = _executables.compiled(_reciprocal_program(c), "from-cache", x)(x)
+    np.testing.assert_array_equal(again["y"], want)
+
+
+def test_a_file_that_fails_when_run_is_removed_and_compiled_again(folder):
+    """A file as npujax before this check wrote it: an executable from JAX's compilation
+    cache, serialized. Loading it must never make a run fail."""
+    import pickle
+
+    from jax.experimental.serialize_executable import serialize
+
+    x = np.arange(1.0, 9.0, dtype=np.float32)
+    c = np.float32(5.4321)
+    want = np.asarray(_reciprocal_program(c)(x)["y"])
+    from_cache = _reciprocal_program(c).trace(x).lower().compile()
+    _executables.compiled(_reciprocal_program(c), "stale", x)  # (learns the file's path)
+    path = folder / f"{_executables._key('stale', None, (x,))}.exe"
+    folder.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pickle.dumps(serialize(from_cache)))
+    _executables._LOADED.clear()
+    got = _executables.compiled(_reciprocal_program(c), "stale", x)(x)
+    np.testing.assert_array_equal(got["y"], want)
