@@ -1,9 +1,15 @@
 """Benchmarks of the systolic models, printed side by side in one run.
 
-(a) The same layer set through SCALE-Sim 3.0.0 and through npujax's closed form (and the
-    bit-exact emulator): wall time and whether every cycle count is equal. SCALE-Sim runs live when
-    its venv exists (``experiments/scalesim_reference/make_reference.sh`` makes it; override with
-    ``SCALESIM_VENV``); otherwise its stored timings from ``tests/systolic/data`` are used.
+(a) The same GEMM layers (13 shapes x 3 dataflows x 4 square arrays) through SCALE-Sim 3.0.0,
+    run live in this run once per layer, and through npujax's closed form
+    (``scalesim_report``), with every cycle count compared. Two comparisons, reported apart:
+    *one layer per call* (each SCALE-Sim run against one jitted npujax call for that layer,
+    dispatch included; the ratio's median and range over the layers) and *batched throughput*
+    (all layers in one jitted npujax call against the sum of SCALE-Sim's runs). ``--conv`` adds
+    ResNet-18's conv layers at 64x64 (SCALE-Sim steps them cycle by cycle: 10-20 minutes).
+    Needs SCALE-Sim's own venv (``experiments/scalesim_reference/make_reference.sh`` makes it,
+    or ``SCALESIM_VENV``); without it (a) is skipped: peer timings are never read from
+    another run.
 (b) Analytical cycles for every layer of ResNet-50 across 10,000 hardware configurations in one
     vmapped, jitted call: compute cycles alone, and with the memory model.
 (c) Bit-exact emulation of a ResNet-18 conv layer (3x3, 64->64, 56x56, int8) vs a plain ``jnp``
@@ -141,28 +147,56 @@ def bench_compiles(n_shapes=24, rows=16):
     return {"shapes": n_shapes, "array": f"{rows}x{rows}", **res}
 
 
-def _scalesim_cases(arrays: str):
+def _scalesim_python() -> Path | None:
+    """The python of SCALE-Sim's venv, or None when it is not installed."""
     venv = Path(os.environ.get("SCALESIM_VENV", ROOT / "experiments/scalesim_reference/.venv"))
     py = venv / "bin" / "python"
-    if py.exists():
-        with tempfile.TemporaryDirectory() as d:
-            out = Path(d) / "s.json"
-            subprocess.run([str(py), str(ROOT / "experiments/scalesim_reference/run_scalesim.py"),
-                            str(out), "--kinds", "gemm", "--arrays", arrays], check=True,
-                           capture_output=True)
-            doc = json.loads(out.read_text())
-        return doc, "live"
-    doc = json.loads((ROOT / "tests/systolic/data/scalesim_gemm.json").read_text())
-    keep = {int(a) for a in arrays.split(",")}
-    doc["cases"] = [c for c in doc["cases"] if c["rows"] in keep]
-    doc["timings"] = [t for t in doc["timings"] if t["rows"] in keep]
-    return doc, "stored (no SCALE-Sim venv found)"
+    return py if py.exists() else None
 
 
-def compare_with_scalesim(doc: dict, how: str):
-    """Time npujax on the cases of one SCALE-Sim result document and check every cycle count."""
+def _scalesim_per_layer(py: Path, kinds: str, arrays: str) -> dict:
+    """SCALE-Sim's results document, run live now, one run per layer (each case's
+    ``seconds``)."""
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "s.json"
+        subprocess.run([str(py), str(ROOT / "experiments/scalesim_reference/run_scalesim.py"),
+                        str(out), "--kinds", kinds, "--arrays", arrays, "--per-layer"],
+                       check=True, capture_output=True)
+        return json.loads(out.read_text())
+
+
+def compare_per_layer(doc: dict, calls: int = 20):
+    """One layer per call: each layer's SCALE-Sim run against one jitted npujax call for the
+    same layer (compiled once per dataflow; the median of ``calls`` calls, dispatch and the
+    transfer of the five scalars included), and every cycle count compared."""
+    fns = {df: jax.jit(functools.partial(
+        lambda M, K, N, r, c, df: scalesim_report(M, K, N, r, c, df)["total_cycles"], df=df))
+        for df in DF}
+    ratios, ss, nj, equal = [], [], [], True
+    for case in doc["cases"]:
+        args = [np.int32(case[k]) for k in ("M", "K", "N", "rows", "cols")]
+        f = fns[case["dataflow"]]
+        equal &= int(f(*args)) == case["total_cycles"]  # (the first call compiles)
+        ts = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            jax.block_until_ready(f(*args))
+            ts.append(time.perf_counter() - t0)
+        t = float(np.median(ts))
+        ss.append(case["seconds"])
+        nj.append(t)
+        ratios.append(case["seconds"] / t)
+    return {"cases": len(ratios), "scalesim_s_median": float(np.median(ss)),
+            "npujax_s_median": float(np.median(nj)), "ratio_min": float(np.min(ratios)),
+            "ratio_median": float(np.median(ratios)), "ratio_max": float(np.max(ratios)),
+            "cycles_equal": bool(equal)}
+
+
+def compare_batched(doc: dict):
+    """Batched throughput: every layer of ``doc`` in one jitted npujax call against the sum of
+    SCALE-Sim's runs on them, and every cycle count compared."""
     cases = doc["cases"]
-    ss_seconds = sum(t["seconds"] for t in doc["timings"])
+    ss_seconds = sum(c["seconds"] for c in cases)
     by_df = {}
     for df in ("ws", "os", "is"):
         sel = [c for c in cases if c["dataflow"] == df]
@@ -179,15 +213,21 @@ def compare_with_scalesim(doc: dict, how: str):
     equal = all(
         np.array_equal(got[df], [c["total_cycles"] for c in cases if c["dataflow"] == df])
         for df in by_df)
-    return {"source": how, "cases": len(cases), "scalesim_s": ss_seconds, "npujax_s": t,
+    return {"cases": len(cases), "scalesim_s": ss_seconds, "npujax_s": t,
             "ratio": ss_seconds / t, "cycles_equal": equal}
 
 
-def bench_scalesim(arrays: str):
-    gemm = compare_with_scalesim(*_scalesim_cases(arrays))
-    conv_doc = json.loads((ROOT / "tests/systolic/data/scalesim_resnet18.json").read_text())
-    conv = compare_with_scalesim(conv_doc, "stored")
-    return gemm, conv
+def bench_scalesim(arrays: str, conv: bool) -> dict | None:
+    """(a): ``{kind: {"per_layer": ..., "batched": ...}}`` for the GEMMs (and the ResNet-18
+    conv layers with ``conv``), SCALE-Sim run live now; None without SCALE-Sim's venv."""
+    py = _scalesim_python()
+    if py is None:
+        return None
+    out = {}
+    for kind in ("gemm", "conv") if conv else ("gemm",):
+        doc = _scalesim_per_layer(py, kind, arrays)
+        out[kind] = {"per_layer": compare_per_layer(doc), "batched": compare_batched(doc)}
+    return out
 
 
 def _hw_configs(n, seed=0):
@@ -242,6 +282,8 @@ def bench_emulation(rows: int, dataflow: str):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer SCALE-Sim arrays")
+    p.add_argument("--conv", action="store_true",
+                   help="(a) also on ResNet-18's conv layers (SCALE-Sim: 10-20 minutes)")
     p.add_argument("--configs", type=int, default=10_000)
     p.add_argument("--only-emulator", action="store_true",
                    help="run only (d) and (e), the emulator against matmul and its compilations")
@@ -250,7 +292,7 @@ def main(argv=None):
           f"({os.cpu_count()} CPUs visible); no GPU run in this environment.\n")
 
     if not args.only_emulator:
-        a, a_conv = bench_scalesim("32,128" if args.quick else "8,16,32,128")
+        a = bench_scalesim("32,128" if args.quick else "8,16,32,128", args.conv)
         b = bench_sweep(args.configs)
         c = [bench_emulation(r, df) for r in (16, 128) for df in ("ws", "os", "is")]
     d = bench_square_gemms()
@@ -259,13 +301,7 @@ def main(argv=None):
         _print_emulator(d, e)
         return {"square_gemms": d, "compiles": e}
 
-    print(f"(a) SCALE-Sim vs npujax, {a['cases']} GEMM cases (SCALE-Sim timings: {a['source']})")
-    print(f"    SCALE-Sim {a['scalesim_s']:10.3f} s | npujax {a['npujax_s'] * 1e6:10.1f} us | "
-          f"ratio {a['ratio']:,.0f}x | cycles equal: {a['cycles_equal']}")
-    print(f"    ResNet-18 conv layers, {a_conv['cases']} cases (SCALE-Sim timings: stored)")
-    print(f"    SCALE-Sim {a_conv['scalesim_s']:10.3f} s | npujax "
-          f"{a_conv['npujax_s'] * 1e6:10.1f} us | ratio {a_conv['ratio']:,.0f}x | "
-          f"cycles equal: {a_conv['cycles_equal']}")
+    _print_scalesim(a)
     print(f"(b) ResNet-50 ({b['layers']} layers) x {b['configs']:,} hardware configs, one call")
     print(f"    compute cycles     {b['compute_s'] * 1e3:8.2f} ms  "
           f"{b['compute_eval_per_s']:.3e} evals/s (target 1e7)")
@@ -277,8 +313,25 @@ def main(argv=None):
         print(f"    {r['array']:>7s} {r['dataflow']:2s}  emulate {r['emulate_s'] * 1e3:7.2f} ms  "
               f"matmul {r['matmul_s'] * 1e3:7.2f} ms  -> {r['slowdown']:.2f}x (target <= 1.5x)")
     _print_emulator(d, e)
-    return {"scalesim": a, "scalesim_conv": a_conv, "sweep": b, "emulation": c,
-            "square_gemms": d, "compiles": e}
+    return {"scalesim": a, "sweep": b, "emulation": c, "square_gemms": d, "compiles": e}
+
+
+def _print_scalesim(a):
+    if a is None:
+        print("(a) skipped: SCALE-Sim is not installed (experiments/scalesim_reference/"
+              "make_reference.sh makes its venv, or set SCALESIM_VENV); no stored timings used")
+        return
+    names = {"gemm": "GEMM layers", "conv": "ResNet-18 conv layers (64x64)"}
+    for kind, r in a.items():
+        p, b = r["per_layer"], r["batched"]
+        print(f"(a) SCALE-Sim 3.0.0 (live, one run per layer) vs npujax, {p['cases']} "
+              f"{names[kind]}; cycles equal: {p['cycles_equal'] and b['cycles_equal']}")
+        print(f"    one layer per call: SCALE-Sim median {p['scalesim_s_median'] * 1e3:9.1f} ms "
+              f"| npujax median {p['npujax_s_median'] * 1e6:7.1f} us | ratio median "
+              f"{p['ratio_median']:,.0f}x (range {p['ratio_min']:,.0f}x-{p['ratio_max']:,.0f}x)")
+        print(f"    batched throughput: SCALE-Sim {b['scalesim_s']:8.2f} s for its {b['cases']} "
+              f"runs | npujax {b['npujax_s'] * 1e6:8.1f} us for all in one call | ratio "
+              f"{b['ratio']:,.0f}x")
 
 
 def _print_emulator(d, e):

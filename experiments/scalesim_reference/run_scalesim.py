@@ -8,7 +8,11 @@ collects per layer: ``Total Cycles`` and ``Total Cycles (incl. prefetch)`` and `
 reads/writes per operand (DETAILED_ACCESS_REPORT).
 
 Usage: python run_scalesim.py OUT.json [--arrays 8,16,32,128] [--dataflows ws,os,is]
-       [--kinds gemm,conv,depthwise] [--jobs N]
+       [--kinds gemm,conv,depthwise] [--jobs N] [--per-layer]
+
+``--per-layer`` runs SCALE-Sim once per layer (a one-layer topology each, as a user who asks it
+about one layer at a time) and records each run's seconds with the layer (``seconds``), for
+``experiments/bench/emulator.py``'s one-layer-per-call comparison; GEMM and conv kinds only.
 """
 
 from __future__ import annotations
@@ -128,17 +132,23 @@ def _valid_input(h, fh, s, pad):
     return (out - 1) * s + fh
 
 
-def _write_topology(path, kind):
+def _layers(kind, only=None):
+    """The topology rows of ``kind`` (all, or only the one at index ``only``)."""
+    rows = GEMMS if kind == "gemm" else RESNET18_64 if kind == "conv" else DEPTHWISE
+    return rows if only is None else [rows[only]]
+
+
+def _write_topology(path, kind, only=None):
     # SCALE-Sim splits every row on ',' and drops the last field, so rows must end with a comma.
     with open(path, "w") as f:
         if kind == "gemm":
             f.write("Layer, M, N, K,\n")
-            for name, m, k, n in GEMMS:
+            for name, m, k, n in _layers(kind, only):
                 f.write(f"{name}, {m}, {n}, {k},\n")
         else:
             f.write("Layer name, IFMAP Height, IFMAP Width, Filter Height, Filter Width, "
                     "Channels, Num Filter, Stride,\n")
-            for name, h, w, fh, fw, c, nf, s, pad in (RESNET18_64 if kind == "conv" else DEPTHWISE):
+            for name, h, w, fh, fw, c, nf, s, pad in _layers(kind, only):
                 hp, wp = _valid_input(h, fh, s, pad), _valid_input(w, fw, s, pad)
                 f.write(f"{name}, {hp}, {wp}, {fh}, {fw}, {c}, {nf}, {s},\n")
 
@@ -150,11 +160,11 @@ def _read_report(path):
     return [dict(zip(header, (float(v) for v in r if v.strip()))) for r in rows[1:] if r]
 
 
-def _cases(kind):
+def _cases(kind, only=None):
     if kind == "gemm":
-        return [dict(name=n, M=m, K=k, N=nn) for n, m, k, nn in GEMMS]
+        return [dict(name=n, M=m, K=k, N=nn) for n, m, k, nn in _layers(kind, only)]
     out = []
-    for name, h, w, fh, fw, c, nf, s, pad in (RESNET18_64 if kind == "conv" else DEPTHWISE):
+    for name, h, w, fh, fw, c, nf, s, pad in _layers(kind, only):
         hp, wp = _valid_input(h, fh, s, pad), _valid_input(w, fw, s, pad)
         oh, ow = (hp - fh) // s + 1, (wp - fw) // s + 1
         case = dict(name=name, ifmap_h=hp, ifmap_w=wp, filt_h=fh, filt_w=fw, channels=c,
@@ -167,14 +177,16 @@ def _cases(kind):
     return out
 
 
-def run_one(kind, df, size, workdir=None):
+def run_one(kind, df, size, workdir=None, only=None):
+    """SCALE-Sim on the layers of ``kind`` (or only the one at index ``only``) at one dataflow
+    and square array size: ``(per-layer results, seconds of the run)``."""
     if workdir is None:
         with tempfile.TemporaryDirectory() as d:
-            return run_one(kind, df, size, d)
+            return run_one(kind, df, size, d, only)
     topo = os.path.join(workdir, f"{kind}.csv")
     layout = os.path.join(workdir, "layout.csv")
     cfg = os.path.join(workdir, f"{df}_{size}.cfg")
-    _write_topology(topo, kind)
+    _write_topology(topo, kind, only)
     with open(layout, "w") as f:
         f.write("Layer name, unused,\n")
     run = f"{kind}_{df}_{size}"
@@ -189,7 +201,7 @@ def run_one(kind, df, size, workdir=None):
     comp = _read_report(os.path.join(workdir, run, "COMPUTE_REPORT.csv"))
     det = _read_report(os.path.join(workdir, run, "DETAILED_ACCESS_REPORT.csv"))
     results = []
-    for case, c, d in zip(_cases(kind), comp, det):
+    for case, c, d in zip(_cases(kind, only), comp, det):
         results.append({
             **case,
             "dataflow": df, "rows": size, "cols": size,
@@ -216,15 +228,22 @@ def main(argv=None):
     p.add_argument("--dataflows", default="ws,os,is")
     p.add_argument("--kinds", default="gemm,conv,depthwise")
     p.add_argument("--jobs", type=int, default=1, help="SCALE-Sim runs in parallel processes")
+    p.add_argument("--per-layer", action="store_true",
+                   help="one SCALE-Sim run per layer, each timed (gemm and conv kinds)")
     args = p.parse_args(argv)
-    combos = [(kind, df, int(size)) for kind in args.kinds.split(",")
-              for df in args.dataflows.split(",") for size in args.arrays.split(",")]
+    kinds = args.kinds.split(",")
+    if args.per_layer and "depthwise" in kinds:
+        p.error("--per-layer takes the gemm and conv kinds (a depthwise layer is several runs)")
+    combos = [(kind, df, int(size), None, only) for kind in kinds
+              for df in args.dataflows.split(",") for size in args.arrays.split(",")
+              for only in (range(len(_layers(kind))) if args.per_layer else [None])]
     cases, timings = [], []
     with multiprocessing.Pool(args.jobs) as pool:
-        for (kind, df, size), (res, sec) in zip(combos, pool.starmap(run_one, combos)):
-            cases += [{**r, "kind": kind} for r in res]
+        for (kind, df, size, _, only), (res, sec) in zip(combos, pool.starmap(run_one, combos)):
+            per_layer = {"seconds": round(sec, 4)} if only is not None else {}
+            cases += [{**r, "kind": kind, **per_layer} for r in res]
             timings.append({"kind": kind, "dataflow": df, "rows": size, "cols": size,
-                            "layers": len(res), "seconds": round(sec, 3)})
+                            "layers": len(res), "seconds": round(sec, 4)})
             print(f"{kind:5s} {df} {size:4d}x{size:<4d} {len(res):3d} layers {sec:8.2f} s",
                   file=sys.stderr, flush=True)
     doc = {

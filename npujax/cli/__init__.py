@@ -62,11 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
                            default=0, help="more messages (debug details) on stderr")
     verbosity.add_argument("-q", "--quiet", action="store_const", const=-1, dest="verbosity",
                            help="only warnings and errors on stderr")
-    for flag, var in (("--max-tensor-bytes", "NPUJAX_MAX_TENSOR_BYTES"),
-                      ("--max-model-bytes", "NPUJAX_MAX_MODEL_BYTES"),
-                      ("--max-tensor-elements", "NPUJAX_MAX_TENSOR_ELEMENTS")):
-        p.add_argument(flag, metavar="SIZE", help=f"resource limit (e.g. 4GiB; default from "
-                       f"${var}, see docs/errors.md)")
+    for flag, var, example in (("--max-tensor-bytes", "NPUJAX_MAX_TENSOR_BYTES", "4GiB"),
+                               ("--max-model-bytes", "NPUJAX_MAX_MODEL_BYTES", "8GiB"),
+                               ("--max-tensor-elements", "NPUJAX_MAX_TENSOR_ELEMENTS", "1e15")):
+        p.add_argument(flag, metavar="SIZE", help=f"resource limit (e.g. {example}; default "
+                       f"from ${var}, see docs/errors.md)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
                            parser_class=_Parser)
     for command in COMMANDS:

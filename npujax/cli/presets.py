@@ -20,6 +20,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from npujax.hw import list_presets, load_npu_spec
 
-    for name in list_presets():
-        print(f"{name:<20} {load_npu_spec(name).description}")
+    names = list_presets()
+    width = max(map(len, names), default=0)
+    for name in names:
+        print(f"{name:<{width}}  {load_npu_spec(name).description}")
     return 0
