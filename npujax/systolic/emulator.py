@@ -211,7 +211,11 @@ def _tile_step(out, a, b, folds, tk: int, acc: str):
 def _tiled_gemm(a, b, rows: int, cols: int, df: Dataflow, acc: str) -> jax.Array:
     """``a @ b`` of concrete operands as ``TILE x TILE`` output tiles, each accumulated over
     K-chunks of whole folds by ``_tile_step`` (zero-padded on the host; the padding folds
-    of the last chunk are skipped), assembled on the host."""
+    of the last chunk are skipped), assembled on the host.
+
+    Each chunk of ``b`` reaches the device once and each chunk of ``a`` once per row of tiles
+    (not once per tile), and the tiles come back to the host only after every step has been
+    dispatched, so the host prepares the next steps while the device computes."""
     a_np, b_np = np.asarray(a), np.asarray(b)
     (M, K), N = a_np.shape, b_np.shape[1]
     tk = tile_fold_size(rows, cols, df)
@@ -221,16 +225,20 @@ def _tiled_gemm(a, b, rows: int, cols: int, df: Dataflow, acc: str) -> jax.Array
     a_p[:M, :K] = a_np
     b_p = np.zeros((Kp, Np), b_np.dtype)
     b_p[:K, :N] = b_np
-    out = np.empty((Mp, Np), acc)
-    zero = jax.device_put(np.zeros((TILE, TILE), acc))  # a device array, as o becomes
+    chunks = range(0, Kp, kc)
+    folds = [jax.device_put(np.int32(-(-min(kc, K - k) // tk) if k < K else 0)) for k in chunks]
+    b_dev = [[jax.device_put(b_p[k:k + kc, j:j + TILE]) for j in range(0, Np, TILE)]
+             for k in chunks]
+    zero = jax.device_put(np.zeros((TILE, TILE), acc))  # a device array, as each tile becomes
+    tiles = []
     for i in range(0, Mp, TILE):
-        for j in range(0, Np, TILE):
-            o = zero
-            for k in range(0, Kp, kc):
-                folds = np.int32(-(-min(kc, K - k) // tk)) if k < K else np.int32(0)
-                o = _tile_step(o, a_p[i:i + TILE, k:k + kc], b_p[k:k + kc, j:j + TILE], folds,
-                               tk=tk, acc=acc)
-            out[i:i + TILE, j:j + TILE] = np.asarray(o)
+        row = [zero] * (Np // TILE)
+        for c, k in enumerate(chunks):  # each tile's chunks in order of k, as before
+            a_dev = jax.device_put(a_p[i:i + TILE, k:k + kc])
+            row = [_tile_step(o, a_dev, b_c, folds[c], tk=tk, acc=acc)
+                   for o, b_c in zip(row, b_dev[c])]
+        tiles.append(row)
+    out = np.block([[np.asarray(o) for o in row] for row in tiles])
     return jax.device_put(out[:M, :N])  # (jnp.asarray of numpy compiles a program per shape)
 
 
