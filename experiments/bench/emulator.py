@@ -245,18 +245,24 @@ def bench_sweep(n_configs: int):
     M, K, N, G, U = (jnp.asarray([lay[i] for lay in layers], jnp.int32) for i in range(1, 6))
     rows, cols, sram, bw = _hw_configs(n_configs)
 
+    # (The model's counts are int64 and its memory cycles float64, under its own x64 scope:
+    # the layer multiplicity is applied in that scope too, so nothing is truncated to 32 bits.)
     @jax.jit
     def compute(rows, cols):
-        f = lambda r, c: G * gemm_cycles(M, K, N, r, c, "weight_stationary")["compute_cycles"]
-        return jax.vmap(f)(rows, cols)
+        def f(r, c):
+            cycles = gemm_cycles(M, K, N, r, c, "weight_stationary")["compute_cycles"]
+            return G.astype(jnp.int64) * cycles
+        with jax.enable_x64(True):
+            return jax.vmap(f)(rows, cols)
 
     @jax.jit
     def with_memory(rows, cols, sram, bw):
         def f(r, c, s, b):
             m = gemm_memory(M, K, N, r, c, "weight_stationary", sram_bytes_a=s, sram_bytes_b=s,
                             sram_bytes_out=s, dram_bytes_per_cycle=b, unique_elems_a=U)
-            return G.astype(jnp.float32) * m["total_cycles"]
-        return jax.vmap(f)(rows, cols, sram, bw)
+            return G.astype(jnp.float64) * m["total_cycles"]
+        with jax.enable_x64(True):
+            return jax.vmap(f)(rows, cols, sram, bw)
 
     t_c = _best_time(lambda: compute(rows, cols))
     t_m = _best_time(lambda: with_memory(rows, cols, sram, bw))
