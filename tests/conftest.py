@@ -28,8 +28,10 @@ XLA:CPU also emits the suite's elementwise fusions with its legacy emitters
 (``--xla_cpu_use_fusion_emitters=false``), which compile in about half the time of the MLIR
 fusion emitters users get (the whole suite: 15:00 -> 11:08 of CPU on 2 cores, 1,313 tests, back
 to back on one machine). The two may order a float sum or contract a multiply-add differently,
-so a float64 result can differ in its last bit (40 of 15,720 cost-model arrays did, see
-``experiments/bench/cost_program_options.py``). As with ``-O0``, tests that compare two programs
+so a float64 result can differ in its last bit (40 of 11,880 arrays of the cost model's program
+of a static layer list did, ``experiments/bench/cost_program_options.py --program list``; the
+programs ``lower`` runs, which compile with the legacy emitters for users too,
+``npujax.plan.lower._cost_options``, did not). As with ``-O0``, tests that compare two programs
 compile both alike, and the few claims about the bits a user's process gets (the integer path
 equal to onnxruntime, the host-summed energy total) compile with a user's options
 (``tests.helpers.USER_OPTIONS``). The flag is added only after a subprocess has shown that this

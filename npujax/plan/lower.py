@@ -377,12 +377,34 @@ def _energy_area(layers: tuple[Workload, ...], spec: NpuSpec, w: Any, a: Any, da
 #: passes run as before. LLVM at -O2 may contract a multiply and an add into an FMA, which -O0
 #: does not (DigitsCNN's energy total on bitfusion_16x16 does differ in its last bit between the
 #: two), and tests/plan/test_fused_dataflows.py compares the programs bit for bit.
-#: Not added: ``xla_cpu_use_fusion_emitters=False`` (XLA:CPU's legacy elemental emitters) halves
-#: the compilation (x0.47-0.57 on DigitsCNN and the PP-OCR detector, jaxlib 0.10.2) but is not
-#: bit for bit: with it, the energy totals of all 3 models x 8 presets tried differ in the last
-#: bit, and with the total summed on the host the PP-OCRv4 recogniser's transfer and latency
-#: cycles on tpu_v1 still do (40 of 11,880 arrays).
 _ONCE = {"xla_backend_optimization_level": 0}  # (LLVM only: the HLO schedule is unchanged)
+#: Added to :data:`_ONCE` on CPU where the jaxlib knows it (:func:`_cost_options`): XLA:CPU's
+#: legacy elemental emitters compile the program in x0.49-0.59 of the time of the MLIR fusion
+#: emitters (jaxlib 0.10.2, 4 models, one and three dataflows). Bit for bit the same outputs:
+#: ``experiments/bench/cost_program_options.py`` compares every array of the programs ``lower``
+#: runs (the layer-table program, and the layer list's with attention chains) for 4 models x 8
+#: presets x 2 dataflow sets x 5 settings (15,720 arrays, none differing), and
+#: tests/plan/test_fused_dataflows.py a sample. The program of a static layer list can differ in
+#: a last bit: run everywhere, as ``lower`` did before the layer tables, 40 of 11,880 arrays did
+#: (the PP-OCRv4 recogniser's transfer and latency cycles on tpu_v1); ``lower`` now runs it only
+#: with attention chains, where none of the checked cases differed.
+_LEGACY_EMITTERS = {"xla_cpu_use_fusion_emitters": False}
+
+
+@functools.lru_cache(maxsize=1)
+def _cost_options() -> dict[str, Any]:
+    """The ``compiler_options`` of ``lower``'s cost programs: :data:`_ONCE`, with
+    :data:`_LEGACY_EMITTERS` on CPU when this jaxlib accepts the option (probed once by
+    compiling a one-operation program: a jaxlib without it refuses the option, and the cost
+    program then compiles with the default emitters)."""
+    if jax.default_backend() != "cpu":
+        return dict(_ONCE)
+    options = {**_ONCE, **_LEGACY_EMITTERS}
+    try:
+        jax.jit(lambda x: x + 1, compiler_options=options).lower(np.float32(0)).compile()
+    except jax.errors.JaxRuntimeError:
+        return dict(_ONCE)
+    return options
 
 
 def _with_total(energy: LayerEnergy) -> LayerEnergy:
@@ -413,7 +435,7 @@ def _jitted_costs(layers: tuple[Workload, ...], dataflows: tuple[str, ...],
                                    )._replace(total_j=None)  # summed on the host (_with_total)
                   for df, c in by_df.items()}
         return by_df, energy, area_breakdown(spec), att
-    return jax.jit(run, compiler_options=_ONCE)
+    return jax.jit(run, compiler_options=_cost_options())
 
 
 @functools.lru_cache(maxsize=16)
@@ -428,7 +450,7 @@ def _jitted_table_costs(dataflows: tuple[str, ...]):
                                    )._replace(total_j=None)  # summed on the host (_with_total)
                   for df, c in by_df.items()}
         return by_df, energy, area_breakdown(spec), {}
-    return jax.jit(run, compiler_options=_ONCE)
+    return jax.jit(run, compiler_options=_cost_options())
 
 
 def _program_spec(spec: NpuSpec) -> NpuSpec:
@@ -453,7 +475,8 @@ def _costs_program(layers: list[Workload], names: tuple[str, ...],
     if chains:
         run = _executables.compiled(  # the jitted program, or its saved executable
             _jitted_costs(tuple(layers), names, chains),
-            ("lower_by_dataflow", tuple(layers), names, chains), spec, wb, ab, options=_ONCE)
+            ("lower_by_dataflow", tuple(layers), names, chains), spec, wb, ab,
+            options=_cost_options())
         return jax.tree.map(np.asarray, run(spec, wb, ab))
     n = len(layers)
     length = table_length(n)
@@ -463,7 +486,7 @@ def _costs_program(layers: list[Workload], names: tuple[str, ...],
     spec = _program_spec(spec)
     run = _executables.compiled(
         _jitted_table_costs(names), ("lower_by_dataflow/table", names, table.small),
-        spec, w, a, table, options=_ONCE)
+        spec, w, a, table, options=_cost_options())
     out = jax.tree.map(lambda x: np.asarray(x)[:n] if np.ndim(x) else np.asarray(x),
                        run(spec, w, a, table))
     return out

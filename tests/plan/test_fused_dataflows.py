@@ -194,8 +194,9 @@ def test_energy_total_summed_on_the_host_changes_no_bit(digits):
     """``lower``'s cost program leaves the energy total out and sums it on the host
     (``_with_total``): every output, the total included, bit for bit as the program with the
     total in it, at random widths (bitfusion_16x16: precision scaling). Both programs are
-    compiled with ``lower``'s options in a user's process (the suite's legacy fusion emitters,
-    tests/conftest.py, may sum in another order)."""
+    compiled as ``lower``'s program was when the total moved to the host: LLVM -O0 and XLA's
+    default (MLIR) fusion emitters (the suite's legacy emitters, tests/conftest.py, may sum
+    the in-program total in another order)."""
     lower_module = importlib.import_module("npujax.plan.lower")
     spec = load_npu_spec("bitfusion_16x16")
     layers = workloads(digits, spec)
@@ -224,3 +225,53 @@ def test_energy_total_summed_on_the_host_changes_no_bit(digits):
                                                jax.tree_util.tree_flatten_with_path(got)[0]]
             for (path, w), g in zip(leaves, jax.tree.leaves(got)):
                 assert w.dtype == g.dtype and np.array_equal(w, g), jax.tree_util.keystr(path)
+
+
+def _leaves_equal(want, got) -> None:
+    want = jax.tree_util.tree_flatten_with_path(want)[0]
+    got = jax.tree.leaves(got)
+    assert len(want) == len(got)
+    for (path, w), g in zip(want, got):
+        w, g = np.asarray(w), np.asarray(g)
+        assert w.dtype == g.dtype and np.array_equal(w, g), jax.tree_util.keystr(path)
+
+
+def test_cost_options_change_no_bit_of_lowers_programs(digits):
+    """``lower``'s cost programs compile with XLA:CPU's legacy elemental emitters where the
+    jaxlib has them (``_cost_options``: about half the compile time); every output equals the
+    same program compiled with XLA's default MLIR fusion emitters, bit for bit: the shared
+    layer-table program (three dataflows) at 8 bits and at random widths on bitfusion_16x16,
+    and a layer list's program with attention chains (a one-block decoder on
+    edge_transformer_16x16, its dataflow). ``experiments/bench/cost_program_options.py``
+    checks 4 models x 8 presets x 5 settings (15,720 arrays)."""
+    from npujax.models.transformer import DECODER_CONFIGS
+    from npujax.plan.attention import attention_chains
+    from npujax.workflows.lowering import decoder_graph
+
+    L = importlib.import_module("npujax.plan.lower")
+    options = L._cost_options()
+    if options.get("xla_cpu_use_fusion_emitters") is not False:
+        pytest.skip("this jaxlib (or backend) compiles the cost program with its default emitters")
+    mlir = {**L._ONCE, "xla_cpu_use_fusion_emitters": True}
+    rng = np.random.default_rng(1)
+    cfg = dataclasses.replace(DECODER_CONFIGS["tiny"], layers=1)
+    decoder = decoder_graph(cfg, phase="prefill", seq_len=64, kv_len=1, batch=1)
+    with jax.enable_x64(True):
+        run = L._jitted_table_costs(DATAFLOWS).__wrapped__
+        legacy, default = (jax.jit(run, compiler_options=o) for o in (options, mlir))
+        spec = load_npu_spec("bitfusion_16x16")  # (another preset is another program)
+        layers = workloads(digits, spec)
+        table = layer_table(layers, table_length(len(layers)))
+        eight = np.full(len(table), 8.0, np.float32)
+        mixed = rng.choice([2.0, 3.0, 4.0, 6.0, 16.0], (2, len(table))).astype(np.float32)
+        for wb, ab in ((eight, eight), (mixed[0], mixed[1])):
+            args = (L._program_spec(spec), wb, ab, table)
+            _leaves_equal(default(*args), legacy(*args))
+
+        spec = load_npu_spec("edge_transformer_16x16")
+        layers = workloads(decoder, spec)
+        chains = attention_chains(decoder, layers)
+        assert chains
+        run = L._jitted_costs.__wrapped__(tuple(layers), (spec.array.dataflow,), chains).__wrapped__
+        wb, ab = L.layer_bits(layers, None)
+        _leaves_equal(*(jax.jit(run, compiler_options=o)(spec, wb, ab) for o in (mlir, options)))
