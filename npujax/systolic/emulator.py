@@ -179,7 +179,8 @@ def _emulate_gemm(a, b, k, rows: int, cols: int, dataflow: str, acc: str):
 #: Output tile edge (M and N) of the tiled path of :func:`emulate_gemm`.
 TILE = 128
 #: K-chunk target of the tiled path (whole folds): fewer, longer steps per tile (each step is a
-#: dispatch and two operand transfers; at n = 512 on 16x16 a chunk of 128 made 64 steps).
+#: dispatch and two operand transfers; at n = 512 on 16x16 a chunk of 128 made 64 steps, 4 per
+#: output tile, and 512 makes 16).
 K_CHUNK = 512
 
 
