@@ -156,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Outputs are transactions (npujax._atomic): nothing half-written is left. Exit now,
         # without the interpreter's teardown, which can crash (SIGSEGV) while XLA threads or
         # host callbacks of the interrupted computation are still alive.
-        print("npujax: interrupted; no output was written", file=sys.stderr)
+        print("npujax: interrupted; no half-written output was left", file=sys.stderr)
         if argv is None:  # the npujax program (not main([...]) called from Python)
             _hard_exit(130)
         return 130

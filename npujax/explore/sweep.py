@@ -8,10 +8,11 @@ jitted program evaluates all the configurations of that combination: ``jax.vmap`
 stacked :class:`~npujax.NpuSpec` (its numeric leaves ``[n]`` arrays, int64/float64) and the
 ``bits`` axis, sharded over the local devices by a ``jax.sharding.Mesh`` with one ``config``
 axis (``NamedSharding(mesh, P("config"))`` on every input and output; sharded ``jit``). The
-configurations are independent, so the sharded program runs the same per-configuration
-arithmetic as on one device and gives the same numbers, bit for bit (tested on 8 host
-devices). Batches are padded to a power of two (a multiple of the device count) so a long sweep
-compiles a few programs, not one per batch size.
+configurations are independent, and each configuration's layer sums take one fixed order
+(``_layer_sums``), so the sharded program runs the same per-configuration arithmetic as on one
+device and gives the same numbers, bit for bit, for any batch (tested on 8 host devices, and
+batches of 5 and 40). Batches are padded to a power of two (a multiple of the device count)
+so a long sweep compiles a few programs, not one per batch size.
 
 Each configuration reduces its layers to one row of :data:`COLUMNS` (totals, per layer class,
 utilization); :class:`SweepResult` holds the rows with the axis values and derives the bounds,
@@ -26,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import operator
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -73,6 +75,28 @@ def _mesh(devices: Sequence[Any] | None) -> Mesh:
     return Mesh(np.asarray(devs, dtype=object), ("config",))
 
 
+def _layer_sums(values: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """``{name: sum}`` of one configuration's per-layer float values (``[L]`` each) in one fixed
+    order: the vectors stacked to ``[L, k]`` and halved in a fixed tree of elementwise additions
+    (zero-padded to a power of two).
+
+    ``jnp.sum`` leaves the order to XLA, and under ``vmap`` XLA:CPU orders a ``[n, L]``
+    reduction differently for small and large ``n``: the PP-OCR classifier's totals changed in
+    their last bit between batches of up to 24 configurations and of 28 or more, so a sweep's
+    numbers depended on its chunk size and on the device count (each device's share is a
+    smaller batch; 8 host devices changed all 162 rows of the README's sweep). Elementwise
+    additions are exact IEEE operations whatever the vector width, so this tree gives the same
+    bits for any batch, chunk and sharding."""
+    names = list(values)
+    x = jnp.stack([values[k] for k in names], axis=-1)
+    n = x.shape[0]
+    x = jnp.pad(x, ((0, (1 << max(n - 1, 0).bit_length()) - n), (0, 0)))
+    while x.shape[0] > 1:
+        h = x.shape[0] // 2
+        x = x[:h] + x[h:]
+    return {k: x[0, i] for i, k in enumerate(names)}
+
+
 @functools.lru_cache(maxsize=32)
 def _program(layers: tuple[Workload, ...], dataflow: str, mesh: Mesh,
              chains: tuple[AttentionChain, ...] = ()) -> Callable[..., Any]:
@@ -96,29 +120,32 @@ def _program(layers: tuple[Workload, ...], dataflow: str, mesh: Mesh,
         a = spec.array
         pes = real(a.rows) * real(a.cols) * real(a.cores)
         gemm_comp = jnp.sum(jnp.where(masks["gemm"], comp, 0))
+        e = layer_energy(layers, spec, widths, widths, dataflow, dram_bytes=c.dram_bytes)
+        per_layer = {"latency_cycles": lat, "memory_cycles": c.memory_cycles,
+                     "stall_cycles": c.stall_cycles, "dram_bytes": c.dram_bytes,
+                     **{f"energy_{k}_j": v for k, v in e.breakdown().items()}}
+        for cls, m in masks.items():
+            per_layer[f"{cls}_latency_cycles"] = jnp.where(m, lat, 0.0)
+            per_layer[f"{cls}_memory_cycles"] = jnp.where(m, c.memory_cycles, 0.0)
+        per_layer["cpu_latency_cycles"] = jnp.where(masks["cpu"], cpu_cycles, 0.0)
         out = {
-            "latency_cycles": jnp.sum(lat),
+            **_layer_sums(per_layer),
             "compute_cycles": jnp.sum(comp),
-            "memory_cycles": jnp.sum(c.memory_cycles),
-            "stall_cycles": jnp.sum(c.stall_cycles),
-            "dram_bytes": jnp.sum(c.dram_bytes),
             "utilization": gemm_macs / jnp.maximum(real(gemm_comp), 1.0) / pes,
             "sram_peak_bytes": jnp.max(c.sram_peak_bytes),
             "memory_bound_layers": jnp.sum(on_npu & (c.memory_cycles > real(comp))
                                            ).astype(COUNT),
         }
+        # the total from the components' sums, in ENERGY_BREAKDOWN order: with the layers'
+        # total_j (their components added inside the program) in the tree, 8 host devices gave
+        # DigitsCNN's energy another last bit than one device, the components' sums did not
+        out["energy_j"] = functools.reduce(
+            operator.add, (out[f"energy_{k}_j"] for k in ENERGY_BREAKDOWN))
         out["latency_s"] = out["latency_cycles"] / real(a.clock_hz)
         for cls, m in masks.items():
-            out[f"{cls}_latency_cycles"] = jnp.sum(jnp.where(m, lat, 0.0))
             out[f"{cls}_compute_cycles"] = jnp.sum(jnp.where(m, comp, 0))
-            out[f"{cls}_memory_cycles"] = jnp.sum(jnp.where(m, c.memory_cycles, 0.0))
-        out["cpu_latency_cycles"] = jnp.sum(jnp.where(masks["cpu"], cpu_cycles, 0.0))
-        e = layer_energy(layers, spec, widths, widths, dataflow, dram_bytes=c.dram_bytes)
-        out["energy_j"] = jnp.sum(e.total_j)
         out["edp_js"] = out["energy_j"] * out["latency_s"]
         out["area_mm2"] = area_mm2(spec)
-        for k, v in e.breakdown().items():
-            out[f"energy_{k}_j"] = jnp.sum(v)
         return out
 
     sharding = NamedSharding(mesh, P("config"))

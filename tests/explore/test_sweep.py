@@ -152,3 +152,24 @@ def test_mapping_axis_is_static_and_equals_lower(graph, edge):
         assert table["latency_cycles"][i] == pytest.approx(s.latency_cycles, rel=1e-12)
         assert table["dram_bytes"][i] == pytest.approx(s.dram_bytes, rel=1e-12)
     assert table["dram_bytes"][1] < table["dram_bytes"][0]  # the mapper moves fewer bytes here
+
+
+def test_figures_do_not_depend_on_the_batch(graph, edge):
+    """A configuration's figures are the same bits whether it is evaluated alone, in a small
+    batch or in a large one (a sweep's chunk size and each device's share of a batch change the
+    batch): the layer sums are one fixed tree of additions (``_layer_sum``), not XLA's vmapped
+    reduction, whose order changed with the batch (the PP-OCR classifier's totals differed in
+    their last bit between 8 and 64 configurations). 144 layers: DigitsCNN's repeated."""
+    from npujax.explore.sweep import evaluate
+    from npujax.plan import workloads
+
+    layers = workloads(graph, edge) * 24
+    rng = np.random.default_rng(0)
+    n = 40
+    changes = {"array.rows": rng.choice([8, 16, 32], n).astype(np.int64),
+               "memory.dram_bytes_per_s": rng.choice([3.2e9, 6.4e9, 12.8e9], n)}
+    bits = rng.choice([4.0, 8.0], n)
+    many = evaluate(layers, edge, changes, bits)  # one batch of 64 (padded)
+    few = evaluate(layers, edge, {k: v[:5] for k, v in changes.items()}, bits[:5])  # of 8
+    for k, v in few.items():
+        np.testing.assert_array_equal(v, many[k][:5], err_msg=k)
