@@ -157,9 +157,9 @@ def test_mapping_axis_is_static_and_equals_lower(graph, edge):
 def test_figures_do_not_depend_on_the_batch(graph, edge):
     """A configuration's figures are the same bits whether it is evaluated alone, in a small
     batch or in a large one (a sweep's chunk size and each device's share of a batch change the
-    batch): the layer sums are one fixed tree of additions (``_layer_sum``), not XLA's vmapped
+    batch): the layer sums are one fixed tree of additions (``_layer_sums``), not XLA's vmapped
     reduction, whose order changed with the batch (the PP-OCR classifier's totals differed in
-    their last bit between 8 and 64 configurations). 144 layers: DigitsCNN's repeated."""
+    their last bit between 8 and 64 configurations). 120 layers: DigitsCNN's 5, repeated."""
     from npujax.explore.sweep import evaluate
     from npujax.plan import workloads
 
