@@ -96,6 +96,8 @@ def test_an_executable_from_jaxs_compilation_cache_is_not_saved(folder):
     want = np.asarray(_reciprocal_program(c)(x)["y"])  # compiled and written to JAX's cache
     got = _executables.compiled(_reciprocal_program(c), "from-cache", x)(x)
     np.testing.assert_array_equal(got["y"], want)
+    # (the session's compilation cache is on, tests/conftest.py: it supplied the program)
+    assert not (folder / f"{_executables._key('from-cache', None, (x,))}.exe").exists()
     _executables._LOADED.clear()  # as the next process
     again = _executables.compiled(_reciprocal_program(c), "from-cache", x)(x)
     np.testing.assert_array_equal(again["y"], want)
