@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from npujax.frontends.onnx import from_onnx
 from npujax.hw import load_npu_spec
 from npujax.ir.passes import optimize
-from npujax.plan import core_schedules, fused_costs, lower, workloads
+from npujax.plan import CostMode, core_schedules, lower, program_cost, workloads
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -90,8 +90,9 @@ def npujax_side(path: str) -> dict:
     res["lower_s"] = _best(lambda: lower(graph, int8))
     layers = tuple(workloads(graph, int8))
     n = len(layers)
-    f = jax.jit(jax.vmap(lambda h: jnp.sum(fused_costs(layers, h, jnp.full(n, 8.0),
-                                                        jnp.full(n, 8.0))[0].latency_cycles)))
+    f = jax.jit(jax.vmap(lambda h: jnp.sum(program_cost(  # int8 fuses layers: the placement
+        layers, h, jnp.full(n, 8.0), jnp.full(n, 8.0),
+        mode=CostMode(energy=False)).costs.latency_cycles)))
     specs = jax.tree.map(lambda v: jnp.broadcast_to(jnp.asarray(v), (1000,)), int8)
     f(specs).block_until_ready()
     res["vmapped_per_schedule_s"] = _best(lambda: f(specs).block_until_ready()) / 1000

@@ -1,6 +1,6 @@
 """Evaluate a design-space sweep: every configuration of a :class:`~npujax.explore.Grid`
 through the cost model (:func:`npujax.plan.layer_costs`, the attention blocks fused as the
-spec declares: :func:`npujax.plan.attention_costs`), vmapped and sharded over devices.
+spec declares: :func:`npujax.plan.passes.attention_costs`), vmapped and sharded over devices.
 
 For each combination of the grid's static axes (dataflow, precision scaling, layout and operator
 fields: they change the program or the workloads) the layers' workloads are built once and one
@@ -44,9 +44,9 @@ from npujax.explore.grid import Grid, configurations
 from npujax.hw.energy import area_mm2
 from npujax.hw.spec import NpuSpec, as_spec
 from npujax.ir.graph import Graph
-from npujax.plan.attention import AttentionChain, attention_chains, attention_costs
+from npujax.plan.passes.attention import AttentionChain, attention_chains, attention_costs
 from npujax.plan.costs import layer_costs
-from npujax.plan.energy import ENERGY_BREAKDOWN, layer_energy
+from npujax.plan.passes.energy import ENERGY_BREAKDOWN, layer_energy
 from npujax.plan.lower import DEFAULT_BITS
 from npujax.plan.workload import Workload, workloads
 
@@ -188,7 +188,7 @@ def evaluate(layers: Sequence[Workload], spec: NpuSpec, changes: dict[str, np.nd
       changes: ``{"section.key": values [n]}`` for the swept numeric fields.
       bits: ``[n]`` uniform weight and activation width per configuration.
       devices: the devices to shard over (default: every local device).
-      chains: the graph's attention blocks (:func:`npujax.plan.attention_chains`), fused as
+      chains: the graph's attention blocks (:func:`npujax.plan.passes.attention_chains`), fused as
         ``spec.ops.attention_fusion`` declares, as :func:`npujax.lower` does.
 
     Returns:

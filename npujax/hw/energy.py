@@ -26,7 +26,7 @@ area.reference_node_nm) ** area.node_exponent``::
     vector  = s_A * 1e-6 * lanes * cores * vector_lane_um2
 
 Leakage, clock tree, control and the network on chip are not modelled (see ``docs/npu_model.md``,
-"Energy and area"). How a layer's actions are counted is :mod:`npujax.plan.energy`.
+"Energy and area"). How a layer's actions are counted is :mod:`npujax.plan.passes.energy`.
 """
 
 from __future__ import annotations

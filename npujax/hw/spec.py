@@ -91,14 +91,14 @@ LAYOUTS = ("NHWC", "NCHW", "NC1HWC0")
 #: (elementwise ops whose inputs all come from a GEMM's output stage join it), ``residual`` (also
 #: an elementwise op with a second operand from an older tensor, e.g. a residual ``Add`` and the
 #: activation after it) and ``layer`` (also activations kept in on-chip SRAM between layers and
-#: depth-first tiling of layer pairs; see :mod:`npujax.plan.fusion`).
+#: depth-first tiling of layer pairs; see :mod:`npujax.plan.passes.cross_layer`).
 FUSION_LEVELS = ("none", "elementwise", "residual", "layer")
 
 #: How an NPU's compiler fuses an attention block (Q·Kᵀ → scale/mask → Softmax → P·V):
 #: ``none`` (each op is a layer, the [heads, S_q, S_k] scores go to DRAM and back),
 #: ``on_chip`` (the chain runs as one kernel when a query block's whole score rows fit in SRAM)
 #: and ``flash`` (also FlashAttention tiling when they do not: K/V streamed in blocks, online
-#: softmax; Dao et al., NeurIPS 2022). See :mod:`npujax.plan.attention`.
+#: softmax; Dao et al., NeurIPS 2022). See :mod:`npujax.plan.passes.attention`.
 ATTENTION_FUSIONS = ("none", "on_chip", "flash")
 
 
@@ -226,7 +226,7 @@ class OpsSpec:
       fusion: what the compiler fuses across layers, one of :data:`FUSION_LEVELS` (default
         ``elementwise``: elementwise epilogues only).
       attention_fusion: how the compiler fuses attention blocks, one of
-        :data:`ATTENTION_FUSIONS` (default ``none``; :mod:`npujax.plan.attention`).
+        :data:`ATTENTION_FUSIONS` (default ``none``; :mod:`npujax.plan.passes.attention`).
     """
 
     supported: tuple[str, ...] = _field()

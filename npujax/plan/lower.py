@@ -23,21 +23,12 @@ from npujax.hw.energy import area_breakdown
 from npujax.hw.spec import NpuSpec, as_spec
 from npujax.ir.graph import Graph
 from npujax.ir.passes import rebatch
-from npujax.plan.attention import (
-    ATTENTION_MODES,
-    AttentionChain,
-    attention_chains,
-    attention_costs,
-)
-from npujax.plan.costs import (
-    BREAKDOWN,
-    LayerCosts,
-    first_consumers,
-    layer_costs,
-    layer_costs_by_dataflow,
-)
-from npujax.plan.energy import ENERGY_BREAKDOWN, LayerEnergy, layer_energy
-from npujax.plan.fusion import PLACEMENTS, _fused_costs, cross_layer_edges
+from npujax.plan.costs import BREAKDOWN, LayerCosts, first_consumers
+from npujax.plan.passes.attention import ATTENTION_MODES, AttentionChain, attention_chains
+from npujax.plan.passes.base import ProgramCosts
+from npujax.plan.passes.cross_layer import PLACEMENTS, cross_layer_edges
+from npujax.plan.passes.energy import ENERGY_BREAKDOWN, LayerEnergy
+from npujax.plan.program import active_passes, needs_static_layers, program_cost, program_costs
 from npujax.plan.liveness import peak_activation_bytes
 from npujax.plan.table import layer_table, table_length
 from npujax.plan.workload import Workload, workloads
@@ -67,7 +58,7 @@ class LayerReport:
         or a host-CPU layer).
       epilogue: activations applied in the layer's output stage.
       energy: its :class:`~npujax.plan.LayerEnergy` (J, Python numbers; see
-        :mod:`npujax.plan.energy`).
+        :mod:`npujax.plan.passes.energy`).
     """
 
     name: str
@@ -115,7 +106,7 @@ class EdgeReport:
       consumers: the layers that read it.
       tensor_bytes: its bytes at its width.
       placement: ``dram``, ``sram`` (kept on chip whole) or ``depth_first`` (the producer and
-        its consumer ran stripe by stripe), see :mod:`npujax.plan.fusion`.
+        its consumer ran stripe by stripe), see :mod:`npujax.plan.passes.cross_layer`.
       stripe_rows, stripes: the consumer's output rows per stripe and the number of stripes
         (depth-first; 0 otherwise).
       dram_bytes_saved: DRAM bytes saved against the layer-by-layer schedule (reads and the
@@ -139,13 +130,13 @@ class EdgeReport:
 
 @dataclasses.dataclass(frozen=True)
 class AttentionReport:
-    """How one attention block ran (:mod:`npujax.plan.attention`).
+    """How one attention block ran (:mod:`npujax.plan.passes.attention`).
 
     Attributes:
       qk, softmax, pv: the Q·Kᵀ MatMul, Softmax and P·V MatMul layers.
       layers: every layer of the chain (the scale, mask and transposes between included).
       mode: ``unfused``, ``on_chip`` (the scores stayed in SRAM) or ``flash`` (FlashAttention
-        tiling), one of :data:`npujax.plan.attention.ATTENTION_MODES`.
+        tiling), one of :data:`npujax.plan.passes.attention.ATTENTION_MODES`.
       query_block, key_block: FlashAttention's ``B_r`` and ``B_c`` (``B_c = S_k`` on chip).
       query_blocks, key_blocks: ``T_r`` and ``T_c``.
       dram_bytes_saved: DRAM bytes saved against the unfused chain.
@@ -364,13 +355,6 @@ def _resident(layers: list[Workload], spec: NpuSpec, wb: np.ndarray
              for w in layers], spec.with_fields({"memory.filter_sram_bytes": free}))
 
 
-def _energy_area(layers: tuple[Workload, ...], spec: NpuSpec, w: Any, a: Any, dataflow: str,
-                 costs: LayerCosts) -> tuple[LayerEnergy, Any]:
-    """The layers' energy at the (possibly fused) costs' DRAM bytes, and the spec's area."""
-    return (layer_energy(layers, spec, w, a, dataflow, dram_bytes=costs.dram_bytes),
-            area_breakdown(spec))
-
-
 #: XLA options of the cost program that ``lower`` runs about once per compilation: LLVM's
 #: optimizations take longer than they save (0.9 instead of 1.4 s to compile the three dataflows
 #: of the PP-OCR detector; the program runs in well under a millisecond either way). The HLO
@@ -409,7 +393,7 @@ def _cost_options() -> dict[str, Any]:
 
 def _with_total(energy: LayerEnergy) -> LayerEnergy:
     """``energy`` (``[L]`` float64 numpy components, ``total_j`` None) with ``total_j`` their sum
-    in :data:`~npujax.plan.energy.ENERGY_BREAKDOWN` order, as :func:`layer_energy` adds them.
+    in :data:`~npujax.plan.passes.energy.ENERGY_BREAKDOWN` order, as :func:`layer_energy` adds them.
 
     The cost program leaves the total out: its fusion recomputes all six components, and
     without it the program compiles in 0.87 of the time (DigitsCNN and the PP-OCR detector, three
@@ -419,37 +403,38 @@ def _with_total(energy: LayerEnergy) -> LayerEnergy:
     return energy._replace(total_j=mac + register + sram + dram + vector + host)
 
 
+def _program_outputs(out: tuple[ProgramCosts, ...], dataflows: tuple[str, ...],
+                     spec: NpuSpec) -> tuple[Any, ...]:
+    """``(by_dataflow, energies, area, attention)`` of the cost program's answers, the energies'
+    ``total_j`` left to the host (:func:`_with_total`)."""
+    by_df = {df: o.costs for df, o in zip(dataflows, out)}
+    energy = {df: o.energy._replace(total_j=None) for df, o in zip(dataflows, out)}
+    att = {df: o.attention for df, o in zip(dataflows, out) if o.attention is not None}
+    return by_df, energy, area_breakdown(spec), att
+
+
 @functools.lru_cache(maxsize=64)
 def _jitted_costs(layers: tuple[Workload, ...], dataflows: tuple[str, ...],
                   chains: tuple[AttentionChain, ...] = ()):
-    """One compiled cost function per (workloads, dataflows, attention chains), all dataflows
-    in one program, with each one's energy (``total_j`` None: :func:`_with_total` sums it),
-    attention decisions and the area; hardware and bits stay traced."""
+    """One compiled cost program per (workloads, dataflows, attention chains), all dataflows
+    in one program (:func:`npujax.plan.program.program_costs`), with each one's energy
+    (``total_j`` None: :func:`_with_total` sums it), attention decisions and the area; hardware
+    and bits stay traced."""
     def run(spec, w, a):
-        by_df = layer_costs_by_dataflow(layers, spec, w, a, dataflows)
-        att = {}
-        if chains and spec.ops.attention_fusion != "none":
-            for df in dataflows:
-                by_df[df], att[df] = attention_costs(layers, chains, spec, by_df[df], w, a)
-        energy = {df: layer_energy(layers, spec, w, a, df, dram_bytes=c.dram_bytes
-                                   )._replace(total_j=None)  # summed on the host (_with_total)
-                  for df, c in by_df.items()}
-        return by_df, energy, area_breakdown(spec), att
+        out = program_costs(layers, spec, w, a, dataflows=dataflows, chains=chains)
+        return _program_outputs(out, dataflows, spec)
     return jax.jit(run, compiler_options=_cost_options())
 
 
 @functools.lru_cache(maxsize=16)
 def _jitted_table_costs(dataflows: tuple[str, ...]):
-    """One compiled cost function per dataflows for every workload list: the layers enter as
+    """One compiled cost program per dataflows for every workload list: the layers enter as
     a traced :class:`~npujax.plan.LayerTable` (padded to :func:`~npujax.plan.table.
     table_length` rows, so a program serves all lists of its length), as :func:`_jitted_costs`
     computes them without attention chains (bit for bit: ``tests/plan/test_layer_table.py``)."""
     def run(spec, w, a, table):
-        by_df = layer_costs_by_dataflow(table, spec, w, a, dataflows)
-        energy = {df: layer_energy(table, spec, w, a, df, dram_bytes=c.dram_bytes
-                                   )._replace(total_j=None)  # summed on the host (_with_total)
-                  for df, c in by_df.items()}
-        return by_df, energy, area_breakdown(spec), {}
+        out = program_costs(table, spec, w, a, dataflows=dataflows)
+        return _program_outputs(out, dataflows, spec)
     return jax.jit(run, compiler_options=_cost_options())
 
 
@@ -470,9 +455,10 @@ def _costs_program(layers: list[Workload], names: tuple[str, ...],
                    chains: tuple[AttentionChain, ...], spec: NpuSpec, wb: np.ndarray,
                    ab: np.ndarray) -> tuple[Any, ...]:
     """``(by_dataflow, energies, area, attention)`` of ``layers`` as numpy ``[L]`` arrays: the
-    shared program of traced workload tables (:func:`_jitted_table_costs`), or with attention
-    chains (whose blocks are static) the program of this list (:func:`_jitted_costs`)."""
-    if chains:
+    shared program of traced workload tables (:func:`_jitted_table_costs`), or where a pass
+    needs the layers as a static list (attention chains) the program of this list
+    (:func:`_jitted_costs`)."""
+    if needs_static_layers(spec, chains):
         run = _executables.compiled(  # the jitted program, or its saved executable
             _jitted_costs(tuple(layers), names, chains),
             ("lower_by_dataflow", tuple(layers), names, chains), spec, wb, ab,
@@ -495,13 +481,11 @@ def _costs_program(layers: list[Workload], names: tuple[str, ...],
 @functools.lru_cache(maxsize=64)
 def _jitted_fused(layers: tuple[Workload, ...], dataflow: str,
                   chains: tuple[AttentionChain, ...] = ()):
-    """One compiled fused schedule per (workloads, dataflow, attention chains), with the
-    layer-by-layer costs, the energy, the area and the attention decisions (None without
-    chains)."""
+    """One compiled ``layer``-fusion program per (workloads, dataflow, attention chains): the
+    cost program's answer (with the layer-by-layer costs, the energy, the edges and the
+    attention decisions) and the area."""
     def run(spec, w, a):
-        costs, edges, att = _fused_costs(layers, spec, w, a, dataflow, chains)
-        return (costs, edges, layer_costs(layers, spec, w, a, dataflow),
-                *_energy_area(layers, spec, w, a, dataflow, costs), att)
+        return program_cost(layers, spec, w, a, dataflow, chains=chains), area_breakdown(spec)
     return jax.jit(run)
 
 
@@ -528,7 +512,7 @@ def lower(
       dataflow: overrides the preset's dataflow (``weight_stationary`` etc.).
       batch: inference batch size (default: the graph's own; see :func:`npujax.rebatch`).
       fusion: overrides the preset's ``ops.fusion`` (``none``, ``elementwise``, ``residual``,
-        ``layer``; see :data:`npujax.hw.FUSION_LEVELS` and :mod:`npujax.plan.fusion`).
+        ``layer``; see :data:`npujax.hw.FUSION_LEVELS` and :mod:`npujax.plan.passes.cross_layer`).
       resident_weights: the weights (and biases) stay in the filter SRAM across inferences
         (loaded once, as for a model served in a loop): no weight traffic per inference, and
         the layers tile with the filter SRAM the weights leave free. They must fit in half of
@@ -609,9 +593,8 @@ def lower_by_dataflow(
     peak = peak_activation_bytes(graph, act)
     out: dict[str, Schedule] = {}
     with jax.enable_x64(True):  # the spec's numbers enter as int64/float64 (npujax._exact)
-        chains = (attention_chains(graph, layers)
-                  if spec.ops.attention_fusion != "none" else ())
-        if spec.ops.fusion == "layer":
+        chains = attention_chains(graph, layers)
+        if any(p.name == "cross_layer" for p in active_passes(spec, chains)):
             for df in names:
                 costs, energy, area, extra = _layer_fused(tuple(layers), spec, wb, ab, df,
                                                           chains)
@@ -645,8 +628,8 @@ def _layer_fused(layers: tuple[Workload, ...], spec: NpuSpec, wb: np.ndarray, ab
                  ) -> tuple[LayerCosts, LayerEnergy, Any, dict[str, Any]]:
     """The ``layer``-fusion costs, energy and area at one dataflow, and the schedule's edge
     and attention fields."""
-    costs, ec, unfused, energy, area, att = jax.tree.map(
-        np.asarray, _jitted_fused(layers, dataflow, chains)(spec, wb, ab))
+    p, area = jax.tree.map(np.asarray, _jitted_fused(layers, dataflow, chains)(spec, wb, ab))
+    costs, ec, unfused, energy, att = p.costs, p.edges, p.unfused, p.energy, p.attention
     names = [w.name for w in layers]
     extra = dict(
         edges=tuple(EdgeReport(

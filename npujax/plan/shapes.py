@@ -7,7 +7,7 @@ stacks the sizes (:data:`~npujax.plan.costs.SHAPE_FIELDS`) of every point into `
 arrays and evaluates :func:`~npujax.plan.layer_costs` on them with ``jax.vmap``: one
 compilation for the whole sweep instead of one per point, with the same numbers (bit for bit)
 as lowering each point. Given the points' graphs, it fuses their attention blocks as the
-preset's ``ops.attention_fusion`` declares (:func:`~npujax.plan.attention_costs` on the traced
+preset's ``ops.attention_fusion`` declares (:func:`~npujax.plan.passes.attention_costs` on the traced
 sizes), as ``lower`` does; a preset with ``layer`` fusion is refused (its cross-layer schedule
 is costed on static sizes: lower each point).
 """
@@ -25,7 +25,7 @@ import numpy as np
 from npujax.errors import ConfigError
 from npujax.hw.spec import NpuSpec, as_spec
 from npujax.ir.graph import Graph
-from npujax.plan.attention import AttentionChain, attention_chains, attention_costs
+from npujax.plan.passes.attention import AttentionChain, attention_chains, attention_costs
 from npujax.plan.costs import SHAPE_FIELDS, LayerCosts, layer_costs
 from npujax.plan.lower import layer_bits
 from npujax.plan.workload import Workload, workloads

@@ -59,9 +59,9 @@ from npujax.errors import ConfigError, NpujaxError
 from npujax.hw.energy import area_mm2
 from npujax.hw.spec import NpuSpec, differentiable_spec
 from npujax.ir.graph import Graph
-from npujax.plan.attention import attention_chains, attention_costs
+from npujax.plan.passes.attention import attention_chains, attention_costs
 from npujax.plan.costs import layer_costs
-from npujax.plan.energy import layer_energy
+from npujax.plan.passes.energy import layer_energy
 from npujax.plan.lower import lower
 from npujax.plan.workload import workloads
 from npujax.quant import check_bits

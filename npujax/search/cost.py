@@ -13,10 +13,10 @@ Vasconcelos, CVPR 2020).
 
 A layer's latency depends only on its own widths (a GEMM's output stage requantizes for free, so
 chains of layers never pay conversions); vector layers (pooling, ...) are costed at the widest
-activation candidate, an upper bound. The table holds the per-layer latencies of the
-preset's compiler (:func:`npujax.plan.scheduled_costs`): layer fusion when ``ops.fusion =
-"layer"``, the attention blocks fused as ``ops.attention_fusion`` declares, each column with
-every layer at that candidate. Which activations stay on chip and how an attention block is
+activation candidate, an upper bound. The table holds the per-layer latencies of the one cost
+program (:func:`npujax.plan.program_costs`, the numbers ``lower`` reports): layer fusion when
+``ops.fusion = "layer"``, the attention blocks fused as ``ops.attention_fusion`` declares, each
+column with every layer at that candidate. Which activations stay on chip and how an attention block is
 tiled depend on the neighbours' widths too, so on such a preset the table is exact at uniform
 policies (equal to ``lower``'s per-layer latencies, to float32) and an approximation for
 mixed ones. :func:`npujax.plan.lower` gives the
@@ -36,13 +36,14 @@ import numpy as np
 from npujax.errors import ConfigError
 from npujax.hw.spec import NpuSpec
 from npujax.ir.graph import Graph
-from npujax.plan.attention import attention_chains
-from npujax.plan.fusion import scheduled_costs
 from npujax.plan.lower import lower
-from npujax.plan.workload import workloads
+from npujax.plan.passes.base import CostMode
+from npujax.plan.program import network, program_cost
 from npujax.quantize.spec import quant_spec
 
 __all__ = ["LatencyTable", "latency_table", "expected_latency", "policy_latency_s"]
+
+_NO_ENERGY = CostMode(energy=False)
 
 Choice = tuple[int, int]  # (weight_bits, act_bits)
 
@@ -113,15 +114,14 @@ def latency_table(
     pairs = tuple((int(w), int(a)) for w, a in itertools.product(candidates, acts))
     if not pairs:
         raise ConfigError("latency_table needs at least one candidate width.")
-    layers = workloads(graph, spec)
-    chains = attention_chains(graph, layers) if spec.ops.attention_fusion != "none" else ()
+    layers, chains = network(graph, spec)
     gemm = [i for i, w in enumerate(layers) if w.kind == "gemm"]
     n = len(layers)
 
     @jax.vmap  # every (w, a) column in one compiled program (op by op: ~100 compilations)
     def column(w, a):
-        c = scheduled_costs(layers, spec, jnp.full(n, w), jnp.full(n, a), dataflow,
-                            chains=chains)
+        c = program_cost(layers, spec, jnp.full(n, w), jnp.full(n, a), dataflow,
+                         chains=chains, mode=_NO_ENERGY).costs
         return (c.latency_cycles / spec.array.clock_hz).astype(jnp.float32)
 
     with jax.enable_x64(True):  # float64 as in lower, then the table's float32 seconds

@@ -193,7 +193,7 @@ def print_edges(console: Console, schedule: Schedule, limit: int = 40) -> None:
 def print_attention(console: Console, schedule: Schedule, limit: int = 8) -> None:
     """The attention blocks (``ops.attention_fusion``): how each ran (``on_chip``, ``flash`` or
     ``unfused``), FlashAttention's blocks and the DRAM bytes saved against the unfused chain
-    (:mod:`npujax.plan.attention`); one row per distinct outcome when blocks repeat."""
+    (:mod:`npujax.plan.passes.attention`); one row per distinct outcome when blocks repeat."""
     if not schedule.attention:
         return
     t = Table(title=f"attention blocks (attention_fusion = {schedule.attention_fusion})",

@@ -1,4 +1,4 @@
-"""Attention fusion (npujax.plan.attention): the Q·Kᵀ → scale/mask → Softmax → P·V chain of a
+"""Attention fusion (npujax.plan.passes.attention): the Q·Kᵀ → scale/mask → Softmax → P·V chain of a
 traced decoder is recognised, fusing it never moves more DRAM bytes nor takes longer, on_chip
 and flash agree when the scores fit, flash's bytes follow FlashAttention's formula, and
 ``none`` changes nothing.
@@ -20,7 +20,7 @@ from npujax.errors import ConfigError
 from npujax.hw import load_npu_spec, stack_specs
 from npujax.models.transformer import DECODER_CONFIGS
 from npujax.plan import LayerCosts, lower, workloads
-from npujax.plan.attention import attention_chains, attention_costs
+from npujax.plan.passes.attention import attention_chains, attention_costs
 from npujax.plan.lower import layer_bits
 from npujax.workflows.lowering import decoder_graph
 

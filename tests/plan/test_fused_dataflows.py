@@ -27,7 +27,7 @@ from npujax.plan import (
     workloads,
 )
 from npujax.plan.costs import EXACT_FIELDS
-from npujax.plan.energy import layer_energy
+from npujax.plan.passes.energy import layer_energy
 from npujax.plan.table import table_length
 from npujax.systolic.mapping import stacked_search
 
@@ -245,7 +245,7 @@ def test_cost_options_change_no_bit_of_lowers_programs(digits):
     edge_transformer_16x16, its dataflow). ``experiments/bench/cost_program_options.py``
     checks 4 models x 8 presets x 5 settings (15,720 arrays)."""
     from npujax.models.transformer import DECODER_CONFIGS
-    from npujax.plan.attention import attention_chains
+    from npujax.plan.passes.attention import attention_chains
     from npujax.workflows.lowering import decoder_graph
 
     L = importlib.import_module("npujax.plan.lower")

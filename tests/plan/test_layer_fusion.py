@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from npujax.errors import ConfigError
 from npujax.hw import load_npu_spec, stack_specs
-from npujax.plan import fused_costs, layer_costs, lower, workloads
-from npujax.plan.fusion import PLACEMENTS, cross_layer_edges
+from npujax.plan import CostMode, layer_costs, lower, program_cost, workloads
+from npujax.plan.passes.cross_layer import PLACEMENTS, cross_layer_edges
 from tests.flax_graphs import traced
 
 
@@ -28,6 +28,12 @@ class Chain(nnx.Module):
     def __call__(self, x):
         x = nnx.relu(self.c2(nnx.relu(self.c1(x))))
         return self.c3(nnx.max_pool(x, (2, 2), strides=(2, 2)))
+
+
+def fused_costs(layers, spec, w, a):
+    """``(costs, edges)`` of the one cost program on ``spec`` (its ``ops.fusion`` is ``layer``)."""
+    p = program_cost(layers, spec, w, a, mode=CostMode(energy=False))
+    return p.costs, p.edges
 
 
 def _trace(model, shape):

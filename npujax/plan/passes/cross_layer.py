@@ -36,9 +36,15 @@ branch, the decision itself has none.
 
 **Latency.** With ``dram_bytes`` reduced (and re-read weights added), a layer's memory time
 ``memory = dram_bytes / bandwidth``, its exposed DMA ``min(exposed, memory)`` and its stall
-``max(0, memory - exposed - compute)`` are recomputed as in :mod:`npujax.plan.costs`; a layer
-left with no DRAM traffic at all pays no DMA latency. Fusion therefore never increases a
-layer's DRAM bytes or latency (property-tested).
+``max(0, memory - exposed - compute)`` are recomputed by the one recombination
+(:func:`npujax.plan.recombine.repriced`); a layer left with no DRAM traffic at all pays no DMA
+latency. Fusion therefore never increases a layer's DRAM bytes or latency (property-tested).
+
+**As a pass** (:data:`PASS`): the one cost program (:mod:`npujax.plan.program`) runs it where the
+preset's ``ops.fusion`` is ``layer``, for every consumer (``lower``, the design-space sweep,
+codesign, ``fit``, the search's latency table, the gradient checks); in the relaxed mode its
+decisions carry no gradient and its costs follow the chosen branch. It needs static workloads
+and sizes, so the shape sweep (:func:`npujax.plan.sweep_shapes`) refuses it.
 
 **Not modelled.** Depth-first chains longer than a pair (each pair of a chain is decided on its
 own, which counts the middle layer's weight re-reads twice: pessimistic), overlap of the two
@@ -50,20 +56,23 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from npujax._exact import REAL, exact, real
+from npujax._exact import REAL, real
 from npujax.hw.spec import NpuSpec
-from npujax.plan.attention import AttentionChain, AttentionCosts, attention_costs
-from npujax.plan.costs import EXACT_FIELDS, LayerCosts, layer_costs
+from npujax.plan.costs import LayerCosts, layer_costs
+from npujax.plan.passes.base import CostMode, CostPass, PassInput, ProgramCosts
+from npujax.plan.recombine import repriced
 from npujax.plan.workload import Workload
 
-__all__ = ["Edge", "EdgeCosts", "PLACEMENTS", "cross_layer_edges", "fused_costs",
-           "scheduled_costs"]
+if TYPE_CHECKING:
+    from npujax.plan.passes.attention import AttentionChain
+
+__all__ = ["Edge", "EdgeCosts", "PLACEMENTS", "PASS", "cross_layer_edges"]
 
 #: Where an activation tensor lives between its producer and its consumers (``EdgeCosts.mode``
 #: indexes this tuple).
@@ -169,63 +178,21 @@ def cross_layer_edges(layers: tuple[Workload, ...]) -> tuple[Edge, ...]:
     return tuple(sorted(edges, key=lambda e: (e.elems, e.producer)))
 
 
-def fused_costs(
-    layers: Sequence[Workload],
-    spec: NpuSpec,
-    weight_bits: jax.Array,
-    act_bits: jax.Array,
-    dataflow: str | None = None,
-    *,
-    chains: Sequence[AttentionChain] = (),
-) -> tuple[LayerCosts, EdgeCosts]:
-    """Per-layer costs with activations kept on chip where they fit (pure jnp; jit, vmap).
-
-    Args:
-      layers: static workloads (from :func:`npujax.plan.workloads`).
-      spec: the NPU; numeric fields may be traced or batched.
-      weight_bits: float32 ``[L]`` weight width per layer.
-      act_bits: float32 ``[L]`` activation width per layer.
-      dataflow: dataflow name (static); default the spec's.
-      chains: the graph's attention blocks (:func:`npujax.plan.attention_chains`, static);
-        with the spec's ``ops.attention_fusion`` other than ``none`` they run as attention
-        kernels that are boundaries of the cross-layer schedule (see the module doc).
-
-    Runs in 64 bits internally, as :func:`~npujax.plan.layer_costs` does, and returns the same
-    dtypes: the exact counts 64-bit, the other fields (and the :class:`EdgeCosts`' floats) in
-    JAX's default float type.
-
-    Returns:
-      ``(costs, edges)``: the :class:`~npujax.plan.LayerCosts` of ``[L]`` arrays with
-      ``dram_bytes``, ``memory_cycles``, ``dma_cycles``, ``stall_cycles`` and ``latency_cycles``
-      corrected, and the :class:`EdgeCosts` of the edges of :func:`cross_layer_edges`.
-
-    Raises:
-      ConfigError: an unknown dataflow or precision scaling (from :func:`layer_costs`).
-    """
-    costs, edges, _ = _fused_costs(tuple(layers), spec, weight_bits, act_bits, dataflow,
-                                   tuple(chains))
-    if bool(jax.config.read("jax_enable_x64")):
-        return costs, edges
-    f32 = {k: v.astype(jnp.float32) for k, v in costs._asdict().items() if k not in EXACT_FIELDS}
-    return costs._replace(**f32), EdgeCosts(
-        edges.mode, *(jnp.asarray(v).astype(jnp.float32) for v in edges[1:]))
-
-
-@exact
-def _fused_costs(layers: tuple[Workload, ...], spec: NpuSpec, weight_bits: jax.Array,
-                 act_bits: jax.Array, dataflow: str | None,
-                 chains: tuple[AttentionChain, ...] = ()
-                 ) -> tuple[LayerCosts, EdgeCosts, AttentionCosts | None]:
-    """:func:`fused_costs` with the attention decisions (None without chains or capability)."""
-    layers = tuple(layers)
+def _apply(inp: PassInput, state: ProgramCosts) -> ProgramCosts:
+    """The cross-layer placement on the per-layer costs; with attention kernels (the attention
+    pass ran before), the schedule with the fused blocks as its boundaries when it moves no more
+    DRAM bytes and takes no longer than the layer schedule without them."""
+    layers = tuple(inp.layers)
     edges = cross_layer_edges(layers)
-    base = layer_costs(layers, spec, weight_bits, act_bits, dataflow)
-    costs, ec = _place(layers, edges, spec, weight_bits, act_bits, dataflow, base, base, None)
-    if not chains or spec.ops.attention_fusion == "none":
-        return costs, ec, None
+    spec, wb, ab, df = inp.spec, inp.weight_bits, inp.act_bits, inp.dataflow
+    base = state.unfused
+    costs, ec = _place(layers, edges, spec, wb, ab, df, base, base, None)
+    att = state.attention
+    if att is None:
+        return state._replace(costs=costs, edges=ec)
     # the fused attention blocks as boundaries of the cross-layer schedule: no tensor that a
     # fused block's rows produce, write or read is kept on chip by the layer schedule
-    with_att, att = attention_costs(layers, chains, spec, base, weight_bits, act_bits)
+    chains = inp.chains
     member = np.zeros((len(chains), len(layers)))
     for i, c in enumerate(chains):
         member[i, list(c.rows)] = 1.0
@@ -235,8 +202,7 @@ def _fused_costs(layers: tuple[Workload, ...], spec: NpuSpec, weight_bits: jax.A
     for i, e in enumerate(edges):
         touches[i, [e.producer, e.writer, *e.consumers]] = 1.0
     blocked = jnp.sum(jnp.asarray(touches, REAL) * on_row.astype(REAL)[None, :], axis=1) > 0
-    costs2, ec2 = _place(layers, edges, spec, weight_bits, act_bits, dataflow, with_att, base,
-                         blocked)
+    costs2, ec2 = _place(layers, edges, spec, wb, ab, df, state.costs, base, blocked)
     # the compiler keeps the schedule with the attention kernels only when it moves no more
     # DRAM bytes and takes no longer than the layer schedule without them (piecewise constant)
     use = jax.lax.stop_gradient(
@@ -245,7 +211,17 @@ def _fused_costs(layers: tuple[Workload, ...], spec: NpuSpec, weight_bits: jax.A
     pick = functools.partial(jax.tree.map, lambda new, old: jnp.where(use, new, old))
     att = att._replace(mode=jnp.where(use, att.mode, 0).astype(jnp.int32),
                        saved_bytes=jnp.where(use, att.saved_bytes, 0.0))
-    return pick(costs2, costs), pick(ec2, ec), att
+    return state._replace(costs=pick(costs2, costs), edges=pick(ec2, ec), attention=att)
+
+
+def _applies(spec: NpuSpec, chains: tuple[AttentionChain, ...], mode: CostMode) -> bool:
+    return spec.ops.fusion == "layer"
+
+
+#: Cross-layer placement as a cost pass: where ``ops.fusion = "layer"``, after the attention
+#: pass. Its edges are static (not on a traced layer table), and it places tensors of static
+#: sizes (not with traced shapes).
+PASS = CostPass("cross_layer", 30, _applies, _apply, traced_layers=False, traced_shapes=False)
 
 
 def _place(layers: tuple[Workload, ...], edges: tuple[Edge, ...], spec: NpuSpec,
@@ -341,27 +317,7 @@ def _place(layers: tuple[Workload, ...], edges: tuple[Edge, ...], spec: NpuSpec,
     dram = jnp.maximum(base.dram_bytes - read_saved - write_saved + extra_l, 0.0)
     touched = (read_saved > 0) | (write_saved > 0) | (extra_l > 0)
 
-    clock = _real(a.clock_hz)
-    bpc = _real(m.dram_bytes_per_s) / clock
-    lat0 = _real(m.dram_latency_s) * clock
-    tc = base.compute_cycles.astype(REAL)
-    has_dma = base.dma_cycles > 0
-    exposed = jnp.where(has_dma, jnp.maximum(base.dma_cycles - lat0, 0.0), 0.0)
-    memory = dram / bpc
-    exposed2 = jnp.minimum(exposed, memory)
-    dma = jnp.where(has_dma & (dram > 0), lat0 + exposed2, 0.0)
-    stall = jnp.maximum(memory - exposed2 - tc, 0.0)
-    latency = (tc + base.convert_cycles + dma + stall + base.fallback_cycles
-               + base.transfer_cycles)
-
-    def pick(new, old):
-        return jnp.where(touched, new, old)
-
-    costs = base._replace(dram_bytes=pick(dram, base.dram_bytes),
-                          memory_cycles=pick(memory, base.memory_cycles),
-                          dma_cycles=pick(dma, base.dma_cycles),
-                          stall_cycles=pick(stall, base.stall_cycles),
-                          latency_cycles=pick(latency, base.latency_cycles))
+    costs = repriced(base, spec, touched, dram)
     # each edge's share of the bytes its layers really saved: its reads avoided, its part of
     # the (capped) write avoided at the writer, less its re-read weights, scaled per layer where
     # the layer's DRAM bytes bottomed out at zero; the shares add up to the schedule's saving
@@ -376,26 +332,3 @@ def _place(layers: tuple[Workload, ...], edges: tuple[Edge, ...], spec: NpuSpec,
     saved = jnp.sum(net * ratio[None, :], axis=1)
     return costs, EdgeCosts(mode, t_bytes, h, n_s, saved, extra,
                             base.sram_peak_bytes + occ, cap)
-
-
-def scheduled_costs(
-    layers: Sequence[Workload],
-    spec: NpuSpec,
-    weight_bits: jax.Array,
-    act_bits: jax.Array,
-    dataflow: str | None = None,
-    *,
-    chains: Sequence[AttentionChain] = (),
-) -> LayerCosts:
-    """The per-layer costs under the preset's compiler, the numbers :func:`npujax.lower`
-    reports: :func:`fused_costs` when ``spec.ops.fusion`` is ``"layer"``, else
-    :func:`~npujax.plan.layer_costs` (the fusion levels below it change the workloads, not the
-    costs) with the attention blocks ``chains`` fused as ``spec.ops.attention_fusion`` allows
-    (:func:`~npujax.plan.attention_costs`). Pure jnp; arguments as there; ``chains`` from
-    :func:`npujax.plan.attention_chains` of the graph the workloads came from."""
-    if spec.ops.fusion == "layer":
-        return fused_costs(layers, spec, weight_bits, act_bits, dataflow, chains=chains)[0]
-    costs = layer_costs(layers, spec, weight_bits, act_bits, dataflow)
-    if chains and spec.ops.attention_fusion != "none":
-        costs = attention_costs(layers, tuple(chains), spec, costs, weight_bits, act_bits)[0]
-    return costs

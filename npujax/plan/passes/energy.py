@@ -29,12 +29,16 @@ Energy per inference is the sum over layers; the energy-delay product is ``energ
 (J s; Gonzalez and Horowitz, "Energy dissipation in general purpose microprocessors", JSSC 1996).
 The counts are those of the latency model, so the energy is as exact as they are; in the relaxed
 mode (``relaxed=True``) it passes the same straight-through and smoothed gradients.
+
+**As a pass** (:data:`PASS`, the last of the one cost program, :mod:`npujax.plan.program`): each
+layer's energy at the DRAM bytes the earlier passes left (cross-layer placement and attention
+kernels move fewer bytes), wherever the program's mode asks for energy.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -44,12 +48,16 @@ from npujax._exact import exact, real
 from npujax.hw.energy import energy_scale, mac_energy_pj, sram_pj_per_byte
 from npujax.hw.spec import NpuSpec
 from npujax.plan.costs import _hw, input_widths, layer_costs, split_over_cores
+from npujax.plan.passes.base import CostMode, CostPass, PassInput, ProgramCosts
 from npujax.plan.table import LayerTable, layer_table
 from npujax.plan.workload import Workload
 from npujax.systolic.dataflow import get_dataflow
 from npujax.systolic.memory import gemm_memory
 
-__all__ = ["LayerEnergy", "layer_energy", "ENERGY_BREAKDOWN"]
+if TYPE_CHECKING:
+    from npujax.plan.passes.attention import AttentionChain
+
+__all__ = ["LayerEnergy", "layer_energy", "ENERGY_BREAKDOWN", "PASS"]
 
 #: The energy components of a layer; they sum to its ``total_j``.
 ENERGY_BREAKDOWN = ("mac", "register", "sram", "dram", "vector", "host")
@@ -215,3 +223,17 @@ def _layer_energy(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight
         x * _PJ for x in (mac, register, sram, dram, vector, host))
     return LayerEnergy(mac_j=mac, register_j=register, sram_j=sram, dram_j=dram, vector_j=vector,
                        host_j=host, total_j=mac + register + sram + dram + vector + host)
+
+
+def _applies(spec: NpuSpec, chains: tuple[AttentionChain, ...], mode: CostMode) -> bool:
+    return mode.energy
+
+
+def _apply(inp: PassInput, state: ProgramCosts) -> ProgramCosts:
+    return state._replace(energy=_layer_energy(inp.layers, inp.spec, inp.weight_bits,
+                                               inp.act_bits, inp.dataflow,
+                                               state.costs.dram_bytes))
+
+
+#: Energy as the last cost pass (at the static workload sizes: not with traced shapes).
+PASS = CostPass("energy", 90, _applies, _apply, traced_shapes=False)

@@ -30,9 +30,9 @@ compiler that fuses attention (the preset's ``ops.attention_fusion``,
   Chosen only when it moves no more bytes and takes no longer than the unfused chain; else
   the chain stays layer by layer.
 
-Rows with DRAM traffic left recompute memory, exposed DMA and stall time as
-:mod:`npujax.plan.fusion` does; rows left with none pay no DMA latency. Fusion therefore never
-increases a chain's DRAM bytes or latency (tested).
+Rows with DRAM traffic left are re-priced by the one recombination
+(:func:`npujax.plan.recombine.repriced`); rows left with none pay no DMA latency. Fusion
+therefore never increases a chain's DRAM bytes or latency (tested).
 
 **Recognised chains** (:func:`attention_chains`, static, from the graph): a Softmax on the
 NPU whose input comes, through Transpose, Mul, Div, Add, Sub and Where ops (their other
@@ -42,12 +42,11 @@ consumer and is not a graph output. Q·Kᵀ's streamed dimension ``M`` or its ``
 ``S_k`` (the Softmax axis) to tell K from Q.
 
 **Pure jnp** (:func:`attention_costs`): the blocks, the decision and the costs are jnp of the
-spec's numeric fields and the bit widths (jit, ``jax.vmap`` over stacked specs); the chain
-detection is Python on the static graph. Every cost path applies it as :func:`npujax.lower`
-does: :func:`npujax.plan.scheduled_costs` (the precision search's table),
-:func:`npujax.plan.sweep_shapes` (the extents from the traced sizes, ``shapes``), the
-design-space sweep and :func:`npujax.plan.fused_costs` (``layer`` fusion, where a fused block is
-a boundary of the cross-layer schedule).
+spec's numeric fields and the bit widths (jit, ``jax.vmap`` over stacked specs, the relaxed
+mode); the chain detection is Python on the static graph. The pass (:data:`PASS`) runs where the
+spec's ``ops.attention_fusion`` is not ``none`` and the graph has chains, for every consumer of
+the one cost program (:mod:`npujax.plan.program`); under ``layer`` fusion a fused block is a
+boundary of the cross-layer schedule (:mod:`npujax.plan.passes.cross_layer`).
 """
 
 from __future__ import annotations
@@ -60,12 +59,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from npujax import _relax
-from npujax._exact import REAL, count, exact, real
+from npujax._exact import REAL, exact, real
 from npujax.errors import ConfigError
 from npujax.hw.spec import ATTENTION_FUSIONS, NpuSpec
 from npujax.ir.graph import Graph
 from npujax.ops import OPS
 from npujax.plan.costs import LayerCosts
+from npujax.plan.passes.base import CostMode, CostPass, PassInput, ProgramCosts
+from npujax.plan.recombine import repriced
 from npujax.plan.workload import Workload
 
 __all__ = ["AttentionChain", "AttentionCosts", "ATTENTION_MODES", "attention_chains",
@@ -328,17 +329,9 @@ def attention_costs(
     rescale = jnp.ceil((alu + special) / (real(v.lanes) * cores))
     tc = real(base.compute_cycles) + put(at_sm, rescale)
 
-    clock = real(a.clock_hz)
-    bpc = real(m.dram_bytes_per_s) / clock
-    lat0 = real(m.dram_latency_s) * clock
-    has_dma = base.dma_cycles > 0
-    exposed = jnp.where(has_dma, jnp.maximum(real(base.dma_cycles) - lat0, 0.0), 0.0)
-    memory = dram / bpc
-    exposed2 = jnp.minimum(exposed, memory)
-    dma = jnp.where(has_dma & (dram > 0), lat0 + exposed2, 0.0)
-    stall = jnp.maximum(memory - exposed2 - tc, 0.0)
-    latency = (tc + real(base.convert_cycles) + dma + stall + real(base.fallback_cycles)
-               + real(base.transfer_cycles))
+    touched = jnp.ones(L, bool)
+    fused = repriced(base, spec, touched, dram, tc)
+    latency = fused.latency_cycles
 
     # the decision per chain: on_chip when the scores fit; flash tiling when allowed and no
     # worse than layer by layer (piecewise constant: no gradient through it)
@@ -350,16 +343,20 @@ def attention_costs(
     mode = jnp.where(fits & no_worse, 1, jnp.where(flash_ok & ~fits & no_worse, 2, 0))
     mode = mode.astype(jnp.int32)
     on_row = jnp.sum(member * (mode > 0).astype(REAL)[:, None], axis=0) > 0
-
-    def pick(new, old):
-        return jnp.where(on_row, new, real(old))
-
-    costs = base._replace(
-        compute_cycles=jnp.where(on_row, count(tc), base.compute_cycles),
-        dram_bytes=pick(dram, base.dram_bytes),
-        memory_cycles=pick(memory, base.memory_cycles),
-        dma_cycles=pick(dma, base.dma_cycles),
-        stall_cycles=pick(stall, base.stall_cycles),
-        latency_cycles=pick(latency, base.latency_cycles))
+    costs = repriced(base, spec, on_row, dram, tc)
     saved = jnp.where(mode > 0, unfused_bytes - fused_bytes, 0.0)
     return costs, AttentionCosts(mode, b_r, jnp.where(fits, s_k, b_c), t_r, t_c, saved)
+
+
+def _applies(spec: NpuSpec, chains: tuple[AttentionChain, ...], mode: CostMode) -> bool:
+    return bool(chains) and spec.ops.attention_fusion != "none"
+
+
+def _apply(inp: PassInput, state: ProgramCosts) -> ProgramCosts:
+    costs, att = attention_costs(inp.layers, inp.chains, inp.spec, state.costs,
+                                 inp.weight_bits, inp.act_bits, shapes=inp.shapes)
+    return state._replace(costs=costs, attention=att)
+
+
+#: The attention kernels as a cost pass (chains are static: not on a traced layer table).
+PASS = CostPass("attention", 20, _applies, _apply, traced_layers=False)

@@ -1,0 +1,132 @@
+"""The cost-pass interface: what a pass receives, what it returns, what it can follow.
+
+A cost pass turns the per-layer costs of :func:`npujax.plan.layer_costs` into the costs of one
+more effect of the NPU's compiler or system (cross-layer placement, attention kernels, energy,
+host-link weight streaming). The composer (:func:`npujax.plan.program.program_costs`) decides
+which passes apply, in which order, and refuses a pass that cannot follow the caller's mode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import jax
+
+from npujax import _relax
+from npujax.hw.spec import NpuSpec
+from npujax.plan.costs import LayerCosts
+from npujax.plan.table import LayerTable
+from npujax.plan.workload import Workload
+
+if TYPE_CHECKING:
+    from npujax.plan.passes.attention import AttentionChain, AttentionCosts
+    from npujax.plan.passes.cross_layer import EdgeCosts
+    from npujax.plan.passes.energy import LayerEnergy
+
+__all__ = ["CostMode", "PassInput", "ProgramCosts", "CostPass"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CostMode:
+    """How the cost program evaluates (static: each mode is its own compiled program).
+
+    Attributes:
+      relaxed: the differentiable mode (``npujax/_relax.py``): the same forward values bit for
+        bit, straight-through and smoothed gradients; every pass must follow it.
+      temperature: the relaxation's relative temperature (in (0, 10]; only with ``relaxed``).
+      count_slope: the gradient of a fold count w.r.t. a hardware count (``unit`` or ``mean``;
+        see :func:`npujax.plan.layer_costs`).
+      energy: also compute each layer's energy (:mod:`npujax.plan.passes.energy`).
+    """
+
+    relaxed: bool = False
+    temperature: float = _relax.DEFAULT_TEMPERATURE
+    count_slope: str = "unit"
+    energy: bool = True
+
+
+#: The exact mode with energy, what :func:`npujax.lower` reports.
+EXACT = CostMode()
+
+
+class PassInput(NamedTuple):
+    """What every pass reads (inside the composer's 64-bit scope).
+
+    Attributes:
+      layers: the static workloads, or a (possibly traced) :class:`~npujax.plan.LayerTable`.
+      spec: the NPU; numeric fields may be traced or batched.
+      weight_bits, act_bits: float64 ``[L]`` widths.
+      dataflow: the dataflow's full name (static).
+      chains: the attention blocks (static; empty where they were not recognised).
+      shapes: traced workload sizes ``{field: [L]}`` or None (:func:`npujax.plan.sweep_shapes`).
+      mode: the :class:`CostMode`.
+    """
+
+    layers: Sequence[Workload] | LayerTable
+    spec: NpuSpec
+    weight_bits: jax.Array
+    act_bits: jax.Array
+    dataflow: str
+    chains: tuple[AttentionChain, ...]
+    shapes: Mapping[str, jax.Array] | None
+    mode: CostMode
+
+    @property
+    def static_layers(self) -> bool:
+        """Whether the workloads are static (a list), not a traced table."""
+        return not isinstance(self.layers, LayerTable)
+
+
+class ProgramCosts(NamedTuple):
+    """The cost program's answer at one dataflow: typed per-layer costs and what each pass
+    decided.
+
+    Attributes:
+      costs: :class:`~npujax.plan.LayerCosts` of ``[L]`` arrays after every pass (what
+        :func:`npujax.lower` reports).
+      unfused: the layer-by-layer costs (the per-layer model alone: every activation through
+        DRAM, no attention kernel).
+      energy: :class:`~npujax.plan.LayerEnergy` at ``costs``' DRAM bytes, or None without
+        the energy pass.
+      edges: :class:`~npujax.plan.EdgeCosts` of the cross-layer placement, or None where it
+        did not run (``ops.fusion`` below ``layer``).
+      attention: :class:`~npujax.plan.AttentionCosts` per attention block, or None where the
+        attention pass did not run.
+      streamed_weight_bytes: float ``[L]`` weight bytes each layer streams over the host link
+        per inference, or None where the weight-streaming pass did not run.
+    """
+
+    costs: LayerCosts
+    unfused: LayerCosts
+    energy: LayerEnergy | None = None
+    edges: EdgeCosts | None = None
+    attention: AttentionCosts | None = None
+    streamed_weight_bytes: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CostPass:
+    """One effect of the NPU's compiler or system on the per-layer costs.
+
+    Attributes:
+      name: the pass's name (in errors and ``docs/design.md``).
+      order: position in the chain (ascending; the per-layer model is 0).
+      applies: ``applies(spec, chains, mode) -> bool``, static: whether the spec's switches
+        (with the attention blocks and the :class:`CostMode`) call for the pass. Only passes
+        read the spec's switches.
+      apply: ``apply(inp, state) -> state``: the pass, pure jnp in the 64-bit scope.
+      relaxed: it follows the relaxed mode (its decisions piecewise constant, its costs
+        differentiable in the chosen branch).
+      traced_layers: it runs on a traced :class:`~npujax.plan.LayerTable`.
+      traced_shapes: it runs with traced workload sizes (``shapes``).
+    """
+
+    name: str
+    order: int
+    applies: Callable[[NpuSpec, tuple[AttentionChain, ...], CostMode], bool]
+    apply: Callable[[PassInput, ProgramCosts], ProgramCosts]
+    relaxed: bool = True
+    traced_layers: bool = True
+    traced_shapes: bool = True
