@@ -12,6 +12,7 @@ _log = logging.getLogger("npujax.fit")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    from npujax.hw.fields import parse
     from npujax.plan.fit import FITTABLE
 
     fp = sub.add_parser(
@@ -43,7 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     help="starting preset, name or TOML path (default: edge_16x16)")
     fp.add_argument("--params", required=True,
                     help="comma-separated fields to fit: "
-                    + ", ".join(f.split(".")[1] for f in FITTABLE))
+                    + ", ".join(parse(f)[1] for f in FITTABLE))
     fp.add_argument("--bound", action="append", metavar="FIELD=LO:HI",
                     help="narrow a field's fit range (default: its physical range)")
     fp.add_argument("--efficiency", action="store_true",

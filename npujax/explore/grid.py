@@ -1,7 +1,7 @@
 """Design-space grids: axes of hardware fields and precisions, their product and samples of it.
 
 A :class:`Grid` is an ordered set of axes, each a spec field (``"array.rows"``,
-``"memory.dram_bytes_per_s"``; the ``section.key`` names of :meth:`npujax.NpuSpec.with_fields`),
+``"memory.dram_bytes_per_s"``; the ``section.key`` paths of :mod:`npujax.hw.fields`),
 ``"dataflow"`` (short for ``array.dataflow``; ``ws``/``os``/``is`` accepted) or ``"bits"`` (one
 uniform weight and activation width for every layer), with its values. A configuration is one
 value per axis; configurations are numbered in row-major order of the product (the last axis
@@ -10,11 +10,12 @@ varies fastest), so a set of configurations is a ``[n, axes]`` array of value in
 Latin hypercube sample (McKay, Beckman and Conover, Technometrics 1979: every axis's values are
 covered evenly), all reproducible from a seed.
 
-Axes split into *traced* ones (numeric fields of ``array``, ``memory``, ``vector``, ``host`` and
-``bits``), which the sweep evaluates as data in one compiled program, and *static* ones
-(``dataflow``, ``array.precision_scaling``, ``memory.mapping`` and the ``layout``/``ops``
-fields: names that choose the cost model's formulas or change the layers' workloads), one
-compiled program per combination of their values.
+Axes split into *traced* ones (``bits`` and the fields :func:`npujax.hw.fields.is_traced`
+accepts: the numeric fields of ``array``, ``memory``, ``vector``, ``host``, ``technology``,
+``energy`` and ``area``), which the sweep evaluates as data in one compiled program, and
+*static* ones (``dataflow``, ``array.precision_scaling``, ``memory.mapping`` and the
+``layout``/``ops`` fields: names that choose the cost model's formulas or numbers that change
+the layers' workloads), one compiled program per combination of their values.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from typing import Any
 import numpy as np
 
 from npujax.errors import ConfigError
+from npujax.hw import fields
+from npujax.hw.fields import TRACED_SECTIONS as TRACED_SECTIONS
 from npujax.hw.spec import NpuSpec
 from npujax.systolic.dataflow import get_dataflow
 
@@ -34,14 +37,8 @@ __all__ = ["Grid", "parse_grid_axis", "configurations", "SAMPLING_METHODS", "TRA
 
 #: How :func:`configurations` picks a subset of the product.
 SAMPLING_METHODS = ("random", "lhs")
-#: Sections whose numeric fields are traced (evaluated as data without recompiling).
-TRACED_SECTIONS = ("array", "memory", "vector", "host", "technology", "energy", "area")
 #: Widths the ``bits`` axis may take (those npujax quantizes to).
 _BITS_RANGE = (2, 16)
-
-
-def _canonical(key: str) -> str:
-    return "array.dataflow" if key == "dataflow" else key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +65,7 @@ class Grid:
             raise ConfigError("a sweep needs at least one --grid axis (e.g. array.rows=8,16,32).")
         out: list[tuple[str, tuple[Any, ...]]] = []
         for raw, values in axes.items():
-            name = _canonical(raw)
+            name = raw if raw == "bits" else fields.canonical(raw)
             vals = tuple(values)
             if not vals:
                 raise ConfigError(f"grid axis {raw!r} has no values; give e.g. {raw}=8,16.")
@@ -82,11 +79,8 @@ class Grid:
                 if bad:
                     raise ConfigError(f"bits {bad} outside [{_BITS_RANGE[0]}, "
                                       f"{_BITS_RANGE[1]}]; use whole widths such as 2,4,8.")
-            else:
-                section, _, field = name.partition(".")
-                # validated like a preset file; ints of float fields become floats
-                vals = tuple(getattr(getattr(base.with_fields({name: v}), section), field)
-                             for v in vals)
+            else:  # validated like a preset file; ints of float fields become floats
+                vals = tuple(fields.get(fields.replace(base, {name: v}), name) for v in vals)
             if any(n == name for n, _ in out):
                 raise ConfigError(f"grid axis {raw!r} is given twice.")
             out.append((name, vals))
@@ -109,12 +103,7 @@ class Grid:
 
     def is_static(self, name: str) -> bool:
         """Whether axis ``name`` needs its own compiled program per value (see module doc)."""
-        if name == "bits":
-            return False
-        section, _, field = name.partition(".")
-        if section not in TRACED_SECTIONS:
-            return True
-        return field in ("dataflow", "precision_scaling", "mapping")  # names, not numbers
+        return name != "bits" and not fields.is_traced(name)
 
     def to_json(self) -> dict[str, list[Any]]:
         """``{name: values}`` (JSON-ready)."""

@@ -5,14 +5,15 @@ spec declares: :func:`npujax.plan.passes.attention_costs`), vmapped and sharded 
 For each combination of the grid's static axes (dataflow, precision scaling, layout and operator
 fields: they change the program or the workloads) the layers' workloads are built once and one
 jitted program evaluates all the configurations of that combination: ``jax.vmap`` over a
-stacked :class:`~npujax.NpuSpec` (its numeric leaves ``[n]`` arrays, int64/float64) and the
-``bits`` axis, sharded over the local devices by a ``jax.sharding.Mesh`` with one ``config``
-axis (``NamedSharding(mesh, P("config"))`` on every input and output; sharded ``jit``). The
-configurations are independent, and each configuration's layer sums take one fixed order
-(``_layer_sums``), so the sharded program runs the same per-configuration arithmetic as on one
-device and gives the same numbers, bit for bit, for any batch (tested on 8 host devices, and
-batches of 5 and 40). Batches are padded to a power of two (a multiple of the device count)
-so a long sweep compiles a few programs, not one per batch size.
+stacked :class:`~npujax.NpuSpec` (its numeric leaves ``[n]`` arrays, int64/float64:
+:func:`npujax.hw.fields.stack`) and the ``bits`` axis, sharded over the local devices by a
+``jax.sharding.Mesh`` with one ``config`` axis (``NamedSharding(mesh, P("config"))`` on every
+input and output; sharded ``jit``). The configurations are independent, and each
+configuration's layer sums take one fixed order (``_layer_sums``), so the sharded program runs
+the same per-configuration arithmetic as on one device and gives the same numbers, bit for bit,
+for any batch (tested on 8 host devices, and batches of 5 and 40). Batches are padded to a
+power of two (a multiple of the device count) so a long sweep compiles a few programs, not one
+per batch size.
 
 Each configuration reduces its layers to one row of :data:`COLUMNS` (totals, per layer class,
 utilization); :class:`SweepResult` holds the rows with the axis values and derives the bounds,
@@ -41,6 +42,7 @@ from jax.sharding import PartitionSpec as P
 from npujax._exact import COUNT, exact, real
 from npujax.errors import ConfigError
 from npujax.explore.grid import Grid, configurations
+from npujax.hw import fields
 from npujax.hw.energy import area_mm2
 from npujax.hw.spec import NpuSpec, as_spec
 from npujax.ir.graph import Graph
@@ -158,25 +160,6 @@ def _bucket(n: int, ndev: int) -> int:
     return -(-b // ndev) * ndev
 
 
-def _stacked(spec: NpuSpec, changes: dict[str, np.ndarray], n: int) -> NpuSpec:
-    """``spec`` with every numeric leaf an ``[n]`` int64/float64 array; ``changes`` override
-    the leaves they name (``section.key``)."""
-    sections = {}
-    for section in ("array", "memory", "vector", "layout", "ops", "host", "technology", "energy",
-                    "area"):
-        sec = getattr(spec, section)
-        new = {}
-        for f in dataclasses.fields(sec):
-            if str(f.type) not in ("int", "float"):
-                continue
-            dtype = np.int64 if str(f.type) == "int" else np.float64
-            v = changes.get(f"{section}.{f.name}")
-            new[f.name] = (np.asarray(v, dtype) if v is not None
-                           else np.full(n, getattr(sec, f.name), dtype))
-        sections[section] = dataclasses.replace(sec, **new)
-    return dataclasses.replace(spec, **sections)
-
-
 def evaluate(layers: Sequence[Workload], spec: NpuSpec, changes: dict[str, np.ndarray],
              bits: np.ndarray, devices: Sequence[Any] | None = None,
              chains: Sequence[AttentionChain] = ()) -> dict[str, np.ndarray]:
@@ -201,7 +184,7 @@ def evaluate(layers: Sequence[Workload], spec: NpuSpec, changes: dict[str, np.nd
     ndev = mesh.devices.size
     size = _bucket(n, ndev)
     pad = lambda v: np.concatenate([v, np.repeat(v[-1:], size - n)])  # noqa: E731
-    stacked = _stacked(spec, {k: pad(np.asarray(v)) for k, v in changes.items()}, size)
+    stacked = fields.stack(spec, {k: pad(np.asarray(v)) for k, v in changes.items()}, size)
     program = _program(tuple(layers), spec.array.dataflow, mesh, tuple(chains))
     with jax.enable_x64(True):  # the numbers enter as int64/float64 (npujax._exact)
         out = exact(program)(stacked, pad(np.asarray(bits, np.float64)))
@@ -245,8 +228,7 @@ class SweepResult:
         def field(name: str) -> np.ndarray:
             if name in axes:
                 return np.asarray(axes[name], np.float64)
-            section, _, key = name.partition(".")
-            return np.full(n, float(getattr(getattr(base, section), key)))
+            return np.full(n, float(fields.get(base, name)))
 
         cores = field("array.cores")
         out: dict[str, np.ndarray] = {**axes, **self.columns}
@@ -310,8 +292,8 @@ def evaluate_configs(graph: Graph, base: NpuSpec, grid: Grid, configs: np.ndarra
     static = [j for j, name in enumerate(grid.names) if grid.is_static(name)]
     for key, rows in _groups(grid, configs).items():
         if key not in cache:
-            spec = base.with_fields({grid.axes[j][0]: grid.axes[j][1][v]
-                                     for j, v in zip(static, key)}) if key else base
+            spec = fields.replace(base, {grid.axes[j][0]: grid.axes[j][1][v]
+                                         for j, v in zip(static, key)}) if key else base
             cache[key] = (spec, workloads(graph, spec))
         spec, layers = cache[key]
         chains = (attention_chains(graph, layers) if spec.ops.attention_fusion != "none"

@@ -1,5 +1,7 @@
-"""Hardware descriptions: NpuSpec, the TOML preset loader, energy per action and area."""
+"""Hardware descriptions: NpuSpec, the TOML preset loader, its field paths, energy per action
+and area."""
 
+from npujax.hw import fields as fields
 from npujax.hw.energy import AreaBreakdown as AreaBreakdown
 from npujax.hw.energy import area_breakdown as area_breakdown
 from npujax.hw.energy import area_mm2 as area_mm2
@@ -30,6 +32,7 @@ from npujax.hw.spec import spec_to_toml as spec_to_toml
 from npujax.hw.spec import stack_specs as stack_specs
 
 __all__ = [
+    "fields",
     "ATTENTION_FUSIONS",
     "ArraySpec",
     "MemorySpec",

@@ -45,6 +45,7 @@ import json
 import math
 import os
 import tomllib
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -441,20 +442,21 @@ class NpuSpec:
                                    **sections}, origin=f"{self.name} with {dict(changes)}")
 
 
-_SECTIONS: dict[str, type] = {
-    "array": ArraySpec,
-    "memory": MemorySpec,
-    "vector": VectorSpec,
-    "layout": LayoutSpec,
-    "ops": OpsSpec,
-    "host": HostSpec,
-    "technology": TechnologySpec,
-    "energy": EnergySpec,
-    "area": AreaSpec,
-}
+def _section_classes(cls: type) -> dict[str, type]:
+    """``{section: dataclass}`` of a spec class: its dataclass-typed fields, in declaration order
+    (``name`` and ``description`` are not sections)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)
+            if isinstance(hints[f.name], type) and dataclasses.is_dataclass(hints[f.name])}
 
-#: Sections a preset may leave out (every key has a default).
-_OPTIONAL_SECTIONS = ("technology", "energy", "area")
+
+#: ``{section: dataclass}`` in preset order. A new section is one new field of :class:`NpuSpec`:
+#: the loader, the pytree registration, ``with_fields`` and :mod:`npujax.hw.fields` follow.
+_SECTIONS: dict[str, type] = _section_classes(NpuSpec)
+
+#: Sections a preset may leave out (every key has a default: NpuSpec gives a default factory).
+_OPTIONAL_SECTIONS = tuple(f.name for f in dataclasses.fields(NpuSpec)
+                           if f.name in _SECTIONS and f.default_factory is not dataclasses.MISSING)
 
 
 def _numeric(f: dataclasses.Field) -> bool:

@@ -9,9 +9,10 @@ preset's numbers can be fitted to what a device measures, as one fits any model'
   modelled latency of the class is divided by it, so it absorbs what the analytical model gets
   wrong for a whole kind of layer) and a fixed *per-layer overhead* in seconds (kernel launch,
   dispatch). Each is kept inside its physical range ``[lo, hi]`` (the range preset validation
-  enforces, :mod:`npujax.hw.spec`; fields that may be 0 use ``hi x 1e-9`` as ``lo``) by a
-  bounded reparametrisation in log space: ``value = exp(log lo + sigmoid(u) (log hi - log lo))``
-  with ``u`` unbounded, so every step of the optimiser stays physical.
+  enforces; fields that may be 0 use ``hi x 1e-9`` as ``lo``,
+  :func:`npujax.hw.fields.log_range`) by a bounded reparametrisation in log space:
+  ``value = exp(log lo + sigmoid(u) (log hi - log lo))`` with ``u`` unbounded, so every step of
+  the optimiser stays physical.
 * **Loss.** The mean squared error of log latencies over the measured layers,
   ``mean((log model_i - log measured_i)^2)`` (relative errors, so a 10 us layer counts as much
   as a 10 ms one), plus ``regularization x mean(log efficiency^2)``: the factors and the
@@ -48,16 +49,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from npujax.errors import ConfigError
+from npujax.hw import fields as hw_fields
 from npujax.hw.spec import NpuSpec, differentiable_spec
 from npujax.plan.costs import layer_costs
 from npujax.plan.workload import Workload
 
 __all__ = ["FITTABLE", "OP_CLASSES", "IDENTIFIABLE_REL_ERR", "FitResult", "op_class",
-           "resolve_fields", "fit_spec", "predict_latency_s", "field_range", "fit_metrics"]
+           "resolve_fields", "fit_spec", "predict_latency_s", "fit_metrics"]
 
-#: The spec fields :func:`fit_spec` may fit (``section.key``; numeric leaves the cost model
-#: reads and that change latency smoothly). Layout, operator and width fields change the
-#: workloads or the arithmetic itself and are not fitted.
+#: The spec fields :func:`fit_spec` may fit (``section.key``; traced fields,
+#: :func:`npujax.hw.fields.is_traced`, that change latency smoothly). Layout and operator fields
+#: change the workloads, width fields the arithmetic itself; they are not fitted.
 FITTABLE = (
     "array.rows", "array.cols", "array.clock_hz", "array.cores",
     "memory.ifmap_sram_bytes", "memory.filter_sram_bytes", "memory.ofmap_sram_bytes",
@@ -100,44 +102,20 @@ def resolve_fields(names: Sequence[str]) -> tuple[str, ...]:
     """
     short: dict[str, list[str]] = {}
     for f in FITTABLE:
-        short.setdefault(f.split(".")[1], []).append(f)
+        short.setdefault(hw_fields.parse(f)[1], []).append(f)
     out: list[str] = []
     for raw in names:
         n = raw.strip()
         full = n if n in FITTABLE else (short[n][0] if len(short.get(n, [])) == 1 else None)
         if full is None:
-            raise ConfigError(f"cannot fit {raw!r}; fittable fields are "
-                              f"{', '.join(f.split('.')[1] for f in FITTABLE)} (or section.key).")
+            raise ConfigError(f"cannot fit {raw!r}; fittable fields are {', '.join(short)} "
+                              "(or section.key).")
         if full in out:
             raise ConfigError(f"field {full!r} is given twice.")
         out.append(full)
     if not out:
         raise ConfigError("give at least one field to fit, e.g. clock_hz,dram_bytes_per_s.")
     return tuple(out)
-
-
-def _get(spec: NpuSpec, field: str) -> Any:
-    section, key = field.split(".")
-    return getattr(getattr(spec, section), key)
-
-
-def _set(spec: NpuSpec, values: Mapping[str, Any]) -> NpuSpec:
-    """``spec`` with fields replaced without validation (traced values inside the fit)."""
-    by_section: dict[str, dict[str, Any]] = {}
-    for f, v in values.items():
-        s, k = f.split(".")
-        by_section.setdefault(s, {})[k] = v
-    return dataclasses.replace(spec, **{s: dataclasses.replace(getattr(spec, s), **kv)
-                                        for s, kv in by_section.items()})
-
-
-def field_range(spec: NpuSpec, field: str) -> tuple[float, float]:
-    """The physical range ``(lo, hi)`` of a fittable field as preset validation enforces it
-    (:mod:`npujax.hw.spec`); a field that may be 0 gets ``lo = hi x 1e-9`` (log scale)."""
-    section, key = field.split(".")
-    meta = {f.name: f.metadata for f in dataclasses.fields(getattr(spec, section))}[key]
-    lo, hi = float(meta["lo"]), float(meta["hi"])
-    return (lo if lo > 0 else hi * 1e-9), hi
 
 
 def _to_value(u: jax.Array, lo: Any, hi: Any) -> jax.Array:
@@ -288,14 +266,14 @@ def fit_spec(
         raise ConfigError(f"bits must be a width in [1, 64], got {bits}.")
     lo, hi = [], []
     for f in full:
-        flo, fhi = field_range(spec, f)
+        flo, fhi = hw_fields.log_range(f)
         if bounds and f in bounds:
             blo, bhi = (float(x) for x in bounds[f])
             if not flo <= blo < bhi <= fhi:
                 raise ConfigError(f"bounds of {f} must satisfy {flo:g} <= lo < hi <= {fhi:g}, "
                                   f"got ({blo:g}, {bhi:g}).")
             flo, fhi = blo, bhi
-        v0 = float(_get(spec, f))
+        v0 = float(hw_fields.get(spec, f))
         if not flo <= v0 <= fhi:
             raise ConfigError(f"the starting value {f} = {v0:g} is outside its fit range "
                               f"[{flo:g}, {fhi:g}]; widen the bounds.")
@@ -311,7 +289,7 @@ def fit_spec(
                                                                       if overhead else [])
     lo += [EFFICIENCY_RANGE[0]] * len(eff_names) + ([OVERHEAD_RANGE[0]] if overhead else [])
     hi += [EFFICIENCY_RANGE[1]] * len(eff_names) + ([OVERHEAD_RANGE[1]] if overhead else [])
-    init = ([float(_get(spec, f)) for f in full] + [1.0] * len(eff_names)
+    init = ([float(hw_fields.get(spec, f)) for f in full] + [1.0] * len(eff_names)
             + ([1e-6] if overhead else []))
     lo_a, hi_a = np.asarray(lo), np.asarray(hi)
     u0 = _to_u(np.asarray(init), lo_a, hi_a)
@@ -324,7 +302,7 @@ def fit_spec(
         log_meas = jnp.log(jnp.asarray(meas))
 
         def model_log_s(values: jax.Array) -> jax.Array:
-            s = _set(base, {f: values[i] for i, f in enumerate(full)})
+            s = hw_fields.replace_traced(base, {f: values[i] for i, f in enumerate(full)})
             # the mean slope of fold counts: a descent over many units (as codesign's)
             c = layer_costs(tl, s, wb, wb, relaxed=True, temperature=temperature,
                             count_slope="mean")
@@ -386,12 +364,11 @@ def fit_spec(
     rel_err = {k: float(r) for k, r in zip(labels, rel)}
 
     fitted_raw = {f: float(values[i]) for i, f in enumerate(full)}
-    fitted = {}
-    for f, v in fitted_raw.items():
-        fitted[f] = float(max(1, round(v))) if isinstance(_get(spec, f), int) else v
-    changes = {f: (int(v) if isinstance(_get(spec, f), int) else v) for f, v in fitted.items()}
+    integer = {f: isinstance(hw_fields.get(spec, f), int) for f in full}
+    fitted = {f: float(max(1, round(v))) if integer[f] else v for f, v in fitted_raw.items()}
+    changes = {f: (int(v) if integer[f] else v) for f, v in fitted.items()}
     try:
-        fitted_spec = spec.with_fields(changes, name=name or f"{spec.name}_fitted")
+        fitted_spec = hw_fields.replace(spec, changes, name=name or f"{spec.name}_fitted")
     except ConfigError as e:
         raise ConfigError(f"the fitted values cannot form a preset: {e}") from None
     fitted_spec = dataclasses.replace(
@@ -402,7 +379,8 @@ def fit_spec(
     before = predict_latency_s(layers, spec, bits=bits)[idx]
     after = predict_latency_s(layers, fitted_spec, eff, ovh, bits)[idx]
     return FitResult(
-        spec=fitted_spec, fields=full, bits=bits, initial={f: float(_get(spec, f)) for f in full},
+        spec=fitted_spec, fields=full, bits=bits,
+        initial={f: float(hw_fields.get(spec, f)) for f in full},
         fitted=fitted, efficiency=eff, overhead_s=ovh, rel_std_err=rel_err,
         identifiable={k: bool(r <= IDENTIFIABLE_REL_ERR) for k, r in rel_err.items()},
         loss=np.concatenate(history), layer_index=idx, measured_s=meas, before_s=before,

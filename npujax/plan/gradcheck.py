@@ -36,6 +36,7 @@ import numpy as np
 
 from npujax import _relax
 from npujax.errors import ConfigError
+from npujax.hw import fields
 from npujax.hw.spec import NpuSpec, differentiable_spec
 from npujax.plan.costs import layer_costs
 from npujax.plan.workload import Workload
@@ -109,15 +110,14 @@ class SecantCheck:
 
 def _step(spec: NpuSpec, name: str) -> tuple[NpuSpec, float]:
     kind, amount = STEPS[name]
-    section, _, field = name.partition(".")
-    old = getattr(getattr(spec, section), field)
+    old = fields.get(spec, name)
     if kind == "add":
         new = old + type(old)(amount)
     elif isinstance(old, int):
         new = old + max(1, round(old * amount))
     else:
         new = old * (1.0 + amount)
-    return spec.with_fields({name: new}), float(new - old)
+    return fields.replace(spec, {name: new}), float(new - old)
 
 
 def secant_check(
@@ -184,8 +184,7 @@ def secant_check(
                 sec.append(np.diagonal(np.asarray(stepped)) - base)
             else:
                 new, h = _step(spec, p)
-                section, _, field = p.partition(".")
-                g = np.asarray(getattr(getattr(jac[0], section), field))
+                g = np.asarray(fields.get(jac[0], p))
                 pred.append(g * h)
                 sec.append(np.asarray(exact(new, wb, ab)) - base)
     return SecantCheck(params=tuple(params), predicted=np.stack(pred), secant=np.stack(sec),

@@ -56,6 +56,7 @@ import numpy as np
 import optax
 
 from npujax.errors import ConfigError, NpujaxError
+from npujax.hw import fields
 from npujax.hw.energy import area_mm2
 from npujax.hw.spec import NpuSpec, differentiable_spec
 from npujax.ir.graph import Graph
@@ -320,12 +321,10 @@ class _Problem:
     # -- the relaxed model -------------------------------------------------------------------
     def spec_of(self, rows: Any, cols: Any, sram: Any, bw: Any) -> NpuSpec:
         """A float spec with these hardware numbers (traceable)."""
-        s = differentiable_spec(self.base)
-        return dataclasses.replace(
-            s, array=dataclasses.replace(s.array, rows=rows, cols=cols),
-            memory=dataclasses.replace(s.memory, ifmap_sram_bytes=sram[0],
-                                       filter_sram_bytes=sram[1], ofmap_sram_bytes=sram[2],
-                                       dram_bytes_per_s=bw))
+        return fields.replace_traced(differentiable_spec(self.base), {
+            "array.rows": rows, "array.cols": cols, "memory.ifmap_sram_bytes": sram[0],
+            "memory.filter_sram_bytes": sram[1], "memory.ofmap_sram_bytes": sram[2],
+            "memory.dram_bytes_per_s": bw})
 
     def _tables_fn(self, rows: Any, cols: Any, sram: Any, bw: Any) -> tuple[Any, Any, Any]:
         """``(latency_s [n, L], energy_j [n, L], area_mm2)`` of every candidate column."""

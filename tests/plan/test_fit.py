@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from npujax.errors import ConfigError
+from npujax.hw import fields
 from npujax.ir.graph import Graph, Node, TensorType
 from npujax.plan.fit import (
     FITTABLE,
-    field_range,
     fit_metrics,
     fit_spec,
     op_class,
@@ -135,12 +135,13 @@ def test_field_names_resolve_short_and_full_and_reject_the_rest():
             resolve_fields(bad)
 
 
-def test_field_ranges_are_the_validation_ranges_and_positive(edge_spec):
-    assert field_range(edge_spec, "array.clock_hz") == (1e3, 1e11)
-    for f in FITTABLE:
-        lo, hi = field_range(edge_spec, f)
+def test_fittable_fields_are_traced_with_positive_log_ranges():
+    for f in FITTABLE:  # fitted as data inside one program, so they must not change workloads
+        assert fields.is_traced(f), f
+        lo, hi = fields.log_range(f)
         assert 0 < lo < hi
-    assert field_range(edge_spec, "memory.dram_latency_s") == (1e-9, 1.0)  # may be 0: hi x 1e-9
+    assert fields.log_range("array.clock_hz") == (1e3, 1e11)
+    assert fields.log_range("memory.dram_latency_s") == (1e-9, 1.0)  # may be 0: hi x 1e-9
 
 
 def test_op_classes():
