@@ -14,95 +14,13 @@ emulator), :mod:`npujax.ops` (operator registry), :mod:`npujax.report` (tables, 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from npujax._version import __version__
+from npujax import _lazy
+from npujax._version import __version__ as __version__
 
-# name -> module that defines it
-_API = {
-    # graph, frontends, passes
-    "Graph": "npujax.ir.graph",
-    "Node": "npujax.ir.graph",
-    "TensorType": "npujax.ir.graph",
-    "trace_flax": "npujax.frontends.flax",
-    "from_onnx": "npujax.frontends.onnx",
-    "optimize": "npujax.ir.passes",
-    "fold_batchnorm": "npujax.ir.passes",
-    "fuse_epilogues": "npujax.ir.passes",
-    "rebatch": "npujax.ir.passes",
-    # quantization
-    "LayerQuant": "npujax.quantize.spec",
-    "QuantSpec": "npujax.quantize.spec",
-    "quant_spec": "npujax.quantize.spec",
-    "QuantRule": "npujax.quantize.rules",
-    "quant_spec_from_rules": "npujax.quantize.rules",
-    "first_last_rules": "npujax.quantize.rules",
-    "Quantizer": "npujax.quantize.quantizers",
-    "STE": "npujax.quantize.quantizers",
-    "LSQ": "npujax.quantize.quantizers",
-    "LSQPlus": "npujax.quantize.quantizers",
-    "Mixture": "npujax.quantize.quantizers",
-    "IntFormat": "npujax.quant.formats",
-    "FloatFormat": "npujax.quant.formats",
-    "execute": "npujax.quantize.execute",
-    "calibrate": "npujax.quantize.calibrate",
-    "ptq": "npujax.quantize.ptq",
-    "bias_correction": "npujax.quantize.ptq",
-    "layer_sqnr": "npujax.quantize.ptq",
-    "train_graph": "npujax.quantize.train",
-    "quantize_model": "npujax.quantize.flax_model",
-    "calibrate_model": "npujax.quantize.flax_model",
-    "graph_of": "npujax.quantize.flax_model",
-    "write_back": "npujax.quantize.flax_model",
-    "QuantizedModel": "npujax.quantize.flax_model",
-    "evaluate": "npujax.quantize.train",
-    "save_graph": "npujax.quantize.model_file",
-    "load_graph": "npujax.quantize.model_file",
-    # backends
-    "convert": "npujax.backends.integer",
-    "execute_integer": "npujax.backends.integer",
-    "IntegerModel": "npujax.backends.integer",
-    "to_onnx": "npujax.backends.onnx_export",
-    # hardware and the NPU model
-    "NpuSpec": "npujax.hw.spec",
-    "load_npu_spec": "npujax.hw.spec",
-    "list_presets": "npujax.hw.spec",
-    "lower": "npujax.plan.lower",
-    "sweep": "npujax.explore.sweep",
-    "Grid": "npujax.explore.grid",
-    "Schedule": "npujax.plan.lower",
-    "LayerReport": "npujax.plan.lower",
-    "lower_models": "npujax.plan.coresident",
-    "core_schedules": "npujax.plan.pipeline",
-    "memory_report": "npujax.plan.memory",
-    # search
-    "search_precision": "npujax.search.api",
-    "SearchConfig": "npujax.search.config",
-    "SearchReport": "npujax.search.report",
-    "PrecisionPolicy": "npujax.search.policy",
-    "load_policy": "npujax.search.policy",
-    "save_policy": "npujax.search.policy",
-    # errors
-    "NpujaxError": "npujax.errors",
-}
-
-__all__ = ["__version__", *_API]
-
-
-def __getattr__(name: str) -> Any:
-    module = _API.get(name)
-    if module is None:
-        raise AttributeError(f"module 'npujax' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
-
-
+# The public API, each name once: type checkers and the docs read these imports; at run time
+# _lazy.attach reads the same lines back and loads each name from its module on first use.
 if TYPE_CHECKING:
     from npujax.backends.integer import IntegerModel as IntegerModel
     from npujax.backends.integer import convert as convert
@@ -162,3 +80,6 @@ if TYPE_CHECKING:
     from npujax.search.policy import load_policy as load_policy
     from npujax.search.policy import save_policy as save_policy
     from npujax.search.report import SearchReport as SearchReport
+
+if not TYPE_CHECKING:
+    __getattr__, __dir__, __all__ = _lazy.attach(__name__, __file__)
