@@ -11,7 +11,9 @@ and the documentation read them as ordinary imports, and ends with::
 under a millisecond) and builds the package's ``__getattr__`` (PEP 562): the first
 ``npujax.lower`` imports :mod:`npujax.plan.lower` and nothing else, and stores the function in
 the package, so later lookups are plain attribute reads. ``__all__`` is every name the
-``__init__`` re-exports (``X as X``), eager or lazy, in source order. Hiding ``__getattr__``
+``__init__`` re-exports (``X as X``), eager or lazy, in source order. A public submodule is
+an attribute too, imported on first use (``import npujax; npujax.ir.fold_batchnorm`` works as
+after ``import npujax.ir``), as scipy's subpackages are. Hiding ``__getattr__``
 from type checkers keeps a misspelt or removed name a type error instead of ``Any``.
 
 This is scientific-python's ``lazy_loader.attach_stub`` (SPEC 1) with the list kept in the
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -50,6 +53,12 @@ def _imports(stmts: list[ast.stmt], lazy: bool) -> Iterator[Reexport]:
             for alias in stmt.names:
                 if alias.asname == alias.name:
                     yield Reexport(alias.name, stmt.module, lazy)
+
+
+def _is_submodule(package: str, name: str) -> bool:
+    """Whether ``package.name`` is a public module (found on the package's path, not imported)."""
+    return (name.isidentifier() and not name.startswith("_")
+            and importlib.util.find_spec(f"{package}.{name}") is not None)
 
 
 def reexports(source: str) -> list[Reexport]:
@@ -81,8 +90,9 @@ def attach(package: str, init_file: str) -> tuple[Callable[[str], Any], Callable
       init_file: its ``__file__`` (the ``__init__.py``, read as text).
 
     Returns:
-      ``(__getattr__, __dir__, __all__)``: ``__getattr__`` imports a lazy name's module on first
-      use and caches the name in the package; ``__dir__`` lists ``__all__``, sorted.
+      ``(__getattr__, __dir__, __all__)``: ``__getattr__`` imports a lazy name's module (or a
+      public submodule) on first use and caches it in the package; ``__dir__`` lists
+      ``__all__``, sorted.
     """
     found = reexports(Path(init_file).read_text(encoding="utf-8"))
     lazy = {r.name: r.module for r in found if r.lazy}
@@ -90,11 +100,14 @@ def attach(package: str, init_file: str) -> tuple[Callable[[str], Any], Callable
 
     def __getattr__(name: str) -> Any:
         module = lazy.get(name)
-        if module is None:
+        if module is not None:
+            value = getattr(importlib.import_module(module), name)
+        elif _is_submodule(package, name):  # as after `import package.name`
+            value = importlib.import_module(f"{package}.{name}")
+        else:
             raise AttributeError(
                 f"module {package!r} has no attribute {name!r} (dir({package}) lists its names; "
                 f"the rest of the API is one dot further, in its subpackages and modules)")
-        value = getattr(importlib.import_module(module), name)
         setattr(sys.modules[package], name, value)  # later lookups skip __getattr__
         return value
 
