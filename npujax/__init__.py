@@ -6,107 +6,29 @@ or :func:`quantize_model` for QAT in the user's own Flax training loop),
 mixed-precision search against the NPU latency model (:func:`search_precision`) and lowering to a
 tiled NPU execution model (:func:`lower` on a :class:`NpuSpec` from :func:`load_npu_spec`).
 
-The names below are the public API; they load on first use, so ``import npujax`` is instant and
-``npujax.lower`` never imports ``onnx``. Subpackages hold the rest: :mod:`npujax.quant` (number
-formats, fake-quant), :mod:`npujax.calib` (observers), :mod:`npujax.systolic` (dataflows,
-emulator), :mod:`npujax.ops` (operator registry), :mod:`npujax.report` (tables, plots).
+The names below are the entry points and the data types a user passes around; they load on
+first use, so ``import npujax`` imports no dependency and ``npujax.lower`` never imports ``onnx``.
+Everything else is one dot away, in the subpackage of its pipeline stage: :mod:`npujax.ir` (the
+Graph's nodes, passes), :mod:`npujax.quantize` (PTQ helpers, more quantizers, the Flax-model
+QAT helpers), :mod:`npujax.quant` (number formats, fake-quant), :mod:`npujax.calib` (observers),
+:mod:`npujax.backends` (integer execution), :mod:`npujax.hw` (hardware fields, energy),
+:mod:`npujax.plan` (per-layer costs and reports, memory, multi-core pipelines),
+:mod:`npujax.search` (reports, policy files, searchers), :mod:`npujax.explore` (design-space
+sweeps), :mod:`npujax.systolic` (dataflows, emulator), :mod:`npujax.ops` (operator registry)
+and :mod:`npujax.report` (tables, plots).
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from npujax._version import __version__
+from npujax import _lazy
+from npujax._version import __version__ as __version__
 
-# name -> module that defines it
-_API = {
-    # graph, frontends, passes
-    "Graph": "npujax.ir.graph",
-    "Node": "npujax.ir.graph",
-    "TensorType": "npujax.ir.graph",
-    "trace_flax": "npujax.frontends.flax",
-    "from_onnx": "npujax.frontends.onnx",
-    "optimize": "npujax.ir.passes",
-    "fold_batchnorm": "npujax.ir.passes",
-    "fuse_epilogues": "npujax.ir.passes",
-    "rebatch": "npujax.ir.passes",
-    # quantization
-    "LayerQuant": "npujax.quantize.spec",
-    "QuantSpec": "npujax.quantize.spec",
-    "quant_spec": "npujax.quantize.spec",
-    "QuantRule": "npujax.quantize.rules",
-    "quant_spec_from_rules": "npujax.quantize.rules",
-    "first_last_rules": "npujax.quantize.rules",
-    "Quantizer": "npujax.quantize.quantizers",
-    "STE": "npujax.quantize.quantizers",
-    "LSQ": "npujax.quantize.quantizers",
-    "LSQPlus": "npujax.quantize.quantizers",
-    "Mixture": "npujax.quantize.quantizers",
-    "IntFormat": "npujax.quant.formats",
-    "FloatFormat": "npujax.quant.formats",
-    "execute": "npujax.quantize.execute",
-    "calibrate": "npujax.quantize.calibrate",
-    "ptq": "npujax.quantize.ptq",
-    "bias_correction": "npujax.quantize.ptq",
-    "layer_sqnr": "npujax.quantize.ptq",
-    "train_graph": "npujax.quantize.train",
-    "quantize_model": "npujax.quantize.flax_model",
-    "calibrate_model": "npujax.quantize.flax_model",
-    "graph_of": "npujax.quantize.flax_model",
-    "write_back": "npujax.quantize.flax_model",
-    "QuantizedModel": "npujax.quantize.flax_model",
-    "evaluate": "npujax.quantize.train",
-    "save_graph": "npujax.quantize.model_file",
-    "load_graph": "npujax.quantize.model_file",
-    # backends
-    "convert": "npujax.backends.integer",
-    "execute_integer": "npujax.backends.integer",
-    "IntegerModel": "npujax.backends.integer",
-    "to_onnx": "npujax.backends.onnx_export",
-    # hardware and the NPU model
-    "NpuSpec": "npujax.hw.spec",
-    "load_npu_spec": "npujax.hw.spec",
-    "list_presets": "npujax.hw.spec",
-    "lower": "npujax.plan.lower",
-    "sweep": "npujax.explore.sweep",
-    "Grid": "npujax.explore.grid",
-    "Schedule": "npujax.plan.lower",
-    "LayerReport": "npujax.plan.lower",
-    "lower_models": "npujax.plan.coresident",
-    "core_schedules": "npujax.plan.pipeline",
-    "memory_report": "npujax.plan.memory",
-    # search
-    "search_precision": "npujax.search.api",
-    "SearchConfig": "npujax.search.config",
-    "SearchReport": "npujax.search.report",
-    "PrecisionPolicy": "npujax.search.policy",
-    "load_policy": "npujax.search.policy",
-    "save_policy": "npujax.search.policy",
-    # errors
-    "NpujaxError": "npujax.errors",
-}
-
-__all__ = ["__version__", *_API]
-
-
-def __getattr__(name: str) -> Any:
-    module = _API.get(name)
-    if module is None:
-        raise AttributeError(f"module 'npujax' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
-
-
+# The public API, each name once: type checkers and the docs read these imports; at run time
+# _lazy.attach reads the same lines back and loads each name from its module on first use.
 if TYPE_CHECKING:
-    from npujax.backends.integer import IntegerModel as IntegerModel
     from npujax.backends.integer import convert as convert
-    from npujax.backends.integer import execute_integer as execute_integer
     from npujax.backends.onnx_export import to_onnx as to_onnx
     from npujax.errors import NpujaxError as NpujaxError
     from npujax.explore.grid import Grid as Grid
@@ -117,48 +39,30 @@ if TYPE_CHECKING:
     from npujax.hw.spec import list_presets as list_presets
     from npujax.hw.spec import load_npu_spec as load_npu_spec
     from npujax.ir.graph import Graph as Graph
-    from npujax.ir.graph import Node as Node
-    from npujax.ir.graph import TensorType as TensorType
-    from npujax.ir.passes import fold_batchnorm as fold_batchnorm
-    from npujax.ir.passes import fuse_epilogues as fuse_epilogues
     from npujax.ir.passes import optimize as optimize
     from npujax.ir.passes import rebatch as rebatch
     from npujax.plan.coresident import lower_models as lower_models
-    from npujax.plan.lower import LayerReport as LayerReport
     from npujax.plan.lower import Schedule as Schedule
     from npujax.plan.lower import lower as lower
-    from npujax.plan.memory import memory_report as memory_report
-    from npujax.plan.pipeline import core_schedules as core_schedules
-    from npujax.quant.formats import FloatFormat as FloatFormat
-    from npujax.quant.formats import IntFormat as IntFormat
     from npujax.quantize.calibrate import calibrate as calibrate
     from npujax.quantize.execute import execute as execute
     from npujax.quantize.flax_model import QuantizedModel as QuantizedModel
-    from npujax.quantize.flax_model import calibrate_model as calibrate_model
-    from npujax.quantize.flax_model import graph_of as graph_of
     from npujax.quantize.flax_model import quantize_model as quantize_model
-    from npujax.quantize.flax_model import write_back as write_back
     from npujax.quantize.model_file import load_graph as load_graph
     from npujax.quantize.model_file import save_graph as save_graph
-    from npujax.quantize.ptq import bias_correction as bias_correction
-    from npujax.quantize.ptq import layer_sqnr as layer_sqnr
     from npujax.quantize.ptq import ptq as ptq
     from npujax.quantize.quantizers import LSQ as LSQ
     from npujax.quantize.quantizers import STE as STE
-    from npujax.quantize.quantizers import LSQPlus as LSQPlus
-    from npujax.quantize.quantizers import Mixture as Mixture
     from npujax.quantize.quantizers import Quantizer as Quantizer
     from npujax.quantize.rules import QuantRule as QuantRule
-    from npujax.quantize.rules import first_last_rules as first_last_rules
     from npujax.quantize.rules import quant_spec_from_rules as quant_spec_from_rules
     from npujax.quantize.spec import LayerQuant as LayerQuant
     from npujax.quantize.spec import QuantSpec as QuantSpec
     from npujax.quantize.spec import quant_spec as quant_spec
-    from npujax.quantize.train import evaluate as evaluate
     from npujax.quantize.train import train_graph as train_graph
     from npujax.search.api import search_precision as search_precision
     from npujax.search.config import SearchConfig as SearchConfig
     from npujax.search.policy import PrecisionPolicy as PrecisionPolicy
-    from npujax.search.policy import load_policy as load_policy
-    from npujax.search.policy import save_policy as save_policy
-    from npujax.search.report import SearchReport as SearchReport
+
+if not TYPE_CHECKING:
+    __getattr__, __dir__, __all__ = _lazy.attach(__name__, __file__)

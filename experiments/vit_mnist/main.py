@@ -26,6 +26,7 @@ from npujax._atomic import atomic_write_text
 from npujax.data.datasets import load_mnist5k_nhwc
 from npujax.models.train import train_float
 from npujax.models.transformer import ViT
+from npujax.quantize import evaluate
 
 HERE = Path(__file__).resolve().parent
 
@@ -79,7 +80,7 @@ def main() -> None:
             nj.save_graph(args.float_model, graph, params)
     spec = nj.load_npu_spec(sc.pop("npu"))
     int8_s = nj.lower(graph, spec).latency_s
-    acc = nj.evaluate(graph, params, xte, yte)
+    acc = evaluate(graph, params, xte, yte)
     rows.append(("float", acc, None, f"{time.time() - t:.0f} s train"))
     con.print(f"float: {100 * acc:.1f} % ({time.time() - t:.0f} s)")
 
@@ -88,12 +89,12 @@ def main() -> None:
     n_att = sum(graph.node(n).op == "MatMul" for n in q8)
     p8, qs8 = nj.ptq(graph, params, calib, q8)
     rows.append((f"PTQ W8A8 ({len(q8)} layers, {n_att} attention)",
-                 nj.evaluate(graph, p8, xte, yte, quant=q8, qstate=qs8), int8_s, ""))
+                 evaluate(graph, p8, xte, yte, quant=q8, qstate=qs8), int8_s, ""))
     t = time.time()
     pq = nj.train_graph(graph, p8, x, y, steps=qc["steps"], learning_rate=qc["learning_rate"],
                         quant=q8, qstate=qs8, progress=True, description="QAT W8A8")
     rows.append((f"QAT W8A8 ({qc['steps']} steps)",
-                 nj.evaluate(graph, pq, xte, yte, quant=q8, qstate=qs8), int8_s,
+                 evaluate(graph, pq, xte, yte, quant=q8, qstate=qs8), int8_s,
                  f"{time.time() - t:.0f} s"))
     con.print(f"PTQ / QAT W8A8: {100 * rows[-2][1]:.1f} / {100 * rows[-1][1]:.1f} %")
 
@@ -105,7 +106,7 @@ def main() -> None:
     mc = cfg["mixed_qat"]
     qm = policy.quant_spec(graph, quantizer=mc["quantizer"])
     pm, qsm = nj.ptq(graph, params, calib, qm)
-    ptq_m = nj.evaluate(graph, pm, xte, yte, quant=qm, qstate=qsm)
+    ptq_m = evaluate(graph, pm, xte, yte, quant=qm, qstate=qsm)
     pm, qsm = nj.train_graph(graph, pm, x, y, steps=mc["steps"],
                              learning_rate=mc["learning_rate"], quant=qm, qstate=qsm,
                              progress=True, description="QAT mixed", return_qstate=True)
@@ -114,7 +115,7 @@ def main() -> None:
     rows.append((f"mixed PTQ ({report.method}, budget {sc['budget_ratio']} x INT8)", ptq_m, lat,
                  ""))
     rows.append((f"mixed QAT ({mc['quantizer'].upper()}, {mc['steps']} steps)",
-                 nj.evaluate(graph, pm, xte, yte, quant=qm, qstate=qsm), lat,
+                 evaluate(graph, pm, xte, yte, quant=qm, qstate=qsm), lat,
                  f"{time.time() - t:.0f} s search + QAT"))
     res["policy"] = {n: [policy.weight_bits[n], policy.act_bits[n]] for n in qm}
 

@@ -3,7 +3,7 @@
 ONNX semantics (https://onnx.ai/onnx/operators/):
 
 * ``BatchNormalization``: ``y = (x - mean) / sqrt(var + epsilon) * scale + bias`` per channel
-  on ``attrs['axis']``. After import or tracing, :func:`npujax.fold_batchnorm` folds it into
+  on ``attrs['axis']``. After import or tracing, :func:`npujax.ir.fold_batchnorm` folds it into
   the preceding Conv/Gemm as NPU compilers do; an unfolded one runs on the vector unit.
 * ``LayerNormalization`` (opset 17; Ba et al. 2016, arXiv:1607.06450): over the axes
   ``[axis, rank)``, ``y = (x - E[x]) / sqrt(Var[x] + epsilon) * scale + bias`` with the biased

@@ -93,7 +93,7 @@ class OpDef:
       export: ONNX export, ``fn(writer, node)`` (see :mod:`npujax.backends.onnx_export`); None
         when the op cannot be exported.
       unary: for pure unary elementwise ops, the function of one array (the epilogue form).
-      epilogue: whether :func:`npujax.fuse_epilogues` may fuse it into a GEMM's output stage.
+      epilogue: whether :func:`npujax.ir.fuse_epilogues` may fuse it into a GEMM's output stage.
       codes: ``"exact"`` if the op acts on integer codes exactly (data movement, max, ReLU),
         ``"rounding"`` if it does with one rounding (average pooling); None otherwise.
       run_codes: the code-level implementation, ``fn(node, qtensor) -> qtensor``; None runs
@@ -247,7 +247,7 @@ def quantizable_nodes(graph: Graph) -> list[Node]:
 
 
 def epilogue_ops() -> frozenset[str]:
-    """Activations a GEMM's output stage may apply (fused by :func:`npujax.fuse_epilogues`)."""
+    """Activations a GEMM's output stage may apply (fused by :func:`npujax.ir.fuse_epilogues`)."""
     return frozenset(n for n, d in OPS.items() if d.epilogue)
 
 

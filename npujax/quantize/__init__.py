@@ -1,6 +1,11 @@
 """Quantization applied to a Graph: the precision vocabulary (specs, rules), the quantizers and
-their typed states, fake-quant execution, calibration, PTQ, QAT training and the model file."""
+their typed states, fake-quant execution, calibration, PTQ, QAT training and the model file,
+and QAT in the user's own Flax training loop (:mod:`.flax_model`, loaded on first use: it
+imports flax, which the rest of the package and its users, such as ``npujax.lower``, do not)."""
 
+from typing import TYPE_CHECKING
+
+from npujax import _lazy
 from npujax.quantize.calibrate import calibrate as calibrate
 from npujax.quantize.execute import execute as execute
 from npujax.quantize.model_file import load_graph as load_graph
@@ -30,8 +35,19 @@ from npujax.quantize.train import cross_entropy as cross_entropy
 from npujax.quantize.train import evaluate as evaluate
 from npujax.quantize.train import train_graph as train_graph
 
+if TYPE_CHECKING:
+    from npujax.quantize.flax_model import QuantizedModel as QuantizedModel
+    from npujax.quantize.flax_model import calibrate_model as calibrate_model
+    from npujax.quantize.flax_model import graph_of as graph_of
+    from npujax.quantize.flax_model import quantize_model as quantize_model
+    from npujax.quantize.flax_model import write_back as write_back
+
 __all__ = ["LayerQuant", "QuantSpec", "quant_spec", "QuantRule", "quant_spec_from_rules",
            "first_last_rules", "Quantizer", "QUANTIZERS", "get_quantizer", "STE", "LSQ",
            "LSQPlus", "Mixture", "QState", "init_states", "execute", "calibrate", "ptq",
            "bias_correction", "layer_sqnr", "train_graph", "evaluate", "cross_entropy",
-           "batch_iterator", "save_graph", "load_graph", "DataParallel", "data_parallel"]
+           "batch_iterator", "save_graph", "load_graph", "DataParallel", "data_parallel",
+           "quantize_model", "calibrate_model", "graph_of", "write_back", "QuantizedModel"]
+
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = _lazy.attach(__name__, __file__)[:2]  # __all__ above, for the docs

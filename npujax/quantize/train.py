@@ -164,7 +164,7 @@ def train_graph(
 
     Returns:
       The trained params (unfolded when ``fold_bn``; fold them with
-      :func:`npujax.fold_batchnorm` for deployment); with ``return_qstate``, the pair
+      :func:`npujax.ir.fold_batchnorm` for deployment); with ``return_qstate``, the pair
       ``(params, qstate)``.
 
     Raises:

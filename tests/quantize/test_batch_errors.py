@@ -78,8 +78,8 @@ def test_graph_of_given_the_linen_pair_says_how_to_call_it():
     pair = npujax.quantize_model(m, [npujax.QuantRule(pattern=".*")], x,
                                  variables=m.init(jax.random.key(0), x))
     with pytest.raises(ConfigError, match=r"graph_of\(qmodule, qvariables\)"):
-        npujax.graph_of(pair)
-    graph, _, _ = npujax.graph_of(*pair)
+        npujax.quantize.graph_of(pair)
+    graph, _, _ = npujax.quantize.graph_of(*pair)
     assert graph.nodes
 
 

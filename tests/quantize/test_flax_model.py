@@ -116,7 +116,7 @@ def test_forward_equals_the_traced_graph_and_any_batch(data):
     forward = nnx.jit(lambda q, x: q(x))
     assert_close(forward(q, x), want)
     assert forward(q, x[:7]).shape == (7, 10)
-    g, p, s = npujax.graph_of(q)
+    g, p, s = npujax.quantize.graph_of(q)
     assert_close(run(g, p, s, x), want)
 
 
@@ -125,7 +125,7 @@ def test_user_loop_equals_train_graph_and_writes_into_the_model(data):
     m = _model()
     q = npujax.quantize_model(m, W8A8, x)
     graph, params = trace_flax(_model(), x[:1])  # the existing QAT path, same start
-    qstate = npujax.graph_of(q)[2]
+    qstate = npujax.quantize.graph_of(q)[2]
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(3e-3))
     want = train_graph(graph, params, _batches(x, y), quant=q.plan.quant, qstate=qstate,
                        fold_bn=True, optimizer=tx)
@@ -149,8 +149,8 @@ def test_user_loop_equals_train_graph_and_writes_into_the_model(data):
     assert_close(m.bn1.mean[...], params["bn1"]["mean"])  # running statistics frozen
     # the original module holds the trained weights; write_back copies into another instance
     other = _model(seed=5)
-    assert npujax.write_back(q) is m
-    npujax.write_back(q, other)
+    assert npujax.quantize.write_back(q) is m
+    npujax.quantize.write_back(q, other)
     np.testing.assert_array_equal(np.asarray(other.fc1.kernel[...]), np.asarray(m.fc1.kernel[...]))
 
 
@@ -159,7 +159,7 @@ def test_calibrate_model_from_an_iterator_and_lsq_steps_train(data):
     q = npujax.quantize_model(_model(), [QuantRule(pattern=".*", weight_bits=4, act_bits=4,
                                                    quantizer="lsq")], x[:4])
     before = q.current_qstate()["fc1"].act_scale
-    npujax.calibrate_model(q, (x[i:i + 16] for i in range(0, 48, 16)), observer="minmax")
+    npujax.quantize.calibrate_model(q, (x[i:i + 16] for i in range(0, 48, 16)), observer="minmax")
     assert float(q.current_qstate()["fc1"].act_scale) != float(before)
     step0 = np.asarray(q.learned.get_value()["fc1"]["weight_step"])
     opt = nnx.Optimizer(q, optax.adam(1e-2), wrt=nnx.Param)
@@ -196,7 +196,7 @@ def test_bad_calls_raise_helpful_errors(data):
     with pytest.raises(ConfigError, match="Linen"):
         npujax.quantize_model(_model(), W8A8, x[:2], variables={})
     with pytest.raises(ConfigError, match="quantize_model"):
-        npujax.graph_of(object(), {})
+        npujax.quantize.graph_of(object(), {})
 
 
 # -- Linen
@@ -215,7 +215,7 @@ def test_linen_equivalent(data):
     model = MLP()
     variables = jax.jit(model.init)(jax.random.key(0), x[:1])  # (eagerly: ~13 programs)
     qm, qv = npujax.quantize_model(model, W8A8, x[:16], variables=variables)
-    g, p, s = npujax.graph_of(qm, qv)
+    g, p, s = npujax.quantize.graph_of(qm, qv)
     assert_close(qm.apply(qv, x), jit_execute(g, p, x, quant=qm.plan.quant, qstate=s))
 
     def loss(params):
@@ -230,8 +230,8 @@ def test_linen_equivalent(data):
         return optax.apply_updates(params, updates)
 
     qv = {**qv, "params": step(qv["params"])}
-    qv = npujax.calibrate_model(qm, [x], variables=qv)
-    plain = npujax.write_back(qm, qv)
+    qv = npujax.quantize.calibrate_model(qm, [x], variables=qv)
+    plain = npujax.quantize.write_back(qm, qv)
     assert set(plain) == set(variables)
     assert not np.allclose(np.asarray(plain["params"]["fc"]["kernel"]),
                            np.asarray(variables["params"]["fc"]["kernel"]))
@@ -255,7 +255,7 @@ def test_transformers_share_reshaped_attention_kernels_and_keep_int_tokens():
     kernel = vit.attns[0].value.kernel
     kernel.set_value(-2 * kernel[...])  # (8, 2, 4), run as (8, 8)
     assert not np.allclose(q(x), before, atol=0.05)
-    npujax.calibrate_model(q, [x])  # the static activation ranges, for the new weights
+    npujax.quantize.calibrate_model(q, [x])  # the static activation ranges, for the new weights
     assert_close(q(x), _call(vit, x), atol=0.05)
     cfg = dataclasses.replace(DECODER_CONFIGS["tiny"], d_model=16, d_ff=16, layers=1)
     dec = Decoder(cfg, seq_len=4, rngs=nnx.Rngs(0))
