@@ -1,19 +1,18 @@
 """Evaluate a design-space sweep: every configuration of a :class:`~npujax.explore.Grid`
-through the cost model (:func:`npujax.plan.layer_costs`, the attention blocks fused as the
-spec declares: :func:`npujax.plan.passes.attention_costs`), vmapped and sharded over devices.
+through the one cost program (:func:`npujax.plan.program_costs`: every cost pass the spec's
+switches call for, as :func:`npujax.lower` applies them), vmapped and sharded over devices.
 
 For each combination of the grid's static axes (dataflow, precision scaling, layout and operator
 fields: they change the program or the workloads) the layers' workloads are built once and one
 jitted program evaluates all the configurations of that combination: ``jax.vmap`` over a
 stacked :class:`~npujax.NpuSpec` (its numeric leaves ``[n]`` arrays, int64/float64:
 :func:`npujax.hw.fields.stack`) and the ``bits`` axis, sharded over the local devices by a
-``jax.sharding.Mesh`` with one ``config`` axis (``NamedSharding(mesh, P("config"))`` on every
-input and output; sharded ``jit``). The configurations are independent, and each
-configuration's layer sums take one fixed order (``_layer_sums``), so the sharded program runs
-the same per-configuration arithmetic as on one device and gives the same numbers, bit for bit,
-for any batch (tested on 8 host devices, and batches of 5 and 40). Batches are padded to a
-power of two (a multiple of the device count) so a long sweep compiles a few programs, not one
-per batch size.
+``jax.sharding.Mesh`` with one ``config`` axis (``NamedSharding(mesh, P("config"))`` on every input
+and output; sharded ``jit``). The configurations are independent, and each configuration's layer
+sums take one fixed order (:func:`npujax.plan.layer_sums`), so the sharded program runs the same
+per-configuration arithmetic as on one device and gives the same numbers, bit for bit, for any batch
+(tested on 8 host devices, and batches of 5 and 40). Batches are padded to a power of two (a
+multiple of the device count) so a long sweep compiles a few programs, not one per batch size.
 
 Each configuration reduces its layers to one row of :data:`COLUMNS` (totals, per layer class,
 utilization); :class:`SweepResult` holds the rows with the axis values and derives the bounds,
@@ -46,11 +45,11 @@ from npujax.hw import fields
 from npujax.hw.energy import area_mm2
 from npujax.hw.spec import NpuSpec, as_spec
 from npujax.ir.graph import Graph
-from npujax.plan.passes.attention import AttentionChain, attention_chains, attention_costs
-from npujax.plan.costs import layer_costs
-from npujax.plan.passes.energy import ENERGY_BREAKDOWN, layer_energy
 from npujax.plan.lower import DEFAULT_BITS
-from npujax.plan.workload import Workload, workloads
+from npujax.plan.passes.attention import AttentionChain
+from npujax.plan.passes.energy import ENERGY_BREAKDOWN
+from npujax.plan.program import Network, layer_sums, network, program_cost
+from npujax.plan.workload import Workload
 
 __all__ = ["sweep", "evaluate", "evaluate_configs", "SweepResult", "COLUMNS", "INT_COLUMNS",
            "pareto_front", "LAYER_CLASSES"]
@@ -77,28 +76,6 @@ def _mesh(devices: Sequence[Any] | None) -> Mesh:
     return Mesh(np.asarray(devs, dtype=object), ("config",))
 
 
-def _layer_sums(values: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    """``{name: sum}`` of one configuration's per-layer float values (``[L]`` each) in one fixed
-    order: the vectors stacked to ``[L, k]`` and halved in a fixed tree of elementwise additions
-    (zero-padded to a power of two).
-
-    ``jnp.sum`` leaves the order to XLA, and under ``vmap`` XLA:CPU orders a ``[n, L]``
-    reduction differently for small and large ``n``: the PP-OCR classifier's totals changed in
-    their last bit between batches of up to 24 configurations and of 28 or more, so a sweep's
-    numbers depended on its chunk size and on the device count (each device's share is a
-    smaller batch; 8 host devices changed all 162 rows of the README's sweep). Elementwise
-    additions are exact IEEE operations whatever the vector width, so this tree gives the same
-    bits for any batch, chunk and sharding."""
-    names = list(values)
-    x = jnp.stack([values[k] for k in names], axis=-1)
-    n = x.shape[0]
-    x = jnp.pad(x, ((0, (1 << max(n - 1, 0).bit_length()) - n), (0, 0)))
-    while x.shape[0] > 1:
-        h = x.shape[0] // 2
-        x = x[:h] + x[h:]
-    return {k: x[0, i] for i, k in enumerate(names)}
-
-
 @functools.lru_cache(maxsize=32)
 def _program(layers: tuple[Workload, ...], dataflow: str, mesh: Mesh,
              chains: tuple[AttentionChain, ...] = ()) -> Callable[..., Any]:
@@ -113,16 +90,14 @@ def _program(layers: tuple[Workload, ...], dataflow: str, mesh: Mesh,
 
     def one(spec: NpuSpec, bits: jax.Array) -> dict[str, jax.Array]:
         widths = jnp.full((L,), bits, real(0).dtype)
-        c = layer_costs(layers, spec, widths, widths, dataflow)
-        if chains and spec.ops.attention_fusion != "none":
-            c = attention_costs(layers, chains, spec, c, widths, widths)[0]
+        p = program_cost(layers, spec, widths, widths, dataflow, chains=chains)
+        c, e = p.costs, p.layer_energy
         lat = c.latency_cycles
         comp = c.compute_cycles
         cpu_cycles = c.fallback_cycles + c.transfer_cycles
         a = spec.array
         pes = real(a.rows) * real(a.cols) * real(a.cores)
         gemm_comp = jnp.sum(jnp.where(masks["gemm"], comp, 0))
-        e = layer_energy(layers, spec, widths, widths, dataflow, dram_bytes=c.dram_bytes)
         per_layer = {"latency_cycles": lat, "memory_cycles": c.memory_cycles,
                      "stall_cycles": c.stall_cycles, "dram_bytes": c.dram_bytes,
                      **{f"energy_{k}_j": v for k, v in e.breakdown().items()}}
@@ -131,10 +106,12 @@ def _program(layers: tuple[Workload, ...], dataflow: str, mesh: Mesh,
             per_layer[f"{cls}_memory_cycles"] = jnp.where(m, c.memory_cycles, 0.0)
         per_layer["cpu_latency_cycles"] = jnp.where(masks["cpu"], cpu_cycles, 0.0)
         out = {
-            **_layer_sums(per_layer),
+            **layer_sums(per_layer),
             "compute_cycles": jnp.sum(comp),
             "utilization": gemm_macs / jnp.maximum(real(gemm_comp), 1.0) / pes,
-            "sram_peak_bytes": jnp.max(c.sram_peak_bytes),
+            # the working sets, and under layer fusion the activations kept on chip beside them
+            "sram_peak_bytes": jnp.max(c.sram_peak_bytes if p.edges is None
+                                       else p.edges.sram_bytes),
             "memory_bound_layers": jnp.sum(on_npu & (c.memory_cycles > real(comp))
                                            ).astype(COUNT),
         }
@@ -171,7 +148,7 @@ def evaluate(layers: Sequence[Workload], spec: NpuSpec, changes: dict[str, np.nd
       changes: ``{"section.key": values [n]}`` for the swept numeric fields.
       bits: ``[n]`` uniform weight and activation width per configuration.
       devices: the devices to shard over (default: every local device).
-      chains: the graph's attention blocks (:func:`npujax.plan.passes.attention_chains`), fused as
+      chains: the graph's attention blocks (:func:`npujax.plan.network`), fused as
         ``spec.ops.attention_fusion`` declares, as :func:`npujax.lower` does.
 
     Returns:
@@ -279,7 +256,7 @@ def _groups(grid: Grid, configs: np.ndarray) -> dict[tuple[int, ...], np.ndarray
 
 def evaluate_configs(graph: Graph, base: NpuSpec, grid: Grid, configs: np.ndarray,
                      devices: Sequence[Any] | None = None,
-                     workload_cache: dict[Any, tuple[NpuSpec, list[Workload]]] | None = None
+                     workload_cache: dict[Any, tuple[NpuSpec, Network]] | None = None
                      ) -> dict[str, np.ndarray]:
     """:data:`COLUMNS` of the given configurations (rows of value indices) of ``grid``.
 
@@ -294,10 +271,8 @@ def evaluate_configs(graph: Graph, base: NpuSpec, grid: Grid, configs: np.ndarra
         if key not in cache:
             spec = fields.replace(base, {grid.axes[j][0]: grid.axes[j][1][v]
                                          for j, v in zip(static, key)}) if key else base
-            cache[key] = (spec, workloads(graph, spec))
-        spec, layers = cache[key]
-        chains = (attention_chains(graph, layers) if spec.ops.attention_fusion != "none"
-                  else ())
+            cache[key] = (spec, network(graph, spec))
+        spec, (layers, chains) = cache[key]
         changes, bits = {}, np.full(len(rows), DEFAULT_BITS, np.float64)
         for j, (name, vals) in enumerate(grid.axes):
             if grid.is_static(name):
@@ -341,11 +316,11 @@ def sweep(graph: Graph, base_spec: NpuSpec | str, grid: Grid | dict[str, Sequenc
     base = as_spec(base_spec)
     g = grid if isinstance(grid, Grid) else Grid.build(grid, base)
     configs = configurations(g, sample, method, seed)
-    cache: dict[Any, tuple[NpuSpec, list[Workload]]] = {}
+    cache: dict[Any, tuple[NpuSpec, Network]] = {}
     t = time.perf_counter()
     cols = evaluate_configs(graph, base, g, configs, devices, cache)
     seconds = time.perf_counter() - t
-    layers = len(next(iter(cache.values()))[1]) if cache else 0
+    layers = len(next(iter(cache.values()))[1].layers) if cache else 0
     if not all(np.all(np.isfinite(v)) for v in cols.values()):
         raise ConfigError("the cost model gave a non-finite figure for some configuration; the "
                           "grid's values are outside what npujax can model (docs/hw.md).")

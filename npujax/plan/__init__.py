@@ -1,14 +1,11 @@
-"""The NPU execution model: workloads, per-layer costs (pure jnp), the one cost program that
-chains the cost passes (:mod:`npujax.plan.program`, :mod:`npujax.plan.passes`), and ``lower``;
-across layers fusion (:mod:`npujax.plan.passes.cross_layer`), multi-core pipelines (:mod:`npujax.plan.pipeline`),
-co-resident models (:mod:`npujax.plan.coresident`) and peak memory (:mod:`npujax.plan.memory`);
-fitting a preset to a measured profile (:mod:`npujax.plan.profile`, :mod:`npujax.plan.fit`).
+"""The NPU execution model: workloads, per-layer costs (pure jnp), the one cost program that chains
+the cost passes (:mod:`npujax.plan.program`, :mod:`npujax.plan.passes`), and ``lower``; across
+layers fusion (:mod:`npujax.plan.passes.cross_layer`), multi-core pipelines
+(:mod:`npujax.plan.pipeline`), co-resident models (:mod:`npujax.plan.coresident`) and peak memory
+(:mod:`npujax.plan.memory`); fitting a preset to a measured profile (:mod:`npujax.plan.profile`,
+:mod:`npujax.plan.fit`).
 """
 
-from npujax.plan.passes.attention import AttentionChain as AttentionChain
-from npujax.plan.passes.attention import AttentionCosts as AttentionCosts
-from npujax.plan.passes.attention import attention_chains as attention_chains
-from npujax.plan.passes.attention import attention_costs as attention_costs
 from npujax.plan.coresident import SHARING as SHARING
 from npujax.plan.coresident import CoResidency as CoResidency
 from npujax.plan.coresident import ModelShare as ModelShare
@@ -17,12 +14,8 @@ from npujax.plan.costs import BREAKDOWN as BREAKDOWN
 from npujax.plan.costs import LayerCosts as LayerCosts
 from npujax.plan.costs import layer_costs as layer_costs
 from npujax.plan.costs import layer_costs_by_dataflow as layer_costs_by_dataflow
-from npujax.plan.passes.energy import ENERGY_BREAKDOWN as ENERGY_BREAKDOWN
-from npujax.plan.passes.energy import LayerEnergy as LayerEnergy
-from npujax.plan.passes.energy import layer_energy as layer_energy
 from npujax.plan.fit import FitResult as FitResult
 from npujax.plan.fit import fit_spec as fit_spec
-from npujax.plan.passes.cross_layer import EdgeCosts as EdgeCosts
 from npujax.plan.liveness import peak_activation_bytes as peak_activation_bytes
 from npujax.plan.lower import DEFAULT_BITS as DEFAULT_BITS
 from npujax.plan.lower import EdgeReport as EdgeReport
@@ -33,13 +26,21 @@ from npujax.plan.lower import lower as lower
 from npujax.plan.lower import lower_by_dataflow as lower_by_dataflow
 from npujax.plan.memory import MemoryReport as MemoryReport
 from npujax.plan.memory import memory_report as memory_report
+from npujax.plan.passes.attention import AttentionChain as AttentionChain
+from npujax.plan.passes.attention import AttentionCosts as AttentionCosts
+from npujax.plan.passes.attention import attention_chains as attention_chains
+from npujax.plan.passes.attention import attention_costs as attention_costs
+from npujax.plan.passes.base import CostMode as CostMode
+from npujax.plan.passes.base import CostPass as CostPass
+from npujax.plan.passes.base import ProgramCosts as ProgramCosts
+from npujax.plan.passes.cross_layer import EdgeCosts as EdgeCosts
+from npujax.plan.passes.energy import ENERGY_BREAKDOWN as ENERGY_BREAKDOWN
+from npujax.plan.passes.energy import LayerEnergy as LayerEnergy
+from npujax.plan.passes.energy import layer_energy as layer_energy
 from npujax.plan.pipeline import OBJECTIVES as OBJECTIVES
 from npujax.plan.pipeline import CoreSchedule as CoreSchedule
 from npujax.plan.pipeline import best_core_schedule as best_core_schedule
 from npujax.plan.pipeline import core_schedules as core_schedules
-from npujax.plan.passes.base import CostMode as CostMode
-from npujax.plan.passes.base import CostPass as CostPass
-from npujax.plan.passes.base import ProgramCosts as ProgramCosts
 from npujax.plan.profile import MatchedProfile as MatchedProfile
 from npujax.plan.profile import Profile as Profile
 from npujax.plan.profile import match_profile as match_profile

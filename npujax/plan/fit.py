@@ -1,6 +1,7 @@
 """Fit a hardware preset to a measured per-layer profile by gradient descent.
 
-The cost model is differentiable in its relaxed mode (``layer_costs(..., relaxed=True)``,
+The cost model (the one cost program, :func:`npujax.plan.program_costs`, with every cost pass of
+the preset) is differentiable in its relaxed mode (``CostMode(relaxed=True)``,
 ``npujax/_relax.py``: exact forward values, straight-through and smooth-maximum gradients), so the
 preset's numbers can be fitted to what a device measures, as one fits any model's parameters:
 
@@ -51,7 +52,9 @@ import numpy as np
 from npujax.errors import ConfigError
 from npujax.hw import fields as hw_fields
 from npujax.hw.spec import NpuSpec, differentiable_spec
-from npujax.plan.costs import layer_costs
+from npujax.plan.passes.attention import AttentionChain
+from npujax.plan.passes.base import CostMode
+from npujax.plan.program import program_cost
 from npujax.plan.workload import Workload
 
 __all__ = ["FITTABLE", "OP_CLASSES", "IDENTIFIABLE_REL_ERR", "FitResult", "op_class",
@@ -130,21 +133,29 @@ def _to_u(value: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 
 def predict_latency_s(layers: Sequence[Workload], spec: NpuSpec,
                       efficiency: Mapping[str, float] | None = None,
-                      overhead_s: float = 0.0, bits: int = 8) -> np.ndarray:
-    """float64 ``[L]`` modelled seconds per layer (exact mode, weights and activations at
-    ``bits``), with the fit's efficiency factors (``{class: factor}``, missing classes 1) and
-    per-layer overhead (s)."""
+                      overhead_s: float = 0.0, bits: int = 8, *,
+                      chains: Sequence[AttentionChain] = ()) -> np.ndarray:
+    """float64 ``[L]`` modelled seconds per layer (the one cost program, exact mode, weights and
+    activations at ``bits``; ``chains`` the graph's attention blocks, :func:`npujax.plan.network`),
+    with the fit's efficiency factors (``{class: factor}``, missing classes 1) and per-layer
+    overhead (s)."""
     with jax.enable_x64(True):
         wb = np.full(len(layers), float(bits), np.float32)
-        c = _exact_costs(tuple(layers))(spec, wb, wb)
+        c = _exact_costs(tuple(layers), tuple(chains))(spec, wb, wb)
         lat = np.asarray(c.latency_cycles, np.float64) / spec.array.clock_hz
     eff = np.asarray([(efficiency or {}).get(op_class(w), 1.0) for w in layers])
     return lat / eff + overhead_s
 
 
+#: The fit's exact forward model: the one cost program without energy.
+_LATENCY = CostMode(energy=False)
+
+
 @functools.lru_cache(maxsize=32)
-def _exact_costs(layers: tuple[Workload, ...]) -> Callable[..., Any]:
-    return jax.jit(lambda spec, w, a: layer_costs(layers, spec, w, a))
+def _exact_costs(layers: tuple[Workload, ...], chains: tuple[AttentionChain, ...] = ()
+                 ) -> Callable[..., Any]:
+    return jax.jit(lambda spec, w, a: program_cost(layers, spec, w, a, chains=chains,
+                                                   mode=_LATENCY).costs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,6 +225,7 @@ def fit_spec(
     progress: Callable[[int, float], None] | None = None,
     name: str | None = None,
     bits: int = 8,
+    chains: Sequence[AttentionChain] = (),
 ) -> FitResult:
     """Fit ``fields`` of ``spec`` (and optional efficiency factors and overhead) to
     ``measured_s`` by Adam on the log-latency error through the relaxed cost model.
@@ -237,19 +249,18 @@ def fit_spec(
       name: the fitted preset's name (default ``<spec>_fitted``).
       bits: width of every layer's weights and activations (default 8; 32 for an fp32
         runtime such as onnxruntime on a CPU, with ``array.operand_bits = 32``).
+      chains: the graph's attention blocks (:func:`npujax.plan.network`), so the fit's model
+        is the one ``lower`` reports (every cost pass of the preset, relaxed: the cross-layer
+        placement's decisions carry no gradient, its costs follow the chosen branch).
 
     Returns:
       A :class:`FitResult`.
 
     Raises:
       ConfigError: bad fields or bounds, mismatched or non-positive measurements, bad options,
-        a preset with ``layer`` fusion (its cross-layer schedule is not differentiable), or a
-        fitted value the preset cannot hold.
+        or a fitted value the preset cannot hold.
     """
     full = resolve_fields(fields)
-    if spec.ops.fusion == "layer":
-        raise ConfigError(f"{spec.name} uses 'layer' fusion, whose cross-layer schedule the fit "
-                          "cannot differentiate; fit a copy with ops.fusion = 'residual'.")
     idx = np.asarray(layer_index, np.int64)
     meas = np.asarray(measured_s, np.float64)
     if idx.ndim != 1 or idx.shape != meas.shape or idx.size == 0:
@@ -296,6 +307,7 @@ def fit_spec(
     nf, ne = len(full), len(eff_names)
     wb = jnp.full(len(layers), float(bits), jnp.float32)
     tl = tuple(layers)
+    relaxed = CostMode(relaxed=True, temperature=temperature, count_slope="mean", energy=False)
 
     with jax.enable_x64(True):
         base = differentiable_spec(spec, jnp.float64)
@@ -304,8 +316,7 @@ def fit_spec(
         def model_log_s(values: jax.Array) -> jax.Array:
             s = hw_fields.replace_traced(base, {f: values[i] for i, f in enumerate(full)})
             # the mean slope of fold counts: a descent over many units (as codesign's)
-            c = layer_costs(tl, s, wb, wb, relaxed=True, temperature=temperature,
-                            count_slope="mean")
+            c = program_cost(tl, s, wb, wb, chains=chains, mode=relaxed).costs
             lat = c.latency_cycles[idx] / s.array.clock_hz
             if ne:
                 lat = lat / values[nf:nf + ne][cls_index]
@@ -376,8 +387,8 @@ def fit_spec(
                                  f"profile (npujax fit). {spec.description}".strip())
     eff = {c: float(values[nf + k]) for k, c in enumerate(eff_names)}
     ovh = float(values[-1]) if overhead else 0.0
-    before = predict_latency_s(layers, spec, bits=bits)[idx]
-    after = predict_latency_s(layers, fitted_spec, eff, ovh, bits)[idx]
+    before = predict_latency_s(layers, spec, bits=bits, chains=chains)[idx]
+    after = predict_latency_s(layers, fitted_spec, eff, ovh, bits, chains=chains)[idx]
     return FitResult(
         spec=fitted_spec, fields=full, bits=bits,
         initial={f: float(hw_fields.get(spec, f)) for f in full},

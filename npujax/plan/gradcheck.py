@@ -1,14 +1,14 @@
 """How good the relaxed gradients are: gradient vs the exact model's secant over one unit.
 
 For every layer and every parameter ``p`` of :data:`STEPS`, the relaxed model's predicted change
-``dlatency/dp x h`` (:func:`npujax.plan.layer_costs` with ``relaxed=True``) is compared with the
-exact model's change ``latency(p + h) - latency(p)`` over one unit ``h`` of the parameter: one
-row, column, core or lane; one bit less of a layer's weights or activations; 1 % more SRAM
-bytes, DRAM bandwidth or clock. Latency is in seconds (so the clock counts). A case *agrees in
-sign* when both changes have the same sign (changes within ``1e-9`` of the latency count as
-zero), and *in magnitude* when, in addition, their ratio is within ``[1/2, 2]`` (or both are
-zero). Cases where both changes are zero (a parameter that does not touch the layer) are
-counted separately and left out of the rates.
+``dlatency/dp x h`` (the one cost program, :func:`npujax.plan.program_costs`, relaxed) is compared
+with the exact model's change ``latency(p + h) - latency(p)`` over one unit ``h`` of the parameter:
+one row, column, core or lane; one bit less of a layer's weights or activations; 1 % more SRAM
+bytes, DRAM bandwidth or clock. Latency is in seconds (so the clock counts). A case *agrees in sign*
+when both changes have the same sign (changes within ``1e-9`` of the latency count as zero), and *in
+magnitude* when, in addition, their ratio is within ``[1/2, 2]`` (or both are zero). Cases where
+both changes are zero (a parameter that does not touch the layer) are counted separately and left
+out of the rates.
 
 **How a zero secant counts.** Strictly: a change counts as zero only within ``1e-9`` of the
 layer's latency (float rounding of whole cycles); a gradient that predicts a change where the
@@ -38,7 +38,9 @@ from npujax import _relax
 from npujax.errors import ConfigError
 from npujax.hw import fields
 from npujax.hw.spec import NpuSpec, differentiable_spec
-from npujax.plan.costs import layer_costs
+from npujax.plan.passes.attention import AttentionChain
+from npujax.plan.passes.base import CostMode
+from npujax.plan.program import program_cost
 from npujax.plan.workload import Workload
 
 __all__ = ["STEPS", "SecantCheck", "secant_check"]
@@ -108,6 +110,10 @@ class SecantCheck:
         return out
 
 
+#: The exact latencies the secants are taken of.
+_LATENCY = CostMode(energy=False)
+
+
 def _step(spec: NpuSpec, name: str) -> tuple[NpuSpec, float]:
     kind, amount = STEPS[name]
     old = fields.get(spec, name)
@@ -128,6 +134,7 @@ def secant_check(
     params: Sequence[str] = tuple(STEPS),
     temperature: float | None = None,
     count_slope: str = "unit",
+    chains: Sequence[AttentionChain] = (),
 ) -> SecantCheck:
     """Compare the relaxed gradient of every layer's latency with the exact secant.
 
@@ -140,6 +147,8 @@ def secant_check(
       temperature: the relaxation temperature (default ``0.05``).
       count_slope: the relaxed mode's slope of fold counts w.r.t. hardware counts
         (``layer_costs``'s ``count_slope``: ``unit`` or ``mean``).
+      chains: the graph's attention blocks (:func:`npujax.plan.network`): the latencies are the
+        one cost program's, every pass of ``spec`` included.
 
     Returns:
       :class:`SecantCheck` (float64).
@@ -160,13 +169,17 @@ def secant_check(
                               f"shapes {wb.shape}, {ab.shape}.")
         temp = _relax.DEFAULT_TEMPERATURE if temperature is None else temperature
 
+        relaxed = CostMode(relaxed=True, temperature=temp, count_slope=count_slope,
+                           energy=False)
+
         def exact_s(s, w, a):
-            return layer_costs(layers, s, w, a).latency_cycles / jnp.asarray(
-                s.array.clock_hz, jnp.float64)
+            return program_cost(layers, s, w, a, chains=chains, mode=_LATENCY
+                                ).costs.latency_cycles / jnp.asarray(s.array.clock_hz,
+                                                                     jnp.float64)
 
         def relaxed_s(s, w, a):
-            return layer_costs(layers, s, w, a, relaxed=True, temperature=temp,
-                               count_slope=count_slope).latency_cycles / s.array.clock_hz
+            return program_cost(layers, s, w, a, chains=chains, mode=relaxed
+                                ).costs.latency_cycles / s.array.clock_hz
 
         exact = jax.jit(exact_s)
         base = np.asarray(exact(spec, wb, ab))

@@ -24,12 +24,12 @@ from npujax.hw.spec import NpuSpec, as_spec
 from npujax.ir.graph import Graph
 from npujax.ir.passes import rebatch
 from npujax.plan.costs import BREAKDOWN, LayerCosts, first_consumers
+from npujax.plan.liveness import peak_activation_bytes
 from npujax.plan.passes.attention import ATTENTION_MODES, AttentionChain, attention_chains
 from npujax.plan.passes.base import ProgramCosts
 from npujax.plan.passes.cross_layer import PLACEMENTS, cross_layer_edges
 from npujax.plan.passes.energy import ENERGY_BREAKDOWN, LayerEnergy
 from npujax.plan.program import active_passes, needs_static_layers, program_cost, program_costs
-from npujax.plan.liveness import peak_activation_bytes
 from npujax.plan.table import layer_table, table_length
 from npujax.plan.workload import Workload, workloads
 from npujax.quantize.spec import QuantSpec
@@ -408,7 +408,7 @@ def _program_outputs(out: tuple[ProgramCosts, ...], dataflows: tuple[str, ...],
     """``(by_dataflow, energies, area, attention)`` of the cost program's answers, the energies'
     ``total_j`` left to the host (:func:`_with_total`)."""
     by_df = {df: o.costs for df, o in zip(dataflows, out)}
-    energy = {df: o.energy._replace(total_j=None) for df, o in zip(dataflows, out)}
+    energy = {df: o.layer_energy._replace(total_j=None) for df, o in zip(dataflows, out)}
     att = {df: o.attention for df, o in zip(dataflows, out) if o.attention is not None}
     return by_df, energy, area_breakdown(spec), att
 

@@ -52,7 +52,8 @@ from npujax.systolic.dataflow import get_dataflow
 from npujax.systolic.mapping import check_mapping
 
 __all__ = ["CostMode", "EXACT", "Network", "ProgramCosts", "Totals", "network", "program_costs",
-           "program_cost", "active_passes", "needs_static_layers", "layer_sums", "totals"]
+           "program_cost", "active_passes", "needs_static_layers", "check_program",
+           "layer_sums", "totals"]
 
 _COUNT_SLOPES = ("unit", "mean")
 
@@ -107,6 +108,18 @@ def needs_static_layers(spec: NpuSpec, chains: Sequence[AttentionChain] = (),
     """Whether a pass that applies to ``spec`` needs the workloads as a static list (attention
     blocks, cross-layer edges), so the program cannot take them as a traced layer table."""
     return any(not p.traced_layers for p in active_passes(spec, chains, mode))
+
+
+def check_program(spec: NpuSpec, chains: Sequence[AttentionChain] = (), mode: CostMode = EXACT,
+                  *, table: bool = False, shapes: bool = False) -> None:
+    """Refuse, before any tracing, a cost program that a pass applying to ``spec`` cannot
+    follow (see :func:`program_costs`).
+
+    Raises:
+      ConfigError: an unknown count slope, or a pass without a relaxed form (in the relaxed
+        mode), needing static workloads (``table``) or static sizes (``shapes``).
+    """
+    _check(mode, active_passes(spec, chains, mode), spec, table, shapes)
 
 
 def _check(mode: CostMode, passes: tuple[CostPass, ...], spec: NpuSpec, table: bool,

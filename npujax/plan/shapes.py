@@ -4,12 +4,12 @@
 are constants of it. A sweep over a transformer's sequence length changes only the sizes, not
 the structure (the same layers, devices, producers and fusion groups), so :func:`sweep_shapes`
 stacks the sizes (:data:`~npujax.plan.costs.SHAPE_FIELDS`) of every point into ``[S, L]``
-arrays and evaluates :func:`~npujax.plan.layer_costs` on them with ``jax.vmap``: one
-compilation for the whole sweep instead of one per point, with the same numbers (bit for bit)
-as lowering each point. Given the points' graphs, it fuses their attention blocks as the
-preset's ``ops.attention_fusion`` declares (:func:`~npujax.plan.passes.attention_costs` on the traced
-sizes), as ``lower`` does; a preset with ``layer`` fusion is refused (its cross-layer schedule
-is costed on static sizes: lower each point).
+arrays and evaluates the one cost program (:func:`~npujax.plan.program_costs`) on them with
+``jax.vmap``: one compilation for the whole sweep instead of one per point, with the same
+numbers (bit for bit) as lowering each point. Given the points' graphs, it fuses their
+attention blocks as the preset's ``ops.attention_fusion`` declares (the attention pass on the
+traced sizes), as ``lower`` does; a preset with ``layer`` fusion is refused by the program (its
+cross-layer placement is costed on static sizes: lower each point).
 """
 
 from __future__ import annotations
@@ -25,9 +25,11 @@ import numpy as np
 from npujax.errors import ConfigError
 from npujax.hw.spec import NpuSpec, as_spec
 from npujax.ir.graph import Graph
-from npujax.plan.passes.attention import AttentionChain, attention_chains, attention_costs
-from npujax.plan.costs import SHAPE_FIELDS, LayerCosts, layer_costs
+from npujax.plan.costs import SHAPE_FIELDS, LayerCosts
 from npujax.plan.lower import layer_bits
+from npujax.plan.passes.attention import AttentionChain, attention_chains, fuses
+from npujax.plan.passes.base import CostMode
+from npujax.plan.program import check_program, program_cost
 from npujax.plan.workload import Workload, workloads
 
 if TYPE_CHECKING:
@@ -43,14 +45,16 @@ def structure(layers: Sequence[Workload]) -> tuple:
                  for w in layers)
 
 
+#: The shape sweep's cost program: latency only (the energy pass costs static sizes).
+_LATENCY = CostMode(energy=False)
+
+
 @functools.lru_cache(maxsize=16)
 def _program(layers: tuple[Workload, ...], dataflow: str | None,
              chains: tuple[AttentionChain, ...]):
     def one(spec, wb, ab, shapes):
-        costs = layer_costs(layers, spec, wb, ab, dataflow, shapes=shapes)
-        if chains:
-            costs = attention_costs(layers, chains, spec, costs, wb, ab, shapes=shapes)[0]
-        return costs
+        return program_cost(layers, spec, wb, ab, dataflow, chains=chains, mode=_LATENCY,
+                            shapes=shapes).costs
 
     return jax.jit(jax.vmap(one, in_axes=(None, None, None, 0)))
 
@@ -87,11 +91,6 @@ def sweep_shapes(points: Sequence[Graph | Sequence[Workload]], spec: NpuSpec | s
     spec = as_spec(spec)
     if not points:
         raise ConfigError("sweep_shapes needs at least one point (a graph or workload list).")
-    if spec.ops.fusion == "layer":
-        raise ConfigError(f"sweep_shapes costs the layers one by one, but {spec.name!r} fuses "
-                          "layers (ops.fusion = 'layer'), whose schedule it cannot vmap over "
-                          "shapes: lower each point with npujax.lower, or sweep a copy with "
-                          "spec.with_fields({'ops.fusion': 'residual'}).")
     graphs = [p if isinstance(p, Graph) else None for p in points]
     lists = [workloads(p, spec) if isinstance(p, Graph) else list(p) for p in points]
     first = tuple(lists[0])
@@ -101,7 +100,7 @@ def sweep_shapes(points: Sequence[Graph | Sequence[Workload]], spec: NpuSpec | s
             raise ConfigError(f"point {i} of the shape sweep has another layer structure than "
                               "point 0 (layers, devices or fusion differ); lower it on its own.")
     chains: tuple[AttentionChain, ...] = ()
-    if spec.ops.attention_fusion != "none":
+    if fuses(spec):
         if any(g is None for g in graphs):
             if any(w.op == "Softmax" and w.device == "npu" for w in first):
                 raise ConfigError(
@@ -115,6 +114,7 @@ def sweep_shapes(points: Sequence[Graph | Sequence[Workload]], spec: NpuSpec | s
                 if tuple(map(_static, c)) != tuple(map(_static, chains)):
                     raise ConfigError(f"point {i} of the shape sweep has other attention blocks "
                                       "than point 0; lower it on its own.")
+    check_program(spec, chains, _LATENCY, shapes=True)  # e.g. layer fusion: static sizes only
     wb, ab = layer_bits(list(first), quant)
     with jax.enable_x64(True):
         shapes = {f: jnp.asarray(np.asarray([[getattr(w, f) for w in p] for p in lists],

@@ -76,7 +76,8 @@ class Workload:
         layer's name (its DRAM traffic is then zero, or that of its inputs from outside the group).
       inputs: per activation input read from DRAM, ``(row, elems)``: the index of the row that
         produced it (-1 for a graph input) and its (padded) elements; inputs from the row's own
-        fusion group are left out. Used by the cross-layer schedule (:mod:`npujax.plan.passes.cross_layer`).
+        fusion group are left out. Used by the cross-layer schedule
+        (:mod:`npujax.plan.passes.cross_layer`).
       out_rows: batch x height of a 4-D output (the rows a depth-first stripe splits), else 0.
       window_rows, stride_rows: the kernel (window) height and stride of a Conv or pooling
         layer along H (1 for other layers): a stripe of ``h`` output rows reads

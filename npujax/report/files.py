@@ -10,8 +10,8 @@ import os
 from typing import Any
 
 from npujax._atomic import atomic_write_text
-from npujax.plan.passes.energy import ENERGY_BREAKDOWN
 from npujax.plan.lower import Schedule
+from npujax.plan.passes.energy import ENERGY_BREAKDOWN
 
 __all__ = ["write_json", "write_layers_csv", "json_text", "layers_csv_text", "LAYER_COLUMNS"]
 

@@ -5,7 +5,8 @@ accuracy constraint, then rounded to an exact design and evaluated with :func:`n
 **Relaxation.** The hardware numbers are continuous parameters, ``rows = exp(theta_r)``,
 ``cols = exp(theta_c)``, each SRAM buffer ``exp(theta_s)`` bytes, put into a float spec
 (:func:`npujax.hw.differentiable_spec`) and costed by the relaxed model
-(``layer_costs(..., relaxed=True, count_slope="mean")``, :func:`npujax.plan.layer_energy`:
+(the one cost program, :func:`npujax.plan.program_costs`, relaxed with ``count_slope="mean"``,
+energy included: every cost pass the preset's switches call for, as ``lower`` applies them;
 exact forward values, straight-through and smoothed gradients, ``npujax/_relax.py``; the mean
 slope of the fold staircases, not the default change for one unit more, which stalls a descent
 on plateaus of whole folds). The bandwidth class ``k`` (of a
@@ -60,11 +61,9 @@ from npujax.hw import fields
 from npujax.hw.energy import area_mm2
 from npujax.hw.spec import NpuSpec, differentiable_spec
 from npujax.ir.graph import Graph
-from npujax.plan.passes.attention import attention_chains, attention_costs
-from npujax.plan.costs import layer_costs
-from npujax.plan.passes.energy import layer_energy
 from npujax.plan.lower import lower
-from npujax.plan.workload import workloads
+from npujax.plan.passes.base import CostMode
+from npujax.plan.program import network, program_cost
 from npujax.quant import check_bits
 from npujax.quantize.spec import quant_spec
 from npujax.search.policy import PrecisionPolicy
@@ -74,6 +73,9 @@ __all__ = ["BandwidthClass", "BANDWIDTH_CLASSES", "OBJECTIVES", "CodesignConfig"
 
 #: What :func:`codesign` can minimise.
 OBJECTIVES = ("latency", "energy", "edp")
+
+#: The relaxed cost program of the descent (energy included) with the mean slope of fold counts.
+_RELAXED = CostMode(relaxed=True, count_slope="mean")
 
 Choice = tuple[int, int]  # (weight_bits, act_bits)
 
@@ -299,9 +301,7 @@ class _Problem:
     def __init__(self, graph: Graph, base: NpuSpec, sensitivity: Mapping[str, Mapping[Any, float]],
                  config: CodesignConfig) -> None:
         self.graph, self.base, self.config = graph, base, config
-        self.layers = tuple(workloads(graph, base))
-        self.chains = (attention_chains(graph, list(self.layers))
-                       if base.ops.attention_fusion != "none" else ())
+        self.layers, self.chains = network(graph, base)
         self.gemm = [i for i, w in enumerate(self.layers) if w.kind == "gemm"]
         if not self.gemm:
             raise ConfigError("the model has no GEMM layer (Conv, Gemm, MatMul) to co-design for.")
@@ -338,13 +338,9 @@ class _Problem:
             # the mean slope of the fold staircases: the descent moves rows and cols over many
             # units, and one unit more (the default slope) is mostly a plateau that only adds
             # fill and drain, which stalled it at the base shape (npujax/_relax.py)
-            c = layer_costs(self.layers, spec, w, a, df, relaxed=True, count_slope="mean")
-            if self.chains:  # the attention blocks as lower fuses them
-                c = attention_costs(self.layers, self.chains, spec, c, w, a)[0]
-            e = layer_energy(self.layers, spec, w, a, df, dram_bytes=c.dram_bytes, relaxed=True,
-                             count_slope="mean")
-            return (c.latency_cycles.astype(jnp.float32) / spec.array.clock_hz,
-                    e.total_j.astype(jnp.float32))
+            p = program_cost(self.layers, spec, w, a, df, chains=self.chains, mode=_RELAXED)
+            return (p.costs.latency_cycles.astype(jnp.float32) / spec.array.clock_hz,
+                    p.layer_energy.total_j.astype(jnp.float32))
 
         lat, en = jax.vmap(column)(wb, ab)
         return lat, en, area_mm2(spec)

@@ -16,11 +16,10 @@ chains of layers never pay conversions); vector layers (pooling, ...) are costed
 activation candidate, an upper bound. The table holds the per-layer latencies of the one cost
 program (:func:`npujax.plan.program_costs`, the numbers ``lower`` reports): layer fusion when
 ``ops.fusion = "layer"``, the attention blocks fused as ``ops.attention_fusion`` declares, each
-column with every layer at that candidate. Which activations stay on chip and how an attention block is
-tiled depend on the neighbours' widths too, so on such a preset the table is exact at uniform
-policies (equal to ``lower``'s per-layer latencies, to float32) and an approximation for
-mixed ones. :func:`npujax.plan.lower` gives the
-exact latency of the final policy.
+column with every layer at that candidate. Which activations stay on chip and how an attention block
+is tiled depend on the neighbours' widths too, so on such a preset the table is exact at uniform
+policies (equal to ``lower``'s per-layer latencies, to float32) and an approximation for mixed ones.
+:func:`npujax.plan.lower` gives the exact latency of the final policy.
 """
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ from npujax.hw.spec import NpuSpec, as_spec, spec_to_toml
 from npujax.ir.graph import Graph
 from npujax.plan.fit import FitResult, fit_metrics, fit_spec, op_class, predict_latency_s
 from npujax.plan.profile import MatchedProfile, Profile, match_profile, read_profile
-from npujax.plan.workload import Workload, workloads
+from npujax.plan.program import network
+from npujax.plan.workload import Workload
 from npujax.report import plot_measured_vs_modelled, write_json
 
 __all__ = ["FitRun", "load_model_graphs", "fit_profile", "print_fit", "write_fit"]
@@ -126,13 +127,9 @@ def fit_profile(
       The :class:`FitRun`.
 
     Raises:
-      ConfigError: a bad profile, preset, field or option; a preset with ``layer`` fusion
-        (its cross-layer schedule is not differentiable); profile names matching no layer.
+      ConfigError: a bad profile, preset, field or option; profile names matching no layer.
     """
     spec = as_spec(npu)
-    if spec.ops.fusion == "layer":  # refused by fit_spec too; checked before loading the model
-        raise ConfigError(f"{spec.name} uses 'layer' fusion, whose cross-layer schedule the fit "
-                          "cannot differentiate; fit a copy with ops.fusion = 'residual'.")
     prof = profile if isinstance(profile, Profile) else read_profile(profile)
     if isinstance(model, tuple):
         raw, graph = model
@@ -140,7 +137,7 @@ def fit_profile(
     else:
         raw, graph = load_model_graphs(model, input_shapes)
         model_name = str(model)
-    layers = tuple(workloads(graph, spec))
+    layers, chains = network(graph, spec)
     matched = match_profile(prof, layers, raw, on_unmatched=on_unmatched)
     keep = matched.measured_s > 0
     if not keep.all():  # below the profiler's resolution: no log error to fit
@@ -151,10 +148,12 @@ def fit_profile(
             unmeasured=matched.unmeasured + zero)
     result = fit_spec(layers, spec, matched.layer_index, matched.measured_s, fields,
                       efficiency=efficiency, overhead=overhead, bounds=bounds, steps=steps,
-                      learning_rate=learning_rate, progress=progress, name=name, bits=bits)
+                      learning_rate=learning_rate, progress=progress, name=name, bits=bits,
+                      chains=chains)
     preset_only = None
     if result.efficiency or result.overhead_s:
-        alone = predict_latency_s(layers, result.spec, bits=bits)[result.layer_index]
+        alone = predict_latency_s(layers, result.spec, bits=bits,
+                                  chains=chains)[result.layer_index]
         preset_only = fit_metrics(result.measured_s, alone)
     return FitRun(model_name, prof, matched, layers, spec, result,
                   fit_metrics(result.measured_s, result.before_s),

@@ -211,7 +211,7 @@ def run_sweep(graph: Graph, base: NpuSpec, grid: Grid, out: str | Path, *,
             sl = configs[i * chunk_size:(i + 1) * chunk_size]
             cols = evaluate_configs(graph, base, grid, sl, devices, cache)
             _write_chunk(_chunk_path(out, i), cols)
-            layers = len(next(iter(cache.values()))[1])
+            layers = len(next(iter(cache.values()))[1].layers)
             done += len(sl)
             advance(len(sl), done * layers / max(time.perf_counter() - t0, 1e-9))
     seconds = time.perf_counter() - t0

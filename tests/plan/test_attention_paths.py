@@ -96,7 +96,7 @@ def test_sweep_shapes_refuses_what_it_cannot_fuse(graphs):
     with pytest.raises(ConfigError, match="pass the points' graphs"):
         sweep_shapes(lists, spec)
     sweep_shapes(lists, _none(spec))  # nothing to fuse: workload lists suffice
-    with pytest.raises(ConfigError, match="fuses layers"):
+    with pytest.raises(ConfigError, match="cannot follow traced shapes"):
         sweep_shapes([graphs[s] for s in SEQS], spec.with_fields({"ops.fusion": "layer"}))
 
 

@@ -69,7 +69,8 @@ from npujax.plan.passes.base import CostMode, CostPass, PassInput, ProgramCosts
 from npujax.plan.recombine import repriced
 from npujax.plan.workload import Workload
 
-__all__ = ["AttentionChain", "AttentionCosts", "ATTENTION_MODES", "attention_chains",
+__all__ = ["AttentionChain", "AttentionCosts", "ATTENTION_MODES", "PASS", "fuses",
+           "attention_chains",
            "attention_costs"]
 
 #: How a chain ran (``AttentionCosts.mode`` indexes this tuple).
@@ -348,12 +349,18 @@ def attention_costs(
     return costs, AttentionCosts(mode, b_r, jnp.where(fits, s_k, b_c), t_r, t_c, saved)
 
 
+def fuses(spec: NpuSpec) -> bool:
+    """Whether ``spec``'s compiler runs attention blocks as kernels (``ops.attention_fusion``
+    other than ``none``): where it does, a cost program needs the graph's chains."""
+    return spec.ops.attention_fusion != "none"
+
+
 def _applies(spec: NpuSpec, chains: tuple[AttentionChain, ...], mode: CostMode) -> bool:
-    return bool(chains) and spec.ops.attention_fusion != "none"
+    return bool(chains) and fuses(spec)
 
 
 def _apply(inp: PassInput, state: ProgramCosts) -> ProgramCosts:
-    costs, att = attention_costs(inp.layers, inp.chains, inp.spec, state.costs,
+    costs, att = attention_costs(inp.workloads, inp.chains, inp.spec, state.costs,
                                  inp.weight_bits, inp.act_bits, shapes=inp.shapes)
     return state._replace(costs=costs, attention=att)
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import jax
 
 from npujax import _relax
+from npujax.errors import ConfigError
 from npujax.hw.spec import NpuSpec
 from npujax.plan.costs import LayerCosts
 from npujax.plan.table import LayerTable
@@ -74,9 +75,12 @@ class PassInput(NamedTuple):
     mode: CostMode
 
     @property
-    def static_layers(self) -> bool:
-        """Whether the workloads are static (a list), not a traced table."""
-        return not isinstance(self.layers, LayerTable)
+    def workloads(self) -> tuple[Workload, ...]:
+        """The static workloads (for passes with ``traced_layers=False``, which the composer
+        never gives a traced table)."""
+        if isinstance(self.layers, LayerTable):
+            raise ConfigError("this cost pass needs the workloads as a static list.")
+        return tuple(self.layers)
 
 
 class ProgramCosts(NamedTuple):
@@ -104,6 +108,18 @@ class ProgramCosts(NamedTuple):
     edges: EdgeCosts | None = None
     attention: AttentionCosts | None = None
     streamed_weight_bytes: Any = None
+
+    @property
+    def layer_energy(self) -> LayerEnergy:
+        """``energy``, for a program whose mode asked for it.
+
+        Raises:
+          ConfigError: the program ran without the energy pass (``CostMode(energy=False)``).
+        """
+        if self.energy is None:
+            raise ConfigError("the cost program ran without energy; evaluate it with "
+                              "CostMode(energy=True).")
+        return self.energy
 
 
 @dataclasses.dataclass(frozen=True)

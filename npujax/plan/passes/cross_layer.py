@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
@@ -182,7 +181,7 @@ def _apply(inp: PassInput, state: ProgramCosts) -> ProgramCosts:
     """The cross-layer placement on the per-layer costs; with attention kernels (the attention
     pass ran before), the schedule with the fused blocks as its boundaries when it moves no more
     DRAM bytes and takes no longer than the layer schedule without them."""
-    layers = tuple(inp.layers)
+    layers = inp.workloads
     edges = cross_layer_edges(layers)
     spec, wb, ab, df = inp.spec, inp.weight_bits, inp.act_bits, inp.dataflow
     base = state.unfused
