@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import jax
@@ -36,7 +36,15 @@ from npujax.quantize.spec import QuantSpec
 from npujax.systolic.dataflow import DATAFLOWS, get_dataflow
 
 __all__ = ["LayerReport", "EdgeReport", "AttentionReport", "Schedule", "lower",
-           "lower_by_dataflow", "layer_bits", "weight_bytes", "DEFAULT_BITS"]
+           "lower_by_dataflow", "layer_bits", "weight_bytes", "DEFAULT_BITS",
+           "ACTIVATION_PLACEMENTS", "activation_placements"]
+
+#: Where a layer's activations live (:attr:`LayerReport.input_placement` and
+#: ``output_placement``): ``dram`` (through DRAM), ``sram`` (kept on chip whole by the
+#: cross-layer placement), ``depth_first`` (a stripe buffer of a depth-first pair), ``fused``
+#: (inside a GEMM's output stage, with the elementwise ops fused into it), ``attention`` (inside
+#: an attention kernel: the scores never leave the chip), ``host`` (a layer on the host CPU).
+ACTIVATION_PLACEMENTS = ("dram", "sram", "depth_first", "fused", "attention", "host")
 
 #: Width of the layers a quantization spec does not name (and of every layer without one): the
 #: int8 deployment NPUs are built for.
@@ -59,6 +67,9 @@ class LayerReport:
       epilogue: activations applied in the layer's output stage.
       energy: its :class:`~npujax.plan.LayerEnergy` (J, Python numbers; see
         :mod:`npujax.plan.passes.energy`).
+      input_placement, output_placement: where the layer's activation inputs came from and
+        where its output went, one of :data:`ACTIVATION_PLACEMENTS` (an input read from DRAM
+        makes the layer's ``dram``; see :func:`activation_placements`).
     """
 
     name: str
@@ -77,6 +88,8 @@ class LayerReport:
     bound: str
     epilogue: tuple[str, ...] = ()
     energy: LayerEnergy | None = None
+    input_placement: str = "dram"
+    output_placement: str = "dram"
 
     @property
     def energy_j(self) -> float:
@@ -594,20 +607,28 @@ def lower_by_dataflow(
     out: dict[str, Schedule] = {}
     with jax.enable_x64(True):  # the spec's numbers enter as int64/float64 (npujax._exact)
         chains = attention_chains(graph, layers)
+        stationary = _stationary_activations(graph, layers)
         if any(p.name == "cross_layer" for p in active_passes(spec, chains)):
             for df in names:
                 costs, energy, area, extra = _layer_fused(tuple(layers), spec, wb, ab, df,
                                                           chains)
                 out[df] = _schedule(spec, df, layers, wb, ab, costs, energy, area, batch_size,
-                                    peak, extra)
+                                    peak, extra, stationary)
         else:
             by_df, energies, area, att = _costs_program(layers, names, chains, spec, wb, ab)
             for df in names:
                 out[df] = _schedule(spec, df, layers, wb, ab, by_df[df],
                                     _with_total(energies[df]), area,
-                                    batch_size, peak, _attention_report(layers, chains,
-                                                                        att.get(df)))
+                                    batch_size, peak,
+                                    _attention_report(layers, chains, att.get(df)), stationary)
     return out
+
+
+def _stationary_activations(graph: Graph, layers: Sequence[Workload]) -> frozenset[str]:
+    """Names of the GEMM layers whose second (stationary) operand is an activation."""
+    gemms = {w.name for w in layers if w.kind == "gemm"}
+    return frozenset(n.name for n in graph.nodes if n.name in gemms
+                     and sum(t not in graph.constants for t in n.inputs) > 1)
 
 
 def _attention_report(layers: list[Workload], chains: tuple[AttentionChain, ...],
@@ -646,9 +667,73 @@ def _layer_fused(layers: tuple[Workload, ...], spec: NpuSpec, wb: np.ndarray, ab
     return costs, energy, area, extra
 
 
+def activation_placements(layers: Sequence[Workload], edges: Sequence[EdgeReport] = (),
+                          attention: Sequence[AttentionReport] = (),
+                          stationary_activations: Collection[str] = ()
+                          ) -> list[tuple[str, str]]:
+    """``(input, output)`` placement of every layer's activations (:data:`ACTIVATION_PLACEMENTS`).
+
+    A layer's output is ``host`` on the CPU; ``attention`` inside an attention kernel (every row
+    of a fused chain but its P·V); ``fused`` when an elementwise op in its own output stage
+    consumes it; else the placement of its tensor (the cross-layer edge it starts, else
+    ``dram``). Its input is ``host`` on the CPU; ``dram`` when any activation input is read from
+    DRAM (a GEMM of two activations reads its second, the array's stationary operand, from
+    DRAM as it reads weights); else the deepest on-chip placement among its inputs
+    (``depth_first``, ``sram``, ``attention``); ``fused`` when it reads only its own fusion group
+    (an epilogue).
+
+    Args:
+      layers: the workloads, in schedule order.
+      edges: where each cross-layer tensor lived (:attr:`Schedule.edges`, ``layer`` fusion).
+      attention: the attention blocks (:attr:`Schedule.attention`); those not ``unfused`` ran
+        as kernels.
+      stationary_activations: names of the GEMM layers whose stationary operand is an
+        activation (MatMul, Einsum of two activations).
+
+    Returns:
+      One ``(input_placement, output_placement)`` per layer.
+    """
+    index = {w.name: i for i, w in enumerate(layers)}
+    out_of = {index[e.producer]: e.placement for e in edges}
+    kernel_out: set[int] = set()
+    kernel_in: set[int] = set()
+    for a in attention:
+        if a.mode == "unfused":
+            continue
+        rows = {index[n] for n in a.layers}
+        kernel_out |= rows - {index[a.pv]}
+        kernel_in |= rows - {index[a.qk]}
+    heads = {index[w.fused_into] for w in layers if w.fused_into in index}
+    out = []
+    for i, w in enumerate(layers):
+        if w.device != "npu":
+            out.append(("host", "host"))
+            continue
+        if i in kernel_out:
+            o = "attention"
+        elif i in heads and i not in out_of:
+            o = "fused"
+        else:
+            o = out_of.get(i, "dram")
+        ins = ["dram" if p < 0 or layers[p].device != "npu" else
+               "attention" if i in kernel_in and p in kernel_out else out_of.get(p, "dram")
+               for p, _ in w.inputs]
+        if w.name in stationary_activations:
+            ins.append("dram")
+        if not ins:
+            inp = "fused" if w.fused_into else "dram"
+        elif "dram" in ins:
+            inp = "dram"
+        else:
+            inp = next(k for k in ("depth_first", "sram", "attention") if k in ins)
+        out.append((inp, o))
+    return out
+
+
 def _schedule(spec: NpuSpec, dataflow: str, layers: list[Workload], wb: np.ndarray,
               ab: np.ndarray, costs: LayerCosts, energy: LayerEnergy, area: Any,
-              batch_size: int, peak: int, extra: dict[str, Any]) -> Schedule:
+              batch_size: int, peak: int, extra: dict[str, Any],
+              stationary: Collection[str] = ()) -> Schedule:
     """The :class:`Schedule` of evaluated costs and energy (numpy ``[L]`` arrays).
 
     Raises:
@@ -667,6 +752,8 @@ def _schedule(spec: NpuSpec, dataflow: str, layers: list[Workload], wb: np.ndarr
     cols = {k: (v.astype(np.int64) if k in ints else v.astype(np.float64)).tolist()
             for k, v in costs._asdict().items()}
     energy_cols = [np.asarray(v, np.float64).tolist() for v in energy]
+    placements = activation_placements(layers, extra.get("edges", ()),
+                                       extra.get("attention", ()), stationary)
     reports = []
     for i, w in enumerate(layers):
         c = LayerCosts(**{k: v[i] for k, v in cols.items()})
@@ -676,7 +763,8 @@ def _schedule(spec: NpuSpec, dataflow: str, layers: list[Workload], wb: np.ndarr
             name=w.name, op=w.op, kind=w.kind, device=w.device, reason=w.reason, M=w.M, K=w.K,
             N=w.N, macs=w.macs, weight_bits=int(wb[i]) if w.kind == "gemm" else None,
             act_bits=int(ab[i]), costs=c, latency_s=c.latency_cycles / clock, bound=bound,
-            epilogue=w.epilogue, energy=LayerEnergy(*(e[i] for e in energy_cols))))
+            epilogue=w.epilogue, energy=LayerEnergy(*(e[i] for e in energy_cols)),
+            input_placement=placements[i][0], output_placement=placements[i][1]))
     return Schedule(spec.name, dataflow, clock, batch_size, tuple(reports), peak,
                     fusion=spec.ops.fusion, mapping=spec.memory.mapping,
                     attention_fusion=spec.ops.attention_fusion,

@@ -21,7 +21,8 @@ LAYER_COLUMNS = (
     "compute_cycles", "fill_drain_cycles", "memory_cycles", "dma_cycles", "stall_cycles",
     "fallback_cycles", "transfer_cycles", "latency_cycles", "latency_s", "bound", "utilization",
     "mapping_efficiency", "dram_bytes", "folds", "energy_j",
-    *(f"energy_{k}_j" for k in ENERGY_BREAKDOWN), "epilogue", "reason",
+    *(f"energy_{k}_j" for k in ENERGY_BREAKDOWN), "epilogue", "reason", "input_placement",
+    "output_placement",
 )
 
 

@@ -20,9 +20,15 @@ def _uj(joules: float) -> str:
     return f"{joules * 1e6:,.3f}"
 
 
+#: Short forms of :data:`npujax.plan.lower.ACTIVATION_PLACEMENTS` for the ``acts`` column.
+_PLACE = {"dram": "D", "sram": "S", "depth_first": "DF", "fused": "F", "attention": "A",
+          "host": "H"}
+
+
 def layer_table(schedule: Schedule, title: str | None = None) -> Table:
     """Per-layer table: name, op, device, GEMM shape, MACs, bits, cycles, latency (µs), bound,
-    utilization, energy (µJ).
+    utilization, energy (µJ), and where the layer's input and output activations lived
+    (``acts``, :func:`npujax.plan.lower.activation_placements`).
 
     ``compute`` are array (or vector-unit) cycles including fill/drain; ``other`` are the exposed
     DMA latency, stalls, CPU fallback and host transfers. The last rows are the end-to-end total
@@ -35,7 +41,8 @@ def layer_table(schedule: Schedule, title: str | None = None) -> Table:
         ("layer", "left"), ("op", "left"), ("dev", "left"), ("M", "right"), ("K", "right"),
         ("N", "right"), ("MACs", "right"), ("W", "right"), ("A", "right"),
         ("compute cyc", "right"), ("memory cyc", "right"), ("other cyc", "right"),
-        ("latency µs", "right"), ("bound", "left"), ("util", "right"), ("energy µJ", "right")]
+        ("latency µs", "right"), ("bound", "left"), ("util", "right"), ("energy µJ", "right"),
+        ("acts", "left")]
     for col, justify in columns:
         # fold: a narrow terminal wraps a cell's digits instead of cutting them off
         t.add_column(col, justify=justify, overflow="fold")
@@ -50,19 +57,21 @@ def layer_table(schedule: Schedule, title: str | None = None) -> Table:
             str(r.weight_bits) if gemm else "", str(r.act_bits),
             f"{c.compute_cycles:,}", f"{c.memory_cycles:,.0f}", f"{other:,.0f}",
             _us(r.latency_s), r.bound, f"{c.utilization:.1%}" if gemm and r.device == "npu" else "",
-            _uj(r.energy_j),
+            _uj(r.energy_j), f"{_PLACE[r.input_placement]}→{_PLACE[r.output_placement]}",
         )
     t.add_section()
     t.add_row("total", "", "", "", "", "", f"{schedule.macs:,}", "", "",
               f"{sum(r.costs.compute_cycles for r in schedule.layers):,}",
               f"{sum(r.costs.memory_cycles for r in schedule.layers):,.0f}", "",
-              _us(schedule.latency_s), "", "", _uj(schedule.energy_j))
+              _us(schedule.latency_s), "", "", _uj(schedule.energy_j), "")
     parts = ", ".join(f"{k} {v * 1e6:,.3f}" for k, v in schedule.breakdown_s().items() if v)
     energy = ", ".join(f"{k} {v * 1e6:,.3f}" for k, v in schedule.energy_breakdown_j().items()
                        if v)
     t.caption = (f"latency breakdown (µs): {parts}; throughput {schedule.throughput_per_s:,.0f}/s"
                  f"\nenergy {_uj(schedule.energy_j)} µJ per inference ({energy}); "
-                 f"EDP {schedule.edp_js:.4g} J·s; area {schedule.area_mm2:,.3f} mm²")
+                 f"EDP {schedule.edp_js:.4g} J·s; area {schedule.area_mm2:,.3f} mm²"
+                 "\nacts: where the layer's input and output activations lived (D DRAM, S SRAM, "
+                 "DF depth-first stripes, F fused output stage, A attention kernel, H host)")
     return t
 
 

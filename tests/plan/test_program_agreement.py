@@ -1,0 +1,132 @@
+"""Every consumer of the NPU model gets the same numbers from the one cost program.
+
+For a covering set of cases (every shipped preset, every fusion level, every dataflow and three
+model kinds: a residual CNN, a ViT block and a decoder step), ``lower``, the design-space sweep
+at the preset's own point, codesign's exact evaluation, fit's forward pass (exact and relaxed),
+the precision search's latency table and the shape sweep agree bit for bit. Before the one cost
+program the sweep and codesign ignored ``layer`` fusion (DigitsCNN on ``tpu_v1``: 7.392 against
+``lower``'s 7.228 us) and fit refused it; each test also checks that the case's passes changed
+the numbers where they apply, so a consumer that skipped one would fail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import npujax
+from npujax.errors import ConfigError
+from npujax.hw import differentiable_spec, list_presets, load_npu_spec
+from npujax.hw.spec import FUSION_LEVELS
+from npujax.models.transformer import DECODER_CONFIGS, ViT
+from npujax.plan import CostMode, lower, network, program_cost, sweep_shapes
+from npujax.plan.fit import predict_latency_s
+from npujax.plan.passes.energy import ENERGY_BREAKDOWN
+from npujax.search import latency_table
+from npujax.search.codesign import BandwidthClass, CodesignConfig, evaluate_design
+from npujax.systolic import DATAFLOWS
+from npujax.workflows.lowering import decoder_graph
+from tests.flax_graphs import traced
+
+pytestmark = pytest.mark.flax_model
+
+MODELS = ("resnet", "vit", "decoder")
+PRESETS = tuple(list_presets())
+#: One case per preset; the fusion level, dataflow and model cycle, so every value of every axis
+#: appears (8 presets x 4 levels x 3 dataflows x 3 models would compile ~1,200 programs).
+CASES = [(p, FUSION_LEVELS[i % 4], DATAFLOWS[i % 3], MODELS[i % 3])
+         for i, p in enumerate(PRESETS)]
+#: The transformer presets at layer fusion with their attention kernels, and flash tiling.
+CASES += [("edge_transformer_16x16", "layer", "weight_stationary", "vit"),
+          ("datacenter_128x128", "layer", "output_stationary", "decoder")]
+
+
+def test_cases_cover_every_axis():
+    for axis, values in ((0, PRESETS), (1, FUSION_LEVELS), (2, DATAFLOWS), (3, MODELS)):
+        assert {c[axis] for c in CASES} == set(values)
+
+
+@pytest.fixture(scope="module")
+def graphs(small_resnet):
+    vit = traced(ViT(image=8, patch=4, d_model=16, heads=2, d_ff=32, layers=1,
+                     rngs=nnx.Rngs(0)), (1, 8, 8, 1))[0]
+    cfg = dataclasses.replace(DECODER_CONFIGS["tiny"], layers=1)
+    return {"resnet": small_resnet[0], "vit": vit,
+            "decoder": decoder_graph(cfg, phase="decode", seq_len=1, kv_len=16, batch=1)}
+
+
+def _tree_sum(x) -> float:
+    """The sweep's fixed tree of additions (npujax.plan.layer_sums), in numpy."""
+    x = np.asarray(x, np.float64)
+    x = np.concatenate([x, np.zeros((1 << max(len(x) - 1, 0).bit_length()) - len(x))])
+    while len(x) > 1:
+        x = x[:len(x) // 2] + x[len(x) // 2:]
+    return float(x[0])
+
+
+@pytest.mark.parametrize("preset,fusion,dataflow,model", CASES)
+def test_consumers_agree_bit_for_bit(graphs, preset, fusion, dataflow, model):
+    graph = graphs[model]
+    spec = load_npu_spec(preset).with_fields({"ops.fusion": fusion,
+                                              "array.dataflow": dataflow})
+    s = lower(graph, spec)
+    cycles = np.asarray([r.costs.latency_cycles for r in s.layers])
+    seconds = np.asarray([r.latency_s for r in s.layers])
+    layers, chains = network(graph, spec)
+
+    # the passes this case calls for changed lower's numbers (a consumer skipping one differs)
+    unfused = lower(graph, spec.with_fields({"ops.fusion": "residual"})
+                    if fusion == "layer" else spec, fusion=None)
+    if fusion == "layer" and s.edges and any(e.placement != "dram" for e in s.edges):
+        assert s.dram_bytes < s.unfused_dram_bytes
+    if any(a.mode != "unfused" for a in s.attention):
+        base = lower(graph, spec.with_fields({"ops.attention_fusion": "none"}))
+        assert s.dram_bytes < base.dram_bytes
+    del unfused
+
+    # the design-space sweep at the preset's own point: the totals of the same per-layer numbers
+    r = npujax.sweep(graph, spec, {"dataflow": [dataflow]})
+    assert r.columns["latency_cycles"][0] == _tree_sum(cycles)
+    assert r.columns["dram_bytes"][0] == _tree_sum([x.costs.dram_bytes for x in s.layers])
+    energy = sum(_tree_sum([x.energy.breakdown()[k] for x in s.layers])
+                 for k in ENERGY_BREAKDOWN)
+    assert r.columns["energy_j"][0] == energy
+
+    # fit's forward pass: the exact prediction, and the relaxed model its descent evaluates
+    assert np.array_equal(predict_latency_s(layers, spec, chains=chains), seconds)
+    with jax.enable_x64(True):
+        n = len(layers)
+        relaxed = program_cost(layers, differentiable_spec(spec, jnp.float64),
+                               jnp.full(n, 8.0), jnp.full(n, 8.0), chains=chains,
+                               mode=CostMode(relaxed=True, count_slope="mean", energy=False))
+        assert np.array_equal(np.asarray(relaxed.costs.latency_cycles), cycles)
+
+    # the precision search's latency table at uniform widths (its seconds are float32)
+    t = latency_table(graph, spec, (8,), 8)
+    gemm = [i for i, w in enumerate(layers) if w.kind == "gemm"]
+    assert np.array_equal(np.asarray(t.seconds)[:, 0], seconds[gemm].astype(np.float32))
+
+    # codesign's exact evaluation of the base design
+    names = [layers[i].name for i in gemm]
+    cfg = CodesignConfig(area_mm2=1e6, candidates=(8,), max_loss_increase=1.0,
+                         bandwidth_classes=(BandwidthClass("base", spec.memory.dram_bytes_per_s,
+                                                           0.0, 0.0),))
+    m = spec.memory
+    d = evaluate_design(graph, spec, {n: {(8, 8): 0.0} for n in names}, cfg,
+                        rows=spec.array.rows, cols=spec.array.cols,
+                        sram_bytes=(m.ifmap_sram_bytes, m.filter_sram_bytes, m.ofmap_sram_bytes),
+                        bandwidth="base", policy={n: (8, 8) for n in names})
+    assert d.latency_s == s.latency_s and d.energy_j == s.energy_j
+
+    # the shape sweep (one point), where its program can follow the passes
+    if fusion == "layer":
+        with pytest.raises(ConfigError, match="cannot follow traced shapes"):
+            sweep_shapes([graph], spec)
+    else:
+        c = sweep_shapes([graph], spec)
+        assert np.array_equal(np.asarray(c.latency_cycles)[0], cycles)
