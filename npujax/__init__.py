@@ -10,7 +10,7 @@ The names below are the entry points and the data types a user passes around; th
 first use, so ``import npujax`` imports no dependency and ``npujax.lower`` never imports ``onnx``.
 Everything else is one dot away, in the subpackage of its pipeline stage: :mod:`npujax.ir` (the
 Graph's nodes, passes), :mod:`npujax.quantize` (PTQ helpers, more quantizers, the Flax-model
-QAT helpers), :mod:`npujax.quant` (number formats, fake-quant), :mod:`npujax.calib` (observers),
+QAT helpers), :mod:`npujax.numerics` (number formats, fake-quant), :mod:`npujax.calib` (observers),
 :mod:`npujax.backends` (integer execution), :mod:`npujax.hw` (hardware fields, energy),
 :mod:`npujax.plan` (per-layer costs and reports, memory, multi-core pipelines),
 :mod:`npujax.search` (reports, policy files, searchers), :mod:`npujax.explore` (design-space

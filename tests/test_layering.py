@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1] / "npujax"
 RANK = {
     "errors": 0, "limits": 0, "_atomic": 0, "_progress": 0, "_version": 0, "_exact": 0,
     "_relax": 0, "_html": 0, "_executables": 0, "_lazy": 0,
-    "quant": 1, "calib": 1, "systolic": 1, "data": 1,
+    "numerics": 1, "calib": 1, "systolic": 1, "data": 1,
     "hw": 2,
     "ops": 3, "ir": 3,
     "frontends": 4, "quantize": 4, "backends": 4,

@@ -38,8 +38,8 @@ from npujax.data.images import text_images
 from npujax.frontends.onnx import from_onnx
 from npujax.ir.passes import optimize
 from npujax.models.zoo import fetch_model
+from npujax.numerics import quantize
 from npujax.ops import OPS, run_op, weight_role
-from npujax.quant import quantize
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.execute import execute, layer_state
 from npujax.quantize.spec import quant_spec

@@ -45,7 +45,7 @@ A GEMM whose output does not reach exactly one quantized GEMM through those ops 
 residual branches) returns ``float32(acc) * s_x * s_w`` -- its dequantized accumulator -- and any
 other operator runs in float on dequantized values (as ORT runs an operator it has no QLinear
 kernel for between DequantizeLinear and QuantizeLinear). Divisions by scales are correctly
-rounded (:func:`npujax.quant.core.true_divide`) as ORT's are.
+rounded (:func:`npujax.numerics.core.true_divide`) as ORT's are.
 
 Overflow: with ``b_x``-bit activations and ``b_w``-bit weights, ``|acc| <= K * 2^b_x *
 2^(b_w - 1)`` (K the reduction length); :func:`convert` raises if that bound could exceed
@@ -69,6 +69,14 @@ import numpy as np
 
 from npujax.errors import ConfigError, QuantizationError
 from npujax.ir.graph import Graph, Node, Params
+from npujax.numerics import IntFormat, dequantize, quantize
+from npujax.numerics.fixed_point import (
+    QTensor,
+    quantize_bias,
+    quantize_multiplier,
+    requantize,
+    saturate,
+)
 from npujax.ops import (
     OPS,
     apply_epilogue,
@@ -80,14 +88,6 @@ from npujax.ops import (
     run_op,
 )
 from npujax.ops.gemm import dense_conv
-from npujax.quant import IntFormat, dequantize, quantize
-from npujax.quant.fixed_point import (
-    QTensor,
-    quantize_bias,
-    quantize_multiplier,
-    requantize,
-    saturate,
-)
 from npujax.quantize.execute import as_inputs, layer_state
 from npujax.quantize.quantizers import QState
 from npujax.quantize.spec import QuantSpec
@@ -101,7 +101,7 @@ _POOL_FRAC_BITS = 8
 
 
 def _weight_codes(w: np.ndarray, scale: np.ndarray, fmt: IntFormat, axis: int) -> np.ndarray:
-    """:func:`npujax.quant.quantize` of a kernel with zero point 0, in numpy on the host: the
+    """:func:`npujax.numerics.quantize` of a kernel with zero point 0, in numpy on the host: the
     same true float32 division, round half to even and clip, without compiling a program per
     kernel shape (``convert`` on the PP-OCR classifier: 39 compilations)."""
     shape = [1] * w.ndim

@@ -41,9 +41,9 @@ from npujax._atomic import atomic_write_bytes
 from npujax.backends.integer import requant_target
 from npujax.errors import ConfigError, GraphError, NpujaxError, UnsupportedOpError
 from npujax.ir.graph import SHAPES_ONLY_SOURCE, Graph, Node, Params, fresh_name
+from npujax.numerics import FloatFormat, IntFormat
+from npujax.numerics.fixed_point import quantize_bias
 from npujax.ops import OPS, kernel_out_axis
-from npujax.quant import FloatFormat, IntFormat
-from npujax.quant.fixed_point import quantize_bias
 from npujax.quantize.execute import layer_state
 from npujax.quantize.quantizers import QState
 from npujax.quantize.spec import LayerQuant, QuantSpec

@@ -15,8 +15,8 @@ from npujax._progress import track
 from npujax.calib import Observer, check_finite_state, get_observer, minmax_observer
 from npujax.errors import CalibrationError
 from npujax.ir.graph import Graph, Params
+from npujax.numerics import IntFormat
 from npujax.ops import OPS, weight_role
-from npujax.quant import IntFormat
 from npujax.quantize.execute import execute
 from npujax.quantize.spec import QuantSpec
 from npujax.quantize.weights import check_weights

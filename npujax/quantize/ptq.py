@@ -18,8 +18,8 @@ from jax.typing import ArrayLike
 from npujax.calib.observers import Observer
 from npujax.errors import CalibrationError
 from npujax.ir.graph import Graph, Node, Params
+from npujax.numerics import IntFormat
 from npujax.ops import gemm_nodes, run_op
-from npujax.quant import IntFormat
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.execute import execute, layer_state
 from npujax.quantize.quantizers import QState

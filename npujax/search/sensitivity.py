@@ -24,8 +24,8 @@ import numpy as np
 from npujax._progress import track
 from npujax.errors import ConfigError
 from npujax.ir.graph import Graph, Params
+from npujax.numerics import IntFormat, fake_quant, qparams_from_range
 from npujax.ops import kernel_out_axis, quantizable_nodes
-from npujax.quant import IntFormat, fake_quant, qparams_from_range
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.execute import execute
 from npujax.quantize.parallel import data_parallel

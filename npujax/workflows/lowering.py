@@ -430,8 +430,8 @@ def decoder_precision(graph: Graph, weight_bits: int, act_bits: int, kv_bits: in
     ``P V``) past the one-token operand, so each cached element is read once per step at
     ``kv_bits``.
     """
+    from npujax.numerics import IntFormat
     from npujax.ops import operand_quantized_ops
-    from npujax.quant import IntFormat
     from npujax.quantize.spec import for_operands, quant_spec
 
     if weight_bits == act_bits == kv_bits == 8:

@@ -15,7 +15,7 @@ from npujax.errors import ConfigError, QuantizationError
 from npujax.frontends.flax import trace_flax
 from npujax.ir.passes import fold_batchnorm
 from npujax.models.cnn import DigitsCNN
-from npujax.quant import FP8_E4M3FN, FP8_E5M2, IntFormat
+from npujax.numerics import FP8_E4M3FN, FP8_E5M2, IntFormat
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.execute import execute
 from npujax.quantize.rules import QuantRule, quant_spec_from_rules

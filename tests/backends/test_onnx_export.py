@@ -256,8 +256,8 @@ def _conv_transpose_model(groups: int):
 @pytest.mark.parametrize("groups", [1, 2])
 def test_conv_transpose_per_channel_qdq_export_runs_in_onnxruntime(groups):
     from npujax.errors import QuantizationError
+    from npujax.numerics import IntFormat
     from npujax.ops import kernel_out_axis, out_channel_view
-    from npujax.quant import IntFormat
     from npujax.quantize.quantizers import quantize_weight
     from npujax.quantize.spec import LayerQuant
 

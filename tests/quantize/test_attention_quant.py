@@ -18,8 +18,8 @@ from npujax.errors import ConfigError
 from npujax.frontends.flax import trace_flax
 from npujax.ir.passes import optimize
 from npujax.models.transformer import DECODER_CONFIGS, Decoder
+from npujax.numerics import IntFormat
 from npujax.plan import lower
-from npujax.quant import IntFormat
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.execute import execute
 from npujax.quantize.rules import QuantRule, quant_spec_from_rules

@@ -13,8 +13,8 @@ from npujax.errors import ConfigError
 from npujax.frontends.flax import trace_flax
 from npujax.ir.passes import fold_batchnorm
 from npujax.models.cnn import DigitsCNN
+from npujax.numerics import FP8_E4M3FN, MIN_SCALE, IntFormat
 from npujax.ops import gemm_nodes
-from npujax.quant import FP8_E4M3FN, MIN_SCALE, IntFormat
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.execute import execute
 from npujax.quantize.quantizers import merge_learned, split_learned

@@ -18,9 +18,9 @@ from npujax.frontends.flax import trace_flax
 from npujax.hw import load_npu_spec
 from npujax.ir.passes import optimize
 from npujax.models.transformer import DECODER_CONFIGS, Decoder
+from npujax.numerics import IntFormat
 from npujax.ops import embedding_nodes
 from npujax.plan import layer_bits, workloads
-from npujax.quant import IntFormat
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.execute import execute
 from npujax.quantize.quantizers import split_learned
