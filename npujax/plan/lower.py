@@ -171,7 +171,7 @@ class Schedule:
     ``attention_fusion`` is the compiler's attention fusion capability and ``attention`` the
     recognised attention blocks and how each ran (:class:`AttentionReport`; with ``layer``
     fusion a fused block is a boundary of the cross-layer schedule, see
-    :func:`npujax.plan.fused_costs`). ``area_mm2`` is the spec's modelled silicon area
+    :mod:`npujax.plan.passes.cross_layer`). ``area_mm2`` is the spec's modelled silicon area
     (:func:`npujax.hw.area_breakdown`, per block in ``area_breakdown_mm2``); energy per
     inference, its breakdown and the energy-delay product are derived from the layers'
     energies.
@@ -554,7 +554,7 @@ def lower_by_dataflow(
     comparison costs one compilation, not one per dataflow. Each schedule equals
     ``lower(..., dataflow=d)``'s (counts bit for bit; real-valued figures up to the last bit
     where XLA fuses the two programs' float arithmetic differently). With ``layer`` fusion
-    each dataflow is its own program (:func:`npujax.plan.fused_costs`).
+    each dataflow is its own program (:mod:`npujax.plan.passes.cross_layer`).
 
     Args:
       graph: an optimized graph, as in :func:`lower`.
