@@ -36,7 +36,8 @@ from npujax.quantize.spec import QuantSpec
 from npujax.systolic.dataflow import DATAFLOWS, get_dataflow
 
 __all__ = ["LayerReport", "EdgeReport", "AttentionReport", "Schedule", "lower",
-           "lower_by_dataflow", "layer_bits", "weight_bytes", "DEFAULT_BITS"]
+           "lower_by_dataflow", "Lowering", "lower_dataflows", "layer_bits", "weight_bytes",
+           "DEFAULT_BITS"]
 
 #: Width of the layers a quantization spec does not name (and of every layer without one): the
 #: int8 deployment NPUs are built for.
@@ -683,3 +684,25 @@ def _schedule(spec: NpuSpec, dataflow: str, layers: list[Workload], wb: np.ndarr
                     area_mm2=float(area.total_mm2),
                     area_breakdown_mm2={k.removesuffix("_mm2"): float(v) for k, v in
                                         area._asdict().items() if k != "total_mm2"}, **extra)
+
+
+@dataclasses.dataclass(frozen=True)
+class Lowering:
+    """A model lowered at one dataflow and, for comparison, at every dataflow.
+
+    Attributes:
+      schedule: the schedule at the chosen dataflow.
+      by_dataflow: ``{dataflow: schedule}`` for every dataflow.
+    """
+
+    schedule: Schedule
+    by_dataflow: dict[str, Schedule]
+
+
+def lower_dataflows(graph: Graph, spec: NpuSpec, quant: QuantSpec | None = None, *,
+                    dataflow: str | None = None, batch: int | None = None) -> Lowering:
+    """:func:`npujax.lower` at ``dataflow`` (default the preset's) and at every dataflow, the
+    costs of all dataflows evaluated in one compiled call (:func:`lower_by_dataflow`).
+    """
+    by_df = lower_by_dataflow(graph, spec, quant, dataflows=DATAFLOWS, batch=batch)
+    return Lowering(by_df[get_dataflow(dataflow or spec.array.dataflow).name], by_df)

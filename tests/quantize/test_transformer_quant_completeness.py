@@ -17,6 +17,7 @@ from npujax.backends.onnx_export import to_onnx
 from npujax.frontends.flax import trace_flax
 from npujax.hw import load_npu_spec
 from npujax.ir.passes import optimize
+from npujax.models.decoders import decoder_graph, decoder_precision, kv_cache_operands
 from npujax.models.transformer import DECODER_CONFIGS, Decoder
 from npujax.numerics import IntFormat
 from npujax.ops import embedding_nodes
@@ -26,7 +27,6 @@ from npujax.quantize.execute import execute
 from npujax.quantize.quantizers import split_learned
 from npujax.quantize.quantizers.lsq import LSQState
 from npujax.quantize.spec import SOFTMAX_RANGE, quant_spec
-from npujax.workflows.lowering import decoder_graph, decoder_precision, kv_cache_operands
 from tests.helpers import numpy_init
 from tests.onnx_models import ort_run
 
