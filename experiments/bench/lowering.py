@@ -42,10 +42,10 @@ import numpy as np
 
 from npujax.frontends.onnx import from_onnx
 from npujax.hw import load_npu_spec
+from npujax.ir.execute import execute
 from npujax.ir.passes import optimize
 from npujax.models.zoo import fetch_model
 from npujax.plan import layer_costs, lower, workloads
-from npujax.quantize.execute import execute
 
 SHAPES = {"ppocr_det": (1, 3, 640, 640), "ppocr_cls": (1, 3, 48, 192)}
 

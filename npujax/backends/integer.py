@@ -68,6 +68,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from npujax.errors import ConfigError, QuantizationError
+from npujax.ir.execute import as_inputs, layer_state
 from npujax.ir.graph import Graph, Node, Params
 from npujax.numerics import IntFormat, dequantize, quantize
 from npujax.numerics.fixed_point import (
@@ -88,7 +89,6 @@ from npujax.ops import (
     run_op,
 )
 from npujax.ops.gemm import dense_conv
-from npujax.quantize.execute import as_inputs, layer_state
 from npujax.quantize.quantizers import QState
 from npujax.quantize.spec import QuantSpec
 from npujax.quantize.weights import check_weights
@@ -244,7 +244,7 @@ def convert(
 
     Every node of ``quant`` with a single integer weight format and an integer activation
     format becomes an :class:`IntegerLayer`; the weight grid is exactly the one
-    :func:`npujax.quantize.execute` fake-quantizes with, so the integer model reproduces the
+    :func:`npujax.ir.execute.execute` fake-quantizes with, so the integer model reproduces the
     fake-quant model up to the rounding of the requantization (within one output step).
 
     Args:
@@ -297,7 +297,7 @@ def convert(
                 f"layer {node.name!r}: the integer path is int-only with per-channel/per-tensor "
                 f"weight scales, got weight {wfmt}, activation {lq.act}, weight_block_size "
                 f"{lq.weight_block_size}; run this model with fake-quant execute "
-                "(npujax.quantize.execute) or export it with npujax.to_onnx instead.")
+                "(npujax.execute) or export it with npujax.to_onnx instead.")
         if not (isinstance(wfmt, IntFormat) and wfmt.signed and isinstance(lq.act, IntFormat)):
             raise ConfigError(
                 f"layer {node.name!r}: the integer path needs signed integer weights (zero point "
@@ -475,7 +475,8 @@ def execute_integer(
 
     Returns:
       The graph output (float32; dequantized codes or dequantized accumulators), and with
-      ``taps`` a pair ``(output, {node: (input, output)})`` as :func:`npujax.quantize.execute`.
+      ``taps`` a pair ``(output, {node: (input, output)})`` as
+      ``execute(..., observe=tap(taps))`` (:func:`npujax.ir.execute.tap`).
     """
     graph = model.graph
     env: dict[str, Any] = {k: jnp.asarray(v) for k, v in graph.constants.items()}

@@ -21,9 +21,9 @@ import optax
 
 from npujax._progress import progress_bar
 from npujax.errors import ConfigError, ShapeError
+from npujax.ir.execute import execute
 from npujax.ir.graph import Graph, Params
 from npujax.ir.passes import fold_batchnorm, frozen_bn_stats
-from npujax.quantize.execute import execute
 from npujax.quantize.parallel import Devices, data_parallel
 from npujax.quantize.quantizers import QState, merge_learned, split_learned
 from npujax.quantize.spec import QuantSpec
