@@ -36,7 +36,7 @@ __all__ = ["execute", "as_inputs", "layer_state", "tap", "Observe", "LayerQuanti
 #: ``observe(node, inputs, outputs)``, called twice for every node in graph order:
 #:
 #: * **before** it runs, with ``outputs=None`` and ``inputs`` the list of arrays the node
-#:   receives (activations ``(batch, ...)`` float32 as :attr:`Graph.tensors` declares them,
+#:   receives (activations ``(batch, ...)`` float32 as ``graph.tensors`` declares them,
 #:   constants as stored), before any fake-quant. Returning a list (same length, shapes and
 #:   dtypes) replaces them; ``None`` keeps them. (Adding zeros here and differentiating with
 #:   respect to them gives the gradient of the output w.r.t. an activation.)
