@@ -54,10 +54,7 @@ def models() -> dict:
         "vit": traced(ViT(image=8, patch=4, d_model=16, heads=2, d_ff=32, layers=1,
                           rngs=nnx.Rngs(0)), (1, 8, 8, 1)),
     }
-    try:
-        from npujax.models.decoders import decoder_graph
-    except ImportError:
-        from npujax.workflows.lowering import decoder_graph
+    from npujax.models.decoders import decoder_graph
     out["decoder"] = decoder_graph("tiny", phase="decode", seq_len=1, kv_len=16, batch=1)
     return out
 

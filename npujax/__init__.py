@@ -10,7 +10,7 @@ The names below are the entry points and the data types a user passes around; th
 first use, so ``import npujax`` imports no dependency and ``npujax.lower`` never imports ``onnx``.
 Everything else is one dot away, in the subpackage of its pipeline stage: :mod:`npujax.ir` (the
 Graph's nodes, passes), :mod:`npujax.quantize` (PTQ helpers, more quantizers, the Flax-model
-QAT helpers), :mod:`npujax.quant` (number formats, fake-quant), :mod:`npujax.calib` (observers),
+QAT helpers), :mod:`npujax.numerics` (number formats, fake-quant), :mod:`npujax.calib` (observers),
 :mod:`npujax.backends` (integer execution), :mod:`npujax.hw` (hardware fields, energy),
 :mod:`npujax.plan` (per-layer costs and reports, memory, multi-core pipelines),
 :mod:`npujax.search` (reports, policy files, searchers), :mod:`npujax.explore` (design-space
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from npujax.hw.spec import NpuSpec as NpuSpec
     from npujax.hw.spec import list_presets as list_presets
     from npujax.hw.spec import load_npu_spec as load_npu_spec
+    from npujax.ir.execute import execute as execute
     from npujax.ir.graph import Graph as Graph
     from npujax.ir.passes import optimize as optimize
     from npujax.ir.passes import rebatch as rebatch
@@ -45,7 +46,6 @@ if TYPE_CHECKING:
     from npujax.plan.lower import Schedule as Schedule
     from npujax.plan.lower import lower as lower
     from npujax.quantize.calibrate import calibrate as calibrate
-    from npujax.quantize.execute import execute as execute
     from npujax.quantize.flax_model import QuantizedModel as QuantizedModel
     from npujax.quantize.flax_model import quantize_model as quantize_model
     from npujax.quantize.model_file import load_graph as load_graph

@@ -106,7 +106,7 @@ def jit_model(model):
 
 def jit_execute(graph, params, x, **kw):
     """``execute(graph, params, x, **kw)`` as one jitted program (params as an argument)."""
-    from npujax.quantize.execute import execute
+    from npujax.ir.execute import execute
 
     return jit_once(lambda p, inp: execute(graph, p, inp, **kw))(params, x)
 

@@ -132,7 +132,7 @@ def run_case(case) -> None:
     import jax
 
     from npujax.frontends.onnx import from_onnx
-    from npujax.quantize.execute import execute
+    from npujax.ir.execute import execute
 
     model, inputs, outputs = load_case(case)
     model, inputs = freeze_inputs(model, inputs)

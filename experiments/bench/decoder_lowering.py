@@ -20,9 +20,9 @@ import time
 import numpy as np
 
 from npujax.hw import load_npu_spec
+from npujax.models.decoders import decoder_graph
 from npujax.models.transformer import DECODER_CONFIGS
 from npujax.plan import lower, sweep_shapes, workloads
-from npujax.workflows.lowering import decoder_graph
 
 
 def timed(fn):

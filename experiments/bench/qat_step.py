@@ -2,7 +2,7 @@
 
 Usage: python experiments/bench/qat_step.py [--model lenet|resnet|vit] [--batch 64] [--repeats 50]
 
-Both steps are ``value_and_grad`` of the cross-entropy of ``npujax.quantize.execute`` plus an Adam
+Both steps are ``value_and_grad`` of the cross-entropy of ``npujax.ir.execute.execute`` plus an Adam
 update, jitted once; the QAT step adds W8A8 fake-quant (per-channel weight scales from the
 current weights, calibrated per-tensor activation ranges, straight-through gradients; for the
 ViT of experiments/vit_mnist also both operands of attention's ``Q K^T`` and ``P V`` and the
@@ -24,11 +24,11 @@ import optax
 from flax import nnx
 
 from npujax.frontends.flax import trace_flax
+from npujax.ir.execute import execute
 from npujax.ir.passes import optimize
 from npujax.models.cnn import LeNet, SmallResNet
 from npujax.models.transformer import ViT
 from npujax.quantize.calibrate import calibrate
-from npujax.quantize.execute import execute
 from npujax.quantize.spec import quant_spec
 from npujax.quantize.train import cross_entropy
 

@@ -113,8 +113,8 @@ def decoder_block_graph(phase: str, config: str = "qwen2.5-0.5b", prefill_tokens
     """One decoder block of ``config`` (Qwen2.5-0.5B: its config.json shapes, see
     ``npujax.models.transformer.DECODER_CONFIGS``) in ``phase``, traced from the reference Flax
     decoder; the vocabulary is cut to 1,024 since the embedding and LM head are not reported."""
+    from npujax.models.decoders import decoder_graph
     from npujax.models.transformer import DECODER_CONFIGS
-    from npujax.workflows.lowering import decoder_graph
 
     cfg = dataclasses.replace(DECODER_CONFIGS[config], layers=1, vocab=1024)
     return decoder_graph(cfg, phase=phase, seq_len=prefill_tokens if phase == "prefill" else 1,

@@ -17,9 +17,9 @@ import collections
 import time
 
 from npujax.hw import load_npu_spec
+from npujax.models.decoders import decoder_graph
 from npujax.models.transformer import DECODER_CONFIGS
 from npujax.plan import lower
-from npujax.workflows.lowering import decoder_graph
 
 
 def _blocks(schedule) -> str:

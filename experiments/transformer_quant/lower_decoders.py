@@ -17,9 +17,9 @@ import argparse
 import time
 
 from npujax.hw import load_npu_spec
+from npujax.models.decoders import decoder_figures, decoder_graph, decoder_precision
 from npujax.models.transformer import DECODER_CONFIGS
 from npujax.plan import lower
-from npujax.workflows.lowering import decoder_figures, decoder_graph, decoder_precision
 
 PRESETS = ("edge_transformer_16x16", "datacenter_128x128")
 

@@ -34,11 +34,11 @@ import onnxruntime as ort
 from npujax.backends.onnx_export import to_onnx
 from npujax.data.images import text_images
 from npujax.frontends.onnx import from_onnx
+from npujax.ir.execute import execute
 from npujax.ir.passes import optimize
 from npujax.models.zoo import fetch_model
 from npujax.plan import lower
 from npujax.quantize.calibrate import calibrate
-from npujax.quantize.execute import execute
 from npujax.quantize.spec import quant_spec
 
 PRESETS = ("edge_transformer_16x16", "datacenter_128x128")

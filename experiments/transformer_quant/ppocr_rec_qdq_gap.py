@@ -36,12 +36,12 @@ import onnxruntime as ort
 from npujax.backends.onnx_export import to_onnx
 from npujax.data.images import text_images
 from npujax.frontends.onnx import from_onnx
+from npujax.ir.execute import execute, layer_state, tap
 from npujax.ir.passes import optimize
 from npujax.models.zoo import fetch_model
+from npujax.numerics import quantize
 from npujax.ops import OPS, run_op, weight_role
-from npujax.quant import quantize
 from npujax.quantize.calibrate import calibrate
-from npujax.quantize.execute import execute, layer_state
 from npujax.quantize.spec import quant_spec
 
 
@@ -197,8 +197,8 @@ def main() -> None:
           f"{sum(int(np.size(k)) for k in ks)} values differ")
 
     names = [n.name for n in graph.nodes if n.name in q]
-    _, taps = jax.jit(lambda p, x: execute(graph, p, x, quant=q, qstate=qstate, taps=names))(
-        params, x[:1])
+    _, taps = jax.jit(lambda p, x: execute(graph, p, x, quant=q, qstate=qstate,
+                                           observe=tap(names)))(params, x[:1])
     got = run_all(sess, x[:1])
     q_in = {(layer, what): t_in for layer, what, t_in, _ in pairs}
     row = []

@@ -45,7 +45,7 @@ A GEMM whose output does not reach exactly one quantized GEMM through those ops 
 residual branches) returns ``float32(acc) * s_x * s_w`` -- its dequantized accumulator -- and any
 other operator runs in float on dequantized values (as ORT runs an operator it has no QLinear
 kernel for between DequantizeLinear and QuantizeLinear). Divisions by scales are correctly
-rounded (:func:`npujax.quant.core.true_divide`) as ORT's are.
+rounded (:func:`npujax.numerics.core.true_divide`) as ORT's are.
 
 Overflow: with ``b_x``-bit activations and ``b_w``-bit weights, ``|acc| <= K * 2^b_x *
 2^(b_w - 1)`` (K the reduction length); :func:`convert` raises if that bound could exceed
@@ -68,7 +68,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from npujax.errors import ConfigError, QuantizationError
+from npujax.ir.execute import as_inputs, layer_state
 from npujax.ir.graph import Graph, Node, Params
+from npujax.numerics import IntFormat, dequantize, quantize
+from npujax.numerics.fixed_point import (
+    QTensor,
+    quantize_bias,
+    quantize_multiplier,
+    requantize,
+    saturate,
+)
 from npujax.ops import (
     OPS,
     apply_epilogue,
@@ -80,15 +89,6 @@ from npujax.ops import (
     run_op,
 )
 from npujax.ops.gemm import dense_conv
-from npujax.quant import IntFormat, dequantize, quantize
-from npujax.quant.fixed_point import (
-    QTensor,
-    quantize_bias,
-    quantize_multiplier,
-    requantize,
-    saturate,
-)
-from npujax.quantize.execute import as_inputs, layer_state
 from npujax.quantize.quantizers import QState
 from npujax.quantize.spec import QuantSpec
 from npujax.quantize.weights import check_weights
@@ -101,7 +101,7 @@ _POOL_FRAC_BITS = 8
 
 
 def _weight_codes(w: np.ndarray, scale: np.ndarray, fmt: IntFormat, axis: int) -> np.ndarray:
-    """:func:`npujax.quant.quantize` of a kernel with zero point 0, in numpy on the host: the
+    """:func:`npujax.numerics.quantize` of a kernel with zero point 0, in numpy on the host: the
     same true float32 division, round half to even and clip, without compiling a program per
     kernel shape (``convert`` on the PP-OCR classifier: 39 compilations)."""
     shape = [1] * w.ndim
@@ -244,7 +244,7 @@ def convert(
 
     Every node of ``quant`` with a single integer weight format and an integer activation
     format becomes an :class:`IntegerLayer`; the weight grid is exactly the one
-    :func:`npujax.quantize.execute` fake-quantizes with, so the integer model reproduces the
+    :func:`npujax.ir.execute.execute` fake-quantizes with, so the integer model reproduces the
     fake-quant model up to the rounding of the requantization (within one output step).
 
     Args:
@@ -297,7 +297,7 @@ def convert(
                 f"layer {node.name!r}: the integer path is int-only with per-channel/per-tensor "
                 f"weight scales, got weight {wfmt}, activation {lq.act}, weight_block_size "
                 f"{lq.weight_block_size}; run this model with fake-quant execute "
-                "(npujax.quantize.execute) or export it with npujax.to_onnx instead.")
+                "(npujax.execute) or export it with npujax.to_onnx instead.")
         if not (isinstance(wfmt, IntFormat) and wfmt.signed and isinstance(lq.act, IntFormat)):
             raise ConfigError(
                 f"layer {node.name!r}: the integer path needs signed integer weights (zero point "
@@ -475,7 +475,8 @@ def execute_integer(
 
     Returns:
       The graph output (float32; dequantized codes or dequantized accumulators), and with
-      ``taps`` a pair ``(output, {node: (input, output)})`` as :func:`npujax.quantize.execute`.
+      ``taps`` a pair ``(output, {node: (input, output)})`` as
+      ``execute(..., observe=tap(taps))`` (:func:`npujax.ir.execute.tap`).
     """
     graph = model.graph
     env: dict[str, Any] = {k: jnp.asarray(v) for k, v in graph.constants.items()}

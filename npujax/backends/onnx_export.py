@@ -40,11 +40,11 @@ from onnx import helper, numpy_helper
 from npujax._atomic import atomic_write_bytes
 from npujax.backends.integer import requant_target
 from npujax.errors import ConfigError, GraphError, NpujaxError, UnsupportedOpError
+from npujax.ir.execute import layer_state
 from npujax.ir.graph import SHAPES_ONLY_SOURCE, Graph, Node, Params, fresh_name
+from npujax.numerics import FloatFormat, IntFormat
+from npujax.numerics.fixed_point import quantize_bias
 from npujax.ops import OPS, kernel_out_axis
-from npujax.quant import FloatFormat, IntFormat
-from npujax.quant.fixed_point import quantize_bias
-from npujax.quantize.execute import layer_state
 from npujax.quantize.quantizers import QState
 from npujax.quantize.spec import LayerQuant, QuantSpec
 
@@ -423,14 +423,14 @@ def to_onnx(
       path: where to write the ``.onnx`` file (atomically); None only returns the model.
       int32_bias: quantize the biases of quantized layers to int32 (scale = activation scale x
         weight scale, the integer-NPU convention). False keeps float biases, which is what
-        :func:`npujax.quantize.execute`'s fake-quant computes (for a like-for-like comparison). A
+        :func:`npujax.ir.execute.execute`'s fake-quant computes (for a like-for-like comparison). A
         bias that would overflow int32 (a channel whose weights are all ~0) stays float.
       requantize_outputs: put ``QuantizeLinear -> DequantizeLinear`` (the consumer's grid) on
         the output of every quantized GEMM that :func:`npujax.convert` requantizes to its
         consumer's grid (:func:`npujax.backends.integer.requant_target`), so that onnxruntime runs
         it in its integer kernels and its result equals ``execute_integer(convert(...,
         requant="float"))`` bit for bit. False leaves those outputs in float, which is the
-        fake-quant model :func:`npujax.quantize.execute` computes (a GEMM followed by a pool then
+        fake-quant model :func:`npujax.ir.execute.execute` computes (a GEMM followed by a pool then
         runs in float in onnxruntime).
       dynamic_batch: write the batch dimension of the inputs and outputs as the symbolic
         ``"batch"`` (onnxruntime then runs the model at any batch size). A graph whose shapes

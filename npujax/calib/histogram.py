@@ -25,7 +25,7 @@ the range is chosen once at the end by ``compute_range(state, fmt, symmetric)``:
   ``P``'s first ``i`` bins merged into ``2^(bits-1)`` levels and expanded back over the non-empty
   bins; the threshold with the smallest ``KL(P || Q)`` wins.
 
-Every range is widened to contain 0 by :func:`npujax.quant.qparams_from_range`; an all-zero
+Every range is widened to contain 0 by :func:`npujax.numerics.qparams_from_range`; an all-zero
 tensor keeps ``amax`` at a tiny positive value, so the scale stays finite and zeros stay exact.
 """
 
@@ -39,8 +39,8 @@ import jax.numpy as jnp
 
 from npujax.calib.observers import Observer, ObserverState, reduce_axes
 from npujax.errors import CalibrationError
-from npujax.quant.formats import FloatFormat, Format
-from npujax.quant.qparams import qparams_from_range
+from npujax.numerics.formats import FloatFormat, Format
+from npujax.numerics.qparams import qparams_from_range
 
 __all__ = ["histogram_observer", "percentile_observer", "mse_observer", "entropy_observer"]
 

@@ -2,7 +2,7 @@
 
 An observer's state is a pytree ``{"min": f32[...], "max": f32[...]}`` (scalars per-tensor, or one
 value per channel), so observers run under ``jit`` and compose like optax transformations. The
-scale and zero point follow from the state with :func:`npujax.quant.qparams_from_range`.
+scale and zero point follow from the state with :func:`npujax.numerics.qparams_from_range`.
 """
 
 from __future__ import annotations

@@ -187,8 +187,10 @@ def _note_fusion_override(args: argparse.Namespace, preset_fusion: str, npu: str
 
 def run(args: argparse.Namespace) -> int:
     from npujax.hw import load_npu_spec
+    from npujax.plan.lower import lower_dataflows
     from npujax.quantize.model_file import load_graph
-    from npujax.workflows.lowering import import_onnx_for_lowering, lower_dataflows, print_lowering
+    from npujax.report.lowering import print_lowering
+    from npujax.workflows.lowering import import_onnx_for_lowering
 
     if args.scalesim_config or args.topology:
         return _run_scalesim(args)
@@ -254,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
                                 f"({result.schedule.dataflow})")
     from npujax.ir.passes import rebatch
     from npujax.plan import memory_report
-    from npujax.workflows.lowering import print_attention, print_edges, print_memory
+    from npujax.report.lowering import print_attention, print_edges, print_memory
 
     lowered = graph if batch is None else rebatch(graph, batch)
     memory = memory_report(lowered, result.schedule, spec)
@@ -284,11 +286,8 @@ def _schedules_and_sweep(con: Any, args: argparse.Namespace, path: str, graph: A
     """``--schedule`` and ``--sweep-resolution`` for one model: printed, and returned for its
     schedule.json."""
     from npujax.plan import best_core_schedule, core_schedules
-    from npujax.workflows.lowering import (
-        print_core_schedules,
-        print_resolution_sweep,
-        resolution_sweep,
-    )
+    from npujax.report.lowering import print_core_schedules, print_resolution_sweep
+    from npujax.workflows.lowering import resolution_sweep
 
     extra: dict[str, Any] = {}
     if args.schedule:
@@ -309,7 +308,7 @@ def _schedules_and_sweep(con: Any, args: argparse.Namespace, path: str, graph: A
 def _write(con: Any, out: Path, result: Any, spec: Any, extra: dict[str, Any]) -> None:
     """schedule.json, layers.csv and the plots of one model into ``out`` (atomically)."""
     from npujax._atomic import staged_dir
-    from npujax.workflows.lowering import write_lowering
+    from npujax.report.lowering import write_lowering
 
     with staged_dir(out) as stage:
         names = write_lowering(stage, result, spec, extra or None)
@@ -329,7 +328,7 @@ def _print_machine_readable(args: argparse.Namespace, result: Any, spec: Any,
 
     from npujax._atomic import staged_dir
     from npujax.report.files import json_text, layers_csv_text
-    from npujax.workflows.lowering import write_lowering
+    from npujax.report.lowering import write_lowering
 
     s = result.schedule
     if args.format == "csv":
@@ -374,14 +373,11 @@ def _run_many(args: argparse.Namespace, spec: Any, wbits: Any, abits: Any,
     from npujax._atomic import staged_dir
     from npujax.ir.passes import rebatch
     from npujax.plan import lower_models
+    from npujax.plan.lower import lower_dataflows
     from npujax.quantize.model_file import load_graph
     from npujax.report import write_json
-    from npujax.workflows.lowering import (
-        import_onnx_for_lowering,
-        lower_dataflows,
-        print_coresidency,
-        write_lowering,
-    )
+    from npujax.report.lowering import print_coresidency, write_lowering
+    from npujax.workflows.lowering import import_onnx_for_lowering
 
     precision = _precision_fn(wbits, abits)
     graphs, quants, paths, onnx = {}, {}, {}, {}
@@ -439,16 +435,10 @@ def _run_many(args: argparse.Namespace, spec: Any, wbits: Any, abits: Any,
 def _run_decoder(args: argparse.Namespace) -> int:
     """``npujax lower decoder:<config>``: a prefill or decode step of the reference decoder."""
     from npujax.hw import load_npu_spec
+    from npujax.models.decoders import decoder_figures, decoder_graph, decoder_precision
     from npujax.models.transformer import DECODER_CONFIGS
-    from npujax.workflows.lowering import (
-        decoder_figures,
-        decoder_graph,
-        decoder_precision,
-        lower_dataflows,
-        print_attention,
-        print_lowering,
-        write_lowering,
-    )
+    from npujax.plan.lower import lower_dataflows
+    from npujax.report.lowering import print_attention, print_lowering, write_lowering
 
     name = str(args.model).split(":", 1)[1]
     if name not in DECODER_CONFIGS:

@@ -41,9 +41,9 @@ from jax.extend import core as jex
 from jax.typing import ArrayLike
 
 from npujax.errors import GraphError, UnsupportedOpError
+from npujax.ir.execute import execute
 from npujax.ir.graph import Graph, Node, Params, TensorType, fresh_name
 from npujax.ops import OPS
-from npujax.quantize.execute import execute
 
 __all__ = ["trace_flax"]
 

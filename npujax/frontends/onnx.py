@@ -28,8 +28,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from npujax.errors import ConfigError, GraphError, NpujaxError, UnsupportedOpError
-from npujax.ir.fusion import fuse_transformer_patterns
 from npujax.ir.graph import SHAPES_ONLY_SOURCE, Graph, Node, Params, TensorType, fresh_name
+from npujax.ir.patterns import fuse_transformer_patterns
 from npujax.limits import ByteBudget, check_bytes, check_elements
 from npujax.ops import ONNX_IMPORTERS, ONNX_WEIGHT_OPS, get_op
 from npujax.ops._onnx import iter_onnx_tensors, reference_evaluator, refuse_external_data
@@ -746,7 +746,7 @@ def from_onnx(
         refuses it.
 
     Decomposed LayerNorms and GELUs are fused into single ops where they are exactly that
-    (:func:`npujax.ir.fusion.fuse_transformer_patterns`).
+    (:func:`npujax.ir.patterns.fuse_transformer_patterns`).
 
     The graph is specialised to the input shapes: shape computations are folded with them, so
     executing with another batch size works only where no folded shape depends on the batch

@@ -2,7 +2,7 @@
 
 A :class:`Graph` is a topologically ordered tuple of :class:`Node` objects over named tensors.
 Importers (Flax tracing, ONNX import) produce it; passes (BN folding, epilogue fusion) rewrite it;
-:func:`npujax.quantize.execute` runs it in JAX and :func:`npujax.plan.lower` maps it to the NPU.
+:func:`npujax.ir.execute.execute` runs it in JAX and :func:`npujax.plan.lower` maps it to the NPU.
 
 Trainable arrays are *not* stored in the graph: they live in a params pytree
 ``{node_name: {role: array}}`` (roles such as ``kernel``, ``bias``, ``scale``, ``mean``), so the

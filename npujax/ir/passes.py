@@ -1,5 +1,10 @@
 """Graph rewrites: BatchNorm folding and activation-epilogue fusion.
 
+Epilogue fusion here is a graph rewrite (an activation becomes its GEMM's ``attrs["epilogue"]``);
+the decomposed LayerNorm/GELU patterns are fused in :mod:`npujax.ir.patterns`. What the NPU's
+compiler fuses across layers (``ops.fusion``, :mod:`npujax.plan.passes.cross_layer`) is costed
+by the plan, not rewritten here.
+
 Each pass is a pure function ``(graph, params) -> (graph, params)`` that returns new objects and
 preserves the graph's function (up to float rounding).
 """

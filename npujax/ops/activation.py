@@ -30,7 +30,7 @@ from npujax.ops.registry import OpDef, VectorWork, onnx_importer, register
 
 if TYPE_CHECKING:
     from npujax.ir.graph import Node
-    from npujax.quant.fixed_point import QTensor
+    from npujax.numerics.fixed_point import QTensor
 
 
 def _unary(fn: Callable[[jax.Array], jax.Array]):

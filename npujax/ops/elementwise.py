@@ -3,7 +3,7 @@
 They run on the NPU's vector unit and fuse into the output stage of the GEMM that produced their
 inputs (cost class ``elementwise``). ``Div`` of floats is correctly rounded, as onnxruntime's is
 (XLA alone would multiply by the reciprocal of a broadcast divisor; see
-:func:`npujax.quant.core.true_divide`); of integers it truncates toward zero and keeps the
+:func:`npujax.numerics.core.true_divide`); of integers it truncates toward zero and keeps the
 integer type, as ONNX (C) does. All six keep ONNX's integer semantics (``integers=True``).
 ``Max``/``Min`` are variadic as in ONNX.
 """
@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 import jax
 import jax.numpy as jnp
 
+from npujax.numerics.core import true_divide
 from npujax.ops._onnx import simple_importer
 from npujax.ops.registry import OpDef, onnx_importer, register
-from npujax.quant.core import true_divide
 
 if TYPE_CHECKING:
     from npujax.ir.graph import Node

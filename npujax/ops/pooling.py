@@ -23,14 +23,14 @@ import numpy as np
 from jax import lax
 
 from npujax.errors import UnsupportedOpError
+from npujax.numerics.core import true_divide
+from npujax.numerics.fixed_point import div_round_half_even
 from npujax.ops._onnx import conv_pads, simple_importer
 from npujax.ops.registry import OpDef, onnx_importer, register
-from npujax.quant.core import true_divide
-from npujax.quant.fixed_point import div_round_half_even
 
 if TYPE_CHECKING:
     from npujax.ir.graph import Node
-    from npujax.quant.fixed_point import QTensor
+    from npujax.numerics.fixed_point import QTensor
 
 __all__ = ["avgpool_count"]
 

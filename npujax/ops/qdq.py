@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from npujax.errors import UnsupportedOpError
+from npujax.numerics.core import true_divide
 from npujax.ops.registry import OpDef, onnx_importer, register
-from npujax.quant.core import true_divide
 
 if TYPE_CHECKING:
     from npujax.ir.graph import Node

@@ -36,7 +36,7 @@ from npujax.errors import UnsupportedOpError
 
 if TYPE_CHECKING:
     from npujax.ir.graph import Graph, Node
-    from npujax.quant.fixed_point import QTensor
+    from npujax.numerics.fixed_point import QTensor
 
 __all__ = [
     "OpDef", "ArrayWork", "VectorWork", "CostClass", "OPS", "ONNX_IMPORTERS", "ONNX_WEIGHT_OPS",

@@ -20,10 +20,12 @@ from npujax.plan.liveness import peak_activation_bytes as peak_activation_bytes
 from npujax.plan.lower import DEFAULT_BITS as DEFAULT_BITS
 from npujax.plan.lower import EdgeReport as EdgeReport
 from npujax.plan.lower import LayerReport as LayerReport
+from npujax.plan.lower import Lowering as Lowering
 from npujax.plan.lower import Schedule as Schedule
 from npujax.plan.lower import layer_bits as layer_bits
 from npujax.plan.lower import lower as lower
 from npujax.plan.lower import lower_by_dataflow as lower_by_dataflow
+from npujax.plan.lower import lower_dataflows as lower_dataflows
 from npujax.plan.memory import MemoryReport as MemoryReport
 from npujax.plan.memory import memory_report as memory_report
 from npujax.plan.passes.attention import AttentionChain as AttentionChain
@@ -96,6 +98,8 @@ __all__ = [
     "layer_bits",
     "lower",
     "lower_by_dataflow",
+    "lower_dataflows",
+    "Lowering",
     "DEFAULT_BITS",
     "peak_activation_bytes",
     "Workload",

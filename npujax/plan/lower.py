@@ -36,8 +36,8 @@ from npujax.quantize.spec import QuantSpec
 from npujax.systolic.dataflow import DATAFLOWS, get_dataflow
 
 __all__ = ["LayerReport", "EdgeReport", "AttentionReport", "Schedule", "lower",
-           "lower_by_dataflow", "layer_bits", "weight_bytes", "DEFAULT_BITS",
-           "ACTIVATION_PLACEMENTS", "activation_placements"]
+           "lower_by_dataflow", "Lowering", "lower_dataflows", "layer_bits", "weight_bytes",
+           "DEFAULT_BITS", "ACTIVATION_PLACEMENTS", "activation_placements"]
 
 #: Where a layer's activations live (:attr:`LayerReport.input_placement` and
 #: ``output_placement``): ``dram`` (through DRAM), ``sram`` (kept on chip whole by the
@@ -184,7 +184,7 @@ class Schedule:
     ``attention_fusion`` is the compiler's attention fusion capability and ``attention`` the
     recognised attention blocks and how each ran (:class:`AttentionReport`; with ``layer``
     fusion a fused block is a boundary of the cross-layer schedule, see
-    :func:`npujax.plan.fused_costs`). ``area_mm2`` is the spec's modelled silicon area
+    :mod:`npujax.plan.passes.cross_layer`). ``area_mm2`` is the spec's modelled silicon area
     (:func:`npujax.hw.area_breakdown`, per block in ``area_breakdown_mm2``); energy per
     inference, its breakdown and the energy-delay product are derived from the layers'
     energies.
@@ -567,7 +567,7 @@ def lower_by_dataflow(
     comparison costs one compilation, not one per dataflow. Each schedule equals
     ``lower(..., dataflow=d)``'s (counts bit for bit; real-valued figures up to the last bit
     where XLA fuses the two programs' float arithmetic differently). With ``layer`` fusion
-    each dataflow is its own program (:func:`npujax.plan.fused_costs`).
+    each dataflow is its own program (:mod:`npujax.plan.passes.cross_layer`).
 
     Args:
       graph: an optimized graph, as in :func:`lower`.
@@ -771,3 +771,25 @@ def _schedule(spec: NpuSpec, dataflow: str, layers: list[Workload], wb: np.ndarr
                     area_mm2=float(area.total_mm2),
                     area_breakdown_mm2={k.removesuffix("_mm2"): float(v) for k, v in
                                         area._asdict().items() if k != "total_mm2"}, **extra)
+
+
+@dataclasses.dataclass(frozen=True)
+class Lowering:
+    """A model lowered at one dataflow and, for comparison, at every dataflow.
+
+    Attributes:
+      schedule: the schedule at the chosen dataflow.
+      by_dataflow: ``{dataflow: schedule}`` for every dataflow.
+    """
+
+    schedule: Schedule
+    by_dataflow: dict[str, Schedule]
+
+
+def lower_dataflows(graph: Graph, spec: NpuSpec, quant: QuantSpec | None = None, *,
+                    dataflow: str | None = None, batch: int | None = None) -> Lowering:
+    """:func:`npujax.lower` at ``dataflow`` (default the preset's) and at every dataflow, the
+    costs of all dataflows evaluated in one compiled call (:func:`lower_by_dataflow`).
+    """
+    by_df = lower_by_dataflow(graph, spec, quant, dataflows=DATAFLOWS, batch=batch)
+    return Lowering(by_df[get_dataflow(dataflow or spec.array.dataflow).name], by_df)

@@ -23,7 +23,7 @@ follow the caller's mode (the relaxed mode, a traced layer table, traced shapes)
 a :class:`~npujax.errors.ConfigError`, never skipped.
 
 Everything is pure jnp of the bit widths and the spec's numeric fields, in the 64-bit scope of
-:mod:`npujax._exact`: jit, ``jax.vmap`` over stacked specs, ``jax.grad`` in the relaxed mode,
+``npujax._exact``: jit, ``jax.vmap`` over stacked specs, ``jax.grad`` in the relaxed mode,
 sharding (:mod:`npujax.explore.sweep`). :func:`layer_sums` adds a configuration's layers in one
 fixed tree of elementwise additions, so totals are the same bit for bit for any batch, chunk
 size or device count.

@@ -16,7 +16,7 @@ host time (the roofline bound is never crossed: Williams, Waterman and Patterson
 CACM 2009).
 
 Exact and relaxed forms side by side: in the exact mode ``max`` is ``jnp.maximum``; in the
-relaxed mode (``npujax/_relax.py``) it is :func:`npujax._relax.smooth_max`, the same value bit for
+relaxed mode (``npujax/_relax.py``) it is ``npujax._relax.smooth_max``, the same value bit for
 bit with the gradient of a log-sum-exp, so a descent sees both sides near the ridge.
 
 :func:`recombine` is that rule; :func:`repriced` applies it to a pass's new DRAM bytes and
@@ -57,7 +57,7 @@ def recombine(compute: jax.Array, memory: jax.Array, exposed: jax.Array, dma_on:
 
     Returns:
       ``(dma_cycles, stall_cycles, latency_cycles)``, float64 ``[L]``; exact and relaxed
-      (:func:`npujax._relax.smooth_max`) values are the same bit for bit.
+      (``npujax._relax.smooth_max``) values are the same bit for bit.
     """
     dma = jnp.where(dma_on, access_cycles + exposed, 0.0)
     stall = _relax.smooth_max(memory - exposed, compute) - compute
@@ -71,7 +71,7 @@ def repriced(base: LayerCosts, spec: NpuSpec, touched: jax.Array, dram_bytes: ja
 
     The exposed DMA of the layer-by-layer schedule is kept, capped by the new memory time; a
     row left with no DRAM traffic pays no access latency. Call inside the 64-bit scope
-    (:func:`npujax._exact.exact`).
+    (``npujax._exact.exact``).
 
     Args:
       base: the costs before the pass (``[L]`` arrays; counts exact).

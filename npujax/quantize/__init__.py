@@ -6,8 +6,8 @@ imports flax, which the rest of the package and its users, such as ``npujax.lowe
 from typing import TYPE_CHECKING
 
 from npujax import _lazy
+from npujax.ir.execute import execute as execute
 from npujax.quantize.calibrate import calibrate as calibrate
-from npujax.quantize.execute import execute as execute
 from npujax.quantize.model_file import load_graph as load_graph
 from npujax.quantize.model_file import save_graph as save_graph
 from npujax.quantize.parallel import DataParallel as DataParallel

@@ -14,10 +14,10 @@ from jax.typing import ArrayLike
 from npujax._progress import track
 from npujax.calib import Observer, check_finite_state, get_observer, minmax_observer
 from npujax.errors import CalibrationError
+from npujax.ir.execute import execute, tap
 from npujax.ir.graph import Graph, Params
+from npujax.numerics import IntFormat
 from npujax.ops import OPS, weight_role
-from npujax.quant import IntFormat
-from npujax.quantize.execute import execute
 from npujax.quantize.spec import QuantSpec
 from npujax.quantize.weights import check_weights
 
@@ -109,7 +109,7 @@ def calibrate(
         name = observer
         observer = lambda: get_observer(name)  # noqa: E731
     obs = {k: observer() for k in keys}
-    run = jax.jit(lambda p, x: execute(graph, p, x, taps=names)[1])
+    run = jax.jit(lambda p, x: execute(graph, p, x, observe=tap(names))[1])
     update = jax.jit(lambda states, taps: {k: obs[k].update(states[k], taps[k[0]][k[1]])
                                            for k in keys})
 

@@ -51,10 +51,10 @@ from jax.typing import ArrayLike
 from npujax.calib import Observer, minmax_observer
 from npujax.errors import ConfigError, GraphError
 from npujax.frontends.flax import trace_flax
+from npujax.ir.execute import execute
 from npujax.ir.graph import Graph, Params
 from npujax.ir.passes import fold_batchnorm, frozen_bn_stats, fuse_epilogues
 from npujax.quantize.calibrate import calibrate
-from npujax.quantize.execute import execute
 from npujax.quantize.quantizers import merge_learned, split_learned
 from npujax.quantize.rules import QuantRule, quant_spec_from_rules
 from npujax.quantize.spec import LayerQuant, QuantSpec

@@ -17,11 +17,11 @@ from jax.typing import ArrayLike
 
 from npujax.calib.observers import Observer
 from npujax.errors import CalibrationError
+from npujax.ir.execute import execute, layer_state, tap
 from npujax.ir.graph import Graph, Node, Params
+from npujax.numerics import IntFormat
 from npujax.ops import gemm_nodes, run_op
-from npujax.quant import IntFormat
 from npujax.quantize.calibrate import calibrate
-from npujax.quantize.execute import execute, layer_state
 from npujax.quantize.quantizers import QState
 from npujax.quantize.spec import QuantSpec
 
@@ -66,7 +66,7 @@ def bias_correction(
              for n in gemm_nodes(graph) if n.name in names}
 
     def shift(p, x):
-        _, taps = execute(graph, p, x, taps=names)
+        _, taps = execute(graph, p, x, observe=tap(names))
         out = {}
         for name in names:
             node, xin = nodes[name], taps[name][0]
@@ -122,7 +122,7 @@ def ptq(
       progress: progress bar during calibration.
 
     Returns:
-      ``(params, qstate)`` ready for :func:`npujax.quantize.execute` or
+      ``(params, qstate)`` ready for :func:`npujax.ir.execute.execute` or
       :func:`npujax.backends.integer.convert`.
 
     Raises:
@@ -179,10 +179,10 @@ def layer_sqnr(
     specs = {n: {n: quant[n]} for n in names} if isolated else {"all": dict(quant)}
 
     def stats(p, x):
-        _, ft = execute(graph, p, x, taps=names)
+        _, ft = execute(graph, p, x, observe=tap(names))
         out = {}
         for key, q in specs.items():
-            _, qt = execute(graph, p, x, quant=q, qstate=qstate, taps=names)
+            _, qt = execute(graph, p, x, quant=q, qstate=qstate, observe=tap(names))
             for n in (names if key == "all" else [key]):
                 yf, yq = ft[n][1], qt[n][1]
                 out[n] = (jnp.sum(yf * yf), jnp.sum((yq - yf) ** 2))

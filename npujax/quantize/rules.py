@@ -23,8 +23,8 @@ from collections.abc import Sequence
 
 from npujax.errors import ConfigError
 from npujax.ir.graph import Graph
+from npujax.numerics import IntFormat, check_bits
 from npujax.ops import gemm_nodes, quantizable_nodes
-from npujax.quant import IntFormat, check_bits
 from npujax.quantize.quantizers import Quantizer
 from npujax.quantize.spec import FORMATS, LayerQuant, for_operands
 

@@ -5,7 +5,7 @@ Every part of npujax speaks this one vocabulary: rules (:func:`npujax.quant_spec
 and precision policies (:meth:`npujax.search.PrecisionPolicy.quant_spec`) produce a QuantSpec;
 QAT, calibration, execution, conversion, ONNX export and the NPU latency model
 (:func:`npujax.lower`) consume it. Bit widths are checked in one place
-(:func:`npujax.quant.check_bits`: integers of 2 to 16 bits).
+(:func:`npujax.numerics.check_bits`: integers of 2 to 16 bits).
 
 Attention: a MatMul or Einsum of two activations (``Q K^T``, ``P V``) is a layer too. Its first
 operand takes the ``act`` format and its second (the array's stationary operand) the ``weight``
@@ -21,7 +21,7 @@ Normalizations (LayerNorm, RMSNorm), softmax and GELU are not layers of a spec: 
 float (at higher precision than the GEMMs around them), their inputs and outputs quantized only
 where a GEMM reads them.
 
-Formats: integer (:class:`~npujax.quant.IntFormat`) or FP8 (``FloatFormat`` E4M3FN / E5M2,
+Formats: integer (:class:`~npujax.numerics.IntFormat`) or FP8 (``FloatFormat`` E4M3FN / E5M2,
 Micikevicius et al. 2022, arXiv:2209.05433); per-block weights (``weight_block_size``, ONNX opset
 21 blocked quantization); the quantizer (:mod:`npujax.quantize.quantizers`: STE, LSQ, LSQ+ or
 the search mixture) decides how the layer is fake-quantized and what state it keeps.
@@ -34,8 +34,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from npujax.errors import ConfigError
+from npujax.numerics import FP8_E4M3FN, FP8_E5M2, FloatFormat, Format, IntFormat, check_bits
 from npujax.ops import OPS, embedding_nodes, operand_quantized_ops, quantizable_nodes
-from npujax.quant import FP8_E4M3FN, FP8_E5M2, FloatFormat, Format, IntFormat, check_bits
 from npujax.quantize.quantizers import STE, Mixture, Quantizer, get_quantizer
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ class LayerQuant:
       weight_per_channel: per-output-channel weight scales (else one per tensor).
       act_symmetric: symmetric activation range (zero point at mid-code) instead of asymmetric.
       stochastic_rounding: round weights and activations stochastically (``floor(v + u)``, see
-        :func:`npujax.quant.fake_quant`) when :func:`npujax.execute` is given a ``key`` (QAT);
+        :func:`npujax.numerics.fake_quant`) when :func:`npujax.execute` is given a ``key`` (QAT);
         without a key (evaluation, deployment) rounding is to nearest, ties to even. Integer
         formats only.
       quantizer: a :class:`~npujax.quantize.quantizers.Quantizer` (or its registered name:

@@ -1,7 +1,7 @@
 """Training and evaluation of a Graph with optax: float fine-tuning and QAT.
 
 QAT here is fake-quant fine-tuning: :func:`npujax.execute` inserts fake-quant operators
-(straight-through gradients, see :mod:`npujax.quant.core`) on every quantized layer's weights and
+(straight-through gradients, see :mod:`npujax.numerics.core`) on every quantized layer's weights and
 input activation, and optax updates the float "shadow" weights (Jacob et al. 2018,
 arXiv:1712.05877; Krishnamoorthi 2018, arXiv:1806.08342). With the STE, activation ranges stay
 at their calibrated values; a quantizer with ``learned_fields`` (LSQ, LSQ+) learns them jointly
@@ -21,9 +21,9 @@ import optax
 
 from npujax._progress import progress_bar
 from npujax.errors import ConfigError, ShapeError
+from npujax.ir.execute import execute
 from npujax.ir.graph import Graph, Params
 from npujax.ir.passes import fold_batchnorm, frozen_bn_stats
-from npujax.quantize.execute import execute
 from npujax.quantize.parallel import Devices, data_parallel
 from npujax.quantize.quantizers import QState, merge_learned, split_learned
 from npujax.quantize.spec import QuantSpec

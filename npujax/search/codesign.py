@@ -61,10 +61,10 @@ from npujax.hw import fields
 from npujax.hw.energy import area_mm2
 from npujax.hw.spec import NpuSpec, differentiable_spec
 from npujax.ir.graph import Graph
+from npujax.numerics import check_bits
 from npujax.plan.lower import lower
 from npujax.plan.passes.base import CostMode
 from npujax.plan.program import network, program_cost
-from npujax.quant import check_bits
 from npujax.quantize.spec import quant_spec
 from npujax.search.policy import PrecisionPolicy
 

@@ -6,7 +6,7 @@ import dataclasses
 import math
 
 from npujax.errors import ConfigError
-from npujax.quant import check_bits
+from npujax.numerics import check_bits
 from npujax.search.base import Pinned
 from npujax.search.registry import SEARCHERS
 

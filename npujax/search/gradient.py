@@ -32,9 +32,9 @@ import numpy as np
 import optax
 
 from npujax._progress import progress_bar
+from npujax.ir.execute import execute
 from npujax.ops import operand_quantized_ops
 from npujax.quantize.calibrate import calibrate
-from npujax.quantize.execute import execute
 from npujax.quantize.parallel import data_parallel
 from npujax.quantize.quantizers import init_states
 from npujax.quantize.quantizers.mixture import set_probabilities

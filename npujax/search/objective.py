@@ -27,8 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from npujax.errors import ConfigError, ShapeError
+from npujax.ir.execute import execute
 from npujax.ir.graph import Graph, Params
-from npujax.quantize.execute import execute
 
 __all__ = ["LOSS_KINDS", "TaskLoss", "task_loss", "search_targets", "fisher_targets"]
 

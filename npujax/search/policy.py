@@ -11,7 +11,7 @@ from typing import Any
 from npujax._atomic import atomic_write_text
 from npujax.errors import ConfigError
 from npujax.ir.graph import Graph
-from npujax.quant import check_bits
+from npujax.numerics import check_bits
 from npujax.quantize.spec import quant_spec
 
 __all__ = ["PrecisionPolicy", "save_policy", "load_policy"]

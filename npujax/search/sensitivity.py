@@ -20,14 +20,15 @@ from typing import TYPE_CHECKING, Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.tree_util import Partial
 
 from npujax._progress import track
 from npujax.errors import ConfigError
-from npujax.ir.graph import Graph, Params
+from npujax.ir.execute import execute
+from npujax.ir.graph import Graph, Node, Params
+from npujax.numerics import IntFormat, fake_quant, qparams_from_range
 from npujax.ops import kernel_out_axis, quantizable_nodes
-from npujax.quant import IntFormat, fake_quant, qparams_from_range
 from npujax.quantize.calibrate import calibrate
-from npujax.quantize.execute import execute
 from npujax.quantize.parallel import data_parallel
 from npujax.quantize.quantizers import quantize_weight
 from npujax.quantize.quantizers.mixture import set_probabilities
@@ -96,6 +97,19 @@ def hessian_traces(
     return {n: float(t) for n, t in zip(layers, total / samples / sizes)}
 
 
+def _offset_and_tap(offsets: dict[str, jax.Array], node: Node, inputs: list[jax.Array],
+                    outputs: list[jax.Array] | None) -> Any:
+    """An :data:`~npujax.ir.execute.Observe` hook: adds ``offsets[node]`` (``(batch, ...)``, the
+    shape of the node's first input) to the first input of each node it names, and records
+    that input, ``(input,)``. Zero offsets leave the values alone; the gradient w.r.t. them is
+    the loss gradient w.r.t. the activation."""
+    if node.name not in offsets:
+        return None
+    if outputs is None:
+        return [inputs[0] + offsets[node.name], *inputs[1:]]
+    return (inputs[0],)
+
+
 def activation_sensitivity(
     graph: Graph,
     params: Params,
@@ -135,7 +149,7 @@ def activation_sensitivity(
         zeros = {n: jnp.zeros((x.shape[0], *shapes[n]), jnp.float32) for n in layers}
 
         def loss(offsets):
-            out, taps = execute(graph, params, x, taps=layers, input_offsets=offsets)
+            out, taps = execute(graph, params, x, observe=Partial(_offset_and_tap, offsets))
             return loss_fn(out, y), taps
 
         grads, taps = jax.grad(loss, has_aux=True)(zeros)
@@ -206,7 +220,7 @@ def loss_sensitivity(
     Sony MCT, and the direct form of what HAWQ's second-order term estimates. It needs no
     Hessian and sees effects a per-weight trace misses (a 2-bit depthwise or 1-input-channel
     layer), at the price of ``len(layers) * len(pairs)`` forward passes -- all through one
-    compiled program (the mixture form of :func:`npujax.quantize.execute` with one-hot
+    compiled program (the mixture form of :func:`npujax.ir.execute.execute` with one-hot
     probabilities), so the cost is forward passes, not compilations.
 
     Args:

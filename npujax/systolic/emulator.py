@@ -101,7 +101,7 @@ def _check_operand(x, what: str) -> jax.Array:
     if not jnp.issubdtype(x.dtype, jnp.integer) or jnp.iinfo(x.dtype).bits > _MAX_BITS:
         raise ShapeError(
             f"{what} has dtype {x.dtype}; the array multiplies integers of at most {_MAX_BITS} "
-            f"bits (int8, uint8, int16, uint16). Quantize it first (npujax.quant) and pass the "
+            f"bits (int8, uint8, int16, uint16). Quantize it first (npujax.numerics) and pass the "
             f"integer values."
         )
     return x

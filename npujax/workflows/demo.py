@@ -26,6 +26,7 @@ from npujax.ir.passes import optimize
 from npujax.models.cnn import DigitsCNN
 from npujax.models.train import train_float
 from npujax.plan import lower
+from npujax.plan.lower import lower_dataflows
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.model_file import save_graph
 from npujax.quantize.spec import quant_spec
@@ -38,8 +39,8 @@ from npujax.report import (
     write_json,
     write_layers_csv,
 )
+from npujax.report.lowering import print_lowering
 from npujax.search import SEARCHERS, SearchConfig, search_precision
-from npujax.workflows.lowering import lower_dataflows, print_lowering
 
 __all__ = ["DemoConfig", "run_demo", "default_out_dir", "DEMO_FILES"]
 

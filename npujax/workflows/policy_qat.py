@@ -11,10 +11,10 @@ import jax
 
 from npujax.errors import ConfigError
 from npujax.hw.spec import NpuSpec
+from npujax.ir.execute import execute
 from npujax.ops import gemm_nodes
 from npujax.plan.lower import lower
 from npujax.quantize.calibrate import calibrate
-from npujax.quantize.execute import execute
 from npujax.quantize.model_file import save_graph
 from npujax.quantize.parallel import Devices
 from npujax.quantize.train import evaluate, train_graph

@@ -9,11 +9,11 @@ from flax import nnx
 from npujax.backends.integer import convert, execute_integer
 from npujax.errors import ConfigError
 from npujax.frontends.flax import trace_flax
+from npujax.ir.execute import execute, tap
 from npujax.ir.passes import optimize
 from npujax.models.cnn import DigitsCNN
 from npujax.ops import gemm_nodes
 from npujax.quantize.calibrate import calibrate
-from npujax.quantize.execute import execute
 from npujax.quantize.spec import quant_spec
 from tests.helpers import LOWERED, programs
 
@@ -42,7 +42,7 @@ def test_integer_model_matches_fake_quant_within_one_step(model_and_data, requan
     assert model.layers["fc2"].output is None        # last layer: dequantized accumulator
     names = [n.name for n in gemm_nodes(graph)]
     fq_out, fq_taps = jax.jit(lambda p, v: execute(graph, p, v, quant=q, qstate=qstate,
-                                                   taps=names))(params, x)
+                                                   observe=tap(names)))(params, x)
     int_out, int_taps = jax.jit(lambda v: execute_integer(model, v, taps=names))(x)
     # every quantized layer input: integer codes vs fake-quant codes, at most one step apart.
     # requant="float" models onnxruntime on the exported QDQ model, which saturates conv2's

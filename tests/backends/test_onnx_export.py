@@ -13,10 +13,10 @@ from npujax.backends.integer import convert, execute_integer, requant_target
 from npujax.backends.onnx_export import to_onnx
 from npujax.errors import ConfigError, UnsupportedOpError
 from npujax.frontends.onnx import from_onnx
+from npujax.ir.execute import execute
 from npujax.ir.passes import optimize
 from npujax.ops import gemm_nodes
 from npujax.quantize.calibrate import calibrate
-from npujax.quantize.execute import execute
 from npujax.quantize.spec import quant_spec
 from tests.helpers import assert_close, jit_optimized
 from tests.onnx_models import ort_run, text_images
@@ -256,8 +256,8 @@ def _conv_transpose_model(groups: int):
 @pytest.mark.parametrize("groups", [1, 2])
 def test_conv_transpose_per_channel_qdq_export_runs_in_onnxruntime(groups):
     from npujax.errors import QuantizationError
+    from npujax.numerics import IntFormat
     from npujax.ops import kernel_out_axis, out_channel_view
-    from npujax.quant import IntFormat
     from npujax.quantize.quantizers import quantize_weight
     from npujax.quantize.spec import LayerQuant
 

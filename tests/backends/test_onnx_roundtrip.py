@@ -11,10 +11,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from npujax.backends.onnx_export import to_onnx
 from npujax.frontends.onnx import from_onnx
+from npujax.ir.execute import execute
 from npujax.ir.passes import absorb_transposes, optimize
 from npujax.plan import lower
 from npujax.quantize.calibrate import calibrate
-from npujax.quantize.execute import execute
 from npujax.quantize.spec import quant_spec
 from tests.helpers import assert_close
 from tests.onnx_models import ort_run

@@ -14,7 +14,7 @@ from npujax.calib import (
     percentile_observer,
 )
 from npujax.errors import CalibrationError
-from npujax.quant import MIN_SCALE, IntFormat, fake_quant, qparams_from_range
+from npujax.numerics import MIN_SCALE, IntFormat, fake_quant, qparams_from_range
 
 U8, I8 = IntFormat(8, signed=False), IntFormat(8)
 

@@ -11,14 +11,14 @@ import pytest
 from npujax.cli import main
 from npujax.errors import ConfigError
 from npujax.hw import load_npu_spec
-from npujax.models.transformer import DECODER_CONFIGS
-from npujax.plan import lower, workloads
-from npujax.workflows.lowering import (
+from npujax.models.decoders import (
     decoder_figures,
     decoder_graph,
     decoder_precision,
     kv_cache_operands,
 )
+from npujax.models.transformer import DECODER_CONFIGS
+from npujax.plan import lower, workloads
 
 pytestmark = pytest.mark.flax_model
 

@@ -97,7 +97,7 @@ def test_failed_or_interrupted_run_keeps_the_previous_folder(capsys, tmp_path, s
         (stage / "schedule.json").write_text('{"previous": true}')
         (stage / "layers.csv").write_text("name\n")
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    import npujax.workflows.lowering as lowering
+    import npujax.report.lowering as lowering
 
     def half_then(exc):
         def write(folder, *a, **k):

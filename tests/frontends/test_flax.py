@@ -7,7 +7,7 @@ from flax import nnx
 
 from npujax.errors import UnsupportedOpError
 from npujax.frontends.flax import trace_flax
-from npujax.quantize.execute import execute
+from npujax.ir.execute import execute
 from tests.helpers import digits_cnn, traced_digits_cnn
 
 pytestmark = pytest.mark.flax_model

@@ -15,9 +15,9 @@ from onnx import helper as h
 
 from npujax.errors import GraphError, LimitError
 from npujax.frontends.onnx import from_onnx, load_onnx_model
+from npujax.ir.execute import execute
 from npujax.limits import limits
 from npujax.ops._onnx import iter_onnx_tensors
-from npujax.quantize.execute import execute
 from tests import hostile_inputs as hi
 
 KINDS = {"if": hi.if_external, "loop": hi.loop_external, "attr_tensors": hi.attr_tensors_external,

@@ -11,8 +11,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from npujax.errors import GraphError, NpujaxError, UnsupportedOpError
 from npujax.frontends.onnx import from_onnx
+from npujax.ir.execute import execute
 from npujax.ops import gemm_nodes
-from npujax.quantize.execute import execute
 from tests.helpers import assert_close
 from tests.onnx_claimed import CLAIMED
 from tests.onnx_models import crops, ort_run, text_images, zoo_path

@@ -10,9 +10,9 @@ import pytest
 
 from npujax.backends.onnx_export import to_onnx
 from npujax.frontends.onnx import from_onnx
+from npujax.ir.execute import execute
 from npujax.ir.passes import optimize
 from npujax.quantize.calibrate import calibrate
-from npujax.quantize.execute import execute
 from npujax.quantize.spec import quant_spec
 from tests.helpers import assert_close
 from tests.onnx_claimed import CLAIMED

@@ -14,10 +14,10 @@ import onnxruntime as ort
 import pytest
 
 from npujax.backends.onnx_export import to_onnx
+from npujax.ir.execute import execute, layer_state
+from npujax.numerics import fake_quant
 from npujax.plan import lower
-from npujax.quant import fake_quant
 from npujax.quantize.calibrate import calibrate
-from npujax.quantize.execute import execute, layer_state
 from npujax.quantize.spec import SOFTMAX_RANGE, quant_spec
 from tests.onnx_models import text_images
 

@@ -4,8 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from npujax.ir.execute import execute
 from npujax.ir.passes import fold_batchnorm, optimize
-from npujax.quantize.execute import execute
 from tests.helpers import traced_digits_cnn
 
 pytestmark = pytest.mark.flax_model

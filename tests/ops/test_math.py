@@ -14,9 +14,9 @@ from onnx import TensorProto, helper, numpy_helper
 from npujax.backends.onnx_export import to_onnx
 from npujax.frontends.flax import trace_flax
 from npujax.frontends.onnx import from_onnx
+from npujax.ir.execute import execute
 from npujax.ops.math import onnx_pow
 from npujax.plan import lower, workloads
-from npujax.quantize.execute import execute
 from tests.helpers import assert_close
 from tests.onnx_models import ort_run
 

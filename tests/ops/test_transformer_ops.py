@@ -11,9 +11,9 @@ from onnx import TensorProto, helper, numpy_helper
 from npujax.backends.onnx_export import to_onnx
 from npujax.errors import UnsupportedOpError
 from npujax.frontends.onnx import from_onnx
+from npujax.ir.execute import execute
 from npujax.ops.einsum import canonical_equation, einsum_dims
 from npujax.plan import workloads
-from npujax.quantize.execute import execute
 from tests.onnx_models import ort_run
 
 pytestmark = pytest.mark.integration  # onnxruntime sessions
@@ -155,7 +155,7 @@ def test_scalar_graph_input_runs():
     scalar, run here in float32) executes: it has no batch axis to map over (was an IndexError
     in execute)."""
     from npujax.frontends.onnx import from_onnx
-    from npujax.quantize.execute import execute
+    from npujax.ir.execute import execute
     from tests.onnx_conformance import load_case, node_case
 
     model, (x,), (want,) = load_case(node_case("test_einsum_scalar"))

@@ -18,11 +18,11 @@ import pytest
 
 from npujax.errors import ConfigError
 from npujax.hw import load_npu_spec, stack_specs
+from npujax.models.decoders import decoder_graph
 from npujax.models.transformer import DECODER_CONFIGS
 from npujax.plan import LayerCosts, lower, workloads
 from npujax.plan.lower import layer_bits
 from npujax.plan.passes.attention import attention_chains, attention_costs
-from npujax.workflows.lowering import decoder_graph
 
 pytestmark = pytest.mark.flax_model
 

@@ -15,11 +15,11 @@ import pytest
 from npujax.errors import ConfigError
 from npujax.explore import sweep
 from npujax.hw import load_npu_spec
+from npujax.models.decoders import decoder_graph
 from npujax.models.transformer import DECODER_CONFIGS
 from npujax.plan import lower, sweep_shapes, workloads
 from npujax.quantize.spec import quant_spec
 from npujax.search import latency_table, policy_latency_s
-from npujax.workflows.lowering import decoder_graph
 
 pytestmark = pytest.mark.flax_model
 

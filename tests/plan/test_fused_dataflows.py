@@ -244,9 +244,9 @@ def test_cost_options_change_no_bit_of_lowers_programs(digits):
     and a layer list's program with attention chains (a one-block decoder on
     edge_transformer_16x16, its dataflow). ``experiments/bench/cost_program_options.py``
     checks 4 models x 8 presets x 5 settings (15,720 arrays)."""
+    from npujax.models.decoders import decoder_graph
     from npujax.models.transformer import DECODER_CONFIGS
     from npujax.plan.passes.attention import attention_chains
-    from npujax.workflows.lowering import decoder_graph
 
     L = importlib.import_module("npujax.plan.lower")
     options = L._cost_options()

@@ -13,9 +13,9 @@ from npujax.frontends.flax import trace_flax
 from npujax.hw import DATAFLOWS, load_npu_spec, stack_specs
 from npujax.ir.passes import optimize
 from npujax.models.cnn import DigitsCNN
+from npujax.numerics import IntFormat
 from npujax.ops import gemm_nodes
 from npujax.plan import BREAKDOWN, layer_costs, lower, workloads
-from npujax.quant import IntFormat
 from npujax.quantize import LayerQuant, quant_spec
 
 

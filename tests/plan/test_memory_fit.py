@@ -47,7 +47,7 @@ def test_coresidency_flags_a_deployment_over_capacity(resnet, digits, edge_spec)
     assert co.dram_held_bytes <= act / 2
     from rich.console import Console
 
-    from npujax.workflows.lowering import print_coresidency
+    from npujax.report.lowering import print_coresidency
 
     con = Console(width=200, record=True)
     print_coresidency(con, co)

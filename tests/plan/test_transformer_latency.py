@@ -14,8 +14,8 @@ from npujax.frontends.flax import trace_flax
 from npujax.hw import load_npu_spec
 from npujax.ir.passes import optimize
 from npujax.models.transformer import DECODER_CONFIGS, Decoder
+from npujax.numerics import IntFormat
 from npujax.plan import lower
-from npujax.quant import IntFormat
 from npujax.quantize.spec import LayerQuant
 from tests.helpers import numpy_init
 

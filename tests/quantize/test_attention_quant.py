@@ -16,12 +16,12 @@ from npujax.backends.integer import convert, execute_integer
 from npujax.backends.onnx_export import to_onnx
 from npujax.errors import ConfigError
 from npujax.frontends.flax import trace_flax
+from npujax.ir.execute import execute, tap
 from npujax.ir.passes import optimize
 from npujax.models.transformer import DECODER_CONFIGS, Decoder
+from npujax.numerics import IntFormat
 from npujax.plan import lower
-from npujax.quant import IntFormat
 from npujax.quantize.calibrate import calibrate
-from npujax.quantize.execute import execute
 from npujax.quantize.rules import QuantRule, quant_spec_from_rules
 from npujax.quantize.spec import SOFTMAX_RANGE, quant_spec
 from tests.helpers import numpy_init
@@ -45,7 +45,7 @@ def decoder():
     q = quant_spec(g)
     qs = calibrate(g, p, [tokens], q)
     mms = [n.name for n in g.nodes if n.op == "MatMul"]
-    run = jax.jit(lambda p, qs, x: execute(g, p, x, quant=q, qstate=qs, taps=mms))
+    run = jax.jit(lambda p, qs, x: execute(g, p, x, quant=q, qstate=qs, observe=tap(mms)))
     return g, p, q, qs, tokens, mms, run
 
 

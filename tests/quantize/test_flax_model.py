@@ -17,7 +17,7 @@ import npujax
 from npujax.errors import ConfigError
 from npujax.frontends.flax import trace_flax
 from npujax.ir.passes import fold_batchnorm
-from npujax.quant import FP8_E4M3FN, IntFormat
+from npujax.numerics import FP8_E4M3FN, IntFormat
 from npujax.quantize.rules import QuantRule, parse_qtype, quant_spec_from_rules
 from npujax.quantize.train import train_graph
 from tests.helpers import assert_close, jit_execute, numpy_init

@@ -11,12 +11,12 @@ from npujax.backends.integer import convert, execute_integer
 from npujax.backends.onnx_export import to_onnx
 from npujax.errors import ConfigError
 from npujax.frontends.flax import trace_flax
+from npujax.ir.execute import execute, tap
 from npujax.ir.passes import fold_batchnorm
 from npujax.models.cnn import DigitsCNN
+from npujax.numerics import FP8_E4M3FN, MIN_SCALE, IntFormat
 from npujax.ops import gemm_nodes
-from npujax.quant import FP8_E4M3FN, MIN_SCALE, IntFormat
 from npujax.quantize.calibrate import calibrate
-from npujax.quantize.execute import execute
 from npujax.quantize.quantizers import merge_learned, split_learned
 from npujax.quantize.spec import LayerQuant, quant_spec
 from npujax.quantize.train import cross_entropy, train_graph
@@ -47,7 +47,8 @@ def trained(model, request):
 
 
 def _run(graph, p, q, qs, x, taps=()):
-    return jax.jit(lambda p, qs, v: execute(graph, p, v, quant=q, qstate=qs, taps=taps))(
+    observe = tap(taps) if taps else None
+    return jax.jit(lambda p, qs, v: execute(graph, p, v, quant=q, qstate=qs, observe=observe))(
         p, qs, jnp.asarray(x))
 
 

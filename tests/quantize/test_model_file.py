@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from npujax.errors import GraphError
+from npujax.ir.execute import execute
 from npujax.ir.graph import Graph, Node, TensorType
 from npujax.ir.passes import optimize
-from npujax.quant import IntFormat
+from npujax.numerics import IntFormat
 from npujax.quantize import LayerQuant, calibrate, load_graph, save_graph
-from npujax.quantize.execute import execute
 from npujax.quantize.quantizers import LSQPlusState, LSQState, MixtureState, STEState
 from tests.helpers import traced_digits_cnn
 

@@ -11,11 +11,11 @@ from flax import nnx
 from npujax.backends.integer import convert, execute_integer
 from npujax.errors import ConfigError, QuantizationError
 from npujax.frontends.flax import trace_flax
+from npujax.ir.execute import execute
 from npujax.ir.passes import optimize
 from npujax.models.cnn import DigitsCNN
+from npujax.numerics import IntFormat
 from npujax.ops import gemm_nodes
-from npujax.quant import IntFormat
-from npujax.quantize.execute import execute
 from npujax.quantize.ptq import bias_correction, layer_sqnr, ptq
 from npujax.quantize.rules import QuantRule, first_last_rules, quant_spec_from_rules
 from npujax.quantize.spec import LayerQuant, quant_spec

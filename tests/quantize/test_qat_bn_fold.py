@@ -8,10 +8,10 @@ import pytest
 from flax import nnx
 
 from npujax.frontends.flax import trace_flax
+from npujax.ir.execute import execute
 from npujax.ir.passes import fold_batchnorm
 from npujax.models.cnn import DigitsCNN
 from npujax.quantize.calibrate import calibrate
-from npujax.quantize.execute import execute
 from npujax.quantize.spec import quant_spec
 from npujax.quantize.train import train_graph
 

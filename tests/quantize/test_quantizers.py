@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from npujax.ir.graph import Graph, Node, TensorType
-from npujax.quant import IntFormat, dequantize, quantize
+from npujax.numerics import IntFormat, dequantize, quantize
 from npujax.quantize import QUANTIZERS, LayerQuant, calibrate, execute, load_graph, save_graph
 from npujax.quantize.quantizers import merge_learned, split_learned
 

@@ -16,17 +16,17 @@ from npujax.backends.integer import convert, execute_integer
 from npujax.backends.onnx_export import to_onnx
 from npujax.frontends.flax import trace_flax
 from npujax.hw import load_npu_spec
+from npujax.ir.execute import execute, tap
 from npujax.ir.passes import optimize
+from npujax.models.decoders import decoder_graph, decoder_precision, kv_cache_operands
 from npujax.models.transformer import DECODER_CONFIGS, Decoder
+from npujax.numerics import IntFormat
 from npujax.ops import embedding_nodes
 from npujax.plan import layer_bits, workloads
-from npujax.quant import IntFormat
 from npujax.quantize.calibrate import calibrate
-from npujax.quantize.execute import execute
 from npujax.quantize.quantizers import split_learned
 from npujax.quantize.quantizers.lsq import LSQState
 from npujax.quantize.spec import SOFTMAX_RANGE, quant_spec
-from npujax.workflows.lowering import decoder_graph, decoder_precision, kv_cache_operands
 from tests.helpers import numpy_init
 from tests.onnx_models import ort_run
 
@@ -80,7 +80,7 @@ def test_embedding_tables_quantized_per_row(decoder):
     q = quant_spec(g, embedding_bits=4)
     assert q[emb.name].weight == IntFormat(4, narrow_range=True) and q[emb.name].act is None
     qs = calibrate(g, p, [tokens], q)
-    y, taps = jax.jit(lambda: execute(g, p, tokens, quant=q, qstate=qs, taps=[emb.name]))()
+    y, taps = jax.jit(lambda: execute(g, p, tokens, quant=q, qstate=qs, observe=tap([emb.name])))()
     rows = np.asarray(taps[emb.name][1]).reshape(-1, g.tensors[emb.outputs[0]].shape[-1])
     table = np.asarray(p[emb.name]["table"])
     scale = np.abs(table).max(axis=1) / 7  # symmetric per row, 4-bit narrow range

@@ -42,7 +42,7 @@ def test_weights_at_the_limit_quantize_to_finite_values(model):
     check_weights({name: {"kernel": kernel}})
     import jax.numpy as jnp
 
-    from npujax.quant import IntFormat
+    from npujax.numerics import IntFormat
     from npujax.quantize.quantizers.base import quantize_weight
 
     for bits in (2, 3):  # int2/int3 turned values near the float32 maximum into -inf

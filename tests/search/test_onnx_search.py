@@ -15,10 +15,10 @@ from npujax.data.images import photo_crops
 from npujax.errors import CalibrationError, ConfigError, ShapeError
 from npujax.frontends.onnx import from_onnx
 from npujax.hw import load_npu_spec
+from npujax.ir.execute import execute, tap
 from npujax.ir.passes import optimize
 from npujax.ops import gemm_nodes
 from npujax.quantize.calibrate import calibrate
-from npujax.quantize.execute import execute
 from npujax.quantize.spec import quant_spec
 from npujax.search import (
     SearchConfig,
@@ -107,7 +107,7 @@ def test_batch_one_graph_runs_any_batch_per_example(cls):
     (want,) = ort_run(model.SerializeToString(), {"x": x[:6]})
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
     # jitted, as a user runs it (eagerly every op compiles its own program: ~25)
-    out, taps = jax.jit(lambda p, xb: execute(graph, p, xb, taps=["conv2"]))(params, x[:3])
+    out, taps = jax.jit(lambda p, xb: execute(graph, p, xb, observe=tap(["conv2"])))(params, x[:3])
     assert out.shape == (3, 4) and taps["conv2"][0].shape[0] == 3
 
 

@@ -105,7 +105,7 @@ class Edge(NamedTuple):
 
 
 class EdgeCosts(NamedTuple):
-    """Per-edge decisions and bytes from :func:`fused_costs`: ``[E]`` arrays, edges in the
+    """Per-edge decisions and bytes from the cross-layer pass: ``[E]`` arrays, edges in the
     order of :func:`cross_layer_edges`; ``sram_bytes`` is ``[L]``.
 
     Attributes:

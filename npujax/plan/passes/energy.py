@@ -114,7 +114,7 @@ def layer_energy(
       act_bits: float ``[L]`` activation width per layer.
       dataflow: dataflow name (static); default the spec's.
       dram_bytes: float ``[L]`` DRAM bytes of each layer on ``spec`` (e.g. ``dram_bytes`` of
-        :func:`npujax.plan.fused_costs`, which reflect layer fusion); default those of
+        :func:`npujax.plan.program_costs`, which reflect layer fusion); default those of
         :func:`~npujax.plan.layer_costs` of the same arguments (``relaxed`` included).
       relaxed: the differentiable mode of :func:`~npujax.plan.layer_costs` (static): same
         forward values, straight-through gradients of folds and tiles.

@@ -42,8 +42,8 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from npujax.errors import ConfigError
+from npujax.numerics import Format, IntFormat, fake_quant, qparams_from_range, weight_qparams
 from npujax.ops import kernel_in_axis, kernel_out_axis, out_channel_view
-from npujax.quant import Format, IntFormat, fake_quant, qparams_from_range, weight_qparams
 
 if TYPE_CHECKING:
     from npujax.ir.graph import Graph, Node, Params
@@ -96,7 +96,7 @@ def calibrated_grid(lq: LayerQuant, act_range: tuple[jax.Array, jax.Array] | Non
                     act_grid: tuple[jax.Array, jax.Array] | None
                     ) -> tuple[jax.Array | None, jax.Array | None]:
     """``(scale, zero_point)`` of a layer's input for :meth:`Quantizer.init_state`: the given
-    grid, or the one of the observed range (:func:`npujax.quant.qparams_from_range`); ``(None,
+    grid, or the one of the observed range (:func:`npujax.numerics.qparams_from_range`); ``(None,
     None)`` for a float input or when neither is given."""
     if lq.act is None:
         return None, None

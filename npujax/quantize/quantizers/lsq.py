@@ -35,7 +35,7 @@ from the same model; ``weight_init="lsq"`` uses the paper's ``2 * mean|w| / sqrt
 2.1), which clips the largest weights from the start. The activation gradient scale is the paper's
 ``1 / sqrt(features per sample * Q_p)``.
 
-Deployment: scale = the learned step (clamped to ``MIN_SCALE`` as :func:`npujax.quant.
+Deployment: scale = the learned step (clamped to ``MIN_SCALE`` as :func:`npujax.numerics.
 lsq_fake_quant` uses it), weight zero point 0, so an LSQ-trained model deploys on exactly the grid
 it trained on. LSQ+'s real-valued offset is deployed as the integer zero point
 ``clip(round(-beta / s), qmin, qmax)``: the only place where the deployed grid can differ from
@@ -58,8 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from npujax.errors import ConfigError
-from npujax.ops import kernel_out_axis
-from npujax.quant import (
+from npujax.numerics import (
     MIN_SCALE,
     FloatFormat,
     IntFormat,
@@ -67,6 +66,7 @@ from npujax.quant import (
     lsq_init_step,
     weight_qparams,
 )
+from npujax.ops import kernel_out_axis
 from npujax.quantize.quantizers.base import (
     Quantizer,
     WeightGrid,

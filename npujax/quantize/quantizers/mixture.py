@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 
 from npujax.errors import ConfigError
+from npujax.numerics import IntFormat, fake_quant, qparams_from_range
 from npujax.ops import out_channel_view
-from npujax.quant import IntFormat, fake_quant, qparams_from_range
 from npujax.quantize.quantizers.base import (
     Quantizer,
     calibrated_grid,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, NamedTuple, final
 
 import jax
 
-from npujax.quant import fake_quant
+from npujax.numerics import fake_quant
 from npujax.quantize.quantizers.base import (
     Quantizer,
     calibrated_grid,

@@ -18,6 +18,10 @@ the variance (not to the standard deviation); the scale and bias constants that 
 the normalized axes only; GELU's constants equal to float32 rounding; every intermediate used
 only inside the pattern. A near miss stays unfused, so the graph computes exactly what the model
 wrote. Sources: ONNX LayerNormalization (opset 17) and Gelu (opset 20) specifications.
+
+This is graph pattern fusion (it rewrites the Graph). It is not the cost model's fusion: the
+preset knobs ``ops.fusion`` and ``ops.attention_fusion`` and the cross-layer placement of
+:mod:`npujax.plan.passes.cross_layer` change costs, never the graph.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from npujax.frontends.onnx import from_onnx
-from npujax.quantize.execute import execute
+from npujax.ir.execute import execute
 from tests.onnx_models import ort_run
 
 D = 8

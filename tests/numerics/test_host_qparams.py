@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from npujax.quant import FP8_E4M3FN, FP8_E5M2, IntFormat
-from npujax.quant.qparams import _jnp_weight_qparams, weight_qparams
+from npujax.numerics import FP8_E4M3FN, FP8_E5M2, IntFormat
+from npujax.numerics.qparams import _jnp_weight_qparams, weight_qparams
 
 _FORMATS = [IntFormat(8, narrow_range=True), IntFormat(4, narrow_range=True),
             IntFormat(8, signed=False), FP8_E4M3FN, FP8_E5M2]

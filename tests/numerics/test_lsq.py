@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from npujax.errors import QuantizationError
-from npujax.quant import FP8_E4M3FN, MIN_SCALE, IntFormat, lsq_fake_quant, lsq_init_step
+from npujax.numerics import FP8_E4M3FN, MIN_SCALE, IntFormat, lsq_fake_quant, lsq_init_step
 
 INT4 = IntFormat(4)  # Q_n = 8, Q_p = 7
 

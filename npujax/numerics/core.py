@@ -23,7 +23,7 @@ The gradient of :func:`fake_quant` is the straight-through estimator (STE) of Be
 ``d x_hat / d x = 1`` where the rounded value ``round(x/scale) + zero_point`` lies in
 ``[qmin, qmax]`` (bounds included), ``0`` outside. It is defined with :func:`jax.custom_vjp`, not
 by differentiating ``jnp.clip``. The scale and zero point receive zero gradient here (learned step
-sizes are :func:`npujax.quant.lsq_fake_quant`).
+sizes are :func:`npujax.numerics.lsq_fake_quant`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from jax import lax
 from jax.typing import ArrayLike
 
 from npujax.errors import QuantizationError
-from npujax.quant.formats import FloatFormat, Format
+from npujax.numerics.formats import FloatFormat, Format
 
 __all__ = ["quantize", "dequantize", "fake_quant", "broadcast_qparam", "true_divide"]
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from npujax.errors import ConfigError, ShapeError
+from npujax.ir.execute import execute
 from npujax.ir.passes import optimize
 from npujax.quantize.calibrate import calibrate
-from npujax.quantize.execute import execute
 from npujax.quantize.spec import quant_spec
 from tests.helpers import traced_digits_cnn
 
@@ -63,7 +63,7 @@ def test_batch_one_graph_with_a_folded_class_token_runs_any_batch_without_vmap()
     from onnx import TensorProto, helper, numpy_helper
 
     from npujax.frontends.onnx import from_onnx
-    from npujax.quantize.execute import _batch_folded
+    from npujax.ir.execute import _batch_folded
 
     cls = numpy_helper.from_array(np.arange(4, dtype=np.float32).reshape(1, 1, 4), "cls")
     g = helper.make_graph(
@@ -88,7 +88,7 @@ def test_batchnorm_inv_std_at_once_equals_per_node(ppocr_cls):
     from jax import lax
 
     _, graph, params = ppocr_cls
-    got = sys.modules["npujax.quantize.execute"]._batchnorm_inv_std(graph, params)
+    got = sys.modules["npujax.ir.execute"]._batchnorm_inv_std(graph, params)
     bns = [n for n in graph.nodes if n.op == "BatchNormalization"]
     assert set(got) == {n.name for n in bns} and len(bns) == 35
     for n in bns:

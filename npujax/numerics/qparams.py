@@ -8,7 +8,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from npujax.errors import QuantizationError
-from npujax.quant.formats import FloatFormat, Format
+from npujax.numerics.formats import FloatFormat, Format
 
 __all__ = ["qparams_from_range", "weight_qparams", "MIN_SCALE"]
 

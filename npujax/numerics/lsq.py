@@ -37,9 +37,9 @@ import jax
 import jax.numpy as jnp
 
 from npujax.errors import QuantizationError
-from npujax.quant.core import broadcast_qparam
-from npujax.quant.formats import IntFormat
-from npujax.quant.qparams import MIN_SCALE
+from npujax.numerics.core import broadcast_qparam
+from npujax.numerics.formats import IntFormat
+from npujax.numerics.qparams import MIN_SCALE
 
 __all__ = ["lsq_fake_quant", "lsq_init_step"]
 

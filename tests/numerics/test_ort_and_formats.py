@@ -16,7 +16,7 @@ from hypothesis.extra import numpy as hnp
 from onnx import TensorProto, helper
 
 from npujax.errors import QuantizationError
-from npujax.quant import (
+from npujax.numerics import (
     FP8_E4M3FN,
     FP8_E5M2,
     IntFormat,

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from npujax.errors import QuantizationError
-from npujax.quant import (
+from npujax.numerics import (
     FP8_E4M3FN,
     MIN_SCALE,
     IntFormat,
@@ -163,7 +163,7 @@ def test_rounding_noise_is_uniform_with_variance_step_squared_over_12():
 
 
 def test_weight_qparams_per_block_shapes_and_values():
-    from npujax.quant import weight_qparams
+    from npujax.numerics import weight_qparams
 
     w = jnp.arange(2 * 10, dtype=jnp.float32).reshape(10, 2) - 7.0  # [K=10, N=2]
     s, z = weight_qparams(w, IntFormat(8, narrow_range=True), 0, block_size=4)

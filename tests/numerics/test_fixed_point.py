@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 import numpy as np
 
-from npujax.quant.fixed_point import (
+from npujax.numerics.fixed_point import (
     div_round_half_even,
     quantize_multiplier,
     requantize,

@@ -23,7 +23,7 @@ import numpy as np
 from jax import lax
 
 from npujax.errors import QuantizationError
-from npujax.quant.formats import IntFormat
+from npujax.numerics.formats import IntFormat
 
 __all__ = [
     "QTensor",

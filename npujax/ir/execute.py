@@ -9,25 +9,79 @@ Quantization is placed as on an integer NPU: for each node named in ``quant`` (a
 :data:`~npujax.quantize.spec.QuantSpec`), the layer's quantizer fake-quantizes the input
 activation (per tensor, on its calibrated grid) and the kernel (per output channel, per tensor or
 per block); ``qstate[layer]`` is the quantizer's state (see
-:mod:`npujax.quantize.quantizers`).
+:mod:`npujax.quantize.quantizers`). This module needs of them only what
+:class:`LayerQuantization` and :class:`NodeQuantizer` state, so the frontends, the backends and
+the search run graphs without importing :mod:`npujax.quantize`.
+
+One hook, ``observe``, lets a caller see and perturb what flows through the nodes (calibration
+observers, per-layer SQNR, sensitivities): see :data:`Observe` and :func:`tap`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from npujax.errors import GraphError, ShapeError
-from npujax.ir.graph import SHAPES_ONLY_SOURCE, Graph, Params
+from npujax.ir.graph import SHAPES_ONLY_SOURCE, Graph, Node, Params
 from npujax.ops import OPS, run_op, weight_role
-from npujax.quantize.quantizers import QState
-from npujax.quantize.spec import QuantSpec
 
-__all__ = ["execute", "as_inputs", "layer_state"]
+__all__ = ["execute", "as_inputs", "layer_state", "tap", "Observe", "LayerQuantization",
+           "NodeQuantizer"]
+
+#: ``observe(node, inputs, outputs)``, called twice for every node in graph order:
+#:
+#: * **before** it runs, with ``outputs=None`` and ``inputs`` the list of arrays the node
+#:   receives (activations ``(batch, ...)`` float32 as ``graph.tensors`` declares them,
+#:   constants as stored), before any fake-quant. Returning a list (same length, shapes and
+#:   dtypes) replaces them; ``None`` keeps them. (Adding zeros here and differentiating with
+#:   respect to them gives the gradient of the output w.r.t. an activation.)
+#: * **after** it ran, with ``inputs`` as the operator read them (activations after fake-quant;
+#:   the kernel is a parameter, not an input) and ``outputs`` its list of outputs. Whatever it
+#:   returns other than ``None`` (any pytree of arrays) is recorded for the node.
+#:
+#: With ``observe``, :func:`execute` returns ``(output, {node_name: record})``. The hook runs at
+#: trace time (inside ``jit``/``grad``/``vmap``), so it must be pure: results leave through its
+#: records, not through side effects. A graph run per example (batch folded into a shape, see
+#: :func:`execute`) calls it inside ``jax.vmap`` with batch-1 arrays and stacks the records
+#: back to ``(batch, ...)``; arrays the hook needs per example go in as the arguments of a
+#: ``jax.tree_util.Partial`` (leading axis the batch), which are mapped with the examples.
+Observe = Callable[[Node, list[jax.Array], list[jax.Array] | None], Any]
+
+
+class NodeQuantizer(Protocol):
+    """What :func:`execute` asks of a layer's quantizer
+    (:class:`npujax.quantize.quantizers.Quantizer` implements it)."""
+
+    def coerce(self, state: Any, layer: str) -> Any:
+        """``state`` as the quantizer's state type."""
+
+    def quantize_input(self, node: Node, lq: Any, x: jax.Array, state: Any,
+                       key: jax.Array | None = None) -> jax.Array:
+        """The fake-quantized input activation."""
+
+    def quantize_kernel(self, node: Node, lq: Any, w: jax.Array, state: Any,
+                        key: jax.Array | None = None) -> jax.Array:
+        """The fake-quantized kernel (or an embedding's table)."""
+
+    def quantize_operand(self, node: Node, lq: Any, x: jax.Array, state: Any,
+                         key: jax.Array | None = None) -> jax.Array:
+        """The fake-quantized second activation operand of a GEMM of two activations."""
+
+
+class LayerQuantization(Protocol):
+    """What :func:`execute` asks of a layer's entry in the quantization spec
+    (:class:`npujax.quantize.spec.LayerQuant` implements it)."""
+
+    @property
+    def quantizer(self) -> NodeQuantizer: ...
+
+    @property
+    def stochastic_rounding(self) -> bool: ...
 
 
 def as_inputs(graph: Graph, x: jax.Array | Sequence[jax.Array]) -> list[jax.Array]:
@@ -74,7 +128,8 @@ def _as_input(name: str, v: Any, dtype: str) -> jax.Array:
     return jnp.asarray(a.astype(held))
 
 
-def layer_state(quant: QuantSpec, qstate: QState | None, name: str) -> Any:
+def layer_state(quant: Mapping[str, LayerQuantization], qstate: Mapping[str, Any] | None,
+                name: str) -> Any:
     """The typed state of layer ``name`` (None when ``qstate`` has none; a mapping of the
     quantizer's fields is converted to its state type)."""
     if qstate is None or name not in qstate:
@@ -82,16 +137,33 @@ def layer_state(quant: QuantSpec, qstate: QState | None, name: str) -> Any:
     return quant[name].quantizer.coerce(qstate[name], name)
 
 
+def tap(names: Collection[str]) -> Observe:
+    """An :data:`Observe` hook that records, for each node in ``names``, ``(input, output)``:
+    its first input as the operator read it (fake-quantized where the layer is quantized) and
+    its first output; for a GEMM of two activations also its second operand, ``(input, output,
+    operand)``. ``execute(graph, params, x, observe=tap(["conv1"]))`` returns ``(output,
+    {"conv1": (input, output)})``."""
+    wanted = frozenset(names)
+
+    def observe(node: Node, inputs: list[jax.Array], outputs: list[jax.Array] | None) -> Any:
+        if outputs is None or node.name not in wanted:
+            return None
+        if OPS[node.op].quantized_operands:
+            return (inputs[0], outputs[0], *inputs[1:2])
+        return (inputs[0], outputs[0])
+
+    return observe
+
+
 def execute(
     graph: Graph,
     params: Params,
     x: jax.Array | Sequence[jax.Array],
     *,
-    quant: QuantSpec | None = None,
-    qstate: QState | None = None,
+    quant: Mapping[str, LayerQuantization] | None = None,
+    qstate: Mapping[str, Any] | None = None,
     key: jax.Array | None = None,
-    taps: Collection[str] = (),
-    input_offsets: Mapping[str, jax.Array] | None = None,
+    observe: Observe | None = None,
 ) -> Any:
     """Evaluate ``graph`` on ``x``.
 
@@ -106,14 +178,12 @@ def execute(
         layer's quantizer state (calibrated grids, learned steps, mixture probabilities).
       key: a ``jax.random`` key for the layers with ``stochastic_rounding`` (one key per call,
         e.g. per training step; folded with the node index); None rounds to nearest.
-      taps: node names whose first input and first output should also be returned (and, for a
-        GEMM of two activations, its second operand: a triple).
-      input_offsets: ``{node: array}`` added to a node's first input before quantization (zeros
-        give the gradient of the output w.r.t. that activation, as sensitivity analysis needs).
+      observe: a hook that sees every node's inputs and outputs, may replace its inputs and
+        records what it returns (:data:`Observe`; :func:`tap` records inputs and outputs).
 
     Returns:
-      The graph output (a tuple if it has several). With ``taps``, a pair
-      ``(output, {node: (input, output)})``.
+      The graph output (a tuple if it has several). With ``observe``, a pair
+      ``(output, {node: record})``.
 
     A graph imported at batch 1 whose shapes fold the batch size (e.g. a classifier head written
     ``x.reshape(x.shape[0], -1)``) runs a larger batch by mapping over its examples with
@@ -134,11 +204,11 @@ def execute(
     xs = as_inputs(graph, x)
     if xs and xs[0].ndim and xs[0].shape[0] != 1 and _batch_folded(graph):
         return _execute_per_example(graph, params, xs, quant=quant, qstate=qstate, key=key,
-                                    taps=taps, input_offsets=input_offsets)
+                                    observe=observe)
     env: dict[str, jax.Array] = {k: jnp.asarray(v) for k, v in graph.constants.items()}
     env.update(zip(graph.inputs, xs))
     quant = quant or {}
-    tapped: dict[str, tuple[jax.Array, ...]] = {}
+    records: dict[str, Any] = {}
     inv_std = _batchnorm_inv_std(graph, params)
     batch = int(xs[0].shape[0]) if xs and xs[0].ndim and graph.inputs \
         and graph.tensors[graph.inputs[0]].shape[:1] == (1,) else 1
@@ -147,8 +217,8 @@ def execute(
         p = dict(params.get(node.name, {}))
         if node.name in inv_std:
             p["inv_std"] = inv_std[node.name]
-        if input_offsets and node.name in input_offsets:
-            ins[0] = ins[0] + input_offsets[node.name]
+        if observe is not None and (replaced := observe(node, ins, None)) is not None:
+            ins = list(replaced)
         lq = quant.get(node.name)
         if lq is not None:
             ka = kw = None
@@ -163,12 +233,11 @@ def execute(
                 p[role] = lq.quantizer.quantize_kernel(node, lq, p[role], state, kw)
         outs = run_op(node, ins, p)
         env.update(zip(node.outputs, outs))
-        if node.name in taps:
-            tapped[node.name] = (ins[0], outs[0], *ins[1:2]) if OPS[node.op].quantized_operands \
-                else (ins[0], outs[0])
+        if observe is not None and (record := observe(node, ins, list(outs))) is not None:
+            records[node.name] = record
     result = tuple(env[t] for t in graph.outputs)
     out = result[0] if len(result) == 1 else result
-    return (out, tapped) if taps else out
+    return out if observe is None else (out, records)
 
 
 def _batchnorm_inv_std(graph: Graph, params: Params) -> dict[str, jax.Array]:
@@ -211,13 +280,17 @@ def _folded_concat_input(graph: Graph, node: Any, t: str, v: jax.Array, batch: i
 
 
 def _execute_per_example(graph: Graph, params: Params, xs: list[jax.Array], *,
-                         taps: Collection[str], input_offsets: Mapping[str, jax.Array] | None,
-                         **kw: Any) -> Any:
-    """Run a batch-1 graph on a batch by mapping over examples (``jax.vmap``; one program)."""
+                         observe: Observe | None, **kw: Any) -> Any:
+    """Run a batch-1 graph on a batch by mapping over examples (``jax.vmap``; one program).
+    A ``jax.tree_util.Partial`` hook's arguments are mapped with the examples."""
 
-    def one(xi, offsets):
-        offs = None if offsets is None else {k: v[None] for k, v in offsets.items()}
-        return execute(graph, params, [v[None] for v in xi], taps=taps, input_offsets=offs, **kw)
+    def one(xi, hook):
+        if isinstance(hook, jax.tree_util.Partial):
+            hook = jax.tree.map(lambda v: v[None], hook)
+        return execute(graph, params, [v[None] for v in xi], observe=hook, **kw)
 
-    out = jax.vmap(one)(xs, dict(input_offsets) if input_offsets else None)
+    if isinstance(observe, jax.tree_util.Partial):
+        out = jax.vmap(one)(xs, observe)
+    else:
+        out = jax.vmap(lambda xi: one(xi, observe))(xs)
     return jax.tree.map(lambda a: a.reshape(a.shape[0], *a.shape[2:]), out)

@@ -1,0 +1,180 @@
+"""LLM decoders for the latency model: the reference decoder's graph for a prefill or a decode
+step (:func:`decoder_graph`), the operands its attention reads from the KV cache
+(:func:`kv_cache_operands`), the quantization spec of a decoder lowering
+(:func:`decoder_precision`) and the figures of merit of LLM serving (:func:`decoder_figures`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from npujax.errors import ConfigError
+from npujax.frontends.flax import trace_flax
+from npujax.ir.graph import Graph
+from npujax.ir.passes import optimize
+from npujax.models.transformer import DECODER_CONFIGS, Decoder
+from npujax.numerics import IntFormat
+from npujax.ops import OPS, operand_quantized_ops
+from npujax.quantize.spec import for_operands, quant_spec
+
+if TYPE_CHECKING:
+    from npujax.hw.spec import NpuSpec
+    from npujax.plan.lower import Schedule
+
+__all__ = ["DecoderLowering", "decoder_graph", "kv_cache_operands", "decoder_precision",
+           "decoder_figures"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderLowering:
+    """A decoder phase lowered, with the figures of merit of LLM serving.
+
+    Attributes:
+      config: the decoder's shapes (:class:`npujax.models.transformer.DecoderConfig`).
+      phase: ``"prefill"`` or ``"decode"``.
+      seq_len: prompt tokens per sequence (prefill).
+      kv_len: cached positions per sequence (decode).
+      batch: sequences per step.
+      kv_bits: the width of the attention MatMuls' operands (the KV cache).
+      tokens_per_s: tokens processed per second: ``batch * seq_len / latency`` (prefill) or
+        ``batch / latency`` (decode: one new token per sequence per step).
+      kv_cache_bytes_per_token: bytes of K and V cache read per generated token and sequence
+        (decode: ``2 * layers * kv_len * kv_heads * head_dim * kv_bits / 8``; prefill: 0, the
+        keys and values are computed, not read).
+      macs: multiply-accumulates of the step (all layers).
+      dram_bytes: DRAM bytes the step moves (the schedule's, all layers).
+      roofline_s: the roofline bound of the whole step, ``max(macs / peak MAC rate, dram_bytes
+        / DRAM bandwidth)`` (s; Williams et al. 2009, "Roofline", CACM 52(4)); the modelled
+        latency is never below it. NaN when lowered without a spec.
+      bound: ``"compute"`` or ``"memory"``: which roof is the higher (``""`` without a spec).
+      arithmetic_intensity: ``macs / dram_bytes`` (MACs per byte); the step is compute-bound
+        above the spec's ridge point ``peak MAC rate / bandwidth``.
+    """
+
+    config: Any
+    phase: str
+    seq_len: int
+    kv_len: int
+    batch: int
+    kv_bits: int
+    tokens_per_s: float
+    kv_cache_bytes_per_token: float
+    macs: float = float("nan")
+    dram_bytes: float = float("nan")
+    roofline_s: float = float("nan")
+    bound: str = ""
+    arithmetic_intensity: float = float("nan")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready figures (the config by its fields)."""
+        d = dataclasses.asdict(self)
+        d["config"] = dataclasses.asdict(self.config)
+        return d
+
+
+def decoder_graph(config: Any, *, phase: str, seq_len: int, kv_len: int, batch: int) -> Graph:
+    """The optimized graph of the reference decoder (:class:`npujax.models.transformer.Decoder`)
+    for one phase, traced from Flax (the same path as any model), with zero weights: the
+    latency model needs the shapes only. The weights are materialised as float32 zeros during
+    the trace (about 2 GB for Qwen2.5-0.5B, 5 GB for Llama-3.2-1B; ``tiny`` is instant).
+
+    Args:
+      config: a :class:`~npujax.models.transformer.DecoderConfig` or a name of
+        :data:`~npujax.models.transformer.DECODER_CONFIGS`.
+      phase: ``"prefill"`` (``seq_len`` tokens) or ``"decode"`` (one token, ``kv_len`` cached).
+      seq_len: prompt length (prefill).
+      kv_len: cached positions (decode).
+      batch: sequences per step.
+
+    Raises:
+      ConfigError: an unknown config name, phase or a non-positive length.
+    """
+    if isinstance(config, str):
+        if config not in DECODER_CONFIGS:
+            raise ConfigError(f"unknown decoder config {config!r}; use one of "
+                              f"{sorted(DECODER_CONFIGS)}.")
+        config = DECODER_CONFIGS[config]
+    cfg = config
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: Decoder(
+        cfg, phase=phase, seq_len=seq_len, kv_len=kv_len, batch=batch, rngs=nnx.Rngs(0))))
+    state = jax.tree.map(lambda s: jax.device_put(np.zeros(s.shape, s.dtype)), state)
+    model = nnx.merge(graphdef, state)
+    tokens = jnp.zeros((batch, seq_len if phase == "prefill" else 1), jnp.int32)
+    return optimize(*trace_flax(model, tokens, check=False))[0]
+
+
+def kv_cache_operands(graph: Graph) -> dict[str, int]:
+    """``{attention MatMul: operand index}``: the operand of each GEMM of two activations that
+    is read from a key/value cache, i.e. whose value comes, through ops exact on integer codes
+    (Reshape, Transpose, ...), from a Concat of a graph constant (the cached positions) with
+    the new ones. Empty for a graph without a cache (a prefill, an encoder)."""
+    def from_cache(t: str) -> bool:
+        while (p := graph.producer(t)) is not None:
+            if p.op == "Concat":
+                return any(i in graph.constants for i in p.inputs)
+            if OPS[p.op].codes != "exact" or not p.inputs:
+                return False
+            t = p.inputs[0]
+        return False
+
+    out = {}
+    for n in graph.nodes:
+        if n.op in operand_quantized_ops():
+            idx = [i for i in (0, 1) if from_cache(n.inputs[i])]
+            if len(idx) == 1:
+                out[n.name] = idx[0]
+    return out
+
+
+def decoder_precision(graph: Graph, weight_bits: int, act_bits: int, kv_bits: int
+                      ) -> dict[str, Any] | None:
+    """The spec of a decoder lowering: the linear layers at ``weight_bits``/``act_bits``
+    (weight-only int4: 4/16); in each attention MatMul the operand read from the KV cache
+    (:func:`kv_cache_operands`: K in ``Q K^T``, V in ``P V`` of a decode step) at ``kv_bits``
+    and the other (the new token's query, the softmax output) at ``act_bits``. A prefill
+    computes its keys and values (no cache operand): both attention operands at ``act_bits``.
+    None when everything is 8 bits.
+
+    Where the operands sit on the array follows the cost model's GEMM mapping (the first
+    operand streams, ``M x K`` at its width; the second is the stationary one, ``K x N``): the
+    traced decode attention streams the cache (``M = kv_len + 1`` positions, or ``K`` for
+    ``P V``) past the one-token operand, so each cached element is read once per step at
+    ``kv_bits``.
+    """
+    if weight_bits == act_bits == kv_bits == 8:
+        return None
+    q = quant_spec(graph, weight_bits, act_bits)
+    cache = kv_cache_operands(graph)
+    for n in graph.nodes:
+        if n.op not in operand_quantized_ops():
+            continue
+        first, second = act_bits, act_bits
+        if n.name in cache:
+            first, second = (kv_bits, act_bits) if cache[n.name] == 0 else (act_bits, kv_bits)
+        lq = dataclasses.replace(q[n.name], act=IntFormat(first, signed=False),
+                                 weight=IntFormat(second, narrow_range=True))
+        q[n.name] = for_operands(graph, n.name, lq, second)
+    return q
+
+
+def decoder_figures(schedule: Schedule, config: Any, *, phase: str, seq_len: int, kv_len: int,
+                    batch: int, kv_bits: int, spec: NpuSpec | None = None) -> DecoderLowering:
+    """Tokens per second, KV-cache bytes per token and (with ``spec``) the roofline bound of a
+    lowered decoder phase (see :class:`DecoderLowering`)."""
+    tokens = batch * (seq_len if phase == "prefill" else 1)
+    kv = (2 * config.layers * kv_len * config.kv_heads * config.head_dim * kv_bits / 8
+          if phase == "decode" else 0.0)
+    roof: dict[str, Any] = {}
+    if spec is not None:
+        macs, nbytes = float(schedule.macs), float(schedule.dram_bytes)
+        compute_s, memory_s = macs / spec.peak_macs_per_s, nbytes / spec.memory.dram_bytes_per_s
+        roof = {"macs": macs, "dram_bytes": nbytes, "roofline_s": max(compute_s, memory_s),
+                "bound": "compute" if compute_s >= memory_s else "memory",
+                "arithmetic_intensity": macs / nbytes if nbytes else float("inf")}
+    return DecoderLowering(config, phase, seq_len, kv_len, batch, kv_bits,
+                           tokens / schedule.latency_s, kv, **roof)
