@@ -23,6 +23,7 @@ import npujax
 from npujax.errors import ConfigError
 from npujax.hw import differentiable_spec, list_presets, load_npu_spec
 from npujax.hw.spec import FUSION_LEVELS
+from npujax.models.decoders import decoder_graph
 from npujax.models.transformer import DECODER_CONFIGS, ViT
 from npujax.plan import CostMode, lower, network, program_cost, sweep_shapes
 from npujax.plan.fit import predict_latency_s
@@ -30,7 +31,6 @@ from npujax.plan.passes.energy import ENERGY_BREAKDOWN
 from npujax.search import latency_table
 from npujax.search.codesign import BandwidthClass, CodesignConfig, evaluate_design
 from npujax.systolic import DATAFLOWS
-from npujax.workflows.lowering import decoder_graph
 from tests.flax_graphs import traced
 
 pytestmark = pytest.mark.flax_model
