@@ -176,9 +176,6 @@ def test_fit_rejects_bad_inputs_before_compiling(edge_spec):
     with pytest.raises(ConfigError, match="outside its fit range"):
         fit_spec(layers, edge_spec, **good, fields=["clock_hz"],
                  bounds={"array.clock_hz": (2e9, 3e9)})
-    with pytest.raises(ConfigError, match="'layer' fusion"):
-        fit_spec(layers, edge_spec.with_fields({"ops.fusion": "layer"}), **good,
-                 fields=["clock_hz"])
     with pytest.raises(ConfigError, match="bits must be"):
         fit_spec(layers, edge_spec, **good, fields=["clock_hz"], bits=0)
     with pytest.raises(ConfigError, match="not fitted"):
