@@ -102,14 +102,14 @@ def figures(only: set[str] | None = None) -> dict[str, np.ndarray]:
                         [r.columns["latency_s"][0], r.columns["energy_j"][0],
                          r.columns["dram_bytes"][0]], np.float64)
             if want(f"fit/{kind}/{preset}") and base.ops.fusion != "layer":
-                from npujax.plan.fit import fit_spec, predict_latency_s
+                from npujax.plan.fit import FitConfig, fit_spec, predict_latency_s
 
                 layers = workloads(graph, base)
                 pred = predict_latency_s(layers, base)
                 out[f"fit/{kind}/{preset}/predict_s"] = pred
                 idx = np.arange(len(layers))
-                f = fit_spec(layers, base, idx, pred * 1.3,
-                             ("clock_hz", "dram_bytes_per_s"), steps=3, chunk=3)
+                f = fit_spec(layers, base, idx, pred * 1.3, ("clock_hz", "dram_bytes_per_s"),
+                             config=FitConfig(steps=3, chunk=3))
                 out[f"fit/{kind}/{preset}/fitted"] = np.asarray(list(f.fitted.values()))
                 out[f"fit/{kind}/{preset}/loss"] = np.asarray(f.loss)
     return out

@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from npujax.quantize.spec import LayerQuant as LayerQuant
     from npujax.quantize.spec import QuantSpec as QuantSpec
     from npujax.quantize.spec import quant_spec as quant_spec
+    from npujax.quantize.train import TrainConfig as TrainConfig
     from npujax.quantize.train import train_graph as train_graph
     from npujax.search.api import search_precision as search_precision
     from npujax.search.config import SearchConfig as SearchConfig

@@ -20,7 +20,7 @@ from npujax.ir.passes import optimize
 from npujax.models.train import train_float
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.spec import quant_spec
-from npujax.quantize.train import train_graph
+from npujax.quantize.train import TrainConfig, train_graph
 from npujax.search import SearchConfig, search_precision
 
 
@@ -38,7 +38,8 @@ def main() -> None:
     x, y = data.x_train, data.y_train
 
     def qat():
-        train_graph(graph, params, x, y, steps=args.steps, quant=q8, qstate=qstate)
+        train_graph(graph, params, x, y, quant=q8, qstate=qstate,
+                    config=TrainConfig(steps=args.steps))
 
     runs = {
         "QAT W8A8": qat,

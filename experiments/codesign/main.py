@@ -43,7 +43,7 @@ from npujax.models.cnn import SmallResNet
 from npujax.models.train import train_float
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.spec import quant_spec
-from npujax.quantize.train import evaluate, train_graph
+from npujax.quantize.train import TrainConfig, evaluate, train_graph
 from npujax.search.codesign import (
     BANDWIDTH_CLASSES,
     CodesignConfig,
@@ -99,15 +99,15 @@ def main() -> None:
     sens = model_sensitivity(graph, params, data.x_train, data.y_train, (2, 4, 8))
     calib = [data.x_train[i * 64:(i + 1) * 64] for i in range(8)]
     q8 = quant_spec(graph, 8, 8)
-    base_params = train_graph(graph, params, data.x_train, data.y_train, steps=args.qat_steps,
-                              learning_rate=1e-4, quant=q8, qstate=calibrate(graph, params,
-                                                                             calib, q8), seed=1)
+    qat = TrainConfig(steps=args.qat_steps, learning_rate=1e-4, seed=1)
+    base_params = train_graph(graph, params, data.x_train, data.y_train, quant=q8,
+                              qstate=calibrate(graph, params, calib, q8), config=qat).params
 
     def accuracy(policy) -> float:
         q = policy.quant_spec(graph)
         qs = calibrate(graph, params, calib, q)
-        p = train_graph(graph, base_params, data.x_train, data.y_train, steps=args.qat_steps,
-                        learning_rate=1e-4, quant=q, qstate=qs, seed=2)
+        p = train_graph(graph, base_params, data.x_train, data.y_train, quant=q, qstate=qs,
+                        config=dataclasses.replace(qat, seed=2)).params
         return evaluate(graph, p, data.x_test, data.y_test, quant=q, qstate=qs)
 
     lines = [

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import datetime
 import io
 import platform
@@ -38,7 +39,7 @@ from npujax._atomic import atomic_write_text
 from npujax.data.images import text_images
 from npujax.hw import load_npu_spec
 from npujax.models.zoo import MODELS, fetch_model
-from npujax.plan.fit import fit_metrics, predict_latency_s
+from npujax.plan.fit import FitConfig, fit_metrics, predict_latency_s
 from npujax.plan.profile import match_profile, read_ort_profile, read_profile_csv
 from npujax.plan.workload import workloads
 from npujax.report import plot_measured_vs_modelled, write_json
@@ -132,11 +133,12 @@ def main() -> None:
         idx_test = mt.layer_index[keep]
         base = predict_latency_s(layers[test], start, bits=BITS)[idx_test]
         series = {f"{start.name} datasheet": base}
-        for variant, extra in (("fields", {}), ("fields+efficiency+overhead",
-                                                {"efficiency": True, "overhead": True})):
+        fields_only = FitConfig(steps=args.steps, name=f"cpu_fit_{train}", bits=BITS)
+        for variant, config in (("fields", fields_only), ("fields+efficiency+overhead",
+                                dataclasses.replace(fields_only, efficiency=True,
+                                                    overhead=True))):
             t0 = time.perf_counter()
-            run = fit_profile(profiles[train], graphs[train], start, FIELDS, steps=args.steps,
-                              name=f"cpu_fit_{train}", bits=BITS, **extra)
+            run = fit_profile(profiles[train], graphs[train], start, FIELDS, config=config)
             r = run.result
             pred = predict_latency_s(layers[test], r.spec, r.efficiency, r.overhead_s,
                                      BITS)[idx_test]

@@ -17,6 +17,7 @@ precision_search.md (tables + Pareto points) and one Pareto plot per model and p
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import time
 from pathlib import Path
@@ -35,7 +36,7 @@ from npujax.ops import gemm_nodes
 from npujax.plan import lower
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.spec import quant_spec
-from npujax.quantize.train import evaluate, train_graph
+from npujax.quantize.train import TrainConfig, evaluate, train_graph
 from npujax.search import SearchConfig, search_precision
 
 PRESETS = ("edge_16x16", "bitfusion_16x16", "bitserial_16x16")
@@ -75,14 +76,15 @@ def run_model(name: str, qat_steps: int, search_steps: int) -> tuple[dict, list[
     q8 = quant_spec(graph, 8, 8)
     calib = [data.x_train[i * 64:(i + 1) * 64] for i in range(8)]
     qstate = calibrate(graph, params, calib, q8)
-    base = train_graph(graph, params, data.x_train, data.y_train, steps=qat_steps,
-                       learning_rate=1e-4, quant=q8, qstate=qstate, seed=1)
+    qat = TrainConfig(steps=qat_steps, learning_rate=1e-4, seed=1)
+    base = train_graph(graph, params, data.x_train, data.y_train, quant=q8, qstate=qstate,
+                       config=qat).params
 
     def finetune(wbits, abits):
         q = quant_spec(graph, wbits, abits)
         qs = calibrate(graph, params, calib, q)
-        p = train_graph(graph, base, data.x_train, data.y_train, steps=qat_steps,
-                        learning_rate=1e-4, quant=q, qstate=qs, seed=2)
+        p = train_graph(graph, base, data.x_train, data.y_train, quant=q, qstate=qs,
+                        config=dataclasses.replace(qat, seed=2)).params
         return evaluate(graph, p, data.x_test, data.y_test, quant=q, qstate=qs)
 
     rows = []

@@ -21,7 +21,7 @@ import npujax as nj
 from npujax.data.datasets import load_digits_nhwc
 from npujax.models.train import train_float
 from npujax.models.transformer import DECODER_CONFIGS, Decoder, ViT
-from npujax.quantize.train import train_graph
+from npujax.quantize.train import TrainConfig, train_graph
 
 
 def accuracy(graph, params, x, y, **kw) -> float:
@@ -53,8 +53,8 @@ def vit_rows(steps: int, qat_steps: int) -> list[str]:
         rows.append(f"| W{wb}A8 PTQ (min-max, bias corr.) | {len(q)} ({n_att} attention) | "
                     f"{100 * acc:.1f} | |")
         t = time.time()
-        p_qat = train_graph(graph, p_ptq, data.x_train, data.y_train, steps=qat_steps,
-                            learning_rate=2e-4, quant=q, qstate=qs)
+        p_qat = train_graph(graph, p_ptq, data.x_train, data.y_train, quant=q, qstate=qs,
+                            config=TrainConfig(steps=qat_steps, learning_rate=2e-4)).params
         acc = accuracy(graph, p_qat, data.x_test, data.y_test, quant=q, qstate=qs)
         rows.append(f"| W{wb}A8 QAT (STE, {qat_steps} steps) | {len(q)} ({n_att} attention) | "
                     f"{100 * acc:.1f} | {time.time() - t:.0f} s |")

@@ -91,8 +91,9 @@ def main() -> None:
     rows.append((f"PTQ W8A8 ({len(q8)} layers, {n_att} attention)",
                  evaluate(graph, p8, xte, yte, quant=q8, qstate=qs8), int8_s, ""))
     t = time.time()
-    pq = nj.train_graph(graph, p8, x, y, steps=qc["steps"], learning_rate=qc["learning_rate"],
-                        quant=q8, qstate=qs8, progress=True, description="QAT W8A8")
+    pq = nj.train_graph(graph, p8, x, y, quant=q8, qstate=qs8, config=nj.TrainConfig(
+        steps=qc["steps"], learning_rate=qc["learning_rate"], progress=True,
+        description="QAT W8A8")).params
     rows.append((f"QAT W8A8 ({qc['steps']} steps)",
                  evaluate(graph, pq, xte, yte, quant=q8, qstate=qs8), int8_s,
                  f"{time.time() - t:.0f} s"))
@@ -107,9 +108,9 @@ def main() -> None:
     qm = policy.quant_spec(graph, quantizer=mc["quantizer"])
     pm, qsm = nj.ptq(graph, params, calib, qm)
     ptq_m = evaluate(graph, pm, xte, yte, quant=qm, qstate=qsm)
-    pm, qsm = nj.train_graph(graph, pm, x, y, steps=mc["steps"],
-                             learning_rate=mc["learning_rate"], quant=qm, qstate=qsm,
-                             progress=True, description="QAT mixed", return_qstate=True)
+    pm, qsm, _ = nj.train_graph(graph, pm, x, y, quant=qm, qstate=qsm, config=nj.TrainConfig(
+        steps=mc["steps"], learning_rate=mc["learning_rate"], progress=True,
+        description="QAT mixed"))
     lat = nj.lower(graph, spec, qm).latency_s
     widths = sorted({(policy.weight_bits[n], policy.act_bits[n]) for n in qm})
     rows.append((f"mixed PTQ ({report.method}, budget {sc['budget_ratio']} x INT8)", ptq_m, lat,

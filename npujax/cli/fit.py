@@ -92,10 +92,12 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.learning_rate > 0:
         raise ConfigError(f"--learning-rate must be > 0, got {args.learning_rate}.")
-    from npujax.plan.fit import resolve_fields
+    from npujax.plan.fit import FitConfig, resolve_fields
 
     fields = resolve_fields([f for f in args.params.split(",") if f.strip()])  # fail fast
-    bounds = _bounds(args.bound)
+    config = FitConfig(efficiency=args.efficiency, overhead=args.overhead,
+                       bounds=_bounds(args.bound), steps=args.steps,
+                       learning_rate=args.learning_rate, name=args.name, bits=args.bits)
     out = output_dir(args.out)
     assert out is not None
     shapes = parse_input_shapes(args.input_shape or [])
@@ -107,11 +109,10 @@ def run(args: argparse.Namespace) -> int:
                 _log.info("fit: step %d/%d, loss (mean squared log error) %.6g", step,
                           args.steps, loss)
 
-        result = fit_profile(args.profile, args.model, args.npu, fields, input_shapes=shapes,
-                             efficiency=args.efficiency, overhead=args.overhead, bounds=bounds,
-                             steps=args.steps, learning_rate=args.learning_rate,
+        result = fit_profile(args.profile, args.model, args.npu, fields, config=config,
+                             input_shapes=shapes,
                              on_unmatched="skip" if args.skip_unmatched else "error",
-                             progress=progress, name=args.name, bits=args.bits)
+                             progress=progress)
     con = console()
     print_fit(con, result)
     with staged_dir(out) as stage:

@@ -14,6 +14,7 @@ from npujax.plan.costs import BREAKDOWN as BREAKDOWN
 from npujax.plan.costs import LayerCosts as LayerCosts
 from npujax.plan.costs import layer_costs as layer_costs
 from npujax.plan.costs import layer_costs_by_dataflow as layer_costs_by_dataflow
+from npujax.plan.fit import FitConfig as FitConfig
 from npujax.plan.fit import FitResult as FitResult
 from npujax.plan.fit import fit_spec as fit_spec
 from npujax.plan.liveness import peak_activation_bytes as peak_activation_bytes
@@ -106,6 +107,7 @@ __all__ = [
     "workloads",
     "LayerTable",
     "layer_table",
+    "FitConfig",
     "FitResult",
     "fit_spec",
     "Profile",

@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -57,8 +58,8 @@ from npujax.plan.passes.base import CostMode
 from npujax.plan.program import program_cost
 from npujax.plan.workload import Workload
 
-__all__ = ["FITTABLE", "OP_CLASSES", "IDENTIFIABLE_REL_ERR", "FitResult", "op_class",
-           "resolve_fields", "fit_spec", "predict_latency_s", "fit_metrics"]
+__all__ = ["FITTABLE", "OP_CLASSES", "IDENTIFIABLE_REL_ERR", "FitConfig", "FitResult",
+           "op_class", "resolve_fields", "fit_spec", "predict_latency_s", "fit_metrics"]
 
 #: The spec fields :func:`fit_spec` may fit (``section.key``; traced fields,
 #: :func:`npujax.hw.fields.is_traced`, that change latency smoothly). Layout and operator fields
@@ -158,6 +159,113 @@ def _exact_costs(layers: tuple[Workload, ...], chains: tuple[AttentionChain, ...
                                                    mode=_LATENCY).costs)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FitConfig:
+    """How :func:`fit_spec` fits: the extra parameters, ranges, optimiser and output name.
+
+    Validated once, on construction; what is fitted to what (the workloads, the starting preset,
+    the measurements and the fields) are :func:`fit_spec`'s arguments.
+
+    Attributes:
+      efficiency: also fit one efficiency factor (dimensionless, in
+        ``EFFICIENCY_RANGE``) per :func:`op_class` present among the measured layers.
+      overhead: also fit one fixed per-layer overhead (seconds, in ``OVERHEAD_RANGE``,
+        every measured layer).
+      bounds: ``{field: (lo, hi)}`` narrowing a field's physical range (in the field's unit;
+        ``key`` or ``section.key``, kept as full ``section.key`` names in a read-only
+        mapping); each must satisfy ``range lo <= lo < hi <= range hi``. None: the physical
+        ranges (:func:`npujax.hw.fields.log_range`).
+      steps: Adam steps (int >= 1).
+      learning_rate: peak Adam step size on the unbounded parameters (finite, > 0), decayed by
+        a cosine schedule to 1 % over ``steps``.
+      regularization: weight (finite, >= 0) of ``mean(log efficiency^2)`` in the loss.
+      temperature: relative temperature of the relaxed cost model (in ``(0, 10]``,
+        ``npujax._relax.relaxed``).
+      chunk: steps (int >= 1) per jitted ``lax.scan`` between progress reports.
+      bits: width (int in ``[1, 64]``) of every layer's weights and activations (8; 32 for an
+        fp32 runtime such as onnxruntime on a CPU, with ``array.operand_bits = 32``).
+      name: the fitted preset's name; None (or empty): ``<spec>_fitted``.
+
+    Raises:
+      ConfigError: a field of the wrong type or out of range; the message names the field, the
+        value received and the fix.
+
+    Examples:
+      >>> from npujax.plan import FitConfig
+      >>> c = FitConfig(efficiency=True, steps=300, bounds={"clock_hz": (1e8, 5e9)})
+      >>> dict(c.bounds)
+      {'array.clock_hz': (100000000.0, 5000000000.0)}
+    """
+
+    efficiency: bool = False
+    overhead: bool = False
+    bounds: Mapping[str, tuple[float, float]] | None = dataclasses.field(default=None,
+                                                                         hash=False)
+    steps: int = 400
+    learning_rate: float = 0.1
+    regularization: float = 1e-3
+    temperature: float = 0.05
+    chunk: int = 50
+    bits: int = 8
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        for what in ("efficiency", "overhead"):
+            if not isinstance(getattr(self, what), bool):
+                raise ConfigError(f"FitConfig.{what} must be True or False, got "
+                                  f"{getattr(self, what)!r}.")
+        for what, lo, fix in (("steps", 1, "e.g. steps=400"), ("chunk", 1, "e.g. chunk=50"),
+                              ("bits", 1, "a width in [1, 64], e.g. bits=8")):
+            v = getattr(self, what)
+            if (isinstance(v, bool) or not isinstance(v, int | np.integer) or v < lo
+                    or (what == "bits" and v > 64)):
+                rule = "a width in [1, 64]" if what == "bits" else f"an int >= {lo}"
+                raise ConfigError(f"FitConfig.{what} must be {rule}, got {v!r}; pass {fix}.")
+
+        def number(what: str, ok: Callable[[float], bool], rule: str, fix: str) -> None:
+            v = getattr(self, what)
+            if (isinstance(v, bool) or not isinstance(v, int | float | np.number)
+                    or not math.isfinite(v) or not ok(float(v))):
+                raise ConfigError(f"FitConfig.{what} must be {rule}, got {v!r}; pass {fix}.")
+
+        number("learning_rate", lambda v: v > 0, "a finite number > 0", "e.g. learning_rate=0.1")
+        number("regularization", lambda v: v >= 0, "a finite number >= 0",
+               "e.g. regularization=1e-3 (0: none)")
+        number("temperature", lambda v: 0 < v <= 10, "in (0, 10]", "e.g. temperature=0.05")
+        if self.name is not None and not isinstance(self.name, str):
+            raise ConfigError(f"FitConfig.name must be a preset name (str) or None, got "
+                              f"{self.name!r}.")
+        if self.bounds is not None:
+            if not isinstance(self.bounds, Mapping):
+                raise ConfigError(f"FitConfig.bounds must be a mapping {{field: (lo, hi)}}, got "
+                                  f"{self.bounds!r}; pass e.g. bounds={{'clock_hz': (1e8, "
+                                  "5e9)}}.")
+            out: dict[str, tuple[float, float]] = {}
+            for key, rng in self.bounds.items():
+                if not isinstance(key, str):
+                    raise ConfigError(f"FitConfig.bounds keys must be field names (str), got "
+                                      f"{key!r}; e.g. bounds={{'clock_hz': (1e8, 5e9)}}.")
+                try:
+                    (f,) = resolve_fields([key])
+                except ConfigError as e:
+                    raise ConfigError(f"FitConfig.bounds: {e}") from None
+                if f in out:
+                    raise ConfigError(f"FitConfig.bounds gives {f} twice (as {key!r}); give "
+                                      "each field once.")
+                flo, fhi = hw_fields.log_range(f)
+                try:
+                    blo, bhi = (float(x) for x in rng)
+                except (TypeError, ValueError):
+                    raise ConfigError(f"FitConfig.bounds[{key!r}] must be a pair (lo, hi) of "
+                                      f"numbers, got {rng!r}.") from None
+                if not flo <= blo < bhi <= fhi:
+                    raise ConfigError(f"FitConfig.bounds of {f} must satisfy {flo:g} <= lo < hi "
+                                      f"<= {fhi:g}, got ({blo:g}, {bhi:g}); narrow the "
+                                      "field's physical range, do not widen or invert it.")
+                out[f] = (blo, bhi)
+            object.__setattr__(self, "bounds", types.MappingProxyType(out))
+
+
 @dataclasses.dataclass(frozen=True)
 class FitResult:
     """The outcome of :func:`fit_spec`.
@@ -214,52 +322,52 @@ def fit_spec(
     measured_s: np.ndarray,
     fields: Sequence[str],
     *,
-    efficiency: bool = False,
-    overhead: bool = False,
-    bounds: Mapping[str, tuple[float, float]] | None = None,
-    steps: int = 400,
-    learning_rate: float = 0.1,
-    regularization: float = 1e-3,
-    temperature: float = 0.05,
-    chunk: int = 50,
-    progress: Callable[[int, float], None] | None = None,
-    name: str | None = None,
-    bits: int = 8,
+    config: FitConfig | None = None,
     chains: Sequence[AttentionChain] = (),
+    progress: Callable[[int, float], None] | None = None,
 ) -> FitResult:
     """Fit ``fields`` of ``spec`` (and optional efficiency factors and overhead) to
     ``measured_s`` by Adam on the log-latency error through the relaxed cost model.
 
     Args:
       layers: the model's workloads on ``spec`` (:func:`npujax.plan.workloads`); every layer
-        is costed with weights and activations at ``bits``.
+        is costed with weights and activations at the config's ``bits``.
       spec: the starting preset; fields not fitted keep their values.
       layer_index: int ``[P]``, the measured layers (indices into ``layers``).
       measured_s: float ``[P]`` measured seconds of those layers (> 0).
       fields: fields to fit, ``key`` or ``section.key`` of :data:`FITTABLE`.
-      efficiency: also fit one factor per :func:`op_class` present among the measured layers.
-      overhead: also fit one fixed per-layer overhead (seconds, every measured layer).
-      bounds: ``{field: (lo, hi)}`` narrowing a field's physical range.
-      steps: Adam steps (>= 1).
-      learning_rate: peak Adam step size on the unbounded parameters (> 0).
-      regularization: weight of ``mean(log efficiency^2)`` (>= 0).
-      temperature: relaxation temperature of the cost model (``npujax._relax.relaxed``).
-      chunk: steps per jitted ``lax.scan`` between progress reports.
-      progress: called ``progress(step, loss)`` after every step (e.g. a progress bar).
-      name: the fitted preset's name (default ``<spec>_fitted``).
-      bits: width of every layer's weights and activations (default 8; 32 for an fp32
-        runtime such as onnxruntime on a CPU, with ``array.operand_bits = 32``).
+      config: how to fit (:class:`FitConfig`: factors, overhead, bounds, Adam, width, name);
+        None: ``FitConfig()``.
       chains: the graph's attention blocks (:func:`npujax.plan.network`), so the fit's model
         is the one ``lower`` reports (every cost pass of the preset, relaxed: the cross-layer
         placement's decisions carry no gradient, its costs follow the chosen branch).
+      progress: called ``progress(step, loss)`` after every step (e.g. a progress bar).
 
     Returns:
       A :class:`FitResult`.
 
     Raises:
-      ConfigError: bad fields or bounds, mismatched or non-positive measurements, bad options,
-        or a fitted value the preset cannot hold.
+      ConfigError: bad fields, bounds for fields not fitted, a starting value outside its fit
+        range, mismatched or non-positive measurements, a config that is not a
+        :class:`FitConfig`, or a fitted value the preset cannot hold.
+
+    Examples:
+      >>> from npujax.plan import FitConfig, fit_spec, network  # doctest: +SKIP
+      >>> layers, chains = network(graph, spec)  # doctest: +SKIP
+      >>> r = fit_spec(layers, spec, index, measured_s, ["clock_hz", "dram_bytes_per_s"],
+      ...              config=FitConfig(efficiency=True, steps=300),
+      ...              chains=chains)  # doctest: +SKIP
+      >>> r.spec, r.identifiable  # doctest: +SKIP
     """
+    if config is None:
+        config = FitConfig()
+    elif not isinstance(config, FitConfig):
+        raise ConfigError(f"fit_spec's config must be a FitConfig, got {type(config).__name__}; "
+                          "pass config=FitConfig(steps=..., ...).")
+    efficiency, overhead, bounds, bits = (config.efficiency, config.overhead, config.bounds,
+                                          config.bits)
+    steps, chunk, learning_rate, regularization = (config.steps, config.chunk,
+                                                   config.learning_rate, config.regularization)
     full = resolve_fields(fields)
     idx = np.asarray(layer_index, np.int64)
     meas = np.asarray(measured_s, np.float64)
@@ -271,19 +379,9 @@ def fit_spec(
     if not np.all(np.isfinite(meas) & (meas > 0)):
         raise ConfigError("measured latencies must be finite and > 0 seconds; drop layers "
                           "measured as 0 (below the profiler's resolution).")
-    if steps < 1 or chunk < 1 or not learning_rate > 0 or regularization < 0:
-        raise ConfigError("steps and chunk must be >= 1, learning_rate > 0, regularization >= 0.")
-    if not 1 <= bits <= 64:
-        raise ConfigError(f"bits must be a width in [1, 64], got {bits}.")
     lo, hi = [], []
     for f in full:
-        flo, fhi = hw_fields.log_range(f)
-        if bounds and f in bounds:
-            blo, bhi = (float(x) for x in bounds[f])
-            if not flo <= blo < bhi <= fhi:
-                raise ConfigError(f"bounds of {f} must satisfy {flo:g} <= lo < hi <= {fhi:g}, "
-                                  f"got ({blo:g}, {bhi:g}).")
-            flo, fhi = blo, bhi
+        flo, fhi = bounds[f] if bounds and f in bounds else hw_fields.log_range(f)
         v0 = float(hw_fields.get(spec, f))
         if not flo <= v0 <= fhi:
             raise ConfigError(f"the starting value {f} = {v0:g} is outside its fit range "
@@ -292,7 +390,8 @@ def fit_spec(
         hi.append(fhi)
     unknown = set(bounds or {}) - set(full)
     if unknown:
-        raise ConfigError(f"bounds given for fields not fitted: {sorted(unknown)}.")
+        raise ConfigError(f"bounds given for fields not fitted: {sorted(unknown)}; fit them "
+                          "too, or drop their bounds from the FitConfig.")
     classes = [op_class(layers[i]) for i in idx]
     eff_names = sorted(set(classes)) if efficiency else []
     cls_index = np.asarray([eff_names.index(c) if efficiency else 0 for c in classes], np.int64)
@@ -307,7 +406,8 @@ def fit_spec(
     nf, ne = len(full), len(eff_names)
     wb = jnp.full(len(layers), float(bits), jnp.float32)
     tl = tuple(layers)
-    relaxed = CostMode(relaxed=True, temperature=temperature, count_slope="mean", energy=False)
+    relaxed = CostMode(relaxed=True, temperature=config.temperature, count_slope="mean",
+                       energy=False)
 
     with jax.enable_x64(True):
         base = differentiable_spec(spec, jnp.float64)
@@ -379,7 +479,8 @@ def fit_spec(
     fitted = {f: float(max(1, round(v))) if integer[f] else v for f, v in fitted_raw.items()}
     changes = {f: (int(v) if integer[f] else v) for f, v in fitted.items()}
     try:
-        fitted_spec = hw_fields.replace(spec, changes, name=name or f"{spec.name}_fitted")
+        fitted_spec = hw_fields.replace(spec, changes,
+                                        name=config.name or f"{spec.name}_fitted")
     except ConfigError as e:
         raise ConfigError(f"the fitted values cannot form a preset: {e}") from None
     fitted_spec = dataclasses.replace(

@@ -30,6 +30,8 @@ from npujax.quantize.rules import quant_spec_from_rules as quant_spec_from_rules
 from npujax.quantize.spec import LayerQuant as LayerQuant
 from npujax.quantize.spec import QuantSpec as QuantSpec
 from npujax.quantize.spec import quant_spec as quant_spec
+from npujax.quantize.train import TrainConfig as TrainConfig
+from npujax.quantize.train import TrainResult as TrainResult
 from npujax.quantize.train import batch_iterator as batch_iterator
 from npujax.quantize.train import cross_entropy as cross_entropy
 from npujax.quantize.train import evaluate as evaluate
@@ -45,9 +47,10 @@ if TYPE_CHECKING:
 __all__ = ["LayerQuant", "QuantSpec", "quant_spec", "QuantRule", "quant_spec_from_rules",
            "first_last_rules", "Quantizer", "QUANTIZERS", "get_quantizer", "STE", "LSQ",
            "LSQPlus", "Mixture", "QState", "init_states", "execute", "calibrate", "ptq",
-           "bias_correction", "layer_sqnr", "train_graph", "evaluate", "cross_entropy",
-           "batch_iterator", "save_graph", "load_graph", "DataParallel", "data_parallel",
-           "quantize_model", "calibrate_model", "graph_of", "write_back", "QuantizedModel"]
+           "bias_correction", "layer_sqnr", "train_graph", "TrainConfig", "TrainResult",
+           "evaluate", "cross_entropy", "batch_iterator", "save_graph", "load_graph",
+           "DataParallel", "data_parallel", "quantize_model", "calibrate_model", "graph_of",
+           "write_back", "QuantizedModel"]
 
 if not TYPE_CHECKING:
     __getattr__, __dir__ = _lazy.attach(__name__, __file__)[:2]  # __all__ above, for the docs

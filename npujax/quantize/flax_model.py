@@ -30,7 +30,7 @@ variables' ``params`` / ``batch_stats`` (the user's own trees) and the quantizer
 ``"quant"`` collection (learned fields under ``params["npujax_quant"]``).
 
 Numbers: one forward pass and one optimizer step equal :func:`npujax.execute` and
-:func:`npujax.train_graph` (``fold_bn=True``, same optax transform) on the same graph
+:func:`npujax.train_graph` (``TrainConfig(fold_bn=True)``, same optax transform) on the same graph
 (``tests/quantize/test_flax_model.py``).
 """
 

@@ -30,7 +30,7 @@ from npujax.plan.lower import lower_dataflows
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.model_file import save_graph
 from npujax.quantize.spec import quant_spec
-from npujax.quantize.train import evaluate, train_graph
+from npujax.quantize.train import TrainConfig, evaluate, train_graph
 from npujax.report import (
     layer_table,
     plot_breakdown,
@@ -155,9 +155,9 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
     console.print(f"PTQ INT8 (W8A8) accuracy  {ptq_acc:.4f}")
 
     # 5. QAT W8A8 (fake-quant, straight-through estimator)
-    qat_params = train_graph(graph, params, xtr, ytr, steps=config.qat_steps, learning_rate=1e-4,
-                             batch_size=bs, quant=q8, qstate=qstate, seed=config.seed + 1,
-                             progress=config.progress, description="QAT W8A8")
+    qat_params = train_graph(graph, params, xtr, ytr, quant=q8, qstate=qstate, config=TrainConfig(
+        steps=config.qat_steps, learning_rate=1e-4, batch_size=bs, seed=config.seed + 1,
+        progress=config.progress, description="QAT W8A8")).params
     qat_acc = evaluate(graph, qat_params, xte, yte, quant=q8, qstate=qstate)
     console.print(f"QAT INT8 (W8A8) accuracy  {qat_acc:.4f}")
 
@@ -169,10 +169,11 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
         seed=config.seed + 2, progress=config.progress))
     wpolicy = dict(search.policy.weight_bits)
     q_mp = search.policy.quant_spec(graph)
-    mp_params = train_graph(graph, qat_params, xtr, ytr, steps=config.finetune_steps,
-                            learning_rate=1e-4, batch_size=bs, quant=q_mp, qstate=qstate,
-                            seed=config.seed + 3, progress=config.progress,
-                            description="QAT mixed precision")
+    mp_params = train_graph(graph, qat_params, xtr, ytr, quant=q_mp, qstate=qstate,
+                            config=TrainConfig(steps=config.finetune_steps, learning_rate=1e-4,
+                                               batch_size=bs, seed=config.seed + 3,
+                                               progress=config.progress,
+                                               description="QAT mixed precision")).params
     mp_acc = evaluate(graph, mp_params, xte, yte, quant=q_mp, qstate=qstate)
 
     # 7. lowering

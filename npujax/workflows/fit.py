@@ -24,7 +24,7 @@ from npujax._atomic import atomic_write_text
 from npujax.errors import ConfigError
 from npujax.hw.spec import NpuSpec, as_spec, spec_to_toml
 from npujax.ir.graph import Graph
-from npujax.plan.fit import FitResult, fit_metrics, fit_spec, op_class, predict_latency_s
+from npujax.plan.fit import FitConfig, FitResult, fit_metrics, fit_spec, op_class, predict_latency_s
 from npujax.plan.profile import MatchedProfile, Profile, match_profile, read_profile
 from npujax.plan.program import network
 from npujax.plan.workload import Workload
@@ -91,16 +91,10 @@ def fit_profile(
     npu: NpuSpec | str,
     fields: Sequence[str],
     *,
+    config: FitConfig | None = None,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
-    efficiency: bool = False,
-    overhead: bool = False,
-    bounds: Mapping[str, tuple[float, float]] | None = None,
-    steps: int = 400,
-    learning_rate: float = 0.1,
     on_unmatched: str = "error",
     progress: Callable[[int, float], None] | None = None,
-    name: str | None = None,
-    bits: int = 8,
 ) -> FitRun:
     """Fit ``npu``'s ``fields`` to a measured per-layer profile of ``model``.
 
@@ -111,17 +105,12 @@ def fit_profile(
       npu: the starting preset (an :class:`~npujax.hw.NpuSpec`, a name or a TOML path).
       fields: the preset fields to fit (``key`` or ``section.key``, see
         :data:`npujax.plan.fit.FITTABLE`).
+      config: how to fit (:class:`~npujax.plan.FitConfig`: efficiency factors per op class,
+        a per-layer overhead, bounds, Adam steps and rate, the width every layer is costed at,
+        the fitted preset's name); None: ``FitConfig()``.
       input_shapes: static input shapes of an ONNX model.
-      efficiency: also fit an efficiency factor per op class (see
-        :func:`npujax.plan.fit.fit_spec`).
-      overhead: also fit a fixed per-layer overhead (seconds).
-      bounds: ``{field: (lo, hi)}`` narrowing fields' physical ranges.
-      steps: Adam steps.
-      learning_rate: peak Adam learning rate.
-      progress: called ``progress(step, loss)`` after every step.
-      name: the fitted preset's name (default ``<npu>_fitted``).
-      bits: width of every layer's weights and activations (32 for an fp32 runtime).
       on_unmatched: ``"error"`` or ``"skip"`` for profile names matching no layer.
+      progress: called ``progress(step, loss)`` after every step.
 
     Returns:
       The :class:`FitRun`.
@@ -129,6 +118,7 @@ def fit_profile(
     Raises:
       ConfigError: a bad profile, preset, field or option; profile names matching no layer.
     """
+    config = FitConfig() if config is None else config
     spec = as_spec(npu)
     prof = profile if isinstance(profile, Profile) else read_profile(profile)
     if isinstance(model, tuple):
@@ -147,12 +137,10 @@ def fit_profile(
             names=tuple(n for n, k in zip(matched.names, keep) if k),
             unmeasured=matched.unmeasured + zero)
     result = fit_spec(layers, spec, matched.layer_index, matched.measured_s, fields,
-                      efficiency=efficiency, overhead=overhead, bounds=bounds, steps=steps,
-                      learning_rate=learning_rate, progress=progress, name=name, bits=bits,
-                      chains=chains)
+                      config=config, chains=chains, progress=progress)
     preset_only = None
     if result.efficiency or result.overhead_s:
-        alone = predict_latency_s(layers, result.spec, bits=bits,
+        alone = predict_latency_s(layers, result.spec, bits=config.bits,
                                   chains=chains)[result.layer_index]
         preset_only = fit_metrics(result.measured_s, alone)
     return FitRun(model_name, prof, matched, layers, spec, result,

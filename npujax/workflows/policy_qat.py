@@ -17,7 +17,7 @@ from npujax.plan.lower import lower
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.model_file import save_graph
 from npujax.quantize.parallel import Devices
-from npujax.quantize.train import evaluate, train_graph
+from npujax.quantize.train import TrainConfig, evaluate, train_graph
 from npujax.search.objective import search_targets, task_loss
 from npujax.search.policy import PrecisionPolicy
 from npujax.workflows.inputs import LoadedModel
@@ -70,7 +70,7 @@ def qat_with_policy(model: LoadedModel, policy: PrecisionPolicy, spec: NpuSpec, 
       progress: progress bar.
       out: write ``model.npz`` (graph, fine-tuned params, states and the policy) there.
       devices: data-parallel QAT over these devices (``"all"``, a count; see
-        :func:`npujax.quantize.train_graph`); None: one device.
+        :class:`npujax.quantize.TrainConfig`); None: one device.
 
     Returns:
       A :class:`PolicyQATResult`.
@@ -92,9 +92,9 @@ def qat_with_policy(model: LoadedModel, policy: PrecisionPolicy, spec: NpuSpec, 
     targets = search_targets(graph, params, x, y, task)
     q = policy.quant_spec(graph)
     qstate = calibrate(graph, params, [x[i:i + 64] for i in range(0, min(len(x), 512), 64)], q)
-    tuned = train_graph(graph, params, x, targets, steps=steps, learning_rate=1e-4, quant=q,
-                        qstate=qstate, seed=seed, loss_fn=task, progress=progress,
-                        description="QAT with policy", devices=devices)
+    tuned = train_graph(graph, params, x, targets, quant=q, qstate=qstate, config=TrainConfig(
+        steps=steps, learning_rate=1e-4, seed=seed, loss_fn=task, progress=progress,
+        description="QAT with policy", devices=devices)).params
     if yte is not None:
         metric, score = "test accuracy", evaluate(graph, tuned, xte, yte, quant=q, qstate=qstate)
     else:

@@ -32,7 +32,7 @@ from npujax.quantize.ptq import layer_sqnr, ptq
 from npujax.quantize.quantizers import QUANTIZERS, get_quantizer, init_states
 from npujax.quantize.rules import first_last_rules, quant_spec_from_rules
 from npujax.quantize.spec import quant_spec
-from npujax.quantize.train import evaluate, train_graph
+from npujax.quantize.train import TrainConfig, evaluate, train_graph
 from npujax.report import write_sqnr_report
 
 __all__ = ["QATConfig", "SCHEMES", "run_qat_experiment", "results_markdown", "load_qat_config"]
@@ -205,9 +205,10 @@ def run_qat_experiment(config: QATConfig = QATConfig(), console: Any = None,
     calib = [xtr[i * bs:(i + 1) * bs] for i in range(config.calibration_batches)]
     rows: list[dict[str, Any]] = []
     # Fair baseline for QAT: the float model fine-tuned for the same steps, evaluated in float.
-    tuned = train_graph(raw_graph, raw_params, xtr, ytr, steps=config.qat_steps,
-                        learning_rate=config.qat_learning_rate, batch_size=bs,
-                        seed=config.seed + 1, progress=config.progress, fold_bn=True)
+    train = TrainConfig(steps=config.qat_steps, learning_rate=config.qat_learning_rate,
+                        batch_size=bs, seed=config.seed + 1, progress=config.progress,
+                        fold_bn=True)
+    tuned = train_graph(raw_graph, raw_params, xtr, ytr, config=train).params
     tuned_acc = evaluate(*fuse_epilogues(*fold_batchnorm(raw_graph, tuned)), xte, yte)
     say(f"  float fine-tuned for {config.qat_steps} steps {tuned_acc:.4f}")
     for scheme in config.schemes:
@@ -235,12 +236,9 @@ def run_qat_experiment(config: QATConfig = QATConfig(), console: Any = None,
             # learned steps start from the PTQ grid (min-max weights); STE keeps the PTQ states
             qstate = init_states(graph, params, qspec, qstate)
             learns = bool(get_quantizer(quantizer).learned_fields)
-            trained, qstate = train_graph(
-                raw_graph, raw_params, xtr, ytr, steps=config.qat_steps,
-                learning_rate=config.qat_learning_rate, batch_size=bs, quant=qspec,
-                qstate=qstate, seed=config.seed + 1, progress=config.progress,
-                description=f"{_qat_name(quantizer)} {scheme}", fold_bn=True,
-                return_qstate=True)
+            trained, qstate, _ = train_graph(
+                raw_graph, raw_params, xtr, ytr, quant=qspec, qstate=qstate,
+                config=dataclasses.replace(train, description=f"{_qat_name(quantizer)} {scheme}"))
             qgraph, qparams = fuse_epilogues(*fold_batchnorm(raw_graph, trained))
             acc = evaluate(qgraph, qparams, xte, yte, quant=qspec, qstate=qstate)
             name = _qat_name(quantizer)

@@ -12,6 +12,7 @@ from npujax.hw import fields
 from npujax.ir.graph import Graph, Node, TensorType
 from npujax.plan.fit import (
     FITTABLE,
+    FitConfig,
     fit_metrics,
     fit_spec,
     op_class,
@@ -170,20 +171,55 @@ def test_fit_rejects_bad_inputs_before_compiling(edge_spec):
     for kw, message in cases:
         with pytest.raises(ConfigError, match=message):
             fit_spec(layers, edge_spec, kw["layer_index"], kw["measured_s"], ["clock_hz"])
-    with pytest.raises(ConfigError, match="lo < hi"):
-        fit_spec(layers, edge_spec, **good, fields=["clock_hz"], bounds={"array.clock_hz":
-                                                                           (1e9, 1e2)})
     with pytest.raises(ConfigError, match="outside its fit range"):
         fit_spec(layers, edge_spec, **good, fields=["clock_hz"],
-                 bounds={"array.clock_hz": (2e9, 3e9)})
-    with pytest.raises(ConfigError, match="'layer' fusion"):
-        fit_spec(layers, edge_spec.with_fields({"ops.fusion": "layer"}), **good,
-                 fields=["clock_hz"])
-    with pytest.raises(ConfigError, match="bits must be"):
-        fit_spec(layers, edge_spec, **good, fields=["clock_hz"], bits=0)
+                 config=FitConfig(bounds={"array.clock_hz": (2e9, 3e9)}))
     with pytest.raises(ConfigError, match="not fitted"):
         fit_spec(layers, edge_spec, **good, fields=["clock_hz"],
-                 bounds={"memory.dram_bytes_per_s": (1e9, 1e10)})
+                 config=FitConfig(bounds={"memory.dram_bytes_per_s": (1e9, 1e10)}))
+    with pytest.raises(ConfigError, match="config must be a FitConfig"):
+        fit_spec(layers, edge_spec, **good, fields=["clock_hz"],
+                 config={"steps": 3})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(steps=0), r"FitConfig.steps must be an int >= 1, got 0; pass"),
+    (dict(steps=2.0), r"FitConfig.steps .* got 2.0"),
+    (dict(chunk=0), r"FitConfig.chunk must be an int >= 1, got 0"),
+    (dict(bits=0), r"FitConfig.bits must be a width in \[1, 64\], got 0"),
+    (dict(bits=65), r"FitConfig.bits .* got 65"),
+    (dict(learning_rate=0.0), r"FitConfig.learning_rate must be a finite number > 0, got 0.0"),
+    (dict(learning_rate=float("inf")), r"FitConfig.learning_rate .* got inf"),
+    (dict(regularization=-1e-3), r"FitConfig.regularization must be .* >= 0, got -0.001"),
+    (dict(temperature=0.0), r"FitConfig.temperature must be in \(0, 10\], got 0.0"),
+    (dict(efficiency="yes"), r"FitConfig.efficiency must be True or False, got 'yes'"),
+    (dict(name=3), r"FitConfig.name must be a preset name"),
+    (dict(bounds={"array.clock_hz": (1e9, 1e2)}), r"bounds of array.clock_hz .* lo < hi"),
+    (dict(bounds={"clock_hz": (1e9,)}), r"FitConfig.bounds\['clock_hz'\] must be a pair"),
+    (dict(bounds={"c0": (1.0, 2.0)}), r"FitConfig.bounds: cannot fit 'c0'"),
+    (dict(bounds={"clock_hz": (1e8, 1e9), "array.clock_hz": (1e8, 1e9)}), r"twice"),
+    (dict(bounds=[("clock_hz", (1e8, 1e9))]), r"FitConfig.bounds must be a mapping"),
+])
+def test_fit_config_names_the_field_the_value_and_the_fix(fields, message):
+    with pytest.raises(ConfigError, match=message):
+        FitConfig(**fields)
+
+
+def test_fit_config_is_frozen_keyword_only_with_read_only_full_name_bounds():
+    import dataclasses
+
+    c = FitConfig(bounds={"clock_hz": (1e8, 5e9)}, steps=30)
+    assert dict(c.bounds) == {"array.clock_hz": (1e8, 5e9)}
+    with pytest.raises(TypeError):
+        c.bounds["array.clock_hz"] = (1.0, 2.0)  # type: ignore[index]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.steps = 4  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        FitConfig(True)  # type: ignore[misc]
+    assert hash(c) == hash(dataclasses.replace(c)) and c == dataclasses.replace(c)
+    assert FitConfig() == FitConfig(efficiency=False, overhead=False, bounds=None, steps=400,
+                                    learning_rate=0.1, regularization=1e-3, temperature=0.05,
+                                    chunk=50, bits=8, name=None)
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -9,6 +9,7 @@ from flax import nnx
 
 import npujax
 from npujax.errors import CalibrationError, ConfigError
+from npujax.quantize import TrainConfig
 
 
 class _Tiny(nnx.Module):
@@ -39,21 +40,77 @@ def test_train_graph_iterable_with_y(tiny):
     batches = [(x, y)]
     for steps in (None, 2):
         with pytest.raises(ConfigError, match="y is given with an iterable"):
-            npujax.train_graph(graph, params, iter(batches), y, steps=steps,
-                               optimizer=optax.sgd(0.1))
+            npujax.train_graph(graph, params, iter(batches), y, config=TrainConfig(
+                steps=steps, optimizer=optax.sgd(0.1)))
 
 
 def test_train_graph_batches_without_targets(tiny):
     graph, params, x, _ = tiny
     with pytest.raises(ConfigError, match=r"batch 0 .*\(inputs, targets\)"):
         npujax.train_graph(graph, params, (x[i:i + 4] for i in (0, 4)),
-                           optimizer=optax.sgd(0.1))
+                           config=TrainConfig(optimizer=optax.sgd(0.1)))
 
 
-def test_train_graph_optimizer_not_a_transform(tiny):
+def test_train_graph_optimizer_not_a_transform():
+    with pytest.raises(ConfigError, match="optimizer must be .*GradientTransformation.*optax.adam"):
+        TrainConfig(steps=1, optimizer="adam")
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(steps=0), r"TrainConfig.steps must be an int >= 1, got 0; pass"),
+    (dict(steps=2.5), r"TrainConfig.steps .* got 2.5"),
+    (dict(steps=True), r"TrainConfig.steps .* got True"),
+    (dict(), r"TrainConfig.steps is None.*optimizer"),
+    (dict(steps=1, learning_rate=0.0), r"TrainConfig.learning_rate .* > 0, got 0.0; pass"),
+    (dict(steps=1, learning_rate=float("nan")), r"TrainConfig.learning_rate .* got nan"),
+    (dict(steps=1, batch_size=0), r"TrainConfig.batch_size must be an int >= 1, got 0"),
+    (dict(steps=1, seed=-1), r"TrainConfig.seed must be an int >= 0, got -1"),
+    (dict(steps=1, seed=2**32), r"TrainConfig.seed must be in \[0, 2\*\*32\)"),
+    (dict(steps=1, loss_fn="mse"), r"TrainConfig.loss_fn must be a function.*'mse'"),
+    (dict(steps=1, fold_bn="yes"), r"TrainConfig.fold_bn must be True or False, got 'yes'"),
+    (dict(steps=1, devices=0), r"TrainConfig.devices must be .* got 0"),
+    (dict(steps=1, devices="gpu"), r"TrainConfig.devices must be .* got 'gpu'"),
+    (dict(steps=1, devices=[]), r"TrainConfig.devices is an empty sequence"),
+])
+def test_train_config_names_the_field_the_value_and_the_fix(fields, message):
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig(**fields)
+
+
+def test_train_config_is_frozen_keyword_only_and_hashable():
+    import dataclasses
+
+    c = TrainConfig(steps=3, devices=["d0", "d1"])
+    assert c.devices == ("d0", "d1") and hash(c) == hash(TrainConfig(steps=3,
+                                                                     devices=("d0", "d1")))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.steps = 4  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        TrainConfig(3)  # type: ignore[misc]
+    assert dataclasses.replace(c, steps=5).steps == 5
+
+
+def test_train_graph_needs_steps_with_arrays_and_a_train_config(tiny):
     graph, params, x, y = tiny
-    with pytest.raises(ConfigError, match="GradientTransformation.*optax.adam"):
-        npujax.train_graph(graph, params, x, y, steps=1, optimizer="adam")
+    with pytest.raises(ConfigError, match="arrays .* TrainConfig.steps=None"):
+        npujax.train_graph(graph, params, x, y, config=TrainConfig(optimizer=optax.sgd(0.1)))
+    with pytest.raises(ConfigError, match="config must be a TrainConfig"):
+        npujax.train_graph(graph, params, x, y, config={"steps": 1})  # type: ignore[arg-type]
+
+
+@pytest.mark.flax_model  # optax's Adam mixes int and float: standard promotion
+def test_train_graph_returns_params_and_the_learned_qstate(tiny):
+    graph, params, x, y = tiny
+    q = npujax.quant_spec(graph, 4, 4, quantizer="lsq")
+    qstate = npujax.calibrate(graph, params, [x], q)
+    r = npujax.train_graph(graph, params, x, y, quant=q, qstate=qstate,
+                           config=TrainConfig(steps=2, learning_rate=1e-2, batch_size=4))
+    assert r.steps == 2 and set(r.params) == set(params) and set(r.qstate) == set(qstate)
+    (name,) = qstate
+    assert not np.array_equal(np.asarray(r.qstate[name].weight_step),
+                              np.asarray(qstate[name].weight_step))  # learned, not dropped
+    r = npujax.train_graph(graph, params, x, y, config=TrainConfig(steps=1))
+    assert r.qstate == {} and r.steps == 1
 
 
 def test_train_graph_says_when_the_iterable_ends_before_steps(tiny, caplog):
@@ -61,12 +118,15 @@ def test_train_graph_says_when_the_iterable_ends_before_steps(tiny, caplog):
 
     graph, params, x, y = tiny
     with caplog.at_level(logging.WARNING, logger="npujax"):
-        npujax.train_graph(graph, params, [(x, y)] * 2, steps=5, optimizer=optax.sgd(0.1))
+        npujax.train_graph(graph, params, [(x, y)] * 2,
+                           config=TrainConfig(steps=5, optimizer=optax.sgd(0.1)))
     assert "ended after 2 of the 5 steps" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="npujax"):
-        npujax.train_graph(graph, params, [(x, y)] * 2, optimizer=optax.sgd(0.1))
+        r = npujax.train_graph(graph, params, [(x, y)] * 2,
+                               config=TrainConfig(optimizer=optax.sgd(0.1)))
     assert "ended after" not in caplog.text  # steps=None: until the iterable ends, as asked
+    assert r.steps == 2
 
 
 def test_graph_of_given_the_linen_pair_says_how_to_call_it():

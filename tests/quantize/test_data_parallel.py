@@ -30,6 +30,7 @@ from npujax.frontends.flax import trace_flax
 from npujax.ir.passes import optimize
 from npujax.models.cnn import DigitsCNN
 from npujax.quantize import calibrate, evaluate, execute, quant_spec, train_graph, cross_entropy
+from npujax.quantize import TrainConfig
 from npujax.search import SearchConfig, search_precision
 
 assert len(jax.local_devices()) == 8, jax.local_devices()
@@ -44,8 +45,8 @@ for devices in (None, "all"):  # one device, then the batch split over 8
     t0 = time.perf_counter()
     # plain SGD: Adam divides by sqrt(v), so a gradient that is zero up to rounding (1e-12
     # on one device, -1e-12 on eight) becomes a full +-lr step; SGD keeps rounding at rounding
-    tp = train_graph(g, p, x, y, steps=6, batch_size=64, quant=q, qstate=qs,
-                     optimizer=optax.sgd(0.1), devices=devices)
+    tp = train_graph(g, p, x, y, quant=q, qstate=qs, config=TrainConfig(
+        steps=6, batch_size=64, optimizer=optax.sgd(0.1), devices=devices)).params
     print("qat", devices, time.perf_counter() - t0, file=sys.stderr)
     leaf = tp["conv1"]["kernel"]
     # jitted, as a user evaluates (an eager execute compiles every op: ~12 s here)
@@ -106,7 +107,7 @@ out["flax_kernel_diff"] = float(jnp.max(jnp.abs(fk1 - fk8)))
 out["flax_kernel_max"] = float(jnp.max(jnp.abs(fk1)))
 out["flax_devices"] = len(fk8.sharding.device_set)
 try:
-    train_graph(g, p, x, y, steps=1, batch_size=60, devices="all")
+    train_graph(g, p, x, y, config=TrainConfig(steps=1, batch_size=60, devices="all"))
     out["indivisible"] = None
 except ConfigError as e:
     out["indivisible"] = str(e)

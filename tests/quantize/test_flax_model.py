@@ -19,7 +19,7 @@ from npujax.frontends.flax import trace_flax
 from npujax.ir.passes import fold_batchnorm
 from npujax.numerics import FP8_E4M3FN, IntFormat
 from npujax.quantize.rules import QuantRule, parse_qtype, quant_spec_from_rules
-from npujax.quantize.train import train_graph
+from npujax.quantize.train import TrainConfig, train_graph
 from tests.helpers import assert_close, jit_execute, numpy_init
 
 pytestmark = pytest.mark.flax_model
@@ -128,7 +128,7 @@ def test_user_loop_equals_train_graph_and_writes_into_the_model(data):
     qstate = npujax.quantize.graph_of(q)[2]
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(3e-3))
     want = train_graph(graph, params, _batches(x, y), quant=q.plan.quant, qstate=qstate,
-                       fold_bn=True, optimizer=tx)
+                       config=TrainConfig(fold_bn=True, optimizer=tx)).params
 
     opt = nnx.Optimizer(q, tx, wrt=nnx.Param)
 

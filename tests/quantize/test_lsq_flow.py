@@ -19,7 +19,7 @@ from npujax.ops import gemm_nodes
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.quantizers import merge_learned, split_learned
 from npujax.quantize.spec import LayerQuant, quant_spec
-from npujax.quantize.train import cross_entropy, train_graph
+from npujax.quantize.train import TrainConfig, cross_entropy, train_graph
 from tests.onnx_models import ort_run
 
 pytestmark = pytest.mark.flax_model
@@ -41,8 +41,8 @@ def trained(model, request):
     graph, params, x, y = model
     q = quant_spec(graph, 4, 4, quantizer=request.param)
     qstate = calibrate(graph, params, [x], q)
-    p2, qs2 = train_graph(graph, params, x, y, steps=15, learning_rate=2e-3, batch_size=64,
-                          quant=q, qstate=qstate, return_qstate=True)
+    p2, qs2, _ = train_graph(graph, params, x, y, quant=q, qstate=qstate, config=TrainConfig(
+        steps=15, learning_rate=2e-3, batch_size=64))
     return request.param, q, qstate, p2, qs2
 
 
@@ -128,8 +128,6 @@ def test_lsq_configuration_errors(model):
         LayerQuant(weight=IntFormat(4), quantizer="lsq", weight_block_size=8)
     q = quant_spec(graph, 4, 4, quantizer="lsq")
     qstate = calibrate(graph, params, [x], q)
-    with pytest.raises(ConfigError, match="return_qstate"):
-        train_graph(graph, params, x, y, steps=1, quant=q, qstate=qstate)
     bare = {k: e._replace(weight_step=None) for k, e in qstate.items()}
     with pytest.raises(ConfigError, match="weight_step"):
         execute(graph, params, jnp.asarray(x), quant=q, qstate=bare)

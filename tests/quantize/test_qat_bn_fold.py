@@ -13,7 +13,7 @@ from npujax.ir.passes import fold_batchnorm
 from npujax.models.cnn import DigitsCNN
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.spec import quant_spec
-from npujax.quantize.train import train_graph
+from npujax.quantize.train import TrainConfig, train_graph
 
 pytestmark = pytest.mark.flax_model
 
@@ -28,8 +28,8 @@ def test_bn_folded_qat_zero_scale_no_nan_and_stats_frozen():
     fgraph, fparams = fold_batchnorm(graph, params)
     q = quant_spec(fgraph, 4, 8)
     qstate = calibrate(fgraph, fparams, [x], q)
-    trained = train_graph(graph, params, x, y, steps=3, learning_rate=1e-2, batch_size=32,
-                          quant=q, qstate=qstate, fold_bn=True)
+    trained = train_graph(graph, params, x, y, quant=q, qstate=qstate, config=TrainConfig(
+        steps=3, learning_rate=1e-2, batch_size=32, fold_bn=True)).params
     for leaf in jax.tree.leaves(trained):
         assert np.all(np.isfinite(np.asarray(leaf)))
     np.testing.assert_array_equal(np.asarray(trained["bn1"]["mean"]),
@@ -59,5 +59,6 @@ def test_stochastic_rounding_in_qat_only_with_a_key():
     assert not np.allclose(np.asarray(a), np.asarray(b))  # the key changes the rounding
     np.testing.assert_array_equal(np.asarray(run(jax.random.key(0))), np.asarray(a))
     assert np.all(np.isfinite(np.asarray(a))) and nearest.shape == a.shape
-    trained = train_graph(graph, params, x, y, steps=2, batch_size=16, quant=q, qstate=qstate)
+    trained = train_graph(graph, params, x, y, quant=q, qstate=qstate,
+                          config=TrainConfig(steps=2, batch_size=16)).params
     assert all(np.all(np.isfinite(np.asarray(v))) for v in jax.tree.leaves(trained))

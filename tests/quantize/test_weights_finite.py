@@ -8,7 +8,7 @@ import pytest
 from npujax import calibrate, quant_spec
 from npujax.errors import CalibrationError
 from npujax.frontends.onnx import from_onnx
-from npujax.quantize.train import train_graph
+from npujax.quantize.train import TrainConfig, train_graph
 from npujax.quantize.weights import MAX_ABS_WEIGHT, check_weights
 from tests import hostile_inputs as hi
 
@@ -30,8 +30,8 @@ def test_bad_weight_is_refused_by_calibration_and_training(model, value, match):
     with pytest.raises(CalibrationError, match=f"{name}.*kernel.*{match}"):
         calibrate(graph, bad, [x], quant_spec(graph, 2, 8))
     with pytest.raises(CalibrationError, match=name):
-        train_graph(graph, bad, x, np.zeros((2, 3, 6, 6), np.float32), steps=1,
-                    loss_fn=lambda out, y: ((out - y) ** 2).mean())
+        train_graph(graph, bad, x, np.zeros((2, 3, 6, 6), np.float32), config=TrainConfig(
+            steps=1, loss_fn=lambda out, y: ((out - y) ** 2).mean()))
 
 
 def test_weights_at_the_limit_quantize_to_finite_values(model):

@@ -92,10 +92,10 @@ def test_gradient_searcher_through_the_same_interface(problem):
 
 def test_loss_sensitivity_ranks_narrow_widths_worse_and_drives_the_ilp(problem):
     g, p, x, y, qs = problem
-    from npujax.quantize.train import train_graph
+    from npujax.quantize.train import TrainConfig, train_graph
     from npujax.search import loss_sensitivity
 
-    p = train_graph(g, p, x, y, steps=60, learning_rate=3e-3)  # the fixture is untrained
+    p = train_graph(g, p, x, y, config=TrainConfig(steps=60, learning_rate=3e-3)).params
     om = loss_sensitivity(g, p, jnp.asarray(x), jnp.asarray(y), ["conv1", "fc2"], (2, 8), (4, 8))
     for layer in ("conv1", "fc2"):
         assert set(om[layer]) == {(2, 4), (2, 8), (8, 4), (8, 8)}
