@@ -12,6 +12,7 @@ from npujax.hw.spec import DATAFLOWS as DATAFLOWS
 from npujax.hw.spec import FUSION_LEVELS as FUSION_LEVELS
 from npujax.hw.spec import LAYOUTS as LAYOUTS
 from npujax.hw.spec import MAPPINGS as MAPPINGS
+from npujax.hw.spec import PARAMETER_CACHES as PARAMETER_CACHES
 from npujax.hw.spec import PRECISION_SCALINGS as PRECISION_SCALINGS
 from npujax.hw.spec import AreaSpec as AreaSpec
 from npujax.hw.spec import ArraySpec as ArraySpec
@@ -51,6 +52,7 @@ __all__ = [
     "LAYOUTS",
     "FUSION_LEVELS",
     "PRECISION_SCALINGS",
+    "PARAMETER_CACHES",
     "NpuSpec",
     "DATAFLOWS",
     "MAPPINGS",

@@ -61,6 +61,7 @@ from npujax.systolic.precision import PRECISION_SCALINGS
 __all__ = [
     "FUSION_LEVELS",
     "ATTENTION_FUSIONS",
+    "PARAMETER_CACHES",
     "ArraySpec",
     "MemorySpec",
     "VectorSpec",
@@ -101,6 +102,11 @@ FUSION_LEVELS = ("none", "elementwise", "residual", "layer")
 #: and ``flash`` (also FlashAttention tiling when they do not: K/V streamed in blocks, online
 #: softmax; Dao et al., NeurIPS 2022). See :mod:`npujax.plan.passes.attention`.
 ATTENTION_FUSIONS = ("none", "on_chip", "flash")
+
+#: Where the weights live between inferences (``memory.parameter_cache``): no parameter cache,
+#: or a cache whose overflow streams from DRAM or from host memory over the host link. See
+#: :mod:`npujax.plan.passes.weight_stream`.
+PARAMETER_CACHES = ("none", "streams_from_dram", "streams_from_host")
 
 
 def _field(*, zero_ok: bool = False, choices: tuple[str, ...] | None = None, default=None,
@@ -169,6 +175,14 @@ class MemorySpec:
         :data:`MAPPINGS` (default ``best``: per layer the fold order and tiling with the fewest
         DRAM bytes; ``scalesim``: SCALE-Sim's fixed fold order, for cross-checks; see
         :mod:`npujax.systolic.mapping`).
+      parameter_cache: where the weights live between inferences, one of
+        :data:`PARAMETER_CACHES` (default ``none``: every layer reads its weights from DRAM as
+        tiled; ``streams_from_dram``: an on-chip parameter cache of ``parameter_cache_bytes``
+        keeps the weights of the first layers, in schedule order, across inferences, and the
+        other layers read theirs from DRAM; ``streams_from_host``: the same, the other layers'
+        weights streamed from host memory over the host link on every inference, as the Coral
+        Edge TPU does; see :mod:`npujax.plan.passes.weight_stream`).
+      parameter_cache_bytes: the parameter cache's capacity (bytes), >= 0 (default 0).
     """
 
     ifmap_sram_bytes: int = _field(lo=1, hi=2**40)
@@ -179,6 +193,8 @@ class MemorySpec:
     dram_bytes: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=2.0**50)
     core_link_bytes_per_s: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=1e15)
     mapping: str = _field(choices=MAPPINGS, default="best")
+    parameter_cache: str = _field(choices=PARAMETER_CACHES, default="none")
+    parameter_cache_bytes: int = _field(zero_ok=True, default=0, lo=0, hi=2**40)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

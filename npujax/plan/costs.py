@@ -97,6 +97,8 @@ class LayerCosts(NamedTuple):
       latency_cycles: float, the sum above.
       memory_cycles: float, DRAM time of the layer's traffic.
       dram_bytes: float64, DRAM bytes moved (whole bursts; an exact integer below 2**53).
+      weight_dram_bytes: float64, the part of ``dram_bytes`` that reads the layer's weights
+        and biases (a GEMM's stationary operand, re-fetches included; whole bursts).
       refetch_factor: float, DRAM bytes / bytes of each operand once (tiling re-reads).
       sram_peak_bytes: float, on-chip buffer bytes a GEMM layer occupies at its peak.
       folds: int64, folds of the mapping (all groups and passes).
@@ -114,6 +116,7 @@ class LayerCosts(NamedTuple):
     latency_cycles: Any
     memory_cycles: Any
     dram_bytes: Any
+    weight_dram_bytes: Any
     refetch_factor: Any
     sram_peak_bytes: Any
     folds: Any
@@ -227,7 +230,8 @@ def _hw(spec: NpuSpec) -> NpuSpec:
 
 
 #: The :class:`LayerCosts` fields that are exact 64-bit counts whatever JAX's config.
-EXACT_FIELDS = ("compute_cycles", "fill_drain_cycles", "folds", "dram_bytes")
+EXACT_FIELDS = ("compute_cycles", "fill_drain_cycles", "folds", "dram_bytes",
+                "weight_dram_bytes")
 
 
 def layer_costs(
@@ -492,6 +496,10 @@ def _layer_costs(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight_
                  + _bursts(gf * (mem["dram_write_bytes_out"] + mem["dram_read_bytes_out"]),
                            burst))
         dram_bytes = jnp.where(on_npu, jnp.where(is_gemm, tiled, once), 0.0)
+        weight_once = _bursts(f32("weight_elems") * wb / 8.0, burst) + bias_bytes
+        weight_dram = jnp.where(on_npu, jnp.where(
+            is_gemm, _bursts(gf * mem["dram_read_bytes_b"], burst) + bias_bytes, weight_once),
+            0.0)
         refetch = jnp.where(on_npu, dram_bytes / jnp.maximum(once, 1.0), 0.0)
         memory = dram_bytes / bpc
         # the first tiles in and the last tile out cannot overlap compute
@@ -520,6 +528,7 @@ def _layer_costs(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight_
             latency_cycles=latency,
             memory_cycles=memory,
             dram_bytes=dram_bytes,
+            weight_dram_bytes=weight_dram,
             refetch_factor=refetch,
             sram_peak_bytes=sram_peak,
             folds=jnp.where(is_gemm, groups * g["folds"] * n_passes, 0),

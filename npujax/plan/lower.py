@@ -39,7 +39,7 @@ __all__ = ["LayerReport", "EdgeReport", "AttentionReport", "Schedule", "lower",
            "lower_by_dataflow", "Lowering", "lower_dataflows", "layer_bits", "weight_bytes",
            "DEFAULT_BITS", "ACTIVATION_PLACEMENTS", "activation_placements"]
 
-#: Where a layer's activations live (:attr:`LayerReport.input_placement` and
+#: Where a layer's activations live (``LayerReport.input_placement`` and
 #: ``output_placement``): ``dram`` (through DRAM), ``sram`` (kept on chip whole by the
 #: cross-layer placement), ``depth_first`` (a stripe buffer of a depth-first pair), ``fused``
 #: (inside a GEMM's output stage, with the elementwise ops fused into it), ``attention`` (inside
@@ -684,8 +684,8 @@ def activation_placements(layers: Sequence[Workload], edges: Sequence[EdgeReport
 
     Args:
       layers: the workloads, in schedule order.
-      edges: where each cross-layer tensor lived (:attr:`Schedule.edges`, ``layer`` fusion).
-      attention: the attention blocks (:attr:`Schedule.attention`); those not ``unfused`` ran
+      edges: where each cross-layer tensor lived (``Schedule.edges``, ``layer`` fusion).
+      attention: the attention blocks (``Schedule.attention``); those not ``unfused`` ran
         as kernels.
       stationary_activations: names of the GEMM layers whose stationary operand is an
         activation (MatMul, Einsum of two activations).

@@ -12,7 +12,7 @@ order  pass             runs where                                  module
 20     attention        ``ops.attention_fusion`` != ``none`` and    ``passes/attention.py``
                         the graph has attention blocks
 30     cross_layer      ``ops.fusion`` = ``layer``                  ``passes/cross_layer.py``
-40     weight_stream    ``host.weight_streaming`` = ``true``        ``passes/weight_stream.py``
+40     weight_stream    ``memory.parameter_cache`` != ``none``      ``passes/weight_stream.py``
 90     energy           the mode asks for energy                    ``passes/energy.py``
 =====  ===============  ==========================================  =====================
 

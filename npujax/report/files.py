@@ -20,7 +20,7 @@ LAYER_COLUMNS = (
     "name", "op", "kind", "device", "M", "K", "N", "macs", "weight_bits", "act_bits",
     "compute_cycles", "fill_drain_cycles", "memory_cycles", "dma_cycles", "stall_cycles",
     "fallback_cycles", "transfer_cycles", "latency_cycles", "latency_s", "bound", "utilization",
-    "mapping_efficiency", "dram_bytes", "folds", "energy_j",
+    "mapping_efficiency", "dram_bytes", "weight_dram_bytes", "folds", "energy_j",
     *(f"energy_{k}_j" for k in ENERGY_BREAKDOWN), "epilogue", "reason", "input_placement",
     "output_placement",
 )

@@ -1,9 +1,10 @@
-"""Every cost path applies the preset's attention fusion (``ops.attention_fusion``) as
-``lower`` does: the precision search's latency table at uniform widths, ``sweep_shapes`` at
-each sequence length, the design-space sweep, and the ``layer`` fusion schedule (a fused
-attention block is a boundary of the cross-layer schedule), on a traced one-block decoder.
+"""The attention pass on a traced one-block decoder: ``sweep_shapes`` over sequence lengths (the
+chains' extents from the traced sizes), what the shape sweep refuses, and the ``layer`` fusion
+schedule (a fused attention block is a boundary of the cross-layer schedule).
 
-Each test also checks that the fusion changed the numbers, so that a path ignoring it fails."""
+That every consumer (the search's latency table, the design-space sweep, codesign, fit) gets
+the same numbers as ``lower`` is tests/plan/test_program_agreement.py. Each test here also checks
+that the fusion changed the numbers, so that a path ignoring it fails."""
 
 from __future__ import annotations
 
@@ -13,13 +14,11 @@ import numpy as np
 import pytest
 
 from npujax.errors import ConfigError
-from npujax.explore import sweep
 from npujax.hw import load_npu_spec
 from npujax.models.decoders import decoder_graph
 from npujax.models.transformer import DECODER_CONFIGS
 from npujax.plan import lower, sweep_shapes, workloads
-from npujax.quantize.spec import quant_spec
-from npujax.search import latency_table, policy_latency_s
+from npujax.search import latency_table
 
 pytestmark = pytest.mark.flax_model
 
@@ -59,23 +58,6 @@ def test_stock_transformer_presets_declare_attention_fusion():
 
 
 @pytest.mark.parametrize("key", KEYS)
-def test_search_table_equals_lower_at_uniform_widths(graphs, key):
-    g, spec = graphs[64], _spec(key)
-    table = latency_table(g, spec, (4, 8), 8)
-    for w in (4, 8):
-        policy = {n: (w, 8) for n in table.layers}  # the attention MatMuls' operands included
-        q = quant_spec(g, {n: w for n in table.layers}, 8)
-        s = lower(g, spec, q)
-        assert any(a.mode != "unfused" for a in s.attention)
-        assert s.latency_s < lower(g, _none(spec), q).latency_s
-        per_layer = {r.name: r.latency_s for r in s.layers}
-        col = np.asarray(table.seconds)[:, table.column((w, 8))]
-        np.testing.assert_allclose(col, [per_layer[n] for n in table.layers], rtol=1e-6)
-        np.testing.assert_allclose(table.latency_s(policy), s.latency_s, rtol=1e-6)
-        np.testing.assert_allclose(policy_latency_s(g, spec, policy), s.latency_s, rtol=1e-12)
-
-
-@pytest.mark.parametrize("key", KEYS)
 def test_sweep_shapes_equals_lower_at_each_length(graphs, key):
     spec = _spec(key)
     costs = sweep_shapes([graphs[s] for s in SEQS], spec)
@@ -98,16 +80,6 @@ def test_sweep_shapes_refuses_what_it_cannot_fuse(graphs):
     sweep_shapes(lists, _none(spec))  # nothing to fuse: workload lists suffice
     with pytest.raises(ConfigError, match="cannot follow traced shapes"):
         sweep_shapes([graphs[s] for s in SEQS], spec.with_fields({"ops.fusion": "layer"}))
-
-
-def test_design_space_sweep_equals_lower(graphs):
-    g, spec = graphs[64], _spec("edge, flash-tiled")
-    r = sweep(g, spec, {"memory.dram_bytes_per_s": [6.4e9, 12.8e9]})
-    for i, bw in enumerate((6.4e9, 12.8e9)):
-        s = lower(g, spec.with_fields({"memory.dram_bytes_per_s": bw}))
-        assert {a.mode for a in s.attention} == {"flash"}
-        np.testing.assert_allclose(r.columns["latency_s"][i], s.latency_s, rtol=1e-12)
-        np.testing.assert_allclose(r.columns["dram_bytes"][i], s.dram_bytes, rtol=1e-12)
 
 
 @pytest.mark.integration  # compiles the layer schedule's programs (about 10 s unloaded)
@@ -133,20 +105,3 @@ def test_layer_fusion_with_attention_blocks(graphs, fits):
     else:  # tiled, the kernel's K/V re-reads lose to the layer schedule: that one is kept
         assert a.mode == "unfused" and a.dram_bytes_saved == 0
         assert s.latency_s == plain.latency_s
-
-
-@pytest.mark.integration  # compiles the co-design's relaxed program
-def test_codesign_relaxed_tables_follow_lower(graphs):
-    from npujax.search.codesign import CodesignConfig, _Problem
-
-    g, spec = graphs[64], _spec("edge (on_chip, as shipped)")
-    names = [w.name for w in workloads(g, spec) if w.kind == "gemm"]
-    p = _Problem(g, spec, {n: {8: 0.0} for n in names}, CodesignConfig(area_mm2=100.0,
-                                                                       candidates=(8,)))
-    a, m = spec.array, spec.memory
-    lat, _, _ = p._tables(float(a.rows), float(a.cols), (float(m.ifmap_sram_bytes),
-                          float(m.filter_sram_bytes), float(m.ofmap_sram_bytes)),
-                          float(m.dram_bytes_per_s))
-    s = lower(g, spec)
-    np.testing.assert_allclose(np.asarray(lat)[0].sum(), s.latency_s, rtol=1e-6)
-    assert s.latency_s < lower(g, _none(spec)).latency_s

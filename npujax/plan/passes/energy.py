@@ -230,9 +230,16 @@ def _applies(spec: NpuSpec, chains: tuple[AttentionChain, ...], mode: CostMode) 
 
 
 def _apply(inp: PassInput, state: ProgramCosts) -> ProgramCosts:
-    return state._replace(energy=_layer_energy(inp.layers, inp.spec, inp.weight_bits,
-                                               inp.act_bits, inp.dataflow,
-                                               state.costs.dram_bytes))
+    e = _layer_energy(inp.layers, inp.spec, inp.weight_bits, inp.act_bits, inp.dataflow,
+                      state.costs.dram_bytes)
+    if state.streamed_weight_bytes is not None:  # weights over the host link (weight_stream)
+        with jax.enable_x64(True):
+            link = (real(state.streamed_weight_bytes)
+                    * real(inp.spec.energy.host_link_pj_per_byte) * _PJ)
+            host = e.host_j + link
+            e = e._replace(host_j=host, total_j=(e.mac_j + e.register_j + e.sram_j + e.dram_j
+                                                 + e.vector_j + host))
+    return state._replace(energy=e)
 
 
 #: Energy as the last cost pass (at the static workload sizes: not with traced shapes).
