@@ -63,6 +63,7 @@ from npujax import _relax
 from npujax._exact import count, exact, real
 from npujax.errors import ConfigError
 from npujax.hw.spec import NpuSpec
+from npujax.plan.recombine import recombine
 from npujax.plan.table import SHAPE_FIELDS, LayerTable, layer_table
 from npujax.plan.workload import Workload
 from npujax.systolic.dataflow import DATAFLOWS, Dataflow, gemm_cycles, get_dataflow
@@ -506,15 +507,15 @@ def _layer_costs(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight_
         exposed = jnp.where(is_gemm, jnp.minimum(mem["prologue_cycles"]
                                                  + mem["epilogue_cycles"], memory), 0.0)
         tc = real(total_compute)
-        # = max(memory - exposed - tc, 0) bit for bit; relaxed: a smooth max(compute, memory)
-        stall = _relax.smooth_max(memory - exposed, tc) - tc
-        dma = jnp.where(on_npu & ~fused, m.dram_latency_s * clock + exposed, 0.0)
+        # the one recombination (npujax.plan.recombine): stall = max(memory - exposed, tc) - tc,
+        # relaxed a smooth max(compute, memory); the first tiles' DMA where the layer has one
+        dma, stall, latency = recombine(tc, memory, exposed, on_npu & ~fused,
+                                        m.dram_latency_s * clock, convert, fallback, transfer)
         sram_peak = jnp.where(is_gemm, (
             jnp.minimum(in_elems * ab / 8.0, sram_a)
             + jnp.minimum(f32("weight_elems") * wb / 8.0, sram_b)
             + jnp.minimum(out_elems * jnp.where(mem["resident_out"], acc_bits, ab) / 8.0,
                           sram_o)), 0.0)
-        latency = tc + convert + dma + stall + fallback + transfer
         zero = jnp.zeros_like(memory)
         util = jnp.where(is_gemm, macs / jnp.maximum(tc, 1.0) / pes, zero)
         return LayerCosts(

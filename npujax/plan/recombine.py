@@ -26,7 +26,7 @@ by the new memory time) and dropping the DMA latency of a row left with no DRAM 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +34,9 @@ import jax.numpy as jnp
 from npujax import _relax
 from npujax._exact import count, real
 from npujax.hw.spec import NpuSpec
-from npujax.plan.costs import LayerCosts
+
+if TYPE_CHECKING:
+    from npujax.plan.costs import LayerCosts
 
 __all__ = ["recombine", "repriced"]
 

@@ -11,27 +11,21 @@ the numbers where they apply, so a consumer that skipped one would fail.
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 import npujax
 from npujax.errors import ConfigError
 from npujax.hw import differentiable_spec, list_presets, load_npu_spec
 from npujax.hw.spec import FUSION_LEVELS
-from npujax.models.decoders import decoder_graph
-from npujax.models.transformer import DECODER_CONFIGS, ViT
 from npujax.plan import CostMode, lower, network, program_cost, sweep_shapes
 from npujax.plan.fit import predict_latency_s
 from npujax.plan.passes.energy import ENERGY_BREAKDOWN
 from npujax.search import latency_table
 from npujax.search.codesign import BandwidthClass, CodesignConfig, evaluate_design
 from npujax.systolic import DATAFLOWS
-from tests.flax_graphs import traced
 
 pytestmark = pytest.mark.flax_model
 
@@ -55,12 +49,8 @@ def test_cases_cover_every_axis():
 
 
 @pytest.fixture(scope="module")
-def graphs(small_resnet):
-    vit = traced(ViT(image=8, patch=4, d_model=16, heads=2, d_ff=32, layers=1,
-                     rngs=nnx.Rngs(0)), (1, 8, 8, 1))[0]
-    cfg = dataclasses.replace(DECODER_CONFIGS["tiny"], layers=1)
-    return {"resnet": small_resnet[0], "vit": vit,
-            "decoder": decoder_graph(cfg, phase="decode", seq_len=1, kv_len=16, batch=1)}
+def graphs(model_kinds):
+    return model_kinds
 
 
 def _tree_sum(x) -> float:

@@ -1,0 +1,60 @@
+"""The numbers ``lower`` and the search's latency table published before the one cost program are
+unchanged, bit for bit.
+
+``published_numbers.npz`` was recorded on main before that work (commit 22f61bb) by
+``experiments/published_numbers.py --record``: 2,356 arrays over four model kinds, every shipped
+preset, every fusion level and dataflow (per-layer latency, compute, DRAM bytes and energy; the
+schedules' totals; the latency tables; the sweep at each preset's own point; fit's predictions
+and a 3-step fit). The script's ``--check`` compares all of them (a few minutes); this test
+compares a sample that covers every pass: layer fusion, attention kernels (on chip and flash),
+a host-CPU fallback, precision scaling, and the latency table.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from npujax.hw import load_npu_spec
+from npujax.plan.lower import lower_by_dataflow
+from npujax.search import latency_table
+
+pytestmark = pytest.mark.flax_model
+
+RECORDED = Path(__file__).with_name("published_numbers.npz")
+
+SAMPLE = [
+    ("resnet", "tpu_v1", "layer"),  # cross-layer placement, 4 cores, residual epilogues
+    ("resnet", "gemmini_16x16", "none"),  # a layer on the host CPU
+    ("vit", "datacenter_128x128", "elementwise"),  # flash attention
+    ("vit", "edge_transformer_16x16", "layer"),  # attention kernels inside layer fusion
+    ("decoder", "bitserial_transformer_16x16", "residual"),  # bit-serial precision scaling
+]
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    with np.load(RECORDED) as f:
+        return {k: f[k] for k in f.files}
+
+
+@pytest.mark.parametrize("model,preset,fusion", SAMPLE)
+def test_lower_and_table_unchanged(recorded, model_kinds, model, preset, fusion):
+    graph = model_kinds[model]
+    spec = load_npu_spec(preset).with_fields({"ops.fusion": fusion})
+    key = f"{model}/{preset}/{fusion}"
+    for df, s in lower_by_dataflow(graph, spec).items():
+        k = f"lower/{key}/{df}"
+        now = {"latency_cycles": [r.costs.latency_cycles for r in s.layers],
+               "compute_cycles": [r.costs.compute_cycles for r in s.layers],
+               "dram_bytes": [r.costs.dram_bytes for r in s.layers],
+               "energy_j": [r.energy_j for r in s.layers],
+               "totals": [s.latency_s, s.energy_j, s.dram_bytes]}
+        for field, v in now.items():
+            np.testing.assert_array_equal(np.asarray(v), recorded[f"{k}/{field}"],
+                                          err_msg=f"{k}/{field}")
+    t = latency_table(graph, spec, (4, 8))
+    np.testing.assert_array_equal(np.asarray(t.seconds), recorded[f"table/{key}/seconds"])
+    assert t.fixed_s == recorded[f"table/{key}/fixed_s"][0]
