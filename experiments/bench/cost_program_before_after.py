@@ -87,7 +87,7 @@ elif task == "codesign":
     from npujax.plan import workloads
     from npujax.search.codesign import CodesignConfig, codesign
     names = [w.name for w in workloads(graph, spec) if w.kind == "gemm"]
-    sens = {n: {(w, a): 0.01 * (8 - w) for w in (4, 8) for a in (8,)} for n in names}
+    sens = {n: {(w, a): 0.01 * (16 - w - a) for w in (4, 8) for a in (4, 8)} for n in names}
     t = cpu()
     codesign(graph, spec, sens, CodesignConfig(area_mm2=1e4, candidates=(4, 8), steps=40,
                                                max_loss_increase=1.0))
