@@ -107,11 +107,14 @@ def check_mapping(mapping: str) -> str:
 
 
 def _floor(x: jax.Array) -> jax.Array:
-    """``floor(x)``; relaxed, with the gradient of ``x`` (straight-through)."""
+    """``floor(x)``; relaxed, with the gradient of ``x`` (straight-through) where ``x`` is
+    finite and none where it is infinite (``x - x`` would be NaN there)."""
     f = jnp.floor(x)
     if not _relax.is_relaxed():
         return f
-    return jax.lax.stop_gradient(f) + (x - jax.lax.stop_gradient(x))
+    finite = jnp.isfinite(x)
+    xs = jnp.where(finite, x, 0.0)
+    return jnp.where(finite, jax.lax.stop_gradient(f) + (xs - jax.lax.stop_gradient(xs)), f)
 
 
 def _candidate(df: Dataflow, inner: str, chunk, ext, folds, *, half, eb, dedup_a, uniq_a):
@@ -272,7 +275,10 @@ def _search(df: Dataflow, ext, folds, half, eb, dedup_a, uniq_a, T, min_chunk, c
         chunks = [T]
         if t_dim != "K":
             per_row = _per_row_needs(df, inner, ext, folds, eb, dedup_a)
-            breaks = [_floor(half[k] / v) for k, v in per_row.items()]
+            # a buffer with no per-row need bounds nothing (inf; a safe division, so the relaxed
+            # gradient has no 0 x inf)
+            breaks = [_floor(jnp.where(v > 0, half[k] / jnp.where(v > 0, v, 1.0), jnp.inf))
+                      for k, v in per_row.items()]
             chunks += breaks + [jnp.minimum(breaks[0], breaks[1])]
         for chunk in chunks:
             t = jnp.clip(chunk, min_chunk, T)
@@ -321,7 +327,10 @@ def _search_stacked(df: Dataflow, ext, folds, half, eb, dedup_a, uniq_a, T, min_
         chunks = [T]
         if t_dim != "K":
             per_row = _per_row_needs(df, inner, ext, folds, eb, dedup_a)
-            breaks = [_floor(half[k] / v) for k, v in per_row.items()]
+            # a buffer with no per-row need bounds nothing (inf; a safe division, so the relaxed
+            # gradient has no 0 x inf)
+            breaks = [_floor(jnp.where(v > 0, half[k] / jnp.where(v > 0, v, 1.0), jnp.inf))
+                      for k, v in per_row.items()]
             chunks += breaks + [jnp.minimum(breaks[0], breaks[1])]
         t = jnp.clip(jnp.stack(jnp.broadcast_arrays(*chunks)), _lift(min_chunk), _lift(T))
         parts.append(_candidate(df, inner, t, l_ext, l_folds, half=l_half, eb=l_eb,

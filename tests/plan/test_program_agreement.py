@@ -73,7 +73,7 @@ def test_consumers_agree_bit_for_bit(graphs, preset, fusion, dataflow, model, ex
     layers, chains = network(graph, spec)
 
     # the passes this case calls for changed lower's numbers (a consumer skipping one differs)
-    if fusion == "layer":
+    if fusion == "layer" and any(e.placement != "dram" for e in s.edges):
         assert s.unfused_dram_bytes is not None and s.dram_bytes < s.unfused_dram_bytes
     if any(a.mode != "unfused" for a in s.attention):
         assert sum(a.dram_bytes_saved for a in s.attention) > 0

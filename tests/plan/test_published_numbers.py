@@ -8,6 +8,12 @@ schedules' totals; the latency tables; the sweep at each preset's own point; fit
 and a 3-step fit). The script's ``--check`` compares all of them (a few minutes); this test
 compares a sample that covers every pass: layer fusion, attention kernels (on chip and flash),
 a host-CPU fallback, precision scaling, and the latency table.
+
+Of the 2,356 arrays, 2,340 are the same bit for bit; 16 latency arrays of ``layer``-fusion
+schedules differ in one row by one unit in the last place (e.g. a host-CPU layer's
+``cpu_ops / cpu_ops_per_s x clock``: 800.0 -> 800.0000000000001 cycles): XLA compiles the
+restructured program of a static layer list with its divisions and products in another order.
+Counts are compared exactly, real-valued figures to one ulp.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ SAMPLE = [
     ("resnet", "gemmini_16x16", "none"),  # a layer on the host CPU
     ("vit", "datacenter_128x128", "elementwise"),  # flash attention
     ("vit", "edge_transformer_16x16", "layer"),  # attention kernels inside layer fusion
-    ("decoder", "bitserial_transformer_16x16", "residual"),  # bit-serial precision scaling
+    ("vit", "bitserial_transformer_16x16", "residual"),  # bit-serial precision scaling
 ]
 
 
@@ -53,8 +59,11 @@ def test_lower_and_table_unchanged(recorded, model_kinds, model, preset, fusion)
                "energy_j": [r.energy_j for r in s.layers],
                "totals": [s.latency_s, s.energy_j, s.dram_bytes]}
         for field, v in now.items():
-            np.testing.assert_array_equal(np.asarray(v), recorded[f"{k}/{field}"],
-                                          err_msg=f"{k}/{field}")
+            want = recorded[f"{k}/{field}"]
+            if want.dtype.kind == "i":
+                np.testing.assert_array_equal(np.asarray(v), want, err_msg=f"{k}/{field}")
+            else:
+                np.testing.assert_array_max_ulp(np.asarray(v, np.float64), want, maxulp=1)
     t = latency_table(graph, spec, (4, 8))
     np.testing.assert_array_equal(np.asarray(t.seconds), recorded[f"table/{key}/seconds"])
     assert t.fixed_s == recorded[f"table/{key}/fixed_s"][0]
