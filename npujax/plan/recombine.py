@@ -42,7 +42,7 @@ __all__ = ["recombine", "repriced"]
 
 
 def recombine(compute: jax.Array, memory: jax.Array, exposed: jax.Array, dma_on: jax.Array,
-              access_cycles: jax.Array, convert: jax.Array, fallback: jax.Array,
+              access_cycles: Any, convert: jax.Array, fallback: jax.Array,
               transfer: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``(dma, stall, latency)`` cycles of layers from their parts (see the module doc).
 

@@ -23,6 +23,7 @@ from npujax.hw.spec import FUSION_LEVELS
 from npujax.plan import CostMode, lower, network, program_cost, sweep_shapes
 from npujax.plan.fit import predict_latency_s
 from npujax.plan.passes.energy import ENERGY_BREAKDOWN
+from npujax.plan.program import totals
 from npujax.search import latency_table
 from npujax.search.codesign import BandwidthClass, CodesignConfig, evaluate_design
 from npujax.systolic import DATAFLOWS
@@ -97,6 +98,8 @@ def test_consumers_agree_bit_for_bit(graphs, preset, fusion, dataflow, model, ex
                                jnp.full(n, 8.0), jnp.full(n, 8.0), chains=chains,
                                mode=CostMode(relaxed=True, count_slope="mean", energy=False))
         assert np.array_equal(np.asarray(relaxed.costs.latency_cycles), cycles)
+        # the program's totals: the sweep's fixed tree of additions
+        assert float(totals(relaxed).latency_cycles) == r.columns["latency_cycles"][0]
 
     # the precision search's latency table at uniform widths (its seconds are float32)
     t = latency_table(graph, spec, (8,), 8)

@@ -19,6 +19,7 @@ def _schedule(names, dataflow="output_stationary"):
                        dma_cycles=5.0, stall_cycles=float(i % 7), fallback_cycles=0.0,
                        transfer_cycles=0.0, latency_cycles=float(105 + i + i % 7),
                        memory_cycles=float(50 + 3 * i), dram_bytes=float(1000 + i),
+                       weight_dram_bytes=0.0,
                        refetch_factor=1.0, sram_peak_bytes=0.0, folds=1, utilization=0.5,
                        mapping_efficiency=0.9)
         gemm = i % 2 == 0
