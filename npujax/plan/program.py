@@ -46,6 +46,7 @@ from npujax.plan.costs import EXACT_FIELDS, LayerCosts, _layer_costs
 from npujax.plan.passes import registered
 from npujax.plan.passes.attention import AttentionChain, attention_chains
 from npujax.plan.passes.base import EXACT, CostMode, CostPass, PassInput, ProgramCosts
+from npujax.plan.passes.energy import ENERGY_BREAKDOWN
 from npujax.plan.table import LayerTable
 from npujax.plan.workload import Workload, workloads
 from npujax.systolic.dataflow import get_dataflow
@@ -266,8 +267,6 @@ def layer_sums(values: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
 
 def totals(p: ProgramCosts) -> Totals:
     """The :class:`Totals` of one configuration's :class:`ProgramCosts` (:func:`layer_sums`)."""
-    from npujax.plan.passes.energy import ENERGY_BREAKDOWN
-
     values = {"latency_cycles": real(p.costs.latency_cycles),
               "dram_bytes": real(p.costs.dram_bytes)}
     if p.energy is not None:

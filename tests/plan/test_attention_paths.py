@@ -30,9 +30,6 @@ SPECS = {
     "edge, flash-tiled": ("edge_transformer_16x16", {"ops.attention_fusion": "flash", **SMALL}),
     "datacenter (flash, as shipped)": ("datacenter_128x128", {}),
 }
-# the shipped edge preset in the default run; each further spec compiles its own programs
-KEYS = [pytest.param(k, marks=() if i == 0 else pytest.mark.integration)
-        for i, k in enumerate(SPECS)]
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +54,8 @@ def test_stock_transformer_presets_declare_attention_fusion():
     assert load_npu_spec("datacenter_128x128").ops.attention_fusion == "flash"
 
 
-@pytest.mark.parametrize("key", KEYS)
-def test_sweep_shapes_equals_lower_at_each_length(graphs, key):
-    spec = _spec(key)
+def test_sweep_shapes_equals_lower_at_each_length(graphs):
+    spec = _spec("edge (on_chip, as shipped)")
     costs = sweep_shapes([graphs[s] for s in SEQS], spec)
     for i, s in enumerate(SEQS):
         sched = lower(graphs[s], spec)

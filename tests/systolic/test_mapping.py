@@ -163,3 +163,26 @@ def test_unrolled_search_equals_the_stacked_one_bit_for_bit(df):
         with stacked_search():
             g_old = jax.jit(jax.grad(total))(131072.0)
     assert float(g_new) == float(g_old)
+
+
+@pytest.mark.parametrize("unique_a,bytes_a", [(0.0, 1.0), (1.0, 0.0), (0.0, 0.0)])
+def test_relaxed_gradient_is_finite_for_an_operand_with_no_bytes(unique_a, bytes_a):
+    """A weight-stationary candidate whose input buffer has no per-row need (a layer with no
+    input elements, as vector rows give the mapping) divided by zero, and the straight-through
+    floor of the infinite quotient (``inf - inf``) made the relaxed gradient NaN: every gradient
+    of codesign's descent on tpu_v1 (256x256) was NaN, crashing its rounding."""
+    from npujax.systolic.dataflow import get_dataflow
+
+    def traffic(rows):
+        with _relax.relaxed():
+            m = gemm_mapping(jnp.float64(1.0), jnp.float64(1.0), jnp.float64(1.0), rows,
+                             jnp.float64(256.0), get_dataflow("ws"),
+                             sram_bytes_a=jnp.float64(2**20), sram_bytes_b=jnp.float64(2**20),
+                             sram_bytes_out=jnp.float64(2**20), elem_bytes_a=jnp.float64(bytes_a),
+                             elem_bytes_b=jnp.float64(1.0), elem_bytes_out=jnp.float64(1.0),
+                             dram_bytes_per_cycle=jnp.float64(10.0),
+                             unique_elems_a=jnp.float64(unique_a))
+        return m["dram_read_bytes_a"] + m["dram_read_bytes_b"] + m["extra_fill_drain_cycles"]
+
+    with jax.enable_x64(True):
+        assert bool(jnp.isfinite(jax.grad(traffic)(jnp.float64(256.0))))
