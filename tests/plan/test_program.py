@@ -1,0 +1,48 @@
+"""The one cost program's composer: which passes it finds, applies and refuses (no compilation)."""
+
+from __future__ import annotations
+
+import pytest
+
+from npujax.errors import ConfigError
+from npujax.hw import load_npu_spec
+from npujax.plan.passes import registered
+from npujax.plan.passes.attention import AttentionChain
+from npujax.plan.passes.base import CostMode, CostPass
+from npujax.plan.program import _check, active_passes, check_program, needs_static_layers
+
+CHAIN = AttentionChain(0, 1, 2, (0, 1, 2), 8, 8, 4, 1, True, True)
+
+
+def test_every_pass_module_is_registered_once_in_order():
+    names = [p.name for p in registered()]
+    assert names == ["attention", "cross_layer", "weight_stream", "energy"]
+    assert [p.order for p in registered()] == sorted(p.order for p in registered())
+
+
+def test_only_the_spec_switches_and_the_mode_choose_the_passes():
+    spec = load_npu_spec("edge_16x16")
+    assert [p.name for p in active_passes(spec)] == ["energy"]
+    assert [p.name for p in active_passes(spec, mode=CostMode(energy=False))] == []
+    # attention: recognised chains run as kernels only where the preset fuses attention
+    assert "attention" not in [p.name for p in active_passes(spec, (CHAIN,))]
+    flash = spec.with_fields({"ops.attention_fusion": "flash"})
+    assert "attention" in [p.name for p in active_passes(flash, (CHAIN,))]
+    assert "attention" not in [p.name for p in active_passes(flash)]
+    layer = spec.with_fields({"ops.fusion": "layer", "memory.parameter_cache": "streams_from_dram"})
+    assert [p.name for p in active_passes(layer)] == ["cross_layer", "weight_stream", "energy"]
+    assert needs_static_layers(layer) and not needs_static_layers(spec)
+
+
+def test_a_pass_that_cannot_follow_the_mode_is_refused_by_name():
+    spec = load_npu_spec("tpu_v1")  # layer fusion
+    with pytest.raises(ConfigError, match="cross_layer .* cannot follow traced shapes"):
+        check_program(spec, shapes=True)
+    with pytest.raises(ConfigError, match="cross_layer .* static list"):
+        check_program(spec, table=True)
+    exact_only = CostPass("exact_only", 50, lambda s, c, m: True, lambda i, s: s, relaxed=False)
+    with pytest.raises(ConfigError, match="exact_only .* no relaxed form"):
+        _check(CostMode(relaxed=True), (exact_only,), spec, False, False)
+    _check(CostMode(), (exact_only,), spec, False, False)  # the exact mode runs it
+    with pytest.raises(ConfigError, match="count slope"):
+        check_program(spec, mode=CostMode(count_slope="steep"))
