@@ -28,8 +28,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "lower", help="per-layer NPU latency of an ONNX or saved model",
         description="Lower an ONNX model or a saved npujax model (model.npz from 'npujax demo') "
                     "onto a hardware preset and print the per-layer table: placement (NPU or CPU "
-                    "fallback), GEMM shape, cycles, latency breakdown, bound. With layer fusion "
-                    "also where each activation lived (SRAM, depth-first or DRAM); with "
+                    "fallback), GEMM shape, cycles, latency breakdown, bound, and where each "
+                    "layer's activations lived (the acts column: DRAM, SRAM, depth-first "
+                    "stripes, a fused output stage, an attention kernel, the host); with layer "
+                    "fusion also each tensor between layers; with "
                     "--schedule the layer-split and pipelined multi-core schedules; with several "
                     "models their latency alone and sharing the NPU.",
         epilog=epilog(

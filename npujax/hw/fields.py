@@ -156,6 +156,9 @@ def get(spec: NpuSpec, path: str) -> Any:
 
 
 def _canonical_changes(changes: Mapping[str, Any]) -> dict[str, Any]:
+    if not isinstance(changes, Mapping):
+        raise ConfigError(f"hardware field changes must be a mapping {{'section.key': value}}, "
+                          f"got {type(changes).__name__}; e.g. {{'array.rows': 32}}.")
     out: dict[str, Any] = {}
     for path, value in changes.items():
         full = canonical(path)

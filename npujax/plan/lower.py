@@ -62,7 +62,9 @@ class LayerReport:
         without weights).
       costs: its :class:`~npujax.plan.costs.LayerCosts` (Python numbers, array cycles).
       latency_s: ``costs.latency_cycles / clock_hz``.
-      bound: ``compute``, ``memory`` or ``fallback`` (the larger of compute and memory cycles,
+      bound: ``compute``, ``memory``, ``transfer`` or ``fallback`` (``transfer``: an NPU
+        layer whose host-link transfers, such as streamed weights, outlast its compute and
+        memory time; else the larger of compute and memory cycles,
         or a host-CPU layer).
       epilogue: activations applied in the layer's output stage.
       energy: its :class:`~npujax.plan.LayerEnergy` (J, Python numbers; see
@@ -758,6 +760,7 @@ def _schedule(spec: NpuSpec, dataflow: str, layers: list[Workload], wb: np.ndarr
     for i, w in enumerate(layers):
         c = LayerCosts(**{k: v[i] for k, v in cols.items()})
         bound = ("fallback" if w.device == "cpu" else
+                 "transfer" if c.transfer_cycles > max(c.compute_cycles, c.memory_cycles) else
                  "compute" if c.compute_cycles >= c.memory_cycles else "memory")
         reports.append(LayerReport(
             name=w.name, op=w.op, kind=w.kind, device=w.device, reason=w.reason, M=w.M, K=w.K,
