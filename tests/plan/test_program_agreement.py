@@ -1,12 +1,14 @@
 """Every consumer of the NPU model gets the same numbers from the one cost program.
 
 For a covering set of cases (every shipped preset, every fusion level, every dataflow and three
-model kinds: a residual CNN, a ViT block and a decoder step), ``lower``, the design-space sweep
-at the preset's own point, codesign's exact evaluation, fit's forward pass (exact and relaxed),
-the precision search's latency table and the shape sweep agree bit for bit. Before the one cost
-program the sweep and codesign ignored ``layer`` fusion (DigitsCNN on ``tpu_v1``: 7.392 against
-``lower``'s 7.228 us) and fit refused it; each test also checks that the case's passes changed
-the numbers where they apply, so a consumer that skipped one would fail.
+model kinds: a residual CNN, a ViT block and a decoder step), ``lower``, the design-space sweep at
+the preset's own point, codesign's exact evaluation, fit's forward pass (exact and relaxed) and the
+precision search's latency table agree bit for bit (the shape sweep equals ``lower`` at every length
+in tests/plan/test_sweep_shapes.py and test_attention_paths.py, and refuses layer fusion in
+test_program.py). Before the one cost program the sweep and codesign ignored ``layer`` fusion
+(DigitsCNN on ``tpu_v1``: 7.392 against ``lower``'s 7.228 us) and fit refused it; each test also
+checks that the case's passes changed the numbers where they apply, so a consumer that skipped one
+would fail.
 """
 
 from __future__ import annotations
@@ -17,10 +19,9 @@ import numpy as np
 import pytest
 
 import npujax
-from npujax.errors import ConfigError
 from npujax.hw import differentiable_spec, list_presets, load_npu_spec
 from npujax.hw.spec import FUSION_LEVELS
-from npujax.plan import CostMode, lower, network, program_cost, sweep_shapes
+from npujax.plan import CostMode, lower, network, program_cost
 from npujax.plan.fit import predict_latency_s
 from npujax.plan.passes.energy import ENERGY_BREAKDOWN
 from npujax.plan.program import totals
@@ -128,11 +129,3 @@ def test_consumers_agree_bit_for_bit(graphs, preset, fusion, dataflow, model, ex
                         sram_bytes=(m.ifmap_sram_bytes, m.filter_sram_bytes, m.ofmap_sram_bytes),
                         bandwidth="base", policy={n: (8, 8) for n in names})
     assert d.latency_s == s.latency_s and d.energy_j == s.energy_j
-
-    # the shape sweep (one point), where its program can follow the passes
-    if fusion == "layer":
-        with pytest.raises(ConfigError, match="cannot follow traced shapes"):
-            sweep_shapes([graph], spec)
-    else:
-        c = sweep_shapes([graph], spec)
-        assert np.array_equal(np.asarray(c.latency_cycles)[0], cycles)
