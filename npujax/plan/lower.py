@@ -2,9 +2,11 @@
 
 :func:`lower` builds the layers' workloads (:mod:`npujax.plan.workload`), takes each layer's
 weight and activation widths from the quantization spec (the one precision vocabulary,
-:data:`npujax.QuantSpec`), evaluates the cost model (:func:`npujax.plan.costs.layer_costs`, one
-compiled program per set of workloads) and reports every layer with its latency, breakdown and
-bound. See :mod:`npujax.plan.costs` for the model.
+:data:`npujax.QuantSpec`), evaluates the one cost program (:func:`npujax.plan.program_costs`:
+the per-layer model and every cost pass the preset's switches call for; one compiled program per
+padded layer count, or per workload list where a pass needs static layers) and reports every
+layer with its latency, breakdown, bound and where its activations lived. See
+:mod:`npujax.plan.costs` and :mod:`npujax.plan.passes` for the model.
 """
 
 from __future__ import annotations
@@ -565,7 +567,7 @@ def lower_by_dataflow(
     """:func:`lower` at several dataflows, their costs evaluated in one compiled call.
 
     The workloads, widths and per-layer reports are built once, and the cost model of all
-    ``dataflows`` is one program (:func:`npujax.plan.layer_costs_by_dataflow`): a dataflow
+    ``dataflows`` is one program (:func:`npujax.plan.program_costs`): a dataflow
     comparison costs one compilation, not one per dataflow. Each schedule equals
     ``lower(..., dataflow=d)``'s (counts bit for bit; real-valued figures up to the last bit
     where XLA fuses the two programs' float arithmetic differently). With ``layer`` fusion
