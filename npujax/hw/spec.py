@@ -616,6 +616,12 @@ def npu_spec_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> NpuSp
     description = data.get("description", "")
     if not isinstance(description, str):
         raise ConfigError(f"{origin}: 'description' must be a string.")
+    mem = sections["memory"]
+    if mem.parameter_cache == "none" and mem.parameter_cache_bytes > 0:
+        raise ConfigError(
+            f"{origin} [memory]: parameter_cache_bytes = {mem.parameter_cache_bytes} has no "
+            "effect while parameter_cache = 'none'; set parameter_cache = 'streams_from_dram' "
+            "or 'streams_from_host' (docs/hw.md), or leave parameter_cache_bytes out.")
     return NpuSpec(name=data["name"], description=description, **sections)
 
 

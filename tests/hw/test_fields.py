@@ -144,3 +144,16 @@ def test_ranges_raw_and_log_scale():
     assert fields.log_range("array.rows") == (1.0, 2.0 ** 16)
     with pytest.raises(ConfigError, match="'array.dataflow' is not a number"):
         fields.field_range("array.dataflow")
+
+
+def test_a_parameter_cache_size_without_a_cache_is_refused():
+    """From a new-user trial: ``parameter_cache_bytes`` was silently ignored while
+    ``parameter_cache = "none"``."""
+    from npujax.hw import load_npu_spec
+
+    spec = load_npu_spec("edge_16x16")
+    with pytest.raises(ConfigError, match="parameter_cache_bytes = 8192 has no effect"):
+        spec.with_fields({"memory.parameter_cache_bytes": 8192})
+    cached = spec.with_fields({"memory.parameter_cache": "streams_from_host",
+                               "memory.parameter_cache_bytes": 8192})
+    assert cached.memory.parameter_cache_bytes == 8192
