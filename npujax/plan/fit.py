@@ -54,7 +54,7 @@ from npujax.errors import ConfigError
 from npujax.hw import fields as hw_fields
 from npujax.hw.spec import NpuSpec, differentiable_spec
 from npujax.plan.passes.attention import AttentionChain
-from npujax.plan.passes.base import CostMode
+from npujax.plan.passes.base import LATENCY, CostMode
 from npujax.plan.program import program_cost
 from npujax.plan.workload import Workload
 
@@ -148,15 +148,11 @@ def predict_latency_s(layers: Sequence[Workload], spec: NpuSpec,
     return lat / eff + overhead_s
 
 
-#: The fit's exact forward model: the one cost program without energy.
-_LATENCY = CostMode(energy=False)
-
-
 @functools.lru_cache(maxsize=32)
 def _exact_costs(layers: tuple[Workload, ...], chains: tuple[AttentionChain, ...] = ()
                  ) -> Callable[..., Any]:
     return jax.jit(lambda spec, w, a: program_cost(layers, spec, w, a, chains=chains,
-                                                   mode=_LATENCY).costs)
+                                                   mode=LATENCY).costs)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -39,7 +39,7 @@ from npujax.errors import ConfigError
 from npujax.hw import fields
 from npujax.hw.spec import NpuSpec, differentiable_spec
 from npujax.plan.passes.attention import AttentionChain
-from npujax.plan.passes.base import CostMode
+from npujax.plan.passes.base import LATENCY, CostMode
 from npujax.plan.program import program_cost
 from npujax.plan.workload import Workload
 
@@ -110,10 +110,6 @@ class SecantCheck:
         return out
 
 
-#: The exact latencies the secants are taken of.
-_LATENCY = CostMode(energy=False)
-
-
 def _step(spec: NpuSpec, name: str) -> tuple[NpuSpec, float]:
     kind, amount = STEPS[name]
     old = fields.get(spec, name)
@@ -173,7 +169,7 @@ def secant_check(
                            energy=False)
 
         def exact_s(s, w, a):
-            return program_cost(layers, s, w, a, chains=chains, mode=_LATENCY
+            return program_cost(layers, s, w, a, chains=chains, mode=LATENCY
                                 ).costs.latency_cycles / jnp.asarray(s.array.clock_hz,
                                                                      jnp.float64)
 

@@ -100,7 +100,16 @@ class Totals(NamedTuple):
 
 def active_passes(spec: NpuSpec, chains: Sequence[AttentionChain] = (),
                   mode: CostMode = EXACT) -> tuple[CostPass, ...]:
-    """The registered passes that apply to ``spec`` (static), in order."""
+    """The registered passes that apply to ``spec`` (static), in order.
+
+    Args:
+      spec: the NPU (only its static switches are read).
+      chains: the graph's attention blocks (:func:`network`).
+      mode: the :class:`CostMode`.
+
+    Returns:
+      The :class:`~npujax.plan.passes.base.CostPass` es whose ``applies`` is true, by ``order``.
+    """
     return tuple(p for p in registered() if p.applies(spec, tuple(chains), mode))
 
 
@@ -266,7 +275,16 @@ def layer_sums(values: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
 
 
 def totals(p: ProgramCosts) -> Totals:
-    """The :class:`Totals` of one configuration's :class:`ProgramCosts` (:func:`layer_sums`)."""
+    """The :class:`Totals` of one configuration's :class:`ProgramCosts`: its ``[L]`` latency
+    cycles, DRAM bytes and energy components (J) added in :func:`layer_sums`' fixed tree, as the
+    design-space sweep adds them (float64 scalars; call in the 64-bit scope for exact counts).
+
+    Args:
+      p: one configuration's program costs (not batched: ``[L]`` arrays).
+
+    Returns:
+      :class:`Totals`; ``energy_j`` None when the program ran without the energy pass.
+    """
     values = {"latency_cycles": real(p.costs.latency_cycles),
               "dram_bytes": real(p.costs.dram_bytes)}
     if p.energy is not None:

@@ -28,7 +28,7 @@ from npujax.ir.graph import Graph
 from npujax.plan.costs import SHAPE_FIELDS, LayerCosts
 from npujax.plan.lower import layer_bits
 from npujax.plan.passes.attention import AttentionChain, attention_chains, fuses
-from npujax.plan.passes.base import CostMode
+from npujax.plan.passes.base import LATENCY
 from npujax.plan.program import check_program, program_cost
 from npujax.plan.workload import Workload, workloads
 
@@ -45,15 +45,11 @@ def structure(layers: Sequence[Workload]) -> tuple:
                  for w in layers)
 
 
-#: The shape sweep's cost program: latency only (the energy pass costs static sizes).
-_LATENCY = CostMode(energy=False)
-
-
 @functools.lru_cache(maxsize=16)
 def _program(layers: tuple[Workload, ...], dataflow: str | None,
              chains: tuple[AttentionChain, ...]):
     def one(spec, wb, ab, shapes):
-        return program_cost(layers, spec, wb, ab, dataflow, chains=chains, mode=_LATENCY,
+        return program_cost(layers, spec, wb, ab, dataflow, chains=chains, mode=LATENCY,
                             shapes=shapes).costs
 
     return jax.jit(jax.vmap(one, in_axes=(None, None, None, 0)))
@@ -114,7 +110,7 @@ def sweep_shapes(points: Sequence[Graph | Sequence[Workload]], spec: NpuSpec | s
                 if tuple(map(_static, c)) != tuple(map(_static, chains)):
                     raise ConfigError(f"point {i} of the shape sweep has other attention blocks "
                                       "than point 0; lower it on its own.")
-    check_program(spec, chains, _LATENCY, shapes=True)  # e.g. layer fusion: static sizes only
+    check_program(spec, chains, LATENCY, shapes=True)  # e.g. layer fusion: static sizes only
     wb, ab = layer_bits(list(first), quant)
     with jax.enable_x64(True):
         shapes = {f: jnp.asarray(np.asarray([[getattr(w, f) for w in p] for p in lists],

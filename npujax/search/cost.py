@@ -36,13 +36,12 @@ from npujax.errors import ConfigError
 from npujax.hw.spec import NpuSpec
 from npujax.ir.graph import Graph
 from npujax.plan.lower import lower
-from npujax.plan.passes.base import CostMode
+from npujax.plan.passes.base import LATENCY
 from npujax.plan.program import network, program_cost
 from npujax.quantize.spec import quant_spec
 
 __all__ = ["LatencyTable", "latency_table", "expected_latency", "policy_latency_s"]
 
-_NO_ENERGY = CostMode(energy=False)
 
 Choice = tuple[int, int]  # (weight_bits, act_bits)
 
@@ -120,7 +119,7 @@ def latency_table(
     @jax.vmap  # every (w, a) column in one compiled program (op by op: ~100 compilations)
     def column(w, a):
         c = program_cost(layers, spec, jnp.full(n, w), jnp.full(n, a), dataflow,
-                         chains=chains, mode=_NO_ENERGY).costs
+                         chains=chains, mode=LATENCY).costs
         return (c.latency_cycles / spec.array.clock_hz).astype(jnp.float32)
 
     with jax.enable_x64(True):  # float64 as in lower, then the table's float32 seconds

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from npujax.plan.passes.cross_layer import EdgeCosts
     from npujax.plan.passes.energy import LayerEnergy
 
-__all__ = ["CostMode", "PassInput", "ProgramCosts", "CostPass"]
+__all__ = ["CostMode", "EXACT", "LATENCY", "PassInput", "ProgramCosts", "CostPass"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -50,6 +50,9 @@ class CostMode:
 
 #: The exact mode with energy, what :func:`npujax.lower` reports.
 EXACT = CostMode()
+#: The exact mode without energy: latency only (fit's predictions, the latency table, the shape
+#: sweep, the gradient check).
+LATENCY = CostMode(energy=False)
 
 
 class PassInput(NamedTuple):

@@ -147,8 +147,8 @@ def layer_energy(
 
 @exact
 def _layer_energy(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight_bits: jax.Array,
-                  act_bits: jax.Array, dataflow: str | None, dram_bytes: jax.Array
-                  ) -> LayerEnergy:
+                  act_bits: jax.Array, dataflow: str | None, dram_bytes: jax.Array,
+                  streamed_bytes: jax.Array | None = None) -> LayerEnergy:
     df = get_dataflow(dataflow or spec.array.dataflow)
     hw = _hw(spec)
     a, m, en = hw.array, hw.memory, hw.energy
@@ -219,6 +219,8 @@ def _layer_energy(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight
     link_bytes = (f64("link_in_elems") + f64("link_out_elems")) * ab / 8.0
     host = jnp.where(~on_npu, f64("cpu_ops") * en.host_op_pj
                      + link_bytes * en.host_link_pj_per_byte, 0.0)
+    if streamed_bytes is not None:  # weights streamed over the host link (weight_stream pass)
+        host = host + real(streamed_bytes) * en.host_link_pj_per_byte
     mac, register, sram, dram, vector, host = (
         x * _PJ for x in (mac, register, sram, dram, vector, host))
     return LayerEnergy(mac_j=mac, register_j=register, sram_j=sram, dram_j=dram, vector_j=vector,
@@ -230,16 +232,10 @@ def _applies(spec: NpuSpec, chains: tuple[AttentionChain, ...], mode: CostMode) 
 
 
 def _apply(inp: PassInput, state: ProgramCosts) -> ProgramCosts:
-    e = _layer_energy(inp.layers, inp.spec, inp.weight_bits, inp.act_bits, inp.dataflow,
-                      state.costs.dram_bytes)
-    if state.streamed_weight_bytes is not None:  # weights over the host link (weight_stream)
-        with jax.enable_x64(True):
-            link = (real(state.streamed_weight_bytes)
-                    * real(inp.spec.energy.host_link_pj_per_byte) * _PJ)
-            host = e.host_j + link
-            e = e._replace(host_j=host, total_j=(e.mac_j + e.register_j + e.sram_j + e.dram_j
-                                                 + e.vector_j + host))
-    return state._replace(energy=e)
+    return state._replace(energy=_layer_energy(inp.layers, inp.spec, inp.weight_bits,
+                                               inp.act_bits, inp.dataflow,
+                                               state.costs.dram_bytes,
+                                               state.streamed_weight_bytes))
 
 
 #: Energy as the last cost pass (at the static workload sizes: not with traced shapes).
