@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 
 from npujax.cli._common import add_progress_arg, console, epilog, output_dir, positive_int
 from npujax.errors import ConfigError
@@ -27,6 +28,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "(fitted.toml, accepted by every --npu), fit.json, fit_layers.csv and the "
                     "scatter plot fit.png to --out. See docs/fit.md.",
         epilog=epilog(
+            "npujax fit --table coral_table.csv --group usb_accelerator_desktop --npu "
+            "coral_edgetpu --params dram_bytes_per_s,link_latency_s --out coral_fit/",
             "npujax fit profile.csv --model zoo:ppocr_cls --input-shape x=1,3,48,192 --npu "
             "edge_16x16 --params clock_hz,dram_bytes_per_s --out fitted/",
             "npujax fit onnxruntime_profile.json --model det.onnx --input-shape x=1,3,640,640 "
@@ -34,10 +37,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "--overhead --out cpu_fit/",
             "npujax lower zoo:ppocr_cls --input-shape x=1,3,48,192 --npu fitted/fitted.toml"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    fp.add_argument("profile", help="measured profile: a 'layer,latency_s' CSV or an "
-                    "onnxruntime profiling JSON")
-    fp.add_argument("--model", required=True,
-                    help="the profiled model: an .onnx file, zoo:NAME, or a model.npz")
+    fp.add_argument("profile", nargs="?",
+                    help="measured profile: a 'layer,latency_s' CSV or an onnxruntime "
+                    "profiling JSON (or give --table instead)")
+    fp.add_argument("--model",
+                    help="the profiled model: an .onnx file, zoo:NAME, keras:NAME or a "
+                    "model.npz (with a profile)")
+    fp.add_argument("--table", metavar="FILE.csv",
+                    help="fit to whole-model times instead: a benchmark table with columns "
+                    "model, measured_ms and optionally source (the model to build: keras:NAME, "
+                    "zoo:NAME, an .onnx file; default the model column), input_shape "
+                    "(224x224x3) and group or host; reports leave-one-out predictions "
+                    "(docs/fit.md)")
+    fp.add_argument("--group", help="with --table: fit the rows of this group (host) only")
     fp.add_argument("--input-shape", action="append", metavar="NAME=1,3,224,224",
                     help="static shape of an ONNX input (repeat for several inputs)")
     fp.add_argument("--npu", default="edge_16x16",
@@ -90,6 +102,12 @@ def run(args: argparse.Namespace) -> int:
     from npujax.frontends.onnx import parse_input_shapes
     from npujax.workflows.fit import fit_profile, print_fit, write_fit
 
+    if args.table:
+        return _run_table(args)
+    if not args.profile or not args.model:
+        raise ConfigError("give a measured PROFILE and its --model, or a benchmark --table.")
+    if args.group:
+        raise ConfigError("--group applies to --table.")
     if not args.learning_rate > 0:
         raise ConfigError(f"--learning-rate must be > 0, got {args.learning_rate}.")
     from npujax.plan.fit import FitConfig, resolve_fields
@@ -117,5 +135,38 @@ def run(args: argparse.Namespace) -> int:
     print_fit(con, result)
     with staged_dir(out) as stage:
         names = write_fit(stage, result)
+    con.print(f"wrote {', '.join(str(out / n) for n in names)}")
+    return 0
+
+
+def _run_table(args: argparse.Namespace) -> int:
+    """``npujax fit --table``: the model-level fit with leave-one-out predictions."""
+    from npujax._atomic import staged_dir
+    from npujax.plan.fit import resolve_fields
+    from npujax.workflows.fit_table import fit_benchmark_table, print_table_fit, write_table_fit
+
+    if args.profile or args.model:
+        raise ConfigError("--table replaces PROFILE and --model: the table names its models.")
+    for flag, given in (("--efficiency", args.efficiency), ("--overhead", args.overhead),
+                        ("--bound", args.bound), ("--skip-unmatched", args.skip_unmatched),
+                        ("--input-shape", args.input_shape)):
+        if given:
+            raise ConfigError(f"{flag} applies to a per-layer profile, not to --table (a "
+                              "table's models are fitted through preset fields only).")
+    fields = resolve_fields([f for f in args.params.split(",") if f.strip()])
+    out = output_dir(args.out)
+    assert out is not None
+    con = console()
+
+    def progress(line: str) -> None:  # plain lines on stderr: a table fit takes minutes
+        if not args.no_progress:
+            print(f"npujax fit: {line}", file=sys.stderr, flush=True)
+        _log.info("fit: %s", line)
+
+    run_ = fit_benchmark_table(args.table, args.npu, fields, group=args.group, bits=args.bits,
+                               name=args.name, progress=progress)
+    print_table_fit(con, run_)
+    with staged_dir(out) as stage:
+        names = write_table_fit(stage, run_)
     con.print(f"wrote {', '.join(str(out / n) for n in names)}")
     return 0

@@ -9,6 +9,7 @@ from npujax.hw.energy import mac_energy_pj as mac_energy_pj
 from npujax.hw.energy import sram_pj_per_byte as sram_pj_per_byte
 from npujax.hw.spec import ATTENTION_FUSIONS as ATTENTION_FUSIONS
 from npujax.hw.spec import DATAFLOWS as DATAFLOWS
+from npujax.hw.spec import FALLBACK_SCOPES as FALLBACK_SCOPES
 from npujax.hw.spec import FUSION_LEVELS as FUSION_LEVELS
 from npujax.hw.spec import LAYOUTS as LAYOUTS
 from npujax.hw.spec import MAPPINGS as MAPPINGS
@@ -50,6 +51,7 @@ __all__ = [
     "mac_energy_pj",
     "sram_pj_per_byte",
     "LAYOUTS",
+    "FALLBACK_SCOPES",
     "FUSION_LEVELS",
     "PRECISION_SCALINGS",
     "PARAMETER_CACHES",

@@ -13,7 +13,7 @@ Hardware is data. Every numeric field carries its unit in its name (``clock_hz``
     [vector]   lanes, special_cycles_per_elem (optional, default 4)
     [layout]   activation_layout, c0, channel_alignment, dram_burst_bytes
     [ops]      supported, fused_activations, conv_max_kernel, conv_max_stride, fusion,
-               attention_fusion (optional)
+               attention_fusion (optional), fallback (optional)
     [host]     cpu_ops_per_s, link_bytes_per_s, link_latency_s
     [technology] node_nm (optional section, as the two below: every key has a default)
     [energy]   reference_node_nm, node_exponent, mult_int8_pj, add_int32_pj,
@@ -62,6 +62,7 @@ __all__ = [
     "FUSION_LEVELS",
     "ATTENTION_FUSIONS",
     "PARAMETER_CACHES",
+    "FALLBACK_SCOPES",
     "ArraySpec",
     "MemorySpec",
     "VectorSpec",
@@ -107,6 +108,14 @@ ATTENTION_FUSIONS = ("none", "on_chip", "flash")
 #: or a cache whose overflow streams from DRAM or from host memory over the host link. See
 #: :mod:`npujax.plan.passes.weight_stream`.
 PARAMETER_CACHES = ("none", "streams_from_dram", "streams_from_host")
+
+
+#: What falls back to the host CPU when an operator is not supported (``ops.fallback``): that
+#: operator alone (``per_op``: the NPU runs everything it can, crossing the host link around
+#: each unsupported operator), or that operator and every operator after it in the graph's
+#: order (``rest_of_graph``: one partition, as the Coral Edge TPU compiler does,
+#: coral.ai/docs/edgetpu/models-intro).
+FALLBACK_SCOPES = ("per_op", "rest_of_graph")
 
 
 def _field(*, zero_ok: bool = False, choices: tuple[str, ...] | None = None, default=None,
@@ -244,6 +253,8 @@ class OpsSpec:
         ``elementwise``: elementwise epilogues only).
       attention_fusion: how the compiler fuses attention blocks, one of
         :data:`ATTENTION_FUSIONS` (default ``none``; :mod:`npujax.plan.passes.attention`).
+      fallback: what runs on the host when an operator is not supported, one of
+        :data:`FALLBACK_SCOPES` (default ``per_op``).
     """
 
     supported: tuple[str, ...] = _field()
@@ -252,6 +263,7 @@ class OpsSpec:
     conv_max_stride: int = _field(lo=1, hi=2**16)
     fusion: str = _field(choices=FUSION_LEVELS, default="elementwise")
     attention_fusion: str = _field(choices=ATTENTION_FUSIONS, default="none")
+    fallback: str = _field(choices=FALLBACK_SCOPES, default="per_op")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -305,6 +305,17 @@ def _workloads(graph: Graph, spec: NpuSpec | None) -> list[Workload]:
     cost = lowering_cost(graph)
     placements = {n.name: _placement(n, spec, graph.constants) for n in graph.nodes
                   if cost[n.name] != "free"}
+    if spec is not None and spec.ops.fallback == "rest_of_graph":
+        # one partition: the first unsupported operator and every operator after it run on
+        # the host (the Coral Edge TPU compiler's documented behaviour)
+        first = next((n for n in graph.nodes if placements.get(n.name)), None)
+        if first is not None:
+            after = False
+            for n in graph.nodes:
+                after = after or n is first
+                if after and n.name in placements and not placements[n.name]:
+                    placements[n.name] = (f"after {first.name!r} ({first.op}), the first "
+                                          f"operator {spec.name} does not run")
     level = FUSION_LEVELS.index(spec.ops.fusion) if spec else FUSION_LEVELS.index("elementwise")
     residual = level >= FUSION_LEVELS.index("residual")
     group: set[str] = set()  # tensors of the current fusion group (a GEMM and its elementwise ops)

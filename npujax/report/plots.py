@@ -171,38 +171,54 @@ def plot_roofline(
 
 
 def plot_measured_vs_modelled(
-    path: Where, measured_s: Any, modelled_s: Mapping[str, Any], title: str = "",
+    path: Where, measured_s: Any, modelled_s: Mapping[str, Any], title: str = "", *,
+    what: str = "latency per layer", unit: str = "µs", labels: Sequence[str] | None = None,
 ) -> Figure:
-    """Log-log scatter of measured against modelled per-layer latency (µs), one series per entry
-    of ``modelled_s`` (e.g. ``{"before fit": ..., "after fit": ...}``), with the identity line
-    and ±25 % bands, so a reader sees both the scale error and the layers the model ranks wrong.
+    """Log-log scatter of measured against modelled latency, one series per entry of
+    ``modelled_s`` (e.g. ``{"before fit": ..., "after fit": ...}``), with the identity line
+    and ±25 % bands, so a reader sees both the scale error and the points the model ranks wrong.
 
     Args:
       path: PNG to write (None: only draw).
-      measured_s: float ``[P]`` measured seconds per layer.
+      measured_s: float ``[P]`` measured seconds.
       modelled_s: ``{label: float [P] modelled seconds}``, each aligned with ``measured_s``.
       title: the plot title.
+      what: what a point is, for the axis labels (``latency per layer``, ``time per
+        inference``).
+      unit: ``µs`` or ``ms``.
+      labels: ``[P]`` names written beside the points of the last series (e.g. model names),
+        or None.
 
     Returns:
       The figure.
+
+    Raises:
+      ValueError: an unknown ``unit``.
     """
-    m = np.asarray(measured_s, np.float64) * 1e6
+    scale = {"µs": 1e6, "ms": 1e3}.get(unit)
+    if scale is None:
+        raise ValueError(f"unit must be 'µs' or 'ms', got {unit!r}")
+    m = np.asarray(measured_s, np.float64) * scale
     fig, ax = new_figure(5.6, 5.0)
-    allv = [m] + [np.asarray(v, np.float64) * 1e6 for v in modelled_s.values()]
+    allv = [m] + [np.asarray(v, np.float64) * scale for v in modelled_s.values()]
     lo = max(min(float(np.min(v[v > 0])) for v in allv if np.any(v > 0)) / 1.5, 1e-6)
-    hi = max(float(np.max(v)) for v in allv) * 1.5
+    hi = max(float(np.max(v[np.isfinite(v)])) for v in allv) * 1.5
     xs = np.geomspace(lo, hi, 50)
     ax.loglog(xs, xs, "k-", lw=1, label="modelled = measured")
     ax.fill_between(xs, xs / 1.25, xs * 1.25, color="0.85", label="±25 %")
     markers = "o^sv"
+    last = np.asarray(m)
     for i, (label, v) in enumerate(modelled_s.items()):
-        ax.loglog(m, np.asarray(v, np.float64) * 1e6, markers[i % 4], ms=4, alpha=0.75,
-                  color=f"C{i}", label=label)
+        last = np.asarray(v, np.float64) * scale
+        ax.loglog(m, last, markers[i % 4], ms=4, alpha=0.75, color=f"C{i}", label=label)
+    for x, y, text in zip(m, last, labels or ()):
+        if np.isfinite(y) and y > 0:
+            ax.annotate(text, (x, y), fontsize=6, xytext=(3, -3), textcoords="offset points")
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
-    ax.set_xlabel("measured latency per layer (µs)")
-    ax.set_ylabel("modelled latency per layer (µs)")
-    ax.set_title(title or "measured vs modelled per-layer latency", fontsize=10)
+    ax.set_xlabel(f"measured {what} ({unit})")
+    ax.set_ylabel(f"modelled {what} ({unit})")
+    ax.set_title(title or f"measured vs modelled {what}", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
     return save_figure(fig, path)

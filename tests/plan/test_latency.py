@@ -280,3 +280,20 @@ def test_elementwise_chain_fuses_into_the_conv_but_residual_add_reads_dram(edge_
     assert all(r.costs.dma_cycles == 0 and r.costs.compute_cycles > 0 for r in fused)
     last_add = [r for r in rows if r.op == "Add"][-1]
     assert last_add.costs.dram_bytes > 0  # conv2 output + y: the skip tensor comes from DRAM
+
+
+def test_rest_of_graph_fallback_sends_every_later_layer_to_the_host(graph, edge_spec):
+    """ops.fallback = rest_of_graph (the Edge TPU compiler's partition): the first unsupported
+    operator and everything after it run on the host, each GEMM at 2 ops per MAC."""
+    ops = [o for o in edge_spec.ops.supported if o != "AveragePool"]
+    per_op = lower(graph, _with(edge_spec, "ops", supported=tuple(ops)))
+    rest = lower(graph, _with(edge_spec, "ops", supported=tuple(ops), fallback="rest_of_graph"))
+    names = [r.name for r in rest.layers]
+    k = names.index("avgpool_0")
+    assert [r.device for r in per_op.layers if r.kind != "layout"].count("cpu") == 1
+    assert all(r.device == "npu" for r in rest.layers[:k] if r.kind != "layout")
+    after = [r for r in rest.layers[k + 1:] if r.kind != "layout"]
+    assert after and all(r.device == "cpu" and "avgpool_0" in r.reason for r in after)
+    fc1 = {r.name: r for r in rest.layers}["fc1"]
+    cpu_s = 2 * fc1.macs / edge_spec.host.cpu_ops_per_s
+    assert fc1.costs.fallback_cycles / edge_spec.array.clock_hz == pytest.approx(cpu_s)

@@ -1,0 +1,285 @@
+"""The ``npujax fit --table`` workflow: fit a preset to a device's benchmark table.
+
+:func:`fit_benchmark_table` reads the table (:func:`npujax.plan.fit_table.read_table`), builds
+every row's model that npujax can build (``keras:NAME``, ``zoo:NAME``, ONNX files, saved npujax
+models; rows without an architecture are listed as skipped, never guessed), fits the chosen
+fields with leave-one-out cross-validation (:func:`npujax.plan.fit_table.fit_table`), and
+:func:`write_table_fit` writes ``fitted.toml`` (a preset every ``--npu`` accepts),
+``predictions.csv`` (each model's out-of-sample prediction), ``fit.json`` and the log-log plot
+``predictions.png``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from npujax._atomic import atomic_write_text
+from npujax.errors import ConfigError, NpujaxError
+from npujax.hw.spec import NpuSpec, as_spec, spec_to_toml
+from npujax.ir.graph import Graph
+from npujax.plan.fit_table import TableFitResult, TableModel, TableRow, fit_table, read_table
+from npujax.plan.program import network
+from npujax.report import plot_measured_vs_modelled, write_json
+
+__all__ = ["TableFitRun", "table_graph", "fit_benchmark_table", "print_table_fit",
+           "write_table_fit"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TableFitRun:
+    """A finished table fit with what its report shows.
+
+    Attributes:
+      table: the table file; group: the group fitted (None: every row).
+      rows: the rows fitted, aligned with ``result``'s models.
+      skipped: ``(row, reason)`` of the rows npujax could not build or that were filtered out.
+      start: the starting preset; result: the fit.
+      bounds: ``[n]`` the bound of each model's slowest layer on the fitted preset
+        (``compute``, ``memory``, ``transfer``, ``fallback``), and the share of its time.
+    """
+
+    table: str
+    group: str | None
+    rows: tuple[TableRow, ...]
+    skipped: tuple[tuple[TableRow, str], ...]
+    start: NpuSpec
+    result: TableFitResult
+    bounds: tuple[str, ...]
+
+
+def table_graph(row: TableRow) -> Graph:
+    """The optimized graph of one table row's model, at the row's input shape.
+
+    ``keras:NAME`` gets ``input_shape=HxWxC`` from the row (unless the spec sets it); an ONNX
+    model keeps its own static shape, and a dynamic one takes ``1 x C x H x W``.
+
+    Raises:
+      ConfigError: a row without a source; errors of the model's loader.
+    """
+    from npujax.workflows.fit import load_model_graphs
+
+    src = row.source
+    if not src:
+        raise ConfigError(f"row {row.model!r} names no architecture (empty source).")
+    shapes = None
+    if row.input_hwc is not None:
+        hwc = "x".join(str(d) for d in row.input_hwc)
+        if src.startswith("keras:"):
+            if "input_shape=" not in src:
+                src = f"{src}:input_shape={hwc}"
+        elif src.lower().endswith(".onnx") and len(row.input_hwc) == 3:
+            h, w, c = row.input_hwc
+            shapes = _onnx_dynamic_shapes(src, (1, c, h, w))
+    if src.startswith("zoo:"):
+        from npujax.cli import _zoo_model
+
+        src = str(_zoo_model(src[4:]))
+    return load_model_graphs(src, shapes)[1]
+
+
+def _onnx_dynamic_shapes(path: str, nchw: tuple[int, ...]) -> dict[str, tuple[int, ...]] | None:
+    """``{input: nchw}`` for a single-input ONNX model whose input has dynamic dimensions."""
+    import onnx
+
+    m = onnx.load(path, load_external_data=False)
+    inits = {i.name for i in m.graph.initializer}
+    ins = [i for i in m.graph.input if i.name not in inits]
+    if len(ins) != 1:
+        return None
+    dims = ins[0].type.tensor_type.shape.dim
+    if all(d.HasField("dim_value") for d in dims):
+        return None
+    return {ins[0].name: nchw}
+
+
+def fit_benchmark_table(
+    table: str | Path,
+    npu: str | NpuSpec,
+    fields: Sequence[str],
+    *,
+    group: str | None = None,
+    bits: int = 8,
+    cross_validate: bool = True,
+    name: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> TableFitRun:
+    """Fit ``fields`` of the preset ``npu`` to the measured models of a benchmark table.
+
+    Args:
+      table: the CSV (:func:`npujax.plan.fit_table.read_table`).
+      npu: the starting preset (name, TOML path or spec).
+      fields: the fields to fit (at most :data:`~npujax.plan.fit_table.MAX_TABLE_FIELDS`).
+      group: fit only the rows of this group (``group`` or ``host`` column); None: every row,
+        which needs a table of one group.
+      bits: width of every layer's weights and activations.
+      cross_validate: also predict each model from a fit without it.
+      name: the fitted preset's name.
+      progress: called with a line of text per stage.
+
+    Returns:
+      A :class:`TableFitRun`.
+
+    Raises:
+      ConfigError: an unreadable table, a table of several groups without ``group``, an
+        unknown group, fewer buildable rows than needed; as
+        :func:`npujax.plan.fit_table.fit_table`.
+    """
+    spec = as_spec(npu)
+    rows = read_table(table)
+    groups = sorted({r.group for r in rows})
+    if group is None and len(groups) > 1:
+        raise ConfigError(f"the table has {len(groups)} groups ({', '.join(groups)}); pick one "
+                          "with --group (a preset describes one host).")
+    if group is not None and group not in groups:
+        raise ConfigError(f"no rows of group {group!r}; the table's groups are "
+                          f"{', '.join(groups) or '(none)'}.")
+    used: list[TableRow] = []
+    models: list[TableModel] = []
+    skipped: list[tuple[TableRow, str]] = []
+    for r in rows:
+        if group is not None and r.group != group:
+            continue
+        if not r.source:
+            skipped.append((r, "no architecture given (empty source)"))
+            continue
+        if progress is not None:
+            progress(f"building {r.model} ({r.source})")
+        try:
+            net = network(table_graph(r), spec)
+        except NpujaxError as e:
+            skipped.append((r, str(e)))
+            continue
+        used.append(r)
+        models.append(TableModel(r.model, r.group, net.layers, net.chains, r.measured_s))
+    result = fit_table(models, spec, fields, bits=bits, cross_validate=cross_validate,
+                       name=name, progress=progress)
+    bounds = tuple(_bound(m, result.spec, bits) for m in models)
+    return TableFitRun(str(table), group, tuple(used), tuple(skipped), spec, result, bounds)
+
+
+def _bound(model: TableModel, spec: NpuSpec, bits: int) -> str:
+    """What bounds a model: the part holding most of its modelled time (``compute``: array,
+    vector unit and conversions; ``memory``: DMA and stalls; ``fallback``: the host CPU;
+    ``transfer``: the host link) and its share."""
+    import jax
+    import numpy as np
+
+    from npujax.plan.passes.base import LATENCY
+    from npujax.plan.program import program_cost
+
+    wb = np.full(len(model.layers), float(bits), np.float32)
+    with jax.enable_x64(True):
+        c = program_cost(model.layers, spec, wb, wb, chains=model.chains, mode=LATENCY).costs
+    total_of = lambda *vs: float(sum(np.sum(np.asarray(v, np.float64)) for v in vs))  # noqa: E731
+    parts = {"compute": total_of(c.compute_cycles, c.convert_cycles),
+             "memory": total_of(c.dma_cycles, c.stall_cycles),
+             "fallback": total_of(c.fallback_cycles), "transfer": total_of(c.transfer_cycles)}
+    total = sum(parts.values()) or 1.0
+    k = max(parts, key=lambda p: parts[p])
+    return f"{k} {parts[k] / total:.0%}"
+
+
+def _ms(v: float) -> str:
+    return "-" if not math.isfinite(v) else (f"{v * 1e3:.3g}" if v < 1 else f"{v * 1e3:.4g}")
+
+
+def _pct(pred: float, meas: float) -> str:
+    return "-" if not math.isfinite(pred) else f"{(pred / meas - 1) * 100:+.1f} %"
+
+
+def prediction_rows(run: TableFitRun) -> list[dict[str, Any]]:
+    """One dict per model: label, group, source, measured and predicted ms, errors, bound."""
+    r = run.result
+    return [{"model": row.model, "group": row.group, "source": row.source,
+             "measured_ms": float(r.measured_s[k] * 1e3),
+             "preset_ms": float(r.preset_s[k] * 1e3),
+             "fitted_ms": float(r.fitted_s[k] * 1e3),
+             "loo_ms": float(r.loo_s[k] * 1e3),
+             "loo_error_pct": float((r.loo_s[k] / r.measured_s[k] - 1) * 100),
+             "bound": run.bounds[k]}
+            for k, row in enumerate(run.rows)]
+
+
+def print_table_fit(console: Console, run: TableFitRun) -> None:
+    """Print the fitted numbers, the per-model predictions and the figures of merit."""
+    r = run.result
+    t = Table(title=f"fitted numbers ({r.spec.name})")
+    for c in ("field", "preset", "fitted", "rel. std. err.", "identified"):
+        t.add_column(c, justify="left" if c == "field" else "right")
+    for f in r.fields:
+        t.add_row(f, f"{r.initial[f]:.4g}", f"{r.fitted[f]:.4g}",
+                  f"{r.rel_std_err[f]:.1%}" if math.isfinite(r.rel_std_err[f]) else "inf",
+                  "yes" if r.identifiable[f] else "no: kept at the preset")
+    console.print(t)
+    t = Table(title="time per inference (ms): out-of-sample = fitted without that model")
+    for c in ("model", "measured", "preset", "out-of-sample", "error", "bound"):
+        t.add_column(c, justify="left" if c in ("model", "bound") else "right")
+    for k, row in enumerate(run.rows):
+        t.add_row(row.model, _ms(r.measured_s[k]), _ms(r.preset_s[k]), _ms(r.loo_s[k]),
+                  _pct(r.loo_s[k], r.measured_s[k]), run.bounds[k])
+    console.print(t)
+    t = Table(title="figures of merit")
+    for c in ("", "MAPE", "Spearman", "total error"):
+        t.add_column(c, justify="left" if not c else "right")
+    for key, label in (("preset", "preset"), ("in_sample", "fit, in sample"),
+                       ("loo", "fit, leave-one-out")):
+        if key in r.metrics:
+            m = r.metrics[key]
+            t.add_row(label, f"{m['mape']:.1f} %", f"{m['spearman']:.3f}",
+                      f"{m['total_err_pct']:+.1f} %")
+    console.print(t)
+    worst, ratio = r.worst
+    console.print(f"worst model: {worst} (predicted/measured = {ratio:.2f})")
+    for row, why in run.skipped:
+        console.print(f"skipped {row.model}: {why}")
+
+
+def write_table_fit(out: str | Path, run: TableFitRun) -> list[str]:
+    """Write ``fitted.toml``, ``predictions.csv``, ``fit.json`` and ``predictions.png`` into
+    ``out`` (each atomically; call inside ``npujax._atomic.staged_dir`` for the whole folder).
+
+    Returns:
+      The file names written.
+    """
+    out = Path(out)
+    r = run.result
+    kept = ", ".join(k for k, v in r.identifiable.items() if v) or "none identified"
+    header = (f"fitted by npujax fit --table {Path(run.table).name} "
+              f"({len(run.rows)} models, fields: {kept})")
+    atomic_write_text(out / "fitted.toml", spec_to_toml(r.spec, header))
+    rows = prediction_rows(run)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else ["model"])
+    w.writeheader()
+    w.writerows(rows)
+    atomic_write_text(out / "predictions.csv", buf.getvalue())
+    write_json(out / "fit.json", {
+        "table": run.table, "group": run.group, "start": run.start.name,
+        "fitted_preset": r.spec.name, "bits": r.bits,
+        "fields": {f: {"preset": r.initial[f], "fitted": r.fitted[f],
+                       "rel_std_err": r.rel_std_err[f], "identifiable": r.identifiable[f]}
+                   for f in r.fields},
+        "metrics": r.metrics, "worst": {"model": r.worst[0], "ratio": r.worst[1]},
+        "leave_one_out_fits": [dict(zip(("model", "fitted"), (n, v)))
+                               for n, v in zip(r.names, r.loo_fitted)],
+        "models": rows,
+        "skipped": [{"model": row.model, "reason": why} for row, why in run.skipped]})
+    series = {"preset": r.preset_s}
+    if "loo" in r.metrics:
+        series["fitted, leave-one-out"] = r.loo_s
+    else:
+        series["fitted, in sample"] = r.fitted_s
+    plot_measured_vs_modelled(out / "predictions.png", r.measured_s, series,
+                              title=f"{r.spec.name}: {Path(run.table).name}"
+                                    + (f" ({run.group})" if run.group else ""),
+                              what="time per inference", unit="ms", labels=r.names)
+    return ["fitted.toml", "predictions.csv", "fit.json", "predictions.png"]

@@ -1,0 +1,149 @@
+"""The model-level fit (``npujax fit --table``): known answers, identifiability, never worse,
+leave-one-out, and the command's files."""
+
+import csv
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+from npujax.cli import main
+from npujax.errors import ConfigError
+from npujax.frontends.flax import trace_flax
+from npujax.hw import fields, load_npu_spec, spec_to_toml
+from npujax.ir.passes import optimize
+from npujax.models.cnn import DigitsCNN, LeNet, SmallResNet
+from npujax.plan import network
+from npujax.plan.fit_table import TableModel, fit_table, predict_model_s, read_table
+from npujax.quantize.model_file import save_graph
+
+
+def _graph(model, shape):
+    with jax.numpy_dtype_promotion("standard"):
+        return optimize(*trace_flax(model, jnp.zeros(shape, jnp.float32)))
+
+
+@pytest.fixture(scope="module")
+def graphs():
+    """Five CNNs of different shapes: compute-, memory- and overhead-heavy layers."""
+    r = nnx.Rngs(0)
+    return {
+        "digits": _graph(DigitsCNN(rngs=r), (1, 8, 8, 1)),
+        "digits_wide": _graph(DigitsCNN(rngs=r, width=64, hidden=512), (1, 8, 8, 1)),
+        "resnet32": _graph(SmallResNet(rngs=r, in_shape=(32, 32, 3), width=32), (1, 32, 32, 3)),
+        "lenet": _graph(LeNet(rngs=r), (1, 28, 28, 1)),
+        "lenet64": _graph(LeNet(rngs=r, in_shape=(64, 64, 3), widths=(32, 64)), (1, 64, 64, 3)),
+    }
+
+
+@pytest.fixture(scope="module")
+def truth():
+    """A device the preset gets wrong: slower DRAM, a slower clock."""
+    spec = load_npu_spec("edge_16x16")
+    return spec, fields.replace(spec, {"memory.dram_bytes_per_s": 2.0e9,
+                                       "array.clock_hz": 7.0e8})
+
+
+def _models(graphs, spec, device):
+    out = []
+    for name, (g, _) in graphs.items():
+        net = network(g, spec)
+        m = TableModel(name, "", net.layers, net.chains, 1.0)
+        out.append(m._replace(measured_s=predict_model_s(m, device)))
+    return out
+
+
+def test_known_answer_recovered_and_unidentifiable_field_left_alone(graphs, truth):
+    """Exact data from a hidden preset: the fields that differ are recovered and predict the
+    held-out models exactly; a field no model depends on (the host CPU rate: nothing falls
+    back) is reported as not identified and keeps the preset's value."""
+    spec, device = truth
+    models = _models(graphs, spec, device)
+    r = fit_table(models, spec, ["dram_bytes_per_s", "clock_hz", "cpu_ops_per_s"])
+    assert r.fitted["memory.dram_bytes_per_s"] == pytest.approx(2.0e9, rel=1e-4)
+    assert r.fitted["array.clock_hz"] == pytest.approx(7.0e8, rel=1e-4)
+    assert r.identifiable == {"memory.dram_bytes_per_s": True, "array.clock_hz": True,
+                              "host.cpu_ops_per_s": False}
+    assert r.fitted["host.cpu_ops_per_s"] == spec.host.cpu_ops_per_s
+    assert r.metrics["preset"]["mape"] > 10
+    assert r.metrics["loo"]["mape"] < 0.01 and r.metrics["in_sample"]["mape"] < 0.01
+    assert r.worst[1] == pytest.approx(1.0, rel=1e-4)
+
+
+def test_never_worse_than_the_preset(graphs, truth):
+    """Fitting a field that cannot explain the data (the vector lanes, where the device
+    differs in its DRAM and clock) may not make the table's fit worse than the preset's."""
+    spec, device = truth
+    r = fit_table(_models(graphs, spec, device), spec, ["vector.lanes"], cross_validate=False)
+    assert r.metrics["in_sample"]["rms_log_err"] <= r.metrics["preset"]["rms_log_err"] + 1e-12
+    assert math.isnan(r.loo_s[0])
+
+
+def test_refuses_too_many_fields_and_too_few_models(graphs, truth):
+    spec, device = truth
+    models = _models(graphs, spec, device)
+    with pytest.raises(ConfigError, match="at most 5"):
+        fit_table(models, spec, ["clock_hz", "rows", "cols", "dram_bytes_per_s",
+                                 "dram_latency_s", "lanes"])
+    with pytest.raises(ConfigError, match="more rows than fields"):
+        fit_table(models[:2], spec, ["clock_hz", "dram_bytes_per_s"])
+
+
+def test_read_table_errors(tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text("model,measured_ms\nA,-1\n")
+    with pytest.raises(ConfigError, match="line 2"):
+        read_table(p)
+    p.write_text("name,ms\nA,1\n")
+    with pytest.raises(ConfigError, match="model and measured_ms"):
+        read_table(p)
+    p.write_text("model,input_hwc,host,measured_ms,source\nA,224x224x3,usb,2.5,keras:X\n")
+    (row,) = read_table(p)
+    assert (row.input_hwc, row.group, row.measured_s, row.source) == ((224, 224, 3), "usb",
+                                                                        0.0025, "keras:X")
+
+
+def test_cli_writes_preset_predictions_and_plot(graphs, truth, tmp_path):
+    """``npujax fit --table``: rows naming saved models, one without an architecture
+    (skipped, listed), two groups picked by --group; the fitted preset reproduces the
+    device through ``--npu``."""
+    spec, device = truth
+    rows = []
+    for name, (g, p) in graphs.items():
+        path = tmp_path / f"{name}.npz"
+        save_graph(path, g, p)
+        m = network(g, spec)
+        t = predict_model_s(TableModel(name, "", m.layers, m.chains, 1.0), device)
+        rows.append({"model": name, "source": str(path), "host": "a", "measured_ms": t * 1e3})
+        rows.append({"model": name, "source": str(path), "host": "b", "measured_ms": t * 2e3})
+    rows.append({"model": "unknown net", "source": "", "host": "a", "measured_ms": 3.0})
+    table = tmp_path / "table.csv"
+    with table.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    preset = tmp_path / "start.toml"
+    preset.write_text(spec_to_toml(spec))
+    out = tmp_path / "fit"
+    args = ["fit", "--table", str(table), "--npu", str(preset), "--params",
+            "dram_bytes_per_s,clock_hz", "--out", str(out), "--no-progress"]
+    assert main(args) != 0  # two groups: --group is required
+    assert main([*args, "--group", "a"]) == 0
+    assert {p.name for p in out.iterdir()} >= {"fitted.toml", "predictions.csv", "fit.json",
+                                               "predictions.png"}
+    report = json.loads((out / "fit.json").read_text())
+    assert report["skipped"][0]["model"] == "unknown net"
+    assert report["metrics"]["loo"]["mape"] < 0.01
+    with (out / "predictions.csv").open() as f:
+        pred = list(csv.DictReader(f))
+    assert len(pred) == len(graphs)
+    assert all(abs(float(r["loo_error_pct"])) < 0.01 for r in pred)
+    fitted = load_npu_spec(str(out / "fitted.toml"))
+    g = graphs["lenet64"][0]
+    m = network(g, fitted)
+    assert predict_model_s(TableModel("x", "", m.layers, m.chains, 1.0), fitted) == \
+        pytest.approx(float(next(r for r in pred if r["model"] == "lenet64")["measured_ms"])
+                      / 1e3, rel=1e-4)
