@@ -11,6 +11,7 @@ from npujax.hw.spec import ATTENTION_FUSIONS as ATTENTION_FUSIONS
 from npujax.hw.spec import DATAFLOWS as DATAFLOWS
 from npujax.hw.spec import FALLBACK_SCOPES as FALLBACK_SCOPES
 from npujax.hw.spec import FUSION_LEVELS as FUSION_LEVELS
+from npujax.hw.spec import GROUP_PACKINGS as GROUP_PACKINGS
 from npujax.hw.spec import LAYOUTS as LAYOUTS
 from npujax.hw.spec import MAPPINGS as MAPPINGS
 from npujax.hw.spec import PARAMETER_CACHES as PARAMETER_CACHES
@@ -53,6 +54,7 @@ __all__ = [
     "LAYOUTS",
     "FALLBACK_SCOPES",
     "FUSION_LEVELS",
+    "GROUP_PACKINGS",
     "PRECISION_SCALINGS",
     "PARAMETER_CACHES",
     "NpuSpec",

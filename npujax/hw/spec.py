@@ -6,7 +6,7 @@ Hardware is data. Every numeric field carries its unit in its name (``clock_hz``
     name = "edge_16x16"
     description = "..."
     [array]    rows, cols, dataflow, clock_hz, operand_bits, accumulator_bits, cores,
-               precision_scaling, brick_bits
+               precision_scaling, brick_bits, group_packing (optional)
     [memory]   ifmap_sram_bytes, filter_sram_bytes, ofmap_sram_bytes, dram_bytes_per_s,
                dram_latency_s, dram_bytes (optional), core_link_bytes_per_s (optional),
                mapping (optional)
@@ -63,6 +63,7 @@ __all__ = [
     "ATTENTION_FUSIONS",
     "PARAMETER_CACHES",
     "FALLBACK_SCOPES",
+    "GROUP_PACKINGS",
     "ArraySpec",
     "MemorySpec",
     "VectorSpec",
@@ -118,6 +119,13 @@ PARAMETER_CACHES = ("none", "streams_from_dram", "streams_from_host")
 FALLBACK_SCOPES = ("per_op", "rest_of_graph")
 
 
+#: How a grouped convolution's groups share the array (``array.group_packing``): one group per
+#: fold (``sequential``, SCALE-Sim's mapping) or, on a weight-stationary array, as many groups
+#: as fit side by side in one fold with block-diagonal weights (``block_diagonal``: a 3x3
+#: depthwise layer puts ``floor(rows / 9)`` channels on a fold instead of one).
+GROUP_PACKINGS = ("sequential", "block_diagonal")
+
+
 def _field(*, zero_ok: bool = False, choices: tuple[str, ...] | None = None, default=None,
            lo: float | None = None, hi: float | None = None):
     """A spec field; numeric ones carry their physical range ``[lo, hi]`` (docs/hw.md)."""
@@ -150,6 +158,14 @@ class ArraySpec:
         * ``bit_serial`` — Loom (Sharify et al., DAC 2018): weights and activations are
           processed bit-serially, streaming time scales by ``w * a / operand_bits^2``.
       brick_bits: operand width of a BitBrick for ``bit_composable`` (e.g. 2); ignored otherwise.
+      group_packing: how a grouped convolution's groups (depthwise: one per channel) share the
+        array, one of :data:`GROUP_PACKINGS` (default ``sequential``: each group is its own
+        GEMM, one after the other). ``block_diagonal``: on a weight-stationary array,
+        ``P = min(groups, floor(rows / K), floor(cols / N))`` groups (``K``, ``N`` a group's)
+        are loaded side by side as one block-diagonal weight tile, each row fed by its own
+        group's input stream and each column summing its own group's rows, so one fold of
+        ``M`` streamed pixels computes ``P`` groups. Output- and input-stationary arrays share
+        the streamed operand along a row and cannot; they stay sequential.
     """
 
     rows: int = _field(lo=1, hi=2**16)
@@ -161,6 +177,7 @@ class ArraySpec:
     cores: int = _field(lo=1, hi=2**16)
     precision_scaling: str = _field(choices=PRECISION_SCALINGS)
     brick_bits: int = _field(lo=1, hi=64)
+    group_packing: str = _field(choices=GROUP_PACKINGS, default="sequential")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -445,7 +445,6 @@ def _layer_costs(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight_
     sram_a = real(m.ifmap_sram_bytes) * fcores
     sram_b = real(m.filter_sram_bytes) * fcores
     sram_o = real(m.ofmap_sram_bytes) * fcores
-    gf = real(groups)
     fused = jnp.asarray(t.fused)
     pes = real(R * C * cores)
     macs = f32("macs")
@@ -469,7 +468,19 @@ def _layer_costs(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight_
     )
 
     def one(df: Dataflow) -> LayerCosts:
-        g, _ = split_over_cores(M, K, N, R, C, cores, df, bound=mkn)
+        # grouped convolutions: ``pack`` groups side by side per fold (block-diagonal weight
+        # tiles, weight stationary only; ``array.group_packing``), a static-free decision of
+        # the shapes (no gradient), then ``ng`` packed GEMMs of K x pack rows, N x pack columns
+        if a.group_packing == "block_diagonal" and df.name == "weight_stationary":
+            pack = jax.lax.stop_gradient(jnp.clip(jnp.minimum(R // K, C // N), 1,
+                                                  jnp.maximum(groups, 1)))
+            ng = _ceil_div(groups, pack)
+            Mg, Kg, Ng = M, K * pack, N * pack
+        else:
+            pack, ng, Mg, Kg, Ng = 1, groups, M, K, N
+        packed = mkn if isinstance(pack, int) else None
+        gn = real(ng)
+        g, _ = split_over_cores(Mg, Kg, Ng, R, C, cores, df, bound=packed)
         fd_per_fold = df.fill_cycles(R, C) + df.drain_cycles(R, C)
         fill_drain_1 = g["folds"] * fd_per_fold
         stream_1 = real(g["compute_cycles"] - fill_drain_1)
@@ -478,28 +489,30 @@ def _layer_costs(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight_
         # GEMM layers: the tiled traffic of the systolic memory model (SRAM capacity, reuse,
         # spills) under the chosen mapping. im2col happens on chip: the [M, K] operand costs
         # DRAM reads of its distinct elements only.
-        mem = gemm_mapping(M, K, N, R, C, df, sram_bytes_a=sram_a, sram_bytes_b=sram_b,
-                           sram_bytes_out=sram_o, elem_bytes_a=ab / 8.0, elem_bytes_b=wb / 8.0,
-                           elem_bytes_out=ab / 8.0, dram_bytes_per_cycle=bpc,
-                           unique_elems_a=in_elems / real(groups), mapping=mapping,
-                           bound=mkn)
+        # (a packed tile's weights are block-diagonal: 1/pack of its K x N elements exist)
+        mem = gemm_mapping(Mg, Kg, Ng, R, C, df, sram_bytes_a=sram_a, sram_bytes_b=sram_b,
+                           sram_bytes_out=sram_o, elem_bytes_a=ab / 8.0,
+                           elem_bytes_b=wb / 8.0 / real(pack), elem_bytes_out=ab / 8.0,
+                           dram_bytes_per_cycle=bpc,
+                           unique_elems_a=in_elems / real(groups) * real(pack),
+                           mapping=mapping, bound=packed)
         # the mapping's chunks of the streamed dimension repeat the folds' fill and drain
         # (whole cycles, spread evenly over the cores; zero in the scalesim mapping)
         extra = mem["extra_fill_drain_cycles"]
         extra_1 = _ceil_div(_relax.count(extra if _relax.is_relaxed() else jnp.rint(extra)),
                             cores)
-        gemm_total = groups * (fill_drain_1 + extra_1 + stream) * n_passes
-        gemm_fill_drain = groups * (fill_drain_1 + extra_1) * n_passes
+        gemm_total = ng * (fill_drain_1 + extra_1 + stream) * n_passes
+        gemm_fill_drain = ng * (fill_drain_1 + extra_1) * n_passes
         total_compute = jnp.where(is_gemm, gemm_total, jnp.where(on_npu, vec_cycles, 0))
         fill_drain = jnp.where(is_gemm, gemm_fill_drain, 0)
-        tiled = (_bursts(gf * mem["dram_read_bytes_a"], burst)
-                 + _bursts(gf * mem["dram_read_bytes_b"], burst) + bias_bytes
-                 + _bursts(gf * (mem["dram_write_bytes_out"] + mem["dram_read_bytes_out"]),
+        tiled = (_bursts(gn * mem["dram_read_bytes_a"], burst)
+                 + _bursts(gn * mem["dram_read_bytes_b"], burst) + bias_bytes
+                 + _bursts(gn * (mem["dram_write_bytes_out"] + mem["dram_read_bytes_out"]),
                            burst))
         dram_bytes = jnp.where(on_npu, jnp.where(is_gemm, tiled, once), 0.0)
         weight_once = _bursts(f32("weight_elems") * wb / 8.0, burst) + bias_bytes
         weight_dram = jnp.where(on_npu, jnp.where(
-            is_gemm, _bursts(gf * mem["dram_read_bytes_b"], burst) + bias_bytes, weight_once),
+            is_gemm, _bursts(gn * mem["dram_read_bytes_b"], burst) + bias_bytes, weight_once),
             0.0)
         refetch = jnp.where(on_npu, dram_bytes / jnp.maximum(once, 1.0), 0.0)
         memory = dram_bytes / bpc
@@ -532,7 +545,7 @@ def _layer_costs(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight_
             weight_dram_bytes=weight_dram,
             refetch_factor=refetch,
             sram_peak_bytes=sram_peak,
-            folds=jnp.where(is_gemm, groups * g["folds"] * n_passes, 0),
+            folds=jnp.where(is_gemm, ng * g["folds"] * n_passes, 0),
             utilization=util,
             mapping_efficiency=jnp.where(is_gemm, g["mapping_efficiency"], zero),
         )

@@ -297,3 +297,34 @@ def test_rest_of_graph_fallback_sends_every_later_layer_to_the_host(graph, edge_
     fc1 = {r.name: r for r in rest.layers}["fc1"]
     cpu_s = 2 * fc1.macs / edge_spec.host.cpu_ops_per_s
     assert fc1.costs.fallback_cycles / edge_spec.array.clock_hz == pytest.approx(cpu_s)
+
+
+class Depthwise(nnx.Module):
+    def __init__(self, c, rngs):
+        self.dw = nnx.Conv(c, c, (3, 3), feature_group_count=c, padding="SAME", rngs=rngs)
+
+    def __call__(self, x):
+        return self.dw(x)
+
+
+def test_block_diagonal_group_packing_on_weight_stationary():
+    """array.group_packing = block_diagonal: a 3x3 depthwise layer of 40 channels on a 32x32
+    weight-stationary array puts floor(32 / 9) = 3 channels on a fold: ceil(40 / 3) = 14 folds
+    of the packed GEMM (M, 27, 3) instead of 40 folds of (M, 9, 1), the same weight bytes; the
+    output-stationary array cannot pack and is unchanged."""
+    g = _trace(Depthwise(40, nnx.Rngs(0)), (1, 8, 8, 40))
+    base = dataclasses.replace(load_npu_spec("edge_16x16"), array=dataclasses.replace(
+        load_npu_spec("edge_16x16").array, rows=32, cols=32, dataflow="weight_stationary"))
+    base = _with(base, "layout", channel_alignment=1)
+    packed = _with(base, "array", group_packing="block_diagonal")
+    seq = {r.name: r for r in lower(g, base).layers}["dw"]
+    pk = {r.name: r for r in lower(g, packed).layers}["dw"]
+    assert (seq.costs.folds, pk.costs.folds) == (40, 14)
+    fd = seq.costs.fill_drain_cycles // 40  # per fold: a function of the array only
+    assert seq.costs.compute_cycles == 40 * (fd + 64)
+    assert pk.costs.compute_cycles == 14 * (fd + 64)
+    assert pk.costs.weight_dram_bytes == pytest.approx(seq.costs.weight_dram_bytes, rel=0.1)
+    assert pk.macs == seq.macs and pk.costs.utilization > 2.5 * seq.costs.utilization
+    os_ = _with(packed, "array", dataflow="output_stationary")
+    os_seq = _with(base, "array", dataflow="output_stationary")
+    assert lower(g, os_).latency_s == lower(g, os_seq).latency_s
