@@ -502,18 +502,34 @@ def _window_attrs(e: _Eqn) -> dict[str, Any]:
     }
 
 
+def _scope_label(scope: str) -> str | None:
+    """The innermost :func:`jax.named_scope` of an equation's scope, the markers left out."""
+    names = [c for c in scope.split("/") if c and not _MARK_RE.fullmatch(c)]
+    return names[-1] if names else None
+
+
 class _Builder:
-    def __init__(self, types: dict[str, TensorType], batch: int) -> None:
+    def __init__(self, types: dict[str, TensorType], batch: int,
+                 scope_names: bool = False) -> None:
         self.nodes: list[Node] = []
+        self.taken: set[str] = set()  # the names of ``nodes``
         self.constants: dict[str, np.ndarray] = {}
         self.params: Params = {}
         self.types = types
         self.batch = batch
         self.alias: dict[str, str] = {}
+        self.scope_names = scope_names
+        #: with ``scope_names``: the label (:func:`_scope_label`) of the equation being built
+        self.scope: str | None = None
         self._counts: dict[str, int] = {}
         self._tensors = itertools.count()
 
     def name(self, base: str) -> str:
+        """A new node's name: ``<base>_<k>``, or with ``scope_names`` the scope's label, else
+        ``<label>/<base>`` (``<label>/<base>_1``, ...)."""
+        if self.scope_names and self.scope:
+            first = self.scope if self.scope not in self.taken else f"{self.scope}/{base}"
+            return fresh_name(first, set(self.taken))
         k = self._counts.get(base, 0)
         self._counts[base] = k + 1
         return f"{base}_{k}"
@@ -550,6 +566,7 @@ class _Builder:
         name = self.name(base or op.lower())
         self.nodes.append(Node(name, op, tuple(self.ref(i) for i in ins), tuple(outs),
                                attrs or {}, tuple(params or ())))
+        self.taken.add(name)
         if params:
             self.params[name] = {k: jax.device_put(v) for k, v in params.items()}
 
@@ -854,6 +871,41 @@ def trace_flax(
                             compiler_options=_RUN_ONCE)
         reference = lambda inp: run_apply(variables, inp)  # noqa: E731
 
+    return _trace_jaxpr(fn, x, leaves, reference=reference, source=source,
+                        input_name=_argument_name(model), check=check)
+
+
+def _trace_jaxpr(
+    fn: Callable[[jax.Array], Any],
+    x: jax.Array,
+    leaves: list[_Leaf],
+    *,
+    reference: Callable[[jax.Array], Any],
+    source: str,
+    input_name: str,
+    check: bool,
+    scope_names: bool = False,
+) -> tuple[Graph, Params]:
+    """The tracer's core, shared by the frontends: ``fn`` (the model with its layers
+    intercepted, appending to ``leaves``) traced on ``x`` into a Graph and its params.
+
+    Args:
+      fn: the model as a function of one array; intercepted layers and functions run inside a
+        ``npujaxleaf<k>`` :func:`jax.named_scope`, ``k`` their index in ``leaves``.
+      x: the example input.
+      leaves: filled by ``fn`` while it is traced.
+      reference: the model itself (jitted), for the check.
+      source: the Graph's ``source``.
+      input_name: the name of the graph's input tensor.
+      check: compare the graph's output on ``x`` with ``reference``'s.
+      scope_names: name the nodes that are not intercepted layers after the innermost
+        :func:`jax.named_scope` they were traced in (Keras names every layer call's scope after
+        the layer: ``Conv1_relu``, ``block_2_add``; a second node of one scope is
+        ``<scope>/<op>``), instead of ``<op>_<k>``.
+
+    Raises:
+      UnsupportedOpError, GraphError: as :func:`trace_flax`.
+    """
     closed = jax.make_jaxpr(fn)(x)
     flat = _Flattener()
     in_name = flat.fresh(closed.jaxpr.invars[0].aval)
@@ -865,7 +917,7 @@ def trace_flax(
     if any(isinstance(o, _Const) for o in out_refs):
         raise GraphError("the model returns a constant that does not depend on its input.")
 
-    builder = _Builder(flat.types, batch=int(x.shape[0]))
+    builder = _Builder(flat.types, batch=int(x.shape[0]), scope_names=scope_names)
     group_of = []
     for e in flat.eqns:
         m = _MARK_RE.search(e.scope)
@@ -890,10 +942,12 @@ def trace_flax(
     done: set[int] = set()
     params: Params = {}
     for idx, (e, g) in enumerate(zip(flat.eqns, group_of)):
+        if g in done:
+            continue
+        if scope_names:
+            builder.scope = _scope_label(e.scope)
         if g is None:
             builder.primitive(e)
-            continue
-        if g in done:
             continue
         done.add(g)
         eqns = [ee for ee, gg in zip(flat.eqns[idx:], group_of[idx:]) if gg == g]
@@ -906,11 +960,13 @@ def trace_flax(
         nodes, k, leaf_params = _leaf_nodes(leaves[g], eqns, [builder.ref(i) for i in ext_in],
                                             ext_out, builder)
         main = nodes[k]
-        if main.name in {n.name for n in builder.nodes}:  # a layer called twice
-            new = builder.name(main.name)
+        if main.name in builder.taken:  # a layer called twice
+            new = (fresh_name(main.name, set(builder.taken)) if scope_names
+                   else builder.name(main.name))
             nodes = [n.replace(name=new + n.name[len(main.name):]) for n in nodes]
             main = nodes[k]
         builder.nodes.extend(nodes)
+        builder.taken.update(n.name for n in nodes)
         if leaf_params:
             params[main.name] = {k: jax.device_put(v) for k, v in leaf_params.items()}
 
@@ -919,7 +975,7 @@ def trace_flax(
     nodes = _fuse_average_pools(builder.nodes, set(outputs), builder.constants)
     tensors = {name: t for name, t in builder.types.items()}
     graph = Graph(tuple(nodes), (in_name,), outputs, tensors, builder.constants, source)
-    graph = _name_interface(graph, _argument_name(model))
+    graph = _name_interface(graph, input_name)
 
     if check:
         want = np.asarray(reference(x))
