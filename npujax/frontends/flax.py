@@ -44,6 +44,7 @@ from npujax.errors import GraphError, UnsupportedOpError
 from npujax.ir.execute import execute
 from npujax.ir.graph import Graph, Node, Params, TensorType, fresh_name
 from npujax.ops import OPS
+from npujax.ops.pooling import avgpool_count
 
 __all__ = ["trace_flax"]
 
@@ -756,7 +757,7 @@ def _fuse_average_pools(nodes: list[Node], graph_outputs: set[str], constants) -
             pool = by_output[n.inputs[0]]
             divisor = np.asarray(constants[n.inputs[1]])
             users = [m for m in nodes if pool.outputs[0] in m.inputs]
-            if (divisor.size == 1 and float(divisor) == float(np.prod(pool.attrs["window"]))
+            if (divisor.size == 1 and float(divisor.reshape(())) == float(np.prod(pool.attrs["window"]))
                     and len(users) == 1 and pool.outputs[0] not in graph_outputs):
                 idx = out.index(pool)
                 out[idx] = Node(pool.name.replace("sumpool", "avgpool"), "AveragePool",
@@ -766,6 +767,67 @@ def _fuse_average_pools(nodes: list[Node], graph_outputs: set[str], constants) -
             by_output[n.outputs[0]] = n
         out.append(n)
     return out
+
+
+def _scalar(constants: dict[str, np.ndarray], name: str) -> float | None:
+    """The value of a one-element constant, else None."""
+    v = constants.get(name)
+    return float(np.asarray(v).reshape(())) if v is not None and np.size(v) == 1 else None
+
+
+def _fuse_pools_relu6_means(nodes: list[Node], graph_outputs: set[str],
+                          constants: dict[str, np.ndarray],
+                          types: dict[str, TensorType]) -> list[Node]:
+    """Patterns of jax.numpy written as the operators an NPU compiler sees: a window sum
+    divided by the count of the window's elements inside the input (Keras' average pooling
+    with ``padding="same"``) as ``AveragePool`` (``count_include_pad=0``);
+    ``min(max(x, 0), c)`` (``jax.nn.relu6``, Keras ``ReLU(max_value=c)``) as ``Relu6`` (c = 6,
+    an activation a GEMM fuses) or ``Clip``; ``sum(x, axes)`` divided by the number of summed
+    elements (``jnp.mean``, Keras' global average pooling), with a Reshape restoring the
+    reduced axes between them or not, as ``ReduceMean``."""
+    users: dict[str, list[Node]] = {}
+    for n in nodes:
+        for t in n.inputs:
+            users.setdefault(t, []).append(n)
+
+    def sole_user(n: Node, op: str) -> Node | None:
+        u = users.get(n.outputs[0], [])
+        if len(u) == 1 and u[0].op == op and n.outputs[0] not in graph_outputs:
+            return u[0]
+        return None
+
+    dropped: set[int] = set()
+    replaced: dict[int, Node] = {}
+    for n in nodes:
+        if n.op == "SumPool" and (d := sole_user(n, "Div")) is not None:
+            divisor = constants.get(d.inputs[1]) if d.inputs[0] == n.outputs[0] else None
+            pool = Node(n.name, "AveragePool", n.inputs, d.outputs,
+                        {**n.attrs, "count_include_pad": 0})
+            if divisor is not None and np.array_equal(
+                    *np.broadcast_arrays(divisor, avgpool_count(pool, types[n.inputs[0]].shape))):
+                replaced[id(n)] = pool
+                dropped.add(id(d))
+        elif n.op == "Relu" and (m := sole_user(n, "Min")) is not None:
+            hi = _scalar(constants, m.inputs[1]) if m.inputs[0] == n.outputs[0] else None
+            if hi is not None and hi >= 0:
+                op, attrs = ("Relu6", {}) if hi == 6.0 else ("Clip", {"min": 0.0, "max": hi})
+                replaced[id(n)] = Node(n.name, op, n.inputs, m.outputs, attrs)
+                dropped.add(id(m))
+        elif n.op == "ReduceSum" and not n.attrs["keepdims"]:
+            src = types[n.inputs[0]].shape
+            count = float(np.prod([src[a] for a in n.attrs["axes"]]))
+            keep = tuple(1 if i in n.attrs["axes"] else d for i, d in enumerate(src))
+            r = sole_user(n, "Reshape")
+            if r is not None and types[r.outputs[0]].shape != keep:
+                continue
+            d = sole_user(r if r is not None else n, "Div")
+            if (d is None or d.inputs[0] != (r or n).outputs[0]
+                    or _scalar(constants, d.inputs[1]) != count):
+                continue
+            replaced[id(n)] = Node(n.name, "ReduceMean", n.inputs, d.outputs,
+                                   {**n.attrs, "keepdims": int(r is not None)})
+            dropped.update({id(d)} | ({id(r)} if r is not None else set()))
+    return [replaced.get(id(n), n) for n in nodes if id(n) not in dropped]
 
 
 def _argument_name(model: Any) -> str:
@@ -885,6 +947,7 @@ def _trace_jaxpr(
     input_name: str,
     check: bool,
     scope_names: bool = False,
+    peepholes: bool = False,
 ) -> tuple[Graph, Params]:
     """The tracer's core, shared by the frontends: ``fn`` (the model with its layers
     intercepted, appending to ``leaves``) traced on ``x`` into a Graph and its params.
@@ -902,6 +965,9 @@ def _trace_jaxpr(
         :func:`jax.named_scope` they were traced in (Keras names every layer call's scope after
         the layer: ``Conv1_relu``, ``block_2_add``; a second node of one scope is
         ``<scope>/<op>``), instead of ``<op>_<k>``.
+      peepholes: write an average pool that does not count the padding as ``AveragePool``,
+        relu6 as ``Relu6`` (or ``Clip``) and a mean as ``ReduceMean``
+        (:func:`_fuse_pools_relu6_means`).
 
     Raises:
       UnsupportedOpError, GraphError: as :func:`trace_flax`.
@@ -973,6 +1039,8 @@ def _trace_jaxpr(
     params.update(builder.params)
     outputs = tuple(builder.ref(o) for o in out_refs)
     nodes = _fuse_average_pools(builder.nodes, set(outputs), builder.constants)
+    if peepholes:
+        nodes = _fuse_pools_relu6_means(nodes, set(outputs), builder.constants, builder.types)
     tensors = {name: t for name, t in builder.types.items()}
     graph = Graph(tuple(nodes), (in_name,), outputs, tensors, builder.constants, source)
     graph = _name_interface(graph, input_name)
