@@ -37,7 +37,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     fp.add_argument("profile", help="measured profile: a 'layer,latency_s' CSV or an "
                     "onnxruntime profiling JSON")
     fp.add_argument("--model", required=True,
-                    help="the profiled model: an .onnx file, zoo:NAME, or a model.npz")
+                    help="the profiled model: an .onnx file, zoo:NAME, a model.npz, or "
+                    "keras:NAME[:key=value...]")
     fp.add_argument("--input-shape", action="append", metavar="NAME=1,3,224,224",
                     help="static shape of an ONNX input (repeat for several inputs)")
     fp.add_argument("--npu", default="edge_16x16",

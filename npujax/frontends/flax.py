@@ -757,7 +757,8 @@ def _fuse_average_pools(nodes: list[Node], graph_outputs: set[str], constants) -
             pool = by_output[n.inputs[0]]
             divisor = np.asarray(constants[n.inputs[1]])
             users = [m for m in nodes if pool.outputs[0] in m.inputs]
-            if (divisor.size == 1 and float(divisor.reshape(())) == float(np.prod(pool.attrs["window"]))
+            if (divisor.size == 1
+                    and float(divisor.reshape(())) == float(np.prod(pool.attrs["window"]))
                     and len(users) == 1 and pool.outputs[0] not in graph_outputs):
                 idx = out.index(pool)
                 out[idx] = Node(pool.name.replace("sumpool", "avgpool"), "AveragePool",
@@ -776,15 +777,19 @@ def _scalar(constants: dict[str, np.ndarray], name: str) -> float | None:
 
 
 def _fuse_pools_relu6_means(nodes: list[Node], graph_outputs: set[str],
-                          constants: dict[str, np.ndarray],
-                          types: dict[str, TensorType]) -> list[Node]:
-    """Patterns of jax.numpy written as the operators an NPU compiler sees: a window sum
-    divided by the count of the window's elements inside the input (Keras' average pooling
-    with ``padding="same"``) as ``AveragePool`` (``count_include_pad=0``);
-    ``min(max(x, 0), c)`` (``jax.nn.relu6``, Keras ``ReLU(max_value=c)``) as ``Relu6`` (c = 6,
-    an activation a GEMM fuses) or ``Clip``; ``sum(x, axes)`` divided by the number of summed
-    elements (``jnp.mean``, Keras' global average pooling), with a Reshape restoring the
-    reduced axes between them or not, as ``ReduceMean``."""
+                            constants: dict[str, np.ndarray],
+                            types: dict[str, TensorType]) -> list[Node]:
+    """Patterns of jax.numpy written as the operators an NPU compiler sees:
+
+    * a window sum divided by the count of the window's elements inside the input (Keras'
+      average pooling with ``padding="same"``): ``AveragePool`` (``count_include_pad=0``);
+    * ``min(max(x, 0), c)`` (``jax.nn.relu6``, Keras' ``ReLU(max_value=c)``): ``Relu6`` (c = 6,
+      an activation a GEMM fuses) or ``Clip``;
+    * ``sum(x, axes)`` divided by the number of summed elements (``jnp.mean``; with a Reshape
+      restoring the reduced axes between them or not): the global average pooling of a 4-D
+      tensor (axes 1, 2 or 2, 3) as an ``AveragePool`` over the whole image (then a
+      ``<name>/reshape`` unless the axes are kept), any other mean as ``ReduceMean``.
+    """
     users: dict[str, list[Node]] = {}
     for n in nodes:
         for t in n.inputs:
@@ -797,37 +802,54 @@ def _fuse_pools_relu6_means(nodes: list[Node], graph_outputs: set[str],
         return None
 
     dropped: set[int] = set()
-    replaced: dict[int, Node] = {}
+    replaced: dict[int, list[Node]] = {}
     for n in nodes:
         if n.op == "SumPool" and (d := sole_user(n, "Div")) is not None:
             divisor = constants.get(d.inputs[1]) if d.inputs[0] == n.outputs[0] else None
             pool = Node(n.name, "AveragePool", n.inputs, d.outputs,
                         {**n.attrs, "count_include_pad": 0})
-            if divisor is not None and np.array_equal(
-                    *np.broadcast_arrays(divisor, avgpool_count(pool, types[n.inputs[0]].shape))):
-                replaced[id(n)] = pool
+            count = avgpool_count(pool, types[n.inputs[0]].shape)
+            out = tuple(types[d.outputs[0]].shape)
+            if (divisor is not None and divisor.ndim <= len(out)
+                    and np.broadcast_shapes(divisor.shape, count.shape, out) == out
+                    and bool(np.all(divisor == count))):
+                replaced[id(n)] = [pool]
                 dropped.add(id(d))
         elif n.op == "Relu" and (m := sole_user(n, "Min")) is not None:
             hi = _scalar(constants, m.inputs[1]) if m.inputs[0] == n.outputs[0] else None
             if hi is not None and hi >= 0:
                 op, attrs = ("Relu6", {}) if hi == 6.0 else ("Clip", {"min": 0.0, "max": hi})
-                replaced[id(n)] = Node(n.name, op, n.inputs, m.outputs, attrs)
+                replaced[id(n)] = [Node(n.name, op, n.inputs, m.outputs, attrs)]
                 dropped.add(id(m))
         elif n.op == "ReduceSum" and not n.attrs["keepdims"]:
             src = types[n.inputs[0]].shape
-            count = float(np.prod([src[a] for a in n.attrs["axes"]]))
-            keep = tuple(1 if i in n.attrs["axes"] else d for i, d in enumerate(src))
+            axes = [int(a) for a in n.attrs["axes"]]
+            keep = tuple(1 if i in axes else d for i, d in enumerate(src))
             r = sole_user(n, "Reshape")
             if r is not None and types[r.outputs[0]].shape != keep:
                 continue
-            d = sole_user(r if r is not None else n, "Div")
+            d = sole_user(r or n, "Div")
             if (d is None or d.inputs[0] != (r or n).outputs[0]
-                    or _scalar(constants, d.inputs[1]) != count):
+                    or _scalar(constants, d.inputs[1]) != float(np.prod([src[a] for a in axes]))):
                 continue
-            replaced[id(n)] = Node(n.name, "ReduceMean", n.inputs, d.outputs,
-                                   {**n.attrs, "keepdims": int(r is not None)})
             dropped.update({id(d)} | ({id(r)} if r is not None else set()))
-    return [replaced.get(id(n), n) for n in nodes if id(n) not in dropped]
+            if len(src) != 4 or sorted(axes) not in ([1, 2], [2, 3]):
+                replaced[id(n)] = [Node(n.name, "ReduceMean", n.inputs, d.outputs,
+                                        {"axes": axes, "keepdims": int(r is not None)})]
+                continue
+            window = [d if i in axes else 1 for i, d in enumerate(src)]
+            pool_attrs = {"window": window, "strides": [1] * 4, "padding": [[0, 0]] * 4}
+            if r is not None:
+                replaced[id(n)] = [Node(n.name, "AveragePool", n.inputs, d.outputs, pool_attrs)]
+                continue
+            pooled = f"{n.outputs[0]}_kept"
+            types[pooled] = TensorType(keep, types[n.outputs[0]].dtype)
+            flat = [int(v) for v in types[d.outputs[0]].shape]
+            replaced[id(n)] = [
+                Node(n.name, "AveragePool", n.inputs, (pooled,), pool_attrs),
+                Node(f"{n.name}/reshape", "Reshape", (pooled,), d.outputs,
+                     {"shape": [0, *flat[1:]] if flat[0] == keep[0] else flat})]
+    return [m for n in nodes if id(n) not in dropped for m in replaced.get(id(n), [n])]
 
 
 def _argument_name(model: Any) -> str:

@@ -77,7 +77,8 @@ def _keras() -> Any:
             raise ConfigError('Keras models need Keras 3: pip install "npujax[keras]" (or pip '
                               'install "keras>=3.6").') from None
         raise ConfigError(f"Keras could not be imported ({e}); npujax traces Keras models on "
-                          "the JAX backend: set KERAS_BACKEND=jax before importing keras.") from None
+                          "the JAX backend: set KERAS_BACKEND=jax before importing keras."
+                          ) from None
     version = getattr(keras, "__version__", "0")
     if not version.split(".")[0].isdigit() or int(version.split(".")[0]) < 3:
         raise ConfigError(f"Keras {version} is installed; npujax traces Keras 3 models on the "
@@ -125,7 +126,7 @@ def _leaf_params(op: str, layer: Any) -> tuple[dict[str, np.ndarray], dict[str, 
     return params, {}
 
 
-def _layer_classes(keras: Any) -> dict[type, str]:
+def _layer_classes(keras: Any) -> dict[Any, str]:
     """The intercepted Keras layer classes and their leaf kinds."""
     L = keras.layers
     return {L.Conv2D: "Conv", L.DepthwiseConv2D: "DepthwiseConv", L.Dense: "Gemm",
@@ -164,14 +165,14 @@ def _intercept_layers(keras: Any, leaves: list[_Leaf]) -> Iterator[None]:
     try:
         for cls, kind in classes.items():
             # deliberate interception: the layer classes' call is patched for the trace
-            cls.call = make(kind, cls.call)  # type: ignore[method-assign]
+            cls.call = make(kind, cls.call)
         yield
     finally:
         for cls, own in saved.items():
             if own is None:
                 del cls.call
             else:
-                cls.call = own  # type: ignore[method-assign]  # (restored)
+                cls.call = own  # (restored)
 
 
 # --------------------------------------------------------------------------------------------

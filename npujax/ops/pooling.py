@@ -4,8 +4,8 @@ Windows, strides and padding are explicit per axis of the input (``[1, 1, kh, kw
 NCHW pool, ``[1, kh, kw, 1]`` for a Flax NHWC one). AveragePool divides by
 :func:`avgpool_count`: the full window (Flax), or, for an ONNX or a Keras pool
 (``count_include_pad`` in the attributes), the window's elements inside the input plus the
-explicit pads when ``count_include_pad=1``; the end padding ``ceil_mode`` adds is never counted (ONNX AveragePool
-spec; onnxruntime's pool kernels).
+explicit pads when ``count_include_pad=1``; the end padding ``ceil_mode`` adds is never counted
+(ONNX AveragePool spec; onnxruntime's pool kernels).
 
 On integer codes (:mod:`npujax.backends.integer`) MaxPool is exact and AveragePool rounds once:
 from saturated codes as onnxruntime's QLinearAveragePool does (float32, window summed in
