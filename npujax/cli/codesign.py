@@ -35,8 +35,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "npujax codesign model.npz --npu edge_16x16 --area-mm2 2 --power-w 0.5 "
             "--objective energy --out runs/cd_energy"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    co.add_argument("model", help="model.npz written by 'npujax demo', an .onnx model, or "
-                    "zoo:ppocr_cls / zoo:ppocr_det")
+    co.add_argument("model", help="model.npz written by 'npujax demo', an .onnx model, "
+                    "zoo:ppocr_cls / zoo:ppocr_det, or keras:NAME[:key=value...]")
     add_data_args(co)
     co.add_argument("--npu", default="edge_16x16",
                     help="base preset (name or TOML path): the start, and every field the "

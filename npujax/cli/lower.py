@@ -39,6 +39,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "npujax lower zoo:ppocr_cls --input-shape x=1,3,48,192 --npu tpu_v1 --out lowered/",
             "npujax lower zoo:ppocr_det --input-shape x=1,3,640,640 --fusion layer --cores 4 "
             "--schedule best",
+            "npujax lower keras:MobileNetV2 --npu edge_16x16 --batch 4",
             "npujax lower zoo:ppocr_det zoo:ppocr_cls --input-shape 1:x=1,3,640,640 "
             "--input-shape 2:x=1,3,48,192 --npu edge_16x16 --cores 2 --sharing core_partitioned",
             "npujax lower --scalesim-config scale.cfg --topology resnet18.csv --out reports/",
@@ -51,7 +52,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     lo.add_argument("model", nargs="*", help="an .onnx model, zoo:ppocr_cls / zoo:ppocr_det / "
                     "zoo:ppocr_rec, a "
-                    "model.npz written by 'npujax demo', or decoder:<config> (the reference "
+                    "model.npz written by 'npujax demo', a Keras application "
+                    "keras:NAME[:key=value...] (e.g. keras:MobileNet:alpha=0.25:input_shape="
+                    "160x160x3; random weights; the keras extra), or decoder:<config> (the "
+                    "reference "
                     f"LLM decoder at the shapes of {', '.join(sorted(DECODER_CONFIGS))}); "
                     "several models share the NPU (none with --topology)")
     lo.add_argument("--input-shape", action="append", metavar="[I:]NAME=1,3,224,224",
@@ -190,8 +194,8 @@ def _note_fusion_override(args: argparse.Namespace, preset_fusion: str, npu: str
 def run(args: argparse.Namespace) -> int:
     from npujax.hw import load_npu_spec
     from npujax.plan.lower import lower_dataflows
-    from npujax.quantize.model_file import load_graph
     from npujax.report.lowering import print_lowering
+    from npujax.workflows.inputs import load_model
     from npujax.workflows.lowering import import_onnx_for_lowering
 
     if args.scalesim_config or args.topology:
@@ -237,10 +241,7 @@ def run(args: argparse.Namespace) -> int:
         graph, meta = import_onnx_for_lowering(args.model, shapes, args.batch), {}
         batch = None  # the batch is part of the imported shapes
     else:
-        if shapes:
-            raise ConfigError("--input-shape applies to .onnx models; a saved npujax model "
-                              "has fixed shapes (use --batch to change the batch size).")
-        graph, _, _, meta = load_graph(args.model)
+        graph, _, _, meta = load_model(args.model, shapes)
     if saved:
         if "mixed_precision_policy" not in meta:
             raise ConfigError(f"{args.model} holds no saved precision policy; pass --weight-bits "
@@ -376,9 +377,9 @@ def _run_many(args: argparse.Namespace, spec: Any, wbits: Any, abits: Any,
     from npujax.ir.passes import rebatch
     from npujax.plan import lower_models
     from npujax.plan.lower import lower_dataflows
-    from npujax.quantize.model_file import load_graph
     from npujax.report import write_json
     from npujax.report.lowering import print_coresidency, write_lowering
+    from npujax.workflows.inputs import load_model
     from npujax.workflows.lowering import import_onnx_for_lowering
 
     precision = _precision_fn(wbits, abits)
@@ -397,10 +398,7 @@ def _run_many(args: argparse.Namespace, spec: Any, wbits: Any, abits: Any,
             if onnx[name]:
                 g = import_onnx_for_lowering(path, shapes, args.batch)
             else:
-                if shapes:
-                    raise ConfigError("--input-shape applies to .onnx models; a saved npujax "
-                                      "model has fixed shapes (use --batch).")
-                g = load_graph(path)[0]
+                g = load_model(path, shapes)[0]
                 if args.batch:
                     g = rebatch(g, args.batch)
         except NpujaxError as e:

@@ -38,8 +38,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     qa.add_argument("--policy", help="precision policy JSON from 'npujax search': fine-tune "
                     "--model with it instead of running an experiment")
     qa.add_argument("--model", help="with --policy: model.npz written by 'npujax demo', an "
-                    ".onnx model or zoo:ppocr_cls (unlabelled data: fine-tuned by distillation "
-                    "from its float outputs)")
+                    ".onnx model, zoo:ppocr_cls or keras:NAME[:key=value...] (unlabelled data: "
+                    "fine-tuned by distillation from its float outputs)")
     add_data_args(qa)
     qa.add_argument("--npu", default="edge_16x16", help="with --policy: preset for the latency")
     qa.add_argument("--steps", type=positive_int, default=300,

@@ -35,9 +35,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "npujax search zoo:ppocr_cls --input-shape x=1,3,48,192 --data text --method "
             "gradient --pin first-last --out runs/cls_policy.json"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    se.add_argument("model", help="model.npz written by 'npujax demo', an .onnx model, or "
+    se.add_argument("model", help="model.npz written by 'npujax demo', an .onnx model, "
                     "zoo:ppocr_cls / zoo:ppocr_det / zoo:ppocr_rec (real models fetched with pip "
-                    "once)")
+                    "once), or keras:NAME[:key=value...] (a Keras application)")
     add_data_args(se)
     se.add_argument("--sensitivity", choices=SENSITIVITIES, default="hessian",
                     help="ilp/greedy objective: hessian (HAWQ-V3 trace x perturbation, default) "

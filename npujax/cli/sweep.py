@@ -29,8 +29,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "--sample 10 --method lhs --out sweeps/s"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sw.add_argument("model", help="an .onnx model, zoo:ppocr_cls / zoo:ppocr_det / "
-                    "zoo:ppocr_rec, or a "
-                    "model.npz written by 'npujax demo'")
+                    "zoo:ppocr_rec, a "
+                    "model.npz written by 'npujax demo', or keras:NAME[:key=value...] (a Keras "
+                    "application)")
     sw.add_argument("--input-shape", action="append", metavar="NAME=1,3,224,224",
                     help="static shape of an ONNX input (repeat for several inputs)")
     sw.add_argument("--npu", default="edge_16x16",
@@ -121,16 +122,12 @@ def _join(args: argparse.Namespace) -> None:
 
 
 def _load_model(args: argparse.Namespace):
-    """The optimized graph of an ONNX model or a saved npujax model."""
-    from npujax.errors import ConfigError
+    """The optimized graph of an ONNX model, a saved npujax model or a Keras application."""
     from npujax.frontends.onnx import parse_input_shapes
-    from npujax.quantize.model_file import load_graph
+    from npujax.workflows.inputs import load_model
     from npujax.workflows.lowering import import_onnx_for_lowering
 
     shapes = parse_input_shapes(args.input_shape or [])
     if str(args.model).lower().endswith(".onnx"):
         return import_onnx_for_lowering(args.model, shapes, None)
-    if shapes:
-        raise ConfigError("--input-shape applies to .onnx models; a saved npujax model has fixed "
-                          "shapes.")
-    return load_graph(args.model)[0]
+    return load_model(args.model, shapes)[0]

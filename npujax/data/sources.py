@@ -32,7 +32,8 @@ def load_inputs(
 
     Args:
       source: ``digits``, ``mnist5k`` (labelled, their own train/test split), ``text`` or
-        ``photos`` (unlabelled images generated at the model's size, see
+        ``photos`` (unlabelled images generated at the model's size, NCHW or, for a model
+        taking ``(H, W, 3)``, NHWC; see
         :mod:`npujax.data.images`; 80 % / 20 % split), or the path of a ``.npy`` file (inputs) or
         ``.npz`` file (``x``, optional int ``y``; 80 % / 20 % split).
       input_shape: the model's input shape ``(batch, ...)``; the batch size is ignored.
@@ -53,11 +54,16 @@ def load_inputs(
         _check(source, d.x_train, want)
         return d.x_train, d.y_train, d.x_test, d.y_test
     if source in ("text", "photos"):
-        if len(want) != 3 or want[0] != 3:
-            raise ShapeError(f"--data {source} makes 3-channel NCHW images, but the model takes "
-                             f"inputs of shape {want}; pass a .npy/.npz file of inputs instead.")
+        channels_last = len(want) == 3 and want[0] != 3 and want[2] == 3  # a Keras model's
+        if len(want) != 3 or (want[0] != 3 and not channels_last):
+            raise ShapeError(f"--data {source} makes 3-channel NCHW (or NHWC) images, but the "
+                             f"model takes inputs of shape {want}; pass a .npy/.npz file of "
+                             "inputs instead.")
         make = text_images if source == "text" else photo_crops
-        x, y = make(want[1], want[2], n, seed=seed), None
+        hw = want[:2] if channels_last else want[1:]
+        x, y = make(hw[0], hw[1], n, seed=seed), None
+        if channels_last:
+            x = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
     else:
         path = Path(source)
         if path.suffix not in (".npy", ".npz") or not path.is_file():

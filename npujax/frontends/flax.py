@@ -44,6 +44,7 @@ from npujax.errors import GraphError, UnsupportedOpError
 from npujax.ir.execute import execute
 from npujax.ir.graph import Graph, Node, Params, TensorType, fresh_name
 from npujax.ops import OPS
+from npujax.ops.pooling import avgpool_count
 
 __all__ = ["trace_flax"]
 
@@ -502,18 +503,34 @@ def _window_attrs(e: _Eqn) -> dict[str, Any]:
     }
 
 
+def _scope_label(scope: str) -> str | None:
+    """The innermost :func:`jax.named_scope` of an equation's scope, the markers left out."""
+    names = [c for c in scope.split("/") if c and not _MARK_RE.fullmatch(c)]
+    return names[-1] if names else None
+
+
 class _Builder:
-    def __init__(self, types: dict[str, TensorType], batch: int) -> None:
+    def __init__(self, types: dict[str, TensorType], batch: int,
+                 scope_names: bool = False) -> None:
         self.nodes: list[Node] = []
+        self.taken: set[str] = set()  # the names of ``nodes``
         self.constants: dict[str, np.ndarray] = {}
         self.params: Params = {}
         self.types = types
         self.batch = batch
         self.alias: dict[str, str] = {}
+        self.scope_names = scope_names
+        #: with ``scope_names``: the label (:func:`_scope_label`) of the equation being built
+        self.scope: str | None = None
         self._counts: dict[str, int] = {}
         self._tensors = itertools.count()
 
     def name(self, base: str) -> str:
+        """A new node's name: ``<base>_<k>``, or with ``scope_names`` the scope's label, else
+        ``<label>/<base>`` (``<label>/<base>_1``, ...)."""
+        if self.scope_names and self.scope:
+            first = self.scope if self.scope not in self.taken else f"{self.scope}/{base}"
+            return fresh_name(first, set(self.taken))
         k = self._counts.get(base, 0)
         self._counts[base] = k + 1
         return f"{base}_{k}"
@@ -550,6 +567,7 @@ class _Builder:
         name = self.name(base or op.lower())
         self.nodes.append(Node(name, op, tuple(self.ref(i) for i in ins), tuple(outs),
                                attrs or {}, tuple(params or ())))
+        self.taken.add(name)
         if params:
             self.params[name] = {k: jax.device_put(v) for k, v in params.items()}
 
@@ -739,7 +757,8 @@ def _fuse_average_pools(nodes: list[Node], graph_outputs: set[str], constants) -
             pool = by_output[n.inputs[0]]
             divisor = np.asarray(constants[n.inputs[1]])
             users = [m for m in nodes if pool.outputs[0] in m.inputs]
-            if (divisor.size == 1 and float(divisor) == float(np.prod(pool.attrs["window"]))
+            if (divisor.size == 1
+                    and float(divisor.reshape(())) == float(np.prod(pool.attrs["window"]))
                     and len(users) == 1 and pool.outputs[0] not in graph_outputs):
                 idx = out.index(pool)
                 out[idx] = Node(pool.name.replace("sumpool", "avgpool"), "AveragePool",
@@ -749,6 +768,88 @@ def _fuse_average_pools(nodes: list[Node], graph_outputs: set[str], constants) -
             by_output[n.outputs[0]] = n
         out.append(n)
     return out
+
+
+def _scalar(constants: dict[str, np.ndarray], name: str) -> float | None:
+    """The value of a one-element constant, else None."""
+    v = constants.get(name)
+    return float(np.asarray(v).reshape(())) if v is not None and np.size(v) == 1 else None
+
+
+def _fuse_pools_relu6_means(nodes: list[Node], graph_outputs: set[str],
+                            constants: dict[str, np.ndarray],
+                            types: dict[str, TensorType]) -> list[Node]:
+    """Patterns of jax.numpy written as the operators an NPU compiler sees:
+
+    * a window sum divided by the count of the window's elements inside the input (Keras'
+      average pooling with ``padding="same"``): ``AveragePool`` (``count_include_pad=0``);
+    * ``min(max(x, 0), c)`` (``jax.nn.relu6``, Keras' ``ReLU(max_value=c)``): ``Relu6`` (c = 6,
+      an activation a GEMM fuses) or ``Clip``;
+    * ``sum(x, axes)`` divided by the number of summed elements (``jnp.mean``; with a Reshape
+      restoring the reduced axes between them or not): the global average pooling of a 4-D
+      tensor (axes 1, 2 or 2, 3) as an ``AveragePool`` over the whole image (then a
+      ``<name>/reshape`` unless the axes are kept), any other mean as ``ReduceMean``.
+    """
+    users: dict[str, list[Node]] = {}
+    for n in nodes:
+        for t in n.inputs:
+            users.setdefault(t, []).append(n)
+
+    def sole_user(n: Node, op: str) -> Node | None:
+        u = users.get(n.outputs[0], [])
+        if len(u) == 1 and u[0].op == op and n.outputs[0] not in graph_outputs:
+            return u[0]
+        return None
+
+    dropped: set[int] = set()
+    replaced: dict[int, list[Node]] = {}
+    for n in nodes:
+        if n.op == "SumPool" and (d := sole_user(n, "Div")) is not None:
+            divisor = constants.get(d.inputs[1]) if d.inputs[0] == n.outputs[0] else None
+            pool = Node(n.name, "AveragePool", n.inputs, d.outputs,
+                        {**n.attrs, "count_include_pad": 0})
+            count = avgpool_count(pool, types[n.inputs[0]].shape)
+            out = tuple(types[d.outputs[0]].shape)
+            if (divisor is not None and divisor.ndim <= len(out)
+                    and np.broadcast_shapes(divisor.shape, count.shape, out) == out
+                    and bool(np.all(divisor == count))):
+                replaced[id(n)] = [pool]
+                dropped.add(id(d))
+        elif n.op == "Relu" and (m := sole_user(n, "Min")) is not None:
+            hi = _scalar(constants, m.inputs[1]) if m.inputs[0] == n.outputs[0] else None
+            if hi is not None and hi >= 0:
+                op, attrs = ("Relu6", {}) if hi == 6.0 else ("Clip", {"min": 0.0, "max": hi})
+                replaced[id(n)] = [Node(n.name, op, n.inputs, m.outputs, attrs)]
+                dropped.add(id(m))
+        elif n.op == "ReduceSum" and not n.attrs["keepdims"]:
+            src = types[n.inputs[0]].shape
+            axes = [int(a) for a in n.attrs["axes"]]
+            keep = tuple(1 if i in axes else d for i, d in enumerate(src))
+            r = sole_user(n, "Reshape")
+            if r is not None and types[r.outputs[0]].shape != keep:
+                continue
+            d = sole_user(r or n, "Div")
+            if (d is None or d.inputs[0] != (r or n).outputs[0]
+                    or _scalar(constants, d.inputs[1]) != float(np.prod([src[a] for a in axes]))):
+                continue
+            dropped.update({id(d)} | ({id(r)} if r is not None else set()))
+            if len(src) != 4 or sorted(axes) not in ([1, 2], [2, 3]):
+                replaced[id(n)] = [Node(n.name, "ReduceMean", n.inputs, d.outputs,
+                                        {"axes": axes, "keepdims": int(r is not None)})]
+                continue
+            window = [d if i in axes else 1 for i, d in enumerate(src)]
+            pool_attrs = {"window": window, "strides": [1] * 4, "padding": [[0, 0]] * 4}
+            if r is not None:
+                replaced[id(n)] = [Node(n.name, "AveragePool", n.inputs, d.outputs, pool_attrs)]
+                continue
+            pooled = f"{n.outputs[0]}_kept"
+            types[pooled] = TensorType(keep, types[n.outputs[0]].dtype)
+            flat = [int(v) for v in types[d.outputs[0]].shape]
+            replaced[id(n)] = [
+                Node(n.name, "AveragePool", n.inputs, (pooled,), pool_attrs),
+                Node(f"{n.name}/reshape", "Reshape", (pooled,), d.outputs,
+                     {"shape": [0, *flat[1:]] if flat[0] == keep[0] else flat})]
+    return [m for n in nodes if id(n) not in dropped for m in replaced.get(id(n), [n])]
 
 
 def _argument_name(model: Any) -> str:
@@ -854,6 +955,45 @@ def trace_flax(
                             compiler_options=_RUN_ONCE)
         reference = lambda inp: run_apply(variables, inp)  # noqa: E731
 
+    return _trace_jaxpr(fn, x, leaves, reference=reference, source=source,
+                        input_name=_argument_name(model), check=check)
+
+
+def _trace_jaxpr(
+    fn: Callable[[jax.Array], Any],
+    x: jax.Array,
+    leaves: list[_Leaf],
+    *,
+    reference: Callable[[jax.Array], Any],
+    source: str,
+    input_name: str,
+    check: bool,
+    scope_names: bool = False,
+    peepholes: bool = False,
+) -> tuple[Graph, Params]:
+    """The tracer's core, shared by the frontends: ``fn`` (the model with its layers
+    intercepted, appending to ``leaves``) traced on ``x`` into a Graph and its params.
+
+    Args:
+      fn: the model as a function of one array; intercepted layers and functions run inside a
+        ``npujaxleaf<k>`` :func:`jax.named_scope`, ``k`` their index in ``leaves``.
+      x: the example input.
+      leaves: filled by ``fn`` while it is traced.
+      reference: the model itself (jitted), for the check.
+      source: the Graph's ``source``.
+      input_name: the name of the graph's input tensor.
+      check: compare the graph's output on ``x`` with ``reference``'s.
+      scope_names: name the nodes that are not intercepted layers after the innermost
+        :func:`jax.named_scope` they were traced in (Keras names every layer call's scope after
+        the layer: ``Conv1_relu``, ``block_2_add``; a second node of one scope is
+        ``<scope>/<op>``), instead of ``<op>_<k>``.
+      peepholes: write an average pool that does not count the padding as ``AveragePool``,
+        relu6 as ``Relu6`` (or ``Clip``) and a mean as ``ReduceMean``
+        (:func:`_fuse_pools_relu6_means`).
+
+    Raises:
+      UnsupportedOpError, GraphError: as :func:`trace_flax`.
+    """
     closed = jax.make_jaxpr(fn)(x)
     flat = _Flattener()
     in_name = flat.fresh(closed.jaxpr.invars[0].aval)
@@ -865,7 +1005,7 @@ def trace_flax(
     if any(isinstance(o, _Const) for o in out_refs):
         raise GraphError("the model returns a constant that does not depend on its input.")
 
-    builder = _Builder(flat.types, batch=int(x.shape[0]))
+    builder = _Builder(flat.types, batch=int(x.shape[0]), scope_names=scope_names)
     group_of = []
     for e in flat.eqns:
         m = _MARK_RE.search(e.scope)
@@ -890,10 +1030,12 @@ def trace_flax(
     done: set[int] = set()
     params: Params = {}
     for idx, (e, g) in enumerate(zip(flat.eqns, group_of)):
+        if g in done:
+            continue
+        if scope_names:
+            builder.scope = _scope_label(e.scope)
         if g is None:
             builder.primitive(e)
-            continue
-        if g in done:
             continue
         done.add(g)
         eqns = [ee for ee, gg in zip(flat.eqns[idx:], group_of[idx:]) if gg == g]
@@ -906,20 +1048,24 @@ def trace_flax(
         nodes, k, leaf_params = _leaf_nodes(leaves[g], eqns, [builder.ref(i) for i in ext_in],
                                             ext_out, builder)
         main = nodes[k]
-        if main.name in {n.name for n in builder.nodes}:  # a layer called twice
-            new = builder.name(main.name)
+        if main.name in builder.taken:  # a layer called twice
+            new = (fresh_name(main.name, set(builder.taken)) if scope_names
+                   else builder.name(main.name))
             nodes = [n.replace(name=new + n.name[len(main.name):]) for n in nodes]
             main = nodes[k]
         builder.nodes.extend(nodes)
+        builder.taken.update(n.name for n in nodes)
         if leaf_params:
             params[main.name] = {k: jax.device_put(v) for k, v in leaf_params.items()}
 
     params.update(builder.params)
     outputs = tuple(builder.ref(o) for o in out_refs)
     nodes = _fuse_average_pools(builder.nodes, set(outputs), builder.constants)
+    if peepholes:
+        nodes = _fuse_pools_relu6_means(nodes, set(outputs), builder.constants, builder.types)
     tensors = {name: t for name, t in builder.types.items()}
     graph = Graph(tuple(nodes), (in_name,), outputs, tensors, builder.constants, source)
-    graph = _name_interface(graph, _argument_name(model))
+    graph = _name_interface(graph, input_name)
 
     if check:
         want = np.asarray(reference(x))

@@ -2,10 +2,10 @@
 
 Windows, strides and padding are explicit per axis of the input (``[1, 1, kh, kw]`` for an ONNX
 NCHW pool, ``[1, kh, kw, 1]`` for a Flax NHWC one). AveragePool divides by
-:func:`avgpool_count`: the full window (Flax), or, for an ONNX pool (``count_include_pad`` in the
-attributes), the window's elements inside the input plus the explicit pads when
-``count_include_pad=1``; the end padding ``ceil_mode`` adds is never counted (ONNX AveragePool
-spec; onnxruntime's pool kernels).
+:func:`avgpool_count`: the full window (Flax), or, for an ONNX or a Keras pool
+(``count_include_pad`` in the attributes), the window's elements inside the input plus the
+explicit pads when ``count_include_pad=1``; the end padding ``ceil_mode`` adds is never counted
+(ONNX AveragePool spec; onnxruntime's pool kernels).
 
 On integer codes (:mod:`npujax.backends.integer`) MaxPool is exact and AveragePool rounds once:
 from saturated codes as onnxruntime's QLinearAveragePool does (float32, window summed in
@@ -69,7 +69,10 @@ def avgpool_count(node: Node, shape: tuple[int, ...]) -> np.ndarray:
     if "count_include_pad" not in a:
         return np.asarray(int(np.prod(a["window"])))
     extra = a.get("ceil_extra", [0] * ndim)
-    spatial = range(2, ndim)  # ONNX pools are channels-first: [N, C, *spatial]
+    # the pooled axes: those with a window, stride or padding (an ONNX pool's H and W, NCHW;
+    # an NHWC pool's after a layout pass or from a Keras model); any other axis counts 1
+    spatial = [i for i in range(ndim) if a["window"][i] != 1 or a["strides"][i] != 1
+               or list(a["padding"][i]) != [0, 0]]
     mshape = tuple(shape[i] if i in spatial else 1 for i in range(ndim))
     ones = np.ones(mshape, np.float32)
     if a["count_include_pad"]:

@@ -21,7 +21,6 @@ from rich.console import Console
 from rich.table import Table
 
 from npujax._atomic import atomic_write_text
-from npujax.errors import ConfigError
 from npujax.hw.spec import NpuSpec, as_spec, spec_to_toml
 from npujax.ir.graph import Graph
 from npujax.plan.fit import FitConfig, FitResult, fit_metrics, fit_spec, op_class, predict_latency_s
@@ -62,8 +61,9 @@ class FitRun:
 def load_model_graphs(model: str | os.PathLike[str],
                       input_shapes: Mapping[str, Sequence[int]] | None = None
                       ) -> tuple[Graph, Graph]:
-    """``(raw, optimized)`` graphs of an ONNX model or a saved npujax model: the graph as
-    imported (names of every ONNX node) and after :func:`npujax.optimize` (what is costed).
+    """``(raw, optimized)`` graphs of an ONNX model, a saved npujax model or a Keras
+    application (``keras:NAME``, traced already optimized): the graph as imported (names of
+    every ONNX node) and after :func:`npujax.optimize` (what is costed).
 
     Raises:
       ConfigError: ``input_shapes`` for a saved model; see :func:`npujax.from_onnx` and
@@ -76,12 +76,9 @@ def load_model_graphs(model: str | os.PathLike[str],
 
         raw, params = from_onnx(model, input_shapes or None, unsupported="fallback")
     else:
-        if input_shapes:
-            raise ConfigError("--input-shape applies to .onnx models; a saved npujax model has "
-                              "fixed shapes.")
-        from npujax.quantize.model_file import load_graph
+        from npujax.workflows.inputs import load_model
 
-        raw, params, _, _ = load_graph(model)
+        raw, params, _, _ = load_model(model, input_shapes)
     return raw, optimize(raw, params)[0]
 
 

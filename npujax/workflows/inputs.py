@@ -1,10 +1,12 @@
-"""Load a model and its data for a search or a fine-tuning run: a saved npujax model or an
-ONNX model, data from a named source, and calibrated activation grids when the model has none."""
+"""Load a model and its data for a search or a fine-tuning run: a saved npujax model, a Keras
+application or an ONNX model, data from a named source, and calibrated activation grids when the
+model has none. :func:`load_model` is how every command reads a model that is not ONNX."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,7 @@ import numpy as np
 
 from npujax.data.sources import load_inputs
 from npujax.errors import ConfigError
+from npujax.frontends.keras import is_keras_spec, trace_keras
 from npujax.frontends.onnx import from_onnx
 from npujax.ir.graph import Graph, Params
 from npujax.ir.passes import optimize
@@ -20,9 +23,42 @@ from npujax.quantize.calibrate import calibrate
 from npujax.quantize.model_file import load_graph
 from npujax.quantize.spec import quant_spec
 
-__all__ = ["LoadedModel", "load_model_and_data"]
+__all__ = ["LoadedModel", "load_model", "load_model_and_data"]
 
 log = logging.getLogger(__name__)
+
+
+def load_model(
+    model: str | os.PathLike[str],
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+) -> tuple[Graph, Params, dict[str, Any], dict[str, Any]]:
+    """A saved npujax model or a Keras application (what a command takes besides ONNX).
+
+    Args:
+      model: a model file written by ``npujax demo``/:func:`npujax.save_graph`, or a Keras
+        application spec ``keras:NAME[:key=value...]`` (:func:`npujax.frontends.keras.
+        keras_application`), traced at batch 1 and optimized (BN folded, activations fused).
+      input_shapes: must be empty (an ONNX model's option): the shapes of these models are
+        fixed, a Keras application's by its spec.
+
+    Returns:
+      ``(graph, params, qstate, meta)`` (:func:`npujax.load_graph`'s); for a Keras model no
+      states and ``{"source": model}``.
+
+    Raises:
+      ConfigError: ``input_shapes`` given; see :func:`npujax.load_graph` and
+        :func:`npujax.frontends.keras.trace_keras` for the rest.
+    """
+    if is_keras_spec(model):
+        if input_shapes:
+            raise ConfigError("--input-shape applies to .onnx models; a Keras model's shape is "
+                              "part of its spec: keras:NAME:input_shape=224x224x3 (HxWxC).")
+        graph, params = optimize(*trace_keras(str(model)))
+        return graph, params, {}, {"source": str(model)}
+    if input_shapes:
+        raise ConfigError("--input-shape applies to .onnx models; a saved npujax model has fixed "
+                          "shapes (use --batch to change the batch size where a command has it).")
+    return load_graph(model)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,13 +93,14 @@ def load_model_and_data(
     calibrate_act_bits: int | None = 8,
     progress: bool = False,
 ) -> LoadedModel:
-    """A saved (``.npz``) or ONNX model and its data, calibrated if needed.
+    """A saved (``.npz``), Keras or ONNX model and its data, calibrated if needed.
 
     Args:
-      model: a model file written by ``npujax demo``/:func:`npujax.save_graph`, or an ``.onnx``
+      model: a model file written by ``npujax demo``/:func:`npujax.save_graph`, a Keras
+        application spec ``keras:NAME[:key=value...]`` (:func:`load_model`), or an ``.onnx``
         file.
       data: a source of :func:`npujax.data.sources.load_inputs` (``digits`` for saved models by
-        default); required for an ONNX model.
+        default); required for an ONNX or a Keras model.
       examples: images generated for ``text``/``photos``.
       input_shapes: static shapes of an ONNX model's dynamic inputs.
       seed: split and generation seed.
@@ -76,7 +113,8 @@ def load_model_and_data(
       A :class:`LoadedModel`.
 
     Raises:
-      ConfigError: an ONNX model without ``data``, or ``input_shapes`` for a saved model.
+      ConfigError: an ONNX or Keras model without ``data``, or ``input_shapes`` for a saved or
+        Keras model.
       GraphError, ShapeError: an unreadable model, or data of the wrong shape.
     """
     qstate: dict[str, Any] | None
@@ -88,10 +126,11 @@ def load_model_and_data(
         graph, params = optimize(*from_onnx(model, input_shapes or None))
         qstate, meta = None, {"source": str(model)}
     else:
-        if input_shapes:
-            raise ConfigError("input shapes apply to .onnx models; a saved npujax model has "
-                              "fixed shapes.")
-        graph, params, qstate, meta = load_graph(model)
+        if is_keras_spec(model) and not data:
+            raise ConfigError("a Keras model needs data: pass --data photos or --data text "
+                              "(images generated at the model's input size) or --data "
+                              "FILE.npy/.npz (your own preprocessed inputs).")
+        graph, params, qstate, meta = load_model(model, input_shapes)
     source = data or "digits"
     x, y, xte, yte = load_inputs(source, graph.tensors[graph.inputs[0]].shape, n=examples,
                                  seed=seed)
