@@ -33,7 +33,7 @@ pytestmark = pytest.mark.flax_model
 
 MODELS = ("resnet", "vit", "decoder")
 PRESETS = tuple(list_presets())
-#: One case per shipped preset (8 presets x 4 levels x 3 dataflows x 3 models would compile
+#: One case per shipped preset (10 presets x 4 levels x 3 dataflows x 3 models would compile
 #: ~1,200 programs): every fusion level, dataflow and model appears, and every pass runs: the
 #: attention kernels on chip and flash-tiled inside layer fusion, a host-CPU fallback
 #: (gemmini), precision scaling (bit fusion, bit-serial) and a parameter cache streaming the
@@ -42,6 +42,10 @@ CASES = [
     ("bitfusion_16x16", "none", "weight_stationary", "resnet", {}),
     ("bitserial_16x16", "elementwise", "output_stationary", "vit", {}),
     ("bitserial_transformer_16x16", "residual", "input_stationary", "decoder", {}),
+    # the parameter cache streaming from DRAM, block-diagonal group packing, one partition
+    ("coral_edgetpu", "layer", "weight_stationary", "resnet",
+     {"memory.parameter_cache_bytes": 8192}),
+    ("coral_devboard", "elementwise", "output_stationary", "vit", {}),
     ("datacenter_128x128", "layer", "output_stationary", "decoder", {}),
     ("edge_16x16", "layer", "weight_stationary", "resnet",
      {"memory.parameter_cache": "streams_from_host", "memory.parameter_cache_bytes": 8192}),
@@ -86,9 +90,14 @@ def test_consumers_agree_bit_for_bit(graphs, preset, fusion, dataflow, model, ex
         assert s.unfused_dram_bytes is not None and s.dram_bytes < s.unfused_dram_bytes
     if any(a.mode != "unfused" for a in s.attention):
         assert sum(a.dram_bytes_saved for a in s.attention) > 0
-    if extra:  # part of the weights cached, the rest over the host link: none from DRAM
+    if spec.memory.parameter_cache == "streams_from_host" and extra:
+        # part of the weights cached, the rest over the host link: none from DRAM
         assert s.breakdown_s()["transfer"] > 0
         assert all(r.costs.weight_dram_bytes == 0 for r in s.layers)
+    elif spec.memory.parameter_cache == "streams_from_dram" and extra:
+        # the first layers' weights cached (no DRAM), the others' read from DRAM
+        w = [r.costs.weight_dram_bytes for r in s.layers if r.kind == "gemm"]
+        assert w[0] == 0 and w[-1] > 0
 
     # the design-space sweep at the preset's own point: the totals of the same per-layer numbers
     r = npujax.sweep(graph, spec, {"dataflow": [dataflow]})
