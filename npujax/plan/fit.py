@@ -26,7 +26,9 @@ preset's numbers can be fitted to what a device measures, as one fits any model'
   eps)^-1`` of the log parameters, ``s`` the RMS log residual (at least 1 %). A parameter whose
   relative standard error exceeds :data:`IDENTIFIABLE_REL_ERR` is reported as *not
   identifiable* by this profile: e.g. on a model whose layers are all compute-bound, ``clock_hz``
-  and ``rows`` x ``cols`` scale the same latencies, and only their product is determined.
+  and ``rows`` x ``cols`` scale the same latencies, and only their product is determined. Such a
+  field keeps the preset's value and the identified ones are fitted again without it; a fit that
+  would end worse on the profile than the preset returns the preset's values.
 
 Integer fields (rows, cols, cores, lanes, SRAM bytes) are fitted as reals and rounded when the
 preset is written; :func:`fit_spec` reports the exact model of the rounded preset as the fit's
@@ -470,7 +472,17 @@ def fit_spec(
     rel = np.sqrt(np.maximum(np.diag(cov), 0.0))
     rel_err = {k: float(r) for k, r in zip(labels, rel)}
 
-    fitted_raw = {f: float(values[i]) for i, f in enumerate(full)}
+    identified = {k: bool(r <= IDENTIFIABLE_REL_ERR) for k, r in rel_err.items()}
+    fitted_raw = {f: float(values[i]) if identified[f] else float(hw_fields.get(spec, f))
+                  for i, f in enumerate(full)}
+    keep = [f for f in full if identified[f]]
+    if len(keep) < len(full) and keep:
+        # a field the profile does not identify keeps the preset's value: fit the others again
+        again = fit_spec(layers, spec, idx, meas, keep, config=config, chains=chains)
+        fitted_raw.update({f: float(hw_fields.get(again.spec, f)) for f in keep})
+        values = np.concatenate([[fitted_raw[f] for f in full], [
+            again.efficiency.get(c, 1.0) for c in eff_names],
+            [again.overhead_s] if overhead else []])
     integer = {f: isinstance(hw_fields.get(spec, f), int) for f in full}
     fitted = {f: float(max(1, round(v))) if integer[f] else v for f, v in fitted_raw.items()}
     changes = {f: (int(v) if integer[f] else v) for f, v in fitted.items()}
@@ -486,10 +498,15 @@ def fit_spec(
     ovh = float(values[-1]) if overhead else 0.0
     before = predict_latency_s(layers, spec, bits=bits, chains=chains)[idx]
     after = predict_latency_s(layers, fitted_spec, eff, ovh, bits, chains=chains)[idx]
+    if not keep or (np.mean(np.log(after / meas) ** 2) > np.mean(np.log(before / meas) ** 2)):
+        # nothing identified, or a fit worse than the preset on its own data: the preset stays
+        fitted_spec = dataclasses.replace(spec, name=config.name or f"{spec.name}_fitted")
+        fitted = {f: float(hw_fields.get(spec, f)) for f in full}
+        eff, ovh, after = {c: 1.0 for c in eff_names}, 0.0, before
     return FitResult(
         spec=fitted_spec, fields=full, bits=bits,
         initial={f: float(hw_fields.get(spec, f)) for f in full},
         fitted=fitted, efficiency=eff, overhead_s=ovh, rel_std_err=rel_err,
-        identifiable={k: bool(r <= IDENTIFIABLE_REL_ERR) for k, r in rel_err.items()},
+        identifiable=identified,
         loss=np.concatenate(history), layer_index=idx, measured_s=meas, before_s=before,
         after_s=after)

@@ -165,9 +165,11 @@ def parameter_table(run: FitRun) -> Table:
     for key, v0, v1 in rows:
         change = f"{(v1 / v0 - 1) * 100:+.1f} %" if v0 else ""
         t.add_row(key, _fmt(v0), _fmt(v1), change, f"{r.rel_std_err[key] * 100:.2g} %",
-                  "yes" if r.identifiable[key] else "NO")
+                  "yes" if r.identifiable[key] else
+                  ("no: kept at the preset" if key in r.fields else "no"))
     t.caption = ("identifiable: relative standard error <= 10 % (Gauss-Newton at the optimum); "
-                 "a NO means the profile does not pin that value down (docs/npu_model.md)")
+                 "a preset field the profile does not pin down keeps the preset's value and "
+                 "the others are fitted again without it (docs/npu_model.md)")
     return t
 
 

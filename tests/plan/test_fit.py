@@ -235,3 +235,47 @@ def test_cli_rejects_bad_options_in_one_line_before_loading_anything(tmp_path, c
                  "--out", str(tmp_path / "out"), *extra])
     err = capsys.readouterr().err
     assert code == 2 and message in err and err.count("\n") == 1
+
+
+def test_unidentified_fields_keep_the_preset_and_the_fit_is_never_worse():
+    """The issue's known-answer case: per-layer times of a CNN from a preset the fit has not
+    seen (Gemmini at 0.73 GHz), fitted from edge_16x16 with clock and DRAM rate. Neither is
+    identified by these layers (the devices differ in more than those two numbers), so both
+    keep the preset's values instead of a clock of 1.7 GHz, and a second CNN is predicted no
+    worse than by the preset."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from npujax.frontends.flax import trace_flax
+    from npujax.hw import fields, load_npu_spec
+    from npujax.ir.passes import optimize
+    from npujax.models.cnn import DigitsCNN, SmallResNet
+    from npujax.plan import network
+    from npujax.plan.fit import FitConfig, fit_spec, predict_latency_s
+
+    def graph(model, shape):
+        with jax.numpy_dtype_promotion("standard"):
+            return optimize(*trace_flax(model, jnp.zeros(shape, jnp.float32)))[0]
+
+    spec = load_npu_spec("edge_16x16")
+    device = fields.replace(load_npu_spec("gemmini_16x16"), {"array.clock_hz": 0.73e9})
+
+    def measured(g):
+        layers, dev = network(g, spec).layers, network(g, device).layers
+        t = dict(zip((w.name for w in dev), predict_latency_s(dev, device)))
+        idx = np.array([i for i, w in enumerate(layers) if t.get(w.name, 0) > 0])
+        return layers, idx, np.array([t[layers[i].name] for i in idx])
+
+    layers, idx, m = measured(graph(DigitsCNN(rngs=nnx.Rngs(0)), (1, 8, 8, 1)))
+    r = fit_spec(layers, spec, idx, m, ["dram_bytes_per_s", "clock_hz"],
+                 config=FitConfig(steps=100))
+    assert not any(r.identifiable.values())
+    assert r.fitted == {"memory.dram_bytes_per_s": spec.memory.dram_bytes_per_s,
+                        "array.clock_hz": spec.array.clock_hz}
+    l2, i2, m2 = measured(graph(SmallResNet(rngs=nnx.Rngs(0)), (1, 28, 28, 1)))
+
+    def mape(s):
+        return np.mean(np.abs(predict_latency_s(l2, s)[i2] / m2 - 1))
+
+    assert mape(r.spec) <= mape(spec)
