@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import math
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -444,13 +445,46 @@ MAX_FOLD_LOOP_ITERATIONS = 2**16
 _SHAPE_CONST_ELEMS = 4096  # integer constants up to this size join shape inference as values
 
 
+def _range_bytes(ctx: _Ctx, n: onnx.NodeProto) -> list[int | None]:
+    """The bytes of a folded ``Range``: ``max(ceil((limit - start) / delta), 0)`` elements,
+    computed from its values (exact Python integers for integer inputs, float64 for floats, as
+    ``numpy.arange`` and onnxruntime size it), whatever ONNX shape inference can tell."""
+    what = f"node {ctx.node_name!r} (Range)"
+    vals = [ctx.consts[t] for t in n.input[:3]]
+    if len(vals) != 3 or any(v.size != 1 for v in vals):
+        raise GraphError(f"{what}: start, limit and delta must be scalars, got shapes "
+                         f"{[list(v.shape) for v in vals]}.")
+    dtype = vals[0].dtype
+    if dtype.kind in "iu":
+        start, limit, delta = (int(v.reshape(())) for v in vals)
+        count = -((limit - start) // -delta) if delta else None
+    else:
+        start, limit, delta = (float(v.reshape(())) for v in vals)
+        finite = all(np.isfinite(v) for v in (start, limit, delta))
+        count = math.ceil((limit - start) / delta) if delta and finite else None
+    if count is None:
+        raise GraphError(f"{what} has start {start}, limit {limit}, delta {delta}; ONNX Range "
+                         "needs a non-zero, finite delta and finite bounds.")
+    elems = check_elements([max(count, 0)], f"{what} output {n.output[0]!r}")
+    return [elems * dtype.itemsize]
+
+
+#: Operators whose folded output size npujax computes from their input values itself (ONNX
+#: shape inference cannot always: a float ``Range``, or ``limit - start`` overflowing int64).
+_VALUE_SIZED = {"Range": _range_bytes}
+
+
 def _fold_output_bytes(ctx: _Ctx, n: onnx.NodeProto, ins: list[str]) -> list[int | None]:
-    """The bytes of each output of a node about to be folded, from ONNX shape inference with
-    its small integer inputs as values (what decides shapes); None where it cannot tell."""
+    """The bytes of each output of a node about to be folded, from the values it is folded
+    from: npujax's own count (:data:`_VALUE_SIZED`), else ONNX shape inference with its small
+    inputs as values (integers decide shapes, floats such as a Resize's scales too); None where
+    it cannot tell."""
+    if n.op_type in _VALUE_SIZED:
+        return _VALUE_SIZED[n.op_type](ctx, n)
     vis, inits = [], []
     for i in ins:
         c = ctx.consts[i]
-        if c.dtype.kind in "iub" and c.size <= _SHAPE_CONST_ELEMS:
+        if c.dtype.kind in "iubf" and c.size <= _SHAPE_CONST_ELEMS:
             inits.append(numpy_helper.from_array(c, i))
         vis.append(helper.make_tensor_value_info(
             i, helper.np_dtype_to_tensor_dtype(c.dtype), c.shape))
@@ -484,9 +518,10 @@ def _fold_output_bytes(ctx: _Ctx, n: onnx.NodeProto, ins: list[str]) -> list[int
 def _fold(ctx: _Ctx, n: onnx.NodeProto) -> None:
     """Evaluate a node whose inputs are all constants with onnx's reference implementation.
 
-    The size of every output is known before anything is evaluated (from ONNX shape inference)
-    and checked against :mod:`npujax.limits`; a node whose output size cannot be bounded, or a
-    ``Loop`` of more than :data:`MAX_FOLD_LOOP_ITERATIONS`, is refused.
+    The size of every output is known before anything is evaluated (from the values it is
+    folded from: :func:`_fold_output_bytes`) and checked against :mod:`npujax.limits`; a node
+    whose output size cannot be bounded, or a ``Loop`` of more than
+    :data:`MAX_FOLD_LOOP_ITERATIONS`, is refused.
     """
     if n.op_type == "DequantizeLinear":
         _fold_dequantize(ctx, n)
