@@ -818,7 +818,7 @@ def from_onnx(
                     "(latency is exact; executing the model needs the external-data files).")
     if batch is not None:
         input_shapes = batch_input_shapes(model, input_shapes, batch) or None
-    opset = _check_opset(model)
+    _check_opset(model)
     ctx = _Ctx(model, unsupported)
     for o in model.opset_import:
         if o.domain not in ("", "ai.onnx") and any(n.domain == o.domain for n in model.graph.node):
@@ -838,73 +838,7 @@ def from_onnx(
     inputs = _graph_inputs(ctx, model, input_shapes)
     ctx.graph_inputs = set(inputs)
     for i, n in enumerate(model.graph.node):
-        ctx.onnx_node, ctx.node_name = n, n.name or f"{n.op_type}_{i}"
-        if n.domain in ("", "ai.onnx"):
-            _check_arity(ctx.node_name, n, opset)
-        for t in n.input:
-            if t and t not in ctx.consts and t not in ctx.types:
-                raise GraphError(
-                    f"node {ctx.node_name!r} ({n.op_type}) reads tensor {t!r}, which is neither a "
-                    "graph input, an initializer nor the output of an earlier node (a missing "
-                    "initializer, or nodes out of topological order).")
-        for t in n.output:
-            if t and (t in ctx.consts or t in ctx.types):
-                raise GraphError(
-                    f"node {ctx.node_name!r} ({n.op_type}) writes tensor {t!r}, which an "
-                    "initializer, a graph input or an earlier node already defines; tensor "
-                    "names must be unique (SSA).")
-        if n.op_type == "Constant":
-            ctx.consts[n.output[0]] = _constant_value(n)
-            continue
-        if n.op_type in ("Shape", "Size") and n.input[0] in ctx.types:
-            shape = np.asarray(ctx.types[n.input[0]].shape, np.int64)
-            if n.op_type == "Size":
-                ctx.consts[n.output[0]] = np.asarray(shape.prod(), np.int64)
-            else:
-                a = _attrs(n)
-                ctx.consts[n.output[0]] = shape[a.get("start", 0):a.get("end", None)]
-            continue
-        present = [t for t in n.input if t]
-        if (n.op_type not in ONNX_WEIGHT_OPS and n.domain in ("", "ai.onnx")
-                and present and all(t in ctx.consts for t in present)):
-            _fold(ctx, n)
-            continue
-        conv = ONNX_IMPORTERS.get(n.op_type) if n.domain in ("", "ai.onnx") else None
-        if conv is None:
-            if unsupported == "fallback":
-                _fallback(ctx, n)
-                continue
-            raise UnsupportedOpError(
-                f"node {ctx.node_name!r} has operator {n.op_type!r}"
-                f"{' (domain ' + repr(n.domain) + ')' if n.domain else ''}, which npujax cannot "
-                f"import; supported: {sorted(SUPPORTED_ONNX_OPS)}. Pass unsupported='fallback' "
-                "to keep it as a CPU-fallback node.")
-        attrs = _attrs(n)
-        rank = len(ctx.shape(n.input[0])) if n.input and n.input[0] else None
-        _check_attrs(ctx.node_name, n, attrs, rank)
-        try:
-            conv(ctx, n, attrs)
-            if n.op_type in _GEMM_WINDOW_OPS:
-                for t in n.output:
-                    if t in ctx.types and 0 in ctx.types[t].shape:
-                        raise GraphError(
-                            f"node {ctx.node_name!r} ({n.op_type}) has an empty output "
-                            f"{list(ctx.types[t].shape)}: its (dilated) kernel is larger than "
-                            "its padded input.")
-        except UnsupportedOpError as e:
-            msg = str(e)
-            if ctx.node_name not in msg:
-                msg = f"node {ctx.node_name!r} ({n.op_type}): {msg}"
-            if unsupported == "fallback":
-                _fallback(ctx, n)
-                continue
-            raise UnsupportedOpError(msg) from None
-        except NpujaxError:
-            raise
-        except (KeyError, TypeError, ValueError, IndexError) as e:
-            # an importer met an attribute or input of a shape the checks above let through
-            raise GraphError(f"node {ctx.node_name!r} ({n.op_type}) cannot be imported: "
-                             f"{type(e).__name__}: {e}") from None
+        _import_node(ctx, n, n.name or f"{n.op_type}_{i}")
     outputs = [o.name for o in model.graph.output]
     for o in outputs:
         if o not in ctx.types and o not in ctx.consts:
@@ -923,6 +857,156 @@ def from_onnx(
                   tensors=tensors, constants=constants,
                   source=SHAPES_ONLY_SOURCE if missing else "onnx")
     return fuse_transformer_patterns(*_fold_bias_adds(graph, ctx.params))
+
+
+def _rename_inputs(g: onnx.GraphProto, rename: Mapping[str, str]) -> None:
+    """Rename the tensors that the nodes of ``g`` and of its nested subgraphs read (in place),
+    except where a nested subgraph defines a tensor of that name itself (its own scope)."""
+    for node in g.node:
+        node.input[:] = [rename.get(t, t) for t in node.input]
+        for a in node.attribute:
+            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                own = ({t.name for t in sub.initializer} | {t.name for t in sub.input}
+                       | {t for m in sub.node for t in m.output})
+                _rename_inputs(sub, {k: v for k, v in rename.items() if k not in own})
+
+
+def _inline_if(ctx: _Ctx, n: onnx.NodeProto) -> None:
+    """Import an ``If`` whose condition is a constant as the branch it takes.
+
+    The branch's initializers become constants and its nodes are imported in place of the
+    ``If`` (folded, inlined or converted like any other node; names ``<If>/<node>``), reading the
+    outer graph's tensors where the branch refers to them; its outputs become the ``If``'s. A
+    branch tensor whose name the outer graph already uses is renamed.
+
+    Raises:
+      GraphError: a condition that is not one element, a branch whose outputs do not match the
+        ``If``'s.
+    """
+    what = f"node {ctx.node_name!r} (If)"
+    cond = ctx.consts[n.input[0]]
+    if cond.size != 1:
+        raise GraphError(f"{what}: its condition {n.input[0]!r} has shape {list(cond.shape)}; "
+                         "ONNX If needs a single element.")
+    taken = "then_branch" if bool(cond.reshape(-1)[0]) else "else_branch"
+    attr = next((a for a in n.attribute if a.name == taken), None)
+    if attr is None or not attr.HasField("g"):
+        raise GraphError(f"{what} has no {taken} graph.")
+    g = onnx.GraphProto()
+    g.CopyFrom(attr.g)
+    if len(g.output) != len(n.output):
+        raise GraphError(f"{what}: its {taken} has {len(g.output)} outputs, the If has "
+                         f"{len(n.output)}.")
+    if g.sparse_initializer:
+        raise UnsupportedOpError(f"{what}: its {taken} has sparse initializers, which npujax "
+                                 "does not import.")
+    prefix, outer = ctx.node_name, (ctx.onnx_node, ctx.node_name)
+    produced = [t for node in g.node for t in node.output if t]
+    local = [t.name for t in g.initializer] + produced
+    outs = {}
+    for o, t in zip(g.output, n.output):
+        outs.setdefault(o.name, t)  # (an output listed twice is copied below)
+    rename: dict[str, str] = {}
+    for t in local:
+        if t in outs and t in produced:
+            rename[t] = outs[t]  # the branch writes the If's output itself
+        elif t in ctx.consts or t in ctx.types or t in set(n.output):
+            rename[t] = ctx.unique(f"{prefix}/{t}")
+    _rename_inputs(g, rename)
+    for node in g.node:
+        node.output[:] = [rename.get(t, t) for t in node.output]
+    for t in g.initializer:
+        ctx.consts[rename.get(t.name, t.name)] = _to_array(t, f"{what} {taken} initializer "
+                                                              f"{t.name!r}")
+    for i, node in enumerate(g.node):
+        _import_node(ctx, node, f"{prefix}/{node.name or f'{node.op_type}_{i}'}")
+    ctx.onnx_node, ctx.node_name = outer
+    for o, t in zip(g.output, n.output):
+        src = rename.get(o.name, o.name)
+        if src == t or not t:
+            continue
+        if src in ctx.consts:
+            ctx.consts[t] = ctx.consts[src]
+        elif src in ctx.types:
+            ctx.emit("Identity", [src], [t], name=f"{prefix}/{o.name}")
+        else:
+            raise GraphError(f"{what}: its {taken} output {o.name!r} is produced by no node.")
+
+
+def _import_node(ctx: _Ctx, n: onnx.NodeProto, name: str) -> None:
+    """Import one ONNX node (of the main graph, or of an inlined ``If`` branch) into ``ctx``:
+    record a constant, fold it, inline it, or convert it with its registered importer."""
+    ctx.onnx_node, ctx.node_name = n, name
+    unsupported, opset = ctx.unsupported, ctx.opset
+    if n.domain in ("", "ai.onnx"):
+        _check_arity(ctx.node_name, n, opset)
+    for t in n.input:
+        if t and t not in ctx.consts and t not in ctx.types:
+            raise GraphError(
+                f"node {ctx.node_name!r} ({n.op_type}) reads tensor {t!r}, which is neither a "
+                "graph input, an initializer nor the output of an earlier node (a missing "
+                "initializer, or nodes out of topological order).")
+    for t in n.output:
+        if t and (t in ctx.consts or t in ctx.types):
+            raise GraphError(
+                f"node {ctx.node_name!r} ({n.op_type}) writes tensor {t!r}, which an "
+                "initializer, a graph input or an earlier node already defines; tensor "
+                "names must be unique (SSA).")
+    if n.op_type == "Constant":
+        ctx.consts[n.output[0]] = _constant_value(n)
+        return
+    if n.op_type in ("Shape", "Size") and n.input[0] in ctx.types:
+        shape = np.asarray(ctx.types[n.input[0]].shape, np.int64)
+        if n.op_type == "Size":
+            ctx.consts[n.output[0]] = np.asarray(shape.prod(), np.int64)
+        else:
+            a = _attrs(n)
+            ctx.consts[n.output[0]] = shape[a.get("start", 0):a.get("end", None)]
+        return
+    if n.op_type == "If" and n.domain in ("", "ai.onnx") and n.input[0] in ctx.consts:
+        _inline_if(ctx, n)
+        return
+    present = [t for t in n.input if t]
+    if (n.op_type not in ONNX_WEIGHT_OPS and n.domain in ("", "ai.onnx")
+            and present and all(t in ctx.consts for t in present)):
+        _fold(ctx, n)
+        return
+    conv = ONNX_IMPORTERS.get(n.op_type) if n.domain in ("", "ai.onnx") else None
+    if conv is None:
+        if unsupported == "fallback":
+            _fallback(ctx, n)
+            return
+        raise UnsupportedOpError(
+            f"node {ctx.node_name!r} has operator {n.op_type!r}"
+            f"{' (domain ' + repr(n.domain) + ')' if n.domain else ''}, which npujax cannot "
+            f"import; supported: {sorted(SUPPORTED_ONNX_OPS)}. Pass unsupported='fallback' "
+            "to keep it as a CPU-fallback node.")
+    attrs = _attrs(n)
+    rank = len(ctx.shape(n.input[0])) if n.input and n.input[0] else None
+    _check_attrs(ctx.node_name, n, attrs, rank)
+    try:
+        conv(ctx, n, attrs)
+        if n.op_type in _GEMM_WINDOW_OPS:
+            for t in n.output:
+                if t in ctx.types and 0 in ctx.types[t].shape:
+                    raise GraphError(
+                        f"node {ctx.node_name!r} ({n.op_type}) has an empty output "
+                        f"{list(ctx.types[t].shape)}: its (dilated) kernel is larger than "
+                        "its padded input.")
+    except UnsupportedOpError as e:
+        msg = str(e)
+        if ctx.node_name not in msg:
+            msg = f"node {ctx.node_name!r} ({n.op_type}): {msg}"
+        if unsupported == "fallback":
+            _fallback(ctx, n)
+            return
+        raise UnsupportedOpError(msg) from None
+    except NpujaxError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        # an importer met an attribute or input of a shape the checks above let through
+        raise GraphError(f"node {ctx.node_name!r} ({n.op_type}) cannot be imported: "
+                         f"{type(e).__name__}: {e}") from None
 
 
 def _fold_bias_adds(graph: Graph, params: Params) -> tuple[Graph, Params]:
