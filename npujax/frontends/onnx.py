@@ -32,8 +32,9 @@ from npujax.errors import ConfigError, GraphError, NpujaxError, UnsupportedOpErr
 from npujax.ir.graph import SHAPES_ONLY_SOURCE, Graph, Node, Params, TensorType, fresh_name
 from npujax.ir.patterns import fuse_transformer_patterns
 from npujax.limits import ByteBudget, check_bytes, check_elements
-from npujax.ops import ONNX_IMPORTERS, ONNX_WEIGHT_OPS, get_op
+from npujax.ops import ONNX_DOMAIN_IMPORTERS, ONNX_IMPORTERS, ONNX_WEIGHT_OPS, get_op
 from npujax.ops._onnx import iter_onnx_tensors, reference_evaluator, refuse_external_data
+from npujax.ops.qdq import check_blocks, expand_blocks
 
 __all__ = ["from_onnx", "SUPPORTED_ONNX_OPS", "load_onnx_model", "parse_input_shapes",
            "batch_input_shapes", "SHAPES_ONLY_SOURCE"]
@@ -424,15 +425,23 @@ def _constant_value(n: onnx.NodeProto) -> np.ndarray:
 
 
 def _fold_dequantize(ctx: _Ctx, n: onnx.NodeProto) -> None:
-    """Fold DequantizeLinear of a constant (a QDQ model's weights) into float32 values."""
+    """Fold DequantizeLinear of a constant (a QDQ model's weights) into float32 values: per
+    tensor, per axis, or per block (opset 21 ``block_size``, the last block partial when it
+    does not divide the axis)."""
     a = _attrs(n)
-    if a.get("block_size", 0):
-        raise UnsupportedOpError(f"node {ctx.node_name!r}: blocked DequantizeLinear is not "
-                                 "supported.")
     x = ctx.consts[n.input[0]]
     scale = ctx.consts[n.input[1]].astype(np.float32)
     zp = ctx.consts[n.input[2]] if len(n.input) > 2 and n.input[2] else np.zeros((), x.dtype)
-    if scale.ndim == 1 and x.ndim > 1:
+    block = int(a.get("block_size", 0))
+    if block:
+        axis = int(a.get("axis", 1)) % max(x.ndim, 1)
+        what = f"node {ctx.node_name!r} (DequantizeLinear)"
+        check_blocks(x.shape, scale.shape, axis, block, f"{what}: its x_scale")
+        scale = expand_blocks(scale, x.shape[axis], axis, block)
+        if zp.ndim:
+            check_blocks(x.shape, zp.shape, axis, block, f"{what}: its x_zero_point")
+            zp = expand_blocks(zp, x.shape[axis], axis, block)
+    elif scale.ndim == 1 and x.ndim > 1:
         shape = [1] * x.ndim
         shape[int(a.get("axis", 1)) % x.ndim] = -1
         scale, zp = scale.reshape(shape), zp.reshape(shape)
@@ -821,11 +830,15 @@ def from_onnx(
     _check_opset(model)
     ctx = _Ctx(model, unsupported)
     for o in model.opset_import:
-        if o.domain not in ("", "ai.onnx") and any(n.domain == o.domain for n in model.graph.node):
+        if o.domain not in ("", "ai.onnx") and any(
+                n.domain == o.domain and (n.domain, n.op_type) not in ONNX_DOMAIN_IMPORTERS
+                for n in model.graph.node):
             if unsupported != "fallback":
                 raise UnsupportedOpError(
                     f"the model uses operators of domain {o.domain!r}; npujax imports only the "
-                    "default ONNX domain (use unsupported='fallback' to keep them as CPU nodes).")
+                    "default ONNX domain and "
+                    f"{sorted(f'{d}.{t}' for d, t in ONNX_DOMAIN_IMPORTERS)} (use "
+                    "unsupported='fallback' to keep the others as CPU nodes).")
     for t in model.graph.initializer:
         if t.name in ctx.consts:
             raise GraphError(f"two initializers are named {t.name!r}; tensor names must be "
@@ -971,7 +984,8 @@ def _import_node(ctx: _Ctx, n: onnx.NodeProto, name: str) -> None:
             and present and all(t in ctx.consts for t in present)):
         _fold(ctx, n)
         return
-    conv = ONNX_IMPORTERS.get(n.op_type) if n.domain in ("", "ai.onnx") else None
+    conv = (ONNX_IMPORTERS.get(n.op_type) if n.domain in ("", "ai.onnx")
+            else ONNX_DOMAIN_IMPORTERS.get((n.domain, n.op_type)))
     if conv is None:
         if unsupported == "fallback":
             _fallback(ctx, n)
