@@ -31,7 +31,7 @@ import contextlib
 import dataclasses
 import itertools
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -212,6 +212,83 @@ def _intercept_nnx(model: Any, leaves: list[_Leaf]) -> Iterator[None]:
     finally:
         for cls, orig in originals.items():
             cls.__call__ = orig  # type: ignore[method-assign]  # (restored)
+
+
+@contextlib.contextmanager
+def _scope_nnx_modules(model: Any, scopes: dict[str, str]) -> Iterator[None]:
+    """Run every submodule's ``__call__`` in a :func:`jax.named_scope` of its path for the
+    trace (NNX pushes none), so the equations of a module's own code carry its path; records
+    ``{name stack: module path}`` in ``scopes``. Nested modules push the part of their path
+    below their caller's, so the name stack is the module path."""
+    from flax import nnx
+
+    paths: dict[int, str] = {}
+    types: set[type] = set()
+    for path, node in nnx.iter_graph(model):
+        if isinstance(node, nnx.Module) and path:  # (the model itself: the top level)
+            paths[id(node)] = "/".join(str(p) for p in path)
+            scopes[paths[id(node)]] = paths[id(node)]
+            types.add(type(node))
+    types = {c for c in types if any("__call__" in k.__dict__ for k in c.__mro__[:-1])}
+    originals = {c: (c.__dict__.get("__call__"), c.__call__) for c in types}
+    stack: list[str] = [""]
+
+    def make(orig: Callable) -> Callable:
+        def wrapped(self, *args, **kwargs):
+            path = paths.get(id(self))
+            if path is None or path == stack[-1]:  # not in the model, or super().__call__
+                return orig(self, *args, **kwargs)
+            top = stack[-1]
+            rel = path[len(top) + 1:] if top and path.startswith(top + "/") else path
+            stack.append(path)
+            try:
+                with jax.named_scope(rel):
+                    return orig(self, *args, **kwargs)
+            finally:
+                stack.pop()
+
+        return wrapped
+
+    try:
+        for c, (_, orig) in originals.items():
+            c.__call__ = make(orig)  # type: ignore[method-assign]  # (restored below)
+        yield
+    finally:
+        for c, (own, _) in originals.items():
+            if own is None:
+                del c.__call__
+            else:
+                c.__call__ = own  # type: ignore[method-assign]
+
+
+def _linen_module_scopes(model: Any, variables: Any) -> dict[str, str]:
+    """``{name stack: module path}`` of a Linen model's submodules that hold variables (Linen
+    names its modules' scopes ``<root>/<path>`` while ``flax_profile`` is on, the default)."""
+    root = getattr(model, "name", None) or type(model).__name__
+    out: dict[str, str] = {}
+
+    def walk(d: Any, path: tuple[str, ...]) -> None:
+        if path:
+            out["/".join((root, *path))] = "/".join(path)
+        if isinstance(d, Mapping):
+            for k, v in d.items():
+                if isinstance(v, Mapping):
+                    walk(v, (*path, str(k)))
+
+    for tree in (variables or {}).values():
+        walk(tree, ())
+    return out
+
+
+def _scope_prefix(scope: str, scopes: Mapping[str, str]) -> str:
+    """The base-name prefix of a node traced from an equation of name stack ``scope``:
+    ``"<module path>/"`` of the innermost module it ran in (``scopes``: name stack -> module
+    path), ``""`` at the top level; leaf markers and other scopes (an einsum's) are skipped."""
+    parts = [p for p in scope.split("/") if p]
+    best = ""
+    for k in range(1, len(parts) + 1):
+        best = scopes.get("/".join(parts[:k]), best)
+    return f"{best}/" if best else ""
 
 
 def _linen_interceptor(variables: Any, leaves: list[_Leaf]) -> Callable:
@@ -510,10 +587,12 @@ class _Builder:
         self.types = types
         self.batch = batch
         self.alias: dict[str, str] = {}
+        self.prefix = ""  # the module path of the equation being mapped (_scope_prefix)
         self._counts: dict[str, int] = {}
         self._tensors = itertools.count()
 
     def name(self, base: str) -> str:
+        base = self.prefix + base
         k = self._counts.get(base, 0)
         self._counts[base] = k + 1
         return f"{base}_{k}"
@@ -806,9 +885,12 @@ def trace_flax(
 
     Returns:
       ``(graph, params)``: node names are module paths (``conv1``, ``block/bn``) for layers and
-      ``<op>_<k>`` for functional ops; the input tensor is named after the model's call argument
-      (``x``), the output ``output`` (``output_<i>`` for several); params are
-      ``{node: {role: float32 array}}``.
+      ``<module path>/<op>_<k>`` for ops traced primitive by primitive in a submodule's
+      ``__call__`` (``blocks/0/attn/matmul_0``: a rule ``attn/.*`` reaches them; ``<op>_<k>`` in
+      the model's own; Linen: the innermost module with variables, while Linen's
+      ``flax_profile`` names its scopes, the default); the input tensor is named after the
+      model's call argument (``x``), the output ``output`` (``output_<i>`` for several); params
+      are ``{node: {role: float32 array}}``.
 
     Raises:
       UnsupportedOpError: a primitive or layer option has no Graph operator (names it).
@@ -818,6 +900,7 @@ def trace_flax(
     if not jnp.issubdtype(x.dtype, jnp.integer):
         x = x.astype(jnp.float32)  # token ids stay integers
     leaves: list[_Leaf] = []
+    scopes: dict[str, str] = {}  # name stack -> module path (_scope_prefix)
     from flax import nnx  # (flax >= 0.11, a dependency, always has nnx)
 
     if isinstance(model, nnx.Module):
@@ -826,7 +909,8 @@ def trace_flax(
         source = "flax.nnx"
 
         def fn(inp):
-            with _intercept_nnx(model, leaves), _intercept_functions(leaves):
+            with _scope_nnx_modules(model, scopes), _intercept_nnx(model, leaves), \
+                    _intercept_functions(leaves):
                 return model(inp)
 
         graphdef, state = nnx.split(model)
@@ -844,6 +928,7 @@ def trace_flax(
                 f"got {type(model).__name__} and variables={'set' if variables else 'None'}."
             )
         source = "flax.linen"
+        scopes.update(_linen_module_scopes(model, variables))
         interceptor = _linen_interceptor(variables, leaves)
 
         def fn(inp):
@@ -890,6 +975,9 @@ def trace_flax(
     done: set[int] = set()
     params: Params = {}
     for idx, (e, g) in enumerate(zip(flat.eqns, group_of)):
+        # nodes traced inside a module are named <module path>/<op>_<k> (a layer: its path)
+        builder.prefix = _scope_prefix(e.scope, scopes) if g is None or \
+            leaves[g].module is None else ""
         if g is None:
             builder.primitive(e)
             continue
