@@ -464,16 +464,18 @@ def _range_bytes(ctx: _Ctx, n: onnx.NodeProto) -> list[int | None]:
         raise GraphError(f"{what}: start, limit and delta must be scalars, got shapes "
                          f"{[list(v.shape) for v in vals]}.")
     dtype = vals[0].dtype
+    count: int | None
     if dtype.kind in "iu":
         start, limit, delta = (int(v.reshape(())) for v in vals)
         count = -((limit - start) // -delta) if delta else None
     else:
-        start, limit, delta = (float(v.reshape(())) for v in vals)
-        finite = all(np.isfinite(v) for v in (start, limit, delta))
-        count = math.ceil((limit - start) / delta) if delta and finite else None
+        fstart, flimit, fdelta = (float(v.reshape(())) for v in vals)
+        finite = all(np.isfinite(v) for v in (fstart, flimit, fdelta))
+        count = math.ceil((flimit - fstart) / fdelta) if fdelta and finite else None
     if count is None:
-        raise GraphError(f"{what} has start {start}, limit {limit}, delta {delta}; ONNX Range "
-                         "needs a non-zero, finite delta and finite bounds.")
+        raise GraphError(f"{what} has start {vals[0].item()}, limit {vals[1].item()}, delta "
+                         f"{vals[2].item()}; ONNX Range needs a non-zero, finite delta and "
+                         "finite bounds.")
     elems = check_elements([max(count, 0)], f"{what} output {n.output[0]!r}")
     return [elems * dtype.itemsize]
 
@@ -916,7 +918,7 @@ def _inline_if(ctx: _Ctx, n: onnx.NodeProto) -> None:
     prefix, outer = ctx.node_name, (ctx.onnx_node, ctx.node_name)
     produced = [t for node in g.node for t in node.output if t]
     local = [t.name for t in g.initializer] + produced
-    outs = {}
+    outs: dict[str, str] = {}
     for o, t in zip(g.output, n.output):
         outs.setdefault(o.name, t)  # (an output listed twice is copied below)
     rename: dict[str, str] = {}

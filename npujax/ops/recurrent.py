@@ -151,8 +151,8 @@ def _recurrent(node: Node, inputs: Sequence[jax.Array], params: Mapping[str, jax
     y = jnp.stack(ys, axis=1)  # [seq, dirs, batch, hidden]
     outs = {"Y": jnp.transpose(y, (2, 0, 1, 3)) if layout else y}
     for k, name in enumerate(_OUTPUTS[op][1:]):
-        s = jnp.stack([f[k] for f in finals])  # [dirs, batch, hidden]
-        outs[name] = jnp.swapaxes(s, 0, 1) if layout else s
+        last = jnp.stack([f[k] for f in finals])  # [dirs, batch, hidden]
+        outs[name] = jnp.swapaxes(last, 0, 1) if layout else last
     return [outs[k].astype(dtype) for k in a["results"]]
 
 
