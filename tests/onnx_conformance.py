@@ -101,6 +101,7 @@ CONST_INPUTS = {
     "Unsqueeze": {1}, "Pad": {1, 2, 3}, "Resize": {1, 2, 3}, "ReduceMean": {1},
     "QuantizeLinear": {1, 2}, "DequantizeLinear": {1, 2}, "LayerNormalization": {1, 2},
     "RMSNormalization": {1}, "Expand": {1}, "ReduceSum": {1}, "ReduceMax": {1},
+    "LSTM": {1, 2, 3, 7}, "GRU": {1, 2, 3},
 }
 
 

@@ -31,7 +31,7 @@ import contextlib
 import dataclasses
 import itertools
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -213,6 +213,83 @@ def _intercept_nnx(model: Any, leaves: list[_Leaf]) -> Iterator[None]:
     finally:
         for cls, orig in originals.items():
             cls.__call__ = orig  # type: ignore[method-assign]  # (restored)
+
+
+@contextlib.contextmanager
+def _scope_nnx_modules(model: Any, scopes: dict[str, str]) -> Iterator[None]:
+    """Run every submodule's ``__call__`` in a :func:`jax.named_scope` of its path for the
+    trace (NNX pushes none), so the equations of a module's own code carry its path; records
+    ``{name stack: module path}`` in ``scopes``. Nested modules push the part of their path
+    below their caller's, so the name stack is the module path."""
+    from flax import nnx
+
+    paths: dict[int, str] = {}
+    types: set[type] = set()
+    for path, node in nnx.iter_graph(model):
+        if isinstance(node, nnx.Module) and path:  # (the model itself: the top level)
+            paths[id(node)] = "/".join(str(p) for p in path)
+            scopes[paths[id(node)]] = paths[id(node)]
+            types.add(type(node))
+    types = {c for c in types if any("__call__" in k.__dict__ for k in c.__mro__[:-1])}
+    originals = {c: (c.__dict__.get("__call__"), c.__call__) for c in types}
+    stack: list[str] = [""]
+
+    def make(orig: Callable) -> Callable:
+        def wrapped(self, *args, **kwargs):
+            path = paths.get(id(self))
+            if path is None or path == stack[-1]:  # not in the model, or super().__call__
+                return orig(self, *args, **kwargs)
+            top = stack[-1]
+            rel = path[len(top) + 1:] if top and path.startswith(top + "/") else path
+            stack.append(path)
+            try:
+                with jax.named_scope(rel):
+                    return orig(self, *args, **kwargs)
+            finally:
+                stack.pop()
+
+        return wrapped
+
+    try:
+        for c, (_, orig) in originals.items():
+            c.__call__ = make(orig)  # type: ignore[method-assign]  # (restored below)
+        yield
+    finally:
+        for c, (own, _) in originals.items():
+            if own is None:
+                del c.__call__
+            else:
+                c.__call__ = own  # type: ignore[method-assign]
+
+
+def _linen_module_scopes(model: Any, variables: Any) -> dict[str, str]:
+    """``{name stack: module path}`` of a Linen model's submodules that hold variables (Linen
+    names its modules' scopes ``<root>/<path>`` while ``flax_profile`` is on, the default)."""
+    root = getattr(model, "name", None) or type(model).__name__
+    out: dict[str, str] = {}
+
+    def walk(d: Any, path: tuple[str, ...]) -> None:
+        if path:
+            out["/".join((root, *path))] = "/".join(path)
+        if isinstance(d, Mapping):
+            for k, v in d.items():
+                if isinstance(v, Mapping):
+                    walk(v, (*path, str(k)))
+
+    for tree in (variables or {}).values():
+        walk(tree, ())
+    return out
+
+
+def _scope_prefix(scope: str, scopes: Mapping[str, str]) -> str:
+    """The base-name prefix of a node traced from an equation of name stack ``scope``:
+    ``"<module path>/"`` of the innermost module it ran in (``scopes``: name stack -> module
+    path), ``""`` at the top level; leaf markers and other scopes (an einsum's) are skipped."""
+    parts = [p for p in scope.split("/") if p]
+    best = ""
+    for k in range(1, len(parts) + 1):
+        best = scopes.get("/".join(parts[:k]), best)
+    return f"{best}/" if best else ""
 
 
 def _linen_interceptor(variables: Any, leaves: list[_Leaf]) -> Callable:
@@ -522,15 +599,18 @@ class _Builder:
         self.scope_names = scope_names
         #: with ``scope_names``: the label (:func:`_scope_label`) of the equation being built
         self.scope: str | None = None
+        self.prefix = ""  # the module path of the equation being mapped (_scope_prefix)
         self._counts: dict[str, int] = {}
         self._tensors = itertools.count()
 
     def name(self, base: str) -> str:
-        """A new node's name: ``<base>_<k>``, or with ``scope_names`` the scope's label, else
-        ``<label>/<base>`` (``<label>/<base>_1``, ...)."""
+        """A new node's name: ``<prefix><base>_<k>`` (``prefix`` the module path, or empty),
+        or with ``scope_names`` the scope's label, else ``<label>/<base>``
+        (``<label>/<base>_1``, ...)."""
         if self.scope_names and self.scope:
             first = self.scope if self.scope not in self.taken else f"{self.scope}/{base}"
             return fresh_name(first, set(self.taken))
+        base = self.prefix + base
         k = self._counts.get(base, 0)
         self._counts[base] = k + 1
         return f"{base}_{k}"
@@ -907,9 +987,12 @@ def trace_flax(
 
     Returns:
       ``(graph, params)``: node names are module paths (``conv1``, ``block/bn``) for layers and
-      ``<op>_<k>`` for functional ops; the input tensor is named after the model's call argument
-      (``x``), the output ``output`` (``output_<i>`` for several); params are
-      ``{node: {role: float32 array}}``.
+      ``<module path>/<op>_<k>`` for ops traced primitive by primitive in a submodule's
+      ``__call__`` (``blocks/0/attn/matmul_0``: a rule ``attn/.*`` reaches them; ``<op>_<k>`` in
+      the model's own; Linen: the innermost module with variables, while Linen's
+      ``flax_profile`` names its scopes, the default); the input tensor is named after the
+      model's call argument (``x``), the output ``output`` (``output_<i>`` for several); params
+      are ``{node: {role: float32 array}}``.
 
     Raises:
       UnsupportedOpError: a primitive or layer option has no Graph operator (names it).
@@ -919,6 +1002,7 @@ def trace_flax(
     if not jnp.issubdtype(x.dtype, jnp.integer):
         x = x.astype(jnp.float32)  # token ids stay integers
     leaves: list[_Leaf] = []
+    scopes: dict[str, str] = {}  # name stack -> module path (_scope_prefix)
     from flax import nnx  # (flax >= 0.11, a dependency, always has nnx)
 
     if isinstance(model, nnx.Module):
@@ -927,7 +1011,8 @@ def trace_flax(
         source = "flax.nnx"
 
         def fn(inp):
-            with _intercept_nnx(model, leaves), _intercept_functions(leaves):
+            with _scope_nnx_modules(model, scopes), _intercept_nnx(model, leaves), \
+                    _intercept_functions(leaves):
                 return model(inp)
 
         graphdef, state = nnx.split(model)
@@ -945,6 +1030,7 @@ def trace_flax(
                 f"got {type(model).__name__} and variables={'set' if variables else 'None'}."
             )
         source = "flax.linen"
+        scopes.update(_linen_module_scopes(model, variables))
         interceptor = _linen_interceptor(variables, leaves)
 
         def fn(inp):
@@ -956,7 +1042,7 @@ def trace_flax(
         reference = lambda inp: run_apply(variables, inp)  # noqa: E731
 
     return _trace_jaxpr(fn, x, leaves, reference=reference, source=source,
-                        input_name=_argument_name(model), check=check)
+                        input_name=_argument_name(model), check=check, scopes=scopes)
 
 
 def _trace_jaxpr(
@@ -970,6 +1056,7 @@ def _trace_jaxpr(
     check: bool,
     scope_names: bool = False,
     peepholes: bool = False,
+    scopes: Mapping[str, str] | None = None,
 ) -> tuple[Graph, Params]:
     """The tracer's core, shared by the frontends: ``fn`` (the model with its layers
     intercepted, appending to ``leaves``) traced on ``x`` into a Graph and its params.
@@ -987,6 +1074,9 @@ def _trace_jaxpr(
         :func:`jax.named_scope` they were traced in (Keras names every layer call's scope after
         the layer: ``Conv1_relu``, ``block_2_add``; a second node of one scope is
         ``<scope>/<op>``), instead of ``<op>_<k>``.
+      scopes: ``{name stack: module path}`` of a Flax model's modules (:func:`_scope_prefix`):
+        nodes traced primitive by primitive inside a module are named
+        ``<module path>/<op>_<k>``; None or empty: ``<op>_<k>``.
       peepholes: write an average pool that does not count the padding as ``AveragePool``,
         relu6 as ``Relu6`` (or ``Clip``) and a mean as ``ReduceMean``
         (:func:`_fuse_pools_relu6_means`).
@@ -1034,6 +1124,9 @@ def _trace_jaxpr(
             continue
         if scope_names:
             builder.scope = _scope_label(e.scope)
+        # nodes traced inside a module are named <module path>/<op>_<k> (a layer: its path)
+        builder.prefix = _scope_prefix(e.scope, scopes) if scopes and (
+            g is None or leaves[g].module is None) else ""
         if g is None:
             builder.primitive(e)
             continue

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import math
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -31,8 +32,9 @@ from npujax.errors import ConfigError, GraphError, NpujaxError, UnsupportedOpErr
 from npujax.ir.graph import SHAPES_ONLY_SOURCE, Graph, Node, Params, TensorType, fresh_name
 from npujax.ir.patterns import fuse_transformer_patterns
 from npujax.limits import ByteBudget, check_bytes, check_elements
-from npujax.ops import ONNX_IMPORTERS, ONNX_WEIGHT_OPS, get_op
+from npujax.ops import ONNX_DOMAIN_IMPORTERS, ONNX_IMPORTERS, ONNX_WEIGHT_OPS, get_op
 from npujax.ops._onnx import iter_onnx_tensors, reference_evaluator, refuse_external_data
+from npujax.ops.qdq import check_blocks, expand_blocks
 
 __all__ = ["from_onnx", "SUPPORTED_ONNX_OPS", "load_onnx_model", "parse_input_shapes",
            "batch_input_shapes", "SHAPES_ONLY_SOURCE"]
@@ -423,15 +425,23 @@ def _constant_value(n: onnx.NodeProto) -> np.ndarray:
 
 
 def _fold_dequantize(ctx: _Ctx, n: onnx.NodeProto) -> None:
-    """Fold DequantizeLinear of a constant (a QDQ model's weights) into float32 values."""
+    """Fold DequantizeLinear of a constant (a QDQ model's weights) into float32 values: per
+    tensor, per axis, or per block (opset 21 ``block_size``, the last block partial when it
+    does not divide the axis)."""
     a = _attrs(n)
-    if a.get("block_size", 0):
-        raise UnsupportedOpError(f"node {ctx.node_name!r}: blocked DequantizeLinear is not "
-                                 "supported.")
     x = ctx.consts[n.input[0]]
     scale = ctx.consts[n.input[1]].astype(np.float32)
     zp = ctx.consts[n.input[2]] if len(n.input) > 2 and n.input[2] else np.zeros((), x.dtype)
-    if scale.ndim == 1 and x.ndim > 1:
+    block = int(a.get("block_size", 0))
+    if block:
+        axis = int(a.get("axis", 1)) % max(x.ndim, 1)
+        what = f"node {ctx.node_name!r} (DequantizeLinear)"
+        check_blocks(x.shape, scale.shape, axis, block, f"{what}: its x_scale")
+        scale = expand_blocks(scale, x.shape[axis], axis, block)
+        if zp.ndim:
+            check_blocks(x.shape, zp.shape, axis, block, f"{what}: its x_zero_point")
+            zp = expand_blocks(zp, x.shape[axis], axis, block)
+    elif scale.ndim == 1 and x.ndim > 1:
         shape = [1] * x.ndim
         shape[int(a.get("axis", 1)) % x.ndim] = -1
         scale, zp = scale.reshape(shape), zp.reshape(shape)
@@ -444,13 +454,48 @@ MAX_FOLD_LOOP_ITERATIONS = 2**16
 _SHAPE_CONST_ELEMS = 4096  # integer constants up to this size join shape inference as values
 
 
+def _range_bytes(ctx: _Ctx, n: onnx.NodeProto) -> list[int | None]:
+    """The bytes of a folded ``Range``: ``max(ceil((limit - start) / delta), 0)`` elements,
+    computed from its values (exact Python integers for integer inputs, float64 for floats, as
+    ``numpy.arange`` and onnxruntime size it), whatever ONNX shape inference can tell."""
+    what = f"node {ctx.node_name!r} (Range)"
+    vals = [ctx.consts[t] for t in n.input[:3]]
+    if len(vals) != 3 or any(v.size != 1 for v in vals):
+        raise GraphError(f"{what}: start, limit and delta must be scalars, got shapes "
+                         f"{[list(v.shape) for v in vals]}.")
+    dtype = vals[0].dtype
+    count: int | None
+    if dtype.kind in "iu":
+        start, limit, delta = (int(v.reshape(())) for v in vals)
+        count = -((limit - start) // -delta) if delta else None
+    else:
+        fstart, flimit, fdelta = (float(v.reshape(())) for v in vals)
+        finite = all(np.isfinite(v) for v in (fstart, flimit, fdelta))
+        count = math.ceil((flimit - fstart) / fdelta) if fdelta and finite else None
+    if count is None:
+        raise GraphError(f"{what} has start {vals[0].item()}, limit {vals[1].item()}, delta "
+                         f"{vals[2].item()}; ONNX Range needs a non-zero, finite delta and "
+                         "finite bounds.")
+    elems = check_elements([max(count, 0)], f"{what} output {n.output[0]!r}")
+    return [elems * dtype.itemsize]
+
+
+#: Operators whose folded output size npujax computes from their input values itself (ONNX
+#: shape inference cannot always: a float ``Range``, or ``limit - start`` overflowing int64).
+_VALUE_SIZED = {"Range": _range_bytes}
+
+
 def _fold_output_bytes(ctx: _Ctx, n: onnx.NodeProto, ins: list[str]) -> list[int | None]:
-    """The bytes of each output of a node about to be folded, from ONNX shape inference with
-    its small integer inputs as values (what decides shapes); None where it cannot tell."""
+    """The bytes of each output of a node about to be folded, from the values it is folded
+    from: npujax's own count (:data:`_VALUE_SIZED`), else ONNX shape inference with its small
+    inputs as values (integers decide shapes, floats such as a Resize's scales too); None where
+    it cannot tell."""
+    if n.op_type in _VALUE_SIZED:
+        return _VALUE_SIZED[n.op_type](ctx, n)
     vis, inits = [], []
     for i in ins:
         c = ctx.consts[i]
-        if c.dtype.kind in "iub" and c.size <= _SHAPE_CONST_ELEMS:
+        if c.dtype.kind in "iubf" and c.size <= _SHAPE_CONST_ELEMS:
             inits.append(numpy_helper.from_array(c, i))
         vis.append(helper.make_tensor_value_info(
             i, helper.np_dtype_to_tensor_dtype(c.dtype), c.shape))
@@ -484,9 +529,10 @@ def _fold_output_bytes(ctx: _Ctx, n: onnx.NodeProto, ins: list[str]) -> list[int
 def _fold(ctx: _Ctx, n: onnx.NodeProto) -> None:
     """Evaluate a node whose inputs are all constants with onnx's reference implementation.
 
-    The size of every output is known before anything is evaluated (from ONNX shape inference)
-    and checked against :mod:`npujax.limits`; a node whose output size cannot be bounded, or a
-    ``Loop`` of more than :data:`MAX_FOLD_LOOP_ITERATIONS`, is refused.
+    The size of every output is known before anything is evaluated (from the values it is
+    folded from: :func:`_fold_output_bytes`) and checked against :mod:`npujax.limits`; a node
+    whose output size cannot be bounded, or a ``Loop`` of more than
+    :data:`MAX_FOLD_LOOP_ITERATIONS`, is refused.
     """
     if n.op_type == "DequantizeLinear":
         _fold_dequantize(ctx, n)
@@ -783,14 +829,18 @@ def from_onnx(
                     "(latency is exact; executing the model needs the external-data files).")
     if batch is not None:
         input_shapes = batch_input_shapes(model, input_shapes, batch) or None
-    opset = _check_opset(model)
+    _check_opset(model)
     ctx = _Ctx(model, unsupported)
     for o in model.opset_import:
-        if o.domain not in ("", "ai.onnx") and any(n.domain == o.domain for n in model.graph.node):
+        if o.domain not in ("", "ai.onnx") and any(
+                n.domain == o.domain and (n.domain, n.op_type) not in ONNX_DOMAIN_IMPORTERS
+                for n in model.graph.node):
             if unsupported != "fallback":
                 raise UnsupportedOpError(
                     f"the model uses operators of domain {o.domain!r}; npujax imports only the "
-                    "default ONNX domain (use unsupported='fallback' to keep them as CPU nodes).")
+                    "default ONNX domain and "
+                    f"{sorted(f'{d}.{t}' for d, t in ONNX_DOMAIN_IMPORTERS)} (use "
+                    "unsupported='fallback' to keep the others as CPU nodes).")
     for t in model.graph.initializer:
         if t.name in ctx.consts:
             raise GraphError(f"two initializers are named {t.name!r}; tensor names must be "
@@ -803,73 +853,7 @@ def from_onnx(
     inputs = _graph_inputs(ctx, model, input_shapes)
     ctx.graph_inputs = set(inputs)
     for i, n in enumerate(model.graph.node):
-        ctx.onnx_node, ctx.node_name = n, n.name or f"{n.op_type}_{i}"
-        if n.domain in ("", "ai.onnx"):
-            _check_arity(ctx.node_name, n, opset)
-        for t in n.input:
-            if t and t not in ctx.consts and t not in ctx.types:
-                raise GraphError(
-                    f"node {ctx.node_name!r} ({n.op_type}) reads tensor {t!r}, which is neither a "
-                    "graph input, an initializer nor the output of an earlier node (a missing "
-                    "initializer, or nodes out of topological order).")
-        for t in n.output:
-            if t and (t in ctx.consts or t in ctx.types):
-                raise GraphError(
-                    f"node {ctx.node_name!r} ({n.op_type}) writes tensor {t!r}, which an "
-                    "initializer, a graph input or an earlier node already defines; tensor "
-                    "names must be unique (SSA).")
-        if n.op_type == "Constant":
-            ctx.consts[n.output[0]] = _constant_value(n)
-            continue
-        if n.op_type in ("Shape", "Size") and n.input[0] in ctx.types:
-            shape = np.asarray(ctx.types[n.input[0]].shape, np.int64)
-            if n.op_type == "Size":
-                ctx.consts[n.output[0]] = np.asarray(shape.prod(), np.int64)
-            else:
-                a = _attrs(n)
-                ctx.consts[n.output[0]] = shape[a.get("start", 0):a.get("end", None)]
-            continue
-        present = [t for t in n.input if t]
-        if (n.op_type not in ONNX_WEIGHT_OPS and n.domain in ("", "ai.onnx")
-                and present and all(t in ctx.consts for t in present)):
-            _fold(ctx, n)
-            continue
-        conv = ONNX_IMPORTERS.get(n.op_type) if n.domain in ("", "ai.onnx") else None
-        if conv is None:
-            if unsupported == "fallback":
-                _fallback(ctx, n)
-                continue
-            raise UnsupportedOpError(
-                f"node {ctx.node_name!r} has operator {n.op_type!r}"
-                f"{' (domain ' + repr(n.domain) + ')' if n.domain else ''}, which npujax cannot "
-                f"import; supported: {sorted(SUPPORTED_ONNX_OPS)}. Pass unsupported='fallback' "
-                "to keep it as a CPU-fallback node.")
-        attrs = _attrs(n)
-        rank = len(ctx.shape(n.input[0])) if n.input and n.input[0] else None
-        _check_attrs(ctx.node_name, n, attrs, rank)
-        try:
-            conv(ctx, n, attrs)
-            if n.op_type in _GEMM_WINDOW_OPS:
-                for t in n.output:
-                    if t in ctx.types and 0 in ctx.types[t].shape:
-                        raise GraphError(
-                            f"node {ctx.node_name!r} ({n.op_type}) has an empty output "
-                            f"{list(ctx.types[t].shape)}: its (dilated) kernel is larger than "
-                            "its padded input.")
-        except UnsupportedOpError as e:
-            msg = str(e)
-            if ctx.node_name not in msg:
-                msg = f"node {ctx.node_name!r} ({n.op_type}): {msg}"
-            if unsupported == "fallback":
-                _fallback(ctx, n)
-                continue
-            raise UnsupportedOpError(msg) from None
-        except NpujaxError:
-            raise
-        except (KeyError, TypeError, ValueError, IndexError) as e:
-            # an importer met an attribute or input of a shape the checks above let through
-            raise GraphError(f"node {ctx.node_name!r} ({n.op_type}) cannot be imported: "
-                             f"{type(e).__name__}: {e}") from None
+        _import_node(ctx, n, n.name or f"{n.op_type}_{i}")
     outputs = [o.name for o in model.graph.output]
     for o in outputs:
         if o not in ctx.types and o not in ctx.consts:
@@ -888,6 +872,157 @@ def from_onnx(
                   tensors=tensors, constants=constants,
                   source=SHAPES_ONLY_SOURCE if missing else "onnx")
     return fuse_transformer_patterns(*_fold_bias_adds(graph, ctx.params))
+
+
+def _rename_inputs(g: onnx.GraphProto, rename: Mapping[str, str]) -> None:
+    """Rename the tensors that the nodes of ``g`` and of its nested subgraphs read (in place),
+    except where a nested subgraph defines a tensor of that name itself (its own scope)."""
+    for node in g.node:
+        node.input[:] = [rename.get(t, t) for t in node.input]
+        for a in node.attribute:
+            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                own = ({t.name for t in sub.initializer} | {t.name for t in sub.input}
+                       | {t for m in sub.node for t in m.output})
+                _rename_inputs(sub, {k: v for k, v in rename.items() if k not in own})
+
+
+def _inline_if(ctx: _Ctx, n: onnx.NodeProto) -> None:
+    """Import an ``If`` whose condition is a constant as the branch it takes.
+
+    The branch's initializers become constants and its nodes are imported in place of the
+    ``If`` (folded, inlined or converted like any other node; names ``<If>/<node>``), reading the
+    outer graph's tensors where the branch refers to them; its outputs become the ``If``'s. A
+    branch tensor whose name the outer graph already uses is renamed.
+
+    Raises:
+      GraphError: a condition that is not one element, a branch whose outputs do not match the
+        ``If``'s.
+    """
+    what = f"node {ctx.node_name!r} (If)"
+    cond = ctx.consts[n.input[0]]
+    if cond.size != 1:
+        raise GraphError(f"{what}: its condition {n.input[0]!r} has shape {list(cond.shape)}; "
+                         "ONNX If needs a single element.")
+    taken = "then_branch" if bool(cond.reshape(-1)[0]) else "else_branch"
+    attr = next((a for a in n.attribute if a.name == taken), None)
+    if attr is None or not attr.HasField("g"):
+        raise GraphError(f"{what} has no {taken} graph.")
+    g = onnx.GraphProto()
+    g.CopyFrom(attr.g)
+    if len(g.output) != len(n.output):
+        raise GraphError(f"{what}: its {taken} has {len(g.output)} outputs, the If has "
+                         f"{len(n.output)}.")
+    if g.sparse_initializer:
+        raise UnsupportedOpError(f"{what}: its {taken} has sparse initializers, which npujax "
+                                 "does not import.")
+    prefix, outer = ctx.node_name, (ctx.onnx_node, ctx.node_name)
+    produced = [t for node in g.node for t in node.output if t]
+    local = [t.name for t in g.initializer] + produced
+    outs: dict[str, str] = {}
+    for o, t in zip(g.output, n.output):
+        outs.setdefault(o.name, t)  # (an output listed twice is copied below)
+    rename: dict[str, str] = {}
+    for t in local:
+        if t in outs and t in produced:
+            rename[t] = outs[t]  # the branch writes the If's output itself
+        elif t in ctx.consts or t in ctx.types or t in set(n.output):
+            rename[t] = ctx.unique(f"{prefix}/{t}")
+    _rename_inputs(g, rename)
+    for node in g.node:
+        node.output[:] = [rename.get(t, t) for t in node.output]
+    for t in g.initializer:
+        ctx.consts[rename.get(t.name, t.name)] = _to_array(t, f"{what} {taken} initializer "
+                                                              f"{t.name!r}")
+    for i, node in enumerate(g.node):
+        _import_node(ctx, node, f"{prefix}/{node.name or f'{node.op_type}_{i}'}")
+    ctx.onnx_node, ctx.node_name = outer
+    for o, t in zip(g.output, n.output):
+        src = rename.get(o.name, o.name)
+        if src == t or not t:
+            continue
+        if src in ctx.consts:
+            ctx.consts[t] = ctx.consts[src]
+        elif src in ctx.types:
+            ctx.emit("Identity", [src], [t], name=f"{prefix}/{o.name}")
+        else:
+            raise GraphError(f"{what}: its {taken} output {o.name!r} is produced by no node.")
+
+
+def _import_node(ctx: _Ctx, n: onnx.NodeProto, name: str) -> None:
+    """Import one ONNX node (of the main graph, or of an inlined ``If`` branch) into ``ctx``:
+    record a constant, fold it, inline it, or convert it with its registered importer."""
+    ctx.onnx_node, ctx.node_name = n, name
+    unsupported, opset = ctx.unsupported, ctx.opset
+    if n.domain in ("", "ai.onnx"):
+        _check_arity(ctx.node_name, n, opset)
+    for t in n.input:
+        if t and t not in ctx.consts and t not in ctx.types:
+            raise GraphError(
+                f"node {ctx.node_name!r} ({n.op_type}) reads tensor {t!r}, which is neither a "
+                "graph input, an initializer nor the output of an earlier node (a missing "
+                "initializer, or nodes out of topological order).")
+    for t in n.output:
+        if t and (t in ctx.consts or t in ctx.types):
+            raise GraphError(
+                f"node {ctx.node_name!r} ({n.op_type}) writes tensor {t!r}, which an "
+                "initializer, a graph input or an earlier node already defines; tensor "
+                "names must be unique (SSA).")
+    if n.op_type == "Constant":
+        ctx.consts[n.output[0]] = _constant_value(n)
+        return
+    if n.op_type in ("Shape", "Size") and n.input[0] in ctx.types:
+        shape = np.asarray(ctx.types[n.input[0]].shape, np.int64)
+        if n.op_type == "Size":
+            ctx.consts[n.output[0]] = np.asarray(shape.prod(), np.int64)
+        else:
+            a = _attrs(n)
+            ctx.consts[n.output[0]] = shape[a.get("start", 0):a.get("end", None)]
+        return
+    if n.op_type == "If" and n.domain in ("", "ai.onnx") and n.input[0] in ctx.consts:
+        _inline_if(ctx, n)
+        return
+    present = [t for t in n.input if t]
+    if (n.op_type not in ONNX_WEIGHT_OPS and n.domain in ("", "ai.onnx")
+            and present and all(t in ctx.consts for t in present)):
+        _fold(ctx, n)
+        return
+    conv = (ONNX_IMPORTERS.get(n.op_type) if n.domain in ("", "ai.onnx")
+            else ONNX_DOMAIN_IMPORTERS.get((n.domain, n.op_type)))
+    if conv is None:
+        if unsupported == "fallback":
+            _fallback(ctx, n)
+            return
+        raise UnsupportedOpError(
+            f"node {ctx.node_name!r} has operator {n.op_type!r}"
+            f"{' (domain ' + repr(n.domain) + ')' if n.domain else ''}, which npujax cannot "
+            f"import; supported: {sorted(SUPPORTED_ONNX_OPS)}. Pass unsupported='fallback' "
+            "to keep it as a CPU-fallback node.")
+    attrs = _attrs(n)
+    rank = len(ctx.shape(n.input[0])) if n.input and n.input[0] else None
+    _check_attrs(ctx.node_name, n, attrs, rank)
+    try:
+        conv(ctx, n, attrs)
+        if n.op_type in _GEMM_WINDOW_OPS:
+            for t in n.output:
+                if t in ctx.types and 0 in ctx.types[t].shape:
+                    raise GraphError(
+                        f"node {ctx.node_name!r} ({n.op_type}) has an empty output "
+                        f"{list(ctx.types[t].shape)}: its (dilated) kernel is larger than "
+                        "its padded input.")
+    except UnsupportedOpError as e:
+        msg = str(e)
+        if ctx.node_name not in msg:
+            msg = f"node {ctx.node_name!r} ({n.op_type}): {msg}"
+        if unsupported == "fallback":
+            _fallback(ctx, n)
+            return
+        raise UnsupportedOpError(msg) from None
+    except NpujaxError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        # an importer met an attribute or input of a shape the checks above let through
+        raise GraphError(f"node {ctx.node_name!r} ({n.op_type}) cannot be imported: "
+                         f"{type(e).__name__}: {e}") from None
 
 
 def _fold_bias_adds(graph: Graph, params: Params) -> tuple[Graph, Params]:

@@ -7,9 +7,12 @@ operators. NPU compilers recognise them and run one normalization or activation;
 * **LayerNorm**, ``(x - E[x]) / sqrt(Var[x] + eps) [* scale] [+ bias]`` with the variance
   written either ``E[(x - E[x])^2]`` or ``E[x^2] - E[x]^2``; squares as ``Pow(., 2)`` or
   ``Mul(d, d)``; the division as ``Div`` or a multiplication by ``Reciprocal(Sqrt(.))``.
-* **GELU**, ``x * 0.5 * (1 + erf(x / sqrt 2))`` (``Div`` by sqrt 2 or ``Mul`` by 1/sqrt 2) and
-  ``x * 0.5 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))``, the three factors multiplied in any
-  order.
+* **GELU**, ``x * 0.5 * (1 + erf(x / sqrt 2))`` and
+  ``x * 0.5 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))``, up to commutativity and equivalent
+  spellings: a constant may be either operand of its ``Mul`` or ``Add``, a multiplication by a
+  constant may be written as a ``Div`` by its reciprocal (``x / sqrt 2``, ``... / 2``), ``x^3``
+  as ``Pow(x, 3)`` or ``x * x * x`` (either grouping), and the three factors ``x``, 0.5 and
+  ``1 + f`` multiplied in any order and grouping.
 
 A fusion fires only when every condition that makes the subgraph *equal* to the fused op holds:
 both reductions over the same trailing axes ``[a, rank)`` with ``keepdims=1``; the centred
@@ -184,69 +187,114 @@ def _affine_tail(v: _View, out: Node, x_shape: tuple[int, ...], axis: int,
     return nodes, last, params
 
 
+def _scaled(v: _View, n: Node | None, factor: float, rtol: float = 0.0) -> str | None:
+    """The tensor ``n`` multiplies by ``factor``: ``Mul`` by a scalar constant equal to it
+    (either operand), or ``Div`` by one equal to its reciprocal; None otherwise."""
+    if n is None or len(n.inputs) != 2 or n.inputs[0] == n.inputs[1]:
+        return None
+    a, b = n.inputs
+    if n.op == "Mul":
+        if v.scalar(b, factor, rtol) and v.const(a) is None:
+            return a
+        if v.scalar(a, factor, rtol) and v.const(b) is None:
+            return b
+    if n.op == "Div" and v.scalar(b, 1.0 / factor, rtol) and v.const(a) is None:
+        return a
+    return None
+
+
+def _cube_of(v: _View, t: str) -> tuple[list[Node], str] | None:
+    """``(nodes, base)`` if ``t`` is ``base^3``: ``Pow(base, 3)``, or ``x * x * x`` grouped either
+    way (``x * (x * x)``, the square also as ``Pow(x, 2)``)."""
+    n = v.node(t, ("Pow", "Mul"))
+    if n is None:
+        return None
+    if n.op == "Pow":
+        return ([n], n.inputs[0]) if v.scalar(n.inputs[1], 3.0) else None
+    if len(n.inputs) != 2:
+        return None
+    for sq_t, base in (n.inputs, n.inputs[::-1]):
+        sq = _square_of(v, sq_t)
+        if sq is not None and sq[1] == base and sq_t != base:
+            return [n, sq[0]], base
+    return None
+
+
+def _half_product(v: _View, c: str, x: str) -> tuple[list[Node], Node] | None:
+    """The nodes computing ``x * 0.5 * c`` from ``c``'s only consumer on: the three factors in
+    any order and grouping, the 0.5 a ``Mul`` by 0.5 or a ``Div`` by 2; ``(nodes, last)``."""
+    users = v.users.get(c, [])
+    if len(users) != 1:
+        return None
+    m1 = users[0]
+
+    def only_user(n: Node) -> Node | None:
+        u = v.users.get(n.outputs[0], [])
+        return u[0] if len(u) == 1 else None
+
+    if _scaled(v, m1, 0.5) == c:  # (c * 0.5) * x
+        m2 = only_user(m1)
+        if m2 is not None and m2.op == "Mul" and v.other(m2, m1.outputs[0]) == x:
+            return [m1, m2], m2
+        return None
+    if m1.op != "Mul":
+        return None
+    o = v.other(m1, c)
+    if o is None:
+        return None
+    if o == x:  # (x * c) * 0.5
+        m2 = only_user(m1)
+        if m2 is not None and _scaled(v, m2, 0.5) == m1.outputs[0]:
+            return [m1, m2], m2
+        return None
+    h = v.prod.get(o)  # (x * 0.5) * c
+    if h is not None and _scaled(v, h, 0.5) == x:
+        return [h, m1], m1
+    return None
+
+
 def _gelu(v: _View, act: Node) -> tuple[list[Node], Node, str, str] | None:
     """Match a GELU around the ``Erf`` or ``Tanh`` node ``act``: ``(nodes, last, x,
-    approximate)``."""
+    approximate)``. Up to commutativity (a constant either operand of its ``Mul``/``Add``) and
+    equivalent spellings (a division by a constant or a product by its reciprocal; ``x^3`` as
+    ``Pow`` or ``x * x * x``); a different constant or input is no match."""
     nodes = [act]
     if act.op == "Erf":
         pre = v.node(act.inputs[0], ("Div", "Mul"))
-        if pre is None:
-            return None
-        x = pre.inputs[0]
-        ok = (v.scalar(pre.inputs[1], _SQRT2, 1e-6) if pre.op == "Div"
-              else v.scalar(pre.inputs[1], 1 / _SQRT2, 1e-6))
-        if not ok or v.const(x) is not None:
+        x = _scaled(v, pre, 1 / _SQRT2, 1e-6)
+        if pre is None or x is None:
             return None
         nodes.append(pre)
         approximate = "none"
     else:
-        k = v.node(act.inputs[0], "Mul")
-        s = v.node(k.inputs[0], "Add") if k is not None else None
-        if k is None or s is None or not v.scalar(k.inputs[1], _TANH_K, 1e-6):
+        k = v.node(act.inputs[0], ("Mul", "Div"))
+        s = v.node(_scaled(v, k, _TANH_K, 1e-6) or "", "Add")
+        if k is None or s is None or len(s.inputs) != 2:
             return None
-        cube_mul = next((v.node(t, "Mul") for t in s.inputs if v.node(t, "Mul")), None)
-        if cube_mul is None:
+        found = None
+        for x, cx3 in (s.inputs, s.inputs[::-1]):
+            cube_mul = v.node(cx3, ("Mul", "Div"))
+            cube = _cube_of(v, _scaled(v, cube_mul, 0.044715, 1e-6) or "")
+            if cube_mul is not None and cube is not None and cube[1] == x:
+                found = x, [cube_mul, *cube[0]]
+                break
+        if found is None:
             return None
-        x = v.other(s, cube_mul.outputs[0]) or ""
-        cube = v.node(cube_mul.inputs[0], "Pow")
-        if (cube is None or cube.inputs[0] != x or not v.scalar(cube.inputs[1], 3.0)
-                or not v.scalar(cube_mul.inputs[1], 0.044715, 1e-6)):
-            return None
-        nodes += [k, s, cube_mul, cube]
+        x = found[0]
+        nodes += [k, s, *found[1]]
         approximate = "tanh"
+    if v.const(x) is not None:
+        return None
     one = v.users.get(act.outputs[0], [])
     if len(one) != 1 or one[0].op != "Add" or not v.scalar(v.other(one[0], act.outputs[0])
                                                               or "", 1.0):
         return None
     nodes.append(one[0])
-    # the product x * 0.5 * (1 + f) in any order: two Muls
-    c = one[0].outputs[0]
-    users = v.users.get(c, [])
-    if len(users) != 1 or users[0].op != "Mul":
+    got = _half_product(v, one[0].outputs[0], x)
+    if got is None:
         return None
-    m1 = users[0]
-    o = v.other(m1, c)
-    if o is None:
-        return None
-    if o == x:  # (x * c) * 0.5
-        m2 = v.users.get(m1.outputs[0], [])
-        if len(m2) != 1 or m2[0].op != "Mul" or not v.scalar(v.other(m2[0], m1.outputs[0])
-                                                              or "", 0.5):
-            return None
-        nodes += [m1, m2[0]]
-        last = m2[0]
-    elif v.scalar(o, 0.5):  # x * (c * 0.5)
-        m2 = v.users.get(m1.outputs[0], [])
-        if len(m2) != 1 or m2[0].op != "Mul" or v.other(m2[0], m1.outputs[0]) != x:
-            return None
-        nodes += [m1, m2[0]]
-        last = m2[0]
-    else:  # (x * 0.5) * c
-        h = v.node(o, "Mul")
-        if h is None or v.other(h, x) is None or not v.scalar(v.other(h, x) or "", 0.5):
-            return None
-        nodes += [h, m1]
-        last = m1
+    nodes += got[0]
+    last = got[1]
     inside = {n.name for n in nodes}
     for n in nodes:
         if n is not last and not all(v.private(t, inside) for t in n.outputs):

@@ -8,6 +8,7 @@ imported; this ``__init__`` imports them all, so adding an operator means adding
 import importlib
 import pkgutil
 
+from npujax.ops.registry import ONNX_DOMAIN_IMPORTERS as ONNX_DOMAIN_IMPORTERS
 from npujax.ops.registry import ONNX_IMPORTERS as ONNX_IMPORTERS
 from npujax.ops.registry import ONNX_WEIGHT_OPS as ONNX_WEIGHT_OPS
 from npujax.ops.registry import OPS as OPS
@@ -37,6 +38,7 @@ for _m in pkgutil.iter_modules(__path__):
 
 __all__ = [
     "OpDef", "ArrayWork", "VectorWork", "OPS", "ONNX_IMPORTERS", "ONNX_WEIGHT_OPS", "register",
+    "ONNX_DOMAIN_IMPORTERS",
     "onnx_importer", "get_op", "run_op", "gemm_nodes", "quantized_ops", "kernel_out_axis",
     "kernel_in_axis", "out_channel_view", "apply_epilogue", "epilogue_ops", "ops_with",
     "operand_quantized_ops", "quantizable_nodes", "embedding_nodes", "weight_role",

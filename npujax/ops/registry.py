@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "OpDef", "ArrayWork", "VectorWork", "CostClass", "OPS", "ONNX_IMPORTERS", "ONNX_WEIGHT_OPS",
+    "ONNX_DOMAIN_IMPORTERS",
     "register", "onnx_importer", "get_op", "run_op", "gemm_nodes", "quantized_ops",
     "operand_quantized_ops", "quantizable_nodes",
     "kernel_out_axis", "kernel_in_axis", "out_channel_view", "apply_epilogue", "epilogue_ops",
@@ -151,6 +152,9 @@ OPS: dict[str, OpDef] = {}
 ONNX_IMPORTERS: dict[str, Callable[..., None]] = {}
 #: ONNX operator types whose constant inputs are weights (kept as params, never folded).
 ONNX_WEIGHT_OPS: set[str] = set()
+#: Importers of operators of other domains (onnxruntime's ``com.microsoft`` contrib operators)
+#: by ``(domain, operator type)``; such nodes are never folded.
+ONNX_DOMAIN_IMPORTERS: dict[tuple[str, str], Callable[..., None]] = {}
 
 
 def register(*defs: OpDef) -> None:
@@ -163,14 +167,21 @@ def register(*defs: OpDef) -> None:
         OPS[d.name] = d
 
 
-def onnx_importer(*onnx_types: str, weights: bool = False) -> Callable:
-    """Decorator registering an ONNX importer for ``onnx_types`` (default domain).
+def onnx_importer(*onnx_types: str, weights: bool = False, domain: str = "") -> Callable:
+    """Decorator registering an ONNX importer for ``onnx_types`` (of the default domain, or of
+    ``domain``, e.g. ``"com.microsoft"``: :data:`ONNX_DOMAIN_IMPORTERS`).
 
     ``weights=True``: the operator's constant inputs are weights, kept as params rather than
     folded into constants.
     """
 
     def deco(fn: Callable[..., None]) -> Callable[..., None]:
+        if domain:
+            for t in onnx_types:
+                if (domain, t) in ONNX_DOMAIN_IMPORTERS:
+                    raise ValueError(f"ONNX operator {domain}.{t} has two importers.")
+                ONNX_DOMAIN_IMPORTERS[domain, t] = fn
+            return fn
         for t in onnx_types:
             if t in ONNX_IMPORTERS:
                 raise ValueError(f"ONNX operator {t!r} has two importers.")

@@ -7,6 +7,7 @@ program per initialiser) and compared jitted (one program per model, the same on
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 import flax.linen as nn
@@ -56,6 +57,17 @@ def _normal(seed, shape):
     return jax.device_put(np.random.default_rng(seed).standard_normal(shape).astype(np.float32))
 
 
+def _attention_in(graph, scope):
+    """The attention nodes traced primitive by primitive (the two MatMuls, the Softmax) carry
+    the path of the module they ran in, so a precision rule such as ``attn/.*`` reaches them."""
+    for op in ("MatMul", "Softmax"):
+        names = [n.name for n in graph.nodes if n.op == op and n.name.startswith(scope)]
+        assert len(names) == (2 if op == "MatMul" else 1), (op, scope, [
+            n.name for n in graph.nodes if n.op == op])
+    rule = re.compile(re.escape(scope) + ".*")
+    assert {n.op for n in graph.nodes if rule.fullmatch(n.name)} >= {"MatMul", "Softmax"}
+
+
 def _error(graph, params, x, want):
     return float(np.max(np.abs(np.asarray(jit_execute(graph, params, x)) - np.asarray(want))))
 
@@ -75,6 +87,7 @@ def test_nnx_attention_block(approximate):
     assert {"ln", "rms", "att/query", "att/key", "att/value", "att/out", "fc", "fc2"} <= names
     assert set(params["ln"]) == {"scale", "bias"} and params["att/query"]["kernel"].shape == (
         16, 16)
+    _attention_in(graph, "att/")
     assert _error(graph, params, x, jit_model(m)(x)) < TOL  # batch 2, graph traced at batch 1
 
 
@@ -86,6 +99,7 @@ def test_linen_attention_block():
     ops = Counter(n.op for n in graph.nodes)
     assert ops["LayerNormalization"] == ops["RMSNormalization"] == ops["Softmax"] == 1
     assert ops["Gelu"] == 1 and ops["MatMul"] == 2 and "JaxPrimitive" not in ops
+    _attention_in(graph, "att/")
     assert _error(graph, params, x, jit_once(lambda v, inp: net.apply(v, inp))(variables, x)) < TOL
 
 
@@ -113,6 +127,10 @@ def test_decoder_traces(decoders, phase):
     assert ops["Where"] == (layers if phase == "prefill" else 0)  # the causal mask
     assert graph.tensors[graph.inputs[0]].dtype == "int32"
     assert set(params["embed"]) == {"table"}
+    for i in range(layers):
+        _attention_in(graph, f"blocks/{i}/attn/")
+    assert {"add_0", "add_1"} & {n.name for n in graph.nodes} == set()  # (residuals: in blocks)
+    assert "blocks/0/add_0" in {n.name for n in graph.nodes}
     assert _error(graph, params, tokens, jit_model(m)(tokens)) < TOL
 
 

@@ -47,21 +47,38 @@ def _layernorm_nodes(variance="centred", axes=(-1,), eps_where="var",
     return nodes, inits
 
 
-def _gelu_nodes(form="erf", order="x_c_half"):
+def _gelu_nodes(form="erf", order="x_c_half", cube="pow", const_first=False, erf_pre="div"):
+    """GELU as exporters write it. ``const_first``: every constant the first operand of its Mul
+    or Add; ``cube``: ``x^3`` as ``Pow(x, 3)``, ``(x*x)*x`` or ``x*(x*x)``; ``erf_pre``: ``x /
+    sqrt 2`` as a Div or a Mul by ``1/sqrt 2``; ``order``: how ``x``, 0.5 and ``1 + f`` are
+    multiplied (``div2``: ``(x * c) / 2``)."""
     n = helper.make_node
+
+    def op(kind, a, c, out):  # a binary node of a tensor and a constant, in the chosen order
+        return n(kind, [c, a] if const_first and kind in ("Mul", "Add") else [a, c], [out])
+
     if form == "erf":
-        nodes = [n("Div", ["x", "sqrt2"], ["a"]), n("Erf", ["a"], ["f"])]
+        nodes = [op("Div", "x", "sqrt2", "a") if erf_pre == "div"
+                 else op("Mul", "x", "inv_sqrt2", "a"), n("Erf", ["a"], ["f"])]
     else:
-        nodes = [n("Pow", ["x", "three"], ["x3"]), n("Mul", ["x3", "c"], ["cx3"]),
-                 n("Add", ["x", "cx3"], ["s"]), n("Mul", ["s", "k"], ["t"]),
-                 n("Tanh", ["t"], ["f"])]
-    nodes.append(n("Add", ["f", "one"], ["c1"]))
+        if cube == "pow":
+            nodes = [n("Pow", ["x", "three"], ["x3"])]
+        else:
+            nodes = [n("Mul", ["x", "x"], ["xx"]),
+                     n("Mul", ["xx", "x"] if cube == "xx_x" else ["x", "xx"], ["x3"])]
+        nodes += [op("Mul", "x3", "c", "cx3"),
+                  n("Add", ["cx3", "x"] if const_first else ["x", "cx3"], ["s"]),
+                  op("Mul", "s", "k", "t"), n("Tanh", ["t"], ["f"])]
+    nodes.append(op("Add", "f", "one", "c1"))
     if order == "x_c_half":
-        nodes += [n("Mul", ["x", "c1"], ["xc"]), n("Mul", ["xc", "half"], ["y"])]
+        nodes += [n("Mul", ["x", "c1"], ["xc"]), op("Mul", "xc", "half", "y")]
+    elif order == "div2":
+        nodes += [n("Mul", ["c1", "x"], ["xc"]), n("Div", ["xc", "two"], ["y"])]
     else:  # (x * 0.5) * c
-        nodes += [n("Mul", ["x", "half"], ["xh"]), n("Mul", ["xh", "c1"], ["y"])]
-    inits = {"sqrt2": np.float32(np.sqrt(2.0)), "one": np.float32(1.0),
-             "half": np.float32(0.5), "three": np.float32(3.0), "c": np.float32(0.044715),
+        nodes += [op("Mul", "x", "half", "xh"), n("Mul", ["xh", "c1"], ["y"])]
+    inits = {"sqrt2": np.float32(np.sqrt(2.0)), "inv_sqrt2": np.float32(1 / np.sqrt(2.0)),
+             "one": np.float32(1.0), "half": np.float32(0.5), "two": np.float32(2.0),
+             "three": np.float32(3.0), "c": np.float32(0.044715),
              "k": np.float32(np.sqrt(2.0 / np.pi))}
     return nodes, inits
 
@@ -131,3 +148,39 @@ def test_gelu_near_miss_stays_exact():
     inits["sqrt2"] = np.float32(1.5)  # not sqrt(2): some other function
     ops, _, _ = _check(nodes, inits)
     assert "Gelu" not in ops and ops["Erf"] == 1
+
+
+@pytest.mark.parametrize("form, kw", [
+    ("erf", dict(erf_pre="mul", const_first=True)),  # Mul(1/sqrt 2, x): the constant first
+    ("erf", dict(erf_pre="mul", order="div2")),
+    ("erf", dict(const_first=True, order="half_first")),
+    ("tanh", dict(cube="xx_x")),  # x^3 written x*x*x
+    ("tanh", dict(cube="x_xx", const_first=True)),
+    ("tanh", dict(const_first=True, order="half_first")),
+    ("tanh", dict(cube="xx_x", const_first=True, order="div2")),
+])
+def test_gelu_fuses_up_to_commutativity_and_spelling(form, kw):
+    """Every constant first or second in its Mul/Add, x^3 as Pow or x*x*x, a division by a
+    constant or a product by its reciprocal: the same GELU, one vector layer."""
+    ops, graph, _ = _check(*_gelu_nodes(form, **kw))
+    assert ops == {"Gelu": 1}, ops
+    assert graph.nodes[0].attrs["approximate"] == ("none" if form == "erf" else "tanh")
+
+
+@pytest.mark.parametrize("case", ["half_is_quarter", "cube_of_another_tensor", "div_by_3",
+                                  "sqrt2_first_in_div"])
+def test_gelu_near_misses_of_the_spellings_stay_exact(case):
+    """A wrong constant or another input is not GELU, whatever the operand order."""
+    form = "erf" if case in ("div_by_3", "sqrt2_first_in_div") else "tanh"
+    nodes, inits = _gelu_nodes(form, const_first=True, cube="xx_x", order="div2")
+    if case == "half_is_quarter":
+        inits["two"] = np.float32(4.0)
+    elif case == "div_by_3":
+        inits["two"] = np.float32(3.0)
+    elif case == "sqrt2_first_in_div":  # sqrt 2 / x: Div does not commute
+        nodes[0] = helper.make_node("Div", ["sqrt2", "x"], ["a"])
+    else:  # (x * x) * relu(x): not x^3
+        nodes[1] = helper.make_node("Mul", ["xx", "rx"], ["x3"])
+        nodes.insert(0, helper.make_node("Relu", ["x"], ["rx"]))
+    ops, _, _ = _check(nodes, inits)
+    assert "Gelu" not in ops and ops[form.capitalize()] == 1

@@ -30,7 +30,7 @@ def test_registry_tables():
     assert quantized_ops() == {"Conv", "Gemm"}
     assert epilogue_ops() == {"Relu", "Relu6", "Sigmoid", "Tanh"}
     assert ONNX_WEIGHT_OPS == {"Conv", "ConvTranspose", "Gemm", "MatMul", "BatchNormalization",
-                               "LayerNormalization", "RMSNormalization"}
+                               "LayerNormalization", "RMSNormalization", "LSTM", "GRU"}
     prims = [p for d in OPS.values() for p in d.jax_primitives]
     assert len(prims) == len(set(prims))  # one operator per JAX primitive
     for onnx_op in ONNX_IMPORTERS:

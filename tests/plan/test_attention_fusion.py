@@ -66,8 +66,9 @@ def test_the_chain_is_recognised(case):
     assert len(chains) == 1
     c = chains[0]
     names = [layers[i].name for i in c.rows]
-    assert names == ["matmul_0", "transpose_0", "mul_4", "where_0", "softmax_0",
-                     "matmul_b_transpose_1", "matmul_1"]
+    assert names == [f"blocks/0/attn/{n}" for n in (  # named by the module they ran in
+        "matmul_0", "transpose_0", "mul_4", "where_0", "softmax_0", "matmul_b_transpose_1",
+        "matmul_1")]
     # tiny: d_model 32, 4 heads of 8, 2 KV heads: 64 queries x 2 heads share each K
     assert (c.key_len, c.query_rows, c.head_dim, c.groups) == (SEQ, 128, 8, 2)
     assert c.k_is_input and not c.p_is_input
@@ -146,7 +147,8 @@ def test_lower_reports_the_fused_block(case):
     s = lower(graph, spec.with_fields({"ops.attention_fusion": "flash", **SMALL}))
     base = case[-1]["tiled"]
     (a,) = s.attention
-    assert (a.qk, a.softmax, a.pv, a.mode) == ("matmul_0", "softmax_0", "matmul_1", "flash")
+    assert (a.qk, a.softmax, a.pv, a.mode) == ("blocks/0/attn/matmul_0", "blocks/0/attn/softmax_0",
+                                               "blocks/0/attn/matmul_1", "flash")
     assert a.dram_bytes_saved == base.dram_bytes.sum() - s.dram_bytes > 0
     assert s.to_dict()["attention"][0]["mode"] == "flash"
 
