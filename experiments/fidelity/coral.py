@@ -52,7 +52,7 @@ def main() -> int:
     from npujax.workflows.fit_table import (TableFitRun, _bound, print_table_fit, table_graph,
                                             write_table_fit)
 
-    con = Console(width=10_000)
+    con = Console(width=120)
     t0 = time.time()
 
     def say(line: str) -> None:

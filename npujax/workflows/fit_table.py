@@ -280,6 +280,6 @@ def write_table_fit(out: str | Path, run: TableFitRun) -> list[str]:
         series["fitted, in sample"] = r.fitted_s
     plot_measured_vs_modelled(out / "predictions.png", r.measured_s, series,
                               title=f"{r.spec.name}: {Path(run.table).name}"
-                                    + (f" ({run.group})" if run.group else ""),
+                                    + (f"\n{run.group}" if run.group else ""),
                               what="time per inference", unit="ms", labels=r.names)
     return ["fitted.toml", "predictions.csv", "fit.json", "predictions.png"]

@@ -194,3 +194,13 @@ def test_edge_savings_of_ppocr_cls_add_up(ppocr_cls_graph, edge_spec):
     saved = sum(e.dram_bytes_saved for e in s.edges)
     assert saved == pytest.approx(s.unfused_dram_bytes - s.dram_bytes, rel=1e-9)
     assert all(e.dram_bytes_saved >= 0 for e in s.edges)
+
+
+def test_a_tensor_kept_whole_is_its_writers_output_buffer(chain, edge_spec):
+    """c2's 128 KiB output fits in SRAM as c2's own output buffer (ofmap 128 KiB) plus what
+    the other steps leave: the working set already counts it, so it is not counted twice
+    (before, it went depth-first: 128 KiB more than c2's free SRAM)."""
+    s = lower(chain, _sram(edge_spec, 128, 16), fusion="layer")
+    edge = next(e for e in s.edges if e.producer == "c2")
+    assert edge.placement == "sram" and edge.tensor_bytes == 64 * 64 * 32
+    assert s.sram_peak_bytes <= s.sram_capacity_bytes

@@ -28,7 +28,12 @@ set, ``LayerCosts.sram_peak_bytes`` (the GEMM's tiled operand buffers), out of t
 ``(ifmap + filter + ofmap) x cores``. Tensors are considered smallest first; a tensor takes
 ``sram`` when it fits beside the working set and the tensors already kept on chip at every step
 of its lifetime, else ``depth_first`` with the largest stripe that fits at its producer and
-consumer, else ``dram``. The decision is a ``lax.scan`` over the tensors in jnp: sizes, widths
+consumer, else ``dram``. A tensor kept whole *is* its GEMM writer's output buffer and its GEMM
+consumers' input buffer: at those steps it needs only what it exceeds their staging
+(``min(bytes, ofmap SRAM)`` at the writer, ``min(bytes, ifmap SRAM)`` at a consumer), which the
+working set already counts (before 0.2.0 it was counted twice, so a 1.4 MB residual tensor of
+ResNet-50 at 299x299 went to DRAM on the 4 MiB of activation SRAM that holds it).
+The decision is a ``lax.scan`` over the tensors in jnp: sizes, widths
 and capacities may be traced (``jax.vmap`` over stacked specs, ``jax.jit``), and the costs are
 piecewise in them (``jnp.where`` masks), so the gradient search sees the scheduled latency.
 Decisions are piecewise constant in the bit widths: their gradient is that of the chosen
@@ -281,17 +286,28 @@ def _place(layers: tuple[Workload, ...], edges: tuple[Edge, ...], spec: NpuSpec,
     pair_w = take(at_writer, w_bytes) + take(at_first, w_bytes)
     w_fit = pair_w <= _real(m.filter_sram_bytes) * cores / 2.0
     free0 = cap - base.sram_peak_bytes
+    # a tensor kept whole on chip is its writer's output buffer and its GEMM consumers' input
+    # buffer: the staging those working sets count for it is not needed twice
+    sram_a, sram_o = _real(m.ifmap_sram_bytes) * cores, _real(m.ofmap_sram_bytes) * cores
+    gemm_rows = jnp.asarray(is_gemm, REAL)
+    stage_o = (jnp.minimum(t_bytes, sram_o)[:, None] * jnp.asarray(at_writer)
+               * gemm_rows[None, :])
+    stage_a = (jnp.minimum(t_bytes, sram_a)[:, None] * jnp.asarray(reads)
+               * gemm_rows[None, :])
+    credit = stage_o + stage_a  # [E, L]
 
     def decide(occ, x):
-        live_e, nbytes, rb, ke, se, hce, ok, saves, pw, fit, free_e = x
+        live_e, nbytes, rb, ke, se, hce, ok, saves, pw, fit, free_e, cred = x
+        avail_whole = jnp.min(jnp.where(live_e, free0 - occ + cred, jnp.inf))
         avail = jnp.min(jnp.where(live_e, free0 - occ, jnp.inf))
-        whole = free_e & (nbytes <= avail)
+        whole = free_e & (nbytes <= avail_whole)
         ok = ok & free_e
         h = jnp.clip(jnp.floor((avail / rb - ke) / se) + 1.0, 1.0, hce)
         n_s = jnp.ceil(hce / h)
         extra = jnp.where(fit, 0.0, (n_s - 1.0) * pw)
         dfs = ok & ~whole & (avail >= ke * rb) & (extra <= saves)
-        claim = jnp.where(whole, nbytes, jnp.where(dfs, ((h - 1.0) * se + ke) * rb, 0.0))
+        claim = jnp.where(whole, jnp.maximum(nbytes - cred, 0.0),
+                          jnp.where(dfs, ((h - 1.0) * se + ke) * rb, 0.0))
         mode = jnp.where(whole, 1, jnp.where(dfs, 2, 0)).astype(jnp.int32)
         stripes = jnp.where(dfs, n_s, jnp.where(whole, 1.0, 0.0))
         return occ + jnp.where(live_e, claim, 0.0), (mode, jnp.where(dfs, h, 0.0), stripes)
@@ -304,7 +320,7 @@ def _place(layers: tuple[Workload, ...], edges: tuple[Edge, ...], spec: NpuSpec,
         decide, jnp.zeros(L, REAL),
         (jnp.asarray(live), sg(t_bytes), sg(row_bytes), k, s, hc, dfs_ok, sg(read_first),
          sg(pair_w), sg(w_fit),
-         jnp.ones(E, bool) if blocked is None else ~sg(blocked)))
+         jnp.ones(E, bool) if blocked is None else ~sg(blocked), sg(credit)))
     extra = jnp.where((mode == 2) & ~w_fit, (n_s - 1.0) * pair_w, 0.0)
     on = (mode > 0).astype(REAL)
     per_read = jnp.where(jnp.asarray(is_gemm)[None, :], rd_a[None, :],
