@@ -21,7 +21,11 @@ the layer's ``activation`` runs after it, outside the marker (it becomes its own
 primitive by primitive, and its nodes are named after the Keras layer that made them (the
 innermost :func:`jax.named_scope`, which Keras opens for every layer call): ``Conv1_relu``,
 ``block_2_add``; a second node of one layer is ``<layer>/<op>`` (a Dense layer's softmax is
-``predictions/softmax``). ``ReLU(max_value=6)`` is one ``Clip`` node.
+``predictions/softmax``). A few jax.numpy patterns become the operator an NPU compiler sees:
+``ReLU(6.0)`` a ``Relu6`` node, a global average pool an ``AveragePool`` over the whole image, an
+average pool with ``padding="same"`` an ``AveragePool`` that does not count the padding. The
+graph is checked against the model's own output on the example input, so a tracing mistake
+never passes silently.
 
 The Keras applications (``keras.applications.MobileNetV2``, ``ResNet50``, ...) are reached by a
 model spec, ``keras:NAME[:key=value...]`` (:func:`keras_application`), which every command that
@@ -51,7 +55,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from npujax.errors import ConfigError, GraphError
-from npujax.frontends.flax import _RUN_ONCE, _intercept_functions, _Leaf, _trace_jaxpr
+from npujax.frontends.flax import _MARK, _RUN_ONCE, _intercept_functions, _Leaf, _trace_jaxpr
 from npujax.ir.graph import Graph, Params
 
 __all__ = ["trace_keras", "keras_application", "is_keras_spec", "KERAS_PREFIX"]
@@ -137,8 +141,7 @@ def _layer_classes(keras: Any) -> dict[Any, str]:
 def _intercept_layers(keras: Any, leaves: list[_Leaf]) -> Iterator[None]:
     """Patch the ``call`` of the intercepted layer classes for the trace (each class's own
     attribute restored after, or removed where it only inherited ``call``)."""
-    classes = _layer_classes(keras)
-    saved = {cls: cls.__dict__.get("call") for cls in classes}
+    saved: dict[Any, Callable | None] = {}  # each patched class's own call (None: inherited)
 
     def make(kind: str, orig: Callable) -> Callable:
         op = "Conv" if kind == "DepthwiseConv" else kind
@@ -153,7 +156,7 @@ def _intercept_layers(keras: Any, leaves: list[_Leaf]) -> Iterator[None]:
             if activation is not None:  # run after the marked linear part, as its own node
                 object.__setattr__(self, "activation", None)
             try:
-                with jax.named_scope(f"npujaxleaf{len(leaves) - 1}"):
+                with jax.named_scope(f"{_MARK}{len(leaves) - 1}"):
                     y = orig(self, inputs, *args, **kwargs)
             finally:
                 if activation is not None:
@@ -163,7 +166,8 @@ def _intercept_layers(keras: Any, leaves: list[_Leaf]) -> Iterator[None]:
         return call
 
     try:
-        for cls, kind in classes.items():
+        for cls, kind in _layer_classes(keras).items():
+            saved[cls] = cls.__dict__.get("call")
             # deliberate interception: the layer classes' call is patched for the trace
             cls.call = make(kind, cls.call)
         yield
@@ -303,7 +307,8 @@ def _example(model: Any, example_input: ArrayLike | None,
     """The example input: given, or standard-normal noise (seed 0) of batch 1 and the model's
     (or ``input_shape``'s) shape."""
     if example_input is not None:
-        return jnp.asarray(example_input, jnp.float32)
+        x = jnp.asarray(example_input)
+        return x if jnp.issubdtype(x.dtype, jnp.integer) else x.astype(jnp.float32)
     if input_shape is None:
         shape = getattr(model, "input_shape", None) if getattr(model, "built", False) else None
         if isinstance(shape, list):
@@ -328,8 +333,9 @@ def trace_keras(
     Args:
       model: a ``keras.Model`` (or a layer), called with ``training=False``; or a model spec
         ``keras:NAME[:key=value...]`` (:func:`keras_application`).
-      example_input: float array ``(batch, ...)`` (converted to float32); it fixes the graph's
-        shapes. Default: batch 1 of the model's input shape, standard-normal noise.
+      example_input: array ``(batch, ...)``, float (converted to float32) or integer (token
+        ids, kept); it fixes the graph's shapes. Default: batch 1 of the model's input shape,
+        standard-normal noise.
       input_shape: the input's shape without the batch (``(224, 224, 3)``) when
         ``example_input`` is not given and the model's is not fixed.
       check: run the graph on the example input and compare with the model (recommended).
