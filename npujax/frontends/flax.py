@@ -503,10 +503,11 @@ def _window_attrs(e: _Eqn) -> dict[str, Any]:
     }
 
 
-def _scope_label(scope: str) -> str | None:
-    """The innermost :func:`jax.named_scope` of an equation's scope, the markers left out."""
+def _scope_label(scope: str) -> tuple[str | None, bool]:
+    """The innermost :func:`jax.named_scope` of an equation's scope (the markers left out), and
+    whether it is the outermost one (the model's own, not a layer's)."""
     names = [c for c in scope.split("/") if c and not _MARK_RE.fullmatch(c)]
-    return names[-1] if names else None
+    return (names[-1] if names else None), len(names) == 1
 
 
 class _Builder:
@@ -520,16 +521,20 @@ class _Builder:
         self.batch = batch
         self.alias: dict[str, str] = {}
         self.scope_names = scope_names
-        #: with ``scope_names``: the label (:func:`_scope_label`) of the equation being built
+        #: with ``scope_names``: the label (:func:`_scope_label`) of the equation being built,
+        #: and whether it is the outermost scope
         self.scope: str | None = None
+        self.scope_outer = False
         self._counts: dict[str, int] = {}
         self._tensors = itertools.count()
 
     def name(self, base: str) -> str:
         """A new node's name: ``<base>_<k>``, or with ``scope_names`` the scope's label, else
-        ``<label>/<base>`` (``<label>/<base>_1``, ...)."""
+        ``<label>/<base>`` (``<label>/<base>_1``, ...; always so in the outermost scope, the
+        model's, which many nodes share)."""
         if self.scope_names and self.scope:
-            first = self.scope if self.scope not in self.taken else f"{self.scope}/{base}"
+            first = (self.scope if self.scope not in self.taken and not self.scope_outer
+                     else f"{self.scope}/{base}")
             return fresh_name(first, set(self.taken))
         k = self._counts.get(base, 0)
         self._counts[base] = k + 1
@@ -852,6 +857,65 @@ def _fuse_pools_relu6_means(nodes: list[Node], graph_outputs: set[str],
     return [m for n in nodes if id(n) not in dropped for m in replaced.get(id(n), [n])]
 
 
+def _fuse_hard_sigmoids(nodes: list[Node], graph_outputs: set[str],
+                        constants: dict[str, np.ndarray]) -> list[Node]:
+    """``relu6(x + 3) / 6`` (``jax.nn.hard_sigmoid``; also ``* (1/6)``) as ``HardSigmoid``, and
+    ``x * hard_sigmoid(x)`` (``jax.nn.hard_silu``, MobileNetV3's hard swish) as ``HardSwish``
+    (after :func:`_fuse_pools_relu6_means` has made the ``Relu6``)."""
+    users: dict[str, list[Node]] = {}
+    for n in nodes:
+        for t in n.inputs:
+            users.setdefault(t, []).append(n)
+
+    def sole_user(n: Node, *ops: str) -> Node | None:
+        u = users.get(n.outputs[0], [])
+        ok = len(u) == 1 and u[0].op in ops and n.outputs[0] not in graph_outputs
+        return u[0] if ok else None
+
+    def other(n: Node, t: str) -> str | None:
+        """The input of a two-input ``n`` that is not ``t``."""
+        if len(n.inputs) != 2 or t not in n.inputs:
+            return None
+        return n.inputs[1] if n.inputs[0] == t else n.inputs[0]
+
+    names = {n.name for n in nodes}
+    dropped: set[int] = set()
+    replaced: dict[int, Node] = {}
+    for a in nodes:
+        if a.op != "Add" or (r := sole_user(a, "Relu6")) is None:
+            continue
+        x = next((t for t in a.inputs if t not in constants), None)
+        c = other(a, x) if x is not None else None
+        if x is None or c is None or _scalar(constants, c) != 3.0:
+            continue
+        d = sole_user(r, "Div", "Mul")
+        k = other(d, r.outputs[0]) if d is not None else None
+        if d is None or k is None or (d.op == "Div" and (d.inputs[0] != r.outputs[0]
+                                                          or _scalar(constants, k) != 6.0)):
+            continue
+        if d.op == "Mul" and not np.isclose(_scalar(constants, k) or 0.0, 1.0 / 6.0,
+                                            rtol=1e-6, atol=0.0):
+            continue
+        m = sole_user(d, "Mul")
+        m = m if m is not None and other(m, d.outputs[0]) == x else None
+        chain = [a, r, d] + ([m] if m is not None else [])
+        op = "HardSigmoid" if m is None else "HardSwish"
+        # the name of a layer of the chain (Keras' Activation("hard_silu"); the ReLU layer of
+        # MobileNetV3's `ReLU(6.0)(x + 3.0) * (1 / 6)`), else <scope>/hardswish
+        name = next((n.name for n in chain if "/" not in n.name),
+                    f"{a.name.rsplit('/', 1)[0]}/{op.lower()}")
+        if name in names - {n.name for n in chain}:
+            name = a.name
+        if m is None:
+            node = Node(name, op, (x,), d.outputs, {"alpha": 1.0 / 6.0, "beta": 0.5})
+        else:
+            node = Node(name, op, (x,), m.outputs, {})
+            dropped.add(id(m))
+        replaced[id(a)] = node
+        dropped.update({id(r), id(d)})
+    return [replaced.get(id(n), n) for n in nodes if id(n) not in dropped]
+
+
 def _argument_name(model: Any) -> str:
     """The name of the first argument of the model's ``__call__`` (``"x"`` if unnamed)."""
     import inspect
@@ -988,8 +1052,9 @@ def _trace_jaxpr(
         the layer: ``Conv1_relu``, ``block_2_add``; a second node of one scope is
         ``<scope>/<op>``), instead of ``<op>_<k>``.
       peepholes: write an average pool that does not count the padding as ``AveragePool``,
-        relu6 as ``Relu6`` (or ``Clip``) and a mean as ``ReduceMean``
-        (:func:`_fuse_pools_relu6_means`).
+        relu6 as ``Relu6`` (or ``Clip``), a mean as ``ReduceMean`` or a global ``AveragePool``
+        (:func:`_fuse_pools_relu6_means`), hard sigmoid and hard swish as ``HardSigmoid`` and
+        ``HardSwish`` (:func:`_fuse_hard_sigmoids`).
 
     Raises:
       UnsupportedOpError, GraphError: as :func:`trace_flax`.
@@ -1033,7 +1098,7 @@ def _trace_jaxpr(
         if g in done:
             continue
         if scope_names:
-            builder.scope = _scope_label(e.scope)
+            builder.scope, builder.scope_outer = _scope_label(e.scope)
         if g is None:
             builder.primitive(e)
             continue
@@ -1063,6 +1128,7 @@ def _trace_jaxpr(
     nodes = _fuse_average_pools(builder.nodes, set(outputs), builder.constants)
     if peepholes:
         nodes = _fuse_pools_relu6_means(nodes, set(outputs), builder.constants, builder.types)
+        nodes = _fuse_hard_sigmoids(nodes, set(outputs), builder.constants)
     tensors = {name: t for name, t in builder.types.items()}
     graph = Graph(tuple(nodes), (in_name,), outputs, tensors, builder.constants, source)
     graph = _name_interface(graph, input_name)

@@ -40,8 +40,9 @@ def _as_keras_runs():
 
 def _tiny(keras):
     """Every intercepted layer (Conv2D with its activation inside, a DepthwiseConv2D with a
-    multiplier, BatchNormalization without scale, Dense with softmax) and the common layers
-    traced primitive by primitive; random BN statistics, so that folding is really tested."""
+    multiplier, BatchNormalization without scale, a SeparableConv2D with a hard swish,
+    LayerNormalization, Dense with softmax) and the common layers traced primitive by
+    primitive; random BN statistics, so that folding is really tested."""
     L = keras.layers
     keras.utils.set_random_seed(1)
     inp = keras.Input((12, 12, 3))
@@ -51,7 +52,9 @@ def _tiny(keras):
     y = L.DepthwiseConv2D(3, padding="same", depth_multiplier=2, name="dw")(x)
     y = L.ReLU(6.0, name="dw_relu")(y)
     y = L.Conv2D(8, 1, use_bias=False, name="proj")(y)
-    x = L.Add(name="add")([x, y])
+    x = L.Add(name="add")([x, y]) * 0.5  # an operator of the model, in no layer's scope
+    x = L.SeparableConv2D(8, 3, padding="same", activation="hard_silu", name="sep")(x)
+    x = L.LayerNormalization(name="ln")(x)
     x = L.MaxPooling2D(2, name="pool")(x)
     x = L.AveragePooling2D(3, strides=1, padding="same", name="avg")(x)
     x = L.GlobalAveragePooling2D(name="gap")(x)
@@ -77,8 +80,10 @@ def test_nodes_are_named_after_the_keras_layers(tiny):
     assert [(n.name, n.op) for n in graph.nodes] == [
         ("pad", "Pad"), ("stem", "Conv"), ("stem/relu", "Relu"), ("bn", "BatchNormalization"),
         ("dw", "Conv"), ("dw_relu", "Relu6"), ("proj", "Conv"), ("add", "Add"),
-        ("pool", "MaxPool"), ("avg", "AveragePool"), ("gap", "AveragePool"),
-        ("gap/reshape", "Reshape"), ("head", "Gemm"), ("head/softmax", "Softmax")]
+        ("tiny/mul", "Mul"), ("sep/depthwise", "Conv"), ("sep", "Conv"),
+        ("sep/hardswish", "HardSwish"), ("ln", "LayerNormalization"), ("pool", "MaxPool"),
+        ("avg", "AveragePool"), ("gap", "AveragePool"), ("gap/reshape", "Reshape"),
+        ("head", "Gemm"), ("head/softmax", "Softmax")]
     assert graph.source == "keras" and graph.inputs == ("input",)
     assert graph.outputs == ("output",)
     assert graph.node("dw").attrs["groups"] == 8
@@ -86,6 +91,8 @@ def test_nodes_are_named_after_the_keras_layers(tiny):
     assert set(params["bn"]) == {"scale", "bias", "mean", "var"}
     assert np.all(np.asarray(params["bn"]["scale"]) == 1.0)  # scale=False
     assert set(params["proj"]) == {"kernel"}
+    assert params["sep/depthwise"]["kernel"].shape == (3, 3, 1, 8)
+    assert params["sep"]["kernel"].shape == (1, 1, 8, 8) and set(params["ln"]) == {"scale", "bias"}
     assert graph.node("avg").attrs["count_include_pad"] == 0  # Keras' "same" average pool
 
 
