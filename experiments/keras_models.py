@@ -35,7 +35,8 @@ def main() -> None:
     ap.add_argument("--npu", default="edge_16x16", help="preset for the MACs and latency")
     args = ap.parse_args()
     spec = load_npu_spec(args.npu)
-    header = (f"{'model':<20} {'input':>11} {'nodes':>6} {'opt.':>5} {'GMACs':>7} "
+    width = max(20, *(len(m.removeprefix("keras:")) for m in args.models))
+    header = (f"{'model':<{width}} {'input':>11} {'nodes':>6} {'opt.':>5} {'GMACs':>7} "
               f"{'params (M)':>10} {'weights (M)':>11} {'build s':>7} {'trace s':>7} "
               f"{'latency ms':>10}")
     print(header)
@@ -50,7 +51,7 @@ def main() -> None:
         schedule = lower(opt, spec)
         weights = sum(int(np.size(a)) for p in opt_params.values() for a in p.values())
         shape = "x".join(str(d) for d in graph.tensors[graph.inputs[0]].shape[1:])
-        print(f"{name.removeprefix('keras:'):<20} {shape:>11} {len(graph.nodes):>6} "
+        print(f"{name.removeprefix('keras:'):<{width}} {shape:>11} {len(graph.nodes):>6} "
               f"{len(opt.nodes):>5} {schedule.macs / 1e9:>7.3f} "
               f"{model.count_params() / 1e6:>10.2f} {weights / 1e6:>11.2f} {t1 - t0:>7.1f} "
               f"{t2 - t1:>7.1f} {schedule.latency_s * 1e3:>10.2f}", flush=True)

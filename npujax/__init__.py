@@ -1,10 +1,11 @@
 """npujax: a differentiable NPU/TPU accelerator model in JAX.
 
-One model graph, traced from Flax (:func:`trace_flax`) or imported from ONNX (:func:`from_onnx`),
-serves quantization-aware training (:func:`quant_spec`, :func:`calibrate`, :func:`train_graph`,
-or :func:`quantize_model` for QAT in the user's own Flax training loop),
-mixed-precision search against the NPU latency model (:func:`search_precision`) and lowering to a
-tiled NPU execution model (:func:`lower` on a :class:`NpuSpec` from :func:`load_npu_spec`).
+One model graph, traced from Flax (:func:`trace_flax`) or Keras 3 (:func:`trace_keras`) or
+imported from ONNX (:func:`from_onnx`), serves quantization-aware training (:func:`quant_spec`,
+:func:`calibrate`, :func:`train_graph`, or :func:`quantize_model` for QAT in the user's own Flax
+training loop), mixed-precision search against the NPU latency model (:func:`search_precision`)
+and lowering to a tiled NPU execution model (:func:`lower` on a :class:`NpuSpec` from
+:func:`load_npu_spec`).
 
 The names below are the entry points and the data types a user passes around; they load on
 first use, so ``import npujax`` imports no dependency and ``npujax.lower`` never imports ``onnx``.
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from npujax.explore.grid import Grid as Grid
     from npujax.explore.sweep import sweep as sweep
     from npujax.frontends.flax import trace_flax as trace_flax
+    from npujax.frontends.keras import trace_keras as trace_keras
     from npujax.frontends.onnx import from_onnx as from_onnx
     from npujax.hw.spec import NpuSpec as NpuSpec
     from npujax.hw.spec import list_presets as list_presets

@@ -1,1 +1,2 @@
-"""Model frontends: Flax tracing (:mod:`.flax`) and ONNX import (:mod:`.onnx`)."""
+"""Model frontends: Flax tracing (:mod:`.flax`), Keras 3 tracing (:mod:`.keras`, the ``keras``
+extra) and ONNX import (:mod:`.onnx`)."""

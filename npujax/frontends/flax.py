@@ -41,10 +41,10 @@ from jax.extend import core as jex
 from jax.typing import ArrayLike
 
 from npujax.errors import GraphError, UnsupportedOpError
+from npujax.frontends._patterns import fuse_hard_sigmoids, fuse_pools_relu6_means
 from npujax.ir.execute import execute
 from npujax.ir.graph import Graph, Node, Params, TensorType, fresh_name
 from npujax.ops import OPS
-from npujax.ops.pooling import avgpool_count
 
 __all__ = ["trace_flax"]
 
@@ -580,10 +580,11 @@ def _window_attrs(e: _Eqn) -> dict[str, Any]:
     }
 
 
-def _scope_label(scope: str) -> str | None:
-    """The innermost :func:`jax.named_scope` of an equation's scope, the markers left out."""
+def _scope_label(scope: str) -> tuple[str | None, bool]:
+    """The innermost :func:`jax.named_scope` of an equation's scope (the markers left out), and
+    whether it is the outermost one (the model's own, not a layer's)."""
     names = [c for c in scope.split("/") if c and not _MARK_RE.fullmatch(c)]
-    return names[-1] if names else None
+    return (names[-1] if names else None), len(names) == 1
 
 
 class _Builder:
@@ -597,8 +598,10 @@ class _Builder:
         self.batch = batch
         self.alias: dict[str, str] = {}
         self.scope_names = scope_names
-        #: with ``scope_names``: the label (:func:`_scope_label`) of the equation being built
+        #: with ``scope_names``: the label (:func:`_scope_label`) of the equation being built,
+        #: and whether it is the outermost scope
         self.scope: str | None = None
+        self.scope_outer = False
         self.prefix = ""  # the module path of the equation being mapped (_scope_prefix)
         self._counts: dict[str, int] = {}
         self._tensors = itertools.count()
@@ -606,9 +609,11 @@ class _Builder:
     def name(self, base: str) -> str:
         """A new node's name: ``<prefix><base>_<k>`` (``prefix`` the module path, or empty),
         or with ``scope_names`` the scope's label, else ``<label>/<base>``
-        (``<label>/<base>_1``, ...)."""
+        (``<label>/<base>_1``, ...; always so in the outermost scope, the model's, which many
+        nodes share)."""
         if self.scope_names and self.scope:
-            first = self.scope if self.scope not in self.taken else f"{self.scope}/{base}"
+            first = (self.scope if self.scope not in self.taken and not self.scope_outer
+                     else f"{self.scope}/{base}")
             return fresh_name(first, set(self.taken))
         base = self.prefix + base
         k = self._counts.get(base, 0)
@@ -850,88 +855,6 @@ def _fuse_average_pools(nodes: list[Node], graph_outputs: set[str], constants) -
     return out
 
 
-def _scalar(constants: dict[str, np.ndarray], name: str) -> float | None:
-    """The value of a one-element constant, else None."""
-    v = constants.get(name)
-    return float(np.asarray(v).reshape(())) if v is not None and np.size(v) == 1 else None
-
-
-def _fuse_pools_relu6_means(nodes: list[Node], graph_outputs: set[str],
-                            constants: dict[str, np.ndarray],
-                            types: dict[str, TensorType]) -> list[Node]:
-    """Patterns of jax.numpy written as the operators an NPU compiler sees:
-
-    * a window sum divided by the count of the window's elements inside the input (Keras'
-      average pooling with ``padding="same"``): ``AveragePool`` (``count_include_pad=0``);
-    * ``min(max(x, 0), c)`` (``jax.nn.relu6``, Keras' ``ReLU(max_value=c)``): ``Relu6`` (c = 6,
-      an activation a GEMM fuses) or ``Clip``;
-    * ``sum(x, axes)`` divided by the number of summed elements (``jnp.mean``; with a Reshape
-      restoring the reduced axes between them or not): the global average pooling of a 4-D
-      tensor (axes 1, 2 or 2, 3) as an ``AveragePool`` over the whole image (then a
-      ``<name>/reshape`` unless the axes are kept), any other mean as ``ReduceMean``.
-    """
-    users: dict[str, list[Node]] = {}
-    for n in nodes:
-        for t in n.inputs:
-            users.setdefault(t, []).append(n)
-
-    def sole_user(n: Node, op: str) -> Node | None:
-        u = users.get(n.outputs[0], [])
-        if len(u) == 1 and u[0].op == op and n.outputs[0] not in graph_outputs:
-            return u[0]
-        return None
-
-    dropped: set[int] = set()
-    replaced: dict[int, list[Node]] = {}
-    for n in nodes:
-        if n.op == "SumPool" and (d := sole_user(n, "Div")) is not None:
-            divisor = constants.get(d.inputs[1]) if d.inputs[0] == n.outputs[0] else None
-            pool = Node(n.name, "AveragePool", n.inputs, d.outputs,
-                        {**n.attrs, "count_include_pad": 0})
-            count = avgpool_count(pool, types[n.inputs[0]].shape)
-            out = tuple(types[d.outputs[0]].shape)
-            if (divisor is not None and divisor.ndim <= len(out)
-                    and np.broadcast_shapes(divisor.shape, count.shape, out) == out
-                    and bool(np.all(divisor == count))):
-                replaced[id(n)] = [pool]
-                dropped.add(id(d))
-        elif n.op == "Relu" and (m := sole_user(n, "Min")) is not None:
-            hi = _scalar(constants, m.inputs[1]) if m.inputs[0] == n.outputs[0] else None
-            if hi is not None and hi >= 0:
-                op, attrs = ("Relu6", {}) if hi == 6.0 else ("Clip", {"min": 0.0, "max": hi})
-                replaced[id(n)] = [Node(n.name, op, n.inputs, m.outputs, attrs)]
-                dropped.add(id(m))
-        elif n.op == "ReduceSum" and not n.attrs["keepdims"]:
-            src = types[n.inputs[0]].shape
-            axes = [int(a) for a in n.attrs["axes"]]
-            keep = tuple(1 if i in axes else d for i, d in enumerate(src))
-            r = sole_user(n, "Reshape")
-            if r is not None and types[r.outputs[0]].shape != keep:
-                continue
-            d = sole_user(r or n, "Div")
-            if (d is None or d.inputs[0] != (r or n).outputs[0]
-                    or _scalar(constants, d.inputs[1]) != float(np.prod([src[a] for a in axes]))):
-                continue
-            dropped.update({id(d)} | ({id(r)} if r is not None else set()))
-            if len(src) != 4 or sorted(axes) not in ([1, 2], [2, 3]):
-                replaced[id(n)] = [Node(n.name, "ReduceMean", n.inputs, d.outputs,
-                                        {"axes": axes, "keepdims": int(r is not None)})]
-                continue
-            window = [d if i in axes else 1 for i, d in enumerate(src)]
-            pool_attrs = {"window": window, "strides": [1] * 4, "padding": [[0, 0]] * 4}
-            if r is not None:
-                replaced[id(n)] = [Node(n.name, "AveragePool", n.inputs, d.outputs, pool_attrs)]
-                continue
-            pooled = f"{n.outputs[0]}_kept"
-            types[pooled] = TensorType(keep, types[n.outputs[0]].dtype)
-            flat = [int(v) for v in types[d.outputs[0]].shape]
-            replaced[id(n)] = [
-                Node(n.name, "AveragePool", n.inputs, (pooled,), pool_attrs),
-                Node(f"{n.name}/reshape", "Reshape", (pooled,), d.outputs,
-                     {"shape": [0, *flat[1:]] if flat[0] == keep[0] else flat})]
-    return [m for n in nodes if id(n) not in dropped for m in replaced.get(id(n), [n])]
-
-
 def _argument_name(model: Any) -> str:
     """The name of the first argument of the model's ``__call__`` (``"x"`` if unnamed)."""
     import inspect
@@ -1078,8 +1001,10 @@ def _trace_jaxpr(
         nodes traced primitive by primitive inside a module are named
         ``<module path>/<op>_<k>``; None or empty: ``<op>_<k>``.
       peepholes: write an average pool that does not count the padding as ``AveragePool``,
-        relu6 as ``Relu6`` (or ``Clip``) and a mean as ``ReduceMean``
-        (:func:`_fuse_pools_relu6_means`).
+        relu6 as ``Relu6`` (or ``Clip``), a mean as ``ReduceMean`` or a global ``AveragePool``
+        (:func:`~npujax.frontends._patterns.fuse_pools_relu6_means`), hard sigmoid and hard
+        swish as ``HardSigmoid`` and ``HardSwish``
+        (:func:`~npujax.frontends._patterns.fuse_hard_sigmoids`).
 
     Raises:
       UnsupportedOpError, GraphError: as :func:`trace_flax`.
@@ -1123,7 +1048,7 @@ def _trace_jaxpr(
         if g in done:
             continue
         if scope_names:
-            builder.scope = _scope_label(e.scope)
+            builder.scope, builder.scope_outer = _scope_label(e.scope)
         # nodes traced inside a module are named <module path>/<op>_<k> (a layer: its path)
         builder.prefix = _scope_prefix(e.scope, scopes) if scopes and (
             g is None or leaves[g].module is None) else ""
@@ -1155,7 +1080,8 @@ def _trace_jaxpr(
     outputs = tuple(builder.ref(o) for o in out_refs)
     nodes = _fuse_average_pools(builder.nodes, set(outputs), builder.constants)
     if peepholes:
-        nodes = _fuse_pools_relu6_means(nodes, set(outputs), builder.constants, builder.types)
+        nodes = fuse_pools_relu6_means(nodes, set(outputs), builder.constants, builder.types)
+        nodes = fuse_hard_sigmoids(nodes, set(outputs), builder.constants)
     tensors = {name: t for name, t in builder.types.items()}
     graph = Graph(tuple(nodes), (in_name,), outputs, tensors, builder.constants, source)
     graph = _name_interface(graph, input_name)

@@ -11,6 +11,9 @@ Keras layer                  Graph node             params
 ``DepthwiseConv2D``          ``Conv`` (groups = C)  ``kernel`` ``(kh, kw, 1, C * multiplier)``
 ``Dense``                    ``Gemm``               ``kernel`` ``(in, units)``, ``bias``
 ``BatchNormalization``       ``BatchNormalization`` ``scale``, ``bias``, ``mean``, ``var``
+``LayerNormalization``       ``LayerNormalization`` ``scale``, ``bias`` (last axis, no RMS scaling)
+``SeparableConv2D``          ``Conv``, ``Conv``     ``<layer>/depthwise``: ``kernel``;
+                                                    ``<layer>``: ``kernel``, ``bias``
 ===========================  =====================  ==============================================
 
 runs its linear part inside a marker scope and becomes one node named after the Keras layer;
@@ -21,7 +24,11 @@ the layer's ``activation`` runs after it, outside the marker (it becomes its own
 primitive by primitive, and its nodes are named after the Keras layer that made them (the
 innermost :func:`jax.named_scope`, which Keras opens for every layer call): ``Conv1_relu``,
 ``block_2_add``; a second node of one layer is ``<layer>/<op>`` (a Dense layer's softmax is
-``predictions/softmax``). ``ReLU(max_value=6)`` is one ``Clip`` node.
+``predictions/softmax``). A few jax.numpy patterns become the operator an NPU compiler sees:
+``ReLU(6.0)`` a ``Relu6`` node, a global average pool an ``AveragePool`` over the whole image, an
+average pool with ``padding="same"`` an ``AveragePool`` that does not count the padding. The
+graph is checked against the model's own output on the example input, so a tracing mistake
+never passes silently.
 
 The Keras applications (``keras.applications.MobileNetV2``, ``ResNet50``, ...) are reached by a
 model spec, ``keras:NAME[:key=value...]`` (:func:`keras_application`), which every command that
@@ -51,7 +58,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from npujax.errors import ConfigError, GraphError
-from npujax.frontends.flax import _RUN_ONCE, _intercept_functions, _Leaf, _trace_jaxpr
+from npujax.frontends.flax import _MARK, _RUN_ONCE, _intercept_functions, _Leaf, _trace_jaxpr
 from npujax.ir.graph import Graph, Params
 
 __all__ = ["trace_keras", "keras_application", "is_keras_spec", "KERAS_PREFIX"]
@@ -99,13 +106,28 @@ def _array(v: Any) -> np.ndarray:
     return np.asarray(jax.device_get(getattr(v, "value", v)), np.float32)
 
 
-def _leaf_params(op: str, layer: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
-    """``(params, attrs)`` of an intercepted layer, or None to trace it primitive by primitive
-    (a quantized or LoRA layer computes more than its Graph node)."""
+def _depthwise(kernel: np.ndarray) -> np.ndarray:
+    """A Keras depthwise kernel ``(kh, kw, C, multiplier)`` as the convolution uses it: HWIO
+    ``(kh, kw, 1, C * multiplier)`` with groups = C."""
+    return kernel.reshape(*kernel.shape[:-2], 1, kernel.shape[-2] * kernel.shape[-1])
+
+
+def _leaf_params(op: str, layer: Any, rank: int
+                 ) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
+    """``(params, attrs)`` of an intercepted layer called on an input of ``rank``, or None to
+    trace it primitive by primitive (a quantized or LoRA layer, options its node lacks)."""
     if getattr(layer, "quantization_mode", None) is not None or getattr(
             layer, "lora_enabled", False):
         return None
     bias = getattr(layer, "bias", None)
+    if op == "LayerNormalization":
+        axes = [layer.axis] if isinstance(layer.axis, int) else list(layer.axis)
+        if [a % rank for a in axes] != [rank - 1] or layer.rms_scaling:
+            return None
+        norm = {"scale": _array(layer.gamma) if layer.scale else None,
+                "bias": _array(layer.beta) if layer.center else None}
+        return ({k: v for k, v in norm.items() if v is not None},
+                {"epsilon": float(layer.epsilon), "axis": -1})
     if op == "BatchNormalization":
         axis = layer.axis if isinstance(layer.axis, int) else (
             layer.axis[0] if len(layer.axis) == 1 else None)
@@ -116,11 +138,11 @@ def _leaf_params(op: str, layer: Any) -> tuple[dict[str, np.ndarray], dict[str, 
                  "bias": _array(layer.beta) if layer.center else np.zeros_like(mean),
                  "mean": mean, "var": _array(layer.moving_variance)},
                 {"epsilon": float(layer.epsilon), "axis": int(axis)})
-    kernel = _array(layer.kernel)
-    if op == "DepthwiseConv":
-        # (kh, kw, C, multiplier) as the convolution uses it: HWIO with groups = C
-        kernel = kernel.reshape(*kernel.shape[:-2], 1, kernel.shape[-2] * kernel.shape[-1])
-    params = {"kernel": kernel}
+    if op == "SeparableConv":  # the pointwise convolution; the depthwise one is its own leaf
+        kernel = _array(layer.pointwise_kernel)
+    else:
+        kernel = _array(layer.kernel)
+    params = {"kernel": _depthwise(kernel) if op == "DepthwiseConv" else kernel}
     if bias is not None:
         params["bias"] = _array(bias)
     return params, {}
@@ -130,30 +152,35 @@ def _layer_classes(keras: Any) -> dict[Any, str]:
     """The intercepted Keras layer classes and their leaf kinds."""
     L = keras.layers
     return {L.Conv2D: "Conv", L.DepthwiseConv2D: "DepthwiseConv", L.Dense: "Gemm",
-            L.BatchNormalization: "BatchNormalization"}
+            L.BatchNormalization: "BatchNormalization",
+            L.LayerNormalization: "LayerNormalization", L.SeparableConv2D: "SeparableConv"}
 
 
 @contextlib.contextmanager
 def _intercept_layers(keras: Any, leaves: list[_Leaf]) -> Iterator[None]:
     """Patch the ``call`` of the intercepted layer classes for the trace (each class's own
     attribute restored after, or removed where it only inherited ``call``)."""
-    classes = _layer_classes(keras)
-    saved = {cls: cls.__dict__.get("call") for cls in classes}
+    saved: dict[Any, Callable | None] = {}  # each patched class's own call (None: inherited)
+
+    def marked(leaf: _Leaf) -> Any:
+        leaves.append(leaf)
+        return jax.named_scope(f"{_MARK}{len(leaves) - 1}")
 
     def make(kind: str, orig: Callable) -> Callable:
-        op = "Conv" if kind == "DepthwiseConv" else kind
+        op = kind if kind in ("Gemm", "BatchNormalization", "LayerNormalization") else "Conv"
 
         def call(self, inputs, *args, **kwargs):
-            got = _leaf_params(kind, self)
+            got = _leaf_params(kind, self, len(inputs.shape))
             if got is None:
                 return orig(self, inputs, *args, **kwargs)
             params, attrs = got
-            leaves.append(_Leaf(op, self.name, self, params, attrs))
+            if kind == "SeparableConv":  # Keras' one call, as two convolutions
+                return _separable(keras, self, inputs, params, marked)
             activation = self.__dict__.get("activation")
             if activation is not None:  # run after the marked linear part, as its own node
                 object.__setattr__(self, "activation", None)
             try:
-                with jax.named_scope(f"npujaxleaf{len(leaves) - 1}"):
+                with marked(_Leaf(op, self.name, self, params, attrs)):
                     y = orig(self, inputs, *args, **kwargs)
             finally:
                 if activation is not None:
@@ -163,7 +190,8 @@ def _intercept_layers(keras: Any, leaves: list[_Leaf]) -> Iterator[None]:
         return call
 
     try:
-        for cls, kind in classes.items():
+        for cls, kind in _layer_classes(keras).items():
+            saved[cls] = cls.__dict__.get("call")
             # deliberate interception: the layer classes' call is patched for the trace
             cls.call = make(kind, cls.call)
         yield
@@ -173,6 +201,27 @@ def _intercept_layers(keras: Any, leaves: list[_Leaf]) -> Iterator[None]:
                 del cls.call
             else:
                 cls.call = own  # (restored)
+
+
+def _separable(keras: Any, layer: Any, x: Any, params: dict[str, np.ndarray],
+               marked: Callable[[_Leaf], Any]) -> Any:
+    """``SeparableConv2D.call`` (``ops.separable_conv``, the bias, the activation) with its
+    depthwise and pointwise convolutions as two leaves, ``<layer>/depthwise`` and ``<layer>``."""
+    ops = keras.ops
+    depthwise = _depthwise(_array(layer.depthwise_kernel))
+    with marked(_Leaf("Conv", f"{layer.name}/depthwise", layer, {"kernel": depthwise}, {})):
+        x = ops.depthwise_conv(x, layer.depthwise_kernel, strides=layer.strides,
+                               padding=layer.padding, data_format=layer.data_format,
+                               dilation_rate=layer.dilation_rate)
+    with marked(_Leaf("Conv", layer.name, layer, params, {})):
+        x = ops.conv(x, layer.pointwise_kernel, strides=1, padding="valid",
+                     data_format=layer.data_format, dilation_rate=layer.dilation_rate)
+        if layer.use_bias:
+            channel = -1 if layer.data_format == "channels_last" else 1
+            shape = [1] * len(x.shape)
+            shape[channel] = layer.filters
+            x = ops.add(x, ops.reshape(layer.bias, shape))
+    return x if layer.activation is None else layer.activation(x)
 
 
 # --------------------------------------------------------------------------------------------
@@ -303,7 +352,8 @@ def _example(model: Any, example_input: ArrayLike | None,
     """The example input: given, or standard-normal noise (seed 0) of batch 1 and the model's
     (or ``input_shape``'s) shape."""
     if example_input is not None:
-        return jnp.asarray(example_input, jnp.float32)
+        x = jnp.asarray(example_input)
+        return x if jnp.issubdtype(x.dtype, jnp.integer) else x.astype(jnp.float32)
     if input_shape is None:
         shape = getattr(model, "input_shape", None) if getattr(model, "built", False) else None
         if isinstance(shape, list):
@@ -327,9 +377,12 @@ def trace_keras(
 
     Args:
       model: a ``keras.Model`` (or a layer), called with ``training=False``; or a model spec
-        ``keras:NAME[:key=value...]`` (:func:`keras_application`).
-      example_input: float array ``(batch, ...)`` (converted to float32); it fixes the graph's
-        shapes. Default: batch 1 of the model's input shape, standard-normal noise.
+        ``keras:NAME[:key=value...]`` (:func:`keras_application`; an application that takes
+        any image size, as MobileNetV3 does, is traced at 224x224 unless the spec sets
+        ``input_shape``).
+      example_input: array ``(batch, ...)``, float (converted to float32) or integer (token
+        ids, kept); it fixes the graph's shapes. Default: batch 1 of the model's input shape,
+        standard-normal noise.
       input_shape: the input's shape without the batch (``(224, 224, 3)``) when
         ``example_input`` is not given and the model's is not fixed.
       check: run the graph on the example input and compare with the model (recommended).
@@ -355,6 +408,10 @@ def trace_keras(
             raise ConfigError(f"{model!r} is not a Keras model spec; write keras:NAME, e.g. "
                               "keras:MobileNetV2.")
         model = keras_application(model)
+        shape = model.input_shape
+        if (example_input is None and input_shape is None and len(shape) == 4
+                and shape[1] is None and shape[2] is None and shape[3] is not None):
+            input_shape = (224, 224, int(shape[3]))  # an application of any size (MobileNetV3)
     if not isinstance(model, keras.layers.Layer):
         raise GraphError(f"trace_keras needs a Keras 3 model (keras.Model or keras.layers.Layer) "
                          f"or a keras:NAME spec; got {type(model).__module__}."

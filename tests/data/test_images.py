@@ -1,4 +1,5 @@
-"""Rendered text lines: ``fit=True`` keeps every line inside the crop, as a recogniser sees it."""
+"""Rendered text lines: ``fit=True`` keeps every line inside the crop, as a recogniser sees it;
+the generated images in the layout of the model (NCHW, or NHWC for a Keras model)."""
 
 import numpy as np
 
@@ -18,3 +19,12 @@ def test_fit_keeps_lines_inside_the_image():
     assert not _ink_right_edge(fitted).any()
     short = ~_ink_right_edge(plain)  # lines that fitted anyway are drawn unchanged
     np.testing.assert_array_equal(fitted[short], plain[short])
+
+
+def test_generated_images_follow_the_model_layout():
+    from npujax.data.sources import load_inputs
+
+    nchw = load_inputs("photos", (1, 3, 16, 24), n=5)[0]
+    nhwc = load_inputs("photos", (1, 16, 24, 3), n=5)[0]  # a Keras model's input
+    assert nchw.shape == (4, 3, 16, 24) and nhwc.shape == (4, 16, 24, 3)
+    np.testing.assert_array_equal(nhwc, nchw.transpose(0, 2, 3, 1))
