@@ -36,8 +36,9 @@ layers keep their width, so a chain of layers never converts; a tensor read at t
 residual branch at 4 bits next to an 8-bit skip path) costs its second consumer a conversion pass
 on the vector unit (``convert_cycles``: read at one width, write at the other).
 
-**CPU layers** (operators the NPU does not support): ``fallback_cycles = cpu_ops /
-cpu_ops_per_s`` and ``transfer_cycles = link_transfers x link_latency + link_bytes /
+**CPU layers** (operators the NPU does not support): ``fallback_cycles = max(cpu_ops /
+cpu_ops_per_s, host bytes / memory_bytes_per_s)`` (the second term where the host's memory is
+modelled) and ``transfer_cycles = link_transfers x link_latency + link_bytes /
 link_bytes_per_s`` (inputs produced on the NPU go to the host, outputs used on the NPU come back).
 
 ``latency = compute + convert + dma + stall + fallback + transfer`` exactly (the breakdown
@@ -458,7 +459,12 @@ def _layer_costs(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight_
     convert = jnp.where(needs, conv_cycles, 0.0)
 
     cpu = ~on_npu
-    fallback = jnp.where(cpu, f32("cpu_ops") / h.cpu_ops_per_s * clock, 0.0)
+    # the host's roofline: its operations, or the bytes it moves where its memory is modelled
+    host_bytes = (f32("in_elems") + f32("out_elems")) * ab / 8.0 + f32("weight_elems") * wb / 8.0
+    host_mem_s = jnp.where(h.memory_bytes_per_s > 0,
+                           host_bytes / jnp.maximum(h.memory_bytes_per_s, 1.0), 0.0)
+    fallback = jnp.where(cpu, _relax.smooth_max(f32("cpu_ops") / h.cpu_ops_per_s, host_mem_s)
+                         * clock, 0.0)
     link_bytes = (f32("link_in_elems") + f32("link_out_elems")) * ab / 8.0
     transfer = jnp.where(
         cpu,

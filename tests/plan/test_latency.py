@@ -328,3 +328,20 @@ def test_block_diagonal_group_packing_on_weight_stationary():
     os_ = _with(packed, "array", dataflow="output_stationary")
     os_seq = _with(base, "array", dataflow="output_stationary")
     assert lower(g, os_).latency_s == lower(g, os_seq).latency_s
+
+
+def test_host_fallback_is_a_roofline_of_operations_and_bytes(graph, edge_spec):
+    """A layer on the host takes max(ops / cpu_ops_per_s, bytes / memory_bytes_per_s); with
+    the host's memory not modelled (0, the default) only the operations count."""
+    ops = tuple(o for o in edge_spec.ops.supported if o != "AveragePool")
+    spec = _with(edge_spec, "ops", supported=ops)
+    slow_mem = _with(spec, "host", memory_bytes_per_s=1e6)
+    pool = {r.name: r for r in lower(graph, spec).layers}["avgpool_0"]
+    pool_mem = {r.name: r for r in lower(graph, slow_mem).layers}["avgpool_0"]
+    w = {x.name: x for x in workloads(graph, spec)}["avgpool_0"]
+    clock = spec.array.clock_hz
+    assert pool.costs.fallback_cycles == pytest.approx(w.cpu_ops / spec.host.cpu_ops_per_s
+                                                       * clock)
+    bytes_ = (w.in_elems + w.out_elems) * 8 / 8
+    assert pool_mem.costs.fallback_cycles == pytest.approx(bytes_ / 1e6 * clock)
+    assert pool_mem.bound == "fallback"
