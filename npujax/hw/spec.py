@@ -14,7 +14,8 @@ Hardware is data. Every numeric field carries its unit in its name (``clock_hz``
     [layout]   activation_layout, c0, channel_alignment, dram_burst_bytes
     [ops]      supported, fused_activations, conv_max_kernel, conv_max_stride, fusion,
                attention_fusion (optional), fallback (optional)
-    [host]     cpu_ops_per_s, link_bytes_per_s, link_latency_s, memory_bytes_per_s (optional)
+    [host]     cpu_ops_per_s, link_bytes_per_s, link_latency_s, memory_bytes_per_s (optional),
+               invocation_overhead_s (optional)
     [technology] node_nm (optional section, as the two below: every key has a default)
     [energy]   reference_node_nm, node_exponent, mult_int8_pj, add_int32_pj,
                register_pj_per_byte, sram_read_pj_per_byte, sram_write_pj_per_byte,
@@ -296,12 +297,16 @@ class HostSpec:
         memory_bytes_per_s)``, its bytes its inputs, output and weights at their widths: the
         roofline of the host (Williams et al., CACM 2009), so a large elementwise or pooling
         layer on the host is priced by the bytes it moves, not only by its operations.
+      invocation_overhead_s: a fixed cost per inference (s), >= 0 (default 0): the runtime's
+        call into the NPU and the link's round trips of the graph's input and output
+        (:mod:`npujax.plan.passes.invocation`).
     """
 
     cpu_ops_per_s: float = _field(lo=1e3, hi=1e16)
     link_bytes_per_s: float = _field(lo=1e3, hi=1e15)
     link_latency_s: float = _field(zero_ok=True, lo=0.0, hi=10.0)
     memory_bytes_per_s: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=1e15)
+    invocation_overhead_s: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=10.0)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -477,14 +477,13 @@ def _layer_costs(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight_
         # grouped convolutions: ``pack`` groups side by side per fold (block-diagonal weight
         # tiles, weight stationary only; ``array.group_packing``), a static-free decision of
         # the shapes (no gradient), then ``ng`` packed GEMMs of K x pack rows, N x pack columns
+        pack: Any = 1
+        ng, Mg, Kg, Ng, packed = groups, M, K, N, mkn
         if a.group_packing == "block_diagonal" and df.name == "weight_stationary":
             pack = jax.lax.stop_gradient(jnp.clip(jnp.minimum(R // K, C // N), 1,
                                                   jnp.maximum(groups, 1)))
             ng = _ceil_div(groups, pack)
-            Mg, Kg, Ng = M, K * pack, N * pack
-        else:
-            pack, ng, Mg, Kg, Ng = 1, groups, M, K, N
-        packed = mkn if isinstance(pack, int) else None
+            Mg, Kg, Ng, packed = M, K * pack, N * pack, None
         gn = real(ng)
         g, _ = split_over_cores(Mg, Kg, Ng, R, C, cores, df, bound=packed)
         fd_per_fold = df.fill_cycles(R, C) + df.drain_cycles(R, C)

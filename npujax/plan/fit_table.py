@@ -236,7 +236,7 @@ def _exact_total(layers: tuple[Workload, ...], chains: tuple[AttentionChain, ...
     key = (layers, chains, bits)
     fn = _EXACT_CACHE.get(key)
     if fn is None:
-        wb = np.full(len(layers), float(bits), np.float32)
+        wb = jnp.full(len(layers), float(bits), jnp.float32)
 
         def total(spec: NpuSpec) -> jax.Array:
             with jax.enable_x64(True):
@@ -312,7 +312,7 @@ def _solve(res: _Residuals, rows: np.ndarray, free: list[int], lv0: np.ndarray,
 
     sol = least_squares(lambda x: res(full(x))[0][rows],
                         np.clip(lv0[free], lo[free], hi[free]),
-                        jac=lambda x: res(full(x))[1][np.ix_(rows, free)],
+                        jac=lambda x: res(full(x))[1][np.ix_(rows, np.asarray(free))],
                         bounds=(lo[free], hi[free]), method="trf", x_scale="jac",
                         xtol=1e-10, ftol=1e-12, gtol=1e-12, max_nfev=100)
     return full(sol.x)
@@ -321,7 +321,7 @@ def _solve(res: _Residuals, rows: np.ndarray, free: list[int], lv0: np.ndarray,
 def _rel_err(res: _Residuals, rows: np.ndarray, free: list[int], lv: np.ndarray
              ) -> np.ndarray:
     r, j = res(lv)
-    r, j = r[rows], j[np.ix_(rows, free)]
+    r, j = r[rows], j[np.ix_(rows, np.asarray(free))]
     dof = max(len(rows) - len(free), 1)
     s2 = max(float(np.sum(r ** 2)) / dof, 1e-4)
     jtj = j.T @ j

@@ -13,6 +13,7 @@ order  pass             runs where                                  module
                         the graph has attention blocks
 30     cross_layer      ``ops.fusion`` = ``layer``                  ``passes/cross_layer.py``
 40     weight_stream    ``memory.parameter_cache`` != ``none``      ``passes/weight_stream.py``
+50     invocation       ``host.invocation_overhead_s`` != 0         ``passes/invocation.py``
 90     energy           the mode asks for energy                    ``passes/energy.py``
 =====  ===============  ==========================================  =====================
 

@@ -171,12 +171,13 @@ def _bound(model: TableModel, spec: NpuSpec, bits: int) -> str:
     vector unit and conversions; ``memory``: DMA and stalls; ``fallback``: the host CPU;
     ``transfer``: the host link) and its share."""
     import jax
+    import jax.numpy as jnp
     import numpy as np
 
     from npujax.plan.passes.base import LATENCY
     from npujax.plan.program import program_cost
 
-    wb = np.full(len(model.layers), float(bits), np.float32)
+    wb = jnp.full(len(model.layers), float(bits), jnp.float32)
     with jax.enable_x64(True):
         c = program_cost(model.layers, spec, wb, wb, chains=model.chains, mode=LATENCY).costs
     total_of = lambda *vs: float(sum(np.sum(np.asarray(v, np.float64)) for v in vs))  # noqa: E731

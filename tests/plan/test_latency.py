@@ -345,3 +345,15 @@ def test_host_fallback_is_a_roofline_of_operations_and_bytes(graph, edge_spec):
     bytes_ = (w.in_elems + w.out_elems) * 8 / 8
     assert pool_mem.costs.fallback_cycles == pytest.approx(bytes_ / 1e6 * clock)
     assert pool_mem.bound == "fallback"
+
+
+def test_invocation_overhead_is_paid_once_per_inference(graph, edge_spec):
+    """host.invocation_overhead_s (the invocation pass): once per inference, on the first
+    layer's host-transfer time; the default 0 leaves every number as it was."""
+    base = lower(graph, edge_spec)
+    over = lower(graph, _with(edge_spec, "host", invocation_overhead_s=1e-3))
+    assert over.latency_s == pytest.approx(base.latency_s + 1e-3, rel=1e-9)
+    first, first0 = over.layers[0], base.layers[0]
+    assert (first.costs.transfer_cycles - first0.costs.transfer_cycles
+            == pytest.approx(1e-3 * edge_spec.array.clock_hz))
+    assert [r.latency_s for r in over.layers[1:]] == [r.latency_s for r in base.layers[1:]]

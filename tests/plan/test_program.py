@@ -16,7 +16,7 @@ CHAIN = AttentionChain(0, 1, 2, (0, 1, 2), 8, 8, 4, 1, True, True)
 
 def test_every_pass_module_is_registered_once_in_order():
     names = [p.name for p in registered()]
-    assert names == ["attention", "cross_layer", "weight_stream", "energy"]
+    assert names == ["attention", "cross_layer", "weight_stream", "invocation", "energy"]
     assert [p.order for p in registered()] == sorted(p.order for p in registered())
 
 
@@ -32,6 +32,8 @@ def test_only_the_spec_switches_and_the_mode_choose_the_passes():
     layer = spec.with_fields({"ops.fusion": "layer", "memory.parameter_cache": "streams_from_dram"})
     assert [p.name for p in active_passes(layer)] == ["cross_layer", "weight_stream", "energy"]
     assert needs_static_layers(layer) and not needs_static_layers(spec)
+    # a fixed cost per inference: where the preset states one
+    assert "invocation" in [p.name for p in active_passes(load_npu_spec("coral_edgetpu"))]
 
 
 def test_a_pass_that_cannot_follow_the_mode_is_refused_by_name():
