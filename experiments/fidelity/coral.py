@@ -50,8 +50,13 @@ def main() -> int:
     from npujax.plan import network
     from npujax.plan.fit import fit_metrics
     from npujax.plan.fit_table import TableModel, fit_table, predict_model_s, read_table
-    from npujax.workflows.fit_table import (TableFitRun, _bound, print_table_fit, table_graph,
-                                            write_table_fit)
+    from npujax.workflows.fit_table import (
+        TableFitRun,
+        _bound,
+        print_table_fit,
+        table_graph,
+        write_table_fit,
+    )
 
     con = Console(width=120)
     t0 = time.time()
