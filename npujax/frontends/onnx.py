@@ -735,6 +735,26 @@ def _graph_inputs(ctx: _Ctx, model: onnx.ModelProto,
     return names
 
 
+def dynamic_input_shape(path: str | os.PathLike[str], shape: Sequence[int]
+                        ) -> dict[str, tuple[int, ...]] | None:
+    """``{input: shape}`` for a single-input ONNX model whose input has a dynamic dimension
+    (e.g. a benchmark table's ``1 x C x H x W``); None when the input is static or the model
+    has several inputs (its own shapes, or explicit ones, apply).
+
+    Raises:
+      GraphError: an unreadable model (as :func:`load_onnx_model`).
+    """
+    m = load_onnx_model(path)
+    inits = {i.name for i in m.graph.initializer}
+    ins = [i for i in m.graph.input if i.name not in inits]
+    if len(ins) != 1:
+        return None
+    dims = ins[0].type.tensor_type.shape.dim
+    if all(d.HasField("dim_value") for d in dims):
+        return None
+    return {ins[0].name: tuple(int(d) for d in shape)}
+
+
 def batch_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None,
                        batch: int) -> dict[str, tuple[int, ...]]:
     """Input shapes with the leading (batch) dimension set to ``batch``: the given shapes, and

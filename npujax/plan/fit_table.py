@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -231,24 +232,19 @@ class TableFitResult:
 _RELAXED = CostMode(relaxed=True, temperature=0.05, count_slope="mean", energy=False)
 
 
+@functools.lru_cache(maxsize=64)
 def _exact_total(layers: tuple[Workload, ...], chains: tuple[AttentionChain, ...], bits: int
                  ) -> Callable[[NpuSpec], Any]:
-    key = (layers, chains, bits)
-    fn = _EXACT_CACHE.get(key)
-    if fn is None:
-        wb = jnp.full(len(layers), float(bits), jnp.float32)
+    """The jitted summed latency (cycles) of one model on a spec, exact mode (one program per
+    model and width, kept for the next call)."""
+    wb = jnp.full(len(layers), float(bits), jnp.float32)
 
-        def total(spec: NpuSpec) -> jax.Array:
-            with jax.enable_x64(True):
-                c = program_cost(layers, spec, wb, wb, chains=chains, mode=LATENCY).costs
-                return jnp.sum(c.latency_cycles.astype(jnp.float64))
+    def total(spec: NpuSpec) -> jax.Array:
+        with jax.enable_x64(True):
+            c = program_cost(layers, spec, wb, wb, chains=chains, mode=LATENCY).costs
+            return jnp.sum(c.latency_cycles.astype(jnp.float64))
 
-        fn = jax.jit(total)
-        _EXACT_CACHE[key] = fn
-    return fn
-
-
-_EXACT_CACHE: dict[Any, Callable[[NpuSpec], Any]] = {}
+    return jax.jit(total)
 
 
 class _Residuals:

@@ -78,27 +78,17 @@ def table_graph(row: TableRow) -> Graph:
                 src = f"{src}:input_shape={hwc}"
         elif src.lower().endswith(".onnx") and len(row.input_hwc) == 3:
             h, w, c = row.input_hwc
-            shapes = _onnx_dynamic_shapes(src, (1, c, h, w))
+            from npujax.frontends.onnx import dynamic_input_shape
+
+            shapes = dynamic_input_shape(src, (1, c, h, w))
     if src.startswith("zoo:"):
-        from npujax.cli import _zoo_model
+        from npujax.models.zoo import MODELS, fetch_model
 
-        src = str(_zoo_model(src[4:]))
+        if src[4:] not in MODELS:
+            raise ConfigError(f"row {row.model!r}: unknown zoo model {src[4:]!r}; known: "
+                              f"{', '.join(sorted(MODELS))}.")
+        src = str(fetch_model(src[4:]))
     return load_model_graphs(src, shapes)[1]
-
-
-def _onnx_dynamic_shapes(path: str, nchw: tuple[int, ...]) -> dict[str, tuple[int, ...]] | None:
-    """``{input: nchw}`` for a single-input ONNX model whose input has dynamic dimensions."""
-    import onnx
-
-    m = onnx.load(path, load_external_data=False)
-    inits = {i.name for i in m.graph.initializer}
-    ins = [i for i in m.graph.input if i.name not in inits]
-    if len(ins) != 1:
-        return None
-    dims = ins[0].type.tensor_type.shape.dim
-    if all(d.HasField("dim_value") for d in dims):
-        return None
-    return {ins[0].name: nchw}
 
 
 def fit_benchmark_table(
