@@ -1,5 +1,6 @@
-"""The folder of compiled executables (:mod:`npujax._executables`): a second process (here: a
-cleared in-memory table) loads the executable instead of tracing, and gets the same bits."""
+"""The folder of exported programs (:mod:`npujax._executables`): a second process (here: a
+cleared in-memory table) loads the program instead of tracing, and gets the same bits; nothing
+in the folder can run code, and a file that fails a check is compiled again."""
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +41,7 @@ def test_a_saved_executable_is_loaded_without_tracing_and_gives_the_same_bits(fo
     x, p = np.linspace(-1.0, 2.0, 7, dtype=np.float32), {"s": np.float32(1.7)}
     traces: list[int] = []
     first = _executables.compiled(_program(traces), ("prog", 1), x, p)(x, p)
-    assert len(traces) == 1 and len(list(folder.glob("*.exe"))) == 1
+    assert len(traces) == 1 and len(list(folder.glob("*.jaxexport"))) == 1
     _executables._LOADED.clear()  # as a fresh process
     again = _executables.compiled(_program(traces), ("prog", 1), x, p)(x, p)
     assert len(traces) == 1  # loaded, not traced
@@ -58,26 +59,23 @@ def test_the_key_holds_the_static_key_shapes_and_dtypes(folder):
     with jax.enable_x64(True):  # the same arguments traced with 64-bit types
         _executables.compiled(_program(traces), "a", x, p)
         key64 = _executables._key("a", None, (x, p))
-    # each traced: none loaded another's executable (programs that JAX's compilation cache
-    # already holds, such as "b", are not saved: see the next tests)
-    assert len(traces) == 5
+    assert len(traces) == 5  # each traced: none loaded another's program
     keys = {_executables._key(*k) for k in [("a", None, (x, p)), ("b", None, (x, p)),
                                              ("a", None, (np.ones(5, np.float32), p)),
                                              ("a", None, (x, {"s": np.float64(2.0)}))]}
     assert len(keys | {key64}) == 5
-    assert {f.stem for f in folder.glob("*.exe")} <= keys | {key64}
+    assert {f.stem for f in folder.glob("*.jaxexport")} == keys | {key64}
 
 
 def test_an_unreadable_file_is_compiled_again_and_replaced(folder):
     x, p = np.ones(3, np.float32), {"s": np.float32(0.5)}
     traces: list[int] = []
     _executables.compiled(_program(traces), "c", x, p)
-    (path,) = folder.glob("*.exe")
+    (path,) = folder.iterdir()
     path.write_bytes(b"truncated")
     _executables._LOADED.clear()
     out = _executables.compiled(_program(traces), "c", x, p)(x, p)
-    # traced again; the file replaced, or removed where JAX's cache supplied the program
-    assert len(traces) == 2 and (not path.exists() or path.stat().st_size > 100)
+    assert len(traces) == 2 and path.stat().st_size > 100  # traced again, the file replaced
     np.testing.assert_array_equal(out["y"], np.sin(x) * 0.5 + np.float32(1.0 / 3.0))
 
 
@@ -86,38 +84,102 @@ def _reciprocal_program(c):
     return jax.jit(lambda x: {"y": (x / c + jnp.sqrt(x)) * 2.0})
 
 
-def test_an_executable_from_jaxs_compilation_cache_is_not_saved(folder):
+def test_a_program_jaxs_compilation_cache_holds_is_saved_and_loads(folder):
     """The same program compiled in an earlier process (as before an npujax upgrade changed
-    the key): JAX's persistent compilation cache supplies it. Its serialized form lacks the
-    kernels in jaxlib 0.10 (the loaded copy failed when run: ``Function ... not found``), so
-    it is not saved; whatever is in the folder loads and runs with the same bits."""
+    the key): JAX's persistent compilation cache supplies its compilation. The folder keeps the
+    exported program, not the executable, so it is saved and loads with the same bits (the
+    executables that jaxlib 0.10 serialized from that cache lacked their kernels)."""
     x = np.arange(1.0, 9.0, dtype=np.float32)
     c = np.float32(7.1231)
     want = np.asarray(_reciprocal_program(c)(x)["y"])  # compiled and written to JAX's cache
     got = _executables.compiled(_reciprocal_program(c), "from-cache", x)(x)
     np.testing.assert_array_equal(got["y"], want)
-    # (the session's compilation cache is on, tests/conftest.py: it supplied the program)
-    assert not (folder / f"{_executables._key('from-cache', None, (x,))}.exe").exists()
+    assert (folder / f"{_executables._key('from-cache', None, (x,))}.jaxexport").exists()
     _executables._LOADED.clear()  # as the next process
     again = _executables.compiled(_reciprocal_program(c), "from-cache", x)(x)
     np.testing.assert_array_equal(again["y"], want)
 
 
-def test_a_file_that_fails_when_run_is_removed_and_compiled_again(folder):
-    """A file as npujax before this check wrote it: an executable from JAX's compilation
-    cache, serialized. Loading it must never make a run fail."""
+# --- the folder may be shared (NPUJAX_CACHE): nothing in it can run code (issue 28, item 9)
+
+
+class _Marker:
+    """Unpickling this creates the file ``path``: the proof that a pickle was loaded."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def _unique_program(c):
+    return jax.jit(lambda x: {"y": jnp.cos(x) * c - x / 7.0})
+
+
+def test_a_pickle_in_the_folder_is_never_unpickled(folder, tmp_path):
+    """Whatever file the folder holds for a program, a pickle put there (by anyone who can write
+    the shared folder) is never loaded: the program is compiled, with the right numbers."""
     import pickle
 
-    from jax.experimental.serialize_executable import serialize
-
-    x = np.arange(1.0, 9.0, dtype=np.float32)
-    c = np.float32(5.4321)
-    want = np.asarray(_reciprocal_program(c)(x)["y"])
-    from_cache = _reciprocal_program(c).trace(x).lower().compile()
-    _executables.compiled(_reciprocal_program(c), "stale", x)  # (learns the file's path)
-    path = folder / f"{_executables._key('stale', None, (x,))}.exe"
+    x = np.linspace(0.5, 3.0, 6, dtype=np.float32)
+    c = np.float32(3.0517)
+    want = np.asarray(_unique_program(c)(x)["y"])
+    _executables.compiled(_unique_program(c), "pickled", x)  # the file it writes (if any)
     folder.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(pickle.dumps(serialize(from_cache)))
-    _executables._LOADED.clear()
-    got = _executables.compiled(_reciprocal_program(c), "stale", x)(x)
+    marker = tmp_path / "unpickled"
+    payload = pickle.dumps(_Marker(marker))
+    key = _executables._key("pickled", None, (x,))
+    targets = {folder / f"{key}.exe", *folder.iterdir()}  # the old name and every file there
+    for path in targets:
+        path.write_bytes(payload)
+    _executables._LOADED.clear()  # as the next process
+    got = _executables.compiled(_unique_program(c), "pickled", x)(x)
+    assert not marker.exists(), "a pickle from the cache folder was loaded"
     np.testing.assert_array_equal(got["y"], want)
+
+
+def test_the_saved_file_holds_no_pickle_and_a_checked_header(folder):
+    x = np.arange(3.0, 9.0, dtype=np.float32)
+    _executables.compiled(_unique_program(np.float32(1.25)), "format", x)
+    (path,) = list(folder.iterdir())
+    data = path.read_bytes()
+    assert data.startswith(_executables.MAGIC)
+    assert b"\x80\x04\x95" not in data[:64]  # (a pickle's protocol-4 opcode)
+
+
+@pytest.mark.parametrize("damage", ["payload", "header", "truncated", "other key", "version"])
+def test_a_damaged_or_foreign_file_is_compiled_again(folder, damage):
+    """Checked before anything is deserialized: a flipped payload byte (hash), a broken header,
+    a cut file, a valid file under another program's name, another format version."""
+    x = np.arange(1.0, 5.0, dtype=np.float32)
+    c = np.float32(2.7183)
+    want = np.asarray(_unique_program(c)(x)["y"])
+    traces: list[int] = []
+
+    def program(x):
+        traces.append(1)
+        return _unique_program(c)(x)
+
+    _executables.compiled(jax.jit(program), ("damaged", damage), x)
+    key = _executables._key(("damaged", damage), None, (x,))
+    (path,) = list(folder.iterdir())
+    data = bytearray(path.read_bytes())
+    if damage == "payload":
+        data[-10] ^= 0xFF
+    elif damage == "header":
+        data[len(_executables.MAGIC) + 2] ^= 0xFF
+    elif damage == "truncated":
+        data = data[: len(data) // 2]
+    elif damage == "other key":  # another program's valid file copied under this name
+        _executables.compiled(_unique_program(c), "the other one", x)
+        other = folder / path.name.replace(key, _executables._key("the other one", None, (x,)))
+        data = bytearray(other.read_bytes())
+    else:
+        data = data.replace(b'"format": 1', b'"format": 99')
+    path.write_bytes(bytes(data))
+    _executables._LOADED.clear()
+    got = _executables.compiled(jax.jit(program), ("damaged", damage), x)(x)
+    assert len(traces) == 2  # traced again: the file was not used
+    np.testing.assert_array_equal(got["y"], want)
+    assert path.read_bytes().startswith(_executables.MAGIC)  # and it was replaced
