@@ -52,7 +52,7 @@ def load_onnx_model(path_or_model: str | os.PathLike[str] | bytes | onnx.ModelPr
 
     External-data tensors, wherever they sit (initializers, node attributes, sparse tensors,
     the subgraphs of ``If``/``Loop``/``Scan`` at any depth, functions and their default
-    attributes: every field :func:`~npujax.ops._onnx.iter_onnx_tensors` walks), are read only
+    attributes: every field ``npujax.ops._onnx.iter_onnx_tensors`` walks), are read only
     from files inside the model's folder: a location that is absolute or escapes the folder
     (``../``, symlinks) is refused, URLs are never fetched, and a model given in memory may not
     have any.
