@@ -147,3 +147,25 @@ def test_staged_dir_refuses_a_file_and_reports_write_errors(tmp_path):
         with staged_dir(tmp_path / "o"):
             raise OSError(errno.ENOSPC, "No space left on device")
     assert not os.path.exists(tmp_path / "o")
+
+
+# --- resumption keyed by content (issue 28, item 8)
+
+
+def test_sweep_of_a_replaced_model_is_not_resumed(capsys, tmp_path):
+    """The issue's case: the model at the same path replaced, the same command. It reported
+    '0 chunk(s) evaluated, 2 resumed' with the old model's latencies and exit 0."""
+    model, out = tmp_path / "m.onnx", tmp_path / "s"
+    argv = ["sweep", str(model), "--grid", "array.rows=8,16", "--chunk-size", "1",
+            "--out", str(out), "--no-progress"]
+    onnx.save(hi.conv(1, 8, c_in=3, c_out=4), model)
+    assert _run(capsys, *argv)[0] == 0
+    same_layers = hi.conv(1, 8, c_in=3, c_out=4)
+    same_layers.doc_string = "retrained"  # other bytes, the same layers
+    for m, changed in ((same_layers, "the model file's contents changed"),
+                       (hi.conv(1, 8, c_in=3, c_out=8), "the model file's contents and the "
+                                                        "model's layers changed")):
+        onnx.save(m, model)
+        code, err = _run(capsys, *argv)
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert "holds a different sweep: " + changed in err and "--out" in err
