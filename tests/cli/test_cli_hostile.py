@@ -114,11 +114,18 @@ def test_failed_or_interrupted_run_keeps_the_previous_folder(capsys, tmp_path, s
         assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
-def test_foreign_folder_is_never_replaced(capsys, tmp_path, small_onnx):
+def test_a_folder_with_the_users_files_keeps_them(capsys, tmp_path, small_onnx):
+    """A run writes its files next to the user's (issue 28, item 7: it was refused, and a
+    folder holding an earlier run too lost the user's file); one in the way is refused."""
     (tmp_path / "mine.txt").write_text("keep me")
-    code, err = _run(capsys, "lower", str(small_onnx), "--out", str(tmp_path))
-    assert code == 10 and "did not write" in err
+    assert _run(capsys, "lower", str(small_onnx), "--out", str(tmp_path))[0] == 0
+    assert _run(capsys, "lower", str(small_onnx), "--out", str(tmp_path))[0] == 0  # again
     assert (tmp_path / "mine.txt").read_text() == "keep me"
+    assert "mine.txt" not in json.loads((tmp_path / MANIFEST).read_text())["files"]
+    (tmp_path / "layers.csv").write_text("my own table")  # (the manifest lists npujax's)
+    code, err = _run(capsys, "lower", str(small_onnx), "--out", str(tmp_path))
+    assert code == 10 and "'layers.csv', changed since npujax wrote it" in err
+    assert (tmp_path / "layers.csv").read_text() == "my own table"
 
 
 def test_leftovers_of_killed_runs_are_cleaned_and_a_cut_publish_is_restored(tmp_path):
