@@ -21,61 +21,13 @@ from npujax.frontends.onnx import load_onnx_model
 from npujax.ops._onnx import iter_onnx_tensors
 from tests import hostile_inputs as hi
 
-_TENSOR = onnx.TensorProto.DESCRIPTOR.full_name
+_TENSOR = hi.TENSOR
 _CWD_DATA = np.full(4, 7.0, np.float32).tobytes()  # what must never be read
 _DATA = np.full(4, 2.0, np.float32).tobytes()  # the model folder's file
 
 
-def _paths(d=onnx.ModelProto.DESCRIPTOR, path=(), seen=None, max_repeat=2):
-    """Every field path from ``d`` to a TensorProto field, each message type at most
-    ``max_repeat`` times on a path (so a graph inside a graph's node, but the recursion ends)."""
-    seen = seen or {d.full_name: 1}
-    for f in d.fields:
-        if f.type != FieldDescriptor.TYPE_MESSAGE:
-            continue
-        m = f.message_type
-        if m.full_name == _TENSOR:
-            yield (*path, f)
-            continue
-        if seen.get(m.full_name, 0) < max_repeat:
-            yield from _paths(m, (*path, f), {**seen, m.full_name: seen.get(m.full_name, 0) + 1},
-                              max_repeat)
-
-
-PATHS = list(_paths())
-
-
-def _label(path) -> str:
-    return ".".join(f.name for f in path)
-
-
-def _child(msg, f, create: bool):
-    """The message at field ``f`` of ``msg`` (a new element of a repeated field when creating,
-    the last one when reading)."""
-    if f.is_repeated:
-        items = getattr(msg, f.name)
-        return items.add() if create else items[len(items) - 1]
-    return getattr(msg, f.name)
-
-
-def _model_with_external(path, location: str) -> onnx.ModelProto:
-    """A valid small model (``y = x + x``) plus one external tensor at ``path``."""
-    m = hi.model([onnx.helper.make_node("Add", ["x", "x"], ["y"])], [hi.vi("x", [4])],
-                 [hi.vi("y", [4])])
-    msg = m
-    for f in path[:-1]:
-        msg = m.graph if msg is m and f.name == "graph" else _child(msg, f, create=True)
-        if "name" in msg.DESCRIPTOR.fields_by_name and not msg.name:
-            msg.name = f"probe_{f.name}"
-    _child(msg, path[-1], create=True).CopyFrom(hi.external_tensor("probe", location))
-    return m
-
-
-def _probe(model: onnx.ModelProto, path) -> onnx.TensorProto:
-    msg = model
-    for f in path:
-        msg = _child(msg, f, create=False)
-    return msg
+PATHS = hi.tensor_field_paths()
+_label, _model_with_external, _probe = hi.path_label, hi.model_with_external_at, hi.tensor_at
 
 
 def _all_tensors(msg):
