@@ -216,7 +216,8 @@ def glob_escape(name: str) -> str:
 @contextlib.contextmanager
 def _locked(folder: Path) -> Iterator[None]:
     """An exclusive lock on ``folder`` (``flock`` of the folder itself) for a publish or a
-    recovery; other processes wait. (Where there is no ``fcntl``, no lock.)"""
+    recovery; other processes wait. (Where there is no ``fcntl`` or the file system has no
+    locks, no lock: runs into one folder at the same time are then the user's to avoid.)"""
     try:
         import fcntl
     except ImportError:  # pragma: no cover  (not POSIX)
@@ -224,7 +225,8 @@ def _locked(folder: Path) -> Iterator[None]:
         return
     fd = os.open(folder, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        with contextlib.suppress(OSError):  # a file system without locks: go on unlocked
+            fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)  # (releases the lock)
