@@ -85,7 +85,8 @@ class LimitError(NpujaxError, ValueError):
 
 
 class OutputError(NpujaxError, OSError):
-    """An output file or folder cannot be written (full disk, no permission, a name taken by a
-    file or by a folder npujax did not write). Nothing of a previous run's output is lost."""
+    """An output file or folder cannot be written (full disk, no permission, a folder's name
+    taken by a file, or a file a run writes taken by one npujax did not write). Nothing of a
+    previous run's output, and nothing npujax did not write, is lost or changed."""
 
     exit_code = 10

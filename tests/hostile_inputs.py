@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+from google.protobuf.descriptor import FieldDescriptor
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
@@ -102,3 +103,61 @@ def conv(n: int, hw: int, c_in: int = 64, c_out: int = 64, k: int = 3, **attrs) 
     w = nh.from_array(np.zeros((c_out, c_in, k, k), np.float32), "w")
     return model([h.make_node("Conv", ["x", "w"], ["y"], **attrs)],
                  [vi("x", [n, c_in, hw, hw])], [vi("y", None)], [w])
+
+
+# --- every tensor-bearing field of the ONNX protobuf, found from its descriptors (issue 28)
+
+TENSOR = onnx.TensorProto.DESCRIPTOR.full_name
+
+
+def tensor_field_paths(max_repeat: int = 2) -> list[tuple]:
+    """Every field path from ``ModelProto`` to a ``TensorProto`` field, each message type at
+    most ``max_repeat`` times on a path (graphs nested once in another graph's node, and the
+    recursion ends)."""
+    def walk(d, path, seen):
+        for f in d.fields:
+            if f.type != FieldDescriptor.TYPE_MESSAGE:
+                continue
+            m = f.message_type
+            if m.full_name == TENSOR:
+                yield (*path, f)
+            elif seen.get(m.full_name, 0) < max_repeat:
+                yield from walk(m, (*path, f), {**seen, m.full_name: seen.get(m.full_name, 0) + 1})
+
+    d = onnx.ModelProto.DESCRIPTOR
+    return list(walk(d, (), {d.full_name: 1}))
+
+
+def path_label(path) -> str:
+    return ".".join(f.name for f in path)
+
+
+def _child(msg, f, create: bool):
+    """The message at field ``f`` of ``msg`` (a new element of a repeated field when creating,
+    the last one when reading)."""
+    if f.is_repeated:
+        items = getattr(msg, f.name)
+        return items.add() if create else items[len(items) - 1]
+    return getattr(msg, f.name)
+
+
+def model_with_external_at(path, location: str, **kw) -> onnx.ModelProto:
+    """A valid small model (``y = x + x``) plus one external float32 [4] tensor named
+    ``probe`` at the field ``path`` (:func:`tensor_field_paths`); ``kw`` as
+    :func:`external_tensor`'s."""
+    m = model([h.make_node("Add", ["x", "x"], ["y"])], [vi("x", [4])], [vi("y", [4])])
+    msg = m
+    for f in path[:-1]:
+        msg = m.graph if msg is m and f.name == "graph" else _child(msg, f, create=True)
+        if "name" in msg.DESCRIPTOR.fields_by_name and not msg.name:
+            msg.name = f"probe_{f.name}"
+    _child(msg, path[-1], create=True).CopyFrom(external_tensor("probe", location, **kw))
+    return m
+
+
+def tensor_at(m: onnx.ModelProto, path) -> onnx.TensorProto:
+    """The tensor :func:`model_with_external_at` put at ``path``."""
+    msg = m
+    for f in path:
+        msg = _child(msg, f, create=False)
+    return msg

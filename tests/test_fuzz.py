@@ -225,3 +225,121 @@ def test_fuzz_policies(tmp_path_factory, data):
         text = text[:data.draw(st.integers(0, len(text)))]  # truncated
     path.write_text(text)
     _ok_or_npujax_error(lambda: load_policy(path))
+
+
+# --- issue 28: external data in any field, output folders with user files, resumption keys
+
+EXTERNAL_PATHS = hi.tensor_field_paths()
+
+
+@given(data=st.data())
+@FUZZ
+def test_fuzz_external_data_in_any_field(tmp_path_factory, data):
+    """Wherever an external tensor sits (any field, one level of subgraphs) and whatever it
+    names, its data comes from the model's folder (``w.bin``: zeros) or it is refused; the
+    working directory's ``secret.bin`` (sevens) is never read."""
+    import contextlib
+
+    from npujax.frontends.onnx import load_onnx_model
+
+    root = tmp_path_factory.mktemp("ext")
+    cwd, folder = root / "cwd", root / "models"
+    cwd.mkdir()
+    folder.mkdir()
+    (cwd / "secret.bin").write_bytes(np.full(16, 7.0, np.float32).tobytes())
+    (folder / "w.bin").write_bytes(bytes(64))
+    os.symlink(cwd, folder / "link")
+    path = data.draw(st.sampled_from(EXTERNAL_PATHS))
+    location = data.draw(st.sampled_from(["secret.bin", "../cwd/secret.bin",
+                                          str(cwd / "secret.bin"), "link/secret.bin", "w.bin",
+                                          "./w.bin", "link/../w.bin", ""]))
+    offset = data.draw(st.integers(0, 48) | evil_ints)
+    length = data.draw(st.sampled_from([None, 16]) | evil_ints)
+    file = folder / "m.onnx"
+    file.write_bytes(hi.model_with_external_at(path, location, offset=offset,
+                                               length=length).SerializeToString())
+    with contextlib.chdir(cwd):
+        got = _ok_or_npujax_error(lambda: load_onnx_model(file))
+    if got is not None:
+        probe = hi.tensor_at(got, path)
+        assert probe.data_location == onnx.TensorProto.DEFAULT and probe.raw_data == bytes(16)
+
+
+@given(data=st.data())
+@FUZZ
+def test_fuzz_output_folders_with_user_files(tmp_path_factory, data):
+    """An earlier run's files, the user's files (some at names a run writes, some edits of
+    npujax's), a new run: refused (nothing changed) exactly when a name it writes holds a file
+    npujax did not write as it is; else the user's files stay and the manifest is the new set."""
+    from npujax._atomic import MANIFEST, staged_dir
+    from npujax.errors import OutputError
+
+    names = ["a.txt", "b.txt", "sub/c.txt", "sub/d/e.txt"]
+
+    def run(out, files):
+        with staged_dir(out) as stage:
+            for rel, text in files.items():
+                (stage / rel).parent.mkdir(parents=True, exist_ok=True)
+                (stage / rel).write_text(text)
+
+    def tree(folder):
+        return {p.relative_to(folder).as_posix(): p.read_text()
+                for p in sorted(folder.rglob("*")) if p.is_file()} if folder.exists() else {}
+
+    root = tmp_path_factory.mktemp("out")
+    out = root / "o"
+    old = {n: f"old {n}" for n in data.draw(st.lists(st.sampled_from(names), unique=True))}
+    if old:
+        run(out, old)
+    user = {n: f"user {n}" for n in data.draw(st.lists(st.sampled_from([*names, "notes.txt"]),
+                                                       unique=True))}
+    for rel, text in user.items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_text(text)
+    new = {n: f"new {n}" for n in data.draw(st.lists(st.sampled_from(names), min_size=1,
+                                                      unique=True))}
+    before = tree(out)
+    try:
+        run(out, new)
+        refused = False
+    except OutputError as e:
+        assert "\n" not in str(e)
+        refused = True
+    assert refused == any(n in user for n in new)
+    assert sorted(p.name for p in root.iterdir()) == (["o"] if out.exists() else [])
+    if refused:
+        assert tree(out) == before
+        return
+    after = tree(out)
+    assert {n: after[n] for n in user} == user
+    assert set(json.loads(after[MANIFEST])["files"]) == set(new)
+    assert {n: after[n] for n in new} == new
+    gone = set(old) - set(new) - set(user)
+    assert not gone & set(after) and set(after) == set(new) | set(user) | {MANIFEST}
+
+
+@given(data=st.data())
+@FUZZ
+def test_fuzz_sweep_resumption_keys(tmp_path_factory, data):
+    """Any change of a sweep's inputs refuses the resumption, naming each change on one line;
+    the names of the model and the preset alone do not."""
+    from npujax.errors import ConfigError
+    from npujax.workflows.sweep import _KEY_FIELDS, _check_folder
+
+    before = {"model": "m.onnx", "model_sha256": "a" * 64, "layers_sha256": "b" * 64,
+              "npu": "edge_16x16", "npu_sha256": "c" * 64, "grid": {"array.rows": [8, 16]},
+              "sample": None, "method": None, "seed": 0, "chunk_size": 4, "configs": 2,
+              "npujax": "0.2.0"}
+    out = tmp_path_factory.mktemp("sweep")
+    (out / "sweep.json").write_text(json.dumps({"sweep": before}))
+    changed = data.draw(st.lists(st.sampled_from([k for k, _ in _KEY_FIELDS] + ["model", "npu"]),
+                                 unique=True))
+    now = {**before, **{k: data.draw(evil_ints | st.sampled_from(["other", None, [8]]))
+                        for k in changed}}
+    labels = [label for k, label in _KEY_FIELDS if now[k] != before[k]]
+    if not labels:
+        _check_folder(out, {"sweep": now})
+        return
+    with pytest.raises(ConfigError) as e:
+        _check_folder(out, {"sweep": now})
+    assert "\n" not in str(e.value) and all(label in str(e.value) for label in labels)

@@ -102,11 +102,13 @@ def compile_cache() -> str | None:
     the model zoo: ``$NPUJAX_CACHE`` or ``~/.cache/npujax``), for programs that took at least a
     second to compile (JAX's default threshold). ``npujax lower`` of a model it has lowered
     before then skips compiling the cost model (seconds on a CPU; the hardware numbers are
-    traced, so every preset of a layer list shares one program); the cost model's compiled
-    executable is also kept in ``<folder>/npujax-executables`` (``npujax._executables``), so
-    such a run skips tracing and lowering it as well. Nothing is changed when JAX
+    traced, so every preset of a layer list shares one program). Nothing is changed when JAX
     already has a cache folder (``JAX_COMPILATION_CACHE_DIR`` or ``jax.config``) or with
     ``NPUJAX_COMPILE_CACHE=off``.
+
+    The cache holds compiled machine code that JAX loads and runs, so it is used only in a
+    folder that is the user's own (:func:`private_folder`): one another user could write
+    (a shared ``NPUJAX_CACHE``) is skipped with a warning, and the programs are compiled.
 
     Returns:
       The cache folder in use, or None.
@@ -122,11 +124,36 @@ def compile_cache() -> str | None:
     from npujax.data.fetch import default_cache_dir
 
     folder = want or str(default_cache_dir() / "jax")
-    jax.config.update("jax_compilation_cache_dir", folder)
-    from npujax import _executables
+    problem = private_folder(folder)
+    if problem:
+        import logging
 
-    _executables.enable(Path(folder) / "npujax-executables")
+        logging.getLogger(__name__).warning(
+            f"not keeping compiled programs in {folder!r}: {problem}; JAX loads and runs what "
+            f"that folder holds. Use a folder only you can write ({COMPILE_CACHE_ENV}=DIR) or "
+            f"{COMPILE_CACHE_ENV}=off.")
+        return None
+    jax.config.update("jax_compilation_cache_dir", folder)
     return folder
+
+
+def private_folder(path: str | os.PathLike[str]) -> str | None:
+    """Create ``path`` (mode 0700) if needed and say why it is not private, or None if it is:
+    a folder owned by this user that no other user can write. (Where the system has no user
+    ids, None.)"""
+    if not hasattr(os, "getuid"):
+        return None
+    folder = Path(path)
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = folder.stat()
+    except OSError as e:
+        return f"it cannot be created ({e.strerror})"
+    if st.st_uid != os.getuid():
+        return f"it belongs to another user (uid {st.st_uid})"
+    if st.st_mode & 0o022:
+        return f"other users can write it (mode {st.st_mode & 0o777:o})"
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

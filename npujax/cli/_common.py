@@ -188,8 +188,8 @@ def output_dir(path: str | None) -> Path | None:
 
     Raises:
       ConfigError: the folder cannot be created (no permission), or ``path`` is empty.
-      OutputError: a file of that name, or a folder holding files npujax did not write (a run
-        replaces its whole folder, see :func:`npujax._atomic.staged_dir`).
+      OutputError: a file of that name (a folder's own files are kept, see
+        ``npujax._atomic.staged_dir``).
     """
     if path is None:
         return None
@@ -197,7 +197,7 @@ def output_dir(path: str | None) -> Path | None:
         raise ConfigError("--out is empty; pass the folder to write to.")
     from npujax._atomic import check_output_dir
 
-    out = check_output_dir(path)  # a file, or a folder npujax did not write: refused now
+    out = check_output_dir(path)  # a file of that name: refused now
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:

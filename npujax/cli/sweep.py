@@ -68,7 +68,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from npujax.explore.grid import Grid, parse_grid_axis
     from npujax.hw import load_npu_spec
-    from npujax.workflows.sweep import run_sweep
+    from npujax.workflows.sweep import file_sha256, run_sweep
 
     if args.distributed or args.coordinator:
         _join(args)
@@ -82,13 +82,14 @@ def run(args: argparse.Namespace) -> int:
     if args.bits:
         axes["bits"] = args.bits
     grid = Grid.build(axes, spec)
+    model_sha256 = file_sha256(args.model)  # (before reading it: the bytes that are swept)
     graph = _load_model(args)
     try:
         r = run_sweep(graph, spec, grid, args.out, model=Path(args.model).name,
                       sample=args.sample, method=args.method, seed=args.seed,
                       chunk_size=args.chunk_size,
                       objectives=tuple(o.strip() for o in args.pareto.split(",") if o.strip()),
-                      progress=not args.no_progress)
+                      progress=not args.no_progress, model_sha256=model_sha256)
     except KeyboardInterrupt:  # the generic "no output" line would hide the kept chunks
         done = len(list((Path(args.out) / "chunks").glob("chunk-*.npz")))
         print(f"npujax sweep: {done} finished chunk(s) kept in {args.out}; rerun the same "

@@ -51,9 +51,11 @@ def load_onnx_model(path_or_model: str | os.PathLike[str] | bytes | onnx.ModelPr
     """Read an ONNX model (a local path, serialized bytes or a ``ModelProto``), with its weights.
 
     External-data tensors, wherever they sit (initializers, node attributes, sparse tensors,
-    the subgraphs of ``If``/``Loop``/``Scan`` at any depth, functions), are read only from files
-    inside the model's folder: a location that is absolute or escapes the folder (``../``,
-    symlinks) is refused, URLs are never fetched, and a model given in memory may not have any.
+    the subgraphs of ``If``/``Loop``/``Scan`` at any depth, functions and their default
+    attributes: every field ``npujax.ops._onnx.iter_onnx_tensors`` walks), are read only
+    from files inside the model's folder: a location that is absolute or escapes the folder
+    (``../``, symlinks) is refused, URLs are never fetched, and a model given in memory may not
+    have any.
     Each length is checked against the tensor's declared size, the file's size and
     :mod:`npujax.limits` before it is read.
 
@@ -193,7 +195,12 @@ def _load_external_data(model: onnx.ModelProto, base: Path | None,
 
 
 def _to_array(t: onnx.TensorProto, where: str) -> np.ndarray:
-    """``numpy_helper.to_array`` with the declared size checked first and errors named."""
+    """``numpy_helper.to_array`` with the declared size checked first and errors named; never
+    of a tensor that still points at a file (``numpy_helper`` would read it relative to the
+    working directory: :func:`load_onnx_model` reads external data, from the model's folder)."""
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        raise GraphError(f"{where} keeps its data in an external file npujax has not read from "
+                         "the model's folder; load the model from its path (npujax.from_onnx).")
     nbytes = _tensor_nbytes(t, where)
     if nbytes is not None:
         check_bytes(nbytes, where)

@@ -8,6 +8,7 @@ of :mod:`npujax.frontends.onnx` (``const``, ``opt_const``, ``shape``, ``emit``, 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -19,47 +20,80 @@ __all__ = ["conv_pads", "attr_axes", "simple_importer", "iter_onnx_tensors",
 _EXTERNAL = 1  # onnx.TensorProto.EXTERNAL
 
 
+_TENSOR = "onnx.TensorProto"
+#: How a field reads in a tensor's location (others: the field's name, ``_`` as spaces).
+_LABELS = {"g": "subgraph", "graphs": "subgraph", "t": "tensor", "tensors": "tensor",
+           "attribute_proto": "default attribute", "functions": "function"}
+
+
+def _repeated(field: Any) -> bool:
+    rep = getattr(field, "is_repeated", None)  # protobuf >= 5 (upb); older: label
+    return bool(rep) if rep is not None else field.label == field.LABEL_REPEATED
+
+
+@functools.cache
+def _tensor_fields(descriptor: Any) -> tuple[Any, ...]:
+    """The message fields of ``descriptor`` through which a ``TensorProto`` can be reached (at
+    any depth, through recursive types too), found from the protobuf descriptors."""
+    reachable, todo = {descriptor.full_name: descriptor}, [descriptor]
+    while todo:  # every message type below descriptor
+        for f in todo.pop().fields:
+            m = f.message_type
+            if m is not None and m.full_name not in reachable:
+                reachable[m.full_name] = m
+                todo.append(m)
+    holds = {_TENSOR}  # the types that hold a tensor at some depth: grown to a fixed point
+    grew = True
+    while grew:
+        grew = False
+        for name, d in reachable.items():
+            if name not in holds and any(f.message_type is not None
+                                         and f.message_type.full_name in holds
+                                         for f in d.fields):
+                holds.add(name)
+                grew = True
+    return tuple(f for f in descriptor.fields
+                 if f.message_type is not None and f.message_type.full_name in holds)
+
+
+def _step(where: str, field: str, index: int | None, child: Any) -> str:
+    """``where`` extended by one field: its label and the child's name (or its index)."""
+    label = _LABELS.get(field, field.replace("_", " "))
+    name = ""
+    if field != "graph" and "name" in child.DESCRIPTOR.fields_by_name:
+        name = child.name or (child.op_type if field == "node" else "")
+    part = f"{label} {name!r}" if name else label if index is None else f"{label}[{index}]"
+    return f"{where} {part}" if where else part
+
+
 def iter_onnx_tensors(model: Any) -> Iterator[tuple[str, Any]]:
     """Every ``TensorProto`` of an ONNX ``ModelProto``, at any depth, with where it sits.
 
-    Walks the main graph, the graphs of ``training_info`` and the nodes of local functions;
-    in each graph its initializers, sparse initializers (values and indices) and every node
-    attribute holding tensors (``t``, ``tensors``, ``sparse_tensor``, ``sparse_tensors``) or
-    subgraphs (``g``, ``graphs``: the branches of ``If``, the bodies of ``Loop``/``Scan``,
-    recursively). Iterative, so a deeply nested model cannot exhaust the Python stack.
+    The walk follows the protobuf descriptors, not a list of fields: every field through which
+    a tensor can be reached is visited (initializers, sparse initializers' values and indices,
+    node attributes ``t``/``tensors``/``sparse_tensor(s)``, the subgraphs ``g``/``graphs`` of
+    ``If``/``Loop``/``Scan`` recursively, functions' nodes and default attributes, training
+    graphs), so a field a later ONNX adds is walked too. Iterative, so a deeply nested model
+    cannot exhaust the Python stack.
     """
-    graphs: list[tuple[str, Any]] = [("graph", model.graph)]
-    for i, ti in enumerate(getattr(model, "training_info", ())):
-        graphs += [(f"training_info[{i}].initialization", ti.initialization),
-                   (f"training_info[{i}].algorithm", ti.algorithm)]
-    node_lists: list[tuple[str, Any]] = [(f"function {f.name!r}", f.node)
-                                         for f in getattr(model, "functions", ())]
-    while graphs or node_lists:
-        if graphs:
-            where, g = graphs.pop()
-            for t in g.initializer:
-                yield f"{where} initializer {t.name!r}", t
-            for s in g.sparse_initializer:
-                yield f"{where} sparse initializer {s.values.name!r}", s.values
-                yield f"{where} sparse initializer {s.values.name!r} (indices)", s.indices
-            node_lists.append((where, g.node))
-            continue
-        where, nodes = node_lists.pop()
-        for n in nodes:
-            at = f"{where} node {n.name or n.op_type!r}"
-            for a in n.attribute:
-                if a.HasField("t"):
-                    yield f"{at} attribute {a.name!r}", a.t
-                for t in a.tensors:
-                    yield f"{at} attribute {a.name!r}", t
-                sparse = [a.sparse_tensor] if a.HasField("sparse_tensor") else []
-                for s in [*sparse, *a.sparse_tensors]:
-                    yield f"{at} attribute {a.name!r}", s.values
-                    yield f"{at} attribute {a.name!r} (indices)", s.indices
-                if a.HasField("g"):
-                    graphs.append((f"{at} subgraph {a.name!r}", a.g))
-                graphs.extend((f"{at} subgraph {a.name!r}[{k}]", g)
-                              for k, g in enumerate(a.graphs))
+    stack: list[tuple[str, Any]] = [("", model)]
+    while stack:
+        where, msg = stack.pop()
+        below = []
+        for f in _tensor_fields(msg.DESCRIPTOR):
+            if _repeated(f):
+                items: list[tuple[int | None, Any]] = list(enumerate(getattr(msg, f.name)))
+            elif msg.HasField(f.name):
+                items = [(None, getattr(msg, f.name))]
+            else:
+                continue
+            for i, child in items:
+                at = _step(where, f.name, i, child)
+                if child.DESCRIPTOR.full_name == _TENSOR:
+                    yield at, child
+                else:
+                    below.append((at, child))
+        stack.extend(reversed(below))  # depth first, in the file's order
 
 
 def refuse_external_data(model: Any, what: str) -> None:

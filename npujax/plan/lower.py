@@ -19,7 +19,6 @@ from typing import Any
 import jax
 import numpy as np
 
-from npujax import _executables
 from npujax.errors import ConfigError
 from npujax.hw.energy import area_breakdown
 from npujax.hw.spec import NpuSpec, as_spec
@@ -477,10 +476,7 @@ def _costs_program(layers: list[Workload], names: tuple[str, ...],
     needs the layers as a static list (attention chains) the program of this list
     (:func:`_jitted_costs`)."""
     if needs_static_layers(spec, chains):
-        run = _executables.compiled(  # the jitted program, or its saved executable
-            _jitted_costs(tuple(layers), names, chains),
-            ("lower_by_dataflow", tuple(layers), names, chains), spec, wb, ab,
-            options=_cost_options())
+        run = _jitted_costs(tuple(layers), names, chains)
         return jax.tree.map(np.asarray, run(spec, wb, ab))
     n = len(layers)
     length = table_length(n)
@@ -488,9 +484,7 @@ def _costs_program(layers: list[Workload], names: tuple[str, ...],
     pad = np.full(length - n, float(DEFAULT_BITS), np.float32)
     w, a = np.concatenate([wb, pad]), np.concatenate([ab, pad])
     spec = _program_spec(spec)
-    run = _executables.compiled(
-        _jitted_table_costs(names), ("lower_by_dataflow/table", names, table.small),
-        spec, w, a, table, options=_cost_options())
+    run = _jitted_table_costs(names)
     out = jax.tree.map(lambda x: np.asarray(x)[:n] if np.ndim(x) else np.asarray(x),
                        run(spec, w, a, table))
     return out

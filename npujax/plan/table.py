@@ -7,8 +7,8 @@ would. Passed to ``jax.jit`` as an argument instead, the columns are traced: the
 program serves *every* workload list of at most the table's length (shorter ones padded with
 inert rows, see :func:`layer_table`), with the same numbers bit for bit, where a constant table
 compiles once per list. :func:`npujax.lower` evaluates its cost program this way, so lowering
-another model, batch or resolution reuses the compiled program (in the process, and through the
-folder of compiled executables of the command line across processes).
+another model, batch or resolution reuses the compiled program (in the process, and through
+JAX's persistent compilation cache of the command line across processes).
 """
 
 from __future__ import annotations

@@ -5,8 +5,13 @@ The folder holds ``sweep.json`` (what is swept: model, base preset, grid, sample
 ``chunks/chunk-NNNNNN.npz`` (the :data:`~npujax.explore.COLUMNS` of ``chunk_size``
 consecutive configurations, each written atomically), and, once every chunk is there,
 ``results.csv`` (and ``results.parquet`` where pyarrow is installed), ``pareto.csv`` and the
-plots. A rerun with the same arguments skips the finished chunks, so an interrupted sweep
-resumes where it stopped; a rerun with other arguments is refused.
+plots. A rerun with the same inputs skips the finished chunks, so an interrupted sweep resumes
+where it stopped. The inputs are keyed by their contents, not their names: the model file's
+sha256 (when there is a file), a digest of the model's costed layers, of the NPU spec (every
+field, not the preset's name), the grid, the sampling, the chunk size and the npujax version.
+A rerun whose inputs differ is refused with a one-line error naming what changed (never a
+silent restart: the folder may hold hours of results); pass a new ``--out`` for the new sweep.
+Each chunk also records the key of its sweep and is only resumed under the same key.
 
 Several processes (``jax.distributed``, one per host or GPU group) share the work: process
 ``p`` of ``P`` evaluates the chunks ``i`` with ``i % P == p`` on its local devices and writes
@@ -15,9 +20,11 @@ them into the shared folder; after a barrier, process 0 merges them.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,15 +33,16 @@ from typing import Any
 import numpy as np
 
 from npujax._atomic import atomic_write_bytes, atomic_write_text
+from npujax._version import __version__
 from npujax.errors import ConfigError, OutputError
 from npujax.explore.grid import Grid, configurations
 from npujax.explore.sweep import COLUMNS, SweepResult, evaluate_configs, pareto_front
-from npujax.hw.spec import NpuSpec
+from npujax.hw.spec import NpuSpec, spec_to_toml
 from npujax.ir.graph import Graph
 from npujax.report.plots import new_figure, save_figure
 
 __all__ = ["run_sweep", "SweepRun", "write_results", "write_table_csv", "write_table_parquet",
-           "plot_sweep", "DEFAULT_CHUNK", "DEFAULT_OBJECTIVES"]
+           "plot_sweep", "file_sha256", "DEFAULT_CHUNK", "DEFAULT_OBJECTIVES"]
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +63,46 @@ class SweepRun:
         self.evaluations_per_s, self.files = evaluations_per_s, files
 
 
+#: What a sweep's key holds, in the order a mismatch names them: (key, how it reads). The
+#: model's and the preset's names (also in ``sweep.json``) are not part of it: contents are.
+_KEY_FIELDS = (("model_sha256", "the model file's contents"),
+               ("layers_sha256", "the model's layers"), ("npu_sha256", "the NPU spec"),
+               ("grid", "the grid"), ("sample", "the sample size"),
+               ("method", "the sampling method"), ("seed", "the seed"),
+               ("chunk_size", "the chunk size"), ("configs", "the configuration count"),
+               ("npujax", "the npujax version"))
+_NAMES = ("model", "npu")
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str | None:
+    """The sha256 of a file's bytes, or None when ``path`` is not a file (a Keras spec)."""
+    p = Path(path)
+    if not p.is_file():
+        return None
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _sweep_key(sweep: dict[str, Any]) -> str:
+    """One digest of everything a sweep's chunks depend on (recorded in every chunk)."""
+    return _sha256_text(json.dumps({k: v for k, v in sweep.items() if k not in _NAMES},
+                                   sort_keys=True))
+
+
+def _shown(value: Any) -> str:
+    text = str(value)
+    return text[:12] if isinstance(value, str) and len(value) == 64 else text[:40]
+
+
 def _check_folder(out: Path, meta: dict[str, Any]) -> None:
-    """Refuse a folder holding something other than this sweep."""
+    """Refuse a folder holding something other than this sweep, naming what changed."""
     if out.exists() and not out.is_dir():
         raise OutputError(f"--out {str(out)!r} is a file; pass a folder.")
     if not out.is_dir() or not any(out.iterdir()):
@@ -69,31 +115,52 @@ def _check_folder(out: Path, meta: dict[str, Any]) -> None:
         old = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise OutputError(f"{str(path)!r} is unreadable ({e}); pass a new folder.") from None
-    if old.get("sweep") != meta["sweep"]:
-        raise ConfigError(f"{str(out)!r} holds a different sweep ({old.get('sweep')}); resume "
-                          "it with the same arguments, or pass a new --out.")
+    before = old.get("sweep") if isinstance(old, dict) else None
+    now = meta["sweep"]
+    if isinstance(before, dict) and _sweep_key(before) == _sweep_key(now):
+        return
+    if not isinstance(before, dict) or "npujax" not in before:
+        raise ConfigError(f"{str(out)!r} holds a sweep written by an earlier npujax, which did "
+                          "not record its inputs' contents, so it cannot be resumed safely; "
+                          "pass a new --out (or delete the folder).")
+    changed = [(key, label) for key, label in _KEY_FIELDS if before.get(key) != now.get(key)]
+    if not changed:  # (a field of a later npujax's key)
+        changed = [(k, k) for k in sorted(set(before) | set(now))
+                   if k not in _NAMES and before.get(k) != now.get(k)]
+    labels = [label for _, label in changed]
+    what = labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]
+    detail = "; ".join(f"{key} {_shown(before.get(key))} then, {_shown(now.get(key))} now"
+                       for key, _ in changed)
+    raise ConfigError(f"{str(out)!r} holds a different sweep: {what} changed ({detail}); "
+                      "resume it with the same inputs, or pass a new --out for this sweep.")
 
 
 def _chunk_path(out: Path, i: int) -> Path:
     return out / "chunks" / f"chunk-{i:06d}.npz"
 
 
-def _read_chunk(path: Path, n: int) -> dict[str, np.ndarray] | None:
-    """A finished chunk's columns, or None if it is absent or not this sweep's."""
+_CHUNK_KEY = "_sweep_key"
+
+
+def _read_chunk(path: Path, n: int, key: str) -> dict[str, np.ndarray] | None:
+    """A finished chunk's columns, or None if it is absent or not this sweep's (another key,
+    another length, unreadable)."""
     if not path.is_file():
         return None
     try:
-        with np.load(path) as z:
+        with np.load(path, allow_pickle=False) as z:
+            if str(z[_CHUNK_KEY]) != key:
+                return None
             cols = {k: z[k] for k in COLUMNS}
     except (OSError, ValueError, KeyError):
         return None
     return cols if all(v.shape == (n,) for v in cols.values()) else None
 
 
-def _write_chunk(path: Path, cols: dict[str, np.ndarray]) -> None:
+def _write_chunk(path: Path, cols: dict[str, np.ndarray], key: str) -> None:
     buf = io.BytesIO()
     # numpy's stubs type **kwds of savez as bool (allow_pickle); they are the arrays
-    np.savez(buf, **cols)  # type: ignore[arg-type]
+    np.savez(buf, **cols, **{_CHUNK_KEY: np.array(key)})  # type: ignore[arg-type]
     atomic_write_bytes(path, buf.getvalue())
 
 
@@ -142,7 +209,8 @@ def run_sweep(graph: Graph, base: NpuSpec, grid: Grid, out: str | Path, *,
               model: str = "", sample: int | None = None, method: str = "random",
               seed: int = 0, chunk_size: int = DEFAULT_CHUNK,
               objectives: Sequence[str] = DEFAULT_OBJECTIVES, progress: bool = True,
-              devices: Sequence[Any] | None = None) -> SweepRun:
+              devices: Sequence[Any] | None = None,
+              model_sha256: str | None = None) -> SweepRun:
     """Evaluate a sweep into ``out`` chunk by chunk, resuming a previous run, and write the
     results, the Pareto front and plots.
 
@@ -164,12 +232,16 @@ def run_sweep(graph: Graph, base: NpuSpec, grid: Grid, out: str | Path, *,
       objectives: columns the Pareto front minimises.
       progress: show a progress bar (on a terminal).
       devices: devices to shard each chunk over (default: the local devices).
+      model_sha256: the sha256 of the model file's bytes (:func:`file_sha256`; the command
+        line passes it), part of the sweep's key with a digest of the model's layers.
 
     Returns:
       A :class:`SweepRun`.
 
     Raises:
-      ConfigError: bad arguments, an unknown objective, or ``out`` holding another sweep.
+      ConfigError: bad arguments, an unknown objective, or ``out`` holding another sweep (the
+        message names what changed: the model file's contents, its layers, the NPU spec, the
+        grid, the sampling, the chunk size or the npujax version).
       OutputError: ``out`` is a file or holds files npujax did not write.
     """
     import jax
@@ -184,9 +256,15 @@ def run_sweep(graph: Graph, base: NpuSpec, grid: Grid, out: str | Path, *,
     configs = configurations(grid, sample, method, seed)
     n = len(configs)
     nchunks = -(-n // chunk_size)
-    meta = {"sweep": {"model": model, "npu": base.name, "grid": grid.to_json(),
-                      "sample": sample, "method": method if sample else None, "seed": seed,
-                      "chunk_size": chunk_size, "configs": n}}
+    from npujax.plan.workload import workloads
+
+    meta = {"sweep": {"model": model, "model_sha256": model_sha256,
+                      "layers_sha256": _sha256_text(repr(workloads(graph, base))),
+                      "npu": base.name, "npu_sha256": _sha256_text(spec_to_toml(base)),
+                      "grid": grid.to_json(), "sample": sample,
+                      "method": method if sample else None, "seed": seed,
+                      "chunk_size": chunk_size, "configs": n, "npujax": __version__}}
+    key = _sweep_key(meta["sweep"])
     rank, procs = jax.process_index(), jax.process_count()
     if rank == 0:
         _check_folder(out, meta)
@@ -198,7 +276,7 @@ def run_sweep(graph: Graph, base: NpuSpec, grid: Grid, out: str | Path, *,
     todo, skipped = [], 0
     for i in mine:
         rows = min(chunk_size, n - i * chunk_size)
-        if _read_chunk(_chunk_path(out, i), rows) is None:
+        if _read_chunk(_chunk_path(out, i), rows, key) is None:
             todo.append(i)
         else:
             skipped += 1
@@ -210,7 +288,7 @@ def run_sweep(graph: Graph, base: NpuSpec, grid: Grid, out: str | Path, *,
         for i in todo:
             sl = configs[i * chunk_size:(i + 1) * chunk_size]
             cols = evaluate_configs(graph, base, grid, sl, devices, cache)
-            _write_chunk(_chunk_path(out, i), cols)
+            _write_chunk(_chunk_path(out, i), cols, key)
             layers = len(next(iter(cache.values()))[1].layers)
             done += len(sl)
             advance(len(sl), done * layers / max(time.perf_counter() - t0, 1e-9))
@@ -227,14 +305,13 @@ def run_sweep(graph: Graph, base: NpuSpec, grid: Grid, out: str | Path, *,
     parts = []
     for i in range(nchunks):
         rows = min(chunk_size, n - i * chunk_size)
-        c = _read_chunk(_chunk_path(out, i), rows)
+        c = _read_chunk(_chunk_path(out, i), rows, key)
         if c is None:
             raise OutputError(f"chunk {i} of the sweep in {str(out)!r} is missing after the "
                               "run (was the folder shared by every process?); rerun to resume.")
         parts.append(c)
     cols = {k: np.concatenate([p[k] for p in parts]) for k in COLUMNS}
     if not cache:  # everything was resumed: count the layers once
-        from npujax.plan.workload import workloads
         layers = len(workloads(graph, base))
     result = SweepResult(grid, configs, cols, layers, seconds)
     files = write_results(out, result, base, objectives, {**meta, "evaluations_per_s": rate,

@@ -114,11 +114,18 @@ def test_failed_or_interrupted_run_keeps_the_previous_folder(capsys, tmp_path, s
         assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
-def test_foreign_folder_is_never_replaced(capsys, tmp_path, small_onnx):
+def test_a_folder_with_the_users_files_keeps_them(capsys, tmp_path, small_onnx):
+    """A run writes its files next to the user's (issue 28, item 7: it was refused, and a
+    folder holding an earlier run too lost the user's file); one in the way is refused."""
     (tmp_path / "mine.txt").write_text("keep me")
-    code, err = _run(capsys, "lower", str(small_onnx), "--out", str(tmp_path))
-    assert code == 10 and "did not write" in err
+    assert _run(capsys, "lower", str(small_onnx), "--out", str(tmp_path))[0] == 0
+    assert _run(capsys, "lower", str(small_onnx), "--out", str(tmp_path))[0] == 0  # again
     assert (tmp_path / "mine.txt").read_text() == "keep me"
+    assert "mine.txt" not in json.loads((tmp_path / MANIFEST).read_text())["files"]
+    (tmp_path / "layers.csv").write_text("my own table")  # (the manifest lists npujax's)
+    code, err = _run(capsys, "lower", str(small_onnx), "--out", str(tmp_path))
+    assert code == 10 and "'layers.csv', changed since npujax wrote it" in err
+    assert (tmp_path / "layers.csv").read_text() == "my own table"
 
 
 def test_leftovers_of_killed_runs_are_cleaned_and_a_cut_publish_is_restored(tmp_path):
@@ -147,3 +154,25 @@ def test_staged_dir_refuses_a_file_and_reports_write_errors(tmp_path):
         with staged_dir(tmp_path / "o"):
             raise OSError(errno.ENOSPC, "No space left on device")
     assert not os.path.exists(tmp_path / "o")
+
+
+# --- resumption keyed by content (issue 28, item 8)
+
+
+def test_sweep_of_a_replaced_model_is_not_resumed(capsys, tmp_path):
+    """The issue's case: the model at the same path replaced, the same command. It reported
+    '0 chunk(s) evaluated, 2 resumed' with the old model's latencies and exit 0."""
+    model, out = tmp_path / "m.onnx", tmp_path / "s"
+    argv = ["sweep", str(model), "--grid", "array.rows=8,16", "--chunk-size", "1",
+            "--out", str(out), "--no-progress"]
+    onnx.save(hi.conv(1, 8, c_in=3, c_out=4), model)
+    assert _run(capsys, *argv)[0] == 0
+    same_layers = hi.conv(1, 8, c_in=3, c_out=4)
+    same_layers.doc_string = "retrained"  # other bytes, the same layers
+    for m, changed in ((same_layers, "the model file's contents changed"),
+                       (hi.conv(1, 8, c_in=3, c_out=8), "the model file's contents and the "
+                                                        "model's layers changed")):
+        onnx.save(m, model)
+        code, err = _run(capsys, *argv)
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert "holds a different sweep: " + changed in err and "--out" in err

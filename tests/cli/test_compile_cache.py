@@ -1,27 +1,26 @@
 """The command line keeps compiled programs between runs (JAX's persistent compilation cache)
-in its own folder, unless JAX already has one or it is switched off."""
+in its own folder, unless JAX already has one, it is switched off, or other users could write
+it (issue 28, item 9: a cache holds code that is loaded and run)."""
 
+import ast
+import logging
+import os
 from pathlib import Path
 
 import jax
+import pytest
 
-from npujax import _executables, cli
+from npujax import cli
 
 
 def _with_cache_dir(value, fn):
     """Run ``fn`` with JAX's cache folder set to ``value``, then put the previous one back."""
-    saved = jax.config.jax_compilation_cache_dir, _executables.folder()
+    saved = jax.config.jax_compilation_cache_dir
     jax.config.update("jax_compilation_cache_dir", value)
-    _executables.enable(None)
     try:
-        out = fn(), jax.config.jax_compilation_cache_dir
-        exe = _executables.folder()  # the compiled executables go next to JAX's cache
-        assert exe == (None if out[0] is None or out[0] == value else
-                       Path(out[0]) / "npujax-executables")
-        return out
+        return fn(), jax.config.jax_compilation_cache_dir
     finally:
-        jax.config.update("jax_compilation_cache_dir", saved[0])
-        _executables.enable(saved[1])
+        jax.config.update("jax_compilation_cache_dir", saved)
 
 
 def test_compile_cache_folder_env_default_and_off(tmp_path, monkeypatch):
@@ -38,3 +37,47 @@ def test_a_folder_jax_already_has_is_kept(tmp_path, monkeypatch):
     monkeypatch.setenv(cli.COMPILE_CACHE_ENV, str(tmp_path / "ours"))
     theirs = str(tmp_path / "theirs")
     assert _with_cache_dir(theirs, cli.compile_cache) == (theirs, theirs)
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="no user ids")
+def test_the_cache_folder_is_created_private(tmp_path, monkeypatch):
+    monkeypatch.setenv(cli.COMPILE_CACHE_ENV, str(tmp_path / "new" / "xla"))
+    _with_cache_dir(None, cli.compile_cache)
+    assert (tmp_path / "new" / "xla").stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="no user ids")
+@pytest.mark.parametrize("mode", [0o777, 0o775, 0o757])
+def test_a_folder_other_users_can_write_is_not_used(tmp_path, monkeypatch, caplog, mode):
+    """A shared NPUJAX_CACHE: anyone who can write it could put compiled code there that JAX
+    would load and run. The programs are compiled instead, with a warning."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(mode)
+    monkeypatch.setenv(cli.COMPILE_CACHE_ENV, str(shared))
+    with caplog.at_level(logging.WARNING):
+        assert _with_cache_dir(None, cli.compile_cache) == (None, None)
+    assert "other users can write it" in caplog.text and str(shared) in caplog.text
+
+
+def test_npujax_never_unpickles():
+    """No module of the package can turn a file into running code: no pickle (or marshal,
+    shelve, dill, cloudpickle), no ``allow_pickle=True``, no serialized XLA executables (the
+    executable cache read them with ``pickle.loads``)."""
+    root = Path(cli.__file__).resolve().parents[1]
+    banned = {"pickle", "marshal", "shelve", "dill", "cloudpickle", "_pickle",
+              "jax.experimental.serialize_executable"}
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.keyword) and node.arg == "allow_pickle" \
+                    and not (isinstance(node.value, ast.Constant) and node.value.value is False):
+                names = ["allow_pickle"]
+            found += [f"{path.relative_to(root)}:{node.lineno}: {n}" for n in names
+                      if n in banned or n.split(".")[0] in banned or n == "allow_pickle"]
+    assert found == []

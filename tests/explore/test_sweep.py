@@ -131,6 +131,33 @@ def test_run_sweep_writes_chunks_and_resumes(graph, edge, tmp_path):
         run_sweep(graph, edge, grid, out, model="cnn", chunk_size=6, progress=False)
 
 
+def test_resumption_is_keyed_by_content(graph, edge, tmp_path, monkeypatch):
+    """A rerun into the same folder resumes only the same inputs: another model under the same
+    name, a preset of the same name with other numbers, another npujax version are each a
+    one-line error naming what changed (issue 28, item 8: it served the old model's results)."""
+    from npujax.ir.passes import rebatch
+
+    grid = Grid.build({"array.rows": [8, 16]}, edge)
+    out = tmp_path / "s"
+    first = run_sweep(graph, edge, grid, out, model="m.onnx", chunk_size=1, progress=False)
+    cases = [(rebatch(graph, 2), edge, "the model's layers"),
+             (graph, edge.with_fields({"memory.dram_bytes_per_s": 1.0e10}), "the NPU spec")]
+    for g, spec, what in cases:
+        with pytest.raises(ConfigError, match=f"holds a different sweep: {what} changed") as e:
+            run_sweep(g, spec, grid, out, model="m.onnx", chunk_size=1, progress=False)
+        assert "\n" not in str(e.value)
+    import npujax.workflows.sweep as workflow
+
+    monkeypatch.setattr(workflow, "__version__", "9.9.9")
+    with pytest.raises(ConfigError, match="the npujax version changed.*9.9.9"):
+        run_sweep(graph, edge, grid, out, model="m.onnx", chunk_size=1, progress=False)
+    monkeypatch.undo()
+    again = run_sweep(graph, edge, grid, out, model="m.onnx", chunk_size=1, progress=False)
+    assert (again.evaluated, again.skipped) == (0, 2)
+    np.testing.assert_array_equal(again.result.columns["latency_s"],
+                                  first.result.columns["latency_s"])
+
+
 def test_run_sweep_refuses_foreign_folder(graph, edge, tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(OutputError, match="did not write"):
