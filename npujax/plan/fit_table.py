@@ -247,6 +247,23 @@ def _exact_total(layers: tuple[Workload, ...], chains: tuple[AttentionChain, ...
     return jax.jit(total)
 
 
+@functools.lru_cache(maxsize=64)
+def _log_total_and_jacobian(layers: tuple[Workload, ...], chains: tuple[AttentionChain, ...],
+                            fields: tuple[str, ...], bits: int) -> Callable[..., Any]:
+    """The jitted ``(log seconds, d log seconds / d log fields)`` of one model under the
+    relaxed cost program, as a function of ``(spec, log field values)``: one compiled program
+    per model, fields and width, kept for the next fit (leave-one-out, another table)."""
+    wb = jnp.full(len(layers), float(bits), jnp.float64)
+
+    def log_total(base: NpuSpec, lv: jax.Array) -> jax.Array:
+        s = hw_fields.replace_traced(base, {f: jnp.exp(lv[i]) for i, f in enumerate(fields)})
+        c = program_cost(layers, s, wb, wb, chains=chains, mode=_RELAXED).costs
+        return jnp.log(jnp.sum(c.latency_cycles) / s.array.clock_hz)
+
+    return jax.jit(lambda base, lv: (log_total(base, lv),
+                                     jax.jacfwd(log_total, argnums=1)(base, lv)))
+
+
 class _Residuals:
     """``log(predicted / measured)`` of every model and its Jacobian in the log parameters,
     one compiled program per model (the relaxed cost model, forward mode)."""
@@ -256,20 +273,10 @@ class _Residuals:
         self.models = tuple(models)
         self.fields = fields
         self.log_meas = np.log([m.measured_s for m in models])
-        self._fns = []
         with jax.enable_x64(True):
-            base = differentiable_spec(spec, jnp.float64)
-        for m in self.models:
-            wb = np.full(len(m.layers), float(bits), np.float64)
-
-            def log_total(lv: jax.Array, m: TableModel = m, wb: np.ndarray = wb) -> jax.Array:
-                s = hw_fields.replace_traced(base, {f: jnp.exp(lv[i])
-                                                    for i, f in enumerate(fields)})
-                c = program_cost(m.layers, s, jnp.asarray(wb), jnp.asarray(wb),
-                                 chains=m.chains, mode=_RELAXED).costs
-                return jnp.log(jnp.sum(c.latency_cycles) / s.array.clock_hz)
-
-            self._fns.append(jax.jit(lambda lv, f=log_total: (f(lv), jax.jacfwd(f)(lv))))
+            self._base = differentiable_spec(spec, jnp.float64)
+            self._fns = [_log_total_and_jacobian(m.layers, m.chains, fields, bits)
+                         for m in self.models]
         self._cache: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
         self._progress = progress
 
@@ -284,7 +291,7 @@ class _Residuals:
                 for k, fn in enumerate(self._fns):
                     if self._progress is not None and not self._cache:
                         self._progress(f"compiling the cost program of {self.models[k].name}")
-                    r, j = fn(x)
+                    r, j = fn(self._base, x)
                     rs.append(float(r))
                     js.append(np.asarray(j, np.float64))
             hit = (np.asarray(rs) - self.log_meas, np.stack(js))

@@ -256,8 +256,10 @@ def write_table_fit(out: str | Path, run: TableFitRun) -> list[str]:
     write_json(out / "fit.json", {
         "table": run.table, "group": run.group, "start": run.start.name,
         "fitted_preset": r.spec.name, "bits": r.bits,
+        # (a field no model depends on has an infinite error: null)
         "fields": {f: {"preset": r.initial[f], "fitted": r.fitted[f],
-                       "rel_std_err": r.rel_std_err[f], "identifiable": r.identifiable[f]}
+                       "rel_std_err": r.rel_std_err[f] if math.isfinite(r.rel_std_err[f])
+                       else None, "identifiable": r.identifiable[f]}
                    for f in r.fields},
         "metrics": r.metrics, "worst": {"model": r.worst[0], "ratio": r.worst[1]},
         "leave_one_out_fits": [dict(zip(("model", "fitted"), (n, v)))

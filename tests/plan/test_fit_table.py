@@ -47,6 +47,10 @@ def truth():
                                        "array.clock_hz": 7.0e8})
 
 
+#: the fitted fields of the known-answer and command tests (one compiled program each model)
+FIELDS = ["dram_bytes_per_s", "clock_hz", "cpu_ops_per_s"]
+
+
 def _models(graphs, spec, device):
     out = []
     for name, (g, _) in graphs.items():
@@ -62,7 +66,7 @@ def test_known_answer_recovered_and_unidentifiable_field_left_alone(graphs, trut
     back) is reported as not identified and keeps the preset's value."""
     spec, device = truth
     models = _models(graphs, spec, device)
-    r = fit_table(models, spec, ["dram_bytes_per_s", "clock_hz", "cpu_ops_per_s"])
+    r = fit_table(models, spec, FIELDS)
     assert r.fitted["memory.dram_bytes_per_s"] == pytest.approx(2.0e9, rel=1e-4)
     assert r.fitted["array.clock_hz"] == pytest.approx(7.0e8, rel=1e-4)
     assert r.identifiable == {"memory.dram_bytes_per_s": True, "array.clock_hz": True,
@@ -71,13 +75,17 @@ def test_known_answer_recovered_and_unidentifiable_field_left_alone(graphs, trut
     assert r.metrics["preset"]["mape"] > 10
     assert r.metrics["loo"]["mape"] < 0.01 and r.metrics["in_sample"]["mape"] < 0.01
     assert r.worst[1] == pytest.approx(1.0, rel=1e-4)
+    # each leave-one-out fit recovers the same device from the other models
+    assert all(f["memory.dram_bytes_per_s"] == pytest.approx(2.0e9, rel=1e-4)
+               for f in r.loo_fitted)
 
 
 def test_never_worse_than_the_preset(graphs, truth):
     """Fitting a field that cannot explain the data (the vector lanes, where the device
     differs in its DRAM and clock) may not make the table's fit worse than the preset's."""
     spec, device = truth
-    r = fit_table(_models(graphs, spec, device), spec, ["vector.lanes"], cross_validate=False)
+    models = _models(graphs, spec, device)[:3]
+    r = fit_table(models, spec, ["vector.lanes"], cross_validate=False)
     assert r.metrics["in_sample"]["rms_log_err"] <= r.metrics["preset"]["rms_log_err"] + 1e-12
     assert math.isnan(r.loo_s[0])
 
@@ -128,8 +136,8 @@ def test_cli_writes_preset_predictions_and_plot(graphs, truth, tmp_path):
     preset = tmp_path / "start.toml"
     preset.write_text(spec_to_toml(spec))
     out = tmp_path / "fit"
-    args = ["fit", "--table", str(table), "--npu", str(preset), "--params",
-            "dram_bytes_per_s,clock_hz", "--out", str(out), "--no-progress"]
+    args = ["fit", "--table", str(table), "--npu", str(preset), "--params", ",".join(FIELDS),
+            "--out", str(out), "--no-progress"]
     assert main(args) != 0  # two groups: --group is required
     assert main([*args, "--group", "a"]) == 0
     assert {p.name for p in out.iterdir()} >= {"fitted.toml", "predictions.csv", "fit.json",
