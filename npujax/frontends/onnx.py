@@ -32,9 +32,10 @@ from npujax.errors import ConfigError, GraphError, NpujaxError, UnsupportedOpErr
 from npujax.ir.graph import SHAPES_ONLY_SOURCE, Graph, Node, Params, TensorType, fresh_name
 from npujax.ir.patterns import fuse_transformer_patterns
 from npujax.limits import ByteBudget, check_bytes, check_elements
-from npujax.ops import ONNX_DOMAIN_IMPORTERS, ONNX_IMPORTERS, ONNX_WEIGHT_OPS, get_op
+from npujax.ops import ONNX_DOMAIN_IMPORTERS, ONNX_IMPORTERS, ONNX_WEIGHT_OPS, get_op, run_op
 from npujax.ops._onnx import iter_onnx_tensors, reference_evaluator, refuse_external_data
 from npujax.ops.qdq import check_blocks, expand_blocks
+from npujax.ops.registry import NARROW_FLOATS
 
 __all__ = ["from_onnx", "SUPPORTED_ONNX_OPS", "load_onnx_model", "parse_input_shapes",
            "batch_input_shapes", "SHAPES_ONLY_SOURCE"]
@@ -260,6 +261,19 @@ def _signature(node: Node, specs: Sequence[jax.ShapeDtypeStruct],
 # The importer state
 
 
+def _onnx_output_types(node: Node, specs: Sequence[jax.ShapeDtypeStruct], outs: Any) -> Any:
+    """The outputs' types as ONNX types them: an operator whose floating inputs are one 16-bit
+    type (``float16``, ``bfloat16``) gives that type where npujax computed float32
+    (:func:`npujax.ops.run_op` widens them; ONNX's type constraints tie a floating output to its
+    floating inputs), except ``Cast``, whose ``to`` decides."""
+    narrow = {str(s.dtype) for s in specs if jnp.issubdtype(s.dtype, jnp.floating)}
+    if node.op == "Cast" or len(narrow) != 1 or not narrow <= NARROW_FLOATS:
+        return outs
+    (dtype,) = narrow
+    return [jax.ShapeDtypeStruct(o.shape, np.dtype(dtype)) if o.dtype == np.float32 else o
+            for o in outs]
+
+
 class _Ctx:
     def __init__(self, model: onnx.ModelProto, unsupported: str):
         self.model = model
@@ -325,8 +339,9 @@ class _Ctx:
             key = _signature(node, specs, p)
             outs = self.shape_cache.get(key) if key is not None else None
             if outs is None:
-                run = get_op(op, name).run
-                outs = jax.eval_shape(lambda xs, pp: run(node, xs, pp), specs, p)
+                get_op(op, name)
+                outs = _onnx_output_types(node, specs, jax.eval_shape(
+                    lambda xs, pp: run_op(node, xs, pp), specs, p))
                 if key is not None:
                     self.shape_cache[key] = outs
         except UnsupportedOpError:

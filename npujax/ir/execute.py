@@ -30,6 +30,7 @@ from npujax.errors import GraphError, ShapeError
 from npujax.ir.graph import SHAPES_ONLY_SOURCE, Graph, Node, Params
 from npujax.limits import check_bytes, get_limits
 from npujax.ops import OPS, run_op, weight_role
+from npujax.ops.registry import NARROW_FLOATS
 
 __all__ = ["execute", "check_run", "as_inputs", "layer_state", "tap", "Observe",
            "LayerQuantization", "NodeQuantizer"]
@@ -110,8 +111,12 @@ def as_inputs(graph: Graph, x: jax.Array | Sequence[jax.Array]) -> list[jax.Arra
 
 
 def _as_input(name: str, v: Any, dtype: str) -> jax.Array:
-    """A float input as float32 (whatever it was given as); an integer or boolean one in its own
-    type as JAX holds it, refused if its values do not fit that type exactly."""
+    """A float input as float32 (whatever it was given as), or in its declared 16-bit float
+    type (``bfloat16``, ``float16``: the ops compute in float32 and round back, ONNX's output
+    types); an integer or boolean one in its own type as JAX holds it, refused if its values do
+    not fit that type exactly."""
+    if dtype in NARROW_FLOATS:
+        return jnp.asarray(v, dtype)
     dt = np.dtype(dtype)
     if dt.kind not in "iub":
         return jnp.asarray(v, jnp.float32)
@@ -235,7 +240,8 @@ def execute(
             else:  # the kernel, or an embedding's table
                 role = weight_role(node)
                 p[role] = lq.quantizer.quantize_kernel(node, lq, p[role], state, kw)
-        outs = run_op(node, ins, p)
+        outs = run_op(node, ins, p, [graph.tensors[t].dtype if t in graph.tensors else None
+                                     for t in node.outputs])
         env.update(zip(node.outputs, outs))
         if observe is not None and (record := observe(node, ins, list(outs))) is not None:
             records[node.name] = record
