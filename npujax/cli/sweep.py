@@ -82,7 +82,10 @@ def run(args: argparse.Namespace) -> int:
     if args.bits:
         axes["bits"] = args.bits
     grid = Grid.build(axes, spec)
-    graph = _load_model(args)
+    from npujax._progress import phase
+
+    with phase(f"sweep: importing {args.model}", not args.no_progress):
+        graph = _load_model(args)
     try:
         r = run_sweep(graph, spec, grid, args.out, model=Path(args.model).name,
                       sample=args.sample, method=args.method, seed=args.seed,

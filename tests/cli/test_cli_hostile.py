@@ -109,7 +109,8 @@ def test_failed_or_interrupted_run_keeps_the_previous_folder(capsys, tmp_path, s
     for exc, code in ((KeyboardInterrupt(), 130),
                       (OSError(errno.ENOSPC, "No space left on device"), 10)):
         monkeypatch.setattr(lowering, "write_lowering", half_then(exc))
-        got, err = _run(capsys, "lower", str(small_onnx), "--npu", "tpu_v1", "--out", str(out))
+        got, err = _run(capsys, "lower", str(small_onnx), "--npu", "tpu_v1", "--out", str(out),
+                        "--no-progress")
         assert got == code and len(err.strip().splitlines()) == 1, err
         assert {p.name: p.read_bytes() for p in out.iterdir()} == before
         assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
