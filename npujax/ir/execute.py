@@ -207,7 +207,7 @@ def execute(
     """
     if graph.source == SHAPES_ONLY_SOURCE:
         raise GraphError("this graph was imported for its shapes only (its ONNX external-data "
-                         "files were missing, so its weights are zeros); place the data files "
+                         "files were missing, so its weights have no values); place the data files "
                          "next to the model and import it again to execute it.")
     xs = as_inputs(graph, x)
     check_run(graph, int(xs[0].shape[0]) if xs and xs[0].ndim else 1)
