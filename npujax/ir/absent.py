@@ -30,7 +30,7 @@ import numpy as np
 
 from npujax.errors import GraphError
 
-__all__ = ["AbsentArray", "is_absent", "any_absent", "apply"]
+__all__ = ["AbsentArray", "is_absent", "any_absent", "apply", "bind"]
 
 
 class AbsentArray:
@@ -125,6 +125,8 @@ class AbsentArray:
         return _abstract(fn, inputs, kwargs, self.what)
 
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        if func.__name__ in ("ascontiguousarray", "asfortranarray", "copy"):
+            return args[0]  # (memory layout: nothing to do for values that are not stored)
         fn = getattr(jnp, func.__name__, None)
         if fn is None:
             return self._refuse()
@@ -194,3 +196,12 @@ def apply(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     specs = jax.tree.map(_spec, args, is_leaf=is_absent)
     out = jax.eval_shape(lambda *a: fn(*a, **kwargs), *specs)
     return jax.tree.map(lambda s: AbsentArray(s.shape, s.dtype, what), out)
+
+
+def bind(prim: Any, args: list[Any], params: dict[str, Any], what: str) -> list[AbsentArray]:
+    """The outputs of the JAX primitive ``prim`` on ``args`` (some absent), as absent arrays
+    (a traced model's constant folding: :mod:`npujax.frontends.flax`)."""
+    specs = [_spec(a) for a in args]
+    out = jax.eval_shape(lambda *a: prim.bind(*a, **params), *specs)
+    out = out if prim.multiple_results else [out]
+    return [AbsentArray(o.shape, o.dtype, what) for o in out]

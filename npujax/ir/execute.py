@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from npujax.errors import GraphError, ShapeError
+from npujax.ir.absent import any_absent
 from npujax.ir.graph import SHAPES_ONLY_SOURCE, Graph, Node, Params
 from npujax.limits import check_bytes, get_limits
 from npujax.ops import OPS, run_op, weight_role
@@ -209,6 +210,10 @@ def execute(
         raise GraphError("this graph was imported for its shapes only (its ONNX external-data "
                          "files were missing, so its weights have no values); place the data files "
                          "next to the model and import it again to execute it.")
+    if any_absent(params):
+        raise GraphError("these params hold weights known by their shapes only (traced or "
+                         "imported without their values, npujax.ir.absent): a model is "
+                         "executed with its real weights; trace or import it with them.")
     xs = as_inputs(graph, x)
     check_run(graph, int(xs[0].shape[0]) if xs and xs[0].ndim else 1)
     if xs and xs[0].ndim and xs[0].shape[0] != 1 and _batch_folded(graph):

@@ -1,6 +1,7 @@
 """Lowering from shapes only never materialises a weight (issue 28): an ONNX model whose
 external-data files are absent imported its missing weights as zeros (a 637 MB weight peaked
-at 1.6 GB, an LLM's lm_head was refused by the 1 GiB tensor limit)."""
+at 1.6 GB, an LLM's lm_head was refused by the 1 GiB tensor limit), and a decoder lowered
+without weights was traced with float32 zeros (2.9 GB of memory for Qwen2.5-0.5B)."""
 
 from __future__ import annotations
 
@@ -86,3 +87,34 @@ def test_absent_weights_are_shapes_and_refuse_what_needs_values(model_without_da
         execute(graph, params, np.ones((1, 3, 16, 16), np.float32))
     with pytest.raises(GraphError, match=r"initializer 'head'.*shape only"):
         np.asarray(kernels[next(k for k, v in kernels.items() if v.shape == (64, HEAD))])
+
+
+def test_a_flax_model_traced_by_its_weights_shapes_allocates_none():
+    import jax
+    from flax import nnx
+
+    from npujax.frontends.flax import trace_flax
+    from npujax.plan import lower
+
+    class Head(nnx.Module):  # an LLM's last layers: a norm and a 2 GiB lm_head
+        def __init__(self, rngs):
+            self.norm = nnx.RMSNorm(64, rngs=rngs)
+            self.lm_head = nnx.Linear(64, HEAD, use_bias=False, rngs=rngs)
+
+        def __call__(self, x):
+            return self.lm_head(self.norm(x))
+
+    model = nnx.eval_shape(lambda: Head(nnx.Rngs(0)))  # nothing allocated
+    before = sum(a.nbytes for a in jax.live_arrays())
+    tracemalloc.start()
+    try:
+        graph, params = trace_flax(model, np.ones((1, 4, 64), np.float32), weights="shapes")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 2**20 and sum(a.nbytes for a in jax.live_arrays()) - before < 2**20
+    kernel = params["lm_head"]["kernel"]
+    assert isinstance(kernel, AbsentArray) and kernel.shape == (64, HEAD)
+    assert lower(graph, "edge_16x16").macs == 4 * 64 * HEAD
+    with pytest.raises(GraphError, match="shapes only"):
+        execute(graph, params, np.ones((1, 4, 64), np.float32))
