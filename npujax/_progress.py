@@ -181,8 +181,10 @@ class progress_bar:
             # the terminal is redrawn every 10 steps (a redraw per step slowed short steps)
             pending[0] += n
             if pending[0] >= 10 or self._bar.tasks[0].completed + pending[0] == self.total:
-                fields = {} if value is None else {"value": _fmt(value)}
-                self._bar.update(task, advance=pending[0], **fields)
+                if value is None:
+                    self._bar.update(task, advance=pending[0])
+                else:
+                    self._bar.update(task, advance=pending[0], value=_fmt(value))
                 pending[0] = 0
 
         return advance

@@ -67,7 +67,7 @@ class _Leaf:
     attrs: dict[str, Any]
 
 
-def _value(v: Any) -> np.ndarray | None:
+def _value(v: Any) -> np.ndarray | AbsentArray | None:
     if v is None:
         return None
     if hasattr(v, "get_value"):
@@ -356,7 +356,9 @@ class _Eqn:
 
 @dataclasses.dataclass(eq=False)
 class _Const:
-    value: np.ndarray  # (None until :meth:`_Flattener.fold` evaluates a folded equation)
+    # a numpy array, or an AbsentArray (a weight known by its shape only); None until
+    # :meth:`_Flattener.fold` evaluates a folded equation
+    value: Any
 
 
 _CALL_PRIMS = {"pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
@@ -402,7 +404,7 @@ class _Flattener:
                 continue
             if all(isinstance(i, _Const) for i in ins):
                 # constant folding, evaluated by fold() once the whole jaxpr is flattened
-                outs_c = [_Const(None) for _ in eqn.outvars]  # type: ignore[arg-type]
+                outs_c = [_Const(None) for _ in eqn.outvars]
                 self.folded.append((eqn.primitive, dict(eqn.params), ins, outs_c))
                 env.update(zip(eqn.outvars, outs_c))
                 continue
@@ -1098,7 +1100,7 @@ def trace_flax(
 
 
 def _trace_jaxpr(
-    fn: Callable[[jax.Array], Any],
+    fn: Callable[..., Any],
     x: jax.Array,
     leaves: list[_Leaf],
     *,

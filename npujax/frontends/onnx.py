@@ -254,7 +254,7 @@ def _freeze(v: Any) -> Any:
 
 
 def _signature(node: Node, specs: Sequence[jax.ShapeDtypeStruct],
-               params: Mapping[str, jax.Array]) -> Any:
+               params: Mapping[str, Any]) -> Any:
     """What a node's output shapes depend on: its op, attributes, which inputs are given, and
     the shapes and dtypes of its inputs and parameters (never their values: shape inference
     sees them abstractly), and JAX's 64-bit mode. None when an attribute cannot be keyed."""
@@ -291,7 +291,8 @@ class _Ctx:
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
                           1)
         self.unsupported = unsupported
-        self.consts: dict[str, np.ndarray] = {}
+        # (numpy arrays, or AbsentArray for weights known by their shapes only)
+        self.consts: dict[str, Any] = {}
         self.types: dict[str, TensorType] = {}
         self.nodes: list[Node] = []
         self.params: Params = {}

@@ -115,6 +115,12 @@ class AbsentArray:
     def copy(self) -> AbsentArray:
         return self
 
+    def __neg__(self) -> AbsentArray:
+        return self._op("negative")
+
+    def __abs__(self) -> AbsentArray:
+        return self._op("abs")
+
     def __getitem__(self, index: Any) -> AbsentArray:
         return _abstract(lambda x: x[index], (self,), {}, self.what)
 
@@ -146,8 +152,6 @@ for _name, _fn in (("add", "add"), ("sub", "subtract"), ("mul", "multiply"),
                    ("matmul", "matmul"), ("mod", "remainder")):
     setattr(AbsentArray, f"__{_name}__", _binary(_fn))
     setattr(AbsentArray, f"__r{_name}__", _binary(_fn, reflected=True))
-AbsentArray.__neg__ = lambda self: _abstract(jnp.negative, (self,), {}, self.what)  # type: ignore[attr-defined]
-AbsentArray.__abs__ = lambda self: _abstract(jnp.abs, (self,), {}, self.what)  # type: ignore[attr-defined]
 
 
 def is_absent(x: Any) -> bool:

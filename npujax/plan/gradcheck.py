@@ -189,6 +189,7 @@ def secant_check(
                               f"shapes {wb.shape}, {ab.shape}.")
         exact = jax.jit(exact_s)
         base = np.asarray(exact(spec, wb, ab))
+        jac_spec = None
         if set(params) - {"weight_bits", "act_bits"}:
             ds = differentiable_spec(spec, jnp.float64)
             jac_spec = jax.jit(jax.jacrev(relaxed_s))(ds, wb, ab)
@@ -205,6 +206,7 @@ def secant_check(
                 sec.append(np.diagonal(np.asarray(stepped)) - base)
             else:
                 new, h = _step(spec, p)
+                assert jac_spec is not None
                 g = np.asarray(fields.get(jac_spec, p))
                 pred.append(g * h)
                 sec.append(np.asarray(exact(new, wb, ab)) - base)
