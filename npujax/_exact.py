@@ -9,6 +9,15 @@ npujax instead runs the cost functions (:func:`npujax.systolic.gemm_cycles`,
 backend (CPU, GPU, TPU have int64), under ``jit``, ``vmap`` and ``grad`` (the scope applies
 while tracing; the traced program keeps its 64-bit types when it later runs or is transposed).
 
+**Gathers and gradients.** ``jax.grad`` transposes the program after the scope has closed. Most
+transposes reuse the cotangent's buffers, but a gather's (``x[index]``) allocates a zero buffer of
+its operand's dtype, which JAX then truncates to float32 (``lax.scatter ... float32, float64``,
+issue 28). So a value that depends on the differentiated inputs is never gathered in float64:
+the bit widths are indexed in the dtype the caller gave them (a selection is exact in any dtype)
+and widened after (:func:`npujax.plan.costs.input_widths`); computed float64 values are indexed
+by a static index through :func:`take` and scattered through :func:`put` (masked sums with a
+one-hot matrix, :func:`one_hot`, whose transposes are elementwise).
+
 Contract: these functions return int64 counts (exact to 2**63; npujax refuses layers whose MACs
 or tensor elements exceed 2**53, :data:`npujax.limits.MAX_EXACT_COUNT`, so nothing near that
 bound is reached) and float64 values. Read them with numpy (``np.asarray``, ``int()``), or cast
@@ -25,8 +34,9 @@ from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-__all__ = ["exact", "COUNT", "REAL", "count", "real"]
+__all__ = ["exact", "COUNT", "REAL", "count", "real", "one_hot", "take", "put"]
 
 #: The dtype of exact counts (cycles, MACs, folds) and of the other cost-model quantities.
 COUNT = jnp.int64
@@ -55,3 +65,21 @@ def count(x: Any) -> jax.Array:
 def real(x: Any) -> jax.Array:
     """``x`` as a float64 value (call inside :func:`exact`)."""
     return jnp.asarray(x, REAL)
+
+
+def one_hot(index: Any, length: int) -> jax.Array:
+    """float64 ``[E, length]`` one-hot rows of a static integer ``index`` ``[E]`` (call inside
+    :func:`exact`)."""
+    return jnp.asarray(np.eye(length)[np.asarray(index, np.int64)], REAL)
+
+
+def take(onehot: jax.Array, x: jax.Array) -> jax.Array:
+    """``x[index]`` of a ``[L]`` ``x``, the index given by its :func:`one_hot` matrix ``[E, L]``:
+    a masked sum, differentiable after the 64-bit scope has closed (a gather is not)."""
+    return jnp.sum(onehot * x[None, :], axis=1)
+
+
+def put(onehot: jax.Array, x: jax.Array) -> jax.Array:
+    """``zeros[L].at[index].add(x)`` of a ``[E]`` ``x``, the index given by its :func:`one_hot`
+    matrix ``[E, L]`` (as :func:`take`)."""
+    return jnp.sum(onehot * x[:, None], axis=0)

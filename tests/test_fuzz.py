@@ -343,3 +343,28 @@ def test_fuzz_sweep_resumption_keys(tmp_path_factory, data):
     with pytest.raises(ConfigError) as e:
         _check_folder(out, {"sweep": now})
     assert "\n" not in str(e.value) and all(label in str(e.value) for label in labels)
+@given(data=st.data())
+@FUZZ
+def test_fuzz_weights_at_the_fake_quant_api(data):
+    # issue 28: a NaN/inf weight gave a NaN scale and NaN outputs silently; a huge finite one
+    # -inf. Every outcome is a finite grid and finite outputs, or a QuantizationError.
+    import jax.numpy as jnp
+
+    from npujax.numerics import FP8_E4M3FN, IntFormat, lsq_fake_quant, lsq_init_step
+    from npujax.quantize.quantizers.base import quantize_weight
+
+    with np.errstate(over="ignore"):  # 1e308 -> inf in float32
+        w = np.asarray(data.draw(st.lists(evil_floats, min_size=6, max_size=6)), np.float32)
+    w = w.reshape(2, 3)
+    fmt = data.draw(st.sampled_from([IntFormat(2), IntFormat(3), IntFormat(8, signed=False),
+                                     FP8_E4M3FN]))
+    axis = data.draw(st.sampled_from([None, 0, 1]))
+    out = _ok_or_npujax_error(lambda: quantize_weight(jnp.asarray(w), fmt, axis, name="w"))
+    assert out is not None or not np.all(np.isfinite(w))
+    if out is not None:
+        assert np.all(np.isfinite(np.asarray(out)))
+    if isinstance(fmt, IntFormat):
+        step = _ok_or_npujax_error(lambda: lsq_init_step(w, fmt, axis))
+        if step is not None:
+            out = lsq_fake_quant(jnp.asarray(w), step, fmt, axis=axis)
+            assert np.all(np.isfinite(np.asarray(out)))

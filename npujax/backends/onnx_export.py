@@ -450,12 +450,13 @@ def to_onnx(
       ConfigError: a quantized layer has no qstate entry or several candidate formats.
       UnsupportedOpError: a node has no ONNX equivalent (e.g. a raw ``JaxPrimitive``).
       GraphError: the graph was imported for its shapes only (``from_onnx(...,
-        weights="shapes")``): its weights are zeros, not the model's.
+        weights="shapes")``): it has no weight values.
     """
     if graph.source == SHAPES_ONLY_SOURCE:
         raise GraphError("to_onnx: this graph was imported for its shapes only (its ONNX "
-                         "external-data files were missing, so its weights are zeros); place "
-                         "the data files next to the model and import it again to export it.")
+                         "external-data files were missing, so its weights have no values); "
+                         "place the data files next to the model and import it again to export "
+                         "it.")
     quant = quant or {}
     extended = any(lq.weight_block_size is not None or any(
         isinstance(f, FloatFormat) for f in (*lq.weight_candidates, lq.act))

@@ -161,7 +161,9 @@ def add_devices_arg(p: argparse.ArgumentParser) -> None:
 
 def add_progress_arg(p: argparse.ArgumentParser) -> None:
     """``--no-progress`` (every long command has it)."""
-    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress on stderr (a bar on a terminal, else a line every few "
+                        "seconds and one per phase)")
 
 
 def configure_logging(verbosity: int) -> None:

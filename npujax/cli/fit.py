@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 
 from npujax.cli._common import add_progress_arg, console, epilog, output_dir, positive_int
 from npujax.errors import ConfigError
@@ -142,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
 def _run_table(args: argparse.Namespace) -> int:
     """``npujax fit --table``: the model-level fit with leave-one-out predictions."""
     from npujax._atomic import staged_dir
+    from npujax._progress import note
     from npujax.plan.fit import resolve_fields
     from npujax.workflows.fit_table import fit_benchmark_table, print_table_fit, write_table_fit
 
@@ -159,8 +159,7 @@ def _run_table(args: argparse.Namespace) -> int:
     con = console()
 
     def progress(line: str) -> None:  # plain lines on stderr: a table fit takes minutes
-        if not args.no_progress:
-            print(f"npujax fit: {line}", file=sys.stderr, flush=True)
+        note(f"fit: {line}", not args.no_progress)
         _log.info("fit: %s", line)
 
     run_ = fit_benchmark_table(args.table, args.npu, fields, group=args.group, bits=args.bits,

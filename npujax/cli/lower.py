@@ -7,7 +7,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from npujax._progress import phase
 from npujax.cli._common import (
+    add_progress_arg,
     bits_spec,
     console,
     epilog,
@@ -118,6 +120,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "COMPUTE/BANDWIDTH/DETAILED_ACCESS reports for it into --out")
     lo.add_argument("--topology", metavar="TOPO.csv",
                     help="a SCALE-Sim topology (conv or GEMM form) to report on")
+    add_progress_arg(lo)
     lo.set_defaults(fn=run, model_flag_defaults={d: lo.get_default(d) for d in _MODEL_FLAGS})
 
 
@@ -237,11 +240,13 @@ def run(args: argparse.Namespace) -> int:
     onnx_model = str(args.model).lower().endswith(".onnx")
     batch = args.batch
     meta: dict[str, Any]
-    if onnx_model:
-        graph, meta = import_onnx_for_lowering(args.model, shapes, args.batch), {}
-        batch = None  # the batch is part of the imported shapes
-    else:
-        graph, _, _, meta = load_model(args.model, shapes)
+    progress = not args.no_progress
+    with phase(f"lower: importing {args.model}", progress):
+        if onnx_model:
+            graph, meta = import_onnx_for_lowering(args.model, shapes, args.batch), {}
+            batch = None  # the batch is part of the imported shapes
+        else:
+            graph, _, _, meta = load_model(args.model, shapes)
     if saved:
         if "mixed_precision_policy" not in meta:
             raise ConfigError(f"{args.model} holds no saved precision policy; pass --weight-bits "
@@ -251,7 +256,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--sweep-resolution re-imports the model at other input sizes; "
                           "it needs an .onnx model.")
     precision = _precision_fn(wbits, abits)
-    result = lower_dataflows(graph, spec, precision(graph), dataflow=args.dataflow, batch=batch)
+    with phase(f"lower: costing {len(graph.nodes)} nodes on {spec.name}", progress):
+        result = lower_dataflows(graph, spec, precision(graph), dataflow=args.dataflow,
+                                 batch=batch)
     if args.format != "table":
         return _print_machine_readable(args, result, spec, out)
     con = console()
@@ -270,7 +277,8 @@ def run(args: argparse.Namespace) -> int:
     extra.update(_schedules_and_sweep(con, args, args.model, graph, lowered, spec, precision,
                                       onnx_model))
     if out is not None:
-        _write(con, out, result, spec, extra)
+        with phase(f"lower: writing {out}", progress):
+            _write(con, out, result, spec, extra)
     return 0
 
 
@@ -293,8 +301,10 @@ def _schedules_and_sweep(con: Any, args: argparse.Namespace, path: str, graph: A
     from npujax.workflows.lowering import resolution_sweep
 
     extra: dict[str, Any] = {}
+    progress = not args.no_progress
     if args.schedule:
-        cores = core_schedules(lowered, spec, precision(graph), dataflow=args.dataflow)
+        with phase(f"lower: {title}core schedules", progress):
+            cores = core_schedules(lowered, spec, precision(graph), dataflow=args.dataflow)
         chosen = (best_core_schedule(cores, args.objective or "throughput")
                   if args.schedule == "best" else cores[args.schedule])
         print_core_schedules(con, cores, chosen.kind, title=title)
@@ -302,7 +312,8 @@ def _schedules_and_sweep(con: Any, args: argparse.Namespace, path: str, graph: A
         extra["chosen_core_schedule"] = chosen.kind
     if args.sweep_resolution:
         batch = args.batch if onnx_model else None
-        sweep = resolution_sweep(path, graph, spec, batch, precision, args.dataflow)
+        with phase(f"lower: {title}resolution sweep (3 imports)", progress):
+            sweep = resolution_sweep(path, graph, spec, batch, precision, args.dataflow)
         print_resolution_sweep(con, sweep, title=title)
         extra["resolution_sweep"] = sweep
     return extra
@@ -395,20 +406,23 @@ def _run_many(args: argparse.Namespace, spec: Any, wbits: Any, abits: Any,
                               f"model {i} ({name}) is not an .onnx model.")
         try:
             shapes = _input_shapes(args, i, n_models)
-            if onnx[name]:
-                g = import_onnx_for_lowering(path, shapes, args.batch)
-            else:
-                g = load_model(path, shapes)[0]
-                if args.batch:
-                    g = rebatch(g, args.batch)
+            with phase(f"lower: importing model {i} of {n_models}, {path}",
+                       not args.no_progress):
+                if onnx[name]:
+                    g = import_onnx_for_lowering(path, shapes, args.batch)
+                else:
+                    g = load_model(path, shapes)[0]
+                    if args.batch:
+                        g = rebatch(g, args.batch)
         except NpujaxError as e:
             raise type(e)(f"model {i} ({name}): {e} With several models, an --input-shape "
                           f"for one of them is prefixed by its position: --input-shape "
                           f"{i}:NAME=D1,D2,...") from e
         graphs[name], paths[name] = g, str(path)
         quants[name] = precision(g)
-    co = lower_models(graphs, spec, quants, sharing=args.sharing or "time_multiplexed",
-                      dataflow=args.dataflow)
+    with phase(f"lower: costing {n_models} models on {spec.name}", not args.no_progress):
+        co = lower_models(graphs, spec, quants, sharing=args.sharing or "time_multiplexed",
+                          dataflow=args.dataflow)
     con = console()
     print_coresidency(con, co)
     per_model: dict[str, dict[str, Any]] = {}
@@ -460,10 +474,13 @@ def _run_decoder(args: argparse.Namespace) -> int:
     cfg = DECODER_CONFIGS[name]
     batch = args.batch or 1
     spec = load_npu_spec(args.npu)
-    graph = decoder_graph(cfg, phase=args.phase, seq_len=args.seq_len, kv_len=args.kv_len,
-                          batch=batch)
+    progress = not args.no_progress
+    with phase(f"lower: tracing the {name} decoder ({args.phase})", progress):
+        graph = decoder_graph(cfg, phase=args.phase, seq_len=args.seq_len, kv_len=args.kv_len,
+                              batch=batch)
     quant = decoder_precision(graph, widths[0], widths[1], args.kv_bits)
-    result = lower_dataflows(graph, spec, quant, dataflow=args.dataflow)
+    with phase(f"lower: costing {len(graph.nodes)} nodes on {spec.name}", progress):
+        result = lower_dataflows(graph, spec, quant, dataflow=args.dataflow)
     fig = decoder_figures(result.schedule, cfg, phase=args.phase, seq_len=args.seq_len,
                           kv_len=args.kv_len, batch=batch, kv_bits=args.kv_bits, spec=spec)
     con = console()

@@ -68,7 +68,8 @@ def _with_policy(args: argparse.Namespace) -> int:
     out = output_dir(args.out)  # a bad --out fails before the fine-tuning, not after it
     model = load_model_and_data(args.model, data=args.data, examples=args.examples,
                                 input_shapes=parse_input_shapes(args.input_shape or []),
-                                seed=args.seed, calibrate_act_bits=None)
+                                seed=args.seed, calibrate_act_bits=None,
+                                progress=not args.no_progress)
     try:
         with contextlib.ExitStack() as stack:
             stage = None if out is None else stack.enter_context(staged_dir(out))

@@ -82,8 +82,11 @@ def run(args: argparse.Namespace) -> int:
     if args.bits:
         axes["bits"] = args.bits
     grid = Grid.build(axes, spec)
+    from npujax._progress import phase
+
     model_sha256 = file_sha256(args.model)  # (before reading it: the bytes that are swept)
-    graph = _load_model(args)
+    with phase(f"sweep: importing {args.model}", not args.no_progress):
+        graph = _load_model(args)
     try:
         r = run_sweep(graph, spec, grid, args.out, model=Path(args.model).name,
                       sample=args.sample, method=args.method, seed=args.seed,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +10,7 @@ import numpy as np
 from npujax.data.datasets import load_digits_nhwc, load_mnist5k_nhwc
 from npujax.data.images import photo_crops, text_images
 from npujax.errors import ConfigError, ShapeError
-from npujax.limits import check_array_file
+from npujax.limits import check_array_file, check_bytes
 
 __all__ = ["DATA_SOURCES", "load_inputs"]
 
@@ -47,6 +48,8 @@ def load_inputs(
     Raises:
       ConfigError: unknown source, unreadable file, an ``.npz`` without ``x``.
       ShapeError: the data's per-example shape is not the model's.
+      LimitError: generated images or a file's arrays over ``max_tensor_bytes`` (checked
+        before they are made or read).
     """
     want = tuple(int(d) for d in input_shape[1:])
     if source in ("digits", "mnist5k"):
@@ -59,6 +62,9 @@ def load_inputs(
             raise ShapeError(f"--data {source} makes 3-channel NCHW (or NHWC) images, but the "
                              f"model takes inputs of shape {want}; pass a .npy/.npz file of "
                              "inputs instead.")
+        # the images are materialized: n float32 arrays of the model's input size
+        check_bytes(n * math.prod(want) * 4, f"--data {source}: {n} generated images of shape "
+                    f"{list(want)} (float32)")
         make = text_images if source == "text" else photo_crops
         hw = want[:2] if channels_last else want[1:]
         x, y = make(hw[0], hw[1], n, seed=seed), None

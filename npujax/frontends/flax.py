@@ -42,6 +42,8 @@ from jax.typing import ArrayLike
 
 from npujax.errors import GraphError, UnsupportedOpError
 from npujax.frontends._patterns import fuse_hard_sigmoids, fuse_pools_relu6_means
+from npujax.ir import absent
+from npujax.ir.absent import AbsentArray, is_absent
 from npujax.ir.execute import execute
 from npujax.ir.graph import Graph, Node, Params, TensorType, fresh_name
 from npujax.ops import OPS
@@ -65,12 +67,26 @@ class _Leaf:
     attrs: dict[str, Any]
 
 
-def _value(v: Any) -> np.ndarray | None:
+def _value(v: Any) -> np.ndarray | AbsentArray | None:
     if v is None:
         return None
     if hasattr(v, "get_value"):
         v = v.get_value()
+    if isinstance(v, jax.core.Tracer):  # a model traced with its weights' shapes only
+        return AbsentArray(v.shape, np.float32, "a weight of a model traced without weights")
     return np.asarray(v, np.float32)
+
+
+def _host(v: Any, dtype: Any = None) -> Any:
+    """``v`` as a numpy array (of ``dtype``), or still absent (:mod:`npujax.ir.absent`)."""
+    if is_absent(v):
+        return v if dtype is None else v.astype(dtype)
+    return np.asarray(v, dtype)
+
+
+def _device(v: Any) -> Any:
+    """``v`` on the device, or still absent (never allocated)."""
+    return v if is_absent(v) else jax.device_put(v)
 
 
 # --------------------------------------------------------------------------------------------
@@ -340,7 +356,9 @@ class _Eqn:
 
 @dataclasses.dataclass(eq=False)
 class _Const:
-    value: np.ndarray  # (None until :meth:`_Flattener.fold` evaluates a folded equation)
+    # a numpy array, or an AbsentArray (a weight known by its shape only); None until
+    # :meth:`_Flattener.fold` evaluates a folded equation
+    value: Any
 
 
 _CALL_PRIMS = {"pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
@@ -386,7 +404,7 @@ class _Flattener:
                 continue
             if all(isinstance(i, _Const) for i in ins):
                 # constant folding, evaluated by fold() once the whole jaxpr is flattened
-                outs_c = [_Const(None) for _ in eqn.outvars]  # type: ignore[arg-type]
+                outs_c = [_Const(None) for _ in eqn.outvars]
                 self.folded.append((eqn.primitive, dict(eqn.params), ins, outs_c))
                 env.update(zip(eqn.outvars, outs_c))
                 continue
@@ -402,14 +420,27 @@ class _Flattener:
         transformer)."""
         if not self.folded:
             return
+        # equations on weights known by their shapes only fold abstractly (npujax.ir.absent)
+        absent_ids: set[int] = set()
+        folded = []
+        for prim, params, ins, outs in self.folded:
+            if any(id(c) in absent_ids or is_absent(c.value) for c in ins):
+                for o, v in zip(outs, absent.bind(prim, [c.value for c in ins], params,
+                                                  "a value folded from a model's weights")):
+                    o.value = v
+                    absent_ids.add(id(o))
+            else:
+                folded.append((prim, params, ins, outs))
+        self.folded = []
+        if not folded:
+            return
         known: dict[int, int] = {}  # id(_Const) -> argument index
         args: list[np.ndarray] = []
-        for _, _, ins, _ in self.folded:
+        for _, _, ins, _ in folded:
             for c in ins:
                 if c.value is not None and id(c) not in known:
                     known[id(c)] = len(args)
                     args.append(c.value)
-        folded = self.folded
 
         def evaluate(vals: list[jax.Array]) -> list[jax.Array]:
             env: dict[int, jax.Array] = {}
@@ -425,7 +456,6 @@ class _Flattener:
         values = jax.jit(evaluate, compiler_options=_RUN_ONCE)(args)
         for o, v in zip((o for _, _, _, outs in folded for o in outs), values):
             o.value = np.asarray(v)
-        self.folded = []
 
 
 # --------------------------------------------------------------------------------------------
@@ -636,7 +666,7 @@ class _Builder:
     def ref(self, x: Any) -> str:
         if isinstance(x, _Const):
             name = f"const_{len(self.constants)}"
-            self.constants[name] = np.asarray(x.value)
+            self.constants[name] = _host(x.value)
             self.types[name] = TensorType(tuple(x.value.shape), str(x.value.dtype))
             return name
         return self.alias.get(x, x)
@@ -654,7 +684,7 @@ class _Builder:
                                attrs or {}, tuple(params or ())))
         self.taken.add(name)
         if params:
-            self.params[name] = {k: jax.device_put(v) for k, v in params.items()}
+            self.params[name] = {k: _device(v) for k, v in params.items()}
 
     def step(self, op: str, ins: list[Any], shape: tuple[int, ...], dtype: str, attrs=None,
              base=None) -> str:
@@ -706,7 +736,7 @@ class _Builder:
             lead = tuple(ls[i] for i in lf)
             y = out if lead + (N,) == out_shape else self.tensor(lead + (N,), dtype)
             self.add("Gemm", [lhs2], [y], {}, base="gemm",
-                     params={"kernel": np.asarray(rhs2.value, np.float32)})
+                     params={"kernel": _host(rhs2.value, np.float32)})
             if y != out:
                 self.add("Reshape", [y], [out],
                          {"shape": self.reshape_attr(out_shape, lead + (N,))})
@@ -893,6 +923,7 @@ def trace_flax(
     *,
     variables: Any = None,
     check: bool = True,
+    weights: str = "values",
     **apply_kwargs: Any,
 ) -> tuple[Graph, Params]:
     """Trace a Flax model into a :class:`Graph` and its params pytree.
@@ -906,6 +937,11 @@ def trace_flax(
       variables: Linen variables ``{"params": ..., "batch_stats": ...}``.
       check: run the graph on ``example_input`` and compare with the model (recommended; both
         run jitted, one compile each, with the weights as arguments).
+      weights: ``"values"`` (default), or ``"shapes"`` (an ``nnx.Module``, which may be
+        abstract, e.g. from ``nnx.eval_shape``): the weights are traced by their shapes only and
+        never allocated; ``params`` then hold :class:`~npujax.ir.absent.AbsentArray` leaves,
+        for what needs only shapes (:func:`npujax.lower`; an LLM decoder), and
+        :func:`npujax.execute` refuses them (``check`` is skipped).
       **apply_kwargs: extra keyword arguments for the Linen ``apply``.
 
     Returns:
@@ -928,6 +964,24 @@ def trace_flax(
     scopes: dict[str, str] = {}  # name stack -> module path (_scope_prefix)
     from flax import nnx  # (flax >= 0.11, a dependency, always has nnx)
 
+    if weights not in ("values", "shapes"):
+        raise GraphError(f"weights={weights!r}; use 'values' or 'shapes'.")
+    if weights == "shapes":
+        if not isinstance(model, nnx.Module):
+            raise GraphError("trace_flax(weights='shapes') traces an nnx.Module.")
+        graphdef, state = nnx.split(model)
+        specs = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), state)
+
+        def abstract_fn(inp, st):
+            m = nnx.merge(graphdef, st)  # (the weights are the trace's abstract arguments)
+            m.eval()
+            with _scope_nnx_modules(m, scopes), _intercept_nnx(m, leaves), \
+                    _intercept_functions(leaves):
+                return m(inp)
+
+        return _trace_jaxpr(abstract_fn, x, leaves, reference=lambda inp: None,
+                            source="flax.nnx", input_name=_argument_name(model), check=False,
+                            scopes=scopes, weights=specs)
     if isinstance(model, nnx.Module):
         model = nnx.clone(model)
         model.eval()
@@ -969,7 +1023,7 @@ def trace_flax(
 
 
 def _trace_jaxpr(
-    fn: Callable[[jax.Array], Any],
+    fn: Callable[..., Any],
     x: jax.Array,
     leaves: list[_Leaf],
     *,
@@ -980,6 +1034,7 @@ def _trace_jaxpr(
     scope_names: bool = False,
     peepholes: bool = False,
     scopes: Mapping[str, str] | None = None,
+    weights: Any = None,
 ) -> tuple[Graph, Params]:
     """The tracer's core, shared by the frontends: ``fn`` (the model with its layers
     intercepted, appending to ``leaves``) traced on ``x`` into a Graph and its params.
@@ -1005,14 +1060,23 @@ def _trace_jaxpr(
         (:func:`~npujax.frontends._patterns.fuse_pools_relu6_means`), hard sigmoid and hard
         swish as ``HardSigmoid`` and ``HardSwish``
         (:func:`~npujax.frontends._patterns.fuse_hard_sigmoids`).
+      weights: None, or the pytree of ``jax.ShapeDtypeStruct`` that ``fn`` takes as its second
+        argument: the weights traced by their shapes only (absent constants of the graph).
 
     Raises:
       UnsupportedOpError, GraphError: as :func:`trace_flax`.
     """
-    closed = jax.make_jaxpr(fn)(x)
+    closed = jax.make_jaxpr(fn)(x) if weights is None else jax.make_jaxpr(fn)(x, weights)
     flat = _Flattener()
     in_name = flat.fresh(closed.jaxpr.invars[0].aval)
-    env = {closed.jaxpr.invars[0]: in_name}
+    env: dict[Any, Any] = {closed.jaxpr.invars[0]: in_name}
+    for v in closed.jaxpr.invars[1:]:  # weights known by their shapes only
+        try:
+            dtype = np.dtype(v.aval.dtype)
+        except TypeError:  # (a PRNG key: no numpy dtype; never read in eval mode)
+            dtype = np.dtype(np.uint32)
+        env[v] = _Const(AbsentArray(v.aval.shape, dtype,
+                                    "a weight of a model traced without weights"))
     flat.run(closed.jaxpr, closed.consts, env, "")
     flat.fold()
     out_refs = [env[v] if not isinstance(v, jex.Literal) else _Const(np.asarray(v.val))
@@ -1074,7 +1138,7 @@ def _trace_jaxpr(
         builder.nodes.extend(nodes)
         builder.taken.update(n.name for n in nodes)
         if leaf_params:
-            params[main.name] = {k: jax.device_put(v) for k, v in leaf_params.items()}
+            params[main.name] = {k: _device(v) for k, v in leaf_params.items()}
 
     params.update(builder.params)
     outputs = tuple(builder.ref(o) for o in out_refs)

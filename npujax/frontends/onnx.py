@@ -29,12 +29,14 @@ import onnx
 from onnx import helper, numpy_helper
 
 from npujax.errors import ConfigError, GraphError, NpujaxError, UnsupportedOpError
+from npujax.ir.absent import AbsentArray, is_absent
 from npujax.ir.graph import SHAPES_ONLY_SOURCE, Graph, Node, Params, TensorType, fresh_name
 from npujax.ir.patterns import fuse_transformer_patterns
 from npujax.limits import ByteBudget, check_bytes, check_elements
-from npujax.ops import ONNX_DOMAIN_IMPORTERS, ONNX_IMPORTERS, ONNX_WEIGHT_OPS, get_op
+from npujax.ops import ONNX_DOMAIN_IMPORTERS, ONNX_IMPORTERS, ONNX_WEIGHT_OPS, get_op, run_op
 from npujax.ops._onnx import iter_onnx_tensors, reference_evaluator, refuse_external_data
 from npujax.ops.qdq import check_blocks, expand_blocks
+from npujax.ops.registry import NARROW_FLOATS
 
 __all__ = ["from_onnx", "SUPPORTED_ONNX_OPS", "load_onnx_model", "parse_input_shapes",
            "batch_input_shapes", "SHAPES_ONLY_SOURCE"]
@@ -59,9 +61,10 @@ def load_onnx_model(path_or_model: str | os.PathLike[str] | bytes | onnx.ModelPr
     Each length is checked against the tensor's declared size, the file's size and
     :mod:`npujax.limits` before it is read.
 
-    ``missing_data="zeros"`` (for shape-only uses such as the latency model) replaces the data of
-    a floating-point or <= 8-bit integer tensor whose external file is *absent* from the model's
-    folder by zeros of its declared shape (within the limits) and appends its location to
+    ``missing_data="absent"`` (for shape-only uses such as the latency model) keeps a
+    floating-point or <= 8-bit integer tensor whose external file is *absent* from the model's
+    folder by its declared dims and type only, without data (nothing is allocated; the importer
+    makes it an :class:`~npujax.ir.absent.AbsentArray`), and appends its location to
     ``placeholders``; every other check still applies, and a missing int16/32/64 tensor is still
     an error (its values may be shapes or indices).
 
@@ -86,9 +89,9 @@ def load_onnx_model(path_or_model: str | os.PathLike[str] | bytes | onnx.ModelPr
             raise GraphError(f"ONNX model {text!r} does not exist or is not a file.")
         check_bytes(path.stat().st_size, f"ONNX file {text!r}", limit="max_model_bytes")
         model, base = _parse(path.read_bytes(), text), path.resolve().parent
-    if missing_data not in ("error", "zeros"):
-        raise GraphError(f"missing_data={missing_data!r}; use 'error' or 'zeros'.")
-    _load_external_data(model, base, placeholders if missing_data == "zeros" else None)
+    if missing_data not in ("error", "absent"):
+        raise GraphError(f"missing_data={missing_data!r}; use 'error' or 'absent'.")
+    _load_external_data(model, base, placeholders if missing_data == "absent" else None)
     refuse_external_data(model, "ONNX model")  # the invariant every evaluation relies on
     return model
 
@@ -118,6 +121,10 @@ def _tensor_nbytes(t: onnx.TensorProto, where: str) -> int | None:
     bits = 4 if t.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4) else None
     return (n * bits + 7) // 8 if bits else n * dtype.itemsize
 
+
+#: The ``doc_string`` of a tensor whose external data is absent (``missing_data="absent"``):
+#: it has dims and a type but no data, and imports as an :class:`~npujax.ir.absent.AbsentArray`.
+_ABSENT = "npujax: external data absent, shape only"
 
 _PLACEHOLDER_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
                       onnx.TensorProto.DOUBLE, onnx.TensorProto.INT8, onnx.TensorProto.UINT8,
@@ -154,10 +161,10 @@ def _load_external_data(model: onnx.ModelProto, base: Path | None,
                 f"folder {str(base)!r}; refusing to read it.")
         if not target.exists() and placeholders is not None and nbytes is not None \
                 and t.data_type in _PLACEHOLDER_TYPES:
-            budget.take(nbytes, f"{where} (placeholder for missing {loc!r})")
-            t.raw_data = bytes(nbytes)
+            # known by its shape and type only: nothing is read or allocated (npujax.ir.absent)
             t.data_location = onnx.TensorProto.DEFAULT
             del t.external_data[:]
+            t.doc_string = _ABSENT
             placeholders.append(f"{where} ({loc})")
             continue
         if not target.is_file():
@@ -195,9 +202,14 @@ def _load_external_data(model: onnx.ModelProto, base: Path | None,
 
 
 def _to_array(t: onnx.TensorProto, where: str) -> np.ndarray:
-    """``numpy_helper.to_array`` with the declared size checked first and errors named; never
+    """``numpy_helper.to_array`` with the declared size checked first and errors named; a
+    tensor whose external data is absent is an :class:`~npujax.ir.absent.AbsentArray`; never
     of a tensor that still points at a file (``numpy_helper`` would read it relative to the
     working directory: :func:`load_onnx_model` reads external data, from the model's folder)."""
+    if t.doc_string == _ABSENT and not t.raw_data:
+        _tensor_nbytes(t, where)  # (max_tensor_elements: declared, never materialized)
+        return AbsentArray(tuple(t.dims), helper.tensor_dtype_to_np_dtype(t.data_type),
+                           f"{where}")  # type: ignore[return-value]
     if t.data_location == onnx.TensorProto.EXTERNAL:
         raise GraphError(f"{where} keeps its data in an external file npujax has not read from "
                          "the model's folder; load the model from its path (npujax.from_onnx).")
@@ -249,7 +261,7 @@ def _freeze(v: Any) -> Any:
 
 
 def _signature(node: Node, specs: Sequence[jax.ShapeDtypeStruct],
-               params: Mapping[str, jax.Array]) -> Any:
+               params: Mapping[str, Any]) -> Any:
     """What a node's output shapes depend on: its op, attributes, which inputs are given, and
     the shapes and dtypes of its inputs and parameters (never their values: shape inference
     sees them abstractly), and JAX's 64-bit mode. None when an attribute cannot be keyed."""
@@ -267,13 +279,27 @@ def _signature(node: Node, specs: Sequence[jax.ShapeDtypeStruct],
 # The importer state
 
 
+def _onnx_output_types(node: Node, specs: Sequence[jax.ShapeDtypeStruct], outs: Any) -> Any:
+    """The outputs' types as ONNX types them: an operator whose floating inputs are one 16-bit
+    type (``float16``, ``bfloat16``) gives that type where npujax computed float32
+    (:func:`npujax.ops.run_op` widens them; ONNX's type constraints tie a floating output to its
+    floating inputs), except ``Cast``, whose ``to`` decides."""
+    narrow = {str(s.dtype) for s in specs if jnp.issubdtype(s.dtype, jnp.floating)}
+    if node.op == "Cast" or len(narrow) != 1 or not narrow <= NARROW_FLOATS:
+        return outs
+    (dtype,) = narrow
+    return [jax.ShapeDtypeStruct(o.shape, np.dtype(dtype)) if o.dtype == np.float32 else o
+            for o in outs]
+
+
 class _Ctx:
     def __init__(self, model: onnx.ModelProto, unsupported: str):
         self.model = model
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
                           1)
         self.unsupported = unsupported
-        self.consts: dict[str, np.ndarray] = {}
+        # (numpy arrays, or AbsentArray for weights known by their shapes only)
+        self.consts: dict[str, Any] = {}
         self.types: dict[str, TensorType] = {}
         self.nodes: list[Node] = []
         self.params: Params = {}
@@ -315,7 +341,8 @@ class _Ctx:
              attrs: Mapping[str, Any] | None = None, params: Mapping[str, np.ndarray] | None = None,
              name: str | None = None) -> Node:
         name = self.unique(name or self.node_name)
-        p = {k: jnp.asarray(v, jnp.float32) for k, v in (params or {}).items()}
+        p = {k: v.astype(np.float32) if is_absent(v) else jnp.asarray(v, jnp.float32)
+             for k, v in (params or {}).items()}
         node = Node(name, op, tuple(inputs), tuple(outputs), dict(attrs or {}), tuple(p))
         if p:
             self.params[name] = p
@@ -332,8 +359,10 @@ class _Ctx:
             key = _signature(node, specs, p)
             outs = self.shape_cache.get(key) if key is not None else None
             if outs is None:
-                run = get_op(op, name).run
-                outs = jax.eval_shape(lambda xs, pp: run(node, xs, pp), specs, p)
+                get_op(op, name)
+                outs = _onnx_output_types(node, specs, jax.eval_shape(
+                    lambda xs, pp: run_op(node, xs, pp), specs,
+                    {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in p.items()}))
                 if key is not None:
                     self.shape_cache[key] = outs
         except UnsupportedOpError:
@@ -492,17 +521,34 @@ def _range_bytes(ctx: _Ctx, n: onnx.NodeProto) -> list[int | None]:
 _VALUE_SIZED = {"Range": _range_bytes}
 
 
-def _fold_output_bytes(ctx: _Ctx, n: onnx.NodeProto, ins: list[str]) -> list[int | None]:
-    """The bytes of each output of a node about to be folded, from the values it is folded
-    from: npujax's own count (:data:`_VALUE_SIZED`), else ONNX shape inference with its small
-    inputs as values (integers decide shapes, floats such as a Resize's scales too); None where
-    it cannot tell."""
-    if n.op_type in _VALUE_SIZED:
-        return _VALUE_SIZED[n.op_type](ctx, n)
+def _fold_absent(ctx: _Ctx, n: onnx.NodeProto, ins: list[str], what: str) -> None:
+    """A node on constants of which some have no values (:class:`~npujax.ir.absent.
+    AbsentArray`): its outputs are absent too, of the shapes and types ONNX shape inference
+    gives (a ``Shape`` or ``Size`` of one is known from its dims)."""
+    c = ctx.consts[ins[0]]
+    if n.op_type in ("Shape", "Size"):
+        shape = np.asarray(c.shape, np.int64)
+        a = _attrs(n)
+        ctx.consts[n.output[0]] = (np.asarray(shape.prod(), np.int64) if n.op_type == "Size"
+                                   else shape[a.get("start", 0):a.get("end", None)])
+        return
+    for o, t in zip([o for o in n.output if o], _fold_output_types(ctx, n, ins)):
+        if t is None:
+            raise GraphError(f"{what} computes {o!r} from a weight imported for its shape only, "
+                             "and its output's shape is not known without the values; place "
+                             "the model's external-data files next to it.")
+        ctx.consts[o] = AbsentArray(t[0], t[1], f"the output {o!r} of {what}")
+
+
+def _fold_output_types(ctx: _Ctx, n: onnx.NodeProto, ins: list[str]
+                       ) -> list[tuple[list[int], np.dtype] | None]:
+    """``(dims, dtype)`` of each output of a node on constants by ONNX shape inference, with
+    its small inputs as values (integers decide shapes, floats such as a Resize's scales too;
+    absent ones only by their types); None where it gives no static shape."""
     vis, inits = [], []
     for i in ins:
         c = ctx.consts[i]
-        if c.dtype.kind in "iubf" and c.size <= _SHAPE_CONST_ELEMS:
+        if not is_absent(c) and c.dtype.kind in "iubf" and c.size <= _SHAPE_CONST_ELEMS:
             inits.append(numpy_helper.from_array(c, i))
         vis.append(helper.make_tensor_value_info(
             i, helper.np_dtype_to_tensor_dtype(c.dtype), c.shape))
@@ -518,19 +564,31 @@ def _fold_output_bytes(ctx: _Ctx, n: onnx.NodeProto, ins: list[str]) -> list[int
                          f"ONNX shape inference rejects it: {type(e).__name__}: {e}") from None
     types = {v.name: v.type.tensor_type for v in [*inferred.graph.output,
                                                   *inferred.graph.value_info]}
-    sizes: list[int | None] = []
+    out: list[tuple[list[int], np.dtype] | None] = []
     for o in outs:
         tt = types.get(o)
         if (tt is None or not tt.HasField("shape") or tt.elem_type == 0
                 or not all(d.HasField("dim_value") for d in tt.shape.dim)):
-            sizes.append(None)
+            out.append(None)
             continue
         dims = [d.dim_value for d in tt.shape.dim]
-        what = f"node {ctx.node_name!r} ({n.op_type}) output {o!r}"
-        itemsize = (1 if tt.elem_type == onnx.TensorProto.STRING
-                    else np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)).itemsize)
-        sizes.append(check_elements(dims, what) * itemsize)
-    return sizes
+        check_elements(dims, f"node {ctx.node_name!r} ({n.op_type}) output {o!r}")
+        dtype = (np.dtype(object) if tt.elem_type == onnx.TensorProto.STRING
+                 else np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)))
+        out.append((dims, dtype))
+    return out
+
+
+def _fold_output_bytes(ctx: _Ctx, n: onnx.NodeProto, ins: list[str]) -> list[int | None]:
+    """The bytes of each output of a node about to be folded, from the values it is folded
+    from: npujax's own count (:data:`_VALUE_SIZED`), else ONNX shape inference with its small
+    inputs as values (integers decide shapes, floats such as a Resize's scales too); None where
+    it cannot tell."""
+    if n.op_type in _VALUE_SIZED:
+        return _VALUE_SIZED[n.op_type](ctx, n)
+    return [None if t is None else math.prod(t[0]) * (1 if t[1] == np.dtype(object)
+                                                      else t[1].itemsize)
+            for t in _fold_output_types(ctx, n, ins)]
 
 
 def _fold(ctx: _Ctx, n: onnx.NodeProto) -> None:
@@ -547,6 +605,9 @@ def _fold(ctx: _Ctx, n: onnx.NodeProto) -> None:
 
     ins = [i for i in n.input if i]
     what = f"node {ctx.node_name!r} ({n.op_type})"
+    if any(is_absent(ctx.consts[i]) for i in ins):
+        _fold_absent(ctx, n, ins, what)
+        return
     if n.op_type == "Loop":
         trip = ctx.consts[n.input[0]] if n.input and n.input[0] else None
         if trip is None or trip.size != 1 or int(trip.reshape(-1)[0]) > MAX_FOLD_LOOP_ITERATIONS:
@@ -814,9 +875,10 @@ def from_onnx(
         (:func:`batch_input_shapes`).
       weights: ``"required"`` (default): every external-data file must be present.
         ``"shapes"``: a weight whose external file is absent (e.g. ZigZag's shipped workloads)
-        is imported as zeros with a warning, for what needs only shapes (:func:`npujax.lower`);
-        the graph's ``source`` is then :data:`SHAPES_ONLY_SOURCE` and :func:`npujax.execute`
-        refuses it.
+        is imported by its shape and type only, with a warning, for what needs only shapes
+        (:func:`npujax.lower`): an :class:`~npujax.ir.absent.AbsentArray` in ``params`` or
+        ``Graph.constants``, never allocated (whatever its size); the graph's ``source`` is
+        then :data:`SHAPES_ONLY_SOURCE` and :func:`npujax.execute` refuses it.
 
     Decomposed LayerNorms and GELUs are fused into single ops where they are exactly that
     (:func:`npujax.ir.patterns.fuse_transformer_patterns`).
@@ -848,7 +910,8 @@ def from_onnx(
     if weights not in ("required", "shapes"):
         raise GraphError(f"weights={weights!r}; use 'required' or 'shapes'.")
     missing: list[str] = []
-    model = load_onnx_model(path_or_model, missing_data="zeros" if weights == "shapes" else "error",
+    model = load_onnx_model(path_or_model,
+                            missing_data="absent" if weights == "shapes" else "error",
                             placeholders=missing)
     if missing:
         log.warning(f"{len(missing)} weight tensors have no data ({missing[0]}"

@@ -27,11 +27,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from npujax.errors import GraphError, ShapeError
+from npujax.ir.absent import any_absent
 from npujax.ir.graph import SHAPES_ONLY_SOURCE, Graph, Node, Params
+from npujax.limits import check_bytes, get_limits
 from npujax.ops import OPS, run_op, weight_role
+from npujax.ops.registry import NARROW_FLOATS
 
-__all__ = ["execute", "as_inputs", "layer_state", "tap", "Observe", "LayerQuantization",
-           "NodeQuantizer"]
+__all__ = ["execute", "check_run", "as_inputs", "layer_state", "tap", "Observe",
+           "LayerQuantization", "NodeQuantizer"]
 
 #: ``observe(node, inputs, outputs)``, called twice for every node in graph order:
 #:
@@ -109,8 +112,12 @@ def as_inputs(graph: Graph, x: jax.Array | Sequence[jax.Array]) -> list[jax.Arra
 
 
 def _as_input(name: str, v: Any, dtype: str) -> jax.Array:
-    """A float input as float32 (whatever it was given as); an integer or boolean one in its own
-    type as JAX holds it, refused if its values do not fit that type exactly."""
+    """A float input as float32 (whatever it was given as), or in its declared 16-bit float
+    type (``bfloat16``, ``float16``: the ops compute in float32 and round back, ONNX's output
+    types); an integer or boolean one in its own type as JAX holds it, refused if its values do
+    not fit that type exactly."""
+    if dtype in NARROW_FLOATS:
+        return jnp.asarray(v, dtype)
     dt = np.dtype(dtype)
     if dt.kind not in "iub":
         return jnp.asarray(v, jnp.float32)
@@ -194,14 +201,21 @@ def execute(
       ConfigError: if ``qstate`` lacks what a quantized layer needs (a calibrated grid, a learned
         step, mixture probabilities), or holds another quantizer's state.
       UnsupportedOpError: if a node's operator has no implementation.
+      LimitError: a tensor the run would materialize is over ``max_tensor_bytes``
+        (:func:`check_run`; checked while tracing, before anything is allocated).
       GraphError: the graph was imported for its shapes only (``from_onnx(...,
         weights="shapes")`` with its external-data files absent): it has no real weights.
     """
     if graph.source == SHAPES_ONLY_SOURCE:
         raise GraphError("this graph was imported for its shapes only (its ONNX external-data "
-                         "files were missing, so its weights are zeros); place the data files "
+                         "files were missing, so its weights have no values); place the data files "
                          "next to the model and import it again to execute it.")
+    if any_absent(params):
+        raise GraphError("these params hold weights known by their shapes only (traced or "
+                         "imported without their values, npujax.ir.absent): a model is "
+                         "executed with its real weights; trace or import it with them.")
     xs = as_inputs(graph, x)
+    check_run(graph, int(xs[0].shape[0]) if xs and xs[0].ndim else 1)
     if xs and xs[0].ndim and xs[0].shape[0] != 1 and _batch_folded(graph):
         return _execute_per_example(graph, params, xs, quant=quant, qstate=qstate, key=key,
                                     observe=observe)
@@ -231,13 +245,49 @@ def execute(
             else:  # the kernel, or an embedding's table
                 role = weight_role(node)
                 p[role] = lq.quantizer.quantize_kernel(node, lq, p[role], state, kw)
-        outs = run_op(node, ins, p)
+        outs = run_op(node, ins, p, [graph.tensors[t].dtype if t in graph.tensors else None
+                                     for t in node.outputs])
         env.update(zip(node.outputs, outs))
         if observe is not None and (record := observe(node, ins, list(outs))) is not None:
             records[node.name] = record
     result = tuple(env[t] for t in graph.outputs)
     out = result[0] if len(result) == 1 else result
     return out if observe is None else (out, records)
+
+
+def check_run(graph: Graph, batch: int) -> None:
+    """Refuse a run of ``graph`` on ``batch`` examples whose inputs or node outputs would not
+    fit ``max_tensor_bytes`` (:mod:`npujax.limits`), before anything is allocated.
+
+    A model's *declared* shapes only have to stay under ``max_tensor_elements`` (``lower``
+    computes with them and allocates nothing), but a run materializes every activation: a
+    model declaring a 1x3x100000x100000 input, or resizing a small one to that size, is
+    costed by ``lower`` and refused here with the tensor named, instead of dying in the
+    allocator. Declared shapes carry the traced batch (the first input's leading dimension);
+    a run of ``batch`` examples scales them by ``ceil(batch / traced batch)``.
+
+    Raises:
+      LimitError: the first tensor over the limit, with its shape at ``batch``.
+    """
+    lead = graph.tensors[graph.inputs[0]].shape[:1] if graph.inputs else ()
+    traced = max(int(lead[0]), 1) if lead else 1
+    scale = max(-(-max(batch, 1) // traced), 1)
+    for name in [*graph.inputs, *(t for n in graph.nodes for t in n.outputs)]:
+        t = graph.tensors.get(name)
+        if t is None:
+            continue
+        itemsize = _ITEMSIZE.get(t.dtype, 8)
+        nbytes = t.size * itemsize * scale
+        if nbytes > get_limits().max_tensor_bytes:
+            shape = [d * scale if i == 0 else d for i, d in enumerate(t.shape)] or [scale]
+            check_bytes(nbytes, f"running the model on {batch} example(s) materializes tensor "
+                        f"{name!r} ({t.dtype} {shape}), which")
+
+
+#: Bytes per element of the graph's dtype names (unknown ones count 8).
+_ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4,
+             "int16": 2, "int8": 1, "uint64": 8, "uint32": 4, "uint16": 2, "uint8": 1,
+             "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
 
 
 def _batchnorm_inv_std(graph: Graph, params: Params) -> dict[str, jax.Array]:

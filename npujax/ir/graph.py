@@ -27,8 +27,8 @@ __all__ = ["TensorType", "Node", "Graph", "Params", "fresh_name", "SHAPES_ONLY_S
 Params = dict[str, dict[str, Any]]
 
 #: ``Graph.source`` of an ONNX model imported with ``weights="shapes"`` whose external data was
-#: absent (:func:`npujax.from_onnx`): its missing weights are zeros, so
-#: :func:`npujax.execute` refuses it.
+#: absent (:func:`npujax.from_onnx`): its missing weights are shapes only
+#: (:class:`~npujax.ir.absent.AbsentArray`), so :func:`npujax.execute` refuses it.
 SHAPES_ONLY_SOURCE = "onnx (shapes only: external weights missing)"
 
 

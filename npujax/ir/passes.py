@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from npujax.errors import ConfigError, GraphError
+from npujax.ir import absent
 from npujax.ir.graph import Graph, Node, Params, TensorType
 from npujax.ops import epilogue_ops, get_op, kernel_out_axis, quantized_ops
 
@@ -77,7 +78,8 @@ def fold_batchnorm(graph: Graph, params: Params) -> tuple[Graph, Params]:
     if folds:
         layers = {layer: params[layer] for layer, *_ in folds}
         bns = {bn: params.pop(bn) for _, bn, *_ in folds}
-        params.update(_fold_params(layers, bns, folds=tuple(folds)))
+        # (weights known by their shapes only fold abstractly: npujax.ir.absent)
+        params.update(absent.apply(_fold_params, layers, bns, folds=tuple(folds)))
     return graph.replace(nodes=tuple(nodes)), params
 
 

@@ -8,9 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from npujax.errors import ConfigError
@@ -79,9 +77,10 @@ class DecoderLowering:
 
 def decoder_graph(config: Any, *, phase: str, seq_len: int, kv_len: int, batch: int) -> Graph:
     """The optimized graph of the reference decoder (:class:`npujax.models.transformer.Decoder`)
-    for one phase, traced from Flax (the same path as any model), with zero weights: the
-    latency model needs the shapes only. The weights are materialised as float32 zeros during
-    the trace (about 2 GB for Qwen2.5-0.5B, 5 GB for Llama-3.2-1B; ``tiny`` is instant).
+    for one phase, traced from Flax (the same path as any model) by its weights' shapes only:
+    the latency model needs nothing else, and no weight is ever allocated (they are
+    :class:`~npujax.ir.absent.AbsentArray`; ``trace_flax(..., weights="shapes")``), so an
+    LLM's embedding and ``lm_head`` cost no memory and meet no tensor limit.
 
     Args:
       config: a :class:`~npujax.models.transformer.DecoderConfig` or a name of
@@ -100,12 +99,10 @@ def decoder_graph(config: Any, *, phase: str, seq_len: int, kv_len: int, batch: 
                               f"{sorted(DECODER_CONFIGS)}.")
         config = DECODER_CONFIGS[config]
     cfg = config
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: Decoder(
-        cfg, phase=phase, seq_len=seq_len, kv_len=kv_len, batch=batch, rngs=nnx.Rngs(0))))
-    state = jax.tree.map(lambda s: jax.device_put(np.zeros(s.shape, s.dtype)), state)
-    model = nnx.merge(graphdef, state)
+    model = nnx.eval_shape(lambda: Decoder(
+        cfg, phase=phase, seq_len=seq_len, kv_len=kv_len, batch=batch, rngs=nnx.Rngs(0)))
     tokens = jnp.zeros((batch, seq_len if phase == "prefill" else 1), jnp.int32)
-    return optimize(*trace_flax(model, tokens, check=False))[0]
+    return optimize(*trace_flax(model, tokens, check=False, weights="shapes"))[0]
 
 
 def kv_cache_operands(graph: Graph) -> dict[str, int]:

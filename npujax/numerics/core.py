@@ -37,6 +37,7 @@ from jax import lax
 from jax.typing import ArrayLike
 
 from npujax.errors import QuantizationError
+from npujax.numerics.finite import check_finite, label, saturate
 from npujax.numerics.formats import FloatFormat, Format
 
 __all__ = ["quantize", "dequantize", "fake_quant", "broadcast_qparam", "true_divide"]
@@ -110,6 +111,14 @@ def _check_float(x: jax.Array) -> None:
         )
 
 
+def _check_values(x, scale, zero_point, axis, block_size, name):
+    """Refuse concrete NaN inputs and non-finite grids, naming the channel (finite.py)."""
+    check_finite(x, label("input", name), axis, allow_inf=True, block_size=None)
+    grid_axis = None if block_size is not None or jnp.ndim(scale) == 0 else 0
+    check_finite(scale, label("scale", name), grid_axis, positive=True, show_axis=False)
+    check_finite(zero_point, label("zero_point", name), grid_axis, show_axis=False)
+
+
 def true_divide(x: jax.Array, d: ArrayLike) -> jax.Array:
     """``x / d`` correctly rounded (IEEE), elementwise, ``d`` broadcast against ``x``.
 
@@ -147,6 +156,7 @@ def quantize(
     axis: int | None = None,
     *,
     block_size: int | None = None,
+    name: str | None = None,
 ) -> jax.Array:
     """Quantize floats to codes (ONNX QuantizeLinear): ``saturate(round(x / scale) + zero_point)``.
 
@@ -158,13 +168,16 @@ def quantize(
       fmt: :class:`IntFormat` or :class:`FloatFormat` of the codes.
       axis: channel/block axis, ``None`` for per-tensor.
       block_size: block length along ``axis`` for per-block parameters.
+      name: the tensor's name, for error messages.
 
     Returns:
       Codes of ``fmt.storage_dtype`` (int8/uint8/int16/uint16 or float8), same shape as ``x``.
       Sub-byte integer codes (e.g. int4) are stored in int8/uint8 within ``[qmin, qmax]``.
 
     Raises:
-      QuantizationError: if ``x`` is not floating point or parameter shapes do not match.
+      QuantizationError: if ``x`` is not floating point or parameter shapes do not match; a
+        concrete ``x`` holding NaN, or a concrete scale that is not finite and > 0, or zero
+        point that is not finite (``npujax/numerics/finite.py``; +-inf inputs saturate).
 
     Examples:
       >>> quantize(jnp.array([0.25, 0.75, 10.0]), 0.5, 0, IntFormat(8))
@@ -174,6 +187,7 @@ def quantize(
       ONNX QuantizeLinear (opset 21); Jacob et al. 2018, arXiv:1712.05877.
     """
     _check_float(x)
+    _check_values(x, scale, zero_point, axis, block_size, name)
     x = jnp.asarray(x)
     v, _, z = _scaled(x, scale, zero_point, axis, block_size)
     if isinstance(fmt, FloatFormat):
@@ -224,7 +238,8 @@ def _fake_quant_fwd(x, scale, zero_point, noise, fmt, axis, block_size):
         r = _round(v, fmt, noise) + z
         inside = (r >= fmt.qmin) & (r <= fmt.qmax)
         out = (jnp.clip(r, fmt.qmin, fmt.qmax) - z) * s
-    return out, (inside, scale, zero_point, noise)
+    # a grid a given scale stretches past the float range saturates (npujax/numerics/finite.py)
+    return saturate(out), (inside, scale, zero_point, noise)
 
 
 def _fake_quant_bwd(fmt, axis, block_size, res, g):
@@ -249,6 +264,7 @@ def fake_quant(
     *,
     block_size: int | None = None,
     key: jax.Array | None = None,
+    name: str | None = None,
 ) -> jax.Array:
     """Quantize then dequantize in float (simulated quantization) with a straight-through gradient.
 
@@ -268,19 +284,26 @@ def fake_quant(
       block_size: block length along ``axis`` for per-block parameters.
       key: a ``jax.random`` key for stochastic rounding (integer formats only); None rounds to
         nearest, ties to even.
+      name: the tensor's name, for error messages.
 
     Returns:
-      Array of ``x``'s shape and dtype whose values lie on the grid ``scale * (k - zero_point)``.
+      Array of ``x``'s shape and dtype whose values lie on the grid ``scale * (k - zero_point)``,
+      saturated to the dtype's finite range (a finite ``x`` never gives inf or NaN; ``+-inf``
+      saturates to the grid's ends).
 
     Raises:
       QuantizationError: if ``x`` is not floating point, parameter shapes do not match, or
-        stochastic rounding is asked of an FP8 format.
+        stochastic rounding is asked of an FP8 format; a concrete (not traced) ``x`` holding
+        NaN, scale that is not finite and > 0, or zero point that is not finite (the message
+        names the channel; inside ``jit`` nothing can be checked: ``npujax/numerics/
+        finite.py``).
 
     References:
       ONNX QuantizeLinear/DequantizeLinear; Jacob et al. 2018, arXiv:1712.05877; Gupta et al.
       2015, "Deep Learning with Limited Numerical Precision", arXiv:1502.02551.
     """
     _check_float(x)
+    _check_values(x, scale, zero_point, axis, block_size, name)
     x = jnp.asarray(x)
     zero_point = jnp.asarray(zero_point)
     if not jnp.issubdtype(zero_point.dtype, jnp.floating):

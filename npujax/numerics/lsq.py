@@ -37,7 +37,8 @@ import jax
 import jax.numpy as jnp
 
 from npujax.errors import QuantizationError
-from npujax.numerics.core import broadcast_qparam
+from npujax.numerics.core import broadcast_qparam, true_divide
+from npujax.numerics.finite import check_finite, label, saturate, scale_bound
 from npujax.numerics.formats import IntFormat
 from npujax.numerics.qparams import MIN_SCALE
 
@@ -51,10 +52,11 @@ def _lsq(x, step, offset, fmt, grad_scale):
 
 def _lsq_fwd(x, step, offset, fmt, grad_scale):
     s = jnp.maximum(step, MIN_SCALE)
-    v = (x - offset) / s
+    # a true division: XLA's reciprocal of a step above 2**126 is a subnormal, flushed to 0
+    v = true_divide(x - offset, s)
     r = jnp.round(v)
     below, above = v <= fmt.qmin, v >= fmt.qmax  # the papers' conditions, on v
-    out = jnp.clip(r, fmt.qmin, fmt.qmax) * s + offset
+    out = saturate(jnp.clip(r, fmt.qmin, fmt.qmax) * s + offset)  # finite (finite.py)
     return out, (v, r, below, above, step, offset)
 
 
@@ -109,11 +111,18 @@ def lsq_fake_quant(
 
     Raises:
       QuantizationError: if ``x`` is not floating point, ``fmt`` is not an IntFormat, or the
-        step's shape does not match ``axis``.
+        step's shape does not match ``axis``; a concrete step or offset that is not finite, or
+        a concrete ``x`` holding NaN (``npujax/numerics/finite.py``; outputs are saturated to
+        the float range, so finite values never give inf).
 
     References:
       Esser et al. 2020, arXiv:1902.08153; Bhalgat et al. 2020, arXiv:2004.09576.
     """
+    check_finite(x, "input", axis, allow_inf=True)
+    param_axis = None if jnp.ndim(step) == 0 else 0
+    check_finite(step, "step", param_axis, show_axis=False)
+    if offset is not None:
+        check_finite(offset, "offset", None if jnp.ndim(offset) == 0 else 0, show_axis=False)
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise QuantizationError(f"lsq_fake_quant needs a floating-point input, got {x.dtype}.")
@@ -127,20 +136,30 @@ def lsq_fake_quant(
     return _lsq(x, step, off, fmt, float(grad_scale))
 
 
-def lsq_init_step(x: jax.Array, fmt: IntFormat, axis: int | None = None) -> jax.Array:
+def lsq_init_step(x: jax.Array, fmt: IntFormat, axis: int | None = None, *,
+                  name: str | None = None) -> jax.Array:
     """LSQ's initial step ``2 * mean(|x|) / sqrt(Q_p)`` (per tensor, or per channel on ``axis``).
 
     Args:
       x: float array (weights, or a first activation batch).
       fmt: the integer format.
       axis: channel axis for a per-channel step.
+      name: the tensor's name, for error messages.
 
     Returns:
-      float32 step, scalar or ``[x.shape[axis]]``, at least ``MIN_SCALE``.
+      float32 step, scalar or ``[x.shape[axis]]``, at least ``MIN_SCALE`` and at most the
+      largest step whose every code is a finite float32 (the mean is taken of ``|x| / 2**64``,
+      so a sum of values near the float32 maximum does not overflow).
+
+    Raises:
+      QuantizationError: a concrete ``x`` holding NaN or inf (the message names the channel).
 
     References:
       Esser et al. 2020, arXiv:1902.08153, section 2.1.
     """
+    check_finite(x, label("input", name), axis)
     x = jnp.abs(jnp.asarray(x, jnp.float32))
     axes = None if axis is None else tuple(i for i in range(x.ndim) if i != axis % x.ndim)
-    return jnp.maximum(2.0 * jnp.mean(x, axis=axes) / math.sqrt(max(fmt.qmax, 1)), MIN_SCALE)
+    mean = jnp.mean(x * 2.0**-64, axis=axes) * 2.0**64  # (powers of two: exact)
+    top = scale_bound(max(-fmt.qmin, fmt.qmax, 1))
+    return jnp.clip(2.0 * mean / math.sqrt(max(fmt.qmax, 1)), MIN_SCALE, top)

@@ -8,6 +8,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from npujax.errors import QuantizationError
+from npujax.numerics.finite import check_finite, label, max_scale
 from npujax.numerics.formats import FloatFormat, Format
 
 __all__ = ["qparams_from_range", "weight_qparams", "MIN_SCALE"]
@@ -22,6 +23,8 @@ def qparams_from_range(
     max_val: jax.Array,
     fmt: Format,
     symmetric: bool,
+    *,
+    name: str | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Scale and zero point that map ``[min_val, max_val]`` onto ``fmt``'s code range.
 
@@ -35,40 +38,58 @@ def qparams_from_range(
     * FP8 (:class:`FloatFormat`, always symmetric): ``scale = max(|min|, |max|) / fmt.max``,
       zero point 0.
 
+    The scale is at most :func:`~npujax.numerics.finite.max_scale` (every code dequantizes to a
+    finite float32; ``npujax/numerics/finite.py``): this binds only for ranges near the float32
+    maximum, whose far end then saturates. A range wider than the float32 maximum is divided
+    before it is subtracted, ``max / n - min / n`` (ordinary ranges keep ``(max - min) / n``
+    bit for bit).
+
     Args:
       min_val: the range's minimum, a float32 scalar (per-tensor) or ``[C]`` array
         (per-channel).
       max_val: its maximum, same shape.
       fmt: target integer format.
       symmetric: symmetric (weights) or asymmetric (activations) mapping.
+      name: the tensor's name, for error messages.
 
     Returns:
-      ``(scale, zero_point)``: float32 scale >= :data:`MIN_SCALE` and int32 zero point, both of the
-      input's shape. Never NaN, even for an empty (min > max after an all-NaN-free empty update)
-      or zero range.
+      ``(scale, zero_point)``: float32 scale in ``[MIN_SCALE, max_scale]`` and int32 zero
+      point, both of the input's shape. Never NaN, even for an empty (min > max after an
+      all-NaN-free empty update) or zero range.
+
+    Raises:
+      QuantizationError: a concrete (not traced) minimum or maximum holding NaN or inf (the
+        message names the channel).
 
     References:
       Jacob et al. 2018, arXiv:1712.05877, section 2.1; Krishnamoorthi 2018, arXiv:1806.08342.
     """
+    for role, v in (("minimum", min_val), ("maximum", max_val)):
+        check_finite(v, f"{label('range', name)} {role}", 0 if np.ndim(v) == 1 else None)
     lo = jnp.minimum(jnp.asarray(min_val, jnp.float32), 0.0)
     hi = jnp.maximum(jnp.asarray(max_val, jnp.float32), 0.0)
+    top = max_scale(fmt, symmetric or isinstance(fmt, FloatFormat))
     if isinstance(fmt, FloatFormat):
-        scale = jnp.maximum(jnp.maximum(-lo, hi) / fmt.max, MIN_SCALE)
+        scale = jnp.clip(jnp.maximum(-lo, hi) / fmt.max, MIN_SCALE, top)
         return scale, jnp.zeros(jnp.shape(scale), jnp.int32)
     if symmetric:
         amax = jnp.maximum(-lo, hi)
-        scale = jnp.maximum(amax / ((fmt.qmax - fmt.qmin) / 2.0), MIN_SCALE)
+        scale = jnp.clip(amax / ((fmt.qmax - fmt.qmin) / 2.0), MIN_SCALE, top)
         mid = 0 if fmt.signed else (fmt.qmin + fmt.qmax + 1) // 2
         zero_point = jnp.full(jnp.shape(scale), mid, jnp.int32)
     else:
-        scale = jnp.maximum((hi - lo) / float(fmt.qmax - fmt.qmin), MIN_SCALE)
+        n = float(fmt.qmax - fmt.qmin)
+        width = hi - lo  # inf only for a range wider than the float32 maximum
+        scale = jnp.where(jnp.isfinite(width), width / n, hi / n - lo / n)
+        scale = jnp.clip(scale, MIN_SCALE, top)
         zero_point = jnp.clip(fmt.qmin - jnp.round(lo / scale), fmt.qmin, fmt.qmax)
         zero_point = zero_point.astype(jnp.int32)
     return scale, zero_point
 
 
 def weight_qparams(
-    w: ArrayLike, fmt: Format, axis: int | None, *, block_size: int | None = None
+    w: ArrayLike, fmt: Format, axis: int | None, *, block_size: int | None = None,
+    name: str | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Symmetric min-max scale for a weight tensor, per channel along ``axis`` (or per tensor),
     or per block of ``block_size`` consecutive elements along ``axis``.
@@ -84,18 +105,24 @@ def weight_qparams(
       axis: output-channel axis for per-channel scales, the blocked axis with ``block_size``,
         ``None`` for one scale.
       block_size: block length along ``axis`` (>= 1), or None.
+      name: the weight's name (e.g. ``"conv1/kernel"``), for error messages.
 
     Returns:
       ``(scale, zero_point)`` of shape ``[w.shape[axis]]`` (or scalars, or the per-block shape
-      above), gradient-stopped; float32 and int32. A concrete ``w`` (not traced) is computed in
+      above), gradient-stopped; float32 and int32; every scale finite and at most
+      :func:`~npujax.numerics.finite.max_scale`. A concrete ``w`` (not traced) is computed in
       numpy, bit for bit as the jnp code runs eagerly, without compiling (see
       ``_host_weight_qparams``).
 
     Raises:
-      QuantizationError: ``block_size`` without an axis, or not a positive int.
+      QuantizationError: ``block_size`` without an axis, or not a positive int; a concrete
+        ``w`` holding NaN or inf (the message names the weight and the channel or block; a
+        traced one cannot be checked: ``npujax/numerics/finite.py``).
     """
     if not isinstance(w, jax.core.Tracer):  # a concrete weight: on the host, no compilation
-        s, z = _host_weight_qparams(np.asarray(w, np.float32), fmt, axis, block_size)
+        a = np.asarray(w, np.float32)
+        check_finite(a, label("weight", name), axis, block_size=block_size)
+        s, z = _host_weight_qparams(a, fmt, axis, block_size)
         return jax.device_put(s), jax.device_put(z)  # (jnp.asarray compiles per shape)
     return _jnp_weight_qparams(w, fmt, axis, block_size)
 
@@ -146,7 +173,8 @@ def _host_weight_qparams(w: np.ndarray, fmt: Format, axis: int | None,
     else:
         d = np.float32((fmt.qmax - fmt.qmin) / 2.0)
     q = amax / d if amax.size == 1 else amax * (np.float32(1.0) / d)
-    scale = np.maximum(q, np.float32(MIN_SCALE)).astype(np.float32)
+    scale = np.clip(q, np.float32(MIN_SCALE), np.float32(max_scale(fmt, True)))
+    scale = scale.astype(np.float32)
     mid = 0 if isinstance(fmt, FloatFormat) or fmt.signed else (fmt.qmin + fmt.qmax + 1) // 2
     return scale, np.full(scale.shape, mid, np.int32)
 

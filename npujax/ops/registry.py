@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import jax
+import jax.numpy as jnp
 
 from npujax.errors import UnsupportedOpError
 
@@ -41,7 +42,8 @@ if TYPE_CHECKING:
 __all__ = [
     "OpDef", "ArrayWork", "VectorWork", "CostClass", "OPS", "ONNX_IMPORTERS", "ONNX_WEIGHT_OPS",
     "ONNX_DOMAIN_IMPORTERS",
-    "register", "onnx_importer", "get_op", "run_op", "gemm_nodes", "quantized_ops",
+    "register", "onnx_importer", "get_op", "run_op", "widen", "NARROW_FLOATS", "gemm_nodes",
+    "quantized_ops",
     "operand_quantized_ops", "quantizable_nodes",
     "kernel_out_axis", "kernel_in_axis", "out_channel_view", "apply_epilogue", "epilogue_ops",
     "ops_with",
@@ -207,14 +209,37 @@ def get_op(name: str, node: str | None = None) -> OpDef:
     return d
 
 
-def run_op(node: Node, inputs: Sequence[jax.Array], params: Mapping[str, jax.Array]
-           ) -> list[jax.Array]:
+#: Floating types a graph carries between operators but no operator computes in: inputs of
+#: these types are widened to float32 (exactly) and the outputs rounded back to the declared
+#: type once (:func:`run_op`).
+NARROW_FLOATS = frozenset({"float16", "bfloat16"})
+
+
+def widen(x: jax.Array) -> jax.Array:
+    """``x`` as float32 if it is a 16-bit float (:data:`NARROW_FLOATS`; exact), else as is."""
+    return x.astype(jnp.float32) if str(x.dtype) in NARROW_FLOATS else x
+
+
+def run_op(node: Node, inputs: Sequence[jax.Array], params: Mapping[str, jax.Array],
+           out_dtypes: Sequence[Any] | None = None) -> list[jax.Array]:
     """Run one node with its operator's JAX implementation.
+
+    Every operator computes in float32 or wider: 16-bit float inputs (:data:`NARROW_FLOATS`)
+    are widened to float32, and with ``out_dtypes`` (the graph's declared output types) each
+    floating output is cast to its declared type, so an op keeps the output dtype of its
+    ONNX node (a bfloat16 Einsum gives bfloat16, rounded once from a float32 accumulation, as
+    ONNX's reference computes it).
 
     Raises:
       UnsupportedOpError: the node's operator is not registered.
     """
-    return get_op(node.op, node.name).run(node, inputs, params)
+    outs = get_op(node.op, node.name).run(node, [widen(v) for v in inputs], params)
+    if out_dtypes is None:
+        return outs
+    want = [None if d is None else jax.dtypes.canonicalize_dtype(d) for d in out_dtypes]
+    return [o.astype(d) if (d is not None and jnp.issubdtype(o.dtype, jnp.floating)
+                            and jnp.issubdtype(d, jnp.floating) and o.dtype != d) else o
+            for o, d in zip(outs, want)]
 
 
 def quantized_ops() -> frozenset[str]:

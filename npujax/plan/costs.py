@@ -157,21 +157,24 @@ def input_widths(layers: Sequence[Workload] | LayerTable, act_bits: jax.Array,
     Args:
       layers: the workloads (``producer`` indices), or their :class:`~npujax.plan.LayerTable`
         (its columns may be traced).
-      act_bits: ``[L]`` activation width per layer (float).
+      act_bits: ``[L]`` activation width per layer (float), in the dtype the caller gave it, not
+        widened to float64: it is gathered, and a float64 gather cannot be differentiated
+        outside the 64-bit scope (``npujax/_exact.py``).
       on_npu: bool ``[L]``, the layers the NPU runs.
 
     Returns:
-      ``(a_in, needs)``: ``[L]`` arriving widths (the layer's own without a producer) and bool
-      ``[L]`` conversion flags.
+      ``(a_in, needs)``: float64 ``[L]`` arriving widths (the layer's own without a producer)
+      and bool ``[L]`` conversion flags.
     """
     t = layer_table(layers)
+    bits = jnp.asarray(act_bits)
     first = jnp.asarray(t.first_consumer)
     out_width = jnp.where(jnp.asarray(t.gemm) & (first >= 0),
-                          act_bits[jnp.maximum(first, 0)], act_bits)
+                          bits[jnp.maximum(first, 0)], bits)
     producer = jnp.asarray(t.producer)
     has_prod = producer >= 0
-    a_in = jnp.where(has_prod, out_width[jnp.maximum(producer, 0)], act_bits)
-    return a_in, has_prod & on_npu & (a_in != act_bits)
+    a_in = jnp.where(has_prod, out_width[jnp.maximum(producer, 0)], bits)
+    return real(a_in), has_prod & on_npu & (a_in != bits)
 
 
 def split_over_cores(M, K, N, rows, cols, cores, df: Dataflow, *, bound: int | None = None
@@ -451,7 +454,7 @@ def _layer_costs(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight_
     macs = f32("macs")
 
     # precision conversion: a consumer wanting another width than it receives pays a pass
-    a_in, needs = input_widths(t, ab, on_npu)
+    a_in, needs = input_widths(t, act_bits, on_npu)
     conv_bytes = _bursts(in_elems * a_in / 8.0, burst) + _bursts(in_elems * ab / 8.0, burst)
     conv_cycles = jnp.maximum(real(_ceil_div(i32("in_elems"), lanes * cores,
                                              bound=bound("in_elems"))),

@@ -157,43 +157,57 @@ def secant_check(
     if bad:
         raise ConfigError(f"unknown secant-check parameters {bad}; use names from {list(STEPS)}.")
     n = len(layers)
+    temp = _relax.DEFAULT_TEMPERATURE if temperature is None else temperature
+    relaxed = CostMode(relaxed=True, temperature=temp, count_slope=count_slope, energy=False)
+
+    def exact_s(s, w, a):
+        return program_cost(layers, s, w, a, chains=chains, mode=LATENCY
+                            ).costs.latency_cycles / jnp.asarray(s.array.clock_hz, jnp.float64)
+
+    def relaxed_s(s, w, a):
+        return program_cost(layers, s, w, a, chains=chains, mode=relaxed
+                            ).costs.latency_cycles / s.array.clock_hz
+
+    def relaxed_bits_s(w, a):  # in the caller's config: the 64-bit counts cast down first
+        cycles = program_cost(layers, spec, w, a, chains=chains, mode=relaxed
+                              ).costs.latency_cycles
+        return cycles.astype(w.dtype) / spec.array.clock_hz
+
+    # the widths' gradients as a search takes them: float32 widths in JAX's default config (a
+    # gradient that works only with 64-bit types enabled would pass unnoticed with them on)
+    jac_bits = None
+    if {"weight_bits", "act_bits"} & set(params):
+        w32, a32 = np.asarray(weight_bits, np.float32), np.asarray(act_bits, np.float32)
+        if w32.shape == a32.shape == (n,):
+            with jax.enable_x64(False):
+                jac_bits = jax.jit(jax.jacrev(relaxed_bits_s, argnums=(0, 1)))(w32, a32)
     with jax.enable_x64(True):
         wb = jnp.asarray(weight_bits, jnp.float64)
         ab = jnp.asarray(act_bits, jnp.float64)
         if wb.shape != (n,) or ab.shape != (n,) or float(jnp.min(jnp.minimum(wb, ab))) < 2:
             raise ConfigError(f"secant_check needs one width >= 2 bits per layer ({n}); got "
                               f"shapes {wb.shape}, {ab.shape}.")
-        temp = _relax.DEFAULT_TEMPERATURE if temperature is None else temperature
-
-        relaxed = CostMode(relaxed=True, temperature=temp, count_slope=count_slope,
-                           energy=False)
-
-        def exact_s(s, w, a):
-            return program_cost(layers, s, w, a, chains=chains, mode=LATENCY
-                                ).costs.latency_cycles / jnp.asarray(s.array.clock_hz,
-                                                                     jnp.float64)
-
-        def relaxed_s(s, w, a):
-            return program_cost(layers, s, w, a, chains=chains, mode=relaxed
-                                ).costs.latency_cycles / s.array.clock_hz
-
         exact = jax.jit(exact_s)
         base = np.asarray(exact(spec, wb, ab))
-        ds = differentiable_spec(spec, jnp.float64)
-        jac = jax.jit(jax.jacrev(relaxed_s, argnums=(0, 1, 2)))(ds, wb, ab)
+        jac_spec = None
+        if set(params) - {"weight_bits", "act_bits"}:
+            ds = differentiable_spec(spec, jnp.float64)
+            jac_spec = jax.jit(jax.jacrev(relaxed_s))(ds, wb, ab)
         one_hot = jnp.eye(n, dtype=jnp.float64)
         pred, sec = [], []
         for p in params:
             if p in ("weight_bits", "act_bits"):
                 i = 1 if p == "weight_bits" else 2
-                pred.append(-np.diagonal(np.asarray(jac[i])))
+                assert jac_bits is not None
+                pred.append(-np.diagonal(np.asarray(jac_bits[i - 1], np.float64)))
                 wbn, abn = jnp.broadcast_to(wb, (n, n)), jnp.broadcast_to(ab, (n, n))
                 args = [(wbn - one_hot, abn), (wbn, abn - one_hot)][i - 1]
                 stepped = jax.jit(jax.vmap(exact_s, in_axes=(None, 0, 0)))(spec, *args)
                 sec.append(np.diagonal(np.asarray(stepped)) - base)
             else:
                 new, h = _step(spec, p)
-                g = np.asarray(fields.get(jac[0], p))
+                assert jac_spec is not None
+                g = np.asarray(fields.get(jac_spec, p))
                 pred.append(g * h)
                 sec.append(np.asarray(exact(new, wb, ab)) - base)
     return SecantCheck(params=tuple(params), predicted=np.stack(pred), secant=np.stack(sec),

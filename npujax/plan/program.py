@@ -228,7 +228,8 @@ def _compose(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight_bits
     base = _layer_costs(layers, spec, weight_bits, act_bits, dataflows, shapes, mapping)
     if passes and not isinstance(layers, LayerTable):
         layers = tuple(layers)
-    wb, ab = real(weight_bits), real(act_bits)
+    # the widths as the caller gave them: a pass widens them, after any gather (_exact.py)
+    wb, ab = jnp.asarray(weight_bits), jnp.asarray(act_bits)
     out = []
     for df, costs in zip(dataflows, base):
         state = ProgramCosts(costs=costs, unfused=costs)

@@ -110,6 +110,8 @@ def repriced(base: LayerCosts, spec: NpuSpec, touched: jax.Array, dram_bytes: ja
                         stall_cycles=pick(stall, base.stall_cycles),
                         latency_cycles=pick(latency, base.latency_cycles))
     if compute_cycles is not None:
-        out = out._replace(compute_cycles=jnp.where(touched, count(compute_cycles),
-                                                    base.compute_cycles))
+        # the counts' own type: int64 exact, float64 relaxed (an int64 cast cuts the gradient)
+        new = (count(compute_cycles) if jnp.issubdtype(base.compute_cycles.dtype, jnp.integer)
+               else real(compute_cycles))
+        out = out._replace(compute_cycles=jnp.where(touched, new, base.compute_cycles))
     return out

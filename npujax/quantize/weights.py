@@ -43,10 +43,11 @@ def check_weights(params: Mapping[str, Mapping[str, Any]],
                 continue
             bad = ~np.isfinite(a)
             if bad.any():
+                first = tuple(int(i) for i in np.argwhere(bad)[0])
                 raise CalibrationError(
                     f"layer {layer!r} {role} holds {int(bad.sum())} non-finite value(s) (first: "
-                    f"{a[bad].flat[0]}); fix or retrain the model: NaN/inf weights give NaN "
-                    "outputs and quantization scales.")
+                    f"{a[first]} at index {first}); fix or retrain the model: NaN/inf weights "
+                    "give NaN outputs and quantization scales.")
             peak = float(np.max(np.abs(a)))
             if peak > MAX_ABS_WEIGHT:
                 raise CalibrationError(

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from npujax._progress import phase
 from npujax.data.sources import load_inputs
 from npujax.errors import ConfigError
 from npujax.frontends.keras import is_keras_spec, trace_keras
@@ -107,7 +108,7 @@ def load_model_and_data(
       calibrate_act_bits: a model without calibration state is calibrated (min-max, W8 and
         this activation width) on up to 128 training examples; None leaves it uncalibrated
         (the caller calibrates with its own spec).
-      progress: progress bars.
+      progress: progress on stderr (``npujax._progress``: bars on a terminal, lines off it).
 
     Returns:
       A :class:`LoadedModel`.
@@ -123,17 +124,20 @@ def load_model_and_data(
             raise ConfigError("an ONNX model needs calibration data: pass --data text, --data "
                               "photos (images generated at the model's input size) or --data "
                               "FILE.npy/.npz (your own preprocessed inputs).")
-        graph, params = optimize(*from_onnx(model, input_shapes or None))
+        with phase(f"importing {model}", progress):
+            graph, params = optimize(*from_onnx(model, input_shapes or None))
         qstate, meta = None, {"source": str(model)}
     else:
         if is_keras_spec(model) and not data:
             raise ConfigError("a Keras model needs data: pass --data photos or --data text "
                               "(images generated at the model's input size) or --data "
                               "FILE.npy/.npz (your own preprocessed inputs).")
-        graph, params, qstate, meta = load_model(model, input_shapes)
+        with phase(f"loading {model}", progress):
+            graph, params, qstate, meta = load_model(model, input_shapes)
     source = data or "digits"
-    x, y, xte, yte = load_inputs(source, graph.tensors[graph.inputs[0]].shape, n=examples,
-                                 seed=seed)
+    with phase(f"data {source}", progress):
+        x, y, xte, yte = load_inputs(source, graph.tensors[graph.inputs[0]].shape, n=examples,
+                                     seed=seed)
     log.info("data %s: %d examples for search/fine-tuning, %d held out (%s)", source, len(x),
              len(xte), "labelled" if y is not None else "unlabelled")
     if not qstate and calibrate_act_bits is not None:

@@ -22,7 +22,8 @@ def import_onnx_for_lowering(path: str | Path, shapes: Mapping[str, Sequence[int
                              batch: int | None) -> Graph:
     """An ONNX model as an optimized graph for the latency model: unsupported operators kept as
     CPU fallbacks, optionally at another batch size. Latency needs only shapes, so weights whose
-    external-data file is absent are zeros (with a warning; ``from_onnx(weights="shapes")``)."""
+    external-data file is absent are kept by their shapes only, never allocated (with a
+    warning; ``from_onnx(weights="shapes")``, :mod:`npujax.ir.absent`)."""
     graph, params = from_onnx(path, shapes or None, unsupported="fallback", batch=batch,
                               weights="shapes")
     return optimize(graph, params)[0]

@@ -26,7 +26,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ import numpy as np
 
 from npujax._atomic import atomic_write_bytes, atomic_write_text
 from npujax._version import __version__
+from npujax._progress import progress_bar
 from npujax.errors import ConfigError, OutputError
 from npujax.explore.grid import Grid, configurations
 from npujax.explore.sweep import COLUMNS, SweepResult, evaluate_configs, pareto_front
@@ -164,40 +165,6 @@ def _write_chunk(path: Path, cols: dict[str, np.ndarray], key: str) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
-class _Progress:
-    """A progress bar with evaluations/s on a terminal (stderr), else nothing."""
-
-    def __init__(self, enabled: bool, total: int) -> None:
-        import sys
-
-        self.enabled = enabled and sys.stderr.isatty()
-        self.total = total
-
-    def __enter__(self) -> Callable[[int, float], None]:
-        if not self.enabled:
-            return lambda n, rate: None
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-        )
-
-        self._bar = Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(),
-                             TextColumn("{task.fields[rate]} evaluations/s"),
-                             TimeRemainingColumn(), transient=True,
-                             console=Console(stderr=True))
-        self._bar.__enter__()
-        task = self._bar.add_task("sweep", total=self.total, rate="-")
-        return lambda n, rate: self._bar.update(task, advance=n, rate=f"{rate:.3g}")
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.enabled:
-            self._bar.__exit__(*exc)
-
-
 def _barrier(name: str) -> None:
     """Wait for every process of a ``jax.distributed`` job."""
     from jax.experimental import multihost_utils
@@ -284,14 +251,15 @@ def run_sweep(graph: Graph, base: NpuSpec, grid: Grid, out: str | Path, *,
     cache: dict[Any, Any] = {}
     t0 = time.perf_counter()
     done = 0
-    with _Progress(progress, sum(min(chunk_size, n - i * chunk_size) for i in todo)) as advance:
+    total = sum(min(chunk_size, n - i * chunk_size) for i in todo)
+    with progress_bar(progress, "sweep", total, field="evaluations/s") as advance:
         for i in todo:
             sl = configs[i * chunk_size:(i + 1) * chunk_size]
             cols = evaluate_configs(graph, base, grid, sl, devices, cache)
             _write_chunk(_chunk_path(out, i), cols, key)
             layers = len(next(iter(cache.values()))[1].layers)
             done += len(sl)
-            advance(len(sl), done * layers / max(time.perf_counter() - t0, 1e-9))
+            advance(done * layers / max(time.perf_counter() - t0, 1e-9), len(sl))
     seconds = time.perf_counter() - t0
     rate = done * layers / seconds if done else 0.0
     if todo:

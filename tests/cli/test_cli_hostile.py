@@ -8,6 +8,7 @@ import errno
 import json
 import os
 
+import numpy as np
 import onnx
 import pytest
 
@@ -108,7 +109,8 @@ def test_failed_or_interrupted_run_keeps_the_previous_folder(capsys, tmp_path, s
     for exc, code in ((KeyboardInterrupt(), 130),
                       (OSError(errno.ENOSPC, "No space left on device"), 10)):
         monkeypatch.setattr(lowering, "write_lowering", half_then(exc))
-        got, err = _run(capsys, "lower", str(small_onnx), "--npu", "tpu_v1", "--out", str(out))
+        got, err = _run(capsys, "lower", str(small_onnx), "--npu", "tpu_v1", "--out", str(out),
+                        "--no-progress")
         assert got == code and len(err.strip().splitlines()) == 1, err
         assert {p.name: p.read_bytes() for p in out.iterdir()} == before
         assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
@@ -176,3 +178,71 @@ def test_sweep_of_a_replaced_model_is_not_resumed(capsys, tmp_path):
         code, err = _run(capsys, *argv)
         assert code == 2 and len(err.strip().splitlines()) == 1, err
         assert "holds a different sweep: " + changed in err and "--out" in err
+# --- huge declared dimensions (issue 28): every command refuses before it allocates
+
+
+@pytest.fixture(scope="module")
+def huge_models(tmp_path_factory):
+    """A conv declaring a 1x3x100000x100000 input (within max_tensor_elements: only what is
+    materialized is too large), one whose 8x8 input a Resize blows up to 1x3x100000x100000
+    inside the model, and a policy for them."""
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+
+    d = tmp_path_factory.mktemp("huge")
+    onnx.save(hi.conv(1, 100_000, c_in=3, c_out=4), d / "input.onnx")
+    scales = nh.from_array(np.array([1, 1, 12500, 12500], np.float32), "scales")
+    w = nh.from_array(np.zeros((4, 3, 3, 3), np.float32), "w")
+    nodes = [h.make_node("Resize", ["x", "", "scales"], ["r"], mode="nearest"),
+             h.make_node("Conv", ["r", "w"], ["y"], pads=[1, 1, 1, 1])]
+    onnx.save(hi.model(nodes, [hi.vi("x", [1, 3, 8, 8])], [hi.vi("y", None)], [scales, w]),
+              d / "inside.onnx")
+    # a saved model taking the digits (8x8x1, NHWC) and resizing them inside, for calibrate
+    from npujax.frontends.onnx import from_onnx
+    from npujax.quantize.model_file import save_graph
+
+    scales = nh.from_array(np.array([1, 12500, 12500, 1], np.float32), "scales")
+    k = nh.from_array(np.zeros((1, 4), np.float32), "k")
+    nodes = [h.make_node("Resize", ["x", "", "scales"], ["r"], mode="nearest"),
+             h.make_node("MatMul", ["r", "k"], ["y"])]
+    save_graph(d / "inside.npz", *from_onnx(hi.model(
+        nodes, [hi.vi("x", [1, 8, 8, 1])], [hi.vi("y", None)], [scales, k])))
+    for model, layer in (("input", "Conv_0"), ("inside", "Conv_1")):
+        (d / f"policy-{model}.json").write_text(json.dumps({
+            "format": "npujax.precision_policy/1", "weight_bits": {layer: 8},
+            "act_bits": {layer: 8}}))
+    return d
+
+
+@pytest.mark.parametrize("command, model", [
+    *((c, m) for c in ("search", "codesign", "qat") for m in ("input", "inside")),
+    ("calibrate", "inside"),  # (saved models taking the digits only)
+])
+def test_huge_declared_dimensions_are_refused_before_allocation(capsys, huge_models, model,
+                                                                command):
+    # search died with MemoryError: std::bad_alloc and a traceback
+    path, out = str(huge_models / f"{model}.onnx"), huge_models / f"out-{command}-{model}"
+    if command == "calibrate":
+        path = str(huge_models / "inside.npz")
+    argv = {"search": ["search", path, "--data", "photos", "--out", str(out) + ".json"],
+            "codesign": ["codesign", path, "--data", "photos", "--area-mm2", "10",
+                         "--out", str(out)],
+            "qat": ["qat", "--policy", str(huge_models / f"policy-{model}.json"), "--model", path,
+                    "--data", "photos", "--out", str(out)],
+            "calibrate": ["calibrate", path, "--out", str(out)]}[command]
+    code, err = _run(capsys, *argv)
+    assert code == 9, err
+    errors = [line for line in err.splitlines() if line.startswith("npujax: error:")]
+    assert "Traceback" not in err and len(errors) == 1, err
+    assert "max_tensor_bytes" in errors[0] and "100000" in errors[0], err
+    assert not out.exists() or not any(out.iterdir())  # (--out is created first, then empty)
+
+
+def test_commands_that_only_compute_with_shapes_take_huge_declared_dimensions(capsys,
+                                                                            huge_models,
+                                                                            tmp_path):
+    # lower, sweep, topology and fit allocate nothing of the declared size: they cost it
+    code, err = _run(capsys, "topology", str(huge_models / "input.onnx"), "--out",
+                     str(tmp_path / "t.csv"))
+    assert code == 0, err
+    assert "Conv_0, 100002, 100002" in (tmp_path / "t.csv").read_text()  # (padded)

@@ -178,3 +178,34 @@ def test_bad_temperature_and_parameter_are_config_errors():
         layer_costs([_gemm(8, 8, 8)], spec, w, w, relaxed=True, count_slope="median")
     with pytest.raises(ConfigError, match="unknown secant-check"):
         secant_check([_gemm(8, 8, 8)], spec, [8.0], [8.0], params=("array.nope",))
+
+
+@pytest.mark.parametrize("kind,preset", [("resnet", "edge_16x16"),
+                                         ("vit", "edge_transformer_16x16")])
+def test_bit_gradients_of_the_cost_program_in_the_default_float32_config(model_kinds, kind,
+                                                                         preset):
+    # issue 28: grad w.r.t. activation bits raised "lax.scatter ... float32, float64" (a gather
+    # of a float64 width, transposed after the 64-bit scope had closed), exact and relaxed
+    from npujax.plan import CostMode, network, program_cost
+
+    spec = load_npu_spec(preset)
+    net = network(model_kinds[kind], spec)
+    n = len(net.layers)
+    bits = np.linspace(3.0, 8.0, n).round().astype(np.float32)
+    for relaxed in (False, True):
+        mode = CostMode(relaxed=relaxed)  # the energy pass too
+
+        def cost(w, a, mode=mode):
+            p = program_cost(net.layers, spec, w, a, chains=net.chains, mode=mode)
+            return p.costs.latency_cycles.sum() + 1e9 * p.energy.total_j.sum()
+
+        gw, ga = jax.jit(jax.grad(cost, argnums=(0, 1)))(bits, bits)
+        assert gw.dtype == ga.dtype == jnp.float32
+        assert np.any(np.asarray(ga) != 0) and np.any(np.asarray(gw) != 0)
+    if kind != "vit":  # (the attention kernels' indexing is the one to compare)
+        return
+    with jax.enable_x64(True):  # the relaxed gradient a caller with 64-bit types gets
+        gw64, ga64 = jax.jit(jax.grad(cost, argnums=(0, 1)))(bits.astype(np.float64),
+                                                             bits.astype(np.float64))
+    np.testing.assert_allclose(ga, ga64, rtol=1e-5, atol=1e-3)
+    np.testing.assert_allclose(gw, gw64, rtol=1e-5, atol=1e-3)

@@ -59,7 +59,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from npujax import _relax
-from npujax._exact import REAL, exact, real
+from npujax._exact import REAL, exact, one_hot, put, real, take
 from npujax.errors import ConfigError
 from npujax.hw.spec import ATTENTION_FUSIONS, NpuSpec
 from npujax.ir.graph import Graph
@@ -287,13 +287,16 @@ def attention_costs(
     mk, kn = G[pv] * M[pv] * K[pv], G[pv] * K[pv] * N[pv]
     p_el, v_el = jnp.where(p_in, mk, kn), jnp.where(p_in, kn, mk)
     o_el = G[pv] * M[pv] * N[pv]
-    k_w, q_w = jnp.where(k_in, ab[qk], wb[qk]), jnp.where(k_in, wb[qk], ab[qk])
-    p_w, v_w = jnp.where(p_in, ab[pv], wb[pv]), jnp.where(p_in, wb[pv], ab[pv])
+    # values that depend on the widths are indexed by masked sums (npujax/_exact.py)
+    at_qk, at_pv, at_sm = (one_hot(ix, L) for ix in (qk, pv, sm))
+    a_qk, w_qk, a_pv, w_pv = take(at_qk, ab), take(at_qk, wb), take(at_pv, ab), take(at_pv, wb)
+    k_w, q_w = jnp.where(k_in, a_qk, w_qk), jnp.where(k_in, w_qk, a_qk)
+    p_w, v_w = jnp.where(p_in, a_pv, w_pv), jnp.where(p_in, w_pv, a_pv)
 
     # FlashAttention's blocks (Algorithm 1) at this SRAM
     sram = (real(m.ifmap_sram_bytes) + real(m.filter_sram_bytes)
             + real(m.ofmap_sram_bytes)) * cores
-    m_elems = jnp.floor(sram / (ab[qk] / 8.0))
+    m_elems = jnp.floor(sram / (a_qk / 8.0))
     b_r = jnp.maximum(jnp.minimum(jnp.minimum(jnp.floor(m_elems / (4.0 * d)), d), rows), 1.0)
     tile = jnp.minimum(real(m.ofmap_sram_bytes) * cores / (real(a.accumulator_bits) / 8.0),
                        real(m.ifmap_sram_bytes) * cores / (p_w / 8.0))
@@ -307,20 +310,17 @@ def attention_costs(
     for i, c in enumerate(chains):
         in_chain[i, list(c.rows)] = 1.0
     member = jnp.asarray(in_chain, REAL)  # [C, L]
-    at_qk, at_pv, at_sm = (jnp.asarray(np.eye(L)[ix], REAL) for ix in (qk, pv, sm))
-
-    def put(onehot, x):  # [C] -> [L]
-        return jnp.sum(onehot * x[:, None], axis=0)
 
     def per_chain(x):  # [L] -> [C] sums over each chain's rows
         return jnp.sum(member * x[None, :], axis=1)
 
     base_dram = real(base.dram_bytes)
-    s_write = jnp.minimum(bursts(s_el * ab[qk] / 8.0), base_dram[qk])
-    p_read = jnp.minimum(bursts(p_el * p_w / 8.0), base_dram[pv])
-    on_qk, on_pv = base_dram[qk] - s_write, base_dram[pv] - p_read
+    dram_qk, dram_pv = take(at_qk, base_dram), take(at_pv, base_dram)
+    s_write = jnp.minimum(bursts(s_el * a_qk / 8.0), dram_qk)
+    p_read = jnp.minimum(bursts(p_el * p_w / 8.0), dram_pv)
+    on_qk, on_pv = dram_qk - s_write, dram_pv - p_read
     fl_qk = bursts(q_el * q_w / 8.0) + t_r * bursts(k_el * k_w / 8.0)
-    fl_pv = t_r * bursts(v_el * v_w / 8.0) + bursts(o_el * ab[pv] / 8.0)
+    fl_pv = t_r * bursts(v_el * v_w / 8.0) + bursts(o_el * a_pv / 8.0)
     dram = put(at_qk, jnp.where(fits, on_qk, fl_qk)) + put(at_pv, jnp.where(fits, on_pv, fl_pv))
     # online softmax (FlashAttention Algorithm 1, lines 10-12): per query row and extra key
     # block, exp(m_old - m_new) and a rescale of the d output values and the running sum

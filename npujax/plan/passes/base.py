@@ -61,7 +61,8 @@ class PassInput(NamedTuple):
     Attributes:
       layers: the static workloads, or a (possibly traced) :class:`~npujax.plan.LayerTable`.
       spec: the NPU; numeric fields may be traced or batched.
-      weight_bits, act_bits: float64 ``[L]`` widths.
+      weight_bits, act_bits: float ``[L]`` widths in the caller's dtype: widen them with
+        ``npujax._exact.real`` for arithmetic, after any gather (``npujax/_exact.py``).
       dataflow: the dataflow's full name (static).
       chains: the attention blocks (static; empty where they were not recognised).
       shapes: traced workload sizes ``{field: [L]}`` or None (:func:`npujax.plan.sweep_shapes`).

@@ -66,7 +66,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from npujax._exact import REAL, real
+from npujax._exact import REAL, one_hot, put, real, take
 from npujax.hw.spec import NpuSpec
 from npujax.plan.costs import LayerCosts, layer_costs
 from npujax.plan.passes.base import CostMode, CostPass, PassInput, ProgramCosts
@@ -262,17 +262,8 @@ def _place(layers: tuple[Workload, ...], edges: tuple[Edge, ...], spec: NpuSpec,
         reads[i, list(e.consumers)] = 1.0
     first = np.asarray([e.consumers[0] for e in edges])
     writer = np.asarray([e.writer for e in edges])
-    # gathers and scatters as masked sums with static one-hot matrices: their transposes are
-    # elementwise, so grad needs no float64 buffers outside the x64 scope (a gather's or a
-    # dot's transpose would build them, and JAX would truncate them with a warning)
-    at_first = jnp.asarray(np.eye(L)[first], REAL)  # [E, L]
-    at_writer = jnp.asarray(np.eye(L)[writer], REAL)
-
-    def take(onehot, v):  # v[index] for a [L] v
-        return jnp.sum(onehot * v[None, :], axis=1)
-
-    def put(onehot, v):  # zeros[L].at[index].add(v) for a [E] v
-        return jnp.sum(onehot * v[:, None], axis=0)
+    # gathers and scatters as masked sums with static one-hot matrices (npujax/_exact.py)
+    at_first, at_writer = one_hot(first, L), one_hot(writer, L)  # [E, L]
     elems = _real([e.elems for e in edges])
     width = take(at_first, ab)
     t_bytes = elems * width / 8.0

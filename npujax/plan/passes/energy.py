@@ -203,7 +203,7 @@ def _layer_energy(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight
     stage_vec = real(dram_bytes) * 0.5 * (e_wr["a"] + e_rd["o"])
 
     # precision conversion of an input read at another width (as in the latency model)
-    a_in, needs = input_widths(t, ab, on_npu)
+    a_in, needs = input_widths(t, act_bits, on_npu)
     conv_bytes = in_elems * (a_in + ab) / 8.0
     conv_sram = in_elems * (a_in * e_rd["a"] + ab * e_wr["a"]) / 8.0
 

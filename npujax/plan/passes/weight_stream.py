@@ -53,7 +53,7 @@ def weight_bytes(inp: PassInput) -> jax.Array:
     t = layer_table(inp.layers)
     acc = real(inp.spec.array.accumulator_bits)
     npu_gemm = jnp.asarray(t.npu) & jnp.asarray(t.gemm)
-    return jnp.where(npu_gemm, real(t.weight_elems) * inp.weight_bits / 8.0
+    return jnp.where(npu_gemm, real(t.weight_elems) * real(inp.weight_bits) / 8.0
                      + real(t.bias_elems) * acc / 8.0, 0.0)
 
 

@@ -74,7 +74,7 @@ class WeightGrid(NamedTuple):
 
 
 def quantize_weight(w: jax.Array, fmt: Format, axis: int | None, key: jax.Array | None = None,
-                    *, block_size: int | None = None) -> jax.Array:
+                    *, block_size: int | None = None, name: str | None = None) -> jax.Array:
     """Fake-quantize a weight tensor with a symmetric min-max scale (per channel on ``axis``, or
     per block of ``block_size`` along ``axis``); ``key`` selects stochastic rounding.
 
@@ -84,12 +84,17 @@ def quantize_weight(w: jax.Array, fmt: Format, axis: int | None, key: jax.Array 
       axis: output-channel axis for per-channel scales (or the blocked axis); None per tensor.
       key: PRNG key for stochastic rounding, or None (round half to even).
       block_size: per-block scales over this many elements along ``axis``.
+      name: the weight's name, for error messages.
 
     Returns:
       ``w`` on its grid (float32, same shape); straight-through gradient.
+
+    Raises:
+      QuantizationError: a concrete ``w`` holding NaN or inf (names the weight and channel).
     """
-    scale, zero_point = weight_qparams(w, fmt, axis, block_size=block_size)
-    return fake_quant(w, scale, zero_point, fmt, axis, block_size=block_size, key=key)
+    scale, zero_point = weight_qparams(w, fmt, axis, block_size=block_size, name=name)
+    return fake_quant(w, scale, zero_point, fmt, axis, block_size=block_size, key=key,
+                      name=name)
 
 
 def calibrated_grid(lq: LayerQuant, act_range: tuple[jax.Array, jax.Array] | None,
@@ -199,11 +204,12 @@ class Quantizer(abc.ABC):
         (fmt,) = lq.weight_candidates
         out_axis = kernel_out_axis(node) if out_axis is None else out_axis
         in_axis = kernel_in_axis(node) if in_axis is None else in_axis
+        name = f"{node.name}/kernel"
         if lq.weight_block_size is not None:
-            s, z = weight_qparams(w, fmt, in_axis, block_size=lq.weight_block_size)
+            s, z = weight_qparams(w, fmt, in_axis, block_size=lq.weight_block_size, name=name)
             return WeightGrid(s, z, in_axis, lq.weight_block_size)
         axis = out_axis if lq.weight_per_channel else None
-        s, z = weight_qparams(w, fmt, axis)
+        s, z = weight_qparams(w, fmt, axis, name=name)
         return WeightGrid(s, z, axis, None)
 
     def init_operand(self, node: Node, lq: LayerQuant, state: Any,
@@ -276,13 +282,14 @@ class Quantizer(abc.ABC):
                 ) -> jax.Array:
         """Min-max fake-quant of a single-format kernel (per block, channel or tensor)."""
         (fmt,) = lq.weight_candidates
+        name = f"{node.name}/kernel"
         if lq.weight_block_size is not None:
             return quantize_weight(w, fmt, kernel_in_axis(node), key,
-                                   block_size=lq.weight_block_size)
+                                   block_size=lq.weight_block_size, name=name)
         if not lq.weight_per_channel:
-            return quantize_weight(w, fmt, None, key)
+            return quantize_weight(w, fmt, None, key, name=name)
         view, axis, back = out_channel_view(node, w)  # a grouped ConvTranspose: a view
-        return back(quantize_weight(view, fmt, axis, key))
+        return back(quantize_weight(view, fmt, axis, key, name=name))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
