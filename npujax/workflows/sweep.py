@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 
 from npujax._atomic import atomic_write_bytes, atomic_write_text
-from npujax._version import __version__
 from npujax._progress import progress_bar
+from npujax._version import __version__
 from npujax.errors import ConfigError, OutputError
 from npujax.explore.grid import Grid, configurations
 from npujax.explore.sweep import COLUMNS, SweepResult, evaluate_configs, pareto_front
