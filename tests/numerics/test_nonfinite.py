@@ -108,9 +108,8 @@ weights = hnp.arrays(np.float32, (4, 3), elements=extreme)
        axis=st.sampled_from([None, 0, 1]))
 @settings(max_examples=120, deadline=None)
 def test_any_finite_weight_quantizes_to_finite_values(w, fmt, axis):
-    scale, zp = weight_qparams(w, fmt, axis)  # concrete: the host path
-    traced = jax.jit(lambda v: weight_qparams(v, fmt, axis))(w)  # the jnp path
-    np.testing.assert_allclose(np.asarray(scale), np.asarray(traced[0]), rtol=1e-6)
+    # (the host path of a concrete weight; the traced one is qparams_from_range's, above)
+    scale, zp = weight_qparams(w, fmt, axis)
     assert np.all(np.isfinite(np.asarray(scale))) and np.all(np.asarray(scale) > 0)
     out = np.asarray(quantize_weight(jnp.asarray(w), fmt, axis))
     assert np.all(np.isfinite(out)), (w, out)
