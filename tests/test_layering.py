@@ -21,6 +21,7 @@ RANK = {
     "plan": 5, "search": 5, "report": 5, "models": 5, "explore": 5,
     "workflows": 6,
     "cli": 7,
+    "__main__": 8,  # python -m npujax: the command line, above everything
 }
 #: Modules that may import onnx (``ops.host`` and ``ops._onnx`` only inside the functions that
 #: run or export a CPU-fallback node, which exist only in imported models).

@@ -25,10 +25,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "'npujax lower' prints them, or ONNX node names: the nodes of one layer are "
                     "summed) or an onnxruntime profiling JSON. Writes the fitted preset "
                     "(fitted.toml, accepted by every --npu), fit.json, fit_layers.csv and the "
-                    "scatter plot fit.png to --out. See docs/fit.md.",
+                    "scatter plot fit.png to --out. With --table instead: whole-model times of "
+                    "a benchmark table, up to 5 fields fitted by least squares through the "
+                    "relaxed cost model, judged leave-one-out (fitted.toml, predictions.csv, "
+                    "fit.json, predictions.png). See docs/fit.md.",
         epilog=epilog(
-            "npujax fit --table coral_table.csv --group usb_accelerator_desktop --npu "
-            "coral_edgetpu --params dram_bytes_per_s,link_latency_s --out coral_fit/",
+            "npujax fit --table experiments/fidelity/coral_edgetpu_table1.csv --group "
+            "usb_accelerator_desktop --npu coral_edgetpu --params "
+            "dram_bytes_per_s,invocation_overhead_s --out coral_fit/",
             "npujax fit profile.csv --model zoo:ppocr_cls --input-shape x=1,3,48,192 --npu "
             "edge_16x16 --params clock_hz,dram_bytes_per_s --out fitted/",
             "npujax fit onnxruntime_profile.json --model det.onnx --input-shape x=1,3,640,640 "
@@ -66,9 +70,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     fp.add_argument("--bits", type=positive_int, default=8,
                     help="width of every layer's weights and activations (default 8; 32 for "
                     "an fp32 runtime such as onnxruntime on a CPU)")
-    fp.add_argument("--steps", type=positive_int, default=400,
-                    help="Adam steps (default 400)")
-    fp.add_argument("--learning-rate", type=float, default=0.1,
+    fp.add_argument("--steps", type=positive_int, default=None,
+                    help="Adam steps of a per-layer fit (default 400)")
+    fp.add_argument("--learning-rate", type=float, default=None,
                     help="peak Adam learning rate on the bounded parameters (default 0.1)")
     fp.add_argument("--skip-unmatched", action="store_true",
                     help="skip (and list) profile names that match no layer instead of failing")
@@ -107,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("give a measured PROFILE and its --model, or a benchmark --table.")
     if args.group:
         raise ConfigError("--group applies to --table.")
+    args.steps = 400 if args.steps is None else args.steps
+    args.learning_rate = 0.1 if args.learning_rate is None else args.learning_rate
     if not args.learning_rate > 0:
         raise ConfigError(f"--learning-rate must be > 0, got {args.learning_rate}.")
     from npujax.plan.fit import FitConfig, resolve_fields
@@ -149,10 +155,12 @@ def _run_table(args: argparse.Namespace) -> int:
         raise ConfigError("--table replaces PROFILE and --model: the table names its models.")
     for flag, given in (("--efficiency", args.efficiency), ("--overhead", args.overhead),
                         ("--bound", args.bound), ("--skip-unmatched", args.skip_unmatched),
-                        ("--input-shape", args.input_shape)):
-        if given:
+                        ("--input-shape", args.input_shape), ("--steps", args.steps),
+                        ("--learning-rate", args.learning_rate)):
+        if given is not None and given is not False:
             raise ConfigError(f"{flag} applies to a per-layer profile, not to --table (a "
-                              "table's models are fitted through preset fields only).")
+                              "table's models are fitted through preset fields only, by "
+                              "least squares).")
     fields = resolve_fields([f for f in args.params.split(",") if f.strip()])
     out = output_dir(args.out)
     assert out is not None
@@ -160,7 +168,6 @@ def _run_table(args: argparse.Namespace) -> int:
 
     def progress(line: str) -> None:  # plain lines on stderr: a table fit takes minutes
         note(f"fit: {line}", not args.no_progress)
-        _log.info("fit: %s", line)
 
     run_ = fit_benchmark_table(args.table, args.npu, fields, group=args.group, bits=args.bits,
                                name=args.name, progress=progress)

@@ -407,9 +407,12 @@ def fit_table(
                           f"{len(full)} ({', '.join(full)}); a table of tens of models cannot "
                           "identify more.")
     n = len(models)
-    if n < 2 or n <= len(full):
-        raise ConfigError(f"{n} measured model(s) cannot fit {len(full)} field(s): give more "
-                          "rows than fields (and at least 2).")
+    need = len(full) + (2 if cross_validate else 1)
+    if n < max(need, 2):
+        raise ConfigError(f"{n} measured model(s) cannot fit {len(full)} field(s)"
+                          f"{' with leave-one-out' if cross_validate else ''}: each fit needs "
+                          f"more models than fields, so give at least {max(need, 2)} (models "
+                          "of different kinds: compute-, memory- and overhead-bound).")
     lo, hi, v0 = [], [], []
     for f in full:
         flo, fhi = hw_fields.log_range(f)

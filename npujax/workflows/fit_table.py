@@ -132,6 +132,16 @@ def fit_benchmark_table(
     if group is not None and group not in groups:
         raise ConfigError(f"no rows of group {group!r}; the table's groups are "
                           f"{', '.join(groups) or '(none)'}.")
+    from npujax.plan.fit_table import MAX_TABLE_FIELDS
+
+    buildable = [r for r in rows if r.source and (group is None or r.group == group)]
+    need = min(len(fields), MAX_TABLE_FIELDS + 1) + 2
+    if len(buildable) < need:  # before building anything
+        skipped_n = sum(1 for r in rows if not r.source and (group is None or r.group == group))
+        raise ConfigError(f"{len(buildable)} row(s) name a model to build"
+                          f"{f' ({skipped_n} without a source skipped)' if skipped_n else ''}; "
+                          f"fitting {len(fields)} field(s) with leave-one-out needs at least "
+                          f"{need}.")
     used: list[TableRow] = []
     models: list[TableModel] = []
     skipped: list[tuple[TableRow, str]] = []
@@ -225,8 +235,8 @@ def print_table_fit(console: Console, run: TableFitRun) -> None:
                        ("loo", "fit, leave-one-out")):
         if key in r.metrics:
             m = r.metrics[key]
-            t.add_row(label, f"{m['mape']:.1f} %", f"{m['spearman']:.3f}",
-                      f"{m['total_err_pct']:+.1f} %")
+            rho = f"{m['spearman']:.3f}" if len(r.names) >= 4 else "n/a (< 4 models)"
+            t.add_row(label, f"{m['mape']:.1f} %", rho, f"{m['total_err_pct']:+.1f} %")
     console.print(t)
     worst, ratio = r.worst
     console.print(f"worst model: {worst} (predicted/measured = {ratio:.2f})")

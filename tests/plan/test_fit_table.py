@@ -96,7 +96,7 @@ def test_refuses_too_many_fields_and_too_few_models(graphs, truth):
     with pytest.raises(ConfigError, match="at most 5"):
         fit_table(models, spec, ["clock_hz", "rows", "cols", "dram_bytes_per_s",
                                  "dram_latency_s", "lanes"])
-    with pytest.raises(ConfigError, match="more rows than fields"):
+    with pytest.raises(ConfigError, match="more models than fields"):
         fit_table(models[:2], spec, ["clock_hz", "dram_bytes_per_s"])
 
 

@@ -4,9 +4,10 @@ Every inference of an accelerator attached to a host pays a fixed cost besides i
 runtime's invocation (a driver call, command submission, the completion interrupt or poll) and
 the link's round trips that carry the graph's input in and its output back. A model of a few
 milliseconds notices it: the Coral Edge TPU runs MobileNet v1 and v2 in 2.4 and 2.6 ms on both of
-its hosts (shared/fidelity), 0.4-0.5 ms more than their layers (docs/results/fidelity.md). The
-preset states it as ``host.invocation_overhead_s`` (default 0: none), a traced field that ``fit
---table`` can fit (the small models of a benchmark table identify it).
+its hosts (Coral's benchmarks page, Table 1), 0.4-0.5 ms more than their layers
+(docs/results/fidelity.md). The preset states it as ``host.invocation_overhead_s`` (default 0:
+none), a traced field that ``fit --table`` can fit where the table has enough small models to
+identify it (Coral's two MobileNets do not: ±90 %).
 
 The pass adds ``invocation_overhead_s x clock_hz`` cycles to the first layer's host-transfer time
 (``transfer_cycles``) and latency, once per inference, so the schedule's total, the report's
