@@ -4,7 +4,8 @@ Some NPUs keep a model's weights on chip between inferences. The Coral Edge TPU'
 caches parameters in about 8 MB of on-chip SRAM (its logs offer 6.9-7.9 MiB for them), and the
 parameters that do not fit stream from host memory over USB or PCIe on every inference; VGG16's
 time on the USB Accelerator is its weight bytes over the host link (Coral's benchmarks page;
-``docs/results/fidelity.md``). The preset says so with ``memory.parameter_cache`` (:data:`~npujax.hw.PARAMETER_CACHES`) and
+``docs/results/fidelity.md``). The preset says so with ``memory.parameter_cache``
+(:data:`~npujax.hw.PARAMETER_CACHES`) and
 ``memory.parameter_cache_bytes``:
 
 * **Residency.** The cache is filled in schedule order with whole layers' weights and biases
