@@ -42,8 +42,8 @@ CASES = [
     ("bitfusion_16x16", "none", "weight_stationary", "resnet", {}),
     ("bitserial_16x16", "elementwise", "output_stationary", "vit", {}),
     ("bitserial_transformer_16x16", "residual", "input_stationary", "decoder", {}),
-    # the parameter cache streaming from DRAM, block-diagonal group packing, one partition
-    ("coral_edgetpu", "layer", "weight_stationary", "resnet",
+    # the parameter cache streaming from DRAM, the invocation overhead, one partition
+    ("coral_edgetpu", "elementwise", "weight_stationary", "resnet",
      {"memory.parameter_cache_bytes": 8192}),
     ("coral_devboard", "elementwise", "output_stationary", "vit", {}),
     ("datacenter_128x128", "layer", "output_stationary", "decoder", {}),
