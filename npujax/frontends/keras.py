@@ -240,8 +240,12 @@ def _applications(keras: Any) -> dict[str, Callable]:
 
 
 def _close(word: str, names: list[str]) -> str:
-    near = difflib.get_close_matches(word, names, n=3, cutoff=0.5)
-    return f"did you mean {' or '.join(near)}? " if near else ""
+    """``did you mean A or B? `` (names that extend ``word`` first, e.g. ``MobileNetV3`` ->
+    ``MobileNetV3Large``, then the closest spellings), or ``""``."""
+    longer = sorted(n for n in names if n.lower().startswith(word.lower()) and n != word)
+    near = longer + [n for n in difflib.get_close_matches(word, names, n=3, cutoff=0.5)
+                     if n not in longer]
+    return f"did you mean {' or '.join(near[:3])}? " if near else ""
 
 
 def _value(key: str, text: str) -> Any:
