@@ -256,7 +256,7 @@ def _value(key: str, text: str) -> Any:
             shape = tuple(int(d) for d in text.lower().split("x"))
         except ValueError:
             shape = ()
-        if not shape or any(d <= 0 for d in shape):
+        if len(shape) != 3 or any(d <= 0 for d in shape):  # the applications take images
             raise ConfigError(f"keras option input_shape={text!r} is not HxWxC (positive "
                               "integers, channels last as in Keras), e.g. input_shape=224x224x3.")
         return shape
