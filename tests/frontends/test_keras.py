@@ -133,7 +133,8 @@ def test_an_application_spec_on_the_command_line(keras, tmp_path):
     ("keras:MobileNet:alpah=0.25", "did you mean alpha"),
     ("keras:MobileNet:alpha", "is not key=value"),
     ("keras:MobileNet:weights=imagenet", "random weights"),
-    ("keras:MobileNet:input_shape=32x32", "Keras refuses"),
+    ("keras:MobileNet:input_shape=32x32", "is not HxWxC"),
+    ("keras:MobileNet:input_shape=16x16x3", "Keras refuses"),
     ("keras:MobileNet:input_shape=-3x32x3", "is not HxWxC"),
 ])
 def test_spec_errors_name_the_fix(keras, spec, message):
