@@ -53,7 +53,7 @@ from typing import IO, Any
 
 from npujax.errors import ConfigError, OutputError
 
-__all__ = ["atomic_open", "atomic_write_text", "atomic_write_bytes", "staged_dir",
+__all__ = ["file_sha256", "atomic_open", "atomic_write_text", "atomic_write_bytes", "staged_dir",
            "check_output_dir", "MANIFEST"]
 
 #: The file listing what npujax wrote in a run folder, written last:
@@ -200,7 +200,12 @@ def _interrupts_deferred() -> Iterator[None]:
             previous(*got[0])
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """The hex sha256 of a file's bytes, read in 1 MiB blocks.
+
+    Raises:
+      OSError: the file cannot be read.
+    """
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -267,7 +272,7 @@ def _is_ours(path: Path | None, sha256: Any) -> bool:
     try:
         if not stat.S_ISREG(path.lstat().st_mode):
             return False
-        return _sha256(path) == sha256
+        return file_sha256(path) == sha256
     except OSError:
         return False
 
@@ -417,7 +422,7 @@ def _staged_files(stage: Path) -> dict[str, dict[str, Any]]:
         if not stat.S_ISREG(mode) or not _plain(rel):
             raise OutputError(f"a run wrote {rel!r}, which is not a regular file or takes a "
                               f"name npujax keeps for itself ({MANIFEST}, {WORK}).")
-        files[rel] = {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+        files[rel] = {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
     return files
 
 

@@ -52,7 +52,7 @@ def main() -> int:
     from npujax.plan.fit_table import TableModel, fit_table, predict_model_s, read_table
     from npujax.workflows.fit_table import (
         TableFitRun,
-        _bound,
+        model_bound,
         print_table_fit,
         table_graph,
         write_table_fit,
@@ -92,7 +92,7 @@ def main() -> int:
     used, ms, skipped = models(USB)
     usb = fit_table(ms, usb_spec, FIELDS, progress=say)
     run = TableFitRun(str(TABLE), USB, tuple(used), tuple(skipped), usb_spec, usb,
-                      tuple(_bound(m, usb.spec, 8) for m in ms))
+                      tuple(model_bound(m, usb.spec) for m in ms))
     con.rule("USB Accelerator (coral_edgetpu), fitted, leave-one-out")
     print_table_fit(con, run)
     results["usb"] = run
@@ -115,7 +115,7 @@ def main() -> int:
     dev = fit_table(ms, dev_from_usb, ["memory.dram_bytes_per_s"], progress=say,
                     name="coral_devboard_fitted")
     run_dev = TableFitRun(str(TABLE), DEV, tuple(used), tuple(skipped), dev_from_usb, dev,
-                          tuple(_bound(x, dev.spec, 8) for x in ms))
+                          tuple(model_bound(x, dev.spec) for x in ms))
     con.rule("Dev Board: link refitted on its own rows, leave-one-out")
     print_table_fit(con, run_dev)
     with staged_dir(out) as stage:

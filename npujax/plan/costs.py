@@ -478,8 +478,8 @@ def _layer_costs(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight_
 
     def one(df: Dataflow) -> LayerCosts:
         # grouped convolutions: ``pack`` groups side by side per fold (block-diagonal weight
-        # tiles, weight stationary only; ``array.group_packing``), a static-free decision of
-        # the shapes (no gradient), then ``ng`` packed GEMMs of K x pack rows, N x pack columns
+        # tiles, weight stationary only; ``array.group_packing``), a decision of the shapes
+        # (no gradient), then ``ng`` packed GEMMs of K x pack rows, N x pack columns
         pack: Any = 1
         ng, Mg, Kg, Ng, packed = groups, M, K, N, mkn
         if a.group_packing == "block_diagonal" and df.name == "weight_stationary":

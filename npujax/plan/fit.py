@@ -55,13 +55,15 @@ import numpy as np
 from npujax.errors import ConfigError
 from npujax.hw import fields as hw_fields
 from npujax.hw.spec import NpuSpec, differentiable_spec
+from npujax.plan.costs import LayerCosts
 from npujax.plan.passes.attention import AttentionChain
 from npujax.plan.passes.base import LATENCY, CostMode
 from npujax.plan.program import program_cost
 from npujax.plan.workload import Workload
 
 __all__ = ["FITTABLE", "OP_CLASSES", "IDENTIFIABLE_REL_ERR", "FitConfig", "FitResult",
-           "op_class", "resolve_fields", "fit_spec", "predict_latency_s", "fit_metrics"]
+           "op_class", "resolve_fields", "fit_spec", "predict_latency_s", "exact_layer_costs",
+           "fit_metrics"]
 
 #: The spec fields :func:`fit_spec` may fit (``section.key``; traced fields,
 #: :func:`npujax.hw.fields.is_traced`, that change latency smoothly). Layout and operator fields
@@ -143,12 +145,25 @@ def predict_latency_s(layers: Sequence[Workload], spec: NpuSpec,
     activations at ``bits``; ``chains`` the graph's attention blocks, :func:`npujax.plan.network`),
     with the fit's efficiency factors (``{class: factor}``, missing classes 1) and per-layer
     overhead (s)."""
-    with jax.enable_x64(True):
-        wb = np.full(len(layers), float(bits), np.float32)
-        c = _exact_costs(tuple(layers), tuple(chains))(spec, wb, wb)
-        lat = np.asarray(c.latency_cycles, np.float64) / spec.array.clock_hz
+    c = exact_layer_costs(layers, spec, bits, chains=chains)
+    lat = np.asarray(c.latency_cycles, np.float64) / spec.array.clock_hz
     eff = np.asarray([(efficiency or {}).get(op_class(w), 1.0) for w in layers])
     return lat / eff + overhead_s
+
+
+def exact_layer_costs(layers: Sequence[Workload], spec: NpuSpec, bits: int = 8, *,
+                      chains: Sequence[AttentionChain] = ()) -> LayerCosts:
+    """The one cost program's per-layer costs, exact mode without energy, every layer's weights
+    and activations at ``bits``: :class:`~npujax.plan.LayerCosts` of float64 ``[L]`` arrays
+    (array cycles; counts int64). One compiled program per workload list, kept for the next
+    spec (the fit's predictions, a table's bounds).
+
+    Raises:
+      ConfigError: as :func:`npujax.plan.program_cost`.
+    """
+    with jax.enable_x64(True):
+        wb = np.full(len(layers), float(bits), np.float32)
+        return jax.tree.map(np.asarray, _exact_costs(tuple(layers), tuple(chains))(spec, wb, wb))
 
 
 @functools.lru_cache(maxsize=32)

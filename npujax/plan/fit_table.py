@@ -49,14 +49,14 @@ import numpy as np
 from npujax.errors import ConfigError
 from npujax.hw import fields as hw_fields
 from npujax.hw.spec import NpuSpec, differentiable_spec
-from npujax.plan.fit import fit_metrics, resolve_fields
+from npujax.plan.fit import fit_metrics, predict_latency_s, resolve_fields
 from npujax.plan.passes.attention import AttentionChain
-from npujax.plan.passes.base import LATENCY, CostMode
+from npujax.plan.passes.base import CostMode
 from npujax.plan.program import program_cost
 from npujax.plan.workload import Workload
 
 __all__ = ["MAX_TABLE_FIELDS", "TABLE_IDENTIFIABLE_REL_ERR", "TableRow", "TableModel",
-           "TableFitResult", "read_table", "predict_model_s", "fit_table"]
+           "TableFitResult", "read_table", "predict_model_s", "models_needed", "fit_table"]
 
 #: At most this many fields are fitted to a table: a benchmark table has tens of rows, and
 #: every added number makes the fit's parameters less identifiable.
@@ -178,7 +178,7 @@ class TableModel(NamedTuple):
 def predict_model_s(model: TableModel, spec: NpuSpec, bits: int = 8) -> float:
     """The modelled time (s) of one inference of ``model`` on ``spec``: its summed layer
     latency, exact mode, weights and activations at ``bits``."""
-    return float(_exact_total(model.layers, model.chains, bits)(spec)) / spec.array.clock_hz
+    return float(np.sum(predict_latency_s(model.layers, spec, bits=bits, chains=model.chains)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,22 +229,13 @@ class TableFitResult:
         return self.names[k], float(pred[k] / self.measured_s[k])
 
 
+def models_needed(n_fields: int, cross_validate: bool = True) -> int:
+    """The fewest measured models that can fit ``n_fields`` fields: each fit needs more models
+    than fields, and a leave-one-out fit has one model fewer (at least 2 in any case)."""
+    return max(n_fields + (2 if cross_validate else 1), 2)
+
+
 _RELAXED = CostMode(relaxed=True, temperature=0.05, count_slope="mean", energy=False)
-
-
-@functools.lru_cache(maxsize=64)
-def _exact_total(layers: tuple[Workload, ...], chains: tuple[AttentionChain, ...], bits: int
-                 ) -> Callable[[NpuSpec], Any]:
-    """The jitted summed latency (cycles) of one model on a spec, exact mode (one program per
-    model and width, kept for the next call)."""
-    wb = jnp.full(len(layers), float(bits), jnp.float32)
-
-    def total(spec: NpuSpec) -> jax.Array:
-        with jax.enable_x64(True):
-            c = program_cost(layers, spec, wb, wb, chains=chains, mode=LATENCY).costs
-            return jnp.sum(c.latency_cycles.astype(jnp.float64))
-
-    return jax.jit(total)
 
 
 @functools.lru_cache(maxsize=64)
@@ -378,8 +369,8 @@ def fit_table(
     """Fit ``fields`` of ``spec`` to the measured whole-model times of ``models``.
 
     Args:
-      models: the measured models (:class:`TableModel`, workloads on ``spec``), at least 2,
-        and more than the number of fields.
+      models: the measured models (:class:`TableModel`, workloads on ``spec``), at least
+        :func:`models_needed` of them.
       spec: the starting preset; fields not fitted (or not identified) keep their values.
       fields: at most :data:`MAX_TABLE_FIELDS` fields of :data:`~npujax.plan.fit.FITTABLE`
         (``key`` or ``section.key``).
@@ -407,12 +398,12 @@ def fit_table(
                           f"{len(full)} ({', '.join(full)}); a table of tens of models cannot "
                           "identify more.")
     n = len(models)
-    need = len(full) + (2 if cross_validate else 1)
-    if n < max(need, 2):
+    need = models_needed(len(full), cross_validate)
+    if n < need:
         raise ConfigError(f"{n} measured model(s) cannot fit {len(full)} field(s)"
                           f"{' with leave-one-out' if cross_validate else ''}: each fit needs "
-                          f"more models than fields, so give at least {max(need, 2)} (models "
-                          "of different kinds: compute-, memory- and overhead-bound).")
+                          f"more models than fields, so give at least {need} (models of "
+                          "different kinds: compute-, memory- and overhead-bound).")
     lo, hi, v0 = [], [], []
     for f in full:
         flo, fhi = hw_fields.log_range(f)

@@ -26,12 +26,19 @@ from npujax._atomic import atomic_write_text
 from npujax.errors import ConfigError, NpujaxError
 from npujax.hw.spec import NpuSpec, as_spec, spec_to_toml
 from npujax.ir.graph import Graph
-from npujax.plan.fit_table import TableFitResult, TableModel, TableRow, fit_table, read_table
+from npujax.plan.fit_table import (
+    TableFitResult,
+    TableModel,
+    TableRow,
+    fit_table,
+    models_needed,
+    read_table,
+)
 from npujax.plan.program import network
 from npujax.report import plot_measured_vs_modelled, write_json
 
-__all__ = ["TableFitRun", "table_graph", "fit_benchmark_table", "print_table_fit",
-           "write_table_fit"]
+__all__ = ["TableFitRun", "table_graph", "fit_benchmark_table", "model_bound",
+           "print_table_fit", "write_table_fit"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,15 +139,14 @@ def fit_benchmark_table(
     if group is not None and group not in groups:
         raise ConfigError(f"no rows of group {group!r}; the table's groups are "
                           f"{', '.join(groups) or '(none)'}.")
-    from npujax.plan.fit_table import MAX_TABLE_FIELDS
-
     buildable = [r for r in rows if r.source and (group is None or r.group == group)]
-    need = min(len(fields), MAX_TABLE_FIELDS + 1) + 2
+    need = models_needed(len(fields), cross_validate)
     if len(buildable) < need:  # before building anything
         skipped_n = sum(1 for r in rows if not r.source and (group is None or r.group == group))
         raise ConfigError(f"{len(buildable)} row(s) name a model to build"
                           f"{f' ({skipped_n} without a source skipped)' if skipped_n else ''}; "
-                          f"fitting {len(fields)} field(s) with leave-one-out needs at least "
+                          f"fitting {len(fields)} field(s)"
+                          f"{' with leave-one-out' if cross_validate else ''} needs at least "
                           f"{need}.")
     used: list[TableRow] = []
     models: list[TableModel] = []
@@ -162,24 +168,20 @@ def fit_benchmark_table(
         models.append(TableModel(r.model, r.group, net.layers, net.chains, r.measured_s))
     result = fit_table(models, spec, fields, bits=bits, cross_validate=cross_validate,
                        name=name, progress=progress)
-    bounds = tuple(_bound(m, result.spec, bits) for m in models)
+    bounds = tuple(model_bound(m, result.spec, bits) for m in models)
     return TableFitRun(str(table), group, tuple(used), tuple(skipped), spec, result, bounds)
 
 
-def _bound(model: TableModel, spec: NpuSpec, bits: int) -> str:
-    """What bounds a model: the part holding most of its modelled time (``compute``: array,
-    vector unit and conversions; ``memory``: DMA and stalls; ``fallback``: the host CPU;
-    ``transfer``: the host link) and its share."""
-    import jax
-    import jax.numpy as jnp
+def model_bound(model: TableModel, spec: NpuSpec, bits: int = 8) -> str:
+    """What bounds a model on ``spec``: the part holding most of its modelled time
+    (``compute``: array, vector unit and conversions; ``memory``: DMA and stalls;
+    ``fallback``: the host CPU; ``transfer``: the host link) and its share, e.g.
+    ``"memory 86%"`` (the one cost program, exact mode, every layer at ``bits``)."""
     import numpy as np
 
-    from npujax.plan.passes.base import LATENCY
-    from npujax.plan.program import program_cost
+    from npujax.plan.fit import exact_layer_costs
 
-    wb = jnp.full(len(model.layers), float(bits), jnp.float32)
-    with jax.enable_x64(True):
-        c = program_cost(model.layers, spec, wb, wb, chains=model.chains, mode=LATENCY).costs
+    c = exact_layer_costs(model.layers, spec, bits, chains=model.chains)
     total_of = lambda *vs: float(sum(np.sum(np.asarray(v, np.float64)) for v in vs))  # noqa: E731
     parts = {"compute": total_of(c.compute_cycles, c.convert_cycles),
              "memory": total_of(c.dma_cycles, c.stall_cycles),

@@ -77,14 +77,9 @@ _NAMES = ("model", "npu")
 
 def file_sha256(path: str | os.PathLike[str]) -> str | None:
     """The sha256 of a file's bytes, or None when ``path`` is not a file (a Keras spec)."""
-    p = Path(path)
-    if not p.is_file():
-        return None
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    from npujax._atomic import file_sha256 as sha256_of
+
+    return sha256_of(path) if Path(path).is_file() else None
 
 
 def _sha256_text(text: str) -> str:
