@@ -112,6 +112,7 @@ def test_graph_computes_the_keras_model_and_the_layers_are_restored(keras, tiny)
     assert model.get_layer("stem").activation is keras.activations.relu
 
 
+@pytest.mark.integration  # a real application (MobileNet) through the command line
 def test_an_application_spec_on_the_command_line(keras, tmp_path):
     spec = "keras:MobileNet:alpha=0.25:input_shape=32x32x3"  # the smallest MobileNet
     r = run_cli("topology", spec, "--out", tmp_path / "t.csv")
