@@ -8,14 +8,12 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-import jax.numpy as jnp
-from flax import nnx
+import os
+from collections.abc import Sequence
 
 from npujax.errors import ConfigError
-from npujax.frontends.flax import trace_flax
 from npujax.ir.graph import Graph
 from npujax.ir.passes import optimize
-from npujax.models.transformer import DECODER_CONFIGS, Decoder
 from npujax.numerics import IntFormat
 from npujax.ops import OPS, operand_quantized_ops
 from npujax.quantize.spec import for_operands, quant_spec
@@ -75,34 +73,57 @@ class DecoderLowering:
         return d
 
 
-def decoder_graph(config: Any, *, phase: str, seq_len: int, kv_len: int, batch: int) -> Graph:
-    """The optimized graph of the reference decoder (:class:`npujax.models.transformer.Decoder`)
-    for one phase, traced from Flax (the same path as any model) by its weights' shapes only:
-    the latency model needs nothing else, and no weight is ever allocated (they are
-    :class:`~npujax.ir.absent.AbsentArray`; ``trace_flax(..., weights="shapes")``), so an
-    LLM's embedding and ``lm_head`` cost no memory and meet no tensor limit.
+def decoder_graph(config: Any, *, phase: str, seq_len: int = 1, kv_len: int = 0,
+                  batch: int = 1, kv_lens: Sequence[int] | None = None,
+                  expert_loads: Sequence[float] | None = None) -> Graph:
+    """The optimized graph of one step of a decoder, built from its shapes alone
+    (:func:`npujax.models.llm_graph.build_decoder_graph`: no Flax model, no weight allocated;
+    for the reference configs the same graph as tracing :class:`~npujax.models.transformer.
+    Decoder`).
 
     Args:
-      config: a :class:`~npujax.models.transformer.DecoderConfig` or a name of
-        :data:`~npujax.models.transformer.DECODER_CONFIGS`.
-      phase: ``"prefill"`` (``seq_len`` tokens) or ``"decode"`` (one token, ``kv_len`` cached).
-      seq_len: prompt length (prefill).
-      kv_len: cached positions (decode).
+      config: a :class:`~npujax.models.transformer.DecoderConfig`, a shipped name
+        (:data:`~npujax.models.transformer.DECODER_CONFIGS`) or a ``config.json`` path
+        (:func:`npujax.models.hf_config.load_decoder`).
+      phase: ``"prefill"`` (``seq_len`` new tokens per sequence against ``kv_len`` cached
+        ones: 0 for a whole prompt, the chunks before for a chunk of a chunked prefill) or
+        ``"decode"`` (one token against ``kv_len`` cached).
+      seq_len: new tokens per sequence (prefill).
+      kv_len: cached positions of every sequence.
       batch: sequences per step.
+      kv_lens: one cache length per sequence instead of ``kv_len``/``batch`` (sorted here).
+      expert_loads: measured per-expert fractions of a mixture of experts' assignments
+        (:func:`npujax.models.moe.expert_loads`); None: uniform routing.
 
     Raises:
       ConfigError: an unknown config name, phase or a non-positive length.
     """
-    if isinstance(config, str):
-        if config not in DECODER_CONFIGS:
-            raise ConfigError(f"unknown decoder config {config!r}; use one of "
-                              f"{sorted(DECODER_CONFIGS)}.")
-        config = DECODER_CONFIGS[config]
-    cfg = config
-    model = nnx.eval_shape(lambda: Decoder(
-        cfg, phase=phase, seq_len=seq_len, kv_len=kv_len, batch=batch, rngs=nnx.Rngs(0)))
-    tokens = jnp.zeros((batch, seq_len if phase == "prefill" else 1), jnp.int32)
-    return optimize(*trace_flax(model, tokens, check=False, weights="shapes"))[0]
+    from npujax.models.llm_graph import build_decoder_graph
+    from npujax.models.moe import expert_loads as routing
+
+    cfg = resolve_config(config)
+    if phase not in ("prefill", "decode"):
+        raise ConfigError(f"phase must be 'prefill' or 'decode', got {phase!r}.")
+    tokens = seq_len if phase == "prefill" else 1
+    lens = sorted(kv_lens) if kv_lens is not None else [kv_len] * batch
+    if tokens < 1 or not lens or min(lens) < 0 or (phase == "decode" and min(lens) < 1):
+        raise ConfigError(f"seq_len, kv_len and batch must be >= 1 (kv_len >= 0 for a "
+                          f"prefill), got {seq_len}, {kv_len if kv_lens is None else lens}, "
+                          f"{len(lens)}.")
+    loads = (routing(tokens * len(lens), cfg.experts, cfg.experts_per_token, expert_loads)
+             if cfg.moe_layers else ())
+    graph, params = build_decoder_graph(cfg, tokens=tokens, kv_lens=lens, expert_loads=loads)
+    return optimize(graph, params)[0]
+
+
+def resolve_config(config: Any) -> Any:
+    """A :class:`~npujax.models.transformer.DecoderConfig` from itself, a shipped name or a
+    ``config.json`` path (:func:`npujax.models.hf_config.load_decoder`)."""
+    if isinstance(config, (str, os.PathLike)):
+        from npujax.models.hf_config import load_decoder
+
+        return load_decoder(config)
+    return config
 
 
 def kv_cache_operands(graph: Graph) -> dict[str, int]:
