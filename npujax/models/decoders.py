@@ -6,10 +6,9 @@ step (:func:`decoder_graph`), the operands its attention reads from the KV cache
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
-
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from npujax.errors import ConfigError
 from npujax.ir.graph import Graph
@@ -75,7 +74,7 @@ class DecoderLowering:
 
 def decoder_graph(config: Any, *, phase: str, seq_len: int = 1, kv_len: int = 0,
                   batch: int = 1, kv_lens: Sequence[int] | None = None,
-                  expert_loads: Sequence[float] | None = None) -> Graph:
+                  expert_loads: Sequence[float] | None = None, logits: str = "auto") -> Graph:
     """The optimized graph of one step of a decoder, built from its shapes alone
     (:func:`npujax.models.llm_graph.build_decoder_graph`: no Flax model, no weight allocated;
     for the reference configs the same graph as tracing :class:`~npujax.models.transformer.
@@ -94,6 +93,7 @@ def decoder_graph(config: Any, *, phase: str, seq_len: int = 1, kv_len: int = 0,
       kv_lens: one cache length per sequence instead of ``kv_len``/``batch`` (sorted here).
       expert_loads: measured per-expert fractions of a mixture of experts' assignments
         (:func:`npujax.models.moe.expert_loads`); None: uniform routing.
+      logits: which positions' logits the step computes (``build_decoder_graph``'s).
 
     Raises:
       ConfigError: an unknown config name, phase or a non-positive length.
@@ -112,7 +112,8 @@ def decoder_graph(config: Any, *, phase: str, seq_len: int = 1, kv_len: int = 0,
                           f"{len(lens)}.")
     loads = (routing(tokens * len(lens), cfg.experts, cfg.experts_per_token, expert_loads)
              if cfg.moe_layers else ())
-    graph, params = build_decoder_graph(cfg, tokens=tokens, kv_lens=lens, expert_loads=loads)
+    graph, params = build_decoder_graph(cfg, tokens=tokens, kv_lens=lens, expert_loads=loads,
+                                        logits=logits)
     return optimize(graph, params)[0]
 
 
@@ -162,7 +163,8 @@ def decoder_precision(graph: Graph, weight_bits: int, act_bits: int, kv_bits: in
     operand streams, ``M x K`` at its width; the second is the stationary one, ``K x N``): the
     traced decode attention streams the cache (``M = kv_len + 1`` positions, or ``K`` for
     ``P V``) past the one-token operand, so each cached element is read once per step at
-    ``kv_bits``.
+    ``kv_bits``. The batched MatMuls of a mixture of experts take their expert weights (a
+    constant second operand) at ``weight_bits``.
     """
     if weight_bits == act_bits == kv_bits == 8:
         return None
@@ -174,6 +176,8 @@ def decoder_precision(graph: Graph, weight_bits: int, act_bits: int, kv_bits: in
         first, second = act_bits, act_bits
         if n.name in cache:
             first, second = (kv_bits, act_bits) if cache[n.name] == 0 else (act_bits, kv_bits)
+        elif n.inputs[1] in graph.constants:  # a mixture of experts' weights
+            second = weight_bits
         lq = dataclasses.replace(q[n.name], act=IntFormat(first, signed=False),
                                  weight=IntFormat(second, narrow_range=True))
         q[n.name] = for_operands(graph, n.name, lq, second)

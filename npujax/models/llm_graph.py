@@ -38,7 +38,6 @@ positions and transposed (a copy per step; see ``docs/npu_model.md``).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -238,7 +237,8 @@ def _moe(bd: _Builder, cfg: Any, scope: str, h: str, loads: Sequence[tuple[int, 
 
 
 def build_decoder_graph(cfg: Any, *, tokens: int, kv_lens: Sequence[int],
-                        expert_loads: Sequence[tuple[int, int]] = ()) -> tuple[Graph, Params]:
+                        expert_loads: Sequence[tuple[int, int]] = (),
+                        logits: str = "auto") -> tuple[Graph, Params]:
     """The graph of one step of ``cfg`` (see the module docstring), unoptimized.
 
     Args:
@@ -247,10 +247,15 @@ def build_decoder_graph(cfg: Any, *, tokens: int, kv_lens: Sequence[int],
       kv_lens: cached positions of each sequence (its length is the batch); 0 for a prefill.
       expert_loads: for a mixture of experts, ``(experts, tokens each)`` per load class
         (:func:`npujax.models.moe.expert_loads`), the same in every MoE layer.
+      logits: ``"last"`` (the last position's, what generation needs), ``"all"``, ``"none"``
+        (a chunk of a chunked prefill before the last: no norm and no LM head, the last block's
+        output is the graph's) or ``"auto"`` (``"last"`` for a step of several tokens,
+        ``"all"`` for one).
 
     Returns:
       ``(graph, params)``: int32 ``tokens [batch, tokens]`` in, float32 logits ``[batch, 1 or
-      tokens, vocab]`` out; the params and constants are absent arrays.
+      tokens, vocab]`` (or the hidden state, ``logits="none"``) out; the params and constants
+      are absent arrays.
 
     Raises:
       ConfigError: no sequence, a non-positive token count or a negative cache length, or
@@ -310,14 +315,24 @@ def build_decoder_graph(cfg: Any, *, tokens: int, kv_lens: Sequence[int],
         if cfg.sandwich_norms:
             m = bd.rmsnorm(f"{sc}post_mlp_norm", m, cfg.norm_eps)
         x = bd.binary(sc, "Add", x, m)
+    if logits not in ("auto", "last", "all", "none"):
+        raise ConfigError(f"logits must be 'auto', 'last', 'all' or 'none', got {logits!r}.")
+    if logits == "none":
+        return _finish(bd, x, cfg)
     x = bd.rmsnorm("norm", x, cfg.norm_eps)
-    if s > 1 and all(L == 0 for L in kv_lens):  # a prefill: the last position's logits
+    if s > 1 and logits in ("auto", "last"):  # the last position's logits
         x = bd.slice("", x, 1, s - 1, s)
     y = bd.linear("head", x, cfg.vocab)
     if cfg.final_softcap:
         y = bd.binary("", "Div", y, bd.const(()))
         y = bd.unary("", "Tanh", y)
         y = bd.binary("", "Mul", y, bd.const(()))
+    return _finish(bd, y, cfg)
+
+
+def _finish(bd: _Builder, y: str, cfg: Any) -> tuple[Graph, Params]:
+    """The graph with ``y`` (the last node's output) renamed ``output``."""
+    tok = "tokens"
     bd.tensors["output"] = bd.tensors[y]
     last = bd.nodes[-1]
     bd.nodes[-1] = last.replace(outputs=("output",))
@@ -327,5 +342,3 @@ def build_decoder_graph(cfg: Any, *, tokens: int, kv_lens: Sequence[int],
     return graph, bd.params
 
 
-def _prod(xs: Sequence[int]) -> int:
-    return math.prod(int(v) for v in xs)
