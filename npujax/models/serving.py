@@ -117,8 +117,10 @@ class ServingReport:
     dram_capacity_bytes: float
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields."""
-        return dataclasses.asdict(self)
+        """JSON-ready fields (``ttft_s`` None for a decode step)."""
+        d = dataclasses.asdict(self)
+        d["ttft_s"] = None if math.isnan(self.ttft_s) else self.ttft_s
+        return d
 
 
 def _footprint(cfg: Any, kv_after: Sequence[int], weight_bits: int, kv_bits: int,
