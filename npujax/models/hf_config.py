@@ -66,7 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from npujax.errors import ConfigError
-from npujax.models.transformer import DecoderConfig
+from npujax.models.decoder_config import DecoderConfig
 
 __all__ = ["read_config", "load_decoder", "shipped_decoders", "COST_FIELDS", "NON_COST_FIELDS",
            "APPROXIMATED_FIELDS", "UNSUPPORTED_FIELDS", "MODEL_TYPES"]

@@ -145,8 +145,10 @@ def lower_decoder(config: Any, spec: Any, *, phase: str, seq_len: int = 128,
         batch) or ``"decode"`` (one token per sequence against ``kv_lens``).
       seq_len: prompt tokens (prefill).
       kv_lens: one cache length per sequence (its length is the batch).
-      weight_bits, act_bits, kv_bits: widths of the linear layers' weights and activations and
-        of the KV cache (:func:`npujax.models.decoders.decoder_precision`).
+      weight_bits: width of the linear layers' weights
+        (:func:`npujax.models.decoders.decoder_precision`).
+      act_bits: width of their activations.
+      kv_bits: width of the KV cache.
       weight_group_size: input channels per weight scale (0: per channel, no scale bytes).
       prefill_chunk: chunked prefill, tokens per chunk (0: one pass); each chunk attends to
         the chunks before it, only the last computes logits.
