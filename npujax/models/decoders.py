@@ -84,11 +84,11 @@ def decoder_graph(config: Any, *, phase: str, seq_len: int = 1, kv_len: int = 0,
       config: a :class:`~npujax.models.transformer.DecoderConfig`, a shipped name
         (:data:`~npujax.models.transformer.DECODER_CONFIGS`) or a ``config.json`` path
         (:func:`npujax.models.hf_config.load_decoder`).
-      phase: ``"prefill"`` (``seq_len`` new tokens per sequence against ``kv_len`` cached
-        ones: 0 for a whole prompt, the chunks before for a chunk of a chunked prefill) or
-        ``"decode"`` (one token against ``kv_len`` cached).
+      phase: ``"prefill"`` (``seq_len`` new tokens per sequence: a whole prompt, or with
+        ``kv_lens`` a chunk of a chunked prefill against the chunks before) or ``"decode"``
+        (one token against ``kv_len`` cached).
       seq_len: new tokens per sequence (prefill).
-      kv_len: cached positions of every sequence.
+      kv_len: cached positions of every sequence (decode; a prefill ignores it).
       batch: sequences per step.
       kv_lens: one cache length per sequence instead of ``kv_len``/``batch`` (sorted here).
       expert_loads: measured per-expert fractions of a mixture of experts' assignments
@@ -105,7 +105,10 @@ def decoder_graph(config: Any, *, phase: str, seq_len: int = 1, kv_len: int = 0,
     if phase not in ("prefill", "decode"):
         raise ConfigError(f"phase must be 'prefill' or 'decode', got {phase!r}.")
     tokens = seq_len if phase == "prefill" else 1
-    lens = sorted(kv_lens) if kv_lens is not None else [kv_len] * batch
+    if kv_lens is not None:
+        lens = sorted(kv_lens)
+    else:  # (a prefill's kv_len is ignored: a whole prompt; chunks give kv_lens)
+        lens = [kv_len if phase == "decode" else 0] * batch
     if tokens < 1 or not lens or min(lens) < 0 or (phase == "decode" and min(lens) < 1):
         raise ConfigError(f"seq_len, kv_len and batch must be >= 1 (kv_len >= 0 for a "
                           f"prefill), got {seq_len}, {kv_len if kv_lens is None else lens}, "
