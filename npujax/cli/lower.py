@@ -555,6 +555,7 @@ def _run_decoder(args: argparse.Namespace) -> int:
              else f"1 token, {lens_text} cached")
     chunk = (f", first of {len(rep.chunk_latency_s)} chunks of {args.prefill_chunk}"
              if len(rep.chunk_latency_s) > 1 else "")
+    name = Path(name).name if name.endswith(".json") else name
     print_lowering(con, result, f"{name} {args.phase} ({shape}, batch {len(lens)}{chunk}) on "
                                 f"{spec.name} ({result.schedule.dataflow})")
     gib = 2.0 ** 30
@@ -587,7 +588,8 @@ def _run_decoder(args: argparse.Namespace) -> int:
            else "not stated by the preset (memory.dram_bytes)")
     con.print(f"memory: weights {rep.weights_bytes / gib:,.3f} GiB + KV cache "
               f"{rep.kv_cache_bytes / gib:,.3f} GiB; DRAM capacity {cap}")
-    con.print(f"roofline: {fig.roofline_s * 1e3:,.3f} ms ({fig.bound}-bound; "
+    con.print(("the first chunk's roofline" if len(rep.chunk_latency_s) > 1 else "roofline")
+              + f": {fig.roofline_s * 1e3:,.3f} ms ({fig.bound}-bound; "
               f"{fig.arithmetic_intensity:,.1f} MACs/byte vs ridge "
               f"{spec.ridge_macs_per_byte:,.1f}); modelled / roofline = "
               f"{result.schedule.latency_s / fig.roofline_s:,.2f}")
