@@ -80,7 +80,7 @@ def main() -> None:
     trees, models = a.trees.split(","), a.models.split(",")
     print(f"{'checkout':<16} {'model':<40} {'cache':<5} {'CPU s':>6} {'peak MB':>8}")
     for model in models:
-        for rep in range(a.repeats):
+        for _ in range(a.repeats):
             for tree in trees:  # interleaved: the machine's load falls on every tree alike
                 with tempfile.TemporaryDirectory() as cache:
                     for state in ("cold", "warm"):

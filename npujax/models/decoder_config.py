@@ -15,8 +15,9 @@ class DecoderConfig:
     """Shapes of a decoder-only transformer (what the latency model needs of an LLM).
 
     Read from a Hugging Face ``config.json`` by :func:`npujax.models.hf_config.read_config`
-    (which documents the fields of each family); the Flax :class:`~npujax.models.transformer.Decoder` implements the
-    Llama/Qwen2 subset (no field below ``qkv_bias`` set).
+    (which documents the fields of each family); the Flax
+    :class:`~npujax.models.transformer.Decoder` implements the Llama/Qwen2 subset (no field
+    below ``qkv_bias`` set, ``tied_embeddings`` aside).
 
     Attributes:
       vocab: vocabulary size (tokens).
@@ -121,7 +122,8 @@ class DecoderConfig:
         return self.head_size or self.d_model // self.heads
 
     def is_reference(self) -> bool:
-        """Whether the Flax :class:`~npujax.models.transformer.Decoder` implements these shapes (Llama/Qwen2 subset)."""
+        """Whether the Flax :class:`~npujax.models.transformer.Decoder` implements these
+        shapes (the Llama/Qwen2 subset)."""
         return (not self.head_size or self.head_size == self.d_model // self.heads) and \
             self.mlp == "swiglu" and not any((
                 self.mlp_bias, self.embed_scale, self.local_layers,

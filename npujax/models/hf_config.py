@@ -195,19 +195,20 @@ def read_config(fields: Mapping[str, Any], *, source: str = "config.json",
         raise ConfigError(f"{where}: model_type {mt!r} is not one npujax reads; known: "
                           f"{', '.join(MODEL_TYPES)}. Another architecture's shapes would be "
                           "a guess.")
-    for k in sorted(fields):
-        if k in ignore or k in COST_FIELDS or k in NON_COST_FIELDS:
+    for key in sorted(fields):
+        if key in ignore or key in COST_FIELDS or key in NON_COST_FIELDS:
             continue
-        if k in APPROXIMATED_FIELDS:
-            log.warning("%s: field %r read approximately: %s.", where, k, APPROXIMATED_FIELDS[k])
-        elif k in UNSUPPORTED_FIELDS:
-            raise ConfigError(f"{where}: field {k!r} ({UNSUPPORTED_FIELDS[k] or 'unsupported'}) "
+        if key in APPROXIMATED_FIELDS:
+            log.warning("%s: field %r read approximately: %s.", where, key,
+                        APPROXIMATED_FIELDS[key])
+        elif key in UNSUPPORTED_FIELDS:
+            raise ConfigError(f"{where}: field {key!r} ({UNSUPPORTED_FIELDS[key]}) "
                               "changes the architecture in a way npujax does not model.")
         else:
             raise ConfigError(
-                f"{where}: unknown field {k!r}; it may change the model's shapes, so npujax "
+                f"{where}: unknown field {key!r}; it may change the model's shapes, so npujax "
                 "does not guess. If it changes no shape and no cost, ignore it with "
-                f"--ignore-config-field {k} (API: load_decoder(..., ignore=({k!r},))).")
+                f"--ignore-config-field {key} (API: load_decoder(..., ignore=({key!r},))).")
     d = _int(fields, "hidden_size", where)
     heads = _int(fields, "num_attention_heads", where)
     layers = _int(fields, "num_hidden_layers", where)
@@ -254,7 +255,8 @@ def read_config(fields: Mapping[str, Any], *, source: str = "config.json",
         or _int(fields, "n_routed_experts", where, 0)
     k = _int(fields, "num_experts_per_tok", where, 0) if experts else 0
     ff = _int(fields, "intermediate_size", where)
-    expert_ff, shared_ff, moe_layers = 0, 0, ()
+    expert_ff, shared_ff = 0, 0
+    moe_layers: tuple[int, ...] = ()
     if experts:
         if not 1 <= k <= experts:
             raise ConfigError(f"{where}: num_experts_per_tok ({k}) must be in [1, {experts}].")
@@ -279,7 +281,8 @@ def read_config(fields: Mapping[str, Any], *, source: str = "config.json",
         vocab=vocab, d_model=d, heads=heads, kv_heads=kv_heads, d_ff=ff, layers=layers,
         rope_theta=float(fields.get("rope_theta", 10000.0)),
         norm_eps=float(fields.get("rms_norm_eps", 1e-6)), qkv_bias=qkv_bias,
-        head_size=0 if heads and head_dim * heads == d else head_dim, mlp=mlp, mlp_bias=bool(fields.get("mlp_bias", False)),
+        head_size=0 if heads and head_dim * heads == d else head_dim, mlp=mlp,
+        mlp_bias=bool(fields.get("mlp_bias", False)),
         tied_embeddings=tied, embed_scale=gemma, sliding_window=int(window), local_layers=local,
         rotary_dim=rotary_dim if rotary_dim != head_dim else 0,
         qk_norm=mt in ("qwen3", "qwen3_moe"), sandwich_norms=mt == "gemma2",

@@ -38,7 +38,7 @@ positions and transposed (a copy per step; see ``docs/npu_model.md``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -78,7 +78,8 @@ class _Builder:
         return f"{scope}{base}_{i}"
 
     def op(self, name: str, op: str, inputs: Sequence[str], shape: Sequence[int],
-           attrs: dict[str, Any] | None = None, params: dict[str, tuple[int, ...]] | None = None,
+           attrs: dict[str, Any] | None = None,
+           params: Mapping[str, tuple[int, ...]] | None = None,
            dtype: str = "float32") -> str:
         out = self.t(shape, dtype)
         self.nodes.append(Node(name, op, tuple(inputs), (out,), attrs or {},
@@ -294,7 +295,7 @@ def build_decoder_graph(cfg: Any, *, tokens: int, kv_lens: Sequence[int],
             qkv.append(bd.rope(a, y, cfg.rotary_dim) if what != "v" else y)
         local = i in cfg.local_layers
         if len(groups) == 1:
-            o = _attention(bd, cfg, a, *qkv, kv_lens[0], local)
+            o = _attention(bd, cfg, a, qkv[0], qkv[1], qkv[2], kv_lens[0], local)
         else:  # sequences of different cache lengths: attention per length
             parts = []
             for L, rows in sorted(groups.items()):
@@ -302,8 +303,8 @@ def build_decoder_graph(cfg: Any, *, tokens: int, kv_lens: Sequence[int],
                 if rows != list(range(lo, hi)):
                     raise ConfigError("sequences of one cache length must be adjacent "
                                       "(sort kv_lens).")
-                parts.append(_attention(bd, cfg, a, *(bd.slice(a, t, 0, lo, hi) for t in qkv),
-                                        L, local))
+                q, k, v = (bd.slice(a, t, 0, lo, hi) for t in qkv)
+                parts.append(_attention(bd, cfg, a, q, k, v, L, local))
             o = bd.concat(a, parts, 0)
         o = bd.linear(f"{a}o", o, d)
         if cfg.sandwich_norms:

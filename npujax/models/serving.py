@@ -166,7 +166,8 @@ def lower_decoder(config: Any, spec: Any, *, phase: str, seq_len: int = 128,
         message gives both and how to shrink them).
     """
     from npujax.models.decoders import decoder_graph, decoder_precision, resolve_config
-    from npujax.models.moe import expected_experts, expert_loads as routing
+    from npujax.models.moe import expected_experts
+    from npujax.models.moe import expert_loads as routing
     from npujax.plan.lower import lower_dataflows
 
     cfg = resolve_config(config)

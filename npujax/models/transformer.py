@@ -24,7 +24,6 @@ with its source.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator, Mapping
 
 import jax
