@@ -58,28 +58,36 @@ FAMILIES = {
 
 
 def _closed_forms(family, batch, kv_len, kv_bits):
-    """(parameters, weight elements per decode step, KV bytes per token), written out."""
+    """(parameters, weight elements per decode step, KV bytes per token, GEMM MACs of the
+    step), written out."""
     fields, hd, ff, tied, norms, bias, local, moe = FAMILIES[family]
     h, kv = 4, fields.get("num_key_value_heads", 2)
     attn = D * h * hd + 2 * D * kv * hd + h * hd * D
     params = V * D * (1 if tied else 2) + D  # embedding (+ head), final norm
     step = D * V  # the LM head
+    macs = batch * D * V
     kv_bytes = 0.0
     for i in range(L):
         params += attn + norms * D + (hd * (h + 2 * kv) if bias else 0)
         params += 2 * hd if family == "qwen3" else 0  # the q and k head norms
         step += attn
+        macs += batch * attn
         if moe and i in moe[5]:
             e, k, fe, fs, gate, _ = moe
             distinct = e * (1 - (1 - k / e) ** batch)
             params += e * 3 * D * fe + D * e + 3 * D * fs + (D if gate else 0)
-            step += D * e + round(distinct) * 3 * D * fe + 3 * D * fs + (D if gate else 0)
+            shared = D * e + 3 * D * fs + (D if gate else 0)  # router, shared expert, its gate
+            step += round(distinct) * 3 * D * fe + shared
+            macs += batch * (k * 3 * D * fe + shared)  # each token through its k experts
         else:
             params += 3 * D * ff
             step += 3 * D * ff
+            macs += batch * 3 * D * ff
         w = fields.get("sliding_window") if i in local else None
-        kv_bytes += 2 * kv * hd * (min(kv_len, w - 1) if w else kv_len) * kv_bits / 8
-    return params, step, kv_bytes
+        cached = min(kv_len, w - 1) if w else kv_len
+        kv_bytes += 2 * kv * hd * cached * kv_bits / 8
+        macs += 2 * batch * h * hd * (cached + 1)  # Q K^T and P V over the cache and the new key
+    return params, step, kv_bytes, macs
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -89,9 +97,14 @@ def test_family_shapes_against_closed_forms(family, tmp_path):
     path.write_text(json.dumps(fields))
     cfg = load_decoder(path)
     batch, kv_len = 3, 20
-    params, step, kv_bytes = _closed_forms(family, batch, kv_len, 4)
+    params, step, kv_bytes, macs = _closed_forms(family, batch, kv_len, 4)
     assert cfg.parameters() == params
     g = decoder_graph(cfg, phase="decode", kv_len=kv_len, batch=batch)
+    assert sum(w.macs for w in workloads(g) if w.kind == "gemm") == macs
+    # the cache the graph reads (the constants each attention appends its new key/value to)
+    cache = sum(g.tensors[t].size for n in g.nodes if n.op == "Concat" for t in n.inputs
+                if t in g.constants)
+    assert cache * 4 / 8 / batch == kv_bytes
     # weights read: the Gemms' kernels and the experts' batched MatMuls (constant operand)
     nodes = {n.name: n for n in g.nodes}
     read = sum(w.weight_elems for w in workloads(g) if w.name in nodes and (
