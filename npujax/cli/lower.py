@@ -532,6 +532,9 @@ def _run_decoder(args: argparse.Namespace) -> int:
         raise ConfigError("--prefill-chunk applies to --phase prefill.")
     cfg = load_decoder(name, ignore=args.ignore_config_field or ())
     lens = _kv_lens(args.kv_len, args.batch)
+    if args.phase == "prefill" and len(set(lens)) > 1:
+        raise ConfigError("--kv-len with one length per sequence sets a decode batch; a "
+                          "prefill's batch is --batch (its prompts are --seq-len tokens).")
     loads = _expert_loads(args.expert_loads)
     if loads is not None and not cfg.moe_layers:
         raise ConfigError(f"--expert-loads applies to a mixture of experts; {name} is dense.")
@@ -547,7 +550,8 @@ def _run_decoder(args: argparse.Namespace) -> int:
             prefill_chunk=args.prefill_chunk or 0, expert_loads=loads, dataflow=args.dataflow)
     from npujax.models.decoders import decoder_figures
 
-    fig = decoder_figures(result.schedule, cfg, phase=args.phase, seq_len=args.seq_len,
+    first = rep.prefill_chunk if len(rep.chunk_latency_s) > 1 else args.seq_len
+    fig = decoder_figures(result.schedule, cfg, phase=args.phase, seq_len=first,
                           kv_len=max(lens), batch=len(lens), kv_bits=args.kv_bits, spec=spec)
     con = console()
     lens_text = (str(lens[0]) if len(set(lens)) == 1 else f"{min(lens)}-{max(lens)}")

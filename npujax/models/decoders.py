@@ -39,8 +39,9 @@ class DecoderLowering:
       tokens_per_s: tokens processed per second: ``batch * seq_len / latency`` (prefill) or
         ``batch / latency`` (decode: one new token per sequence per step).
       kv_cache_bytes_per_token: bytes of K and V cache read per generated token and sequence
-        (decode: ``2 * layers * kv_len * kv_heads * head_dim * kv_bits / 8``; prefill: 0, the
-        keys and values are computed, not read).
+        (decode: ``2 * layers * kv_len * kv_heads * head_dim * kv_bits / 8``, a sliding-window
+        layer counting ``min(kv_len, window - 1)`` positions; prefill: 0, the keys and values
+        are computed, not read).
       macs: multiply-accumulates of the step (all layers).
       dram_bytes: DRAM bytes the step moves (the schedule's, all layers).
       roofline_s: the roofline bound of the whole step, ``max(macs / peak MAC rate, dram_bytes
@@ -191,9 +192,10 @@ def decoder_figures(schedule: Schedule, config: Any, *, phase: str, seq_len: int
                     batch: int, kv_bits: int, spec: NpuSpec | None = None) -> DecoderLowering:
     """Tokens per second, KV-cache bytes per token and (with ``spec``) the roofline bound of a
     lowered decoder phase (see :class:`DecoderLowering`)."""
+    from npujax.models.serving import kv_bytes_per_token
+
     tokens = batch * (seq_len if phase == "prefill" else 1)
-    kv = (2 * config.layers * kv_len * config.kv_heads * config.head_dim * kv_bits / 8
-          if phase == "decode" else 0.0)
+    kv = kv_bytes_per_token(config, kv_len, kv_bits) if phase == "decode" else 0.0
     roof: dict[str, Any] = {}
     if spec is not None:
         macs, nbytes = float(schedule.macs), float(schedule.dram_bytes)
