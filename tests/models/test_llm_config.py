@@ -202,3 +202,38 @@ def test_capacity_error_and_serving_batch(capsys):
         np.mean([kv_bytes_per_token(cfg, x, 8) for x in lens]))
     assert rep.tokens_per_s == pytest.approx(4 / result.schedule.latency_s)
     assert rep.to_dict()["ttft_s"] is None
+
+
+def test_serving_arguments_refused_before_lowering(capsys):
+    from npujax.cli import main
+
+    for argv, message in (
+            (["--batch", "3", "--kv-len", "8,16"], "gives 2 lengths"),
+            (["--phase", "prefill", "--kv-len", "8,16"], "sets a decode batch"),
+            (["--phase", "decode", "--prefill-chunk", "4"], "applies to --phase prefill"),
+            (["--expert-loads", "0.5,0.5"], "tiny is dense"),
+            (["--kv-len", "eight"], "neither lengths")):
+        assert main(["lower", "decoder:tiny", "--no-progress", *argv]) == ConfigError.exit_code
+        assert message in capsys.readouterr().err
+
+
+def test_chunks_and_measured_loads_in_the_graph(tmp_path):
+    fields = {**BASE, **FAMILIES["mixtral"][0]}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(fields))
+    cfg = load_decoder(path)
+    # a chunk of 8 prompt tokens after 16 (chunked prefill): its attention reads the 16
+    g = decoder_graph(cfg, phase="prefill", seq_len=8, kv_lens=[16, 16], logits="none")
+    cached = {g.tensors[t].shape for n in g.nodes if n.op == "Concat" for t in n.inputs
+              if t in g.constants}
+    assert cached == {(2, 16, 2, 16)} and "head" not in {n.name for n in g.nodes}
+    # measured loads: expert 0 takes half the assignments of a batch of 4 top-2 tokens
+    loads = [0.5, 0.2, 0.1, 0.1, 0.05, 0.05, 0.0, 0.0]
+    g = decoder_graph(cfg, phase="decode", kv_len=4, batch=4, expert_loads=loads)
+    experts = [n for n in g.nodes if n.op == "MatMul" and "/moe/" in n.name
+               and n.name.startswith("blocks/0/")]
+    tokens = sum(g.tensors[n.inputs[0]].shape[0] * g.tensors[n.inputs[0]].shape[1]
+                 for n in experts) // 3  # gate, up, down per class
+    assert tokens == 4 * 2
+    touched = sum(g.tensors[n.inputs[1]].shape[0] for n in experts) // 3
+    assert touched == round(expected_experts(4, 8, 2, loads))
