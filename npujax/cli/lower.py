@@ -211,12 +211,6 @@ def _note_fusion_override(args: argparse.Namespace, preset_fusion: str, npu: str
 
 
 def run(args: argparse.Namespace) -> int:
-    from npujax.hw import load_npu_spec
-    from npujax.plan.lower import lower_dataflows
-    from npujax.report.lowering import print_lowering
-    from npujax.workflows.inputs import load_model
-    from npujax.workflows.lowering import import_onnx_for_lowering
-
     if args.scalesim_config or args.topology:
         return _run_scalesim(args)
     if not args.model:
@@ -232,6 +226,12 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("decoder:<config> is lowered on its own; give it as the only model.")
         args.model = args.model[0]
         return _run_decoder(args)
+    from npujax.hw import load_npu_spec
+    from npujax.plan.lower import lower_dataflows
+    from npujax.report.lowering import print_lowering
+    from npujax.workflows.inputs import load_model
+    from npujax.workflows.lowering import import_onnx_for_lowering
+
     saved = args.weight_bits == ["saved"]
     wbits = bits_spec(args.weight_bits) if args.weight_bits and not saved else 8
     abits = bits_spec(args.act_bits) if args.act_bits else 8
