@@ -25,6 +25,7 @@ from npujax.hw.spec import NpuSpec, as_spec
 from npujax.ir.graph import Graph
 from npujax.ir.passes import rebatch
 from npujax.plan.costs import BREAKDOWN, LayerCosts, first_consumers
+from npujax.plan.decompose import decompose
 from npujax.plan.liveness import peak_activation_bytes
 from npujax.plan.passes import cross_layer
 from npujax.plan.passes.attention import ATTENTION_MODES, AttentionChain, attention_chains
@@ -191,7 +192,9 @@ class Schedule:
     :mod:`npujax.plan.passes.cross_layer`). ``area_mm2`` is the spec's modelled silicon area
     (:func:`npujax.hw.area_breakdown`, per block in ``area_breakdown_mm2``); energy per
     inference, its breakdown and the energy-delay product are derived from the layers'
-    energies.
+    energies. ``rewrites`` holds, under the preset's ``ops.unsupported`` policy, the
+    :class:`~npujax.plan.decompose.RewriteChoice` of each unsupported layer (rewritten or sent
+    to the host, and why; empty under the default ``fallback``).
     """
 
     npu: str
@@ -211,6 +214,7 @@ class Schedule:
     attention: tuple[AttentionReport, ...] = ()
     area_mm2: float = 0.0
     area_breakdown_mm2: dict[str, float] = dataclasses.field(default_factory=dict)
+    rewrites: tuple[Any, ...] = ()
 
     @property
     def energy_j(self) -> float:
@@ -286,6 +290,7 @@ class Schedule:
             "area_breakdown_mm2": dict(self.area_breakdown_mm2),
             "layers": [r.to_dict() for r in self.layers],
             "edges": [e.to_dict() for e in self.edges],
+            "rewrites": [c.to_dict() for c in self.rewrites],
         }
 
     def _repr_html_(self) -> str:
@@ -596,6 +601,12 @@ def lower_by_dataflow(
         spec = spec.with_fields({"memory.mapping": mapping})
     if batch is not None:
         graph = rebatch(graph, batch)
+    rewrites: tuple[Any, ...] = ()
+    if spec.ops.unsupported != "fallback":  # per layer, rewrite or fall back (plan.decompose)
+        dec = decompose(graph, spec, quant=quant, dataflow=names[0],
+                        resident_weights=resident_weights)
+        graph, quant, rewrites = dec.graph, dec.quant, dec.choices
+        spec = spec.with_fields({"ops.unsupported": "fallback"}, name=spec.name)
     layers = workloads(graph, spec)
     wb, ab = layer_bits(layers, quant)
     if resident_weights:
@@ -622,6 +633,8 @@ def lower_by_dataflow(
                                     _with_total(energies[df]), area,
                                     batch_size, peak,
                                     _attention_report(layers, chains, att.get(df)), stationary)
+    if rewrites:
+        out = {df: dataclasses.replace(v, rewrites=rewrites) for df, v in out.items()}
     return out
 
 
