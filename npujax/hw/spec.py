@@ -15,7 +15,7 @@ Hardware is data. Every numeric field carries its unit in its name (``clock_hz``
     [ops]      supported, fused_activations, conv_max_kernel, conv_max_stride, fusion,
                attention_fusion (optional), fallback (optional), unsupported (optional)
     [host]     cpu_ops_per_s, link_bytes_per_s, link_latency_s, memory_bytes_per_s (optional),
-               invocation_overhead_s (optional)
+               invocation_overhead_s (optional), shape_compile_s (optional)
     [technology] node_nm (optional section, as the two below: every key has a default)
     [energy]   reference_node_nm, node_exponent, mult_int8_pj, add_int32_pj,
                register_pj_per_byte, sram_read_pj_per_byte, sram_write_pj_per_byte,
@@ -312,6 +312,9 @@ class HostSpec:
       invocation_overhead_s: a fixed cost per inference (s), >= 0 (default 0): the runtime's
         call into the NPU and the link's round trips of the graph's input and output
         (:mod:`npujax.plan.passes.invocation`).
+      shape_compile_s: time to compile (or reload) the model for a new input shape (s), >= 0
+        (default 0: not modelled); the cost of a compiled bucket in
+        :mod:`npujax.plan.buckets`. Not part of any per-inference latency.
     """
 
     cpu_ops_per_s: float = _field(lo=1e3, hi=1e16)
@@ -319,6 +322,7 @@ class HostSpec:
     link_latency_s: float = _field(zero_ok=True, lo=0.0, hi=10.0)
     memory_bytes_per_s: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=1e15)
     invocation_overhead_s: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=10.0)
+    shape_compile_s: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=1e5)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
