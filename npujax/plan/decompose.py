@@ -11,13 +11,16 @@ the earlier ones. ``rewrite_or_refuse`` rewrites every layer a rule applies to a
 any other unsupported layer; ``fallback`` (the default) changes nothing.
 
 The decision takes concrete hardware numbers, so it is made by :func:`npujax.lower` (on the
-first dataflow asked for); a sweep over traced specs costs the graph it is given (decompose it
-first, for one spec, to sweep the rewritten graph).
+first dataflow asked for); a sweep over traced specs costs the graph it is given (call
+:func:`npujax.plan.decompose_unsupported` first, for one spec, to sweep the rewritten graph).
+:func:`choose_rewrites` is the decision given a latency function;
+:func:`npujax.plan.decompose_unsupported` calls it with :func:`npujax.lower`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from npujax.errors import UnsupportedOpError
@@ -29,7 +32,7 @@ from npujax.plan.workload import lowering_cost, workloads
 if TYPE_CHECKING:
     from npujax.quantize.spec import QuantSpec
 
-__all__ = ["RewriteChoice", "Decomposition", "decompose", "CHOICES"]
+__all__ = ["RewriteChoice", "Decomposition", "choose_rewrites", "CHOICES"]
 
 #: What happened to an unsupported layer (``RewriteChoice.choice``).
 CHOICES = ("rewrite", "fallback", "refused")
@@ -93,21 +96,22 @@ def _quant_for(quant: Any, old: str, new_gemms: list[str]) -> Any:
     return out
 
 
-def decompose(graph: Graph, spec: NpuSpec | str, params: Params | None = None,
-              quant: QuantSpec | None = None, *, dataflow: str | None = None,
-              policy: str | None = None, resident_weights: bool = False) -> Decomposition:
+def choose_rewrites(graph: Graph, spec: NpuSpec | str,
+                    latency: Callable[[Graph, Any, NpuSpec], float],
+                    params: Params | None = None, quant: QuantSpec | None = None, *,
+                    policy: str | None = None) -> Decomposition:
     """Rewrite, fall back or refuse each unsupported layer as ``spec.ops.unsupported`` says.
 
     Args:
       graph: an optimized graph.
       spec: the NPU (an :class:`~npujax.hw.NpuSpec`, a preset name or a TOML path).
+      latency: ``(graph, quant, spec) -> seconds``, the whole graph's latency on ``spec``
+        (whose ``ops.unsupported`` is ``fallback``), e.g. :func:`npujax.lower`'s.
       params: the graph's params, rewritten along (new kernels for split convolutions and
         pools); None rewrites the structure alone, enough for the cost model.
       quant: the layers' precision; a rewritten GEMM's entry carries over to the GEMMs it
         becomes.
-      dataflow: the dataflow the costs are compared at (default: the preset's).
       policy: overrides ``spec.ops.unsupported`` (:data:`~npujax.hw.UNSUPPORTED_POLICIES`).
-      resident_weights: compare the costs with resident weights (as :func:`npujax.lower`).
 
     Returns:
       A :class:`Decomposition`: the graph to lower, its params, one :class:`RewriteChoice` per
@@ -119,8 +123,6 @@ def decompose(graph: Graph, spec: NpuSpec | str, params: Params | None = None,
         rule rewrites (the message names it and the rule's refusal).
       ConfigError: as :func:`npujax.lower`.
     """
-    from npujax.plan.lower import lower  # (lower calls decompose: imported when used)
-
     spec = as_spec(spec)
     policy = policy or spec.ops.unsupported
     choices: list[RewriteChoice] = []
@@ -128,11 +130,8 @@ def decompose(graph: Graph, spec: NpuSpec | str, params: Params | None = None,
         return Decomposition(graph, params, (), quant)
     base = spec.with_fields({"ops.unsupported": "fallback"})
 
-    def latency(g: Graph, q: Any) -> float:
-        return lower(g, base, q, dataflow=dataflow, resident_weights=resident_weights).latency_s
-
     cost = lowering_cost(graph)
-    now = latency(graph, quant) if policy == "rewrite_or_fallback" else None
+    now = latency(graph, quant, base) if policy == "rewrite_or_fallback" else None
     for name in _unsupported(graph, spec):
         node = graph.node(name)
         if cost.get(name) == "free":
@@ -160,7 +159,7 @@ def decompose(graph: Graph, spec: NpuSpec | str, params: Params | None = None,
             choices.append(RewriteChoice(name, node.op, rule.name, "rewrite", None, None,
                                          "the preset refuses host fallback", made))
             continue
-        new = latency(g2, q2)
+        new = latency(g2, q2, base)
         assert now is not None
         if new < now:
             why = (f"{rule.formula}: {new * 1e6:,.2f} µs < {now * 1e6:,.2f} µs with the "

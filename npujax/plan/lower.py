@@ -25,7 +25,7 @@ from npujax.hw.spec import NpuSpec, as_spec
 from npujax.ir.graph import Graph
 from npujax.ir.passes import rebatch
 from npujax.plan.costs import BREAKDOWN, LayerCosts, first_consumers
-from npujax.plan.decompose import decompose
+from npujax.plan.decompose import Decomposition, choose_rewrites
 from npujax.plan.liveness import peak_activation_bytes
 from npujax.plan.passes import cross_layer
 from npujax.plan.passes.attention import ATTENTION_MODES, AttentionChain, attention_chains
@@ -40,7 +40,8 @@ from npujax.systolic.dataflow import DATAFLOWS, get_dataflow
 
 __all__ = ["LayerReport", "EdgeReport", "AttentionReport", "Schedule", "lower",
            "lower_by_dataflow", "Lowering", "lower_dataflows", "layer_bits", "weight_bytes",
-           "DEFAULT_BITS", "ACTIVATION_PLACEMENTS", "activation_placements"]
+           "DEFAULT_BITS", "ACTIVATION_PLACEMENTS", "activation_placements",
+           "decompose_unsupported"]
 
 #: Where a layer's activations live (``LayerReport.input_placement`` and
 #: ``output_placement``): ``dram`` (through DRAM), ``sram`` (kept on chip whole by the
@@ -603,8 +604,8 @@ def lower_by_dataflow(
         graph = rebatch(graph, batch)
     rewrites: tuple[Any, ...] = ()
     if spec.ops.unsupported != "fallback":  # per layer, rewrite or fall back (plan.decompose)
-        dec = decompose(graph, spec, quant=quant, dataflow=names[0],
-                        resident_weights=resident_weights)
+        dec = decompose_unsupported(graph, spec, quant=quant, dataflow=names[0],
+                                    resident_weights=resident_weights)
         graph, quant, rewrites = dec.graph, dec.quant, dec.choices
         spec = spec.with_fields({"ops.unsupported": "fallback"}, name=spec.name)
     layers = workloads(graph, spec)
@@ -636,6 +637,36 @@ def lower_by_dataflow(
     if rewrites:
         out = {df: dataclasses.replace(v, rewrites=rewrites) for df, v in out.items()}
     return out
+
+
+def decompose_unsupported(graph: Graph, spec: NpuSpec | str, params: Any = None,
+                          quant: QuantSpec | None = None, *, dataflow: str | None = None,
+                          policy: str | None = None, resident_weights: bool = False
+                          ) -> Decomposition:
+    """Rewrite, fall back or refuse each layer ``spec`` does not run, as its
+    ``ops.unsupported`` (or ``policy``) says, comparing whole-graph latencies from :func:`lower`
+    (:func:`npujax.plan.decompose.choose_rewrites`; the rules are :mod:`npujax.ir.rewrites`).
+
+    Args:
+      graph: an optimized graph.
+      spec: the NPU (an :class:`~npujax.hw.NpuSpec`, a preset name or a TOML path).
+      params: the graph's params, rewritten along (None: the structure alone, for costing).
+      quant: the layers' precision (a rewritten GEMM's entry carries over to its parts).
+      dataflow: the dataflow the latencies are compared at (default: the preset's).
+      policy: overrides ``spec.ops.unsupported`` (:data:`~npujax.hw.UNSUPPORTED_POLICIES`).
+      resident_weights: compare with resident weights, as :func:`lower`.
+
+    Returns:
+      A :class:`~npujax.plan.decompose.Decomposition` (graph, params, choices, quant).
+
+    Raises:
+      UnsupportedOpError: under ``rewrite_or_refuse``, a layer no rule rewrites.
+      ConfigError: as :func:`lower`.
+    """
+    def latency(g: Graph, q: Any, s: NpuSpec) -> float:
+        return lower(g, s, q, dataflow=dataflow, resident_weights=resident_weights).latency_s
+
+    return choose_rewrites(graph, as_spec(spec), latency, params, quant, policy=policy)
 
 
 def _stationary_activations(graph: Graph, layers: Sequence[Workload]) -> frozenset[str]:
