@@ -282,6 +282,9 @@ def run(args: argparse.Namespace) -> int:
     with phase(f"lower: costing {len(graph.nodes)} nodes on {spec.name}", progress):
         result = lower_dataflows(graph, spec, precision(graph), dataflow=args.dataflow,
                                  batch=batch)
+    if result.graph is not None:  # ops.unsupported rewrote layers: report on that graph
+        graph, batch = result.graph, None
+        spec = spec.with_fields({"ops.unsupported": "fallback"})
     if args.format != "table":
         return _print_machine_readable(args, result, spec, out)
     con = console()

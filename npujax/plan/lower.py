@@ -826,10 +826,13 @@ class Lowering:
     Attributes:
       schedule: the schedule at the chosen dataflow.
       by_dataflow: ``{dataflow: schedule}`` for every dataflow.
+      graph: under a preset's ``ops.unsupported`` other than ``fallback``, the graph lowered
+        (with the chosen rewrites, at the batch size asked for); None: the graph given.
     """
 
     schedule: Schedule
     by_dataflow: dict[str, Schedule]
+    graph: Graph | None = None
 
 
 def lower_dataflows(graph: Graph, spec: NpuSpec, quant: QuantSpec | None = None, *,
@@ -837,5 +840,15 @@ def lower_dataflows(graph: Graph, spec: NpuSpec, quant: QuantSpec | None = None,
     """:func:`npujax.lower` at ``dataflow`` (default the preset's) and at every dataflow, the
     costs of all dataflows evaluated in one compiled call (:func:`lower_by_dataflow`).
     """
-    by_df = lower_by_dataflow(graph, spec, quant, dataflows=DATAFLOWS, batch=batch)
-    return Lowering(by_df[get_dataflow(dataflow or spec.array.dataflow).name], by_df)
+    chosen = get_dataflow(dataflow or spec.array.dataflow).name
+    if spec.ops.unsupported == "fallback":
+        by_df = lower_by_dataflow(graph, spec, quant, dataflows=DATAFLOWS, batch=batch)
+        return Lowering(by_df[chosen], by_df)
+    # the rewrites decided once, at the chosen dataflow; every dataflow costs that graph
+    if batch is not None:
+        graph = rebatch(graph, batch)
+    dec = decompose_unsupported(graph, spec, quant=quant, dataflow=chosen)
+    plain = spec.with_fields({"ops.unsupported": "fallback"})
+    by_df = {df: dataclasses.replace(s, rewrites=dec.choices) for df, s in
+             lower_by_dataflow(dec.graph, plain, dec.quant, dataflows=DATAFLOWS).items()}
+    return Lowering(by_df[chosen], by_df, graph=dec.graph)
