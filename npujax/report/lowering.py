@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from npujax.report.files import write_json, write_layers_csv
@@ -89,8 +90,8 @@ def print_rewrites(console: Console, schedule: Schedule) -> None:
         t.add_column(col, justify="right" if col.endswith("µs") else "left")
     fmt = (lambda v: "" if v is None else f"{v * 1e6:,.2f}")  # noqa: E731
     for c in schedule.rewrites:
-        t.add_row(c.node, c.op, c.rule or "-", c.choice, fmt(c.fallback_s), fmt(c.rewrite_s),
-                  c.reason)
+        t.add_row(escape(c.node), c.op, c.rule or "-", c.choice, fmt(c.fallback_s),
+                  fmt(c.rewrite_s), escape(c.reason))
     print_table(console, t)
 
 

@@ -144,8 +144,26 @@ def test_gelu_erf_without_erf_refused():
         decompose(graph, _spec())
 
 
+def test_hard_sigmoid_is_clip():
+    x = (RNG.normal(size=(2, 16)) * 4).astype(np.float32)
+    m = _model(helper.make_node("HardSigmoid", ["x"], ["y"], alpha=0.25, beta=0.4), [2, 16],
+               [2, 16], opset=17)
+    _check(m, _spec(BASE + ["Clip"]), x, "hard_sigmoid_clip", rtol=0, atol=1e-7)
+
+
+def test_layer_norm_from_reductions():
+    x = RNG.normal(size=(2, 5, 8)).astype(np.float32) * 3 + 1
+    s, bias = RNG.normal(size=(8,)).astype(np.float32), RNG.normal(size=(8,)).astype(np.float32)
+    m = _model(helper.make_node("LayerNormalization", ["x", "s", "b"], ["y"], axis=-1,
+                                epsilon=1e-5), [2, 5, 8], [2, 5, 8], [("s", s), ("b", bias)],
+               opset=17)
+    _check(m, _spec(BASE + ["ReduceMean", "Sub", "Sqrt", "Reciprocal"]), x,
+           "layer_norm_elementwise", rtol=1e-5, atol=1e-5)
+
+
 def test_registry_one_rule_per_op():
-    assert set(REWRITES) == {"LeakyRelu", "Conv", "AveragePool", "Gelu"}
+    assert set(REWRITES) == {"LeakyRelu", "Conv", "AveragePool", "Gelu", "HardSigmoid",
+                             "LayerNormalization"}
     w = np.ones((2, 2, 3, 3), np.float32)
     g, _ = from_onnx(_model(helper.make_node("Conv", ["x", "w"], ["y"]), [1, 2, 5, 5],
                             [1, 2, 3, 3], [("w", w)], opset=17))

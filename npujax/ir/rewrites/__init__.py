@@ -4,13 +4,17 @@
 :func:`apply_rewrite` splices a rule's nodes into a graph. The rules: LeakyReLU as a max
 (:mod:`.leaky_relu`), a large-kernel convolution as a sum of small ones
 (:mod:`.large_kernel_conv`), average pooling as a depthwise convolution
-(:mod:`.avgpool_depthwise`), GELU from elementwise operators (:mod:`.gelu`). Whether to rewrite
+(:mod:`.avgpool_depthwise`), GELU from elementwise operators (:mod:`.gelu`), HardSigmoid as a
+clip (:mod:`.hard_sigmoid`), LayerNormalization from reductions and elementwise operators
+(:mod:`.layer_norm`). Whether to rewrite
 or fall back is decided per layer by the cost program (:func:`npujax.plan.decompose`).
 """
 
 from npujax.ir.rewrites import avgpool_depthwise as avgpool_depthwise
 from npujax.ir.rewrites import gelu as gelu
+from npujax.ir.rewrites import hard_sigmoid as hard_sigmoid
 from npujax.ir.rewrites import large_kernel_conv as large_kernel_conv
+from npujax.ir.rewrites import layer_norm as layer_norm
 from npujax.ir.rewrites import leaky_relu as leaky_relu
 from npujax.ir.rewrites.base import REWRITES as REWRITES
 from npujax.ir.rewrites.base import Replacement as Replacement
