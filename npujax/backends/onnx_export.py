@@ -409,6 +409,7 @@ def to_onnx(
     int32_bias: bool = True,
     requantize_outputs: bool = True,
     dynamic_batch: bool = True,
+    full_check: bool = False,
 ) -> onnx.ModelProto:
     """Write ``graph`` with ``params`` as an ONNX model, in QDQ form for the layers in ``quant``.
 
@@ -435,6 +436,8 @@ def to_onnx(
       dynamic_batch: write the batch dimension of the inputs and outputs as the symbolic
         ``"batch"`` (onnxruntime then runs the model at any batch size). A graph whose shapes
         fold the traced batch (see :func:`npujax.rebatch`) keeps its fixed batch.
+      full_check: also run ``onnx.checker.check_model(full_check=True)`` (strict shape
+        inference over every node) on the finished model, ``value_info`` included.
 
     Returns:
       The ``onnx.ModelProto`` (opset :data:`EXPORT_OPSET`, or :data:`QDQ_EXTENDED_OPSET` when a
@@ -499,6 +502,8 @@ def to_onnx(
     inferred = onnx.shape_inference.infer_shapes(model, check_type=True, data_prop=True)
     known = {v.name for v in (*g.input, *g.output)} | set(w.inits)
     model.graph.value_info.extend(v for v in inferred.graph.value_info if v.name not in known)
+    if full_check:
+        onnx.checker.check_model(model, full_check=True)
     if path is not None:
         atomic_write_bytes(path, model.SerializeToString())
     return model
