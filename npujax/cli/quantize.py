@@ -98,7 +98,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     help="with labels: return the most sensitive layers to 8 bits, then float, "
                     "until the accuracy drop is at most POINTS")
     qu.add_argument("--npu", default="edge_16x16",
-                    help="preset name or TOML path for the modelled latency (default edge_16x16)")
+                    help="preset name or TOML path for the modelled latency (default edge_16x16; "
+                    "'none' skips it)")
     qu.add_argument("--requantize-outputs", action="store_true",
                     help="also requantize GEMM outputs to their consumer's grid in the file "
                     "(onnxruntime then runs them in integer kernels, as the integer path does; "
@@ -177,7 +178,8 @@ def run(args: argparse.Namespace) -> int:
     config = QuantizeConfig(
         observer=args.method, methods=method_instances(args.ptq_methods),
         bias_correction=not args.no_bias_correction, calib_examples=args.calib_examples,
-        batch_size=args.batch_size, max_drop=args.max_drop, npu=args.npu,
+        batch_size=args.batch_size, max_drop=args.max_drop,
+        npu=None if args.npu == "none" else args.npu,
         requantize_outputs=args.requantize_outputs, ort_check=not args.no_ort_check,
         ort_tolerance=ORT_TOLERANCE if args.ort_tolerance is None else args.ort_tolerance,
         progress=not args.no_progress)

@@ -308,13 +308,16 @@ def quantize_model(
     sens_x = _batches(np.asarray(x_calib[:config.sensitivity_examples], np.float32),
                       config.batch_size)
     control = None
+    last: dict[str, Any] = {}  # the loop's last quantized model (the spec it ends with)
     if config.max_drop is not None:
         assert y_eval is not None and float_acc is not None
 
         def evaluate(spec):
-            gg, pp, spec2, qstate, _ = run(spec)
-            acc = _accuracy(_predict(gg, pp, x_eval, config.batch_size, spec2, qstate), y_eval)
-            return acc, {"graph": gg, "params": pp, "quant": spec2, "qstate": qstate}
+            gg, pp, spec2, qstate, said = run(spec)
+            yq = _predict(gg, pp, x_eval, config.batch_size, spec2, qstate)
+            last.clear()
+            last.update(graph=gg, params=pp, quant=spec2, qstate=qstate, notes=said, y_q=yq)
+            return _accuracy(yq, y_eval), last.copy()
 
         def sensitivity(spec, state, layers):
             return sensitivity_split(state["graph"], state["params"], state["quant"],
@@ -332,12 +335,17 @@ def quantize_model(
         if not quant:
             log.warning("the accuracy loop returned every layer to float; the written model "
                         "is the float model.")
-    with phase("quantize: calibration" + (", methods" if post else "") +
-               (", bias correction" if config.bias_correction else ""), progress):
-        g, p, quant, qstate, said = run(quant)
-    notes += said
+    if last:  # the loop ended on this spec: its model is already quantized and evaluated
+        g, p, quant, qstate, y_q = (last[k] for k in ("graph", "params", "quant", "qstate",
+                                                      "y_q"))
+        notes += last["notes"]
+    else:
+        with phase("quantize: calibration" + (", methods" if post else "") +
+                   (", bias correction" if config.bias_correction else ""), progress):
+            g, p, quant, qstate, said = run(quant)
+            y_q = _predict(g, p, x_eval, config.batch_size, quant, qstate)
+        notes += said
     with phase("quantize: per-layer report", progress):
-        y_q = _predict(g, p, x_eval, config.batch_size, quant, qstate)
         acc = None if y_eval is None else _accuracy(y_q, y_eval)
         sqnr = {r["name"]: r for r in layer_sqnr(g, p, quant, qstate, sens_x)} if quant else {}
         split = {r.name: r for r in sensitivity_split(g, p, quant, qstate, sens_x)} \
