@@ -108,7 +108,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     help="skip running the file in onnxruntime (needed when it is not installed)")
     qu.add_argument("--ort-tolerance", type=finite_float(), default=None,
                     help="allowed max |onnxruntime - npujax fake-quant| as a fraction of the "
-                    "largest output (default 0.1)")
+                    "largest float output (default 0.02)")
     qu.add_argument("--seed", type=seed, default=0, help="seed of the data split (default 0)")
     qu.add_argument("--out", required=True, help="write the files here (all or none)")
     add_progress_arg(qu)

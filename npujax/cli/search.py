@@ -60,7 +60,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     se.add_argument("--steps", type=positive_int, default=300, help="gradient-search steps")
     se.add_argument("--pin", help="layers held at fixed widths: 'sensitive' or 'sensitive:K' (the "
                     "K layers, default 2, whose weights or inputs at the narrowest candidate "
-                    "widths move the output most, each measured alone, at 8 bits), "
+                    "widths move the output most, each measured alone: weights at 8 bits, "
+                    "inputs at the widest --act-candidates), "
                     "'first-last' (the first and last GEMM layers at 8 bits) or layer=bits "
                     "pairs, e.g. conv1=8,fc2=8")
     se.add_argument("--sensitivity-samples", type=positive_int, default=16,
@@ -130,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _sensitive_pins(args: argparse.Namespace, m: Any, layers: int) -> dict[str, int]:
     """``--pin sensitive[:K]``: the K most sensitive layers (weights or inputs, each measured
-    alone at the narrowest candidates) at 8 bits.
+    alone at the narrowest candidates) kept wide: weights at 8 bits, inputs at the widest
+    activation candidate.
 
     Raises:
       ConfigError: K not a positive int.
@@ -146,6 +148,7 @@ def _sensitive_pins(args: argparse.Namespace, m: Any, layers: int) -> dict[str, 
         raise ConfigError(f"--pin {args.pin!r}: write sensitive or sensitive:K with K >= 1.")
     rows = most_sensitive_layers(m.graph, m.params, m.x_train[:256], min(args.candidates),
                                  min(args.act_candidates), min(count, layers))
-    print("kept at 8 bits (most sensitive, weight/activation-only SQNR): " + ", ".join(
+    print("kept wide (most sensitive; weight-only / activation-only output SQNR): " + ", ".join(
         f"{r.name} ({r.weight_sqnr_db:.1f}/{r.act_sqnr_db:.1f} dB)" for r in rows))
-    return {r.name: 8 for r in rows}
+    wide = (8, max(args.act_candidates))  # weights at 8, inputs at the widest candidate
+    return {r.name: wide for r in rows}

@@ -31,10 +31,11 @@ def _tiny_onnx(path):
     for k in range(3):
         w2[k, k], w2[3 + k, k] = 0.1, -0.1
     w2[6:] = 0.01  # the same for every class: moves the outputs, never the argmax
-    inits = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(np.zeros(8, np.float32),
-                                                                        "b1"),
+    b1 = np.zeros(8, np.float32)
+    b1[6:] = 0.05  # biases that reach every class equally (int32 in the file)
+    inits = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(b1, "b1"),
              numpy_helper.from_array(w2, "w2"),
-             numpy_helper.from_array(np.zeros(CLASSES, np.float32), "b2")]
+             numpy_helper.from_array(np.full(CLASSES, 0.3, np.float32), "b2")]
     nodes = [helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], name="fc1"),
              helper.make_node("Relu", ["h"], ["r"], name="relu"),
              helper.make_node("Gemm", ["r", "w2", "b2"], ["y"], name="fc2")]
@@ -118,6 +119,8 @@ def test_precision_options_are_exclusive_and_rules_checked(tiny, tmp_path):
     assert r.returncode == 2 and "REGEX:w4a8" in r.stderr
     r = _quantize(tiny, tmp_path / "q", "--rule", "nothing:w8a8")
     assert r.returncode == 2 and "match no layer" in r.stderr
+    r = _quantize(tiny, tmp_path / "q", "--policy", tmp_path / "missing.json")
+    assert r.returncode == 2 and "does not exist" in r.stderr
 
 
 #: (stage, method name, whether it got calibrated states), appended as the methods run
@@ -169,6 +172,7 @@ def test_quantize_writes_a_checked_qdq_file_and_runs_ptq_methods_by_stage(tiny, 
     assert s["float_accuracy"] == 100.0 and s["accuracy"] >= 99.0  # the float function kept
     assert set(s["onnxruntime"]) == {"ORT_DISABLE_ALL", "ORT_ENABLE_BASIC",
                                      "ORT_ENABLE_EXTENDED", "ORT_ENABLE_ALL"}
+    assert max(v["max_abs_diff"] for v in s["onnxruntime"].values()) < 1e-4
     assert s["latency_s"] > 0 and s["npu"] == "edge_16x16"
     rows = {r["name"]: r for r in s["layers"]}
     assert rows["fc1"]["act_bits"] is None and rows["fc1"]["act_sqnr_db"] is None  # float input
