@@ -41,7 +41,7 @@ def run_onnxruntime_levels(
       ConfigError: onnxruntime is not installed (names the package to install).
     """
     try:
-        import onnxruntime as ort
+        import onnxruntime as ort  # type: ignore[import-untyped]
     except ImportError:
         raise ConfigError("checking the exported model needs onnxruntime: pip install "
                           "onnxruntime (or skip the check).") from None

@@ -202,14 +202,15 @@ def run(args: argparse.Namespace) -> int:
                   "examples")
     if result.control is not None:
         c = result.control
-        back = ", ".join(f"{s.layer}->{'float' if s.after is None else 'W%sA%s' % s.after}"
-                         for s in c.steps) or "none"
+        back = ", ".join(
+            f"{s.layer}->" + ("float" if s.after is None else f"W{s.after[0]}A{s.after[1]}")
+            for s in c.steps) or "none"
         con.print(f"accuracy control (max drop {c.max_drop:g}): {'met' if c.met else 'NOT met'}"
                   f"; returned {back}")
     if result.latency_s is not None:
         con.print(f"modelled latency on {result.npu}: {result.latency_s * 1e6:.3f} µs")
     if result.ort is not None:
-        worst = max(v["max_abs_diff"] for v in result.ort.values())
+        worst = max(float(v["max_abs_diff"] or 0.0) for v in result.ort.values())
         con.print(f"onnxruntime (4 optimization levels): max |diff| {worst:.3g} <= "
                   f"{result.ort_bound:.3g}")
     con.print(f"wrote {', '.join(str(out / f) for f in files)}")

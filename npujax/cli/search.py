@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from typing import Any
 
 from npujax.cli._common import (
@@ -96,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
                             seed=args.seed, calibrate_act_bits=max(args.act_candidates),
                             progress=not args.no_progress)
     layers = [n.name for n in gemm_nodes(m.graph)]
+    pinned: Mapping[str, int | tuple[int, int]] | None
     if args.pin in (None, ""):
         pinned = None
     elif args.pin == "first-last":
@@ -105,8 +107,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         pins = bits_spec(args.pin)
         if not isinstance(pins, dict):
-            raise ConfigError(f"--pin takes layer=bits pairs or 'first-last', got {args.pin!r}.")
-        pinned = pins
+            raise ConfigError(f"--pin takes layer=bits pairs, 'first-last' or "
+                              f"'sensitive[:K]', got {args.pin!r}.")
+        pinned = dict(pins)
     config = SearchConfig(
         method=args.method, pinned=pinned, sensitivity=args.sensitivity,
         budget_s=args.budget_latency, budget_ratio=args.budget_ratio,
@@ -129,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sensitive_pins(args: argparse.Namespace, m: Any, layers: int) -> dict[str, int]:
+def _sensitive_pins(args: argparse.Namespace, m: Any, layers: int
+                    ) -> dict[str, int | tuple[int, int]]:
     """``--pin sensitive[:K]``: the K most sensitive layers (weights or inputs, each measured
     alone at the narrowest candidates) kept wide: weights at 8 bits, inputs at the widest
     activation candidate.
@@ -150,5 +154,5 @@ def _sensitive_pins(args: argparse.Namespace, m: Any, layers: int) -> dict[str, 
                                  min(args.act_candidates), min(count, layers))
     print("kept wide (most sensitive; weight-only / activation-only output SQNR): " + ", ".join(
         f"{r.name} ({r.weight_sqnr_db:.1f}/{r.act_sqnr_db:.1f} dB)" for r in rows))
-    wide = (8, max(args.act_candidates))  # weights at 8, inputs at the widest candidate
+    wide = (8, int(max(args.act_candidates)))  # weights 8, inputs the widest candidate
     return {r.name: wide for r in rows}

@@ -189,8 +189,8 @@ def image_folder(path: str | os.PathLike[str], input_shape: tuple[int, ...]
     for i, f in enumerate(files):
         try:
             with Image.open(f) as img:
-                img = img.convert("RGB" if c == 3 else "L").resize((w, h), Image.BILINEAR)
-                a = np.asarray(img, np.uint8)
+                a = np.asarray(img.convert("RGB" if c == 3 else "L").resize(
+                    (w, h), Image.Resampling.BILINEAR), np.uint8)
         except (OSError, UnidentifiedImageError, ValueError) as e:
             raise ConfigError(f"--data {folder}: cannot read image {f}: {e}") from None
         out[i] = a.transpose(2, 0, 1) if a.ndim == 3 else a[None]

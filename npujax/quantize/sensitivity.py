@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from npujax.errors import CalibrationError, ConfigError
-from npujax.ir.execute import execute
+from npujax.ir.execute import execute, tap
 from npujax.ir.graph import Graph, Params
 from npujax.numerics import IntFormat
 from npujax.quantize.spec import LayerQuant, QuantSpec
@@ -48,6 +48,9 @@ class LayerSensitivity(NamedTuple):
       weight_sqnr_db: model-output SQNR (dB) with only this layer's weights quantized (``inf``
         when the layer has no quantized weights or the output does not move).
       act_sqnr_db: model-output SQNR (dB) with only this layer's input activations quantized.
+      layer_sqnr_db: SQNR (dB) of this layer's own output with the *whole* model quantized
+        (errors accumulated, as deployed; :func:`npujax.quantize.ptq.layer_sqnr`), when asked
+        for (``whole_model=True``), else None.
     """
 
     name: str
@@ -56,6 +59,7 @@ class LayerSensitivity(NamedTuple):
     act_bits: int | None
     weight_sqnr_db: float
     act_sqnr_db: float
+    layer_sqnr_db: float | None = None
 
     @property
     def worst_db(self) -> float:
@@ -88,6 +92,7 @@ def sensitivity_split(
     batches: Iterable[ArrayLike],
     *,
     layers: Sequence[str] | None = None,
+    whole_model: bool = False,
 ) -> list[LayerSensitivity]:
     """Each layer's model-output SQNR with only its weights, then only its inputs, quantized.
 
@@ -102,6 +107,7 @@ def sensitivity_split(
       batches: float32 input batches ``(batch, ...)`` in the model's layout; at least one.
       layers: the layers to analyse (default: every layer of ``quant`` with a quantized
         operand).
+      whole_model: also measure :attr:`LayerSensitivity.layer_sqnr_db` (in the same program).
 
     Returns:
       One :class:`LayerSensitivity` per layer, most sensitive first (ascending
@@ -138,11 +144,20 @@ def sensitivity_split(
             specs[(n, "act")] = {n: dataclasses.replace(lq, weight=None, operand_range=None)}
 
     def stats(p, x):
-        yf = execute(graph, p, x)
+        ft: dict[str, Any] = {}
+        if whole_model:
+            yf, ft = execute(graph, p, x, observe=tap(names))
+        else:
+            yf = execute(graph, p, x)
         out = {"signal": jnp.sum(jnp.square(yf))}
         for key, q in specs.items():
             yq = execute(graph, p, x, quant=q, qstate=qstate)
             out["/".join(key)] = jnp.sum(jnp.square(yq - yf))
+        if whole_model:
+            _, qt = execute(graph, p, x, quant=quant, qstate=qstate, observe=tap(names))
+            for n in names:
+                out[f"{n}/out_signal"] = jnp.sum(jnp.square(ft[n][1]))
+                out[f"{n}/out_noise"] = jnp.sum(jnp.square(qt[n][1] - ft[n][1]))
         return out
 
     fn = jax.jit(stats)
@@ -161,8 +176,10 @@ def sensitivity_split(
         w = _sqnr_db(acc["signal"], acc[f"{n}/weight"]) if f"{n}/weight" in acc else math.inf
         a = _sqnr_db(acc["signal"], acc[f"{n}/act"]) if f"{n}/act" in acc else math.inf
         wf = lq.weight_candidates[0] if lq.weight_candidates else None
+        whole = _sqnr_db(acc[f"{n}/out_signal"], acc[f"{n}/out_noise"]) if whole_model \
+            else None
         rows.append(LayerSensitivity(n, graph.node(n).op, _int_bits(wf), _int_bits(lq.act),
-                                     w, a))
+                                     w, a, whole))
     return sensitivity_order(rows)
 
 

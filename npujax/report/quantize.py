@@ -70,7 +70,7 @@ def quantize_markdown(result: Any, title: str) -> str:
         out.append(f"- modelled latency on {result.npu}: {result.latency_s * 1e6:.3f} µs per "
                    "inference")
     if result.ort is not None:
-        worst = max(v["max_abs_diff"] for v in result.ort.values())
+        worst = max(float(v["max_abs_diff"] or 0.0) for v in result.ort.values())
         first = next(iter(result.ort.values()))
         accs = sorted({v["accuracy"] for v in result.ort.values() if v["accuracy"] is not None})
         acc = "" if not accs else (f"; accuracy {', '.join(f'{a:.2f} %' for a in accs)} "

@@ -42,7 +42,7 @@ from npujax.ir.graph import Graph, Params
 from npujax.quantize.accuracy_control import AccuracyControl, accuracy_control
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.methods import PTQMethod
-from npujax.quantize.ptq import bias_correction, layer_sqnr
+from npujax.quantize.ptq import bias_correction
 from npujax.quantize.sensitivity import LayerSensitivity, sensitivity_split
 from npujax.quantize.spec import QuantSpec
 from npujax.report.quantize import layers_csv_text, quantize_markdown
@@ -347,9 +347,8 @@ def quantize_model(
         notes += said
     with phase("quantize: per-layer report", progress):
         acc = None if y_eval is None else _accuracy(y_q, y_eval)
-        sqnr = {r["name"]: r for r in layer_sqnr(g, p, quant, qstate, sens_x)} if quant else {}
-        split = {r.name: r for r in sensitivity_split(g, p, quant, qstate, sens_x)} \
-            if quant else {}
+        split = {r.name: r for r in sensitivity_split(g, p, quant, qstate, sens_x,
+                                                      whole_model=True)} if quant else {}
     latency_s, per_layer, npu = None, {}, None
     if config.npu is not None:
         from npujax.hw import load_npu_spec
@@ -360,7 +359,7 @@ def quantize_model(
             sched = lower(g, spec, quant)
         latency_s, npu = sched.latency_s, spec.name
         per_layer = {r.name: r.latency_s for r in sched.layers}
-    rows = _layer_rows(quant, sqnr, split, per_layer)
+    rows = _layer_rows(quant, split, per_layer)
     onnx_bytes, ort, bound = _export_and_check(g, p, quant, qstate, x_eval, y_eval, y_q,
                                                y_float, config)
     return QuantizeResult(g, p, quant, qstate, rows, float_acc, acc, control, latency_s, npu,
@@ -369,22 +368,16 @@ def quantize_model(
                            "evaluation": len(x_eval)})
 
 
-def _layer_rows(quant: QuantSpec, sqnr: dict[str, dict[str, Any]],
-                split: dict[str, LayerSensitivity], latency: dict[str, float]
-                ) -> list[dict[str, Any]]:
-    rows = []
-    for name in quant:
-        if name not in sqnr:
-            continue
-        r, s = sqnr[name], split.get(name)
-        rows.append({
-            "name": name, "op": r["op"], "weight_bits": r["weight_bits"],
-            "act_bits": r["act_bits"], "sqnr_db": r["sqnr_db"],
-            "weight_sqnr_db": None if s is None else s.weight_sqnr_db,
-            "act_sqnr_db": None if s is None else s.act_sqnr_db,
-            "dominant": None if s is None else s.dominant,
-            "latency_us": None if name not in latency else latency[name] * 1e6,
-        })
+def _layer_rows(quant: QuantSpec, split: dict[str, LayerSensitivity],
+                latency: dict[str, float]) -> list[dict[str, Any]]:
+    """Report rows; an operand left in float has no sensitivity (None, not inf)."""
+    rows = [{"name": s.name, "op": s.op, "weight_bits": s.weight_bits, "act_bits": s.act_bits,
+             "sqnr_db": s.layer_sqnr_db,
+             "weight_sqnr_db": None if quant[s.name].weight is None else s.weight_sqnr_db,
+             "act_sqnr_db": None if quant[s.name].act is None else s.act_sqnr_db,
+             "dominant": s.dominant,
+             "latency_us": None if s.name not in latency else latency[s.name] * 1e6}
+            for s in split.values()]
     return sorted(rows, key=lambda r: r["sqnr_db"])
 
 

@@ -177,6 +177,7 @@ def test_quantize_writes_a_checked_qdq_file_and_runs_ptq_methods_by_stage(tiny, 
     rows = {r["name"]: r for r in s["layers"]}
     assert rows["fc1"]["act_bits"] is None and rows["fc1"]["act_sqnr_db"] is None  # float input
     assert rows["fc2"]["weight_bits"] == rows["fc2"]["act_bits"] == 8
+    assert rows["fc2"]["sqnr_db"] > 30 and rows["fc2"]["act_sqnr_db"] > 30  # 8 bits: small noise
     model = onnx.load(tmp_path / "q" / "model.qdq.onnx")
     onnx.checker.check_model(model, full_check=True)
     assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
