@@ -107,7 +107,7 @@ def sensitivity_split(
       batches: float32 input batches ``(batch, ...)`` in the model's layout; at least one.
       layers: the layers to analyse (default: every layer of ``quant`` with a quantized
         operand).
-      whole_model: also measure :attr:`LayerSensitivity.layer_sqnr_db` (in the same program).
+      whole_model: also measure each row's ``layer_sqnr_db`` (in the same program).
 
     Returns:
       One :class:`LayerSensitivity` per layer, most sensitive first (ascending
