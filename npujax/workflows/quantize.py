@@ -206,8 +206,13 @@ def _predict(graph: Graph, params: Params, x: np.ndarray, size: int,
                            _batches(x, size)])
 
 
-def check_labels(y: np.ndarray, outputs: np.ndarray) -> None:
+def check_labels(y: np.ndarray, outputs: np.ndarray, *, more: np.ndarray | None = None) -> None:
     """Refuse labels that cannot be top-1 targets of ``outputs``.
+
+    Args:
+      y: int labels of the examples ``outputs`` were computed on, ``(n,)``.
+      outputs: the model's outputs on them.
+      more: labels of other examples (the calibration split), checked against the classes only.
 
     Raises:
       ShapeError: outputs that are not ``(n, classes)`` scores, a label count that differs from
@@ -219,11 +224,12 @@ def check_labels(y: np.ndarray, outputs: np.ndarray) -> None:
                          "from --data (accuracy is measured on class scores).")
     if len(y) != len(outputs):
         raise ShapeError(f"--data has {len(y)} labels for {len(outputs)} examples.")
-    lo, hi = int(y.min()), int(y.max())
-    if lo < 0 or hi >= outputs.shape[1]:
+    every = y if more is None or not len(more) else np.concatenate([y, more])
+    lo, hi, classes = int(every.min()), int(every.max()), outputs.shape[1]
+    if lo < 0 or hi >= classes:
         raise ShapeError(f"--data labels range over [{lo}, {hi}], but the model scores "
-                         f"{outputs.shape[1]} classes (labels 0..{outputs.shape[1] - 1}); the "
-                         "labels do not match the model's outputs.")
+                         f"{classes} classes (labels 0..{classes - 1}); the labels do not "
+                         "match the model's outputs.")
 
 
 def _accuracy(scores: np.ndarray, y: np.ndarray) -> float:
@@ -276,10 +282,7 @@ def quantize_model(
         y_float = _predict(graph, params, x_eval, config.batch_size)
     float_acc = None
     if y_eval is not None:
-        check_labels(y_eval, y_float)
-        if y_calib is not None and len(y_calib):
-            check_labels(np.concatenate([y_eval, y_calib]),
-                         np.zeros((len(y_eval) + len(y_calib), y_float.shape[1])))
+        check_labels(y_eval, y_float, more=y_calib)
         float_acc = _accuracy(y_float, y_eval)
     notes: list[str] = []
     pre = [m for m in config.methods if m.stage == "pre_calibration"]
