@@ -83,8 +83,7 @@ def _unsupported(graph: Graph, spec: NpuSpec) -> list[str]:
     per_op = spec if spec.ops.fallback == "per_op" else \
         spec.with_fields({"ops.fallback": "per_op"})
     nodes = {n.name for n in graph.nodes}
-    return [w.name for w in workloads(graph, per_op)
-            if w.device == "cpu" and w.name in nodes and w.op != "CpuFallback"]
+    return [w.name for w in workloads(graph, per_op) if w.device == "cpu" and w.name in nodes]
 
 
 def _quant_for(quant: Any, old: str, new_gemms: list[str]) -> Any:
@@ -137,8 +136,9 @@ def choose_rewrites(graph: Graph, spec: NpuSpec | str,
         if cost.get(name) == "free":
             continue
         rule = rewrite_for(node.op)
+        op = node.attrs.get("onnx_op", node.op) if node.op == "CpuFallback" else node.op
         why = rule.refuse(graph, node, spec.ops) if rule is not None else \
-            f"no rewrite rule for {node.op}"
+            f"no rewrite rule for {op}"
         if why:
             if policy == "rewrite_or_refuse":
                 raise UnsupportedOpError(

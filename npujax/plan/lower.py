@@ -547,6 +547,8 @@ def lower(
         without weights or a search mixture in ``quant``; ``resident_weights`` for weights
         that do not fit in half the filter SRAM; a non-finite or negative figure (never reported).
       LimitError: a layer beyond 2**53 MACs or elements (:func:`npujax.plan.workloads`).
+      UnsupportedOpError: under the preset's ``ops.unsupported = "rewrite_or_refuse"``, a layer
+        the NPU does not run and no rule rewrites (:func:`decompose_unsupported`).
     """
     spec = as_spec(spec)
     name = get_dataflow(dataflow or spec.array.dataflow).name
