@@ -7,7 +7,8 @@ whose HardSigmoid and LayerNormalization the Edge TPU does not run (its compiler
 partition then sends the rest of the graph to the Cortex-A53 host): the whole graph's latency
 after each per-layer decision.
 
-Run: PYTHONPATH=. python3 experiments/rewrites/main.py --rec ~/.cache/npujax/ch_PP-OCRv4_rec_infer.onnx --out docs/results
+Run: PYTHONPATH=. python3 experiments/rewrites/main.py \
+         --rec ~/.cache/npujax/ch_PP-OCRv4_rec_infer.onnx --out docs/results
 Writes realities_rewrites.png and realities_rewrites.json.
 """
 

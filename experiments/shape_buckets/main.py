@@ -1,7 +1,8 @@
 """Shape buckets for the PP-OCRv4 text recogniser (input 1x3x48xW, W the text line's width):
 expected latency per inference against the number of buckets, for several compile times.
 
-Run: PYTHONPATH=. python3 experiments/shape_buckets/main.py --model ~/.cache/npujax/ch_PP-OCRv4_rec_infer.onnx --out docs/results
+Run: PYTHONPATH=. python3 experiments/shape_buckets/main.py \
+         --model ~/.cache/npujax/ch_PP-OCRv4_rec_infer.onnx --out docs/results
 Writes realities_shape_buckets.png and realities_shape_buckets.json.
 
 The width distribution is assumed (text lines of a document page, most short); the compile

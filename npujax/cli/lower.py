@@ -225,7 +225,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("npujax lower needs a model (or --scalesim-config with --topology).")
     _check_flags(args, len(args.model))
     if args.format != "table" and (len(args.model) > 1 or args.sweep_resolution
-                                   or args.shapes or args.schedule or str(args.model[0]).startswith("decoder:")):
+                                   or args.shapes or args.schedule
+                                   or str(args.model[0]).startswith("decoder:")):
         raise ConfigError(f"--format {args.format} prints one model's schedule; give one "
                           "model file, without --sweep-resolution or --schedule (their tables "
                           "need --format table).")

@@ -103,7 +103,8 @@ class BucketPlan:
                 "assignment": list(self.assignment)}
 
 
-def optimal_buckets(latency_s: Sequence[float], probabilities: Sequence[float], k: int
+def optimal_buckets(latency_s: Sequence[float] | np.ndarray,
+                    probabilities: Sequence[float] | np.ndarray, k: int
                     ) -> tuple[float, tuple[int, ...]]:
     """The exact minimum of ``sum_i p_i latency(bucket(i))`` over plans of at most ``k`` buckets.
 

@@ -148,6 +148,7 @@ def choose_rewrites(graph: Graph, spec: NpuSpec | str,
             choices.append(RewriteChoice(name, node.op, rule.name if rule else "", "fallback",
                                          now, None, why))
             continue
+        assert rule is not None  # (no refusal: a rule applies)
         before = {n.name for n in graph.nodes}
         g2, p2 = apply_rewrite(graph, params, name, rule, spec.ops)
         made = tuple(n.name for n in g2.nodes if n.name not in before)

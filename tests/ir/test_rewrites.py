@@ -220,5 +220,6 @@ def test_default_policy_changes_nothing():
     graph = _chain()
     spec = load_npu_spec("edge_16x16")
     assert spec.ops.unsupported == "fallback"
+    assert decompose(graph, spec).graph is graph  # the default rewrites nothing
     with pytest.raises(ConfigError, match="unsupported"):
         spec.with_fields({"ops.unsupported": "sometimes"})

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 
-
 from npujax.hw.spec import OpsSpec
 from npujax.ir.graph import Graph, Node, Params
 from npujax.ir.rewrites.base import Builder, Replacement, Rewrite, register_rewrite
