@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     from npujax.hw.spec import NpuSpec
     from npujax.plan.lower import Schedule
 
-__all__ = ["DecoderLowering", "decoder_graph", "kv_cache_operands", "decoder_precision",
-           "decoder_figures"]
+__all__ = ["DecoderLowering", "decoder_graph", "resolve_config", "kv_bytes_per_token",
+           "kv_cache_operands", "decoder_precision", "decoder_figures"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +131,16 @@ def resolve_config(config: Any) -> Any:
     return config
 
 
+def kv_bytes_per_token(cfg: Any, kv_len: int, kv_bits: int) -> float:
+    """KV-cache bytes one sequence's decode step reads at ``kv_len`` cached positions:
+    ``sum_i 2 kv_heads head_dim L_i kv_bits / 8``, ``L_i = min(kv_len, window - 1)`` on a
+    sliding-window layer, ``kv_len`` on the others."""
+    w = cfg.sliding_window
+    per = [min(kv_len, w - 1) if (w and i in cfg.local_layers) else kv_len
+           for i in range(cfg.layers)]
+    return 2 * cfg.kv_heads * cfg.head_dim * sum(per) * kv_bits / 8
+
+
 def kv_cache_operands(graph: Graph) -> dict[str, int]:
     """``{attention MatMul: operand index}``: the operand of each GEMM of two activations that
     is read from a key/value cache, i.e. whose value comes, through ops exact on integer codes
@@ -192,8 +202,6 @@ def decoder_figures(schedule: Schedule, config: Any, *, phase: str, seq_len: int
                     batch: int, kv_bits: int, spec: NpuSpec | None = None) -> DecoderLowering:
     """Tokens per second, KV-cache bytes per token and (with ``spec``) the roofline bound of a
     lowered decoder phase (see :class:`DecoderLowering`)."""
-    from npujax.models.serving import kv_bytes_per_token
-
     tokens = batch * (seq_len if phase == "prefill" else 1)
     kv = kv_bytes_per_token(config, kv_len, kv_bits) if phase == "decode" else 0.0
     roof: dict[str, Any] = {}

@@ -28,16 +28,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from npujax.errors import ConfigError, LimitError
+from npujax.models.decoders import (
+    decoder_graph,
+    decoder_precision,
+    kv_bytes_per_token,
+    resolve_config,
+)
+from npujax.models.moe import expected_experts
+from npujax.models.moe import expert_loads as routing
 
 __all__ = ["ServingReport", "lower_decoder", "kv_bytes_per_token", "weight_elems_per_step"]
-
-
-def kv_bytes_per_token(cfg: Any, kv_len: int, kv_bits: int) -> float:
-    """KV-cache bytes one sequence's decode step reads at ``kv_len`` cached positions."""
-    w = cfg.sliding_window
-    per = [min(kv_len, w - 1) if (w and i in cfg.local_layers) else kv_len
-           for i in range(cfg.layers)]
-    return 2 * cfg.kv_heads * cfg.head_dim * sum(per) * kv_bits / 8
 
 
 def _linears(cfg: Any, experts: float) -> list[tuple[int, int, float]]:
@@ -165,9 +165,6 @@ def lower_decoder(config: Any, spec: Any, *, phase: str, seq_len: int = 128,
       LimitError: the weights and the KV cache do not fit the preset's DRAM capacity (the
         message gives both and how to shrink them).
     """
-    from npujax.models.decoders import decoder_graph, decoder_precision, resolve_config
-    from npujax.models.moe import expected_experts
-    from npujax.models.moe import expert_loads as routing
     from npujax.plan.lower import lower_dataflows
 
     cfg = resolve_config(config)
