@@ -82,7 +82,8 @@ COST_FIELDS = frozenset({
     "model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
     "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
     "tie_word_embeddings", "attention_bias", "mlp_bias", "hidden_act", "hidden_activation",
-    "sliding_window", "use_sliding_window", "max_window_layers", "layer_types",
+    "sliding_window", "sliding_window_size", "use_sliding_window", "max_window_layers",
+    "layer_types",
     "partial_rotary_factor", "attn_logit_softcapping", "final_logit_softcapping",
     "num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok",
     "moe_intermediate_size", "shared_expert_intermediate_size", "n_shared_experts",
@@ -107,7 +108,7 @@ NON_COST_FIELDS = frozenset({
 APPROXIMATED_FIELDS = {
     "n_group": "group-limited routing costed as uniform top-k over all routed experts",
     "topk_group": "group-limited routing costed as uniform top-k over all routed experts",
-    "topk_method": "costed as uniform top-k routing",
+    "topk_method": "costed as uniform top-k routing (only 'greedy', plain top-k, is exact)",
     "quantization_config": "the file's quantization is not read: the widths come from "
                            "--weight-bits/--act-bits/--kv-bits",
 }
@@ -166,7 +167,9 @@ def load_decoder(name_or_path: str | os.PathLike[str], *,
 
 
 def _int(f: Mapping[str, Any], key: str, where: str, default: Any = None) -> int:
-    v = f.get(key, default)
+    v = f.get(key)
+    if v is None:  # absent or null: the family's default
+        v = default
     if v is None:
         raise ConfigError(f"{where}: field {key!r} is required.")
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -198,6 +201,8 @@ def read_config(fields: Mapping[str, Any], *, source: str = "config.json",
     for key in sorted(fields):
         if key in ignore or key in COST_FIELDS or key in NON_COST_FIELDS:
             continue
+        if key == "topk_method" and fields[key] in ("greedy", None):
+            continue  # plain top-k (DeepSeek-MoE): what the cost model assumes
         if key in APPROXIMATED_FIELDS:
             log.warning("%s: field %r read approximately: %s.", where, key,
                         APPROXIMATED_FIELDS[key])
@@ -228,6 +233,10 @@ def read_config(fields: Mapping[str, Any], *, source: str = "config.json",
     qkv_bias = bool(fields.get("attention_bias", mt in ("qwen2", "qwen2_moe")))
     # sliding-window attention: which layers
     window = fields.get("sliding_window") or 0
+    size = fields.get("sliding_window_size")
+    if size is not None and window and size != window:
+        raise ConfigError(f"{where}: sliding_window ({window}) and sliding_window_size "
+                          f"({size}) differ; which one the model uses is unclear.")
     if window and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise ConfigError(f"{where}: sliding_window must be a positive integer or null, got "
                           f"{window!r}.")

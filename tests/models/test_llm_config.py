@@ -239,3 +239,16 @@ def test_chunks_and_measured_loads_in_the_graph(tmp_path):
     assert tokens == 4 * 2
     touched = sum(g.tensors[n.inputs[1]].shape[0] for n in experts) // 3
     assert touched == round(expected_experts(4, 8, 2, loads))
+
+
+@pytest.mark.parametrize("name, parameters, rel", [
+    ("gemma-2-9b", 9_241_705_984, 0),  # google/gemma-2-9b's safetensors: 9,241,705,984
+    ("deepseek-moe-16b-base", 16.4e9, 5e-3),  # deepseek-ai/deepseek-moe-16b-base: 16.4 B
+    ("qwen1.5-moe-a2.7b", 14.3e9, 5e-3),  # Qwen/Qwen1.5-MoE-A2.7B: 14.3 B in total
+])
+def test_published_configs_read_whole(name, parameters, rel):
+    """The config.json files as published (every field), their model cards' parameter counts."""
+    from pathlib import Path
+
+    cfg = load_decoder(Path(__file__).parent / "published" / f"{name}.json")
+    assert cfg.parameters() == pytest.approx(parameters, rel=rel)
