@@ -190,10 +190,10 @@ def test_capacity_error_and_serving_batch(capsys):
     err = capsys.readouterr().err
     assert "KV cache" in err and "memory.dram_bytes = 32.00 GiB" in err
     # a batch of per-sequence cache lengths (the API the command calls; no plots written)
+    import dataclasses
+
     from npujax.hw import load_npu_spec
     from npujax.models.serving import lower_decoder
-
-    import dataclasses
 
     cfg = dataclasses.replace(load_decoder("tiny"), layers=1)  # (a short cost program)
     lens = [40, 8, 8]
