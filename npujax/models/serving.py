@@ -144,7 +144,8 @@ def lower_decoder(config: Any, spec: Any, *, phase: str, seq_len: int = 128,
       phase: ``"prefill"`` (``seq_len`` prompt tokens per sequence; ``kv_lens`` gives the
         batch) or ``"decode"`` (one token per sequence against ``kv_lens``).
       seq_len: prompt tokens (prefill).
-      kv_lens: one cache length per sequence (its length is the batch).
+      kv_lens: one cache length per sequence (its length is the batch; a prefill uses only
+        its length).
       weight_bits: width of the linear layers' weights
         (:func:`npujax.models.decoders.decoder_precision`).
       act_bits: width of their activations.
