@@ -23,7 +23,7 @@ independent; the uniform case is ``f_e = 1 / E``).
 
 **The costed routing.** The cost program counts whole GEMMs, so a step is costed as one routing
 whose numbers are those expectations rounded: ``D = round(E[distinct])`` experts (at least
-``ceil(n k / n)`` = k, at most ``min(E, n k)``), the ``n k`` assignments spread over them as
+``k``, at most ``min(E, n k)``), the ``n k`` assignments spread over them as
 evenly as possible (uniform) or in proportion to ``f_e`` over the ``D`` most loaded experts
 (measured). MACs are exact; the weight bytes are those of ``D`` experts, within half an
 expert's of the expectation per MoE layer, and the report states both.
