@@ -656,11 +656,14 @@ def _run_decoder(args: argparse.Namespace) -> int:
               + f", activations {widths[1]}-bit; {rep.parameters / 1e9:,.3f} B parameters; "
               f"weights read per step {rep.weight_bytes_per_step / 1e6:,.1f} MB")
     if cfg.moe_layers:
+        step_tokens = (1 if args.phase == "decode"
+                       else min(args.prefill_chunk or args.seq_len, args.seq_len))
         con.print(f"mixture of experts: {rep.expected_experts:,.2f} of {cfg.experts} experts "
                   f"touched per MoE layer in expectation ("
                   + ("measured loads" if loads else f"uniform top-{cfg.experts_per_token}")
-                  + f", {len(lens) * (args.seq_len if args.phase == 'prefill' else 1)} tokens);"
-                  f" costed as {rep.costed_experts}")
+                  + f", {len(lens) * step_tokens} tokens a step);"
+                  " costed as " + " and ".join(f"{d} (weight {w:.2f})"
+                                               for d, w in rep.costed_experts))
     cap = (f"{rep.dram_capacity_bytes / gib:,.2f} GiB" if rep.dram_capacity_bytes
            else "not stated by the preset (memory.dram_bytes)")
     con.print(f"memory: weights {rep.weights_bytes / gib:,.3f} GiB + KV cache "

@@ -75,7 +75,8 @@ class DecoderLowering:
 
 def decoder_graph(config: Any, *, phase: str, seq_len: int = 1, kv_len: int = 0,
                   batch: int = 1, kv_lens: Sequence[int] | None = None,
-                  expert_loads: Sequence[float] | None = None, logits: str = "auto") -> Graph:
+                  expert_loads: Sequence[float] | None = None, logits: str = "auto",
+                  experts_touched: int | None = None) -> Graph:
     """The optimized graph of one step of a decoder, built from its shapes alone
     (:func:`npujax.models.llm_graph.build_decoder_graph`: no Flax model, no weight allocated;
     for the reference configs the same graph as tracing :class:`~npujax.models.transformer.
@@ -95,6 +96,8 @@ def decoder_graph(config: Any, *, phase: str, seq_len: int = 1, kv_len: int = 0,
       expert_loads: measured per-expert fractions of a mixture of experts' assignments
         (:func:`npujax.models.moe.expert_loads`); None: uniform routing.
       logits: which positions' logits the step computes (``build_decoder_graph``'s).
+      experts_touched: distinct experts per MoE layer (default ``round(E[distinct])``;
+        :func:`npujax.models.moe.expert_loads`).
 
     Raises:
       ConfigError: an unknown config name, phase or a non-positive length.
@@ -114,8 +117,8 @@ def decoder_graph(config: Any, *, phase: str, seq_len: int = 1, kv_len: int = 0,
         raise ConfigError(f"seq_len, kv_len and batch must be >= 1 (kv_len >= 0 for a "
                           f"prefill), got {seq_len}, {kv_len if kv_lens is None else lens}, "
                           f"{len(lens)}.")
-    loads = (routing(tokens * len(lens), cfg.experts, cfg.experts_per_token, expert_loads)
-             if cfg.moe_layers else ())
+    loads = (routing(tokens * len(lens), cfg.experts, cfg.experts_per_token, expert_loads,
+                     distinct=experts_touched) if cfg.moe_layers else ())
     graph, params = build_decoder_graph(cfg, tokens=tokens, kv_lens=lens, expert_loads=loads,
                                         logits=logits)
     return optimize(graph, params)[0]

@@ -21,12 +21,14 @@ token-expert assignments that go to expert ``e`` (``sum f_e = 1``), a token pick
 probability ``q_e = k f_e`` (at most 1), and ``E[distinct] = sum_e (1 - (1 - q_e)^n)`` (tokens
 independent; the uniform case is ``f_e = 1 / E``).
 
-**The costed routing.** The cost program counts whole GEMMs, so a step is costed as one routing
-whose numbers are those expectations rounded: ``D = round(E[distinct])`` experts (at least
-``k``, at most ``min(E, n k)``), the ``n k`` assignments spread over them as
-evenly as possible (uniform) or in proportion to ``f_e`` over the ``D`` most loaded experts
-(measured). MACs are exact; the weight bytes are those of ``D`` experts, within half an
-expert's of the expectation per MoE layer, and the report states both.
+**The costed routing.** The cost program counts whole GEMMs, so a step is costed with whole
+expert counts: the routings with ``floor(E[distinct])`` and ``ceil(E[distinct])`` experts
+(:func:`costed_experts`), each with the ``n k`` assignments spread over its experts as evenly
+as possible (uniform) or in proportion to ``f_e`` over the most loaded ones (measured), and
+their latencies weighted by the fractional part (:func:`npujax.models.serving.lower_decoder`).
+MACs are exact in each; the weighted weight bytes equal the expectation exactly. (The latency
+is interpolated linearly in the expert count: exact where the step's time is linear in the
+weight bytes it reads, a memory-bound decode step.)
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import numpy as np
 
 from npujax.errors import ConfigError
 
-__all__ = ["expected_experts", "expert_loads", "check_loads"]
+__all__ = ["expected_experts", "costed_experts", "expert_loads", "check_loads"]
 
 
 def check_loads(loads: Sequence[float], experts: int, k: int) -> np.ndarray:
@@ -80,17 +82,36 @@ def expected_experts(n: int, experts: int, k: int,
     return float(np.sum(1.0 - (1.0 - q) ** n))
 
 
-def expert_loads(n: int, experts: int, k: int, loads: Sequence[float] | None = None
-                 ) -> tuple[tuple[int, int], ...]:
+def costed_experts(n: int, experts: int, k: int, loads: Sequence[float] | None = None
+                   ) -> tuple[tuple[int, float], ...]:
+    """The whole expert counts a step is costed at and their weights: ``((floor(D), 1 - a),
+    (ceil(D), a))`` with ``D = E[distinct]`` and ``a`` its fractional part (one entry when ``D``
+    is whole), so that the weighted weight bytes equal the expectation exactly.
+
+    Example:
+      >>> costed_experts(4, 8, 2)   # E[distinct] = 8 (1 - 0.75^4) = 5.47
+      ((5, 0.53125), (6, 0.46875))
+    """
+    d = expected_experts(n, experts, k, loads)
+    lo = int(np.floor(d + 1e-12))
+    a = d - lo
+    if a < 1e-9 or lo >= min(experts, n * k):
+        return ((min(lo, experts, n * k), 1.0),)
+    return ((lo, 1.0 - a), (lo + 1, a))
+
+
+def expert_loads(n: int, experts: int, k: int, loads: Sequence[float] | None = None, *,
+                 distinct: int | None = None) -> tuple[tuple[int, int], ...]:
     """The costed routing of ``n`` tokens (module docstring): ``((experts, tokens each), ...)``
-    per load class, the ``n k`` assignments over ``D = round(E[distinct])`` experts.
+    per load class, the ``n k`` assignments over ``D`` experts (``distinct``, default
+    ``round(E[distinct])``).
 
     Example:
       >>> expert_loads(4, 8, 2)   # E[distinct] = 8 (1 - 0.75^4) = 5.47 -> 5 experts, 8 tokens
       ((2, 1), (3, 2))
     """
     total = n * k
-    d = int(round(expected_experts(n, experts, k, loads)))
+    d = int(round(expected_experts(n, experts, k, loads))) if distinct is None else distinct
     d = max(min(d, experts, total), k if n >= 1 else 1)
     if loads is None:
         per = np.full(d, total // d, np.int64)

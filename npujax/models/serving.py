@@ -34,8 +34,7 @@ from npujax.models.decoders import (
     kv_bytes_per_token,
     resolve_config,
 )
-from npujax.models.moe import expected_experts
-from npujax.models.moe import expert_loads as routing
+from npujax.models.moe import costed_experts, expected_experts
 
 __all__ = ["ServingReport", "lower_decoder", "kv_bytes_per_token", "weight_elems_per_step"]
 
@@ -87,8 +86,11 @@ class ServingReport:
       tokens_per_s: in aggregate, ``batch x`` the above.
       parameters: the model's parameters.
       expected_experts: distinct routed experts a MoE layer touches in expectation (0: dense).
-      costed_experts: the experts the costed routing touches (:mod:`npujax.models.moe`).
-      weight_bytes_per_step: weights read per step, scales included (expected experts).
+      costed_experts: ``((experts, weight), ...)``: the whole expert counts the step was
+        costed at and the weights of their latencies (:func:`npujax.models.moe.
+        costed_experts`; the first step's for a chunked prefill); empty for a dense model.
+      weight_bytes_per_step: weights read per step (a chunk of a chunked prefill), scales
+        included (expected experts).
       scale_bytes_per_step: the per-group scales' part of it.
       kv_cache_bytes_per_token: KV bytes read per generated token, mean over sequences.
       weights_bytes: all parameters at ``weight_bits`` with scales (bytes held in DRAM).
@@ -108,7 +110,7 @@ class ServingReport:
     tokens_per_s: float
     parameters: int
     expected_experts: float
-    costed_experts: int
+    costed_experts: tuple[tuple[int, float], ...]
     weight_bytes_per_step: float
     scale_bytes_per_step: float
     kv_cache_bytes_per_token: float
@@ -158,7 +160,8 @@ def lower_decoder(config: Any, spec: Any, *, phase: str, seq_len: int = 128,
 
     Returns:
       ``(lowering, report)``: the :class:`npujax.plan.lower.Lowering` of the step (the first
-      chunk's for a chunked prefill) and the :class:`ServingReport`.
+      chunk's for a chunked prefill; for a mixture of experts the one at the lower whole
+      expert count) and the :class:`ServingReport`, whose latencies weight the expert counts.
 
     Raises:
       ConfigError: a bad length, chunk or group size (see
@@ -186,32 +189,45 @@ def lower_decoder(config: Any, spec: Any, *, phase: str, seq_len: int = 128,
             f"DRAM capacity memory.dram_bytes = {cap / 2**30:.2f} GiB; use fewer or shorter "
             "sequences, --kv-bits 4, --weight-bits 4, or a preset with more memory.")
 
-    def one(n: int, cached: list[int], logits: str) -> Any:
+    def one(n: int, cached: list[int], logits: str, touched: int | None) -> Any:
         if phase == "decode":
-            g = decoder_graph(cfg, phase="decode", kv_lens=cached, expert_loads=expert_loads)
+            g = decoder_graph(cfg, phase="decode", kv_lens=cached, expert_loads=expert_loads,
+                              experts_touched=touched)
         else:
             g = decoder_graph(cfg, phase="prefill", seq_len=n, kv_lens=cached,
-                              expert_loads=expert_loads, logits=logits)
+                              expert_loads=expert_loads, logits=logits,
+                              experts_touched=touched)
         return lower_dataflows(g, spec, decoder_precision(g, weight_bits, act_bits, kv_bits),
                                dataflow=dataflow)
 
+    def step(n: int, cached: list[int], logits: str
+             ) -> tuple[Any, float, tuple[tuple[int, float], ...]]:
+        """(the lowering, the latency, the expert counts and weights) of one step: a mixture of
+        experts at the whole counts around the expectation, weighted (moe.costed_experts)."""
+        if not cfg.moe_layers:
+            r = one(n, cached, logits, None)
+            return r, float(r.schedule.latency_s), ()
+        mix = costed_experts(b * n, cfg.experts, cfg.experts_per_token, expert_loads)
+        rs = [one(n, cached, logits, d) for d, _ in mix]
+        return rs[0], sum(w * float(r.schedule.latency_s) for r, (_, w) in zip(rs, mix)), mix
+
     if phase == "prefill" and prefill_chunk and prefill_chunk < seq_len:
         starts = list(range(0, seq_len, prefill_chunk))
-        results = [one(min(prefill_chunk, seq_len - s0), [s0] * b,
-                       "last" if s0 == starts[-1] else "none") for s0 in starts]
+        steps = [step(min(prefill_chunk, seq_len - s0), [s0] * b,
+                      "last" if s0 == starts[-1] else "none") for s0 in starts]
+        tokens = min(prefill_chunk, seq_len)
     elif phase == "prefill":
-        results = [one(seq_len, [0] * b, "last")]
+        steps = [step(seq_len, [0] * b, "last")]
     elif phase == "decode":
-        results = [one(1, list(lens), "all")]
+        steps = [step(1, list(lens), "all")]
     else:
         raise ConfigError(f"phase must be 'prefill' or 'decode', got {phase!r}.")
-    chunks = tuple(float(r.schedule.latency_s) for r in results)
+    chunks = tuple(lat for _, lat, _ in steps)
     latency = sum(chunks)
     n = b * tokens
     ex = expected_experts(n, cfg.experts, cfg.experts_per_token, expert_loads) \
         if cfg.moe_layers else 0.0
-    costed = sum(g for g, _ in routing(n, cfg.experts, cfg.experts_per_token, expert_loads)) \
-        if cfg.moe_layers else 0
+    costed = steps[0][2]
     scales = _scale_bytes(cfg, ex, weight_group_size)
     per_seq = (seq_len if phase == "prefill" else 1) / latency
     report = ServingReport(
@@ -226,4 +242,4 @@ def lower_decoder(config: Any, spec: Any, *, phase: str, seq_len: int = 128,
         kv_cache_bytes_per_token=(sum(kv_bytes_per_token(cfg, L, kv_bits) for L in lens) / b
                                   if phase == "decode" else 0.0),
         weights_bytes=w_bytes, kv_cache_bytes=kv_bytes, dram_capacity_bytes=cap)
-    return results[0], report
+    return steps[0][0], report

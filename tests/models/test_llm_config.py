@@ -15,7 +15,7 @@ import pytest
 from npujax.errors import ConfigError, LimitError
 from npujax.models.decoders import decoder_graph
 from npujax.models.hf_config import load_decoder, read_config
-from npujax.models.moe import expected_experts, expert_loads
+from npujax.models.moe import costed_experts, expected_experts, expert_loads
 from npujax.models.serving import kv_bytes_per_token, weight_elems_per_step
 from npujax.plan import workloads
 
@@ -252,3 +252,24 @@ def test_published_configs_read_whole(name, parameters, rel):
 
     cfg = load_decoder(Path(__file__).parent / "published" / f"{name}.json")
     assert cfg.parameters() == pytest.approx(parameters, rel=rel)
+
+
+def test_costed_expert_counts_weigh_to_the_expected_weight_bytes(tmp_path):
+    """The two whole expert counts a MoE step is costed at, weighted, read exactly the expected
+    weight elements (E[distinct] experts' worth); each routes every assignment."""
+    fields = {**BASE, **FAMILIES["qwen2_moe"][0]}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(fields))
+    cfg = load_decoder(path)
+    batch = 3
+    ex = expected_experts(batch, 16, 4)  # 16 (1 - (12/16)^3) = 9.25
+    mix = costed_experts(batch, 16, 4)
+    assert [d for d, _ in mix] == [9, 10] and sum(d * w for d, w in mix) == pytest.approx(ex)
+    read = 0.0
+    for d, w in mix:
+        g = decoder_graph(cfg, phase="decode", kv_len=8, batch=batch, experts_touched=d)
+        nodes = {n.name: n for n in g.nodes}
+        read += w * sum(wl.weight_elems for wl in workloads(g) if wl.name in nodes and (
+            wl.op == "Gemm" or (wl.op == "MatMul" and nodes[wl.name].inputs[1] in g.constants)))
+    assert read == pytest.approx(weight_elems_per_step(cfg, ex), rel=1e-12)
+    assert costed_experts(1, 8, 2) == ((2, 1.0),)  # one token: exactly k experts
