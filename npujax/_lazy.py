@@ -115,3 +115,132 @@ def attach(package: str, init_file: str) -> tuple[Callable[[str], Any], Callable
         return sorted(names)
 
     return __getattr__, __dir__, names
+
+
+# --- Names read from a module's source, without importing it ---------------------------------
+#
+# The command line lists registry names in its --help (dataflows, observers, searchers, ...). The
+# registries live in modules that import JAX, so importing them would make `npujax --help` cost
+# a JAX start-up. :func:`names` reads such a constant from the module's *source* instead, with
+# :mod:`ast`, the way :func:`attach` reads an ``__init__``'s imports: the registry stays the one
+# place each name is written, and the parser loads nothing. tests/cli/test_startup.py checks that
+# every value the parser reads this way equals the imported registry's.
+
+_ROOT = Path(__file__).parent
+
+
+def _module_file(module: str) -> Path:
+    """The source file of an npujax module, found without importing its package (importlib's
+    ``find_spec`` imports the parents)."""
+    parts = module.split(".")
+    if parts[0] != "npujax":
+        raise ValueError(f"{module!r} is not an npujax module")
+    base = _ROOT.joinpath(*parts[1:])
+    return base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+
+
+_TREES: dict[str, ast.Module] = {}
+
+
+def _tree(module: str) -> ast.Module:
+    if module not in _TREES:
+        _TREES[module] = ast.parse(_module_file(module).read_text(encoding="utf-8"))
+    return _TREES[module]
+
+
+def _assignment(tree: ast.Module, name: str) -> ast.expr | None:
+    """The value of the last top-level ``name = ...`` (or ``name: T = ...``) of a module."""
+    found = None
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == name for t in stmt.targets):
+            found = stmt.value
+        elif (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+              and stmt.target.id == name and stmt.value is not None):
+            found = stmt.value
+    return found
+
+
+def _class(module: str, name: str) -> tuple[str, ast.ClassDef]:
+    """A class defined in ``module`` or imported into it by ``from npujax... import name``."""
+    tree = _tree(module)
+    for stmt in tree.body:
+        if isinstance(stmt, ast.ClassDef) and stmt.name == name:
+            return module, stmt
+    for stmt in tree.body:
+        if (isinstance(stmt, ast.ImportFrom) and stmt.level == 0 and stmt.module
+                and any((a.asname or a.name) == name for a in stmt.names)):
+            return _class(stmt.module, name)
+    raise LookupError(f"class {name} is not defined in {module}")
+
+
+def _class_attribute(module: str, cls: str, attr: str) -> Any:
+    where, node = _class(module, cls)
+    for stmt in node.body:
+        value = _assignment(ast.Module(body=[stmt], type_ignores=[]), attr)
+        if value is not None:
+            return ast.literal_eval(value)
+    raise LookupError(f"class {where}.{cls} sets no literal {attr!r}")
+
+
+def _registry_classes(value: ast.expr) -> list[str] | None:
+    """The classes of a registry written ``{x.name: x for x in (A(), B(), ...)}``."""
+    if not (isinstance(value, ast.DictComp) and len(value.generators) == 1):
+        return None
+    source = value.generators[0].iter
+    if not isinstance(source, (ast.Tuple, ast.List)):
+        return None
+    classes = [e.func.id for e in source.elts
+               if isinstance(e, ast.Call) and isinstance(e.func, ast.Name)]
+    return classes if len(classes) == len(source.elts) else None
+
+
+def names(module: str, name: str, attr: str | None = None) -> Any:
+    """A registry constant of an npujax module, read from its source without importing it.
+
+    Understood forms (anything else raises, so a registry rewritten into another form fails the
+    parser's test, never silently):
+
+    * a literal: ``FUSION_LEVELS = ("none", "elementwise", ...)``, ``DEFAULT_CHUNK = 4096``;
+    * a dict display with literal keys (``DECODER_CONFIGS = {"qwen2.5-0.5b": DecoderConfig(...)}``):
+      the tuple of its keys;
+    * ``tuple(OTHER)`` of such a constant;
+    * instances keyed by their ``name`` class attribute,
+      ``{x.name: x for x in (A(), B())}``: the tuple of the names, or with ``attr`` the dict
+      ``{name: class attribute attr}`` (e.g. each searcher's ``summary``); a class may be
+      imported from another npujax module.
+
+    Args:
+      module: the dotted module name, e.g. ``"npujax.hw.spec"``.
+      name: the constant's name.
+      attr: for a registry of instances, the class attribute to read for each name.
+
+    Returns:
+      The value (a tuple of names for a registry).
+
+    Raises:
+      LookupError: no such constant, or one written in another form.
+    """
+    value = _assignment(_tree(module), name)
+    if value is None:
+        raise LookupError(f"{module} has no top-level {name} = ...")
+    if (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+            and value.func.id == "tuple" and len(value.args) == 1
+            and isinstance(value.args[0], ast.Name)):
+        return names(module, value.args[0].id, attr)
+    classes = _registry_classes(value)
+    if classes is not None:
+        keys = tuple(_class_attribute(module, c, "name") for c in classes)
+        if attr is None:
+            return keys
+        return {k: _class_attribute(module, c, attr) for k, c in zip(keys, classes)}
+    if attr is None:
+        try:
+            return ast.literal_eval(value)
+        except ValueError:
+            pass
+        if isinstance(value, ast.Dict) and all(
+                isinstance(k, ast.Constant) and isinstance(k.value, str) for k in value.keys):
+            return tuple(k.value for k in value.keys)  # type: ignore[union-attr]
+    raise LookupError(f"{module}.{name} is not a literal, a dict with literal keys or a registry "
+                      "{x.name: x for x in (A(), ...)}; npujax._lazy.names cannot read it")

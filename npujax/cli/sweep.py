@@ -6,12 +6,14 @@ import argparse
 import sys
 from pathlib import Path
 
+from npujax._lazy import names
 from npujax.cli._common import add_progress_arg, console, epilog, int_list, positive_int, seed
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from npujax.explore.grid import SAMPLING_METHODS
-    from npujax.workflows.sweep import DEFAULT_CHUNK, DEFAULT_OBJECTIVES
+    SAMPLING_METHODS = names("npujax.explore.grid", "SAMPLING_METHODS")
+    DEFAULT_CHUNK = names("npujax.workflows.sweep", "DEFAULT_CHUNK")
+    DEFAULT_OBJECTIVES = names("npujax.workflows.sweep", "DEFAULT_OBJECTIVES")
 
     sw = sub.add_parser(
         "sweep", help="design-space sweep over hardware configurations (sharded over devices)",

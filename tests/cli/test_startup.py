@@ -1,0 +1,70 @@
+"""Start-up: ``npujax --help``, ``--version`` and every subcommand's ``--help`` load no
+dependency. The parser reads the registry names it lists (dataflows, observers, searchers, ...)
+from the registries' source (:func:`npujax._lazy.names`), never by importing them; these tests
+check that it imports nothing heavy and that every name it read equals the imported registry's."""
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+from npujax import _lazy
+
+HEAVY = ("jax", "jaxlib", "flax", "matplotlib", "onnx", "onnxruntime", "numpy", "scipy", "optax")
+
+
+def test_building_the_parser_and_every_help_imports_nothing_heavy():
+    code = (
+        "import sys, contextlib, io\n"
+        "import npujax.cli as cli\n"
+        "p = cli.build_parser()\n"
+        "sub = next(a for a in p._actions if a.dest == 'command')\n"
+        "text = p.format_help() + ''.join(s.format_help() for s in sub.choices.values())\n"
+        "assert all(c in text for c in sub.choices), 'a command has no help'\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "    cli.main(['--version'])\n"
+        f"heavy = sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})\n"
+        "print(len(sub.choices), heavy)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    count, heavy = r.stdout.split(" ", 1)
+    assert int(count) >= 10 and heavy.strip() == "[]", r.stdout
+
+
+def _registry_value(module: str, name: str, attr: str | None):
+    value = getattr(importlib.import_module(module), name)
+    if attr is not None:
+        return {k: getattr(v, attr) for k, v in value.items()}
+    return tuple(value) if isinstance(value, dict) else value
+
+
+def test_every_name_the_parser_reads_is_the_registry_s(monkeypatch):
+    reads = []
+    real = _lazy.names
+
+    def recording(module, name, attr=None):
+        value = real(module, name, attr)
+        reads.append((module, name, attr, value))
+        return value
+
+    monkeypatch.setattr(_lazy, "names", recording)
+    import npujax.cli as cli
+
+    # the command modules bound `names` at import; rebind them to the recorder for this build
+    for command in cli.COMMANDS:
+        if hasattr(command, "names"):
+            monkeypatch.setattr(command, "names", recording)
+    cli.build_parser()
+    assert len(reads) >= 10
+    for module, name, attr, value in reads:
+        assert value == _registry_value(module, name, attr), (module, name, attr)
+
+
+@pytest.mark.parametrize("source", ["X = sorted(Y)\n", "X = {k: 1 for k in 'ab'}\n", ""])
+def test_a_constant_in_another_form_is_refused(tmp_path, monkeypatch, source):
+    monkeypatch.setattr(_lazy, "_ROOT", tmp_path)
+    (tmp_path / "m.py").write_text(source)
+    monkeypatch.setattr(_lazy, "_TREES", {})
+    with pytest.raises(LookupError, match="X"):
+        _lazy.names("npujax.m", "X")
