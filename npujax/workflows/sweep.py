@@ -37,7 +37,8 @@ from npujax._progress import progress_bar
 from npujax._version import __version__
 from npujax.errors import ConfigError, OutputError
 from npujax.explore.grid import Grid, configurations
-from npujax.explore.sweep import COLUMNS, SweepResult, evaluate_configs, pareto_front
+from npujax.explore.pareto import pareto_front
+from npujax.explore.sweep import COLUMNS, SweepResult, evaluate_configs
 from npujax.hw.spec import NpuSpec, spec_to_toml
 from npujax.ir.graph import Graph
 from npujax.report.plots import new_figure, save_figure
