@@ -6,7 +6,7 @@ A finished sweep's folder holds ``sweep.json`` (what is swept: model, base prese
 chunk size), ``chunks/chunk-NNNNNN.npz`` (the :data:`~npujax.explore.COLUMNS` of ``chunk_size``
 consecutive configurations), ``results.csv`` (and ``results.parquet`` where pyarrow is
 installed), ``pareto.csv`` and the plots, published as one transaction
-(:func:`npujax._atomic.staged_dir`): a file npujax did not write is never replaced (one in the
+(``npujax._atomic.staged_dir``): a file npujax did not write is never replaced (one in the
 way is refused before the work starts) and a crash leaves the folder's files as they were.
 While the sweep runs, its finished chunks are kept inside npujax's work folder of the output
 folder (``.npujax-work/sweep/``, each written atomically), so an interrupted sweep resumes where
@@ -169,7 +169,7 @@ def _check_meta(path: Path, out: Path, now: dict[str, Any]) -> None:
 def _check_folder(out: Path, meta: dict[str, Any]) -> None:
     """Refuse a folder holding another sweep, finished (``sweep.json``) or under way (in
     npujax's work folder), naming what changed. Other files in it are the user's and are
-    kept (:func:`npujax._atomic.staged_dir`)."""
+    kept (``npujax._atomic.staged_dir``)."""
     if out.exists() and not out.is_dir():
         raise OutputError(f"--out {str(out)!r} is a file; pass a folder.")
     _check_meta(out / _META, out, meta["sweep"])
@@ -288,7 +288,7 @@ def run_sweep(graph: Graph, base: NpuSpec, grid: Grid, out: str | Path, *,
               model_sha256: str | None = None,
               shard: tuple[int, int] | None = None) -> SweepRun:
     """Evaluate a sweep into ``out`` chunk by chunk, resuming a previous run, and write the
-    results, the Pareto front and plots, all together (:func:`npujax._atomic.staged_dir`).
+    results, the Pareto front and plots, all together (``npujax._atomic.staged_dir``).
 
     Under ``jax.distributed`` (``jax.process_count() > 1``) each process evaluates its share of
     the chunks on its local devices; ``out`` must be a folder every process can write (a shared
