@@ -25,6 +25,7 @@ names import flax) would have to write its eager names twice; and there is no da
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib
 import importlib.util
 import sys
@@ -176,6 +177,8 @@ def _class(module: str, name: str) -> tuple[str, ast.ClassDef]:
 
 def _class_attribute(module: str, cls: str, attr: str) -> Any:
     where, node = _class(module, cls)
+    if attr == "__doc__":
+        return ast.get_docstring(node)
     for stmt in node.body:
         value = _assignment(ast.Module(body=[stmt], type_ignores=[]), attr)
         if value is not None:
@@ -183,16 +186,31 @@ def _class_attribute(module: str, cls: str, attr: str) -> Any:
     raise LookupError(f"class {where}.{cls} sets no literal {attr!r}")
 
 
-def _registry_classes(value: ast.expr) -> list[str] | None:
-    """The classes of a registry written ``{x.name: x for x in (A(), B(), ...)}``."""
+def _class_name(node: ast.expr) -> str | None:
+    """``A`` of an entry written ``A`` or ``A()``."""
+    if isinstance(node, ast.Call) and not node.args and not node.keywords:
+        node = node.func
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _registry(module: str, value: ast.expr) -> list[tuple[str, str | None]] | None:
+    """``(name, class or None)`` of each entry of a registry written as a dict display with
+    literal string keys (``{"a": A, "b": B()}``; the class is None for other values, e.g.
+    ``DecoderConfig(...)``) or as ``{x.name: x for x in (A(), B)}`` (the names are the classes'
+    ``name`` attributes); None for any other form."""
+    if isinstance(value, ast.Dict):
+        if not all(isinstance(k, ast.Constant) and isinstance(k.value, str) for k in value.keys):
+            return None
+        return [(k.value, _class_name(v)) for k, v in zip(value.keys, value.values)]  # type: ignore[union-attr]
     if not (isinstance(value, ast.DictComp) and len(value.generators) == 1):
         return None
     source = value.generators[0].iter
     if not isinstance(source, (ast.Tuple, ast.List)):
         return None
-    classes = [e.func.id for e in source.elts
-               if isinstance(e, ast.Call) and isinstance(e.func, ast.Name)]
-    return classes if len(classes) == len(source.elts) else None
+    classes = [_class_name(e) for e in source.elts]
+    if not all(classes):
+        return None
+    return [(_class_attribute(module, c, "name"), c) for c in classes]  # type: ignore[arg-type]
 
 
 def names(module: str, name: str, attr: str | None = None) -> Any:
@@ -202,13 +220,15 @@ def names(module: str, name: str, attr: str | None = None) -> Any:
     parser's test, never silently):
 
     * a literal: ``FUSION_LEVELS = ("none", "elementwise", ...)``, ``DEFAULT_CHUNK = 4096``;
-    * a dict display with literal keys (``DECODER_CONFIGS = {"qwen2.5-0.5b": DecoderConfig(...)}``):
+    * a dict display with literal string keys, a registry
+      (``DECODER_CONFIGS = {"qwen2.5-0.5b": DecoderConfig(...)}``, ``{"cle": CLE}``, ``{}``):
       the tuple of its keys;
+    * classes or their instances keyed by their ``name`` class attribute,
+      ``{x.name: x for x in (A(), B)}``: the tuple of the names;
     * ``tuple(OTHER)`` of such a constant;
-    * instances keyed by their ``name`` class attribute,
-      ``{x.name: x for x in (A(), B())}``: the tuple of the names, or with ``attr`` the dict
-      ``{name: class attribute attr}`` (e.g. each searcher's ``summary``); a class may be
-      imported from another npujax module.
+    * with ``attr``, for a registry of classes (``{"a": A, "b": B()}`` or the comprehension):
+      ``{name: the class attribute attr}``, a literal (e.g. each searcher's ``summary``), or the
+      class docstring for ``"__doc__"``. A class may be imported from another npujax module.
 
     Args:
       module: the dotted module name, e.g. ``"npujax.hw.spec"``.
@@ -228,19 +248,15 @@ def names(module: str, name: str, attr: str | None = None) -> Any:
             and value.func.id == "tuple" and len(value.args) == 1
             and isinstance(value.args[0], ast.Name)):
         return names(module, value.args[0].id, attr)
-    classes = _registry_classes(value)
-    if classes is not None:
-        keys = tuple(_class_attribute(module, c, "name") for c in classes)
+    entries = _registry(module, value)
+    if entries is not None:
         if attr is None:
-            return keys
-        return {k: _class_attribute(module, c, attr) for k, c in zip(keys, classes)}
-    if attr is None:
-        try:
+            return tuple(k for k, _ in entries)
+        if all(c is not None for _, c in entries):
+            return {k: _class_attribute(module, c, attr) for k, c in entries}  # type: ignore[arg-type]
+    elif attr is None:
+        with contextlib.suppress(ValueError):
             return ast.literal_eval(value)
-        except ValueError:
-            pass
-        if isinstance(value, ast.Dict) and all(
-                isinstance(k, ast.Constant) and isinstance(k.value, str) for k in value.keys):
-            return tuple(k.value for k in value.keys)  # type: ignore[union-attr]
     raise LookupError(f"{module}.{name} is not a literal, a dict with literal keys or a registry "
-                      "{x.name: x for x in (A(), ...)}; npujax._lazy.names cannot read it")
+                      "of classes {x.name: x for x in (A(), ...)}; npujax._lazy.names cannot "
+                      f"read it{' with ' + repr(attr) if attr else ''}")

@@ -4,6 +4,7 @@ from the registries' source (:func:`npujax._lazy.names`), never by importing the
 check that it imports nothing heavy and that every name it read equals the imported registry's."""
 
 import importlib
+import inspect
 import subprocess
 import sys
 
@@ -34,6 +35,8 @@ def test_building_the_parser_and_every_help_imports_nothing_heavy():
 
 def _registry_value(module: str, name: str, attr: str | None):
     value = getattr(importlib.import_module(module), name)
+    if attr == "__doc__":
+        return {k: inspect.getdoc(v) for k, v in value.items()}
     if attr is not None:
         return {k: getattr(v, attr) for k, v in value.items()}
     return tuple(value) if isinstance(value, dict) else value
@@ -59,6 +62,21 @@ def test_every_name_the_parser_reads_is_the_registry_s(monkeypatch):
     assert len(reads) >= 10
     for module, name, attr, value in reads:
         assert value == _registry_value(module, name, attr), (module, name, attr)
+
+
+def test_the_registry_forms_read_without_importing(tmp_path, monkeypatch):
+    monkeypatch.setattr(_lazy, "_ROOT", tmp_path)
+    monkeypatch.setattr(_lazy, "_TREES", {})
+    (tmp_path / "a.py").write_text('class A:\n    """Alpha.\n\n    More."""\n    name = "a"\n'
+                                   '    stage = "pre"\n')
+    (tmp_path / "m.py").write_text(
+        "from npujax.a import A\n\nclass B:\n    name = 'b'\n    stage = 'post'\n\n"
+        "X = {x.name: x for x in (A, B())}\nY = {'b': B, 'a': A()}\nZ = {}\nW = tuple(Y)\n"
+        "V: int = 3\n")
+    assert _lazy.names("npujax.m", "X") == ("a", "b") and _lazy.names("npujax.m", "W") == ("b", "a")
+    assert _lazy.names("npujax.m", "Y", "stage") == {"b": "post", "a": "pre"}
+    assert _lazy.names("npujax.m", "X", "__doc__") == {"a": "Alpha.\n\nMore.", "b": None}
+    assert _lazy.names("npujax.m", "Z") == () and _lazy.names("npujax.m", "V") == 3
 
 
 @pytest.mark.parametrize("source", ["X = sorted(Y)\n", "X = {k: 1 for k in 'ab'}\n", ""])
