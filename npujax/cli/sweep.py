@@ -156,6 +156,7 @@ def _merge(args: argparse.Namespace) -> int:
     r = merge_sweeps(args.merge, args.out,
                      objectives=tuple(o.strip() for o in args.pareto.split(",") if o.strip()))
     res = r.result
+    assert res is not None  # (merge_sweeps always returns the whole sweep)
     con = console()
     con.print(f"{len(res)} configurations x {res.layers} layers from {len(args.merge)} slices")
     con.print(f"wrote {', '.join(str(Path(args.out) / n) for n in r.files)}")

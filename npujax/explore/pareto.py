@@ -54,7 +54,7 @@ def pareto_front(objectives: np.ndarray) -> np.ndarray:
     if len(order) == 0:
         return order.astype(np.int64)
     srt = obj[order]
-    nan = np.isnan(srt).any(axis=1)
+    nan = np.asarray(np.isnan(srt).any(axis=1))
     keep = nan.copy()  # a row holding NaN is never dominated
     finite = np.flatnonzero(~nan)  # NaN sorts last: these lead, in order
     keep[finite] = _non_dominated(srt[finite])

@@ -403,16 +403,17 @@ def run_sweep(graph: Graph, base: NpuSpec, grid: Grid, out: str | Path, *,
         chunks[i] = path
     if not cache:  # everything was resumed: count the layers once
         layers = len(workloads(graph, base))
+    result = None
     with staged_dir(out) as stage:
         for i, path in chunks.items():
             _link_or_copy(path, _chunk_path(stage, i))
         if shard is None:
-            cols = _join_chunks([chunks[i] for i in ours])
-            result: SweepResult | None = SweepResult(grid, configs, cols, layers, seconds)
-            files = write_results(stage, result, base, objectives,
+            whole = SweepResult(grid, configs, _join_chunks([chunks[i] for i in ours]), layers,
+                                seconds)
+            files = write_results(stage, whole, base, objectives,
                                   {**meta, "evaluations_per_s": rate, "processes": procs})
+            result = whole
         else:  # a slice: what merge_sweeps needs to rebuild the whole sweep's files
-            result = None
             atomic_write_text(stage / _META, json.dumps(
                 {**meta, "layers": layers, "seconds": seconds, "evaluations": done,
                  "processes": procs, "npu_toml": spec_to_toml(base)}, indent=2) + "\n")
