@@ -169,7 +169,7 @@ def plot(result: dict, path: str) -> None:
     if result.get("sweep"):
         s = result["sweep"]
         axes[2].barh(list(s), [v["cpu_s"] for v in s.values()], color="C2")
-        axes[2].set_xlabel("CPU s, README sweep (fresh process)")
+        axes[2].set_xlabel("CPU s, README sweep")
         axes[2].tick_params(axis="y", labelsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
