@@ -39,7 +39,7 @@ TABLES = st.integers(1, 4).flatmap(lambda k: hnp.arrays(
     np.float64, st.tuples(st.integers(0, 20), st.just(k)), elements=VALUES))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(TABLES)
 def test_equals_the_row_by_row_scan_and_the_definition(obj):
     front = pareto_front(obj)
