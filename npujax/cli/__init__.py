@@ -9,7 +9,7 @@ to stdout, progress notes to stderr (``-q`` hides them, ``-v`` adds details).
 Building the parser imports no dependency (``npujax --help`` costs what
 ``python -c "import onnxruntime"`` does): a command module imports at its top only the standard
 library and npujax's light modules (``errors``, ``_lazy``, ``_progress``, ``cli._common``),
-reads the registry names its ``add_parser`` lists with :func:`npujax._lazy.names` (from the
+reads the registry names its ``add_parser`` lists with ``npujax._lazy.names`` (from the
 registry's source, without importing it), and imports the rest inside ``run``.
 ``tests/cli/test_startup.py`` checks both.
 """
