@@ -153,10 +153,11 @@ def _check_meta(path: Path, out: Path, now: dict[str, Any]) -> None:
         return
     if isinstance(before, dict) and _sweep_key(before) == _sweep_key(now):
         def part(sweep: dict[str, Any]) -> str:
-            return f"slice {sweep[_SLICE]}" if sweep.get(_SLICE) else "the whole sweep"
+            return f"slice {sweep[_SLICE]} of this sweep" if sweep.get(_SLICE) else \
+                "this whole sweep"
 
-        raise ConfigError(f"{str(out)!r} holds {part(before)} of this sweep, not {part(now)}; "
-                          "pass another --out for each slice (--shard I/N).")
+        raise ConfigError(f"{str(out)!r} holds {part(before)}, not {part(now)}; pass another "
+                          "--out for each slice (--shard I/N) and for the whole sweep.")
     if not isinstance(before, dict) or "npujax" not in before:
         raise ConfigError(f"{str(out)!r} holds a sweep written by an earlier npujax, which did "
                           "not record its inputs' contents, so it cannot be resumed safely; "
