@@ -123,9 +123,10 @@ def attach(package: str, init_file: str) -> tuple[Callable[[str], Any], Callable
 # The command line lists registry names in its --help (dataflows, observers, searchers, ...). The
 # registries live in modules that import JAX, so importing them would make `npujax --help` cost
 # a JAX start-up. :func:`names` reads such a constant from the module's *source* instead, with
-# :mod:`ast`, the way :func:`attach` reads an ``__init__``'s imports: the registry stays the one
-# place each name is written, and the parser loads nothing. tests/cli/test_startup.py checks that
-# every value the parser reads this way equals the imported registry's.
+# :mod:`ast`, the way :func:`attach` reads an ``__init__``'s imports (or takes the live value
+# when the module is imported already): the registry stays the one place each name is written,
+# and the parser loads nothing. tests/cli/test_startup.py checks that every value the parser
+# reads from source equals the imported registry's.
 
 _ROOT = Path(__file__).parent
 
@@ -214,6 +215,44 @@ def _registry(module: str, value: ast.expr) -> list[tuple[str, str | None]] | No
 
 
 def names(module: str, name: str, attr: str | None = None) -> Any:
+    """A registry's names (or a constant) for the command line, without importing the registry.
+
+    When ``module`` is already imported, its live value is used (so an entry registered at run
+    time, e.g. by a test or a plugin, is listed); otherwise the value is read from the module's
+    source (:func:`source_names`), which imports nothing. Registries read either way give the
+    same value: ``tests/cli/test_startup.py`` checks every one the parser reads.
+
+    Args:
+      module: the dotted module name, e.g. ``"npujax.hw.spec"``.
+      name: the constant's name.
+      attr: for a registry of classes (or instances), the class attribute to give per name
+        (``"__doc__"``: the cleaned docstring).
+
+    Returns:
+      The value: the tuple of a registry's names, ``{name: attribute}`` with ``attr``, else the
+      constant itself.
+
+    Raises:
+      LookupError: see :func:`source_names`.
+    """
+    loaded = sys.modules.get(module)
+    if loaded is not None and hasattr(loaded, name):
+        return live_names(getattr(loaded, name), attr)
+    return source_names(module, name, attr)
+
+
+def live_names(value: Any, attr: str | None = None) -> Any:
+    """:func:`names` of an imported registry ``value``: a dict gives the tuple of its keys, or
+    with ``attr`` ``{key: attribute of the entry}``; anything else is returned as it is."""
+    import inspect
+
+    if attr is not None:
+        return {k: inspect.getdoc(v) if attr == "__doc__" else getattr(v, attr)
+                for k, v in value.items()}
+    return tuple(value) if isinstance(value, dict) else value
+
+
+def source_names(module: str, name: str, attr: str | None = None) -> Any:
     """A registry constant of an npujax module, read from its source without importing it.
 
     Understood forms (anything else raises, so a registry rewritten into another form fails the
@@ -247,7 +286,7 @@ def names(module: str, name: str, attr: str | None = None) -> Any:
     if (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
             and value.func.id == "tuple" and len(value.args) == 1
             and isinstance(value.args[0], ast.Name)):
-        return names(module, value.args[0].id, attr)
+        return source_names(module, value.args[0].id, attr)
     entries = _registry(module, value)
     if entries is not None:
         if attr is None:
