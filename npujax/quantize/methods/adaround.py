@@ -18,8 +18,8 @@ the float input ``x``; the quantized layer reads ``x~``, its input in the model 
 layers are already AdaRounded (and whose activations are fake-quantized as ``quant`` says, the
 layer's own input included): the paper's recommendation (section 5, "asymmetric
 reconstruction"). The squared error is summed over each example's output and averaged over the
-mini-batch (drawn with replacement). ``beta`` is annealed linearly from ``beta_start`` (20) to ``beta_end`` (2) after a
-warm-up (the first 20 % of the iterations) in which the regularizer is off; then the weights are
+mini-batch (drawn with replacement). ``beta`` is annealed linearly from ``beta_start`` (20)
+to ``beta_end`` (2) after a warm-up (the first 20 % of the iterations) in which the regularizer is off; then the weights are
 rounded hard, ``h = 1[V >= 0]``. ``V`` starts where ``h(V)`` equals the fractional part of
 ``W / s`` (the soft-rounded kernel starts at the float kernel). Adam (optax), learning rate
 1e-3.
@@ -38,6 +38,7 @@ References:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -103,15 +104,6 @@ def adaround_layer(node: Node, kernel: ArrayLike, bias: ArrayLike | None, scale:
       f32 kernel of ``kernel``'s shape whose values are ``s * (k - z)`` with integer codes ``k``
       in ``[qmin, qmax]``.
     """
-    w = jnp.asarray(kernel, jnp.float32)
-    s = broadcast_qparam(jnp.asarray(scale, jnp.float32), w.shape, axis, "scale", block_size)
-    z = broadcast_qparam(jnp.asarray(zero_point, jnp.float32), w.shape, axis, "zero_point",
-                         block_size)
-    ratio = w / s
-    floor = jnp.floor(ratio)
-    rest = jnp.clip(ratio - floor, 1e-6, 1.0 - 1e-6)
-    zeta, gamma = method.zeta, method.gamma
-    v0 = -jnp.log((zeta - gamma) / (rest - gamma) - 1.0)  # h(v0) = rest
     fixed = {} if bias is None else {"bias": jnp.asarray(bias, jnp.float32)}
     x = jnp.asarray(x_quant, jnp.float32)
     y = jnp.asarray(y_float, jnp.float32)
@@ -119,34 +111,46 @@ def adaround_layer(node: Node, kernel: ArrayLike, bias: ArrayLike | None, scale:
     batch = min(method.batch_size, n)
     iters = method.iterations
     warm = int(round(method.warmup * iters))
+    zeta, gamma = method.zeta, method.gamma
     opt = optax.adam(method.learning_rate)
 
-    def soft(v):
-        return s * (jnp.clip(floor + rectified_sigmoid(v, zeta, gamma) + z, fmt.qmin, fmt.qmax)
-                    - z)
+    def run(w, scale, zero_point, fixed, x, y):
+        s = broadcast_qparam(scale, w.shape, axis, "scale", block_size)
+        z = broadcast_qparam(zero_point.astype(jnp.float32), w.shape, axis, "zero_point",
+                             block_size)
+        floor = jnp.floor(w / s)
+        rest = jnp.clip(w / s - floor, 1e-6, 1.0 - 1e-6)
+        v0 = -jnp.log((zeta - gamma) / (rest - gamma) - 1.0)  # h(v0) = rest: W~ = W
 
-    def loss(v, xb, yb, beta, lam):
-        out = run_op(node, [xb], {"kernel": soft(v), **fixed})[0]
-        rec = jnp.sum((out - yb) ** 2) / xb.shape[0]
-        h = rectified_sigmoid(v, zeta, gamma)
-        return rec + lam * jnp.sum(1.0 - jnp.abs(2.0 * h - 1.0) ** beta)
+        def soft(v):
+            h = rectified_sigmoid(v, zeta, gamma)
+            return s * (jnp.clip(floor + h + z, fmt.qmin, fmt.qmax) - z)
 
-    def step(carry, t):
-        v, state = carry
-        idx = jax.random.randint(jax.random.fold_in(jax.random.PRNGKey(method.seed), t),
-                                 (batch,), 0, n)
-        # beta: linear from beta_start to beta_end after the warm-up; no regularizer before
-        rel = jnp.clip((t - warm) / max(iters - warm, 1), 0.0, 1.0)
-        beta = method.beta_end + (method.beta_start - method.beta_end) * (1.0 - rel)
-        lam = jnp.where(t < warm, 0.0, method.reg_weight)
-        g = jax.grad(loss)(v, x[idx], y[idx], beta, lam)
-        upd, state = opt.update(g, state, v)
-        return (optax.apply_updates(v, upd), state), None
+        def loss(v, xb, yb, beta, lam):
+            out = run_op(node, [xb], {"kernel": soft(v), **fixed})[0]
+            rec = jnp.sum((out - yb) ** 2) / xb.shape[0]
+            h = rectified_sigmoid(v, zeta, gamma)
+            return rec + lam * jnp.sum(1.0 - jnp.abs(2.0 * h - 1.0) ** beta)
 
-    run = jax.jit(lambda v: jax.lax.scan(step, (v, opt.init(v)), jnp.arange(iters))[0][0])
-    v = run(v0)
-    codes = jnp.clip(floor + (v >= 0).astype(jnp.float32) + z, fmt.qmin, fmt.qmax)
-    return (codes - z) * s
+        def step(carry, t):
+            v, state = carry
+            idx = jax.random.randint(jax.random.fold_in(jax.random.PRNGKey(method.seed), t),
+                                     (batch,), 0, n)
+            # beta: linear from beta_start to beta_end after the warm-up; no regularizer before
+            rel = jnp.clip((t.astype(jnp.float32) - warm) / max(iters - warm, 1), 0.0, 1.0)
+            beta = method.beta_end + (method.beta_start - method.beta_end) * (1.0 - rel)
+            lam = jnp.where(t < warm, 0.0, method.reg_weight)
+            g = jax.grad(loss)(v, x[idx], y[idx], beta, lam)
+            upd, state = opt.update(g, state, v)
+            return (optax.apply_updates(v, upd), state), None
+
+        v = jax.lax.scan(step, (v0, opt.init(v0)), jnp.arange(iters))[0][0]
+        codes = jnp.clip(floor + (v >= 0).astype(jnp.float32) + z, fmt.qmin, fmt.qmax)
+        return (codes - z) * s
+
+    with jax.numpy_dtype_promotion("standard"):  # optax's Adam mixes int counts and floats
+        return jax.jit(run)(jnp.asarray(kernel, jnp.float32), jnp.asarray(scale, jnp.float32),
+                            jnp.asarray(zero_point, jnp.int32), fixed, x, y)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -249,10 +253,9 @@ class AdaRound(PTQMethod):
             wq = adaround_layer(node, w, bias, grid.scale, grid.zero_point, fmt,
                                 grid_axis(node, lq), lq.weight_block_size, xq,
                                 float_io[name][1], self)
-            rtn = fake_quant(jnp.asarray(w), grid.scale, grid.zero_point, fmt,
-                             grid_axis(node, lq), block_size=lq.weight_block_size)
-            mse = [self._mse(node, k, bias, xq, float_io[name][1]) for k in (rtn, wq)]
-            other = float(jnp.mean((wq != rtn).astype(jnp.float32)))
+            mse, other = _compare(node, lq, jnp.asarray(w), wq, grid.scale, grid.zero_point,
+                                  {} if bias is None else {"bias": jnp.asarray(bias)},
+                                  jnp.asarray(xq), jnp.asarray(float_io[name][1]))
             p[name]["kernel"] = jax.device_put(np.asarray(wq, np.float32))
             act = (None, None) if lq.act is None else lq.quantizer.act_grid(lq, state)
             new = FixedGridState(act[0], act[1], grid.scale, grid.zero_point,
@@ -260,17 +263,24 @@ class AdaRound(PTQMethod):
                                  getattr(state, "operand_zero_point", None))
             quant[name] = done[name] = dataclasses.replace(lq, quantizer=FixedGrid())
             qstate[name] = new
-            notes.append(f"{name}: output MSE {mse[0]:.3g} (nearest) -> {mse[1]:.3g} "
-                         f"(AdaRound), {100 * other:.1f} % rounded the other way")
+            notes.append(f"{name}: output MSE {float(mse[0]):.3g} (nearest) -> "
+                         f"{float(mse[1]):.3g} (AdaRound), {100 * float(other):.1f} % rounded "
+                         "the other way")
         if not layers:
             notes.append("adaround: no Conv/Gemm layer with an integer weight format")
         return PTQStep(graph, p, quant, qstate, tuple(notes))
 
-    @staticmethod
-    def _mse(node: Node, kernel: jax.Array, bias: Any, x: np.ndarray, y: np.ndarray) -> float:
-        fixed = {} if bias is None else {"bias": jnp.asarray(bias)}
-        out = run_op(node, [jnp.asarray(x)], {"kernel": kernel, **fixed})[0]
-        return float(jnp.mean((out - jnp.asarray(y)) ** 2))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _compare(node: Node, lq: LayerQuant, w, wq, scale, zero_point, fixed, x, y):
+    """``([MSE nearest, MSE AdaRound], fraction of weights rounded the other way)`` on the
+    layer's quantized inputs vs its float outputs."""
+    (fmt,) = lq.weight_candidates
+    rtn = fake_quant(w, scale, zero_point, fmt, grid_axis(node, lq),
+                     block_size=lq.weight_block_size)
+    mse = [jnp.mean((run_op(node, [x], {"kernel": k, **fixed})[0] - y) ** 2) for k in (rtn, wq)]
+    return mse, jnp.mean((wq != rtn).astype(jnp.float32))
 
 
 PTQ_METHODS[AdaRound.name] = AdaRound

@@ -268,7 +268,8 @@ class CrossLayerEqualization(PTQMethod):
             p[n]["kernel"] = jax.device_put(w[n])
             if n in b:
                 p[n]["bias"] = jax.device_put(b[n])
-        notes = [f"{pr.first}->{pr.second}: {w[pr.first].shape[kernel_out_axis(graph.node(pr.first))]}"
+        notes = [f"{pr.first}->{pr.second}: "
+                 f"{w[pr.first].shape[kernel_out_axis(graph.node(pr.first))]}"
                  f" channels equalized, weight range ratio {before[pr]:.3g} -> "
                  f"{self._ratio(graph, pr, w):.3g}" for pr in pairs]
         if self.absorb_bias:
