@@ -7,9 +7,9 @@ import pytest
 
 from npujax.errors import ConfigError
 from npujax.numerics import fake_quant
-from npujax.quantize.calibrate import calibrate
 from npujax.quantize.methods import PTQ_METHODS
 from npujax.quantize.methods.adaround import AdaRound, rectified_sigmoid
+from npujax.quantize.quantizers import STEState
 from npujax.quantize.quantizers.fixed import FixedGrid
 from npujax.quantize.spec import quant_spec
 from tests.quantize.ptq_graphs import correlated_inputs, linear
@@ -27,8 +27,10 @@ def test_adaround_weights_on_grid_and_below_nearest_mse():
     params = {"fc": {"kernel": (rng.normal(size=(k, n)) / np.sqrt(k)).astype(np.float32),
                      "bias": np.zeros(n, np.float32)}}
     x = correlated_inputs(rng, 512, k)
-    quant = quant_spec(graph, 4, 8)  # W4A8, per-channel weights
-    qstate = calibrate(graph, params, [x], quant)
+    # W4A8 (per-channel weights); the input grid of the calibrated min-max range
+    quant = quant_spec(graph, 4, 8)
+    lo, hi = float(min(x.min(), 0)), float(x.max())
+    qstate = {"fc": STEState(np.float32((hi - lo) / 255), np.int32(round(-lo * 255 / (hi - lo))))}
     step = PTQ_METHODS["adaround"](iterations=300, learning_rate=1e-2).apply(
         graph, params, quant, [x], qstate)
     lq, state = step.quant["fc"], step.qstate["fc"]

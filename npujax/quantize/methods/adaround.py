@@ -248,7 +248,10 @@ class AdaRound(PTQMethod):
             w = np.asarray(p[name]["kernel"], np.float32)
             grid = lq.quantizer.weight_grid(node, lq, w, state)
             # the input as the quantized model feeds it (earlier layers AdaRounded)
-            xq = layer_taps(graph, p, data, [name], {**done, name: lq}, qstate)[name][0]
+            if done or lq.act is not None:
+                xq = layer_taps(graph, p, data, [name], {**done, name: lq}, qstate)[name][0]
+            else:  # nothing quantized before it: the float input
+                xq = float_io[name][0]
             bias = p[name].get("bias")
             wq = adaround_layer(node, w, bias, grid.scale, grid.zero_point, fmt,
                                 grid_axis(node, lq), lq.weight_block_size, xq,
