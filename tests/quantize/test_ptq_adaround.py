@@ -1,18 +1,22 @@
 """AdaRound (Nagel et al. 2020, arXiv:2004.10568): hard-rounded weights exactly on the layer's
 grid, and a lower layer reconstruction error than rounding to nearest."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from npujax.errors import ConfigError
+from npujax.ir.execute import execute
+from npujax.ir.graph import Graph, TensorType
 from npujax.numerics import fake_quant
+from npujax.quantize.calibrate import calibrate
 from npujax.quantize.methods import PTQ_METHODS
 from npujax.quantize.methods.adaround import AdaRound, rectified_sigmoid
 from npujax.quantize.quantizers import STEState
 from npujax.quantize.quantizers.fixed import FixedGrid
 from npujax.quantize.spec import quant_spec
-from tests.quantize.ptq_graphs import correlated_inputs, linear
+from tests.quantize.ptq_graphs import correlated_inputs, gemm, linear
 
 
 def test_rectified_sigmoid_reaches_0_and_1():
@@ -79,3 +83,27 @@ def test_defaults_are_the_papers():
     assert (m.zeta, m.gamma, m.reg_weight, m.beta_start, m.beta_end, m.warmup, m.iterations,
             m.learning_rate) == (1.1, -0.1, 0.01, 20.0, 2.0, 0.2, 10000, 1e-3)
     assert m.stage == "post_calibration"
+
+
+def test_adaround_runs_layer_by_layer_on_the_quantized_model():
+    rng = np.random.default_rng(1)
+    graph = Graph((gemm("fc1", "x", "h", relu=True), gemm("fc2", "h", "y")), ("x",), ("y",),
+                  {"x": TensorType((1, 8), "float32"), "h": TensorType((1, 6), "float32"),
+                   "y": TensorType((1, 3), "float32")})
+    params = {n: {"kernel": rng.normal(size=s).astype(np.float32),
+                  "bias": np.zeros(s[1], np.float32)} for n, s in (("fc1", (8, 6)),
+                                                                    ("fc2", (6, 3)))}
+    x = correlated_inputs(rng, 64, 8)
+    quant = quant_spec(graph, 3, 8)
+    qstate = calibrate(graph, params, [x], quant)
+    step = AdaRound(iterations=5, batch_size=16).apply(graph, params, quant, [x], qstate)
+    assert [n.split(":")[0] for n in step.notes] == ["fc1", "fc2"]
+    for name in ("fc1", "fc2"):
+        s = np.asarray(step.qstate[name].weight_scale)
+        wq = np.asarray(step.params[name]["kernel"])
+        np.testing.assert_array_equal(np.round(wq / s) * s, wq)
+        # the calibrated input grid is kept
+        assert step.qstate[name].act_scale == qstate[name].act_scale
+    y = jax.jit(lambda p, s: execute(graph, p, x, quant=step.quant, qstate=s))(step.params,
+                                                                           step.qstate)
+    assert np.all(np.isfinite(np.asarray(y)))

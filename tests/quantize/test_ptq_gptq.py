@@ -15,6 +15,7 @@ from npujax.backends.onnx_export import QDQ_EXTENDED_OPSET, to_onnx
 from npujax.errors import ConfigError
 from npujax.ir.execute import execute
 from npujax.numerics import IntFormat
+from npujax.quantize import load_graph, save_graph
 from npujax.quantize.methods import PTQ_METHODS
 from npujax.quantize.methods.gptq import GPTQ, gptq_quantize, group_scales
 from npujax.quantize.quantizers.fixed import FixedGrid
@@ -76,7 +77,7 @@ def test_gptq_beats_round_to_nearest(act_order):
     assert gptq < 0.8 * nearest, (gptq, nearest)
 
 
-def test_gptq_layer_exports_blocked_dequantize_linear_equal_in_onnxruntime():
+def test_gptq_layer_exports_blocked_dequantize_linear_equal_in_onnxruntime(tmp_path):
     rng = np.random.default_rng(0)
     k, n = 40, 8  # 40 = 2 x 16 + 8: the last block is partial
     graph = linear(k, n)
@@ -96,6 +97,10 @@ def test_gptq_layer_exports_blocked_dequantize_linear_equal_in_onnxruntime():
     # "fc: int4, groups of 16, output SQNR a dB (nearest b dB)"
     sqnr, nearest = (float(v) for v in re.findall(r"([-\d.]+) dB", step.notes[0]))
     assert sqnr > nearest + 1, step.notes
+    save_graph(tmp_path / "m.npz", step.graph, step.params, step.qstate)  # the grid is kept
+    back = load_graph(tmp_path / "m.npz")[2]["fc"]
+    assert type(back) is type(state)
+    np.testing.assert_array_equal(back.weight_scale, state.weight_scale)
     fq = np.asarray(jax.jit(lambda v: execute(step.graph, step.params, v, quant=step.quant,
                                               qstate=step.qstate))(jnp.asarray(x[:8])))
     model = to_onnx(step.graph, step.params, step.quant, step.qstate, int32_bias=False,

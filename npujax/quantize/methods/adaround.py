@@ -19,8 +19,8 @@ layers are already AdaRounded (and whose activations are fake-quantized as ``qua
 layer's own input included): the paper's recommendation (section 5, "asymmetric
 reconstruction"). The squared error is summed over each example's output and averaged over the
 mini-batch (drawn with replacement). ``beta`` is annealed linearly from ``beta_start`` (20)
-to ``beta_end`` (2) after a warm-up (the first 20 % of the iterations) in which the regularizer is off; then the weights are
-rounded hard, ``h = 1[V >= 0]``. ``V`` starts where ``h(V)`` equals the fractional part of
+to ``beta_end`` (2) after a warm-up (the first 20 % of the iterations) in which the
+regularizer is off; then the weights are rounded hard, ``h = 1[V >= 0]``. ``V`` starts where ``h(V)`` equals the fractional part of
 ``W / s`` (the soft-rounded kernel starts at the float kernel). Adam (optax), learning rate
 1e-3.
 
