@@ -130,3 +130,20 @@ def test_gptq_layer_exports_blocked_dequantize_linear_equal_in_onnxruntime(tmp_p
 def test_gptq_config_errors_name_the_field(field, value):
     with pytest.raises(ConfigError, match=f"GPTQ.{field}"):
         GPTQ(**{field: value})
+
+
+def test_gptq_keeping_the_input_format_needs_and_keeps_the_calibrated_grid():
+    rng = np.random.default_rng(2)
+    graph = linear(8, 4)
+    params = {"fc": {"kernel": rng.normal(size=(8, 4)).astype(np.float32),
+                     "bias": np.zeros(4, np.float32)}}
+    x = correlated_inputs(rng, 32, 8)
+    quant = quant_spec(graph, 8, 8)
+    with pytest.raises(ConfigError, match="after calibration"):
+        GPTQ(weight_only=False).apply(graph, params, quant, [x], None)
+    qstate = {"fc": quant["fc"].quantizer.init_state(graph.node("fc"), quant["fc"], None,
+                                                      act_range=(0.0, 4.0))}
+    step = GPTQ(weight_only=False, group_size=None).apply(graph, params, quant, [x], qstate)
+    assert step.quant["fc"].act == quant["fc"].act and step.quant["fc"].weight_block_size is None
+    assert step.qstate["fc"].act_scale == qstate["fc"].act_scale
+    assert step.qstate["fc"].weight_scale.shape == (4,)  # one scale per output channel

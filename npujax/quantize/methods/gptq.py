@@ -249,7 +249,9 @@ class GPTQ(PTQMethod):
                 act=None if self.weight_only else old.act,
                 act_candidates=(), weight_block_size=self.group_size)
             state = layer_state(quant, qstate, name) if lq.act is not None else None
-            x = layer_taps(graph, p, data, [name], {**done, name: lq} if lq.act is not None
+            # its inputs in the model whose earlier layers are quantized (and its own input
+            # fake-quantized when it keeps its input format)
+            x = layer_taps(graph, p, data, [name], {**done, name: old} if lq.act is not None
                            else done, qstate)[name][0]
             x = x.reshape(-1, k_in).astype(np.float64)
             hess = 2.0 * (x.T @ x) / x.shape[0]
