@@ -18,7 +18,7 @@ def test_scales_balance_activation_and_weight_maxima():
     rng = np.random.default_rng(0)
     xmax, wmax = rng.uniform(0.1, 50, 12), rng.uniform(0.01, 1, 12)
     s = smoothing_scales(xmax, wmax, 0.5)
-    np.testing.assert_allclose(s, np.sqrt(xmax) / np.sqrt(wmax), rtol=1e-6)  # eq. 4
+    np.testing.assert_allclose(s, np.sqrt(xmax) / np.sqrt(wmax), rtol=1e-6)  # the paper's s_j
     # at alpha = 0.5 both maxima become sqrt(max|X_j| max|W_j|) (section 4)
     np.testing.assert_allclose(xmax / s, wmax * s, rtol=1e-5)
     np.testing.assert_allclose(smoothing_scales(xmax, wmax, 0.8), xmax ** 0.8 / wmax ** 0.2,

@@ -5,24 +5,23 @@ AdaRound learns, per weight, whether to round down or up. With the layer's fixed
 (scale ``s``, zero point ``z``) it optimizes a continuous ``V`` (one per weight):
 
     ``W~ = s * (clip(floor(W / s) + h(V) + z, qmin, qmax) - z)``
-    ``h(V) = clip(sigmoid(V) (zeta - gamma) + gamma, 0, 1)``     (rectified sigmoid, eq. 23)
+    ``h(V) = clip(sigmoid(V) (zeta - gamma) + gamma, 0, 1)``     (the rectified sigmoid)
 
 minimizing the reconstruction of the layer's output plus a regularizer that drives ``h`` to 0
-or 1 (eq. 24-25):
+or 1:
 
     ``|| f(W x + b) - f(W~ x~ + b) ||^2 + lambda * sum_ij (1 - |2 h(V_ij) - 1|^beta)``
 
-``f`` is the activation fused into the layer (the paper's "asymmetric reconstruction" with the
-activation function, section 4/5). The target ``f(W x + b)`` is the float model's output on
-the float input ``x``; the quantized layer reads ``x~``, its input in the model whose preceding
-layers are already AdaRounded (and whose activations are fake-quantized as ``quant`` says, the
-layer's own input included): the paper's recommendation (section 5, "asymmetric
-reconstruction"). The squared error is summed over each example's output and averaged over the
-mini-batch (drawn with replacement). ``beta`` is annealed linearly from ``beta_start`` (20)
-to ``beta_end`` (2) after a warm-up (the first 20 % of the iterations) in which the
-regularizer is off; then the weights are rounded hard, ``h = 1[V >= 0]``. ``V`` starts where ``h(V)`` equals the fractional part of
-``W / s`` (the soft-rounded kernel starts at the float kernel). Adam (optax), learning rate
-1e-3.
+``f`` is the activation fused into the layer (the paper's reconstruction of the output after the
+activation function). The target ``f(W x + b)`` is the float model's output on the float input
+``x``; the quantized layer reads ``x~``, its input in the model whose preceding layers are
+already AdaRounded (and whose activations are fake-quantized as ``quant`` says, the layer's own
+input included): the paper's recommended "asymmetric reconstruction". The squared error is
+summed over each example's output and averaged over the mini-batch (drawn with replacement).
+``beta`` is annealed linearly from ``beta_start`` (20) to ``beta_end`` (2) after a warm-up (the
+first 20 % of the iterations) in which the regularizer is off; then the weights are rounded
+hard, ``h = 1[V >= 0]``. ``V`` starts where ``h(V)`` equals the fractional part of ``W / s``
+(the soft-rounded kernel starts at the float kernel). Adam (optax), learning rate 1e-3.
 
 The layer keeps its grid: the result's kernels lie exactly on it, and the method switches the
 layer to quantizer :class:`~npujax.quantize.quantizers.fixed.FixedGrid` with that grid in its
@@ -31,7 +30,7 @@ channel's largest weight down).
 
 References:
   Nagel, Amjad, van Baalen, Louizos, Blankevoort 2020, "Up or Down? Adaptive Rounding for
-  Post-Training Quantization", arXiv:2004.10568, sections 3.3-5 (eq. 21-25; zeta = 1.1,
+  Post-Training Quantization", arXiv:2004.10568 (the method, and its defaults: zeta = 1.1,
   gamma = -0.1, lambda = 0.01, beta from 20 to 2, 10k iterations, Adam, 20 % warm-up).
 """
 
@@ -63,7 +62,7 @@ from npujax.quantize.methods._common import (
     layer_taps,
     require,
 )
-from npujax.quantize.methods.base import PTQMethod, PTQStep
+from npujax.quantize.methods.base import PTQMethod, PTQStep, Stage
 from npujax.quantize.quantizers.fixed import FixedGrid, FixedGridState, grid_axis
 from npujax.quantize.spec import LayerQuant, QuantSpec
 
@@ -71,7 +70,7 @@ __all__ = ["AdaRound", "adaround_layer", "rectified_sigmoid"]
 
 
 def rectified_sigmoid(v: jax.Array, zeta: float = 1.1, gamma: float = -0.1) -> jax.Array:
-    """``h(V) = clip(sigmoid(V) (zeta - gamma) + gamma, 0, 1)`` (AdaRound eq. 23)."""
+    """``h(V) = clip(sigmoid(V) (zeta - gamma) + gamma, 0, 1)`` (AdaRound's rectified sigmoid)."""
     return jnp.clip(jax.nn.sigmoid(v) * (zeta - gamma) + gamma, 0.0, 1.0)
 
 
@@ -178,7 +177,7 @@ class AdaRound(PTQMethod):
     """
 
     name: ClassVar[str] = "adaround"
-    stage: ClassVar[str] = "post_calibration"
+    stage: ClassVar[Stage] = "post_calibration"
 
     iterations: int = 10000
     batch_size: int = 32
@@ -244,6 +243,7 @@ class AdaRound(PTQMethod):
         for node in track(layers, "AdaRound", self.progress):
             name, lq = node.name, quant[node.name]
             (fmt,) = lq.weight_candidates
+            assert isinstance(fmt, IntFormat)  # (_layers keeps integer formats only)
             state = layer_state(quant, qstate, name)
             w = np.asarray(p[name]["kernel"], np.float32)
             grid = lq.quantizer.weight_grid(node, lq, w, state)

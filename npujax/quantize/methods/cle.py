@@ -54,7 +54,7 @@ from npujax.quantize.methods._common import (
     is_number,
     require,
 )
-from npujax.quantize.methods.base import PTQMethod, PTQStep
+from npujax.quantize.methods.base import PTQMethod, PTQStep, Stage
 from npujax.quantize.spec import QuantSpec
 
 __all__ = ["CrossLayerEqualization", "LayerPair", "equalization_pairs", "equalize_pair"]
@@ -209,7 +209,7 @@ class CrossLayerEqualization(PTQMethod):
     """
 
     name: ClassVar[str] = "cle"
-    stage: ClassVar[str] = "pre_calibration"
+    stage: ClassVar[Stage] = "pre_calibration"
 
     absorb_bias: bool = True
     num_sigma: float = 3.0

@@ -62,7 +62,7 @@ from npujax.quantize.methods._common import (
     layer_taps,
     require,
 )
-from npujax.quantize.methods.base import PTQMethod, PTQStep
+from npujax.quantize.methods.base import PTQMethod, PTQStep, Stage
 from npujax.quantize.quantizers.fixed import FixedGrid, FixedGridState
 from npujax.quantize.spec import LayerQuant, QuantSpec
 
@@ -146,9 +146,9 @@ def gptq_quantize(w: np.ndarray, h: np.ndarray, fmt: IntFormat, *, group_size: i
             s = scales[:, g].astype(np.float64)
             q = _quant(w1[:, i], s, fmt)
             codes[:, i1 + i] = q
-            e = (w1[:, i] - q * s) / u[i1 + i, i1 + i]
-            w1[:, i:] -= np.outer(e, u[i1 + i, i1 + i:i2])
-            err[:, i] = e
+            d = (w1[:, i] - q * s) / u[i1 + i, i1 + i]
+            w1[:, i:] -= np.outer(d, u[i1 + i, i1 + i:i2])
+            err[:, i] = d
         w[:, i2:] -= err @ u[i1:i2, i2:]
     if act_order:
         codes = codes[:, np.argsort(perm)]
@@ -180,7 +180,7 @@ class GPTQ(PTQMethod):
     """
 
     name: ClassVar[str] = "gptq"
-    stage: ClassVar[str] = "post_calibration"
+    stage: ClassVar[Stage] = "post_calibration"
 
     bits: int = 4
     group_size: int | None = 128
@@ -271,7 +271,7 @@ class GPTQ(PTQMethod):
             sq = [10 * np.log10(np.sum(y * y) / max(np.sum((x @ v - y) ** 2), 1e-300))
                   for v in (wq.astype(np.float64), rtn)]
             p[name]["kernel"] = jax.device_put(wq)
-            act = (None, None)
+            act: tuple[Any, Any] = (None, None)
             if lq.act is not None:
                 act = old.quantizer.act_grid(old, state)
             qstate[name] = FixedGridState(act[0], act[1], jax.device_put(scale.astype(

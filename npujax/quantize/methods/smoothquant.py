@@ -3,7 +3,7 @@
 A transformer's linear-layer inputs have a few channels with values far larger than the rest,
 so a per-tensor activation grid spends its codes on them; the weights are easy to quantize.
 SmoothQuant divides input channel ``j`` by ``s_j`` and multiplies the weight's row ``j`` by it,
-``Y = (X diag(s)^-1) (diag(s) W)``, the float function unchanged, with (section 4, eq. 4)
+``Y = (X diag(s)^-1) (diag(s) W)``, the float function unchanged, with (section 4)
 
     ``s_j = max |X_j|^alpha / max |W_j|^(1 - alpha)``
 
@@ -30,7 +30,7 @@ paper's W8A8 setting).
 
 References:
   Xiao, Lin, Seznec, Wu, Demouth, Han 2023, "SmoothQuant: Accurate and Efficient Post-Training
-  Quantization for Large Language Models", arXiv:2211.10438, section 4 (eq. 3-4, the
+  Quantization for Large Language Models", arXiv:2211.10438, section 4 (the smoothing, the
   migration strength alpha, folding into the previous LayerNorm, Figure 6).
 """
 
@@ -49,7 +49,7 @@ from npujax.ir.execute import execute, tap
 from npujax.ir.graph import Graph, Node, Params, TensorType, fresh_name
 from npujax.quantize.methods import PTQ_METHODS
 from npujax.quantize.methods._common import check_batches, copy_params, is_number, require
-from npujax.quantize.methods.base import PTQMethod, PTQStep
+from npujax.quantize.methods.base import PTQMethod, PTQStep, Stage
 from npujax.quantize.spec import QuantSpec
 
 __all__ = ["SmoothQuant", "smoothing_scales"]
@@ -62,7 +62,7 @@ _MIN = 1e-5
 
 def smoothing_scales(act_absmax: np.ndarray, weight_absmax: np.ndarray, alpha: float
                      ) -> np.ndarray:
-    """``s_j = max|X_j|^alpha / max|W_j|^(1 - alpha)`` (SmoothQuant eq. 4), float32 ``[K]``.
+    """``s_j = max|X_j|^alpha / max|W_j|^(1 - alpha)`` (SmoothQuant, section 4), float32 ``[K]``.
 
     Args:
       act_absmax: ``max |X_j|`` per input channel, ``[K]``.
@@ -97,7 +97,7 @@ class SmoothQuant(PTQMethod):
     """
 
     name: ClassVar[str] = "smoothquant"
-    stage: ClassVar[str] = "pre_calibration"
+    stage: ClassVar[Stage] = "pre_calibration"
 
     alpha: float = 0.5
     unfoldable: str = "skip"
