@@ -147,3 +147,16 @@ def test_gptq_keeping_the_input_format_needs_and_keeps_the_calibrated_grid():
     assert step.quant["fc"].act == quant["fc"].act and step.quant["fc"].weight_block_size is None
     assert step.qstate["fc"].act_scale == qstate["fc"].act_scale
     assert step.qstate["fc"].weight_scale.shape == (4,)  # one scale per output channel
+
+
+def test_layers_that_do_not_feed_each_other_share_a_wave():
+    from npujax.ir.graph import Graph, Node, TensorType
+    from npujax.quantize.methods._common import waves
+    from tests.quantize.ptq_graphs import gemm
+
+    t = {n: TensorType((1, 4), "float32") for n in ("x", "q", "k", "v", "s", "y")}
+    graph = Graph((gemm("q", "x", "q"), gemm("k", "x", "k"), gemm("v", "x", "v"),
+                   Node("add", "Add", ("q", "k"), ("s",)), gemm("out", "s", "y")),
+                  ("x",), ("y",), t)
+    assert waves(graph, ["q", "k", "v", "out"]) == [["q", "k", "v"], ["out"]]
+    assert waves(graph, ["k", "out"]) == [["k"], ["out"]]

@@ -15,7 +15,7 @@ from npujax.errors import CalibrationError, ConfigError
 from npujax.ir.execute import execute, tap
 from npujax.ir.graph import Graph, Params
 
-__all__ = ["check_batches", "require", "layer_taps", "copy_params"]
+__all__ = ["check_batches", "require", "layer_taps", "copy_params", "waves"]
 
 
 def check_batches(batches: Sequence[ArrayLike], method: str) -> list[np.ndarray]:
@@ -81,3 +81,25 @@ def layer_taps(graph: Graph, params: Params, batches: Sequence[np.ndarray], name
 def copy_params(params: Params) -> Params:
     """A copy of the params tree (new dicts; arrays shared)."""
     return {k: dict(v) for k, v in params.items()}
+
+
+def waves(graph: Graph, names: Sequence[str]) -> list[list[str]]:
+    """``names`` grouped for a sequential layer-by-layer method: wave ``k`` holds the layers
+    whose inputs depend on layers of ``names`` in waves ``< k`` only (Q, K and V projections,
+    which read one tensor, share a wave), in graph order. One run of the model then gives the
+    inputs of a whole wave, with every earlier wave quantized."""
+    wanted = set(names)
+    producer = {t: n for n in graph.nodes for t in n.outputs}
+    level: dict[str, int] = {}  # node -> 1 + the wave of the latest wanted layer upstream
+    for n in graph.nodes:
+        up = 0
+        for t in n.inputs:
+            p = producer.get(t)
+            if p is not None:
+                up = max(up, level[p.name] + (1 if p.name in wanted else 0))
+        level[n.name] = up
+    out: dict[int, list[str]] = {}
+    for n in graph.nodes:
+        if n.name in wanted:
+            out.setdefault(level[n.name], []).append(n.name)
+    return [out[k] for k in sorted(out)]

@@ -16,7 +16,8 @@ or 1:
 activation function). The target ``f(W x + b)`` is the float model's output on the float input
 ``x``; the quantized layer reads ``x~``, its input in the model whose preceding layers are
 already AdaRounded (and whose activations are fake-quantized as ``quant`` says, the layer's own
-input included): the paper's recommended "asymmetric reconstruction". The squared error is
+input included): the paper's recommended "asymmetric reconstruction" (layers that do not feed
+each other get their inputs from one run of the model). The squared error is
 summed over each example's output and averaged over the mini-batch (drawn with replacement).
 ``beta`` is annealed linearly from ``beta_start`` (20) to ``beta_end`` (2) after a warm-up (the
 first 20 % of the iterations) in which the regularizer is off; then the weights are rounded
@@ -61,6 +62,7 @@ from npujax.quantize.methods._common import (
     is_number,
     layer_taps,
     require,
+    waves,
 )
 from npujax.quantize.methods.base import PTQMethod, PTQStep, Stage
 from npujax.quantize.quantizers.fixed import FixedGrid, FixedGridState, grid_axis
@@ -239,40 +241,47 @@ class AdaRound(PTQMethod):
         p = copy_params(params)
         float_io = layer_taps(graph, params, data, [n.name for n in layers])
         done: dict[str, LayerQuant] = {}
-        notes = []
-        for node in track(layers, "AdaRound", self.progress):
-            name, lq = node.name, quant[node.name]
-            (fmt,) = lq.weight_candidates
-            assert isinstance(fmt, IntFormat)  # (_layers keeps integer formats only)
-            state = layer_state(quant, qstate, name)
-            w = np.asarray(p[name]["kernel"], np.float32)
-            grid = lq.quantizer.weight_grid(node, lq, w, state)
-            # the input as the quantized model feeds it (earlier layers AdaRounded)
-            if done or lq.act is not None:
-                xq = layer_taps(graph, p, data, [name], {**done, name: lq}, qstate)[name][0]
-            else:  # nothing quantized before it: the float input
-                xq = float_io[name][0]
-            bias = p[name].get("bias")
-            wq = adaround_layer(node, w, bias, grid.scale, grid.zero_point, fmt,
-                                grid_axis(node, lq), lq.weight_block_size, xq,
-                                float_io[name][1], self)
-            mse, other = _compare(node, lq, jnp.asarray(w), wq, grid.scale, grid.zero_point,
-                                  {} if bias is None else {"bias": jnp.asarray(bias)},
-                                  jnp.asarray(xq), jnp.asarray(float_io[name][1]))
-            p[name]["kernel"] = jax.device_put(np.asarray(wq, np.float32))
-            act = (None, None) if lq.act is None else lq.quantizer.act_grid(lq, state)
-            new = FixedGridState(act[0], act[1], grid.scale, grid.zero_point,
-                                 getattr(state, "operand_scale", None),
-                                 getattr(state, "operand_zero_point", None))
-            quant[name] = done[name] = dataclasses.replace(lq, quantizer=FixedGrid())
-            qstate[name] = new
-            notes.append(f"{name}: output MSE {float(mse[0]):.3g} (nearest) -> "
-                         f"{float(mse[1]):.3g} (AdaRound), {100 * float(other):.1f} % rounded "
-                         "the other way")
+        notes: list[str] = []
+        nodes = {n.name: n for n in layers}
+        for wave in track(waves(graph, list(nodes)), "AdaRound", self.progress):
+            # the inputs as the quantized model feeds them (earlier waves AdaRounded; the layers
+            # of one wave do not feed each other, so one run serves them all)
+            if done or any(quant[n].act is not None for n in wave):
+                taps = layer_taps(graph, p, data, wave, {**done, **{n: quant[n] for n in wave}},
+                                  qstate)
+            else:  # nothing quantized before them: the float inputs
+                taps = float_io
+            for name in wave:
+                self._layer(nodes[name], quant, qstate, p, taps[name][0], float_io[name][1],
+                            done, notes)
         if not layers:
             notes.append("adaround: no Conv/Gemm layer with an integer weight format")
         return PTQStep(graph, p, quant, qstate, tuple(notes))
 
+    def _layer(self, node: Node, quant: dict[str, LayerQuant], qstate: dict[str, Any],
+               p: Params, xq: np.ndarray, y: np.ndarray, done: dict[str, LayerQuant],
+               notes: list[str]) -> None:
+        """AdaRound one layer, updating ``p``, ``quant``, ``qstate``, ``done`` and ``notes``."""
+        name, lq = node.name, quant[node.name]
+        (fmt,) = lq.weight_candidates
+        assert isinstance(fmt, IntFormat)  # (_layers keeps integer formats only)
+        state = layer_state(quant, qstate, name)
+        w = np.asarray(p[name]["kernel"], np.float32)
+        grid = lq.quantizer.weight_grid(node, lq, w, state)
+        bias = p[name].get("bias")
+        wq = adaround_layer(node, w, bias, grid.scale, grid.zero_point, fmt, grid_axis(node, lq),
+                            lq.weight_block_size, xq, y, self)
+        mse, other = _compare(node, lq, jnp.asarray(w), wq, grid.scale, grid.zero_point,
+                              {} if bias is None else {"bias": jnp.asarray(bias)},
+                              jnp.asarray(xq), jnp.asarray(y))
+        p[name]["kernel"] = jax.device_put(np.asarray(wq, np.float32))
+        act = (None, None) if lq.act is None else lq.quantizer.act_grid(lq, state)
+        qstate[name] = FixedGridState(act[0], act[1], grid.scale, grid.zero_point,
+                                      getattr(state, "operand_scale", None),
+                                      getattr(state, "operand_zero_point", None))
+        quant[name] = done[name] = dataclasses.replace(lq, quantizer=FixedGrid())
+        notes.append(f"{name}: output MSE {float(mse[0]):.3g} (nearest) -> {float(mse[1]):.3g} "
+                     f"(AdaRound), {100 * float(other):.1f} % rounded the other way")
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))

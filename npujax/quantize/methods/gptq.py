@@ -27,7 +27,9 @@ deploys as ONNX opset-21 blocked ``DequantizeLinear`` (``axis`` 0 of the ``[K, N
 ``block_size = group_size``, the last block partial when ``K`` is not a multiple of it).
 
 Sequential: layers are quantized in graph order and each reads its inputs from the model whose
-preceding layers are already quantized (the reference implementation's order). GPTQ runs on
+preceding layers are already quantized (the reference implementation's order); layers that do
+not feed each other (a block's Q, K and V projections) get their inputs from one run
+(one run of the model per such wave). GPTQ runs on
 Gemm layers (the paper's transformer linear layers); Conv layers are left as they are (a note
 says so). The computation is float64 numpy on the host.
 
@@ -61,6 +63,7 @@ from npujax.quantize.methods._common import (
     is_number,
     layer_taps,
     require,
+    waves,
 )
 from npujax.quantize.methods.base import PTQMethod, PTQStep, Stage
 from npujax.quantize.quantizers.fixed import FixedGrid, FixedGridState
@@ -237,52 +240,57 @@ class GPTQ(PTQMethod):
         qstate = dict(qstate or {})
         p = copy_params(params)
         done: dict[str, LayerQuant] = {}
-        notes = []
-        fmt = self.format
-        for name in track(names, "GPTQ", self.progress):
-            old = quant[name]
-            kernel = np.asarray(p[name]["kernel"], np.float32)  # [K, N]
-            k_in = kernel.shape[0]
-            group = self.group_size if self.group_size is not None else k_in
-            lq = dataclasses.replace(
-                old, weight=fmt, quantizer=FixedGrid(), weight_per_channel=True,
-                act=None if self.weight_only else old.act,
-                act_candidates=(), weight_block_size=self.group_size)
-            state = layer_state(quant, qstate, name) if lq.act is not None else None
-            # its inputs in the model whose earlier layers are quantized (and its own input
-            # fake-quantized when it keeps its input format)
-            x = layer_taps(graph, p, data, [name], {**done, name: old} if lq.act is not None
-                           else done, qstate)[name][0]
-            x = x.reshape(-1, k_in).astype(np.float64)
-            hess = 2.0 * (x.T @ x) / x.shape[0]
-            codes, scales = gptq_quantize(kernel.T, hess, fmt, group_size=group,
-                                          block_size=self.block_size, percdamp=self.percdamp,
-                                          act_order=self.act_order)
-            s_rep = np.repeat(scales, group, axis=1)[:, :k_in]
-            wq = (codes.astype(np.float32) * s_rep).T.astype(np.float32)  # [K, N]
-            if self.group_size is None:
-                scale = scales[:, 0]  # per output channel: [N]
-            else:
-                scale = np.ascontiguousarray(scales.T)  # per block: [ceil(K / g), N]
-            rtn = (_quant(kernel.T, np.repeat(group_scales(kernel.T, fmt, group), group,
-                                              axis=1)[:, :k_in], fmt)
-                   * np.repeat(group_scales(kernel.T, fmt, group), group, axis=1)[:, :k_in]).T
-            y = x @ kernel.astype(np.float64)
-            sq = [10 * np.log10(np.sum(y * y) / max(np.sum((x @ v - y) ** 2), 1e-300))
-                  for v in (wq.astype(np.float64), rtn)]
-            p[name]["kernel"] = jax.device_put(wq)
-            act: tuple[Any, Any] = (None, None)
-            if lq.act is not None:
-                act = old.quantizer.act_grid(old, state)
-            qstate[name] = FixedGridState(act[0], act[1], jax.device_put(scale.astype(
-                np.float32)), jax.device_put(np.zeros(scale.shape, np.int32)))
-            quant[name] = done[name] = lq
-            grouping = "per channel" if self.group_size is None else \
-                f"groups of {self.group_size}"
-            notes.append(f"{name}: int{self.bits}, {grouping}, output SQNR {sq[0]:.1f} dB "
-                         f"(nearest {sq[1]:.1f} dB)")
+        notes: list[str] = []
+        for wave in track(waves(graph, names), "GPTQ", self.progress):
+            # the wave's inputs in the model whose earlier waves are quantized (and their own
+            # input fake-quantized when they keep their input format); one run for the wave
+            own = {} if self.weight_only else {n: quant[n] for n in wave}
+            taps = layer_taps(graph, p, data, wave, {**done, **own}, qstate)
+            for name in wave:
+                self._layer(name, quant, qstate, p, taps[name][0], done, notes)
         notes += [f"{n}: left to the spec (GPTQ quantizes Gemm layers)" for n in skipped]
         return PTQStep(graph, p, quant, qstate, tuple(notes))
+
+    def _layer(self, name: str, quant: dict[str, LayerQuant], qstate: dict[str, Any],
+               p: Params, x: np.ndarray, done: dict[str, LayerQuant], notes: list[str]) -> None:
+        """GPTQ one layer, updating ``p``, ``quant``, ``qstate``, ``done`` and ``notes``."""
+        fmt = self.format
+        old = quant[name]
+        kernel = np.asarray(p[name]["kernel"], np.float32)  # [K, N]
+        k_in = kernel.shape[0]
+        group = self.group_size if self.group_size is not None else k_in
+        lq = dataclasses.replace(
+            old, weight=fmt, quantizer=FixedGrid(), weight_per_channel=True,
+            act=None if self.weight_only else old.act,
+            act_candidates=(), weight_block_size=self.group_size)
+        state = layer_state(quant, qstate, name) if lq.act is not None else None
+        x = x.reshape(-1, k_in).astype(np.float64)
+        hess = 2.0 * (x.T @ x) / x.shape[0]
+        codes, scales = gptq_quantize(kernel.T, hess, fmt, group_size=group,
+                                      block_size=self.block_size, percdamp=self.percdamp,
+                                      act_order=self.act_order)
+        s_rep = np.repeat(scales, group, axis=1)[:, :k_in]
+        wq = (codes.astype(np.float32) * s_rep).T.astype(np.float32)  # [K, N]
+        if self.group_size is None:
+            scale = scales[:, 0]  # per output channel: [N]
+        else:
+            scale = np.ascontiguousarray(scales.T)  # per block: [ceil(K / g), N]
+        s_rtn = np.repeat(group_scales(kernel.T, fmt, group), group, axis=1)[:, :k_in]
+        rtn = (_quant(kernel.T, s_rtn, fmt) * s_rtn).T  # round to nearest, same groups
+        y = x @ kernel.astype(np.float64)
+        sq = [10 * np.log10(np.sum(y * y) / max(np.sum((x @ v - y) ** 2), 1e-300))
+              for v in (wq.astype(np.float64), rtn)]
+        p[name]["kernel"] = jax.device_put(wq)
+        act: tuple[Any, Any] = (None, None)
+        if lq.act is not None:
+            act = old.quantizer.act_grid(old, state)
+        qstate[name] = FixedGridState(act[0], act[1], jax.device_put(scale.astype(
+            np.float32)), jax.device_put(np.zeros(scale.shape, np.int32)))
+        quant[name] = done[name] = lq
+        grouping = "per channel" if self.group_size is None else \
+            f"groups of {self.group_size}"
+        notes.append(f"{name}: int{self.bits}, {grouping}, output SQNR {sq[0]:.1f} dB "
+                     f"(nearest {sq[1]:.1f} dB)")
 
 
 PTQ_METHODS[GPTQ.name] = GPTQ
