@@ -14,14 +14,16 @@ from onnx import numpy_helper
 from npujax.backends.onnx_export import QDQ_EXTENDED_OPSET, to_onnx
 from npujax.errors import ConfigError
 from npujax.ir.execute import execute
+from npujax.ir.graph import Graph, Node, TensorType
 from npujax.numerics import IntFormat
 from npujax.quantize import load_graph, save_graph
 from npujax.quantize.methods import PTQ_METHODS
+from npujax.quantize.methods._common import waves
 from npujax.quantize.methods.gptq import GPTQ, gptq_quantize, group_scales
 from npujax.quantize.quantizers.fixed import FixedGrid
 from npujax.quantize.spec import quant_spec
 from tests.onnx_models import ort_run
-from tests.quantize.ptq_graphs import correlated_inputs, linear
+from tests.quantize.ptq_graphs import correlated_inputs, gemm, linear
 
 INT4 = IntFormat(4, narrow_range=True)
 
@@ -150,10 +152,6 @@ def test_gptq_keeping_the_input_format_needs_and_keeps_the_calibrated_grid():
 
 
 def test_layers_that_do_not_feed_each_other_share_a_wave():
-    from npujax.ir.graph import Graph, Node, TensorType
-    from npujax.quantize.methods._common import waves
-    from tests.quantize.ptq_graphs import gemm
-
     t = {n: TensorType((1, 4), "float32") for n in ("x", "q", "k", "v", "s", "y")}
     graph = Graph((gemm("q", "x", "q"), gemm("k", "x", "k"), gemm("v", "x", "v"),
                    Node("add", "Add", ("q", "k"), ("s",)), gemm("out", "s", "y")),
