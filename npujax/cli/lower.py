@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from npujax._lazy import names
 from npujax._progress import phase
 from npujax.cli._common import (
     add_progress_arg,
@@ -23,7 +24,8 @@ log = logging.getLogger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from npujax.systolic import DATAFLOWS, MAPPINGS
+    DATAFLOWS = names("npujax.systolic.dataflow", "DATAFLOWS")
+    MAPPINGS = names("npujax.systolic.mapping", "MAPPINGS")
 
     lo = sub.add_parser(
         "lower", help="per-layer NPU latency of an ONNX or saved model",
@@ -50,8 +52,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "512,512,1024,1024,2048,2048,4096,4096 --npu datacenter_128x128"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     lo.intermixed = True  # models may follow options: `npujax lower --npu X A.onnx B.onnx`
-    from npujax.hw import FUSION_LEVELS, UNSUPPORTED_POLICIES
-    from npujax.plan import OBJECTIVES, SHARING
+    FUSION_LEVELS = names("npujax.hw.spec", "FUSION_LEVELS")
+    UNSUPPORTED_POLICIES = names("npujax.hw.spec", "UNSUPPORTED_POLICIES")
+    OBJECTIVES = names("npujax.plan.pipeline", "OBJECTIVES")
+    SHARING = names("npujax.plan.coresident", "SHARING")
 
     lo.add_argument("model", nargs="*", help="an .onnx model, zoo:ppocr_cls / zoo:ppocr_det / "
                     "zoo:ppocr_rec, a "
