@@ -16,8 +16,8 @@ where no constructor of the exact architecture exists). The ONNX exports are NCH
    Dev Board measurement used); (b) the same with the link rate refitted on the Dev Board's own
    rows, leave-one-out.
 
-Run from the repository root (about 20 minutes on 2 CPU cores; needs the ``keras`` extra and
-the exports of ``export_onnx.py``)::
+Run from the repository root (about 40 minutes on 2 shared CPU cores; needs the ``keras``
+extra and the exports of ``export_onnx.py``)::
 
     python experiments/fidelity/coral.py [--out experiments/fidelity/out]
 

@@ -25,9 +25,10 @@ Which constructor for which row of Table 1 (coral.ai/docs/edgetpu/benchmarks), a
   TF-slim has 1001.
 * **Inception v4**: timm ``inception_v4`` (a port of TF-slim's ``inception_v4``, Coral's
   ``inception_v4_299_quant``), 1000 classes.
-* **SqueezeNet**: torchvision ``squeezenet1_0``. Coral's SqueezeNet is TF Lite's hosted
-  ``squeezenet_2018_04_27`` (the table's other non-slim rows, DenseNet and Inception-ResNet V2,
-  come from the same hosted list); that list cites the SqueezeNet paper (arXiv 1602.07360),
+* **SqueezeNet**: torchvision ``squeezenet1_0``. Coral does not name its SqueezeNet file;
+  Google's TF Lite hosted-models list has one, ``squeezenet_2018_04_27`` (beside a DenseNet and
+  an Inception-ResNet V2, the table's other rows without a TF-slim file); that list cites the
+  SqueezeNet paper (arXiv 1602.07360),
   which defines v1.0 (v1.1 exists only in the authors' repository), and gives the float file as
   5.0 MB: 1,248,424 float32 parameters are 4.99 MB (v1.0), v1.1's 1,235,496 are 4.94 MB.
   ``squeezenet1_1`` is exported too, for the sensitivity the results page reports; the table

@@ -326,7 +326,8 @@ def channels_last(graph: Graph, params: Params) -> tuple[Graph, Params]:
         new: Node | None = None
         if n.op in ("Flatten", "Reshape"):
             shape = graph.tensors[n.inputs[0]].shape
-            if math.prod(int(d) for d in shape[2:]) != 1 or len(graph.tensors[n.outputs[0]].shape) == 4:
+            out_rank = len(graph.tensors[n.outputs[0]].shape)
+            if math.prod(int(d) for d in shape[2:]) != 1 or out_rank == 4:
                 raise GraphError(f"{where} reshapes a {shape} activation whose spatial size is "
                                  "not 1 x 1: its element order depends on the layout.")
             nodes.append(n)
