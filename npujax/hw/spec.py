@@ -13,9 +13,9 @@ Hardware is data. Every numeric field carries its unit in its name (``clock_hz``
     [vector]   lanes, special_cycles_per_elem (optional, default 4)
     [layout]   activation_layout, c0, channel_alignment, dram_burst_bytes
     [ops]      supported, fused_activations, conv_max_kernel, conv_max_stride, fusion,
-               attention_fusion (optional), fallback (optional)
+               attention_fusion (optional), fallback (optional), unsupported (optional)
     [host]     cpu_ops_per_s, link_bytes_per_s, link_latency_s, memory_bytes_per_s (optional),
-               invocation_overhead_s (optional)
+               invocation_overhead_s (optional), shape_compile_s (optional)
     [technology] node_nm (optional section, as the two below: every key has a default)
     [energy]   reference_node_nm, node_exponent, mult_int8_pj, add_int32_pj,
                register_pj_per_byte, sram_read_pj_per_byte, sram_write_pj_per_byte,
@@ -64,6 +64,7 @@ __all__ = [
     "ATTENTION_FUSIONS",
     "PARAMETER_CACHES",
     "FALLBACK_SCOPES",
+    "UNSUPPORTED_POLICIES",
     "GROUP_PACKINGS",
     "ArraySpec",
     "MemorySpec",
@@ -86,6 +87,7 @@ __all__ = [
     "differentiable_spec",
     "as_spec",
     "spec_to_toml",
+    "preset_text",
 ]
 
 #: Activation layouts an NPU may keep in its memory.
@@ -118,6 +120,14 @@ PARAMETER_CACHES = ("none", "streams_from_dram", "streams_from_host")
 #: order (``rest_of_graph``: one partition, as the Coral Edge TPU compiler does,
 #: coral.ai/docs/edgetpu/models-intro).
 FALLBACK_SCOPES = ("per_op", "rest_of_graph")
+
+#: What the compiler does with an operator the NPU does not run (``ops.unsupported``): fall
+#: back to the host (``fallback``, the default: every figure as before), per layer the cheaper
+#: of the host fallback and an exact rewrite into operators the NPU runs
+#: (``rewrite_or_fallback``), or rewrite where a rule applies and refuse the model otherwise
+#: (``rewrite_or_refuse``: a compiler without host fallback). The rules are
+#: :mod:`npujax.ir.rewrites`; the decision is :func:`npujax.plan.decompose`'s.
+UNSUPPORTED_POLICIES = ("fallback", "rewrite_or_fallback", "rewrite_or_refuse")
 
 
 #: How a grouped convolution's groups share the array (``array.group_packing``): one group per
@@ -273,6 +283,8 @@ class OpsSpec:
         :data:`ATTENTION_FUSIONS` (default ``none``; :mod:`npujax.plan.passes.attention`).
       fallback: what runs on the host when an operator is not supported, one of
         :data:`FALLBACK_SCOPES` (default ``per_op``).
+      unsupported: fall back, rewrite or refuse an unsupported operator, one of
+        :data:`UNSUPPORTED_POLICIES` (default ``fallback``).
     """
 
     supported: tuple[str, ...] = _field()
@@ -282,6 +294,7 @@ class OpsSpec:
     fusion: str = _field(choices=FUSION_LEVELS, default="elementwise")
     attention_fusion: str = _field(choices=ATTENTION_FUSIONS, default="none")
     fallback: str = _field(choices=FALLBACK_SCOPES, default="per_op")
+    unsupported: str = _field(choices=UNSUPPORTED_POLICIES, default="fallback")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -300,6 +313,9 @@ class HostSpec:
       invocation_overhead_s: a fixed cost per inference (s), >= 0 (default 0): the runtime's
         call into the NPU and the link's round trips of the graph's input and output
         (:mod:`npujax.plan.passes.invocation`).
+      shape_compile_s: time to compile (or reload) the model for a new input shape (s), >= 0
+        (default 0: not modelled); the cost of a compiled bucket in
+        :mod:`npujax.plan.buckets`. Not part of any per-inference latency.
     """
 
     cpu_ops_per_s: float = _field(lo=1e3, hi=1e16)
@@ -307,6 +323,7 @@ class HostSpec:
     link_latency_s: float = _field(zero_ok=True, lo=0.0, hi=10.0)
     memory_bytes_per_s: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=1e15)
     invocation_overhead_s: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=10.0)
+    shape_compile_s: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=1e5)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -671,6 +688,29 @@ def list_presets() -> list[str]:
     return sorted(p.name[:-5] for p in files.iterdir() if p.name.endswith(".toml"))
 
 
+def preset_text(preset: str | os.PathLike[str]) -> tuple[str, str]:
+    """The TOML text of a preset file or installed preset, and a name for it in messages.
+
+    Raises:
+      ConfigError: neither a file nor an installed preset, or not UTF-8.
+    """
+    path = Path(preset)
+    if path.is_file():
+        raw, origin = path.read_bytes(), str(path)
+    elif str(preset) in list_presets():
+        res = importlib.resources.files("npujax.presets").joinpath(f"{preset}.toml")
+        raw, origin = res.read_bytes(), f"preset {preset!r}"
+    else:
+        raise ConfigError(
+            f"hardware preset {str(preset)!r} not found: it is neither a file nor an installed "
+            f"preset. Pass a path to a .toml file or one of: {', '.join(list_presets())}."
+        )
+    try:
+        return raw.decode("utf-8"), origin
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{origin} is not valid TOML: {e}.") from None
+
+
 def load_npu_spec(preset: str | os.PathLike[str]) -> NpuSpec:
     """Load and validate a hardware preset.
 
@@ -684,20 +724,10 @@ def load_npu_spec(preset: str | os.PathLike[str]) -> NpuSpec:
     Raises:
       ConfigError: the file does not exist, is not valid TOML, or fails validation.
     """
-    path = Path(preset)
-    if path.is_file():
-        text, origin = path.read_bytes(), str(path)
-    elif str(preset) in list_presets():
-        res = importlib.resources.files("npujax.presets").joinpath(f"{preset}.toml")
-        text, origin = res.read_bytes(), f"preset {preset!r}"
-    else:
-        raise ConfigError(
-            f"hardware preset {str(preset)!r} not found: it is neither a file nor an installed "
-            f"preset. Pass a path to a .toml file or one of: {', '.join(list_presets())}."
-        )
+    text, origin = preset_text(preset)
     try:
-        data = tomllib.loads(text.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{origin} is not valid TOML: {e}.") from None
     return npu_spec_from_dict(data, origin)
 
@@ -728,28 +758,75 @@ def _toml_value(v: Any) -> str:
     return repr(float(v))  # shortest round-trip form: '6400000000.0', '1e-07' are valid TOML
 
 
-def spec_to_toml(spec: NpuSpec, header: str = "") -> str:
+def _check_concrete(section: str, key: str, value: Any) -> None:
+    if not isinstance(value, (str, int, float, tuple, list)):
+        raise ConfigError(f"spec_to_toml: {section}.{key} is a {type(value).__name__}, "
+                          "not a number; write a concrete spec (not a traced or stacked one).")
+
+
+def spec_to_toml(spec: NpuSpec, header: str = "", *, base: str | os.PathLike[str] | None = None,
+                 notes: Mapping[str, str] | None = None) -> str:
     """``spec`` as a preset file that :func:`load_npu_spec` reads back to an equal spec.
+
+    Without ``base`` the file lists every section and key, defaults included. With ``base`` (the
+    preset ``spec`` was derived from, e.g. the one a fit started from) it is that preset's own
+    text, comments, sources and order kept, with only the keys whose values differ rewritten;
+    each rewritten key carries an end-of-line comment (``notes[\"section.key\"]``, else
+    ``changed from <old value>``) followed by the base line's own comment.
 
     Args:
       spec: a validated spec with Python-number fields (not traced or stacked arrays).
       header: comment text put at the top (each line prefixed with ``#``), e.g. the source.
+      base: a preset name or TOML path (:func:`load_npu_spec`).
+      notes: end-of-line comments for changed keys, keyed ``"section.key"``.
 
     Returns:
-      The TOML text (every section and key, defaults included).
+      The TOML text.
 
     Raises:
-      ConfigError: a field is not a Python number or string (a traced or batched spec).
+      ConfigError: a field is not a Python number or string (a traced or batched spec), or
+        ``base`` cannot be read.
     """
     lines = [f"# {line}".rstrip() for line in header.splitlines()]
+    if base is not None:
+        return "\n".join(lines + [_edit_preset(spec, base, notes or {})])
     lines += [f"name = {_toml_value(spec.name)}",
               f"description = {_toml_value(spec.description)}"]
     for section in _SECTIONS:
         lines += ["", f"[{section}]"]
         for key, value in dataclasses.asdict(getattr(spec, section)).items():
-            if not isinstance(value, (str, int, float, tuple, list)):
-                raise ConfigError(f"spec_to_toml: {section}.{key} is a {type(value).__name__}, "
-                                  "not a number; write a concrete spec (not a traced or stacked "
-                                  "one).")
+            _check_concrete(section, key, value)
             lines.append(f"{key} = {_toml_value(value)}")
     return "\n".join(lines) + "\n"
+
+
+def _edit_preset(spec: NpuSpec, base: str | os.PathLike[str], notes: Mapping[str, str]) -> str:
+    """The base preset's TOML with the keys where ``spec`` differs rewritten (tomlkit keeps
+    the comments and layout of everything else)."""
+    import tomlkit
+
+    text, origin = preset_text(base)
+    doc = tomlkit.parse(text)
+    old = npu_spec_from_dict(tomllib.loads(text), origin)
+
+    def put(table: Any, key: str, value: Any, was: Any, note: str | None) -> None:
+        item = tomlkit.item(list(value) if isinstance(value, tuple) else value)
+        prior = table[key].trivia.comment.lstrip("# ").strip() if key in table else ""
+        comment = note or f"changed from {_toml_value(was)}"
+        item.comment(f"{comment}; {prior}" if prior else comment)
+        table[key] = item
+
+    for key in ("name", "description"):
+        if getattr(spec, key) != getattr(old, key):
+            put(doc, key, getattr(spec, key), getattr(old, key), notes.get(key))
+    for section in _SECTIONS:
+        new_values = dataclasses.asdict(getattr(spec, section))
+        old_values = dataclasses.asdict(getattr(old, section))
+        for key, value in new_values.items():
+            _check_concrete(section, key, value)
+            if value == old_values[key]:
+                continue
+            if section not in doc:
+                doc[section] = tomlkit.table()
+            put(doc[section], key, value, old_values[key], notes.get(f"{section}.{key}"))
+    return tomlkit.dumps(doc)
