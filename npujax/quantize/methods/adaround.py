@@ -54,7 +54,6 @@ from npujax.ir.execute import layer_state
 from npujax.ir.graph import Graph, Node, Params
 from npujax.numerics import IntFormat, broadcast_qparam, fake_quant
 from npujax.ops import run_op
-from npujax.quantize.methods import PTQ_METHODS
 from npujax.quantize.methods._common import (
     check_batches,
     copy_params,
@@ -293,6 +292,3 @@ def _compare(node: Node, lq: LayerQuant, w, wq, scale, zero_point, fixed, x, y):
                      block_size=lq.weight_block_size)
     mse = [jnp.mean((run_op(node, [x], {"kernel": k, **fixed})[0] - y) ** 2) for k in (rtn, wq)]
     return mse, jnp.mean((wq != rtn).astype(jnp.float32))
-
-
-PTQ_METHODS[AdaRound.name] = AdaRound

@@ -46,7 +46,6 @@ from jax.typing import ArrayLike
 from npujax.ir.execute import execute, tap
 from npujax.ir.graph import Graph, Node, Params
 from npujax.ops import kernel_in_axis, kernel_out_axis, run_op
-from npujax.quantize.methods import PTQ_METHODS
 from npujax.quantize.methods._common import (
     check_batches,
     copy_params,
@@ -343,6 +342,3 @@ class CrossLayerEqualization(PTQMethod):
                          f"of {c.size} channels (largest {float(c.max(initial=0.0)):.3g})")
         graph = graph.replace(nodes=tuple(nodes[n.name] for n in graph.nodes))
         return graph, p, notes
-
-
-PTQ_METHODS[CrossLayerEqualization.name] = CrossLayerEqualization

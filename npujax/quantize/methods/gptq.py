@@ -55,7 +55,6 @@ from npujax.errors import ConfigError
 from npujax.ir.execute import layer_state
 from npujax.ir.graph import Graph, Params
 from npujax.numerics import MIN_SCALE, IntFormat, check_bits
-from npujax.quantize.methods import PTQ_METHODS
 from npujax.quantize.methods._common import (
     check_batches,
     copy_params,
@@ -291,6 +290,3 @@ class GPTQ(PTQMethod):
             f"groups of {self.group_size}"
         notes.append(f"{name}: int{self.bits}, {grouping}, output SQNR {sq[0]:.1f} dB "
                      f"(nearest {sq[1]:.1f} dB)")
-
-
-PTQ_METHODS[GPTQ.name] = GPTQ

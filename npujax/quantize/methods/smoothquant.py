@@ -47,7 +47,6 @@ from jax.typing import ArrayLike
 
 from npujax.ir.execute import execute, tap
 from npujax.ir.graph import Graph, Node, Params, TensorType, fresh_name
-from npujax.quantize.methods import PTQ_METHODS
 from npujax.quantize.methods._common import check_batches, copy_params, is_number, require
 from npujax.quantize.methods.base import PTQMethod, PTQStep, Stage
 from npujax.quantize.spec import QuantSpec
@@ -211,6 +210,3 @@ class SmoothQuant(PTQMethod):
             for n, v in jax.device_get(fn(params, jnp.asarray(x))).items():
                 out[n] = np.maximum(out[n], v) if n in out else np.asarray(v)
         return out
-
-
-PTQ_METHODS[SmoothQuant.name] = SmoothQuant
