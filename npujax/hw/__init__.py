@@ -25,6 +25,7 @@ from npujax.hw.spec import MemorySpec as MemorySpec
 from npujax.hw.spec import NpuSpec as NpuSpec
 from npujax.hw.spec import OpsSpec as OpsSpec
 from npujax.hw.spec import TechnologySpec as TechnologySpec
+from npujax.hw.spec import ThermalSpec as ThermalSpec
 from npujax.hw.spec import VectorSpec as VectorSpec
 from npujax.hw.spec import as_spec as as_spec
 from npujax.hw.spec import differentiable_spec as differentiable_spec
@@ -44,6 +45,7 @@ __all__ = [
     "OpsSpec",
     "HostSpec",
     "TechnologySpec",
+    "ThermalSpec",
     "EnergySpec",
     "AreaSpec",
     "AreaBreakdown",
