@@ -659,8 +659,7 @@ def _check_value(where: str, key: str, value: Any, f: dataclasses.Field) -> Any:
     else:
         value = float(value)
     unit = key.rsplit("_", 1)[-1] if "_" in key else ""
-    unit = f" ({unit})" if unit in ("bytes", "hz", "s", "bits", "nm", "pj", "um2", "c", "w") \
-        else ""
+    unit = f" ({unit})" if unit in ("bytes", "hz", "s", "bits", "nm", "pj", "um2") else ""
     signed = lo is not None and lo < 0  # a temperature in degrees C may be negative
     if not math.isfinite(value) or (value < 0 and not signed) or (
             value == 0 and not f.metadata.get("zero_ok")):

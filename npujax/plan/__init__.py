@@ -2,7 +2,8 @@
 the cost passes (:mod:`npujax.plan.program`, :mod:`npujax.plan.passes`), and ``lower``; across
 layers fusion (:mod:`npujax.plan.passes.cross_layer`), multi-core pipelines
 (:mod:`npujax.plan.pipeline`), co-resident models (:mod:`npujax.plan.coresident`) and peak memory
-(:mod:`npujax.plan.memory`); fitting a preset to a measured profile (:mod:`npujax.plan.profile`,
+(:mod:`npujax.plan.memory`); after the program, thermal throttling (:mod:`npujax.plan.thermal`)
+and the host pipeline around the NPU (:mod:`npujax.plan.host_pipeline`); fitting a preset to a measured profile (:mod:`npujax.plan.profile`,
 :mod:`npujax.plan.fit`).
 """
 
@@ -17,6 +18,9 @@ from npujax.plan.costs import layer_costs_by_dataflow as layer_costs_by_dataflow
 from npujax.plan.fit import FitConfig as FitConfig
 from npujax.plan.fit import FitResult as FitResult
 from npujax.plan.fit import fit_spec as fit_spec
+from npujax.plan.host_pipeline import PipelineReport as PipelineReport
+from npujax.plan.host_pipeline import host_pipeline as host_pipeline
+from npujax.plan.host_pipeline import parse_host_stage as parse_host_stage
 from npujax.plan.liveness import peak_activation_bytes as peak_activation_bytes
 from npujax.plan.lower import DEFAULT_BITS as DEFAULT_BITS
 from npujax.plan.lower import EdgeReport as EdgeReport
@@ -59,8 +63,17 @@ from npujax.plan.table import LayerTable as LayerTable
 from npujax.plan.table import layer_table as layer_table
 from npujax.plan.workload import Workload as Workload
 from npujax.plan.workload import workloads as workloads
+from npujax.plan.thermal import SustainedReport as SustainedReport
+from npujax.plan.thermal import sustained as sustained
+from npujax.plan.thermal import thermal_state as thermal_state
 
 __all__ = [
+    "PipelineReport",
+    "host_pipeline",
+    "parse_host_stage",
+    "SustainedReport",
+    "sustained",
+    "thermal_state",
     "AttentionChain",
     "AttentionCosts",
     "attention_chains",

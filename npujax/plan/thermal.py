@@ -118,17 +118,13 @@ def throttled_specs(spec: NpuSpec) -> tuple[NpuSpec, ...]:
       spec: a concrete NPU.
 
     Returns:
-      One spec per step, the throttled ones named ``<name>@<MHz>MHz`` and without a DVFS
-      table of their own.
+      One spec per step, differing from ``spec`` in ``array.clock_hz`` alone: the same name and
+      static fields, so a compiled cost program serves every step (the clock is a traced
+      field). Their DVFS tables are ``spec``'s, unused: the table's scales are fractions of
+      the nominal clock, which only ``spec`` holds.
     """
-    out = [spec]
-    for s in spec.thermal.dvfs_clock_scales:
-        f = spec.array.clock_hz * s
-        out.append(spec.with_fields({"array.clock_hz": f, "thermal.dvfs_thresholds_c": [],
-                                     "thermal.dvfs_clock_scales": [],
-                                     "thermal.hysteresis_c": 0.0},
-                                    name=f"{spec.name}@{f / 1e6:g}MHz"))
-    return tuple(out)
+    return (spec, *(spec.with_fields({"array.clock_hz": spec.array.clock_hz * s})
+                    for s in spec.thermal.dvfs_clock_scales))
 
 
 def _f(x: Any) -> Any:

@@ -133,7 +133,8 @@ def test_throttled_specs_and_a_stacked_thermal_model():
     specs = throttled_specs(spec)
     clocks = [s.array.clock_hz for s in specs]
     assert clocks == [spec.array.clock_hz * f for f in (1.0, 0.5, 0.25, 0.125)]
-    assert all(s.thermal.dvfs_thresholds_c == () for s in specs[1:])
+    # one compiled program serves every step: only the (traced) clock differs
+    assert all(jax.tree.structure(s) == jax.tree.structure(spec) for s in specs)
     # the model vmaps over configurations whose thermal fields are stacked (a sweep)
     th = spec.thermal
     stacked = jax.tree.map(lambda v: jnp.asarray([v, 2.0 * v]), th)
