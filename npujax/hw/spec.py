@@ -641,8 +641,9 @@ def _check_value(where: str, key: str, value: Any, f: dataclasses.Field) -> Any:
                 isinstance(v, int | float) and not isinstance(v, bool) for v in value):
             raise ConfigError(f"{where}: '{key}' must be a list of numbers, got {value!r}.")
         out = tuple(float(v) for v in value)
-        bad = [v for v in out if not math.isfinite(v) or v < lo or v > hi
-               or (v == 0 and not f.metadata.get("zero_ok") and lo == 0)]
+        lo_f, hi_f = float(lo or 0.0), float(hi if hi is not None else math.inf)
+        bad = [v for v in out if not math.isfinite(v) or v < lo_f or v > hi_f
+               or (v == 0 and not f.metadata.get("zero_ok") and lo_f == 0)]
         if bad:
             raise ConfigError(f"{where}: '{key}' holds {bad[0]!r}, outside the physical range "
                               f"({lo:g}, {hi:g}] npujax models (docs/hw.md, 'Ranges')."

@@ -3,8 +3,8 @@ the cost passes (:mod:`npujax.plan.program`, :mod:`npujax.plan.passes`), and ``l
 layers fusion (:mod:`npujax.plan.passes.cross_layer`), multi-core pipelines
 (:mod:`npujax.plan.pipeline`), co-resident models (:mod:`npujax.plan.coresident`) and peak memory
 (:mod:`npujax.plan.memory`); after the program, thermal throttling (:mod:`npujax.plan.thermal`)
-and the host pipeline around the NPU (:mod:`npujax.plan.host_pipeline`); fitting a preset to a measured profile (:mod:`npujax.plan.profile`,
-:mod:`npujax.plan.fit`).
+and the host pipeline around the NPU (:mod:`npujax.plan.host_pipeline`); fitting a preset to a
+measured profile (:mod:`npujax.plan.profile`, :mod:`npujax.plan.fit`).
 """
 
 from npujax.plan.coresident import SHARING as SHARING
@@ -61,11 +61,11 @@ from npujax.plan.program import program_costs as program_costs
 from npujax.plan.shapes import sweep_shapes as sweep_shapes
 from npujax.plan.table import LayerTable as LayerTable
 from npujax.plan.table import layer_table as layer_table
-from npujax.plan.workload import Workload as Workload
-from npujax.plan.workload import workloads as workloads
 from npujax.plan.thermal import SustainedReport as SustainedReport
 from npujax.plan.thermal import sustained as sustained
 from npujax.plan.thermal import thermal_state as thermal_state
+from npujax.plan.workload import Workload as Workload
+from npujax.plan.workload import workloads as workloads
 
 __all__ = [
     "PipelineReport",

@@ -231,8 +231,8 @@ def _post_defaults(stage: HostStage, shape: Sequence[int]) -> dict[str, int]:
         elif stage.kind == "ctc" and len(dims) == 3:
             p.setdefault("steps", dims[1])
             p.setdefault("classes", dims[2])
-        elif stage.kind == "topk" and len(dims) == 2:
-            p.setdefault("classes", dims[1])
+        elif stage.kind == "topk" and len(dims) >= 2:
+            p.setdefault("classes", math.prod(dims[1:]))  # [N, classes] or [N, classes, 1, 1]
         else:
             raise ConfigError(f"host stage {stage}: give {', '.join(missing)} (the model's "
                               f"output shape {tuple(dims)} does not say them), e.g. "

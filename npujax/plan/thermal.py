@@ -195,7 +195,6 @@ def thermal_state(latency_s: Any, energy_j: Any, thermal: ThermalSpec, seconds: 
     cyc_power = x_heat * power[prev] + (1.0 - x_heat) * power[m]
     steady_lat = jnp.where(lc, cyc_lat, lat[m])
     steady_temp = jnp.where(lc, theta_m - h / 2.0, tss[m])
-    steady_power = jnp.where(lc, cyc_power, power[m])
 
     # at time t: the step whose interval holds t (climbing), else the operating point
     k = jnp.minimum(jnp.sum((start <= t) & (idx <= m)) - 1, m)
