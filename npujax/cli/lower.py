@@ -236,7 +236,7 @@ def _note_fusion_override(args: argparse.Namespace, preset_fusion: str, npu: str
 def run(args: argparse.Namespace) -> int:
     from npujax.hw import load_npu_spec
     from npujax.plan.lower import lower_dataflows
-    from npujax.report.lowering import print_lowering
+    from npujax.report.lowering import print_lowering, summary_line
     from npujax.workflows.inputs import load_model
     from npujax.workflows.lowering import import_onnx_for_lowering
 
@@ -324,6 +324,8 @@ def run(args: argparse.Namespace) -> int:
     if out is not None:
         with phase(f"lower: writing {out}", progress):
             _write(con, out, result, spec, extra)
+    # the headline last, where the terminal leaves the cursor (the tables above can be long)
+    con.print(summary_line(result.schedule, Path(args.model).name, spec.name), soft_wrap=True)
     return 0
 
 

@@ -90,6 +90,7 @@ __all__ = [
     "differentiable_spec",
     "as_spec",
     "spec_to_toml",
+    "preset_text",
 ]
 
 #: Activation layouts an NPU may keep in its memory.
@@ -777,6 +778,29 @@ def list_presets() -> list[str]:
     return sorted(p.name[:-5] for p in files.iterdir() if p.name.endswith(".toml"))
 
 
+def preset_text(preset: str | os.PathLike[str]) -> tuple[str, str]:
+    """The TOML text of a preset file or installed preset, and a name for it in messages.
+
+    Raises:
+      ConfigError: neither a file nor an installed preset, or not UTF-8.
+    """
+    path = Path(preset)
+    if path.is_file():
+        raw, origin = path.read_bytes(), str(path)
+    elif str(preset) in list_presets():
+        res = importlib.resources.files("npujax.presets").joinpath(f"{preset}.toml")
+        raw, origin = res.read_bytes(), f"preset {preset!r}"
+    else:
+        raise ConfigError(
+            f"hardware preset {str(preset)!r} not found: it is neither a file nor an installed "
+            f"preset. Pass a path to a .toml file or one of: {', '.join(list_presets())}."
+        )
+    try:
+        return raw.decode("utf-8"), origin
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{origin} is not valid TOML: {e}.") from None
+
+
 def load_npu_spec(preset: str | os.PathLike[str]) -> NpuSpec:
     """Load and validate a hardware preset.
 
@@ -790,20 +814,10 @@ def load_npu_spec(preset: str | os.PathLike[str]) -> NpuSpec:
     Raises:
       ConfigError: the file does not exist, is not valid TOML, or fails validation.
     """
-    path = Path(preset)
-    if path.is_file():
-        text, origin = path.read_bytes(), str(path)
-    elif str(preset) in list_presets():
-        res = importlib.resources.files("npujax.presets").joinpath(f"{preset}.toml")
-        text, origin = res.read_bytes(), f"preset {preset!r}"
-    else:
-        raise ConfigError(
-            f"hardware preset {str(preset)!r} not found: it is neither a file nor an installed "
-            f"preset. Pass a path to a .toml file or one of: {', '.join(list_presets())}."
-        )
+    text, origin = preset_text(preset)
     try:
-        data = tomllib.loads(text.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{origin} is not valid TOML: {e}.") from None
     return npu_spec_from_dict(data, origin)
 
@@ -834,28 +848,75 @@ def _toml_value(v: Any) -> str:
     return repr(float(v))  # shortest round-trip form: '6400000000.0', '1e-07' are valid TOML
 
 
-def spec_to_toml(spec: NpuSpec, header: str = "") -> str:
+def _check_concrete(section: str, key: str, value: Any) -> None:
+    if not isinstance(value, (str, int, float, tuple, list)):
+        raise ConfigError(f"spec_to_toml: {section}.{key} is a {type(value).__name__}, "
+                          "not a number; write a concrete spec (not a traced or stacked one).")
+
+
+def spec_to_toml(spec: NpuSpec, header: str = "", *, base: str | os.PathLike[str] | None = None,
+                 notes: Mapping[str, str] | None = None) -> str:
     """``spec`` as a preset file that :func:`load_npu_spec` reads back to an equal spec.
+
+    Without ``base`` the file lists every section and key, defaults included. With ``base`` (the
+    preset ``spec`` was derived from, e.g. the one a fit started from) it is that preset's own
+    text, comments, sources and order kept, with only the keys whose values differ rewritten;
+    each rewritten key carries an end-of-line comment (``notes[\"section.key\"]``, else
+    ``changed from <old value>``) followed by the base line's own comment.
 
     Args:
       spec: a validated spec with Python-number fields (not traced or stacked arrays).
       header: comment text put at the top (each line prefixed with ``#``), e.g. the source.
+      base: a preset name or TOML path (:func:`load_npu_spec`).
+      notes: end-of-line comments for changed keys, keyed ``"section.key"``.
 
     Returns:
-      The TOML text (every section and key, defaults included).
+      The TOML text.
 
     Raises:
-      ConfigError: a field is not a Python number or string (a traced or batched spec).
+      ConfigError: a field is not a Python number or string (a traced or batched spec), or
+        ``base`` cannot be read.
     """
     lines = [f"# {line}".rstrip() for line in header.splitlines()]
+    if base is not None:
+        return "\n".join(lines + [_edit_preset(spec, base, notes or {})])
     lines += [f"name = {_toml_value(spec.name)}",
               f"description = {_toml_value(spec.description)}"]
     for section in _SECTIONS:
         lines += ["", f"[{section}]"]
         for key, value in dataclasses.asdict(getattr(spec, section)).items():
-            if not isinstance(value, (str, int, float, tuple, list)):
-                raise ConfigError(f"spec_to_toml: {section}.{key} is a {type(value).__name__}, "
-                                  "not a number; write a concrete spec (not a traced or stacked "
-                                  "one).")
+            _check_concrete(section, key, value)
             lines.append(f"{key} = {_toml_value(value)}")
     return "\n".join(lines) + "\n"
+
+
+def _edit_preset(spec: NpuSpec, base: str | os.PathLike[str], notes: Mapping[str, str]) -> str:
+    """The base preset's TOML with the keys where ``spec`` differs rewritten (tomlkit keeps
+    the comments and layout of everything else)."""
+    import tomlkit
+
+    text, origin = preset_text(base)
+    doc = tomlkit.parse(text)
+    old = npu_spec_from_dict(tomllib.loads(text), origin)
+
+    def put(table: Any, key: str, value: Any, was: Any, note: str | None) -> None:
+        item = tomlkit.item(list(value) if isinstance(value, tuple) else value)
+        prior = table[key].trivia.comment.lstrip("# ").strip() if key in table else ""
+        comment = note or f"changed from {_toml_value(was)}"
+        item.comment(f"{comment}; {prior}" if prior else comment)
+        table[key] = item
+
+    for key in ("name", "description"):
+        if getattr(spec, key) != getattr(old, key):
+            put(doc, key, getattr(spec, key), getattr(old, key), notes.get(key))
+    for section in _SECTIONS:
+        new_values = dataclasses.asdict(getattr(spec, section))
+        old_values = dataclasses.asdict(getattr(old, section))
+        for key, value in new_values.items():
+            _check_concrete(section, key, value)
+            if value == old_values[key]:
+                continue
+            if section not in doc:
+                doc[section] = tomlkit.table()
+            put(doc[section], key, value, old_values[key], notes.get(f"{section}.{key}"))
+    return tomlkit.dumps(doc)

@@ -56,6 +56,7 @@ class FitRun:
     before: dict[str, float]
     after: dict[str, float]
     preset_only: dict[str, float] | None
+    base: str | None = None
 
 
 def load_model_graphs(model: str | os.PathLike[str],
@@ -142,7 +143,8 @@ def fit_profile(
         preset_only = fit_metrics(result.measured_s, alone)
     return FitRun(model_name, prof, matched, layers, spec, result,
                   fit_metrics(result.measured_s, result.before_s),
-                  fit_metrics(result.measured_s, result.after_s), preset_only)
+                  fit_metrics(result.measured_s, result.after_s), preset_only,
+                  None if isinstance(npu, NpuSpec) else str(npu))
 
 
 def _fmt(v: float) -> str:
@@ -266,7 +268,8 @@ def write_fit(out: str | Path, run: FitRun) -> list[str]:
               f"{Path(run.profile.source).name} of {Path(run.model).name}.\n"
               f"Fitted fields: {', '.join(r.fields)}; MAPE {run.before['mape']:.2f} % -> "
               f"{run.after['mape']:.2f} %, Spearman {run.after['spearman']:.3f}." + extra)
-    atomic_write_text(out / "fitted.toml", spec_to_toml(r.spec, header))
+    atomic_write_text(out / "fitted.toml", spec_to_toml(
+        r.spec, header, base=run.base, notes={f: "fitted by npujax fit" for f in r.fields}))
     write_json(out / "fit.json", fit_to_dict(run))
     rows = layer_rows(run)
     buf = io.StringIO()

@@ -52,6 +52,8 @@ class TableFitRun:
       start: the starting preset; result: the fit.
       bounds: ``[n]`` the bound of each model's slowest layer on the fitted preset
         (``compute``, ``memory``, ``transfer``, ``fallback``), and the share of its time.
+      base: the preset name or TOML path the fit started from (``fitted.toml`` keeps its
+        comments and sources); None when it started from an :class:`NpuSpec` object.
     """
 
     table: str
@@ -61,6 +63,7 @@ class TableFitRun:
     start: NpuSpec
     result: TableFitResult
     bounds: tuple[str, ...]
+    base: str | None = None
 
 
 def table_graph(row: TableRow) -> Graph:
@@ -169,7 +172,8 @@ def fit_benchmark_table(
     result = fit_table(models, spec, fields, bits=bits, cross_validate=cross_validate,
                        name=name, progress=progress)
     bounds = tuple(model_bound(m, result.spec, bits) for m in models)
-    return TableFitRun(str(table), group, tuple(used), tuple(skipped), spec, result, bounds)
+    return TableFitRun(str(table), group, tuple(used), tuple(skipped), spec, result, bounds,
+                       None if isinstance(npu, NpuSpec) else str(npu))
 
 
 def model_bound(model: TableModel, spec: NpuSpec, bits: int = 8) -> str:
@@ -258,7 +262,10 @@ def write_table_fit(out: str | Path, run: TableFitRun) -> list[str]:
     kept = ", ".join(k for k, v in r.identifiable.items() if v) or "none identified"
     header = (f"fitted by npujax fit --table {Path(run.table).name} "
               f"({len(run.rows)} models, fields: {kept})")
-    atomic_write_text(out / "fitted.toml", spec_to_toml(r.spec, header))
+    notes = {f: f"fitted by npujax fit --table (relative standard error "
+                f"{r.rel_std_err[f]:.0%})" for f in r.fields if r.identifiable[f]}
+    atomic_write_text(out / "fitted.toml", spec_to_toml(r.spec, header, base=run.base,
+                                                        notes=notes))
     rows = prediction_rows(run)
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else ["model"])

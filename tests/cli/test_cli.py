@@ -2,6 +2,7 @@
 program's own ``main``; ``test_help`` runs the real program in a separate process)."""
 
 import importlib.resources
+import json
 import re
 import subprocess
 import sys
@@ -96,6 +97,13 @@ def test_lower_writes_readable_outputs(saved_model, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "fallback" in r.stdout  # gemmini has no average pooling: it runs on the CPU
     assert "…" not in r.stdout  # a pipe gets whole table cells, never shortened ones
+    # the headline is the last line: the schedule's own total and its host layers
+    sched = json.loads((tmp_path / "o" / "schedule.json").read_text())
+    last = r.stdout.strip().splitlines()[-1]
+    host = sum(x["device"] != "npu" for x in sched["layers"])
+    assert last.startswith(f"{saved_model.name} on gemmini_16x16: "
+                           f"{sched['latency_s'] * 1e3:,.3f} ms per inference"), last
+    assert last.endswith(f"; {host} of {len(sched['layers'])} layers on the host") and host > 0
     mode = stat.S_IMODE(os.stat(tmp_path / "o" / "schedule.json").st_mode)
     umask = os.umask(0)
     os.umask(umask)

@@ -106,6 +106,26 @@ def test_every_preset_survives_the_toml_writer(tmp_path, preset):
     assert load_npu_spec(path) == spec
 
 
+def test_toml_writer_on_a_base_keeps_its_comments_and_rewrites_only_changed_keys(tmp_path):
+    base = tmp_path / "base.toml"
+    base.write_text(spec_to_toml(load_npu_spec("coral_edgetpu")).replace(
+        "[memory]", "# the memory, from the datasheet\n[memory]"))
+    text = base.read_text()
+    spec = load_npu_spec(base).with_fields({"memory.dram_bytes_per_s": 5.09e8,
+                                            "array.rows": 32})
+    out = spec_to_toml(spec, "fitted", base=base,
+                       notes={"memory.dram_bytes_per_s": "fitted, +-20 %"})
+    assert out.startswith("# fitted\n") and "# the memory, from the datasheet" in out
+    changed = [ln for ln in out.splitlines()[1:] if ln not in text.splitlines()]
+    assert len(changed) == 2, changed  # only the two keys, each with its comment
+    assert any("dram_bytes_per_s = 509000000.0 # fitted, +-20 %" in ln for ln in changed)
+    assert any(ln.startswith("rows = 32 # changed from 64") for ln in changed)
+    path = tmp_path / "fitted.toml"
+    path.write_text(out)
+    assert load_npu_spec(path) == spec
+    assert spec_to_toml(load_npu_spec(base), base=base) == text  # nothing changed: same text
+
+
 def test_toml_writer_keeps_fitted_floats_exactly_and_refuses_traced_specs(tmp_path):
     spec = load_npu_spec("edge_16x16").with_fields(
         {"array.clock_hz": 700039120.321203, "memory.dram_latency_s": 1.234567891234e-7,

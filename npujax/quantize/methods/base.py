@@ -11,7 +11,7 @@ quantizer states) around calibration. Methods run in two stages:
                           (AdaRound, GPTQ); they may fix weight scales in ``qstate``.
 ========================  =====================================================================
 
-``npujax quantize`` and :func:`npujax.workflows.quantize` run every selected method of the first
+``npujax quantize`` runs every selected method of the first
 stage in the order given, calibrate, then every selected method of the second stage. A method is
 one file in this folder and one entry in :data:`npujax.quantize.methods.PTQ_METHODS`.
 """
@@ -30,6 +30,7 @@ from npujax.quantize.spec import QuantSpec
 __all__ = ["PTQMethod", "PTQStep", "Stage"]
 
 Stage = Literal["pre_calibration", "post_calibration"]
+"""When a method runs: before calibration (on the float model) or after it."""
 
 
 class PTQStep(NamedTuple):
