@@ -72,10 +72,13 @@ def sustained_lowering(graph: Graph, spec: NpuSpec, quant: QuantSpec | None, sec
     program each time) and the thermal model after ``seconds`` (:mod:`npujax.plan.thermal`).
 
     Args:
-      graph, spec, quant, dataflow, batch: as for :func:`npujax.lower` (``cold`` is that
-        lowering at the nominal clock, reused).
+      graph: the optimized graph, as for :func:`npujax.lower`.
+      spec: the NPU, with its ``[thermal]`` section (none: nothing throttles).
+      quant: the precision, as for :func:`npujax.lower`.
       seconds: time of continuous inference from ambient (s).
-      cold: the schedule at the nominal clock.
+      cold: the schedule at the nominal clock (that lowering, reused).
+      dataflow: as for :func:`npujax.lower`.
+      batch: as for :func:`npujax.lower`.
 
     Raises:
       ConfigError: ``seconds`` negative or not finite.
