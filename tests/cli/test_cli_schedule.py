@@ -141,9 +141,10 @@ def test_lower_sustained_and_host_stages(saved_models, tmp_path, capsys):
     schedule.json; the flags that would do nothing are refused."""
     from npujax.hw import load_npu_spec, spec_to_toml
 
-    hot = tmp_path / "hot.toml"  # the Dev Board with 3 W of static power: it must throttle
-    hot.write_text(spec_to_toml(load_npu_spec("coral_devboard").with_fields(
-        {"thermal.static_power_w": 3.0})))
+    hot = tmp_path / "hot.toml"  # 3 W of static power at 30 K/W: it must throttle
+    hot.write_text(spec_to_toml(load_npu_spec("edge_16x16").with_fields(
+        {"thermal.static_power_w": 3.0, "thermal.junction_to_ambient_k_per_w": 30.0,
+         "thermal.dvfs_thresholds_c": [85.0], "thermal.dvfs_clock_scales": [0.5]})))
     out = tmp_path / "o"
     code = main(["lower", saved_models[0], "--npu", str(hot), "--sustained", "300",
                  "--host-stage", "resize:from=64x48", "--host-stage", "topk:k=3",
