@@ -9,7 +9,7 @@ from npujax.explore.sweep import COLUMNS as COLUMNS
 from npujax.explore.sweep import SweepResult as SweepResult
 from npujax.explore.sweep import evaluate as evaluate
 from npujax.explore.sweep import evaluate_configs as evaluate_configs
-from npujax.explore.sweep import pareto_front as pareto_front
+from npujax.explore.pareto import pareto_front as pareto_front
 from npujax.explore.sweep import sweep as sweep
 
 __all__ = [

@@ -57,7 +57,7 @@ from npujax.plan.thermal import thermal_state
 from npujax.plan.workload import Workload
 
 __all__ = ["sweep", "evaluate", "evaluate_configs", "SweepResult", "COLUMNS", "INT_COLUMNS",
-           "pareto_front", "LAYER_CLASSES"]
+           "LAYER_CLASSES"]
 
 #: Layer classes reported separately: GEMMs on the array, other NPU layers on the vector unit,
 #: layers that fall back to the host CPU.
@@ -250,24 +250,6 @@ class SweepResult:
     def evaluations_per_s(self) -> float:
         """(configuration x layer) evaluations per second of wall time."""
         return len(self) * self.layers / self.seconds if self.seconds > 0 else math.inf
-
-
-def pareto_front(objectives: np.ndarray) -> np.ndarray:
-    """Indices of the Pareto-optimal rows of ``objectives`` ``[n, k]`` (all minimised): no
-    other row is at least as good in every objective and better in one. Rows with equal
-    objectives are all kept. Sorted by the first objective.
-    """
-    obj = np.asarray(objectives, np.float64)
-    order = np.lexsort(obj.T[::-1])
-    front: list[int] = []
-    for i in order:
-        if front:
-            f = obj[front]
-            dominated = np.all(f <= obj[i], axis=1) & np.any(f < obj[i], axis=1)
-            if dominated.any():
-                continue
-        front.append(int(i))
-    return np.asarray(front, np.int64)
 
 
 def _groups(grid: Grid, configs: np.ndarray) -> dict[tuple[int, ...], np.ndarray]:

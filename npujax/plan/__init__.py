@@ -7,6 +7,10 @@ and the host pipeline around the NPU (:mod:`npujax.plan.host_pipeline`); fitting
 measured profile (:mod:`npujax.plan.profile`, :mod:`npujax.plan.fit`).
 """
 
+from npujax.plan.buckets import BucketPlan as BucketPlan
+from npujax.plan.buckets import ShapeCosts as ShapeCosts
+from npujax.plan.buckets import bucket_plans as bucket_plans
+from npujax.plan.buckets import optimal_buckets as optimal_buckets
 from npujax.plan.coresident import SHARING as SHARING
 from npujax.plan.coresident import CoResidency as CoResidency
 from npujax.plan.coresident import ModelShare as ModelShare
@@ -15,6 +19,8 @@ from npujax.plan.costs import BREAKDOWN as BREAKDOWN
 from npujax.plan.costs import LayerCosts as LayerCosts
 from npujax.plan.costs import layer_costs as layer_costs
 from npujax.plan.costs import layer_costs_by_dataflow as layer_costs_by_dataflow
+from npujax.plan.decompose import Decomposition as Decomposition
+from npujax.plan.decompose import RewriteChoice as RewriteChoice
 from npujax.plan.fit import FitConfig as FitConfig
 from npujax.plan.fit import FitResult as FitResult
 from npujax.plan.fit import fit_spec as fit_spec
@@ -27,6 +33,7 @@ from npujax.plan.lower import EdgeReport as EdgeReport
 from npujax.plan.lower import LayerReport as LayerReport
 from npujax.plan.lower import Lowering as Lowering
 from npujax.plan.lower import Schedule as Schedule
+from npujax.plan.lower import decompose_unsupported as decompose_unsupported
 from npujax.plan.lower import layer_bits as layer_bits
 from npujax.plan.lower import lower as lower
 from npujax.plan.lower import lower_by_dataflow as lower_by_dataflow
@@ -74,6 +81,13 @@ __all__ = [
     "SustainedReport",
     "sustained",
     "thermal_state",
+    "BucketPlan",
+    "ShapeCosts",
+    "bucket_plans",
+    "optimal_buckets",
+    "Decomposition",
+    "RewriteChoice",
+    "decompose_unsupported",
     "AttentionChain",
     "AttentionCosts",
     "attention_chains",
