@@ -46,6 +46,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "npujax lower zoo:ppocr_det zoo:ppocr_cls --input-shape 1:x=1,3,640,640 "
             "--input-shape 2:x=1,3,48,192 --npu edge_16x16 --cores 2 --sharing core_partitioned",
             "npujax lower --scalesim-config scale.cfg --topology resnet18.csv --out reports/",
+            "npujax lower keras:MobileNetV2 --npu coral_devboard --sustained 300",
+            "npujax lower det.onnx --npu coral_devboard --host-stage resize:from=1920x1080 "
+            "--host-stage normalize --host-stage nms:candidates=1000",
             "npujax lower decoder:qwen2.5-0.5b --phase decode --kv-len 1024 --npu "
             "datacenter_128x128 --weight-bits 4 --act-bits 16 --kv-bits 8",
             "npujax lower decoder:path/to/config.json --phase decode --batch 8 --kv-len "
@@ -112,6 +115,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     lo.add_argument("--sweep-resolution", action="store_true",
                     help="also lower at half and double the input resolution (ONNX models; "
                     "each model's with several)")
+    lo.add_argument("--sustained", type=_seconds, metavar="SECONDS",
+                    help="also the latency after SECONDS of continuous inference from cold, "
+                    "with the preset's [thermal] model: each DVFS step's latency, power and "
+                    "steady temperature, the time until the first throttle step and the "
+                    "steady state (a preset without [thermal] never throttles)")
+    lo.add_argument("--host-stage", action="append", metavar="KIND[:KEY=VALUE...]",
+                    help="a host stage of the pipeline around the NPU (repeat): "
+                    "resize:from=1920x1080 (camera frame WxH to the model's input), normalize, "
+                    "layout (HWC->CHW), nms[:boxes=N:classes=C:candidates=M], "
+                    "ctc[:steps=T:classes=V], topk[:classes=N:k=5] (sizes default to the "
+                    "model's output shape); prints the end-to-end latency, synchronous and "
+                    "double-buffered throughput and the bounding stage")
+    lo.add_argument("--zero-copy", action="store_true",
+                    help="with --host-stage: the NPU reads and writes the host's buffers, so "
+                    "the input and output copies cost nothing")
     lo.add_argument("--shapes", nargs="+", metavar="CSV|SHAPE:WEIGHT",
                     help="a distribution of input shapes (a CSV of shape,probability rows, or "
                     "tokens such as 48x160:3 48x320:1; a number is a sequence length or a "
@@ -166,7 +184,21 @@ _MODEL_FLAGS = ("input_shape", "fusion", "cores", "schedule", "objective", "shar
                 "seq_len", "kv_len", "kv_bits", "prefill_chunk", "weight_group_size",
                 "expert_loads", "ignore_config_field", "sweep_resolution", "npu", "dataflow",
                 "mapping", "weight_bits", "act_bits", "batch", "format", "shapes",
-                "unsupported", "compile_s")
+                "unsupported", "compile_s", "sustained", "host_stage", "zero_copy")
+
+
+def _seconds(text: str) -> float:
+    """A finite number of seconds >= 0 (``--sustained``)."""
+    import math
+
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"expected seconds of continuous inference (a number "
+                                         f">= 0), got {text!r}")
+    return v
 
 
 def _run_scalesim(args: argparse.Namespace) -> int:
@@ -217,6 +249,12 @@ def _check_flags(args: argparse.Namespace, models: int) -> None:
     if args.objective is not None and args.schedule != "best":
         raise ConfigError(f"--objective {args.objective} says what '--schedule best' optimises; "
                           "add --schedule best (or drop --objective).")
+    if args.zero_copy and not args.host_stage:
+        raise ConfigError("--zero-copy says the pipeline's copies are free; it needs "
+                          "--host-stage (or drop --zero-copy).")
+    if (args.sustained is not None or args.host_stage) and models > 1:
+        raise ConfigError("--sustained and --host-stage report one model's deployment; give "
+                          "one model.")
     if args.sharing is not None and models < 2:
         raise ConfigError(f"--sharing {args.sharing} says how several models share the NPU, but "
                           "one model was given; name two or more models (or drop --sharing).")
@@ -240,11 +278,15 @@ def run(args: argparse.Namespace) -> int:
     _check_flags(args, len(args.model))
     if args.format != "table" and (len(args.model) > 1 or args.sweep_resolution
                                    or args.shapes or args.schedule
-                                   or str(args.model[0]).startswith("decoder:")):
+                                   or str(args.model[0]).startswith("decoder:")
+                                   or args.sustained is not None or args.host_stage):
         raise ConfigError(f"--format {args.format} prints one model's schedule; give one "
-                          "model file, without --sweep-resolution or --schedule (their tables "
-                          "need --format table).")
+                          "model file, without --sweep-resolution, --schedule, --sustained or "
+                          "--host-stage (their tables need --format table).")
     if any(str(m).startswith("decoder:") for m in args.model):
+        if args.sustained is not None or args.host_stage:
+            raise ConfigError("--sustained and --host-stage are not implemented for a decoder "
+                              "step; lower the decoder's ONNX export.")
         if len(args.model) > 1:
             raise ConfigError("decoder:<config> is lowered on its own; give it as the only model.")
         args.model = args.model[0]
@@ -326,12 +368,40 @@ def run(args: argparse.Namespace) -> int:
     extra: dict[str, Any] = {"memory": memory.to_dict()}
     extra.update(_schedules_and_sweep(con, args, args.model, graph, lowered, spec, precision,
                                       onnx_model))
+    extra.update(_deployment(con, args, graph, lowered, spec, precision, result.schedule,
+                             abits, batch))
     if out is not None:
         with phase(f"lower: writing {out}", progress):
             _write(con, out, result, spec, extra)
     # the headline last, where the terminal leaves the cursor (the tables above can be long)
     con.print(summary_line(result.schedule, Path(args.model).name, spec.name), soft_wrap=True)
     return 0
+
+
+def _deployment(con: Any, args: argparse.Namespace, graph: Any, lowered: Any, spec: Any,
+                precision: Any, schedule: Any, abits: Any, batch: int | None
+                ) -> dict[str, Any]:
+    """``--sustained`` and ``--host-stage``: printed, and returned for schedule.json."""
+    from npujax.plan.host_pipeline import parse_host_stage
+    from npujax.report.lowering import print_host_pipeline, print_sustained
+    from npujax.workflows.lowering import pipeline_lowering, sustained_lowering
+
+    extra: dict[str, Any] = {}
+    if args.host_stage:
+        stages = [parse_host_stage(s) for s in args.host_stage]
+        act = abits if isinstance(abits, int) else 8
+        rep = pipeline_lowering(lowered, spec, schedule, stages, act_bits=act,
+                                zero_copy=args.zero_copy)
+        print_host_pipeline(con, rep)
+        extra["host_pipeline"] = rep.to_dict()
+    if args.sustained is not None:
+        steps = len(spec.thermal.dvfs_clock_scales)
+        with phase(f"lower: {steps} throttled clock(s) for --sustained", not args.no_progress):
+            sus = sustained_lowering(graph, spec, precision(graph), args.sustained, schedule,
+                                     dataflow=args.dataflow, batch=batch)
+        print_sustained(con, sus)
+        extra["sustained"] = sus.to_dict()
+    return extra
 
 
 def _precision_fn(wbits: Any, abits: Any):

@@ -32,6 +32,7 @@ from npujax.errors import CalibrationError, ConfigError
 from npujax.ir.execute import execute, tap
 from npujax.ir.graph import Graph, Params
 from npujax.numerics import IntFormat
+from npujax.quantize.ptq import sqnr_db
 from npujax.quantize.spec import LayerQuant, QuantSpec
 
 __all__ = ["LayerSensitivity", "sensitivity_split", "sensitivity_order"]
@@ -70,14 +71,6 @@ class LayerSensitivity(NamedTuple):
     def dominant(self) -> str:
         """``"weights"`` or ``"activations"``: the operand whose quantization costs more."""
         return "weights" if self.weight_sqnr_db <= self.act_sqnr_db else "activations"
-
-
-def _sqnr_db(signal: float, noise: float) -> float:
-    if noise <= 0.0:
-        return math.inf
-    if signal <= 0.0:
-        return -math.inf
-    return 10.0 * math.log10(signal / noise)
 
 
 def _int_bits(fmt: Any) -> int | None:
@@ -180,10 +173,10 @@ def sensitivity_split(
     rows = []
     for n in names:
         lq = quant[n]
-        w = _sqnr_db(acc["signal"], acc[f"{n}/weight"]) if f"{n}/weight" in acc else math.inf
-        a = _sqnr_db(acc["signal"], acc[f"{n}/act"]) if f"{n}/act" in acc else math.inf
+        w = sqnr_db(acc["signal"], acc[f"{n}/weight"]) if f"{n}/weight" in acc else math.inf
+        a = sqnr_db(acc["signal"], acc[f"{n}/act"]) if f"{n}/act" in acc else math.inf
         wf = lq.weight_candidates[0] if lq.weight_candidates else None
-        whole = _sqnr_db(acc[f"{n}/out_signal"], acc[f"{n}/out_noise"]) if whole_model \
+        whole = sqnr_db(acc[f"{n}/out_signal"], acc[f"{n}/out_noise"]) if whole_model \
             else None
         rows.append(LayerSensitivity(n, graph.node(n).op, _int_bits(wf), _int_bits(lq.act),
                                      w, a, whole))

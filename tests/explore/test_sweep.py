@@ -283,3 +283,23 @@ def test_figures_do_not_depend_on_the_batch(graph, edge):
     few = evaluate(layers, edge, {k: v[:5] for k, v in changes.items()}, bits[:5])  # of 8
     for k, v in few.items():
         np.testing.assert_array_equal(v, many[k][:5], err_msg=k)
+
+
+def test_sweep_sustained_latency_agrees_with_lower(graph, edge):
+    """The sweep's sustained_latency_s (the thermal model in its vmapped program) is the one
+    lower --sustained reports: the same cost program at each DVFS clock."""
+    from npujax.plan.thermal import sustained, thermal_state
+
+    spec = edge.with_fields({"thermal.junction_to_ambient_k_per_w": 10.0,
+                             "thermal.static_power_w": 4.0,
+                             "thermal.dvfs_thresholds_c": [40.0],
+                             "thermal.dvfs_clock_scales": [0.5]})
+    res = sweep(graph, spec, {"array.rows": [16]})
+    rep = sustained(spec, 1e6, lambda s: ((x := lower(graph, s)).latency_s, x.energy_j))
+    assert rep.state.first_throttle_s < 1e6  # it does throttle
+    col = res.columns
+    assert col["sustained_latency_s"][0] == pytest.approx(rep.state.steady_latency_s, rel=1e-9)
+    assert col["sustained_latency_s"][0] > col["latency_s"][0]
+    assert col["steady_temperature_c"][0] == pytest.approx(rep.state.steady_temperature_c,
+                                                           rel=1e-9)
+    assert thermal_state  # the model both consumers call
