@@ -24,7 +24,6 @@ log = logging.getLogger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    DECODER_CONFIGS = names("npujax.models.transformer", "DECODER_CONFIGS")
     DATAFLOWS = names("npujax.systolic.dataflow", "DATAFLOWS")
     MAPPINGS = names("npujax.systolic.mapping", "MAPPINGS")
 
@@ -51,7 +50,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "npujax lower det.onnx --npu coral_devboard --host-stage resize:from=1920x1080 "
             "--host-stage normalize --host-stage nms:candidates=1000",
             "npujax lower decoder:qwen2.5-0.5b --phase decode --kv-len 1024 --npu "
-            "datacenter_128x128 --weight-bits 4 --act-bits 16 --kv-bits 8"),
+            "datacenter_128x128 --weight-bits 4 --act-bits 16 --kv-bits 8",
+            "npujax lower decoder:path/to/config.json --phase decode --batch 8 --kv-len "
+            "512,512,1024,1024,2048,2048,4096,4096 --npu datacenter_128x128"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     lo.intermixed = True  # models may follow options: `npujax lower --npu X A.onnx B.onnx`
     FUSION_LEVELS = names("npujax.hw.spec", "FUSION_LEVELS")
@@ -63,9 +64,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "zoo:ppocr_rec, a "
                     "model.npz written by 'npujax demo', a Keras application "
                     "keras:NAME[:key=value...] (e.g. keras:MobileNet:alpha=0.25:input_shape="
-                    "160x160x3; random weights; the keras extra), or decoder:<config> (the "
-                    "reference "
-                    f"LLM decoder at the shapes of {', '.join(sorted(DECODER_CONFIGS))}); "
+                    "160x160x3; random weights; the keras extra), or decoder:NAME|config.json (an "
+                    "LLM from its Hugging Face config.json, or the shipped qwen2.5-0.5b, "
+                    "llama-3.2-1b, llama-3.1-8b, tiny; from shapes, no weights); "
                     "several models share the NPU (none with --topology)")
     lo.add_argument("--input-shape", action="append", metavar="[I:]NAME=1,3,224,224",
                     help="static shape of an ONNX input (repeat for several inputs); with several "
@@ -91,8 +92,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "--kv-len cached positions (default: prefill)")
     lo.add_argument("--seq-len", type=positive_int, default=128,
                     help="decoder: prompt tokens per sequence (default 128)")
-    lo.add_argument("--kv-len", type=positive_int, default=1024,
-                    help="decoder: cached positions of a decode step (default 1024)")
+    lo.add_argument("--kv-len", default="1024",
+                    help="decoder: cached positions of a decode step: one length for every "
+                    "sequence, one per sequence (512,1024,2048: the batch) or a file of "
+                    "lengths (default 1024)")
+    lo.add_argument("--prefill-chunk", type=positive_int,
+                    help="decoder: chunked prefill, tokens per chunk (each chunk attends to "
+                    "the ones before; time to first token is their sum)")
+    lo.add_argument("--weight-group-size", type=positive_int,
+                    help="decoder: input channels per weight scale (e.g. 128 for int4 "
+                    "GPTQ/AWQ-style weights): adds the scales' bytes")
+    lo.add_argument("--expert-loads", metavar="F1,F2,...|FILE",
+                    help="decoder, mixture of experts: measured per-expert fractions (or "
+                    "token counts) of the routed assignments, instead of uniform routing")
+    lo.add_argument("--ignore-config-field", action="append", metavar="NAME",
+                    help="decoder: a config.json field you know changes no shape (npujax "
+                    "refuses unknown fields rather than guess)")
     lo.add_argument("--kv-bits", type=positive_int, default=8,
                     help="decoder: width of the KV cache, the K/V operand of each decode "
                     "attention MatMul; the query and the softmax output take --act-bits "
@@ -166,7 +181,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 #: The destinations of the options that only a model lowering reads (SCALE-Sim mode takes its
 #: array, dataflow and layers from the config and topology, and refuses them).
 _MODEL_FLAGS = ("input_shape", "fusion", "cores", "schedule", "objective", "sharing", "phase",
-                "seq_len", "kv_len", "kv_bits", "sweep_resolution", "npu", "dataflow",
+                "seq_len", "kv_len", "kv_bits", "prefill_chunk", "weight_group_size",
+                "expert_loads", "ignore_config_field", "sweep_resolution", "npu", "dataflow",
                 "mapping", "weight_bits", "act_bits", "batch", "format", "shapes",
                 "unsupported", "compile_s", "sustained", "host_stage", "zero_copy")
 
@@ -255,12 +271,6 @@ def _note_fusion_override(args: argparse.Namespace, preset_fusion: str, npu: str
 
 
 def run(args: argparse.Namespace) -> int:
-    from npujax.hw import load_npu_spec
-    from npujax.plan.lower import lower_dataflows
-    from npujax.report.lowering import print_lowering, summary_line
-    from npujax.workflows.inputs import load_model
-    from npujax.workflows.lowering import import_onnx_for_lowering
-
     if args.scalesim_config or args.topology:
         return _run_scalesim(args)
     if not args.model:
@@ -281,6 +291,12 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("decoder:<config> is lowered on its own; give it as the only model.")
         args.model = args.model[0]
         return _run_decoder(args)
+    from npujax.hw import load_npu_spec
+    from npujax.plan.lower import lower_dataflows
+    from npujax.report.lowering import print_lowering, summary_line
+    from npujax.workflows.inputs import load_model
+    from npujax.workflows.lowering import import_onnx_for_lowering
+
     saved = args.weight_bits == ["saved"]
     wbits = bits_spec(args.weight_bits) if args.weight_bits and not saved else 8
     abits = bits_spec(args.act_bits) if args.act_bits else 8
@@ -590,21 +606,63 @@ def _run_many(args: argparse.Namespace, spec: Any, wbits: Any, abits: Any,
     return 0
 
 
+def _kv_lens(spec: str, batch: int | None) -> list[int]:
+    """``--kv-len``: one length, a comma list (one per sequence) or a file of lengths (one
+    per line or comma-separated), matched against ``--batch``.
+
+    Raises:
+      ConfigError: an unreadable file, a non-integer or negative length, or a count that is
+        neither 1 nor ``--batch``.
+    """
+    text = spec
+    if not all(c.isdigit() or c in ", " for c in spec.strip()):
+        try:
+            text = Path(spec).read_text()
+        except OSError as e:
+            raise ConfigError(f"--kv-len {spec!r} is neither lengths (1024 or 512,1024) nor a "
+                              f"readable file: {e.strerror or e}.") from e
+    parts = [p for p in text.replace(",", " ").split() if p]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise ConfigError(f"--kv-len must be non-negative integers, got {spec!r}.")
+    lens = [int(p) for p in parts]
+    if len(lens) == 1:
+        return lens * (batch or 1)
+    if batch is not None and batch != len(lens):
+        raise ConfigError(f"--kv-len gives {len(lens)} lengths (one per sequence) but --batch "
+                          f"is {batch}; give one length, or one per sequence.")
+    return lens
+
+
+def _expert_loads(spec: str | None) -> list[float] | None:
+    """``--expert-loads``: per-expert fractions or counts, a comma list or a file."""
+    if spec is None:
+        return None
+    text = spec
+    if not all(c.isdigit() or c in ",. e-" for c in spec.strip()):
+        try:
+            text = Path(spec).read_text()
+        except OSError as e:
+            raise ConfigError(f"--expert-loads {spec!r} is neither numbers nor a readable "
+                              f"file: {e.strerror or e}.") from e
+    try:
+        return [float(p) for p in text.replace(",", " ").split()]
+    except ValueError as e:
+        raise ConfigError(f"--expert-loads must be numbers (one per routed expert): {e}.") \
+            from e
+
+
 def _run_decoder(args: argparse.Namespace) -> int:
-    """``npujax lower decoder:<config>``: a prefill or decode step of the reference decoder."""
+    """``npujax lower decoder:<name or config.json>``: a prefill or decode step of a batch."""
     from npujax.hw import load_npu_spec
-    from npujax.models.decoders import decoder_figures, decoder_graph, decoder_precision
-    from npujax.models.transformer import DECODER_CONFIGS
-    from npujax.plan.lower import lower_dataflows
+    from npujax.models.hf_config import load_decoder
+    from npujax.models.serving import lower_decoder
     from npujax.report.lowering import print_attention, print_lowering, write_lowering
 
     name = str(args.model).split(":", 1)[1]
-    if name not in DECODER_CONFIGS:
-        raise ConfigError(f"unknown decoder config {name!r}; use one of "
-                          f"{sorted(DECODER_CONFIGS)}.")
-    if args.input_shape or args.sweep_resolution:
-        raise ConfigError("--input-shape and --sweep-resolution apply to .onnx models; a "
-                          "decoder's shapes are --seq-len, --kv-len and --batch.")
+    if args.input_shape or args.sweep_resolution or args.shapes or args.compile_s is not None:
+        raise ConfigError("--input-shape, --sweep-resolution, --shapes and --compile-s apply to "
+                          ".onnx models; a decoder's shapes are --seq-len, --kv-len and "
+                          "--batch.")
     if args.schedule:
         raise ConfigError(f"--schedule {args.schedule} is not implemented for a decoder (it "
                           "would be ignored); drop it, or lower the decoder's ONNX export.")
@@ -615,28 +673,77 @@ def _run_decoder(args: argparse.Namespace) -> int:
             raise ConfigError(f"{what} for a decoder is one width for every linear layer, "
                               f"got {v}.")
         widths.append(b)
-    cfg = DECODER_CONFIGS[name]
-    batch = args.batch or 1
+    if args.phase == "decode" and args.prefill_chunk:
+        raise ConfigError("--prefill-chunk applies to --phase prefill.")
+    cfg = load_decoder(name, ignore=args.ignore_config_field or ())
+    lens = _kv_lens(args.kv_len, args.batch)
+    if args.phase == "prefill" and len(set(lens)) > 1:
+        raise ConfigError("--kv-len with one length per sequence sets a decode batch; a "
+                          "prefill's batch is --batch (its prompts are --seq-len tokens).")
+    loads = _expert_loads(args.expert_loads)
+    if loads is not None and not cfg.moe_layers:
+        raise ConfigError(f"--expert-loads applies to a mixture of experts; {name} is dense.")
     spec = load_npu_spec(args.npu)
+    if args.unsupported:
+        spec = spec.with_fields({"ops.unsupported": args.unsupported})
     progress = not args.no_progress
-    with phase(f"lower: tracing the {name} decoder ({args.phase})", progress):
-        graph = decoder_graph(cfg, phase=args.phase, seq_len=args.seq_len, kv_len=args.kv_len,
-                              batch=batch)
-    quant = decoder_precision(graph, widths[0], widths[1], args.kv_bits)
-    with phase(f"lower: costing {len(graph.nodes)} nodes on {spec.name}", progress):
-        result = lower_dataflows(graph, spec, quant, dataflow=args.dataflow)
-    fig = decoder_figures(result.schedule, cfg, phase=args.phase, seq_len=args.seq_len,
-                          kv_len=args.kv_len, batch=batch, kv_bits=args.kv_bits, spec=spec)
+    with phase(f"lower: the {name} decoder ({args.phase}, {len(lens)} sequences) from its "
+               f"shapes on {spec.name}", progress):
+        result, rep = lower_decoder(
+            cfg, spec, phase=args.phase, seq_len=args.seq_len,
+            kv_lens=lens if args.phase == "decode" else [0] * len(lens),
+            weight_bits=widths[0], act_bits=widths[1], kv_bits=args.kv_bits,
+            weight_group_size=args.weight_group_size or 0,
+            prefill_chunk=args.prefill_chunk or 0, expert_loads=loads, dataflow=args.dataflow)
+    from npujax.models.decoders import decoder_figures
+
+    first = rep.prefill_chunk if len(rep.chunk_latency_s) > 1 else args.seq_len
+    fig = decoder_figures(result.schedule, cfg, phase=args.phase, seq_len=first,
+                          kv_len=max(lens), batch=len(lens), kv_bits=args.kv_bits, spec=spec)
     con = console()
+    lens_text = (str(lens[0]) if len(set(lens)) == 1 else f"{min(lens)}-{max(lens)}")
     shape = (f"{args.seq_len} tokens" if args.phase == "prefill"
-             else f"1 token, {args.kv_len} cached")
-    print_lowering(con, result, f"{name} {args.phase} ({shape}, batch {batch}) on {spec.name} "
-                                f"({result.schedule.dataflow})")
-    con.print(f"{args.phase}: {result.schedule.latency_s * 1e3:,.3f} ms per step, "
-              f"{fig.tokens_per_s:,.1f} tokens/s; KV cache read per token: "
-              f"{fig.kv_cache_bytes_per_token:,.0f} bytes ({args.kv_bits}-bit); weights "
-              f"{widths[0]}-bit, activations {widths[1]}-bit")
-    con.print(f"roofline: {fig.roofline_s * 1e3:,.3f} ms ({fig.bound}-bound; "
+             else f"1 token, {lens_text} cached")
+    chunk = (f", first of {len(rep.chunk_latency_s)} chunks of {args.prefill_chunk}"
+             if len(rep.chunk_latency_s) > 1 else "")
+    name = Path(name).name if name.endswith(".json") else name
+    print_lowering(con, result, f"{name} {args.phase} ({shape}, batch {len(lens)}{chunk}) on "
+                                f"{spec.name} ({result.schedule.dataflow})")
+    gib = 2.0 ** 30
+    if args.phase == "prefill":
+        con.print(f"prefill: time to first token {rep.ttft_s * 1e3:,.3f} ms"
+                  + (f" ({len(rep.chunk_latency_s)} chunks: "
+                     + ", ".join(f"{c * 1e3:,.2f}" for c in rep.chunk_latency_s) + " ms)"
+                     if len(rep.chunk_latency_s) > 1 else "")
+                  + f"; {rep.tokens_per_s_per_sequence:,.1f} tokens/s per sequence, "
+                  f"{rep.tokens_per_s:,.1f} in aggregate")
+    else:
+        con.print(f"decode: {rep.latency_s * 1e3:,.3f} ms per step, "
+                  f"{rep.tokens_per_s_per_sequence:,.1f} tokens/s per sequence, "
+                  f"{rep.tokens_per_s:,.1f} in aggregate; KV cache read per token: "
+                  f"{rep.kv_cache_bytes_per_token:,.0f} bytes ({args.kv_bits}-bit)")
+    con.print(f"weights {widths[0]}-bit"
+              + (f" (groups of {args.weight_group_size}: {rep.scale_bytes_per_step / 1e6:,.2f}"
+                 f" MB of scales per step, not in the modelled latency: +"
+                 f"{rep.scale_bytes_per_step / spec.memory.dram_bytes_per_s * 1e3:,.3f} ms at "
+                 "the DRAM bandwidth)" if args.weight_group_size else "")
+              + f", activations {widths[1]}-bit; {rep.parameters / 1e9:,.3f} B parameters; "
+              f"weights read per step {rep.weight_bytes_per_step / 1e6:,.1f} MB")
+    if cfg.moe_layers:
+        step_tokens = (1 if args.phase == "decode"
+                       else min(args.prefill_chunk or args.seq_len, args.seq_len))
+        con.print(f"mixture of experts: {rep.expected_experts:,.2f} of {cfg.experts} experts "
+                  f"touched per MoE layer in expectation ("
+                  + ("measured loads" if loads else f"uniform top-{cfg.experts_per_token}")
+                  + f", {len(lens) * step_tokens} tokens a step);"
+                  " costed as " + " and ".join(f"{d} (weight {w:.2f})"
+                                               for d, w in rep.costed_experts))
+    cap = (f"{rep.dram_capacity_bytes / gib:,.2f} GiB" if rep.dram_capacity_bytes
+           else "not stated by the preset (memory.dram_bytes)")
+    con.print(f"memory: weights {rep.weights_bytes / gib:,.3f} GiB + KV cache "
+              f"{rep.kv_cache_bytes / gib:,.3f} GiB; DRAM capacity {cap}")
+    con.print(("the first chunk's roofline" if len(rep.chunk_latency_s) > 1 else "roofline")
+              + f": {fig.roofline_s * 1e3:,.3f} ms ({fig.bound}-bound; "
               f"{fig.arithmetic_intensity:,.1f} MACs/byte vs ridge "
               f"{spec.ridge_macs_per_byte:,.1f}); modelled / roofline = "
               f"{result.schedule.latency_s / fig.roofline_s:,.2f}")
@@ -646,6 +753,7 @@ def _run_decoder(args: argparse.Namespace) -> int:
         from npujax._atomic import staged_dir
 
         with staged_dir(out) as stage:
-            names = write_lowering(stage, result, spec, {"decoder": fig.to_dict()})
+            names = write_lowering(stage, result, spec, {"decoder": fig.to_dict(),
+                                                         "serving": rep.to_dict()})
         con.print(f"wrote {', '.join(str(out / n) for n in names)}")
     return 0
