@@ -7,7 +7,8 @@ Usage: python experiments/transformer_quant/attention_fusion.py [--config qwen2.
 
 Builds the decoder's graph from the shapes of a public config (no weights;
 ``npujax.models.llm_graph``) once per prompt length, lowers it at W8A8 on each preset with
-and without attention fusion and prints the markdown table of docs/results/transformers.md ("Attention fusion").
+and without attention fusion and prints the markdown table of docs/results/transformers.md
+("Attention fusion").
 """
 
 from __future__ import annotations
