@@ -1,0 +1,286 @@
+"""npujax vs LLMCompass: per-operator and per-block LLM prefill and decode latency, same A100.
+
+Usage (npujax with the main environment's python, LLMCompass in its own venv, a subprocess):
+
+    python3 -m venv /work/venv-llmcompass
+    /work/venv-llmcompass/bin/pip install numpy scipy pandas scalesim
+    # LLMCompass source (PrincetonUniversity/LLMCompass) unpacked at --llmcompass-src
+    python experiments/llmcompass/compare.py --llmcompass-src /work/llmcompass-src \\
+        --llmcompass-python /work/venv-llmcompass/bin/python [--reuse] [--out DIR]
+
+LLMCompass (Zhang et al., "LLMCompass: Enabling Efficient Hardware Design for Large Language
+Model Inference", ISCA 2024) simulates a GPT-style transformer block (its
+``software_model/transformer.py``: ``TransformerBlockInitComputationTP`` for a prefill,
+``TransformerBlockAutoRegressionTP`` for a decode step) on a system described by a JSON file;
+we use its own ``configs/GA100.json`` with one device (no tensor parallelism, no all-reduce)
+and its fastest mapping search, ``heuristic-GPU``. npujax lowers the same block from a
+hand-written ``config.json`` (``configs/*.json`` here: ``d_model``, ``n_heads`` = key-value
+heads, FFN ``4 d_model``, one layer) on ``a100_llmcompass.toml``, a preset carrying the same
+hardware numbers. LLMCompass's block is GPT's (LayerNorm, a plain GELU FFN, no rotary
+embedding); npujax reads Llama-family configs (RMSNorm, a gated FFN, RoPE), so the blocks share
+these operators, compared one for one: the Q/K/V projections, Q.K^T, softmax, A.V, the output
+projection, the FFN's up and down projections (d x 4d and 4d x d in both), GELU and the two
+norms. What only npujax has (the FFN's gate projection and gate product, RoPE, the score
+scaling, the residual adds, the KV-cache append, the layout transposes around the attention
+matmuls) is listed separately and left out of the matched block total.
+
+LLMCompass adds a measured kernel-launch overhead to every operator
+(``hardware_model/compute_module.py``, ``overhead_dict["A100"]``); npujax has no such field, so
+the table gives LLMCompass with and without it and the ratio against the latter.
+
+Each LLMCompass prefill takes minutes on a shared CPU (the heuristic search); ``--reuse`` reads
+the per-case results an earlier run saved in ``--out`` (``llmcompass_raw.json``) instead of
+rerunning it. Writes ``llm_comparison.json``, ``llm_comparison.md`` (the table) and one roofline
+PNG per model into ``--out`` (default ``docs/results``); ``docs/results/llm.md`` explains them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from npujax._atomic import atomic_write_text
+from npujax.hw.spec import load_npu_spec
+from npujax.models.serving import lower_decoder
+from npujax.report.plots import new_figure, save_figure
+
+HERE = Path(__file__).resolve().parent
+PRESET = HERE / "a100_llmcompass.toml"
+
+#: (name, config.json, d_model, n_heads): GPT-3 6.7B and 2.7B block dimensions (Brown et al.,
+#: "Language Models are Few-Shot Learners", arXiv:2005.14165, Table 2.1).
+MODELS = (("gpt3-6.7b", HERE / "configs" / "gpt3-6.7b.json", 4096, 32),
+          ("gpt3-2.7b", HERE / "configs" / "gpt3-2.7b.json", 2560, 32))
+BATCHES = (1, 8)
+PREFILL_LEN = 512   # prompt tokens per sequence
+DECODE_KV = 1024    # cached positions per sequence
+
+#: The operators both tools model, in LLMCompass's order (its ``simluate_log``).
+MATCHED = ("qkv_proj", "q_mul_k", "softmax", "a_mul_v", "o_proj", "layernorm0", "ffn_up",
+           "gelu", "ffn_down", "layernorm1")
+
+
+def cases() -> list[dict]:
+    out = []
+    for name, _, d, h in MODELS:
+        for phase in ("prefill", "decode"):
+            for b in BATCHES:
+                out.append({"model": name, "d_model": d, "n_heads": h, "phase": phase,
+                            "batch": b, "seq_len": PREFILL_LEN if phase == "prefill"
+                            else DECODE_KV})
+    return out
+
+
+def key(c: dict) -> str:
+    return f"{c['model']}/{c['phase']}/b{c['batch']}/s{c['seq_len']}"
+
+
+def run_llmcompass(todo: list[dict], src: Path, python: str) -> list[dict]:
+    """Each case in its own LLMCompass process (``run_llmcompass.py``), in its source tree."""
+    out = []
+    for i, c in enumerate(todo):
+        print(f"[{i + 1}/{len(todo)}] LLMCompass {key(c)} ...", file=sys.stderr, flush=True)
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump([c], f)
+        r = subprocess.run([python, str(HERE / "run_llmcompass.py"), "configs/GA100.json",
+                            f.name], cwd=src, capture_output=True, text=True, check=False)
+        Path(f.name).unlink()
+        if r.returncode:
+            sys.exit(f"LLMCompass failed on {key(c)}:\n{r.stderr[-3000:]}")
+        out.extend(json.loads(r.stdout))
+    return out
+
+
+def _category(name: str, op: str, phase: str) -> str:
+    """npujax layer -> the LLMCompass operator it matches, or an npujax-only group."""
+    if not name.startswith("blocks/"):
+        return "outside the block"
+    leaf = name.split("/")[-1]
+    table = {"q": "qkv_proj", "k": "qkv_proj", "v": "qkv_proj", "o": "o_proj",
+             "matmul_0": "q_mul_k", "matmul_1": "a_mul_v", "softmax_0": "softmax",
+             "attn_norm": "layernorm0", "mlp_norm": "layernorm1", "up": "ffn_up",
+             "down": "ffn_down", "gelu_0": "gelu", "gate": "only: FFN gate projection"}
+    if leaf in table:
+        return table[leaf]
+    if op == "Transpose":
+        return "only: layout transposes"
+    if leaf == "mul_0" and "/attn/" not in name:
+        return "only: gate product"
+    if op == "Add" and "/attn/" not in name:
+        return "only: residual adds"
+    if phase == "decode" and op == "Concat" and leaf in ("concat_2", "concat_3"):
+        return "only: KV-cache append"
+    return "only: RoPE, score scale/mask"
+
+
+def run_npujax(c: dict, cfg: Path, spec) -> dict:
+    t0 = time.perf_counter()
+    b = c["batch"]
+    if c["phase"] == "prefill":
+        low, rep = lower_decoder(cfg, spec, phase="prefill", seq_len=c["seq_len"],
+                                 kv_lens=[0] * b, weight_bits=16, act_bits=16, kv_bits=16)
+    else:
+        low, rep = lower_decoder(cfg, spec, phase="decode", kv_lens=[c["seq_len"]] * b,
+                                 weight_bits=16, act_bits=16, kv_bits=16)
+    ops: dict[str, float] = {}
+    gemms = []
+    for r in low.schedule.layers:
+        cat = _category(r.name, r.op, c["phase"])
+        ops[cat] = ops.get(cat, 0.0) + float(r.latency_s)
+        if r.kind == "gemm" and r.costs.dram_bytes and cat in MATCHED:
+            gemms.append({"name": r.name, "category": cat, "macs": float(r.macs),
+                          "dram_bytes": float(r.costs.dram_bytes),
+                          "latency_s": float(r.latency_s), "bound": r.bound,
+                          "M": int(r.M), "K": int(r.K), "N": int(r.N)})
+    block = sum(v for k, v in ops.items() if k != "outside the block")
+    return {"ops_s": ops, "block_s": block, "matched_s": sum(ops.get(k, 0.0) for k in MATCHED),
+            "step_s": float(rep.latency_s), "gemms": gemms,
+            "wall_s": time.perf_counter() - t0}
+
+
+#: Per-operand SRAM per npujax core (KiB) for the sensitivity check: the preset's 16 (LLMCompass's
+#: 192 KiB L1 per SM over 4 sublanes and 3 buffers), 48 (the 48 MiB L2 shared out too:
+#: (192 KiB + 48 MiB / 128) / 4 / 3), 96.
+SRAM_KIB = (16, 48, 96)
+
+
+def sram_sensitivity(spec) -> list[dict]:
+    """npujax's GEMMs of the gpt3-6.7b batch-1 prefill at each per-operand SRAM of SRAM_KIB."""
+    c = {"model": MODELS[0][0], "phase": "prefill", "batch": 1, "seq_len": PREFILL_LEN}
+    out = []
+    for kib in SRAM_KIB:
+        b = kib * 1024
+        s = spec.with_fields({"memory.ifmap_sram_bytes": b, "memory.filter_sram_bytes": b,
+                              "memory.ofmap_sram_bytes": b})
+        r = run_npujax(c, MODELS[0][1], s)
+        out.append({"sram_kib_per_operand": kib, "gemms": r["gemms"]})
+    return out
+
+
+def sensitivity_table(rows: list[dict]) -> str:
+    names = [g["name"].split("/")[-1] for g in rows[0]["gemms"]]
+    lines = ["| SRAM per operand per core | " + " | ".join(names) + " |",
+             "|---|" + "---:|" * len(names)]
+    for r in rows:
+        lines.append(f"| {r['sram_kib_per_operand']} KiB | " + " | ".join(
+            f"{g['latency_s'] * 1e6:.0f} µs, {g['dram_bytes'] / 1e6:.0f} MB"
+            for g in r["gemms"]) + " |")
+    return "\n".join(lines)
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1e3:.3f}"
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown: one table per (model, phase, batch) of per-operator latencies, then the blocks."""
+    lines = []
+    summary = ["| model | phase | batch | npujax matched ms | LLMCompass ms (no launch overhead) "
+               "| ratio | LLMCompass ms (with overhead) | npujax whole block ms |",
+               "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lc, nj = r["llmcompass"], r["npujax"]
+        lc_no = {k: lc["ops_s"][k] - lc["overhead_s"][k] for k in MATCHED}
+        tot_lc = sum(lc_no.values())
+        summary.append(f"| {r['model']} | {r['phase']} | {r['batch']} | {_ms(nj['matched_s'])} | "
+                       f"{_ms(tot_lc)} | {nj['matched_s'] / tot_lc:.2f} | "
+                       f"{_ms(lc['latency_s'])} | {_ms(nj['block_s'])} |")
+        what = (f"prefill of {r['seq_len']} tokens" if r["phase"] == "prefill"
+                else f"decode step, {r['seq_len']} cached positions")
+        lines += [f"#### {r['model']}, {what}, batch {r['batch']}", "",
+                  "| operator | npujax µs | LLMCompass µs (no overhead) | ratio | "
+                  "LLMCompass overhead µs |", "|---|---:|---:|---:|---:|"]
+        for k in MATCHED:
+            a, b_ = nj["ops_s"].get(k, 0.0), lc_no[k]
+            lines.append(f"| {k} | {a * 1e6:.1f} | {b_ * 1e6:.1f} | "
+                         f"{a / b_ if b_ else float('nan'):.2f} | "
+                         f"{lc['overhead_s'][k] * 1e6:.0f} |")
+        lines.append(f"| **matched block** | **{nj['matched_s'] * 1e6:.1f}** | "
+                     f"**{tot_lc * 1e6:.1f}** | **{nj['matched_s'] / tot_lc:.2f}** | "
+                     f"{sum(lc['overhead_s'][k] for k in MATCHED) * 1e6:.0f} |")
+        for k in sorted(x for x in nj["ops_s"] if x.startswith("only")):
+            lines.append(f"| npujax {k} | {nj['ops_s'][k] * 1e6:.1f} | | | |")
+        lines.append("")
+    return "\n".join(summary + [""] + lines)
+
+
+def roofline(path: Path, model: str, rows: list[dict], peak: float, bw: float) -> None:
+    """Both tools' matched GEMMs at batch 8 (and 1) on the A100 roofline: x MACs per DRAM byte
+    (npujax's traffic for that GEMM), y MACs over each tool's latency for it."""
+    fig, ax = new_figure(7.0, 4.8)
+    pts = [(g, r) for r in rows if r["model"] == model for g in r["npujax"]["gemms"]]
+    ai = np.asarray([g["macs"] / g["dram_bytes"] for g, _ in pts])
+    xs = np.geomspace(max(ai.min() / 3, 0.1), max(ai.max() * 3, 4 * peak / bw), 200)
+    ax.loglog(xs, np.minimum(peak, xs * bw), "k-", lw=1.5, label="roof: min(peak, AI × 2.048 TB/s)")
+    style = {("prefill", "npujax"): ("o", "C0"), ("decode", "npujax"): ("^", "C0"),
+             ("prefill", "LLMCompass"): ("o", "C3"), ("decode", "LLMCompass"): ("^", "C3")}
+    seen = set()
+    for g, r in pts:
+        x = g["macs"] / g["dram_bytes"]
+        cat = g["category"]
+        # LLMCompass prices the three projections as one figure (3 x Q_proj): per GEMM a third
+        lc = r["llmcompass"]["ops_s"][cat] - r["llmcompass"]["overhead_s"][cat]
+        if cat == "qkv_proj":
+            lc /= 3
+        for tool, lat in (("npujax", g["latency_s"]), ("LLMCompass", lc)):
+            m, col = style[(r["phase"], tool)]
+            lab = f"{tool} {r['phase']}"
+            ax.plot(x, g["macs"] / lat, m, color=col, alpha=0.85 if r["batch"] == 8 else 0.4,
+                    ms=6 if r["batch"] == 8 else 4, label=None if lab in seen else lab)
+            seen.add(lab)
+    ax.set_xlabel("arithmetic intensity (MACs / DRAM byte, npujax's traffic)")
+    ax.set_ylabel("attained MAC/s")
+    ax.set_title(f"{model} block on LLMCompass's A100: prefill {PREFILL_LEN} tokens, decode at "
+                 f"{DECODE_KV} cached (batch 1 pale, 8 solid)", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    save_figure(fig, path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--llmcompass-src", type=Path, default=Path("/work/llmcompass-src"))
+    p.add_argument("--llmcompass-python", default="/work/venv-llmcompass/bin/python")
+    p.add_argument("--out", type=Path, default=Path("docs/results"))
+    p.add_argument("--reuse", action="store_true",
+                   help="read LLMCompass's results from OUT/llmcompass_raw.json")
+    a = p.parse_args(argv)
+    raw_path = a.out / "llmcompass_raw.json"
+    todo = cases()
+    have = {}
+    if a.reuse and raw_path.exists():
+        have = {key(c): c for c in json.loads(raw_path.read_text())}
+    missing = [c for c in todo if key(c) not in have]
+    for c in run_llmcompass(missing, a.llmcompass_src, a.llmcompass_python):
+        have[key(c)] = c
+    spec = load_npu_spec(PRESET)
+    cfgs = {name: cfg for name, cfg, _, _ in MODELS}
+    rows = []
+    for i, c in enumerate(todo):
+        print(f"[{i + 1}/{len(todo)}] npujax {key(c)} ...", file=sys.stderr, flush=True)
+        rows.append({**c, "npujax": run_npujax(c, cfgs[c["model"]], spec),
+                     "llmcompass": have[key(c)]})
+    peak = spec.array.rows * spec.array.cols * spec.array.cores * spec.array.clock_hz
+    bw = spec.memory.dram_bytes_per_s
+    a.out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(raw_path, json.dumps([have[key(c)] for c in todo], indent=1))
+    atomic_write_text(a.out / "llm_comparison.json", json.dumps(rows, indent=1))
+    sens = sram_sensitivity(spec)
+    atomic_write_text(a.out / "llm_comparison_sram.json", json.dumps(sens, indent=1))
+    md = table(rows) + "\n\n#### npujax's GEMMs against per-core SRAM (gpt3-6.7b prefill, " \
+        "batch 1)\n\n" + sensitivity_table(sens)
+    atomic_write_text(a.out / "llm_comparison.md", md + "\n")
+    for name, *_ in MODELS:
+        roofline(a.out / f"llm_roofline_{name}.png", name, rows, peak, bw)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
