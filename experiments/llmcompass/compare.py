@@ -29,7 +29,7 @@ LLMCompass adds a measured kernel-launch overhead to every operator
 the table gives LLMCompass with and without it and the ratio against the latter.
 
 Each LLMCompass prefill takes minutes on a shared CPU (the heuristic search); ``--reuse`` reads
-the per-case results an earlier run saved in ``--out`` (``llmcompass_raw.json``) instead of
+the per-case results an earlier run saved in ``--out`` (``llm_llmcompass_raw.json``) instead of
 rerunning it. Writes ``llm_comparison.json``, ``llm_comparison.md`` (the table) and one roofline
 PNG per model into ``--out`` (default ``docs/results``); ``docs/results/llm.md`` explains them.
 """
@@ -52,7 +52,9 @@ from npujax.models.serving import lower_decoder
 from npujax.report.plots import new_figure, save_figure
 
 HERE = Path(__file__).resolve().parent
-PRESET = HERE / "a100_llmcompass.toml"
+#: The A100 at two granularities: one npujax core per sublane (16 x 16, the SM's L1 split
+#: four ways) and one per SM (32 x 32, L1 plus its share of the L2); the files cite LLMCompass.
+PRESETS = {"sublane": HERE / "a100_llmcompass.toml", "sm": HERE / "a100_llmcompass_sm.toml"}
 
 #: (name, config.json, d_model, n_heads): GPT-3 6.7B and 2.7B block dimensions (Brown et al.,
 #: "Language Models are Few-Shot Learners", arXiv:2005.14165, Table 2.1).
@@ -145,102 +147,85 @@ def run_npujax(c: dict, cfg: Path, spec) -> dict:
             "wall_s": time.perf_counter() - t0}
 
 
-#: Per-operand SRAM per npujax core (KiB) for the sensitivity check: the preset's 16 (LLMCompass's
-#: 192 KiB L1 per SM over 4 sublanes and 3 buffers), 48 (the 48 MiB L2 shared out too:
-#: (192 KiB + 48 MiB / 128) / 4 / 3), 96.
-SRAM_KIB = (16, 48, 96)
-
-
-def sram_sensitivity(spec) -> list[dict]:
-    """npujax's GEMMs of the gpt3-6.7b batch-1 prefill at each per-operand SRAM of SRAM_KIB."""
-    c = {"model": MODELS[0][0], "phase": "prefill", "batch": 1, "seq_len": PREFILL_LEN}
-    out = []
-    for kib in SRAM_KIB:
-        b = kib * 1024
-        s = spec.with_fields({"memory.ifmap_sram_bytes": b, "memory.filter_sram_bytes": b,
-                              "memory.ofmap_sram_bytes": b})
-        r = run_npujax(c, MODELS[0][1], s)
-        out.append({"sram_kib_per_operand": kib, "gemms": r["gemms"]})
-    return out
-
-
-def sensitivity_table(rows: list[dict]) -> str:
-    names = [g["name"].split("/")[-1] for g in rows[0]["gemms"]]
-    lines = ["| SRAM per operand per core | " + " | ".join(names) + " |",
-             "|---|" + "---:|" * len(names)]
-    for r in rows:
-        lines.append(f"| {r['sram_kib_per_operand']} KiB | " + " | ".join(
-            f"{g['latency_s'] * 1e6:.0f} µs, {g['dram_bytes'] / 1e6:.0f} MB"
-            for g in r["gemms"]) + " |")
-    return "\n".join(lines)
-
-
 def _ms(x: float) -> str:
     return f"{x * 1e3:.3f}"
 
 
 def table(rows: list[dict]) -> str:
-    """Markdown: one table per (model, phase, batch) of per-operator latencies, then the blocks."""
+    """Markdown: the block totals, then one table per (model, phase, batch) of operators."""
+    summary = ["| model | phase | batch | npujax, sublane preset (ms) | npujax, SM preset (ms) "
+               "| LLMCompass, no launch overhead (ms) | ratio sublane | ratio SM "
+               "| LLMCompass with overhead (ms) | npujax whole block, SM (ms) |",
+               "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     lines = []
-    summary = ["| model | phase | batch | npujax matched ms | LLMCompass ms (no launch overhead) "
-               "| ratio | LLMCompass ms (with overhead) | npujax whole block ms |",
-               "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lc, nj = r["llmcompass"], r["npujax"]
+        lc, nj, sm = r["llmcompass"], r["npujax_sublane"], r["npujax_sm"]
         lc_no = {k: lc["ops_s"][k] - lc["overhead_s"][k] for k in MATCHED}
-        tot_lc = sum(lc_no.values())
-        summary.append(f"| {r['model']} | {r['phase']} | {r['batch']} | {_ms(nj['matched_s'])} | "
-                       f"{_ms(tot_lc)} | {nj['matched_s'] / tot_lc:.2f} | "
-                       f"{_ms(lc['latency_s'])} | {_ms(nj['block_s'])} |")
+        tot = sum(lc_no.values())
+        summary.append(
+            f"| {r['model']} | {r['phase']} | {r['batch']} | {_ms(nj['matched_s'])} | "
+            f"{_ms(sm['matched_s'])} | {_ms(tot)} | {nj['matched_s'] / tot:.2f} | "
+            f"{sm['matched_s'] / tot:.2f} | {_ms(lc['latency_s'])} | {_ms(sm['block_s'])} |")
         what = (f"prefill of {r['seq_len']} tokens" if r["phase"] == "prefill"
                 else f"decode step, {r['seq_len']} cached positions")
         lines += [f"#### {r['model']}, {what}, batch {r['batch']}", "",
-                  "| operator | npujax µs | LLMCompass µs (no overhead) | ratio | "
-                  "LLMCompass overhead µs |", "|---|---:|---:|---:|---:|"]
+                  "| operator | npujax sublane µs | npujax SM µs | LLMCompass µs (no overhead) | "
+                  "ratio sublane | ratio SM | LLMCompass overhead µs |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
         for k in MATCHED:
-            a, b_ = nj["ops_s"].get(k, 0.0), lc_no[k]
-            lines.append(f"| {k} | {a * 1e6:.1f} | {b_ * 1e6:.1f} | "
-                         f"{a / b_ if b_ else float('nan'):.2f} | "
-                         f"{lc['overhead_s'][k] * 1e6:.0f} |")
+            a, m, b_ = nj["ops_s"].get(k, 0.0), sm["ops_s"].get(k, 0.0), lc_no[k]
+            lines.append(f"| {k} | {a * 1e6:.1f} | {m * 1e6:.1f} | {b_ * 1e6:.1f} | "
+                         f"{a / b_:.2f} | {m / b_:.2f} | {lc['overhead_s'][k] * 1e6:.0f} |")
         lines.append(f"| **matched block** | **{nj['matched_s'] * 1e6:.1f}** | "
-                     f"**{tot_lc * 1e6:.1f}** | **{nj['matched_s'] / tot_lc:.2f}** | "
+                     f"**{sm['matched_s'] * 1e6:.1f}** | **{tot * 1e6:.1f}** | "
+                     f"**{nj['matched_s'] / tot:.2f}** | **{sm['matched_s'] / tot:.2f}** | "
                      f"{sum(lc['overhead_s'][k] for k in MATCHED) * 1e6:.0f} |")
         for k in sorted(x for x in nj["ops_s"] if x.startswith("only")):
-            lines.append(f"| npujax {k} | {nj['ops_s'][k] * 1e6:.1f} | | | |")
+            lines.append(f"| npujax {k} | {nj['ops_s'][k] * 1e6:.1f} | "
+                         f"{sm['ops_s'].get(k, 0.0) * 1e6:.1f} | | | | |")
         lines.append("")
     return "\n".join(summary + [""] + lines)
 
 
+def _intensity(g: dict) -> float:
+    """MACs per compulsory byte: ``groups x (MK + KN + MN) x 2`` bytes (fp16), ``groups`` the
+    heads x sequences of a batched attention GEMM (``macs / (M K N)``)."""
+    groups = g["macs"] / (g["M"] * g["K"] * g["N"])
+    return g["macs"] / (2.0 * groups * (g["M"] * g["K"] + g["K"] * g["N"] + g["M"] * g["N"]))
+
+
 def roofline(path: Path, model: str, rows: list[dict], peak: float, bw: float) -> None:
-    """Both tools' matched GEMMs at batch 8 (and 1) on the A100 roofline: x MACs per DRAM byte
-    (npujax's traffic for that GEMM), y MACs over each tool's latency for it."""
+    """Both tools' matched GEMMs at batch 8 on the A100 roofline: x MACs per byte of the GEMM's
+    compulsory fp16 traffic (each operand and the output once), y MACs over each tool's latency.
+    """
     fig, ax = new_figure(7.0, 4.8)
-    pts = [(g, r) for r in rows if r["model"] == model for g in r["npujax"]["gemms"]]
-    ai = np.asarray([g["macs"] / g["dram_bytes"] for g, _ in pts])
+    rows = [r for r in rows if r["model"] == model and r["batch"] == max(BATCHES)]
+    ai = np.asarray([_intensity(g) for r in rows for g in r["npujax_sm"]["gemms"]])
     xs = np.geomspace(max(ai.min() / 3, 0.1), max(ai.max() * 3, 4 * peak / bw), 200)
-    ax.loglog(xs, np.minimum(peak, xs * bw), "k-", lw=1.5, label="roof: min(peak, AI × 2.048 TB/s)")
-    style = {("prefill", "npujax"): ("o", "C0"), ("decode", "npujax"): ("^", "C0"),
-             ("prefill", "LLMCompass"): ("o", "C3"), ("decode", "LLMCompass"): ("^", "C3")}
+    ax.loglog(xs, np.minimum(peak, xs * bw), "k-", lw=1.5,
+              label="roof: min(peak, AI × 2.048 TB/s)")
+    colours = {"LLMCompass": "C3", "npujax sublane": "C0", "npujax SM": "C2"}
     seen = set()
-    for g, r in pts:
-        x = g["macs"] / g["dram_bytes"]
-        cat = g["category"]
-        # LLMCompass prices the three projections as one figure (3 x Q_proj): per GEMM a third
-        lc = r["llmcompass"]["ops_s"][cat] - r["llmcompass"]["overhead_s"][cat]
-        if cat == "qkv_proj":
-            lc /= 3
-        for tool, lat in (("npujax", g["latency_s"]), ("LLMCompass", lc)):
-            m, col = style[(r["phase"], tool)]
-            lab = f"{tool} {r['phase']}"
-            ax.plot(x, g["macs"] / lat, m, color=col, alpha=0.85 if r["batch"] == 8 else 0.4,
-                    ms=6 if r["batch"] == 8 else 4, label=None if lab in seen else lab)
-            seen.add(lab)
-    ax.set_xlabel("arithmetic intensity (MACs / DRAM byte, npujax's traffic)")
+    for r in rows:
+        lc = r["llmcompass"]
+        by_name = {g["name"]: g for g in r["npujax_sublane"]["gemms"]}
+        for g in r["npujax_sm"]["gemms"]:
+            cat = g["category"]
+            x = _intensity(g)
+            # LLMCompass prices the three projections as one figure (3 x Q_proj): a third each
+            lat_lc = (lc["ops_s"][cat] - lc["overhead_s"][cat]) / (3 if cat == "qkv_proj" else 1)
+            for tool, lat in (("LLMCompass", lat_lc), ("npujax sublane",
+                              by_name[g["name"]]["latency_s"]), ("npujax SM", g["latency_s"])):
+                lab = f"{tool} {r['phase']}"
+                ax.plot(x, g["macs"] / lat, "o" if r["phase"] == "prefill" else "^",
+                        color=colours[tool], alpha=0.8, label=None if lab in seen else lab)
+                seen.add(lab)
+    ax.set_xlabel("arithmetic intensity (MACs / compulsory DRAM byte, fp16)")
     ax.set_ylabel("attained MAC/s")
-    ax.set_title(f"{model} block on LLMCompass's A100: prefill {PREFILL_LEN} tokens, decode at "
-                 f"{DECODE_KV} cached (batch 1 pale, 8 solid)", fontsize=9)
+    ax.set_title(f"{model} block, batch {max(BATCHES)}, on LLMCompass's A100:\nprefill of "
+                 f"{PREFILL_LEN} tokens (o), decode at {DECODE_KV} cached (^)", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=7, loc="lower right")
     save_figure(fig, path)
 
 
@@ -250,9 +235,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--llmcompass-python", default="/work/venv-llmcompass/bin/python")
     p.add_argument("--out", type=Path, default=Path("docs/results"))
     p.add_argument("--reuse", action="store_true",
-                   help="read LLMCompass's results from OUT/llmcompass_raw.json")
+                   help="read LLMCompass's results from OUT/llm_llmcompass_raw.json")
     a = p.parse_args(argv)
-    raw_path = a.out / "llmcompass_raw.json"
+    raw_path = a.out / "llm_llmcompass_raw.json"
     todo = cases()
     have = {}
     if a.reuse and raw_path.exists():
@@ -260,22 +245,20 @@ def main(argv: list[str] | None = None) -> None:
     missing = [c for c in todo if key(c) not in have]
     for c in run_llmcompass(missing, a.llmcompass_src, a.llmcompass_python):
         have[key(c)] = c
-    spec = load_npu_spec(PRESET)
+    specs = {k: load_npu_spec(v) for k, v in PRESETS.items()}
+    spec = specs["sublane"]
     cfgs = {name: cfg for name, cfg, _, _ in MODELS}
     rows = []
     for i, c in enumerate(todo):
         print(f"[{i + 1}/{len(todo)}] npujax {key(c)} ...", file=sys.stderr, flush=True)
-        rows.append({**c, "npujax": run_npujax(c, cfgs[c["model"]], spec),
-                     "llmcompass": have[key(c)]})
+        rows.append({**c, **{f"npujax_{k}": run_npujax(c, cfgs[c["model"]], s)
+                             for k, s in specs.items()}, "llmcompass": have[key(c)]})
     peak = spec.array.rows * spec.array.cols * spec.array.cores * spec.array.clock_hz
     bw = spec.memory.dram_bytes_per_s
     a.out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(raw_path, json.dumps([have[key(c)] for c in todo], indent=1))
     atomic_write_text(a.out / "llm_comparison.json", json.dumps(rows, indent=1))
-    sens = sram_sensitivity(spec)
-    atomic_write_text(a.out / "llm_comparison_sram.json", json.dumps(sens, indent=1))
-    md = table(rows) + "\n\n#### npujax's GEMMs against per-core SRAM (gpt3-6.7b prefill, " \
-        "batch 1)\n\n" + sensitivity_table(sens)
+    md = table(rows)
     atomic_write_text(a.out / "llm_comparison.md", md + "\n")
     for name, *_ in MODELS:
         roofline(a.out / f"llm_roofline_{name}.png", name, rows, peak, bw)

@@ -14,6 +14,7 @@ does not use it. PyTorch's CPU build is not on the registries this workplace rea
 placeholder module stands in: ``torch.compile`` returns the function unchanged and any other
 use raises, so a simulation that touched PyTorch would fail loudly rather than give a number.
 """
+import contextlib
 import json
 import os
 import sys
@@ -88,4 +89,6 @@ if __name__ == "__main__":
     config, cases_file = sys.argv[1], sys.argv[2]
     with open(cases_file) as f:
         cases = json.load(f)
-    json.dump(run(config, cases), sys.stdout)
+    with contextlib.redirect_stdout(sys.stderr):  # LLMCompass prints its progress
+        results = run(config, cases)
+    json.dump(results, sys.stdout)
