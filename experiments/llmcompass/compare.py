@@ -30,8 +30,9 @@ the table gives LLMCompass with and without it and the ratio against the latter.
 
 Each LLMCompass prefill takes minutes on a shared CPU (the heuristic search); ``--reuse`` reads
 the per-case results an earlier run saved in ``--out`` (``llm_llmcompass_raw.json``) instead of
-rerunning it. Writes ``llm_comparison.json``, ``llm_comparison.md`` (the table) and one roofline
-PNG per model into ``--out`` (default ``docs/results``); ``docs/results/llm.md`` explains them.
+rerunning it. Writes ``llm_comparison.json``, ``llm_comparison.md`` (the tables) and one
+roofline PNG per model into ``--out`` (default ``docs/results``), and puts the tables between
+the markers of ``llm.md`` there (``docs/results/llm.md``, which explains them).
 """
 
 from __future__ import annotations
@@ -151,8 +152,8 @@ def _ms(x: float) -> str:
     return f"{x * 1e3:.3f}"
 
 
-def table(rows: list[dict]) -> str:
-    """Markdown: the block totals, then one table per (model, phase, batch) of operators."""
+def table(rows: list[dict]) -> tuple[str, str]:
+    """Markdown: the block totals, and one table per (model, phase, batch) of operators."""
     summary = ["| model | phase | batch | npujax, sublane preset (ms) | npujax, SM preset (ms) "
                "| LLMCompass, no launch overhead (ms) | ratio sublane | ratio SM "
                "| LLMCompass with overhead (ms) | npujax whole block, SM (ms) |",
@@ -184,7 +185,19 @@ def table(rows: list[dict]) -> str:
             lines.append(f"| npujax {k} | {nj['ops_s'][k] * 1e6:.1f} | "
                          f"{sm['ops_s'].get(k, 0.0) * 1e6:.1f} | | | | |")
         lines.append("")
-    return "\n".join(summary + [""] + lines)
+    return "\n".join(summary), "\n".join(lines).rstrip()
+
+
+def fill_page(page: Path, summary: str, detail: str) -> None:
+    """Put the tables between the page's ``<!-- summary:begin -->``/``end`` and
+    ``<!-- detail:begin -->``/``end`` markers; the rest of the page is left alone."""
+    text = page.read_text()
+    for tag, body in (("summary", summary), ("detail", detail)):
+        begin, end = f"<!-- {tag}:begin -->", f"<!-- {tag}:end -->"
+        head, rest = text.split(begin, 1)
+        _, tail = rest.split(end, 1)
+        text = f"{head}{begin}\n{body}\n{end}{tail}"
+    atomic_write_text(page, text)
 
 
 def _intensity(g: dict) -> float:
@@ -258,8 +271,11 @@ def main(argv: list[str] | None = None) -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(raw_path, json.dumps([have[key(c)] for c in todo], indent=1))
     atomic_write_text(a.out / "llm_comparison.json", json.dumps(rows, indent=1))
-    md = table(rows)
+    summary, detail = table(rows)
+    md = summary + "\n\n" + detail
     atomic_write_text(a.out / "llm_comparison.md", md + "\n")
+    if (a.out / "llm.md").exists():
+        fill_page(a.out / "llm.md", summary, detail)
     for name, *_ in MODELS:
         roofline(a.out / f"llm_roofline_{name}.png", name, rows, peak, bw)
     print(md)
