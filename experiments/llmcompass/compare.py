@@ -3,7 +3,7 @@
 Usage (npujax with the main environment's python, LLMCompass in its own venv, a subprocess):
 
     python3 -m venv /work/venv-llmcompass
-    /work/venv-llmcompass/bin/pip install numpy scipy pandas scalesim
+    /work/venv-llmcompass/bin/pip install numpy scipy pandas scalesim==2.0.2  # SCALE-Sim 2 configs
     # LLMCompass source (PrincetonUniversity/LLMCompass) unpacked at --llmcompass-src
     python experiments/llmcompass/compare.py --llmcompass-src /work/llmcompass-src \\
         --llmcompass-python /work/venv-llmcompass/bin/python [--reuse] [--out DIR]
@@ -30,9 +30,9 @@ the table gives LLMCompass with and without it and the ratio against the latter.
 
 Each LLMCompass prefill takes minutes on a shared CPU (the heuristic search); ``--reuse`` reads
 the per-case results an earlier run saved in ``--out`` (``llm_llmcompass_raw.json``) instead of
-rerunning it. Writes ``llm_comparison.json``, ``llm_comparison.md`` (the tables) and one
-roofline PNG per model into ``--out`` (default ``docs/results``), and puts the tables between
-the markers of ``llm.md`` there (``docs/results/llm.md``, which explains them).
+rerunning it. Writes ``llm_comparison.json`` and one roofline PNG per model into ``--out``
+(default ``docs/results``) and puts the tables between the markers of ``llm.md`` there
+(``docs/results/llm.md``, which explains them), or into ``llm_comparison.md`` without one.
 """
 
 from __future__ import annotations
@@ -88,6 +88,9 @@ def key(c: dict) -> str:
 def run_llmcompass(todo: list[dict], src: Path, python: str) -> list[dict]:
     """Each case in its own LLMCompass process (``run_llmcompass.py``), in its source tree."""
     out = []
+    # LLMCompass runs SCALE-Sim there for tiles its look-up table lacks (a head of 80); the
+    # folder is not in its repository
+    (src / "systolic_array_model" / "temp").mkdir(exist_ok=True)
     for i, c in enumerate(todo):
         print(f"[{i + 1}/{len(todo)}] LLMCompass {key(c)} ...", file=sys.stderr, flush=True)
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
@@ -273,9 +276,10 @@ def main(argv: list[str] | None = None) -> None:
     atomic_write_text(a.out / "llm_comparison.json", json.dumps(rows, indent=1))
     summary, detail = table(rows)
     md = summary + "\n\n" + detail
-    atomic_write_text(a.out / "llm_comparison.md", md + "\n")
     if (a.out / "llm.md").exists():
         fill_page(a.out / "llm.md", summary, detail)
+    else:  # (in docs/results the page holds the tables: a second page would break the nav)
+        atomic_write_text(a.out / "llm_comparison.md", md + "\n")
     for name, *_ in MODELS:
         roofline(a.out / f"llm_roofline_{name}.png", name, rows, peak, bw)
     print(md)
