@@ -30,8 +30,9 @@ Usage::
 
     PYTHONPATH=. python3 experiments/quantize_peers/compare.py prepare --work /tmp/qpeers
     python3 -m venv /work/venv-peers
-    /work/venv-peers/bin/pip install nncf onnxruntime onnx numpy
+    /work/venv-peers/bin/pip install nncf onnxruntime onnx numpy sympy
     /work/venv-peers/bin/python experiments/quantize_peers/compare.py peers --work /tmp/qpeers
+    PYTHONPATH=. python3 experiments/quantize_peers/compare.py plot --work /tmp/qpeers
 """
 from __future__ import annotations
 
@@ -132,65 +133,106 @@ def _method_flags() -> list[str]:
     return [m for m in METHOD_FLAGS if re.search(rf"--{m}\b", out)]
 
 
+def _run_all(jobs: dict[str, tuple[list[str], Path]], parallel: int) -> dict[str, dict]:
+    """Run ``{label: (cmd, log)}``, at most ``parallel`` at a time; per run the wall seconds
+    and the child's CPU seconds (user + system, from ``os.wait4``: on a shared machine the
+    CPU time is the comparable figure)."""
+    pending, running, done = list(jobs.items()), {}, {}
+    while pending or running:
+        while pending and len(running) < parallel:
+            label, (cmd, log) = pending.pop(0)
+            f = open(log, "w")  # noqa: SIM115 -- closed when the child ends
+            running[subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT).pid] = (
+                label, cmd, f, time.perf_counter())
+        pid, status, usage = os.wait4(-1, 0)
+        if pid not in running:
+            continue
+        label, cmd, f, t0 = running.pop(pid)
+        f.close()
+        done[label] = {"seconds": time.perf_counter() - t0,
+                       "cpu_seconds": usage.ru_utime + usage.ru_stime,
+                       "ok": os.waitstatus_to_exitcode(status) == 0, "cmd": " ".join(cmd)}
+        print(f"{label}: {'ok' if done[label]['ok'] else 'FAILED'} in "
+              f"{done[label]['seconds']:.0f} s ({done[label]['cpu_seconds']:.0f} CPU s)",
+              flush=True)
+    return done
+
+
 def prepare(work: Path, models: list[str], seed: int, cls_examples: int,
-            rec_examples: int) -> None:
+            rec_examples: int, parallel: int, reuse: bool) -> None:
     from npujax.data.sources import load_inputs
     from npujax.frontends.onnx import from_onnx
 
     methods = _method_flags()
     print(f"npujax quantize PTQ method flags available: {methods or 'none'}", flush=True)
+    jobs, where = {}, {}
     for name in models:
         d = work / name
         d.mkdir(parents=True, exist_ok=True)
+        exported = reuse and (d / "eval.npz").exists()
         if name == "digits":
-            data, extra = _export_digits(d, seed)
+            data, extra = ("digits", []) if exported else _export_digits(d, seed)
         elif name == "ppocr_cls":
-            data, extra = _export_ppocr_cls(d, seed, cls_examples)
+            data, extra = ((str(d / "data.npz"), ["--input-shape", "x=1,3,48,192"]) if exported
+                           else _export_ppocr_cls(d, seed, cls_examples))
         else:
-            data, extra = _export_ppocr_rec(d, seed, rec_examples)
-        # the split npujax quantize makes: the same function with the same seed
-        shape = {"digits": None, "ppocr_cls": {"x": [1, 3, 48, 192]},
-                 "ppocr_rec": {"x": [1, 3, 48, 320]}}[name]
-        graph, _ = from_onnx(d / "float.onnx", shape)
-        xtr, _, xte, yte = load_inputs(data, graph.tensors[graph.inputs[0]].shape, seed=seed)
-        np.save(d / "calib.npy", np.asarray(xtr[:CALIB_EXAMPLES], np.float32))
-        if name == "ppocr_rec":  # labels are strings: recover the held-out indices
-            n = len(xtr) + len(xte)
-            perm = np.random.default_rng(seed).permutation(n)
-            held = perm[min(max(1, int(round(0.8 * n))), n - 1):]
-            assert np.array_equal(np.load(data)["x"][held], xte), "split differs from npujax's"
-            np.savez(d / "eval.npz", x=np.asarray(xte, np.float32),
-                     text=np.load(d / "strings.npy")[held])
-        else:
-            np.savez(d / "eval.npz", x=np.asarray(xte, np.float32), y=np.asarray(yte, np.int64))
+            data, extra = ((str(d / "data.npz"), ["--input-shape", "x=1,3,48,320"]) if exported
+                           else _export_ppocr_rec(d, seed, rec_examples))
+        if not exported:
+            # the split npujax quantize makes: the same function with the same seed
+            shape = {"digits": None, "ppocr_cls": {"x": [1, 3, 48, 192]},
+                     "ppocr_rec": {"x": [1, 3, 48, 320]}}[name]
+            graph, _ = from_onnx(d / "float.onnx", shape)
+            xtr, _, xte, yte = load_inputs(data, graph.tensors[graph.inputs[0]].shape,
+                                           seed=seed)
+            np.save(d / "calib.npy", np.asarray(xtr[:CALIB_EXAMPLES], np.float32))
+            if name == "ppocr_rec":  # labels are strings: recover the held-out indices
+                n = len(xtr) + len(xte)
+                perm = np.random.default_rng(seed).permutation(n)
+                held = perm[min(max(1, int(round(0.8 * n))), n - 1):]
+                assert np.array_equal(np.load(data)["x"][held], xte), "split differs"
+                np.savez(d / "eval.npz", x=np.asarray(xte, np.float32),
+                         text=np.load(d / "strings.npy")[held])
+            else:
+                np.savez(d / "eval.npz", x=np.asarray(xte, np.float32),
+                         y=np.asarray(yte, np.int64))
         observers = OBSERVERS if name != "ppocr_rec" else ("minmax", "entropy")
         runs = {f"npujax {o}": ["--method", o] for o in observers}
         if name != "ppocr_rec":  # --max-drop needs int labels
             runs["npujax minmax --max-drop 1"] = ["--method", "minmax", "--max-drop", "1"]
         for m in methods:
             runs[f"npujax minmax --{m}"] = ["--method", "minmax", f"--{m}"]
-        timing = {}
         for label, args in runs.items():
             out = d / ("npujax_" + re.sub(r"[^a-z0-9]+", "_", label.split(" ", 1)[1]).strip("_"))
             cmd = [sys.executable, "-m", "npujax", "quantize", str(d / "float.onnx"), "--data",
                    data, *extra, *args, "--calib-examples", str(CALIB_EXAMPLES), "--seed",
                    str(seed), "--npu", "none", "--no-progress", "--out", str(out)]
-            t = time.perf_counter()
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            dt = time.perf_counter() - t
-            (d / f"{out.name}.log").write_text(r.stdout + r.stderr)
-            ok = r.returncode == 0
-            timing[label] = {"dir": out.name, "seconds": dt, "ok": ok, "cmd": " ".join(cmd)}
-            print(f"{name}: {label}: {'ok' if ok else 'FAILED'} in {dt:.0f} s", flush=True)
-        import npujax
+            jobs[f"{name}: {label}"] = (cmd, d / f"{out.name}.log")
+            where[f"{name}: {label}"] = (name, label, out.name)
+    done = _run_all(jobs, parallel)
+    import npujax
+
+    for name in models:
+        d = work / name
+        runs = {label: {"dir": out, **done[key]} for key, (n, label, out) in where.items()
+                if n == name}
         (d / "runs.json").write_text(json.dumps(
-            {"npujax_runs": timing, "methods_available": methods,
-             "npujax_version": npujax.__version__,
-             "calib_examples": CALIB_EXAMPLES, "eval_examples": int(len(xte))}, indent=1))
+            {"npujax_runs": runs, "methods_available": methods,
+             "npujax_version": npujax.__version__, "calib_examples": CALIB_EXAMPLES,
+             "eval_examples": int(len(np.load(d / "eval.npz")["x"]))}, indent=1))
 
 
 # --------------------------------------------------------------------------------------------
 # half 2: the peers' venv
+
+
+def _clock() -> tuple[float, float]:
+    return time.perf_counter(), time.process_time()
+
+
+def _since(t: tuple[float, float]) -> tuple[float, float]:
+    """(wall, CPU) seconds since ``t`` (CPU: every thread of this process)."""
+    return time.perf_counter() - t[0], time.process_time() - t[1]
 
 
 def _session(model):
@@ -239,7 +281,8 @@ def _evaluate(model, x: np.ndarray, labels: np.ndarray, chars: list[str] | None
     if chars is None:
         pred = np.concatenate([o.reshape(len(o), -1).argmax(-1) for o in outs])
         return (pred == labels).astype(np.float32), None
-    text = [t for o in outs for t in _ctc_greedy(o, chars)]
+    # ends stripped: the recogniser often reads the margin of the crop as a space
+    text = [t.strip() for o in outs for t in _ctc_greedy(o, chars)]
     ok = np.array([t == str(y) for t, y in zip(text, labels)], np.float32)
     cer = sum(_edit_distance(t, str(y)) for t, y in zip(text, labels)) / sum(
         len(str(y)) for y in labels)
@@ -302,11 +345,11 @@ def _nncf_ac(d: Path, name: str, float_path: Path, cal_ds, xe: np.ndarray, ye: n
                for xi, yi in items]
         return float(np.mean(per)), per
 
-    t = time.perf_counter()
+    t = _clock()
     qa = nncf.quantize_with_accuracy_control(
         onnx.load(str(float_path)), cal_ds, val_ds, validate, max_drop=0.01,
         drop_type=nncf.DropType.ABSOLUTE, subset_size=CALIB_EXAMPLES)
-    dt = time.perf_counter() - t
+    dt = _since(t)
     onnx.save(qa, str(d / "nncf_ac.qdq.onnx"))
     score("NNCF accuracy control (max_drop 0.01)", d / "nncf_ac.qdq.onnx", dt)
 
@@ -326,7 +369,9 @@ def peers(work: Path, models: list[str]) -> None:
     versions = {"nncf": nncf.__version__, "onnxruntime": ort.__version__,
                 "onnx": onnx.__version__, "numpy": np.__version__,
                 "python": platform.python_version(), "machine": platform.machine()}
-    results = {"versions": versions, "models": {}}
+    old = work / "results.json"  # other models' results of an earlier call are kept
+    results = {"versions": versions,
+               "models": json.loads(old.read_text())["models"] if old.exists() else {}}
     for name in models:
         d = work / name
         meta = json.loads((d / "runs.json").read_text())
@@ -347,41 +392,50 @@ def peers(work: Path, models: list[str]) -> None:
                   name=name, **more):
             c, cer = _evaluate(model_or_path, xe, ye, chars)
             wide, total = _float_gemms(model_or_path)
-            rows[label] = {"accuracy": 100 * float(c.mean()), "cer": cer, "seconds": seconds,
+            rows[label] = {"accuracy": 100 * float(c.mean()), "cer": cer,
+                           "seconds": seconds[0], "cpu_seconds": seconds[1],
                            "float_gemms": wide, "gemms": total, **more}
             print(f"{name}: {label}: {rows[label]['accuracy']:.2f} % "
                   + ("" if cer is None else f"CER {cer:.2f} % ")
-                  + f"({wide}/{total} GEMMs float, {seconds:.1f} s)", flush=True)
+                  + f"({wide}/{total} GEMMs float, {seconds[0]:.1f} s, {seconds[1]:.1f} CPU s)",
+                  flush=True)
 
-        score("float", float_path, 0.0)
+        score("float", float_path, (0.0, 0.0))
         # onnxruntime: the documented pre-processing (shape inference + ORT graph optimization),
         # then QDQ per-channel static quantization (ORT defaults: symmetric int8 weights,
         # asymmetric uint8 activations, i.e. npujax's scheme)
         pre = d / "ort_pre.onnx"
-        t = time.perf_counter()
+        t = _clock()
         try:
             quant_pre_process(str(float_path), str(pre))
         except Exception as e:  # noqa: BLE001 -- fall back to the raw model, and say so
             print(f"{name}: quant_pre_process failed ({e}); quantizing the raw model")
             shutil.copyfile(float_path, pre)
-        t_pre = time.perf_counter() - t
+        t_pre = _since(t)
         for method in ("MinMax", "Entropy"):
             out = d / f"ort_{method.lower()}.qdq.onnx"
-            t = time.perf_counter()
+            t = _clock()
             quantize_static(str(pre), str(out), _Reader(in_name, x_cal),
                             quant_format=QuantFormat.QDQ, per_channel=True,
                             activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                             calibrate_method=getattr(CalibrationMethod, method))
-            score(f"ORT {method}", out, t_pre + time.perf_counter() - t)
+            score(f"ORT {method}", out, tuple(a + b for a, b in zip(t_pre, _since(t))))
         # NNCF: defaults (preset PERFORMANCE: symmetric activations and weights; fast bias
         # correction), all 256 calibration examples
         model = onnx.load(str(float_path))
-        cal_ds = nncf.Dataset(list(x_cal[:, None]), lambda v: {in_name: v})
-        t = time.perf_counter()
+        cal_ds = nncf.Dataset(list(x_cal[:, None]), lambda v, k=in_name: {k: v})
+        t = _clock()
         q = nncf.quantize(model, cal_ds, subset_size=len(x_cal))
-        dt = time.perf_counter() - t
+        dt = _since(t)
         onnx.save(q, str(d / "nncf.qdq.onnx"))
         score("NNCF", d / "nncf.qdq.onnx", dt)
+        # the same with NNCF's full bias correction instead of the fast one
+        t = _clock()
+        q = nncf.quantize(onnx.load(str(float_path)), cal_ds, subset_size=len(x_cal),
+                          fast_bias_correction=False)
+        dt = _since(t)
+        onnx.save(q, str(d / "nncf_bc.qdq.onnx"))
+        score("NNCF, fast_bias_correction=False", d / "nncf_bc.qdq.onnx", dt)
 
         if chars is not None:  # no int labels: npujax has no --max-drop run either
             print(f"{name}: NNCF accuracy control skipped (string labels)")
@@ -395,7 +449,8 @@ def peers(work: Path, models: list[str]) -> None:
                 continue
             info = json.loads((d / run["dir"] / "quantize.json").read_text())
             ac = info.get("accuracy_control")
-            score(label, qdq, run["seconds"], npujax_fake_quant_accuracy=info["accuracy"],
+            score(label, qdq, (run["seconds"], run.get("cpu_seconds", float("nan"))),
+                  npujax_fake_quant_accuracy=info["accuracy"],
                   npujax_float_accuracy=info["float_accuracy"],
                   returned=None if ac is None else [s["layer"] for s in ac["steps"]])
         results["models"][name] = {"rows": rows, **{k: v for k, v in meta.items()
@@ -407,29 +462,74 @@ def peers(work: Path, models: list[str]) -> None:
 
 
 def table(results: dict) -> str:
+    """The markdown tables of ``results.json``: one per model."""
     lines = []
     for name, r in results["models"].items():
         rows = r["rows"]
         f = rows["float"]["accuracy"]
+        rec = rows["float"].get("cer") is not None
+        metric = "exact match %" if rec else "top-1 %"
+        head = f"float {f:.2f} %" + (f", CER {rows['float']['cer']:.2f} %" if rec else "")
         lines += [f"### {name}: {r['calib_examples']} calibration / {r['eval_examples']} "
-                  f"evaluation examples, float {f:.2f} %", "",
-                  "| tool | top-1 % (onnxruntime) | vs float (points) | GEMMs left float | "
-                  "wall time s |", "|---|---:|---:|---:|---:|"]
+                  f"evaluation examples, {head}", "",
+                  f"| tool | {metric} | vs float (points) |" + (" CER % |" if rec else "")
+                  + " GEMMs left float | wall s | CPU s |",
+                  "|---|---:|---:|" + ("---:|" if rec else "") + "---:|---:|---:|"]
         for label, row in rows.items():
             if label == "float":
                 continue
             if row.get("accuracy") is None:
-                lines.append(f"| {label} | failed | | | {row['seconds']:.1f} |")
+                lines.append(f"| {label} | failed |" + " |" * (5 if rec else 4))
                 continue
-            lines.append(f"| {label} | {row['accuracy']:.2f} | {row['accuracy'] - f:+.2f} | "
-                         f"{row['float_gemms']} / {row['gemms']} | {row['seconds']:.1f} |")
+            lines.append(f"| {label} | {row['accuracy']:.2f} | {row['accuracy'] - f:+.2f} |"
+                         + (f" {row['cer']:.2f} |" if rec else "")
+                         + f" {row['float_gemms']} / {row['gemms']} | {row['seconds']:.1f} |"
+                         f" {row['cpu_seconds']:.1f} |")
         lines.append("")
     return "\n".join(lines)
 
 
+def plot(work: Path, out: Path) -> None:
+    """Accuracy change from float per tool and model (matplotlib's object API), from
+    ``results.json``; run with npujax's Python (the peers' venv has no matplotlib)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    results = json.loads((work / "results.json").read_text())
+    models = list(results["models"])
+    labels = [k for k in results["models"][models[0]]["rows"] if k != "float"]
+    for m in models[1:]:
+        labels += [k for k in results["models"][m]["rows"] if k != "float" and k not in labels]
+    fig = Figure(figsize=(9, 0.35 * len(labels) * len(models) + 1.2))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    h = 0.8 / len(models)
+    for j, m in enumerate(models):
+        rows = results["models"][m]["rows"]
+        f = rows["float"]["accuracy"]
+        vals = [rows[k]["accuracy"] - f if rows.get(k, {}).get("accuracy") is not None
+                else np.nan for k in labels]
+        ax.barh(np.arange(len(labels)) + j * h, vals, height=h,
+                label=f"{m} (float {f:.1f} %)")
+    ax.axvline(-0.5, color="grey", ls="--", lw=0.8)
+    ax.axvline(-1.0, color="grey", ls=":", lw=0.8)
+    ax.set_yticks(np.arange(len(labels)) + 0.4 - h / 2, labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("accuracy - float accuracy (points; dashed -0.5, dotted -1)")
+    ax.set_title(f"W8A8 PTQ on the same ONNX, calibration and evaluation "
+                 f"(onnxruntime {results['versions']['onnxruntime']}, "
+                 f"nncf {results['versions']['nncf']})", fontsize=9)
+    ax.legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print(f"wrote {out}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("half", choices=("prepare", "peers"))
+    p.add_argument("half", choices=("prepare", "peers", "plot"))
+    p.add_argument("--png", type=Path, default=Path("docs/results/quantization_peers.png"),
+                   help="plot: the figure to write")
     p.add_argument("--work", type=Path, required=True)
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--seed", type=int, default=0)
@@ -437,15 +537,22 @@ def main() -> None:
                    help="rendered text lines for ppocr_cls (80 %% / 20 %% split)")
     p.add_argument("--rec-examples", type=int, default=500,
                    help="rendered text lines for ppocr_rec (80 %% / 20 %% split)")
+    p.add_argument("--parallel", type=int, default=1,
+                   help="npujax quantize runs at a time (wall times then overlap; CPU times "
+                   "are per run)")
+    p.add_argument("--reuse", action="store_true",
+                   help="keep a model's exported float.onnx, calib.npy and eval.npz if present")
     a = p.parse_args()
     models = [m for m in a.models.split(",") if m]
     bad = sorted(set(models) - set(MODELS))
     if bad:
         p.error(f"unknown models {bad}; known: {', '.join(MODELS)}")
     if a.half == "prepare":
-        prepare(a.work, models, a.seed, a.cls_examples, a.rec_examples)
-    else:
+        prepare(a.work, models, a.seed, a.cls_examples, a.rec_examples, a.parallel, a.reuse)
+    elif a.half == "peers":
         peers(a.work, models)
+    else:
+        plot(a.work, a.png)
 
 
 if __name__ == "__main__":
