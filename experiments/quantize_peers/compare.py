@@ -354,7 +354,7 @@ def _nncf_ac(d: Path, name: str, float_path: Path, cal_ds, xe: np.ndarray, ye: n
     score("NNCF accuracy control (max_drop 0.01)", d / "nncf_ac.qdq.onnx", dt)
 
 
-def peers(work: Path, models: list[str]) -> None:
+def peers(work: Path, models: list[str], keep: tuple[str, ...] = ()) -> None:
     import nncf
     import onnx
     import onnxruntime as ort
@@ -400,46 +400,66 @@ def peers(work: Path, models: list[str]) -> None:
                   + f"({wide}/{total} GEMMs float, {seconds[0]:.1f} s, {seconds[1]:.1f} CPU s)",
                   flush=True)
 
+        prev = results["models"].get(name, {}).get("rows", {})
+
+        def kept(label: str, *, prev=prev, rows=rows, name=name) -> bool:
+            """A peer row of an earlier call kept (``--keep``), not recomputed."""
+            if label in keep and label in prev:
+                rows[label] = {**prev[label], "kept_from_earlier_run": True}
+                print(f"{name}: {label}: kept from the earlier results.json")
+                return True
+            return False
+
         score("float", float_path, (0.0, 0.0))
         # onnxruntime: the documented pre-processing (shape inference + ORT graph optimization),
         # then QDQ per-channel static quantization (ORT defaults: symmetric int8 weights,
         # asymmetric uint8 activations, i.e. npujax's scheme)
         pre = d / "ort_pre.onnx"
         t = _clock()
-        try:
-            quant_pre_process(str(float_path), str(pre))
-        except Exception as e:  # noqa: BLE001 -- fall back to the raw model, and say so
-            print(f"{name}: quant_pre_process failed ({e}); quantizing the raw model")
+        for skip in (False, True):  # ORT's symbolic shape inference fails on some models
+            try:
+                quant_pre_process(str(float_path), str(pre), skip_symbolic_shape=skip)
+                pre_note = "quant_pre_process" + (" (skip_symbolic_shape)" if skip else "")
+                break
+            except Exception as e:  # noqa: BLE001 -- fall back, and say so
+                print(f"{name}: quant_pre_process(skip_symbolic_shape={skip}) failed: {e!r}")
+        else:
             shutil.copyfile(float_path, pre)
+            pre_note = "raw model (quant_pre_process failed)"
         t_pre = _since(t)
         for method in ("MinMax", "Entropy"):
+            if kept(f"ORT {method}"):
+                continue
             out = d / f"ort_{method.lower()}.qdq.onnx"
             t = _clock()
             quantize_static(str(pre), str(out), _Reader(in_name, x_cal),
                             quant_format=QuantFormat.QDQ, per_channel=True,
                             activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                             calibrate_method=getattr(CalibrationMethod, method))
-            score(f"ORT {method}", out, tuple(a + b for a, b in zip(t_pre, _since(t))))
+            score(f"ORT {method}", out, tuple(a + b for a, b in zip(t_pre, _since(t))),
+                  input=pre_note)
         # NNCF: defaults (preset PERFORMANCE: symmetric activations and weights; fast bias
         # correction), all 256 calibration examples
         model = onnx.load(str(float_path))
         cal_ds = nncf.Dataset(list(x_cal[:, None]), lambda v, k=in_name: {k: v})
-        t = _clock()
-        q = nncf.quantize(model, cal_ds, subset_size=len(x_cal))
-        dt = _since(t)
-        onnx.save(q, str(d / "nncf.qdq.onnx"))
-        score("NNCF", d / "nncf.qdq.onnx", dt)
+        if not kept("NNCF"):
+            t = _clock()
+            q = nncf.quantize(model, cal_ds, subset_size=len(x_cal))
+            dt = _since(t)
+            onnx.save(q, str(d / "nncf.qdq.onnx"))
+            score("NNCF", d / "nncf.qdq.onnx", dt)
         # the same with NNCF's full bias correction instead of the fast one
-        t = _clock()
-        q = nncf.quantize(onnx.load(str(float_path)), cal_ds, subset_size=len(x_cal),
-                          fast_bias_correction=False)
-        dt = _since(t)
-        onnx.save(q, str(d / "nncf_bc.qdq.onnx"))
-        score("NNCF, fast_bias_correction=False", d / "nncf_bc.qdq.onnx", dt)
+        if not kept("NNCF, fast_bias_correction=False"):
+            t = _clock()
+            q = nncf.quantize(onnx.load(str(float_path)), cal_ds, subset_size=len(x_cal),
+                              fast_bias_correction=False)
+            dt = _since(t)
+            onnx.save(q, str(d / "nncf_bc.qdq.onnx"))
+            score("NNCF, fast_bias_correction=False", d / "nncf_bc.qdq.onnx", dt)
 
         if chars is not None:  # no int labels: npujax has no --max-drop run either
             print(f"{name}: NNCF accuracy control skipped (string labels)")
-        else:
+        elif not kept("NNCF accuracy control (max_drop 0.01)"):
             _nncf_ac(d, name, float_path, cal_ds, xe, ye, in_name, score)
 
         for label, run in meta["npujax_runs"].items():
@@ -542,6 +562,9 @@ def main() -> None:
                    "are per run)")
     p.add_argument("--reuse", action="store_true",
                    help="keep a model's exported float.onnx, calib.npy and eval.npz if present")
+    p.add_argument("--keep", action="append", default=[], metavar="LABEL",
+                   help="peers: keep this peer row of WORK/results.json from an earlier call "
+                   "instead of recomputing it (e.g. 'NNCF accuracy control (max_drop 0.01)')")
     a = p.parse_args()
     models = [m for m in a.models.split(",") if m]
     bad = sorted(set(models) - set(MODELS))
@@ -550,7 +573,7 @@ def main() -> None:
     if a.half == "prepare":
         prepare(a.work, models, a.seed, a.cls_examples, a.rec_examples, a.parallel, a.reuse)
     elif a.half == "peers":
-        peers(a.work, models)
+        peers(a.work, models, tuple(a.keep))
     else:
         plot(a.work, a.png)
 
