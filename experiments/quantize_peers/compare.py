@@ -248,7 +248,9 @@ def _session(model):
 
 def _outputs(model, x: np.ndarray, batch: int = 64) -> list[np.ndarray]:
     s = _session(model)
-    name = s.get_inputs()[0].name
+    name, dim = s.get_inputs()[0].name, s.get_inputs()[0].shape[0]
+    if isinstance(dim, int) and dim > 0:  # a file with a fixed batch (npujax's PP-OCR export)
+        batch = dim
     return [np.asarray(s.run(None, {name: x[i:i + batch]})[0]) for i in range(0, len(x), batch)]
 
 
