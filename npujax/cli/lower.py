@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from npujax.models.transformer import DECODER_CONFIGS
-    from npujax.systolic import DATAFLOWS, MAPPINGS
+    from npujax.systolic import DATAFLOW_NAMES, MAPPINGS
 
     lo = sub.add_parser(
         "lower", help="per-layer NPU latency of an ONNX or saved model",
@@ -96,7 +96,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     lo.add_argument("--npu", default="edge_16x16",
                     help="preset name or TOML path (default: edge_16x16)")
     lo.add_argument("--dataflow", help="override the preset's dataflow "
-                    f"({', '.join(DATAFLOWS)})")
+                    f"({', '.join(DATAFLOW_NAMES)})")
     lo.add_argument("--mapping", choices=MAPPINGS,
                     help="override the preset's memory.mapping: 'best' (per layer the DRAM-level "
                     "loop order and tiling with the fewest DRAM bytes; the default) or "
