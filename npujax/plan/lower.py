@@ -790,8 +790,12 @@ class Lowering:
 
 def lower_dataflows(graph: Graph, spec: NpuSpec, quant: QuantSpec | None = None, *,
                     dataflow: str | None = None, batch: int | None = None) -> Lowering:
-    """:func:`npujax.lower` at ``dataflow`` (default the preset's) and at every dataflow, the
-    costs of all dataflows evaluated in one compiled call (:func:`lower_by_dataflow`).
+    """:func:`npujax.lower` at ``dataflow`` (default the preset's) and at every systolic
+    dataflow (:data:`npujax.systolic.DATAFLOWS`, plus the chosen one when it is
+    ``row_stationary``), the costs evaluated in one compiled call (:func:`lower_by_dataflow`).
     """
-    by_df = lower_by_dataflow(graph, spec, quant, dataflows=DATAFLOWS, batch=batch)
-    return Lowering(by_df[get_dataflow(dataflow or spec.array.dataflow).name], by_df)
+    chosen = get_dataflow(dataflow or spec.array.dataflow).name
+    # the systolic dataflows, and the chosen one when it is not among them (row_stationary)
+    names = DATAFLOWS + ((chosen,) if chosen not in DATAFLOWS else ())
+    by_df = lower_by_dataflow(graph, spec, quant, dataflows=names, batch=batch)
+    return Lowering(by_df[chosen], by_df)

@@ -62,6 +62,7 @@ __all__ = [
     "RowStationary",
     "DATAFLOW_NAMES",
     "get_dataflow",
+    "get_systolic_dataflow",
     "gemm_cycles",
     "SCALESIM_CYCLE_OFFSET",
 ]
@@ -209,6 +210,22 @@ def get_dataflow(dataflow: str | Dataflow) -> Dataflow:
             f"(or ws/os/is/rs)."
         )
     return _BY_NAME[key]
+
+
+def get_systolic_dataflow(dataflow: str | Dataflow) -> Dataflow:
+    """:func:`get_dataflow`, for the systolic dataflows only (the emulator and register model).
+
+    Raises:
+      ConfigError: an unknown name, or ``row_stationary`` (no systolic emulation: its costs
+        are the closed form of :func:`npujax.systolic.rs_conv`).
+    """
+    df = get_dataflow(dataflow)
+    if df.name not in DATAFLOWS:
+        raise ConfigError(
+            f"dataflow {df.name!r} has no systolic emulator or register model (its cycles are "
+            f"the closed form of npujax.systolic.rs_conv); emulate with one of "
+            f"{', '.join(DATAFLOWS)}.")
+    return df
 
 
 @exact
