@@ -2,6 +2,7 @@
 
 Usage:
     PYTHONPATH=. python experiments/eyeriss/alexnet.py [--out docs/results]
+        [--zigzag docs/results/row_stationary_zigzag.json]
 
 Each CONV layer of AlexNet (Krizhevsky et al., NIPS 2012: the original two-group CONV2, CONV4 and
 CONV5, 227 x 227 input) is one single-Conv ONNX model at batch N = 4, lowered by
@@ -123,7 +124,7 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def plot(rows: list[dict]) -> bytes:
+def plot(rows: list[dict], zigzag: list[dict] | None = None) -> bytes:
     """Latency and DRAM traffic per layer, npujax vs the chip (matplotlib object API)."""
     from matplotlib.figure import Figure
 
@@ -132,8 +133,14 @@ def plot(rows: list[dict]) -> bytes:
     for ax, (ours, paper, label) in zip(fig.subplots(1, 2), (
             ("latency_ms", "paper_latency_ms", "latency per batch of 4 (ms)"),
             ("dram_mb", "paper_dram_mb", "DRAM traffic (MB)"))):
-        ax.bar(x - 0.2, [r[ours] for r in rows], 0.4, label="npujax (row_stationary)")
-        ax.bar(x + 0.2, [r[paper] for r in rows], 0.4, label="Eyeriss chip (JSSC 2017)")
+        w = 0.27 if zigzag else 0.4
+        ax.bar(x - w / 2 if not zigzag else x - w, [r[ours] for r in rows], w,
+               label="npujax (row_stationary)")
+        ax.bar(x + w / 2 if not zigzag else x, [r[paper] for r in rows], w,
+               label="Eyeriss chip (JSSC 2017)")
+        if zigzag and ours == "latency_ms":
+            ax.bar(x + w, [z["latency_ms_200MHz"] for z in zigzag], w,
+                   label="ZigZag, eyeriss_like (RS unrolling)")
         ax.set_xticks(x, [r["layer"] for r in rows])
         ax.set_ylabel(label)
         ax.grid(axis="y", alpha=0.3)
@@ -148,11 +155,14 @@ def plot(rows: list[dict]) -> bytes:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("docs/results"))
+    ap.add_argument("--zigzag", type=Path, default=None,
+                    help="JSON of experiments/eyeriss/zigzag_alexnet.py (ZigZag bars in the plot)")
     args = ap.parse_args(argv)
     rows = run()
     text = table(rows)
     print(text)
-    png = plot(rows)  # everything computed before anything is written
+    zz = json.loads(args.zigzag.read_text()) if args.zigzag else None
+    png = plot(rows, zz)  # everything computed before anything is written
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out / "row_stationary.json", json.dumps(rows, indent=1) + "\n")
     atomic_write_bytes(args.out / "row_stationary_alexnet.png", png)
