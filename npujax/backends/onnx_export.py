@@ -48,7 +48,7 @@ from npujax.ops import OPS, kernel_out_axis
 from npujax.quantize.quantizers import QState
 from npujax.quantize.spec import LayerQuant, QuantSpec
 
-__all__ = ["to_onnx", "EXPORT_OPSET", "QDQ_EXTENDED_OPSET"]
+__all__ = ["to_onnx", "exported_biases", "EXPORT_OPSET", "QDQ_EXTENDED_OPSET"]
 
 #: ONNX opset of exported models (HardSwish needs 14; ReduceMean keeps ``axes`` as attribute).
 EXPORT_OPSET = 17
@@ -409,6 +409,7 @@ def to_onnx(
     int32_bias: bool = True,
     requantize_outputs: bool = True,
     dynamic_batch: bool = True,
+    full_check: bool = False,
 ) -> onnx.ModelProto:
     """Write ``graph`` with ``params`` as an ONNX model, in QDQ form for the layers in ``quant``.
 
@@ -435,6 +436,8 @@ def to_onnx(
       dynamic_batch: write the batch dimension of the inputs and outputs as the symbolic
         ``"batch"`` (onnxruntime then runs the model at any batch size). A graph whose shapes
         fold the traced batch (see :func:`npujax.rebatch`) keeps its fixed batch.
+      full_check: also run ``onnx.checker.check_model(full_check=True)`` (strict shape
+        inference over every node) on the finished model, ``value_info`` included.
 
     Returns:
       The ``onnx.ModelProto`` (opset :data:`EXPORT_OPSET`, or :data:`QDQ_EXTENDED_OPSET` when a
@@ -499,8 +502,37 @@ def to_onnx(
     inferred = onnx.shape_inference.infer_shapes(model, check_type=True, data_prop=True)
     known = {v.name for v in (*g.input, *g.output)} | set(w.inits)
     model.graph.value_info.extend(v for v in inferred.graph.value_info if v.name not in known)
+    if full_check:
+        onnx.checker.check_model(model, full_check=True)
     if path is not None:
         atomic_write_bytes(path, model.SerializeToString())
     return model
 
 
+
+
+def exported_biases(model: onnx.ModelProto | bytes) -> dict[str, np.ndarray]:
+    """The int32 biases a :func:`to_onnx` file holds, dequantized: ``{layer: bias}``.
+
+    ``bias = (bias_q - zero_point) * bias_scale`` of each layer's ``<layer>/bias_dequant`` node,
+    float32 of the layer's bias shape. Substituted into the params, they make npujax's fake-quant
+    :func:`npujax.ir.execute.execute` compute what the file computes (the float bias would add
+    up to half a bias step more or less per channel).
+
+    Args:
+      model: a model written by :func:`to_onnx` (or its serialized bytes).
+
+    Returns:
+      ``{layer name: float32 bias}`` for every layer whose bias was quantized to int32.
+    """
+    if isinstance(model, bytes):
+        model = onnx.load_from_string(model)
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    out = {}
+    for n in model.graph.node:
+        if n.op_type == "DequantizeLinear" and n.name.endswith("/bias_dequant"):
+            q, s, z = (inits[i] for i in n.input)
+            out[n.name[:-len("/bias_dequant")]] = (
+                (q.astype(np.int64) - z.astype(np.int64)) * s.astype(np.float64)
+            ).astype(np.float32)
+    return out

@@ -18,14 +18,27 @@ from pathlib import Path
 from typing import NoReturn
 
 from npujax._version import __version__
-from npujax.cli import calibrate, codesign, demo, fit, lower, presets, qat, search, sweep, topology
+from npujax.cli import (
+    calibrate,
+    codesign,
+    demo,
+    fit,
+    lower,
+    presets,
+    qat,
+    quantize,
+    search,
+    sweep,
+    topology,
+)
 from npujax.cli._common import configure_logging
 from npujax.errors import ConfigError, NpujaxError
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
 #: The command modules, in ``--help`` order; each has ``add_parser(subparsers)`` and ``run``.
-COMMANDS = (demo, lower, fit, sweep, search, codesign, qat, calibrate, presets, topology)
+COMMANDS = (demo, lower, fit, sweep, search, codesign, qat, calibrate, quantize, presets,
+            topology)
 
 
 class _Parser(argparse.ArgumentParser):

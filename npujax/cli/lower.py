@@ -49,7 +49,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "datacenter_128x128 --weight-bits 4 --act-bits 16 --kv-bits 8"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     lo.intermixed = True  # models may follow options: `npujax lower --npu X A.onnx B.onnx`
-    from npujax.hw import FUSION_LEVELS
+    from npujax.hw import FUSION_LEVELS, UNSUPPORTED_POLICIES
     from npujax.plan import OBJECTIVES, SHARING
 
     lo.add_argument("model", nargs="*", help="an .onnx model, zoo:ppocr_cls / zoo:ppocr_det / "
@@ -93,6 +93,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     lo.add_argument("--sweep-resolution", action="store_true",
                     help="also lower at half and double the input resolution (ONNX models; "
                     "each model's with several)")
+    lo.add_argument("--shapes", nargs="+", metavar="CSV|SHAPE:WEIGHT",
+                    help="a distribution of input shapes (a CSV of shape,probability rows, or "
+                    "tokens such as 48x160:3 48x320:1; a number is a sequence length or a "
+                    "square side): lower the ONNX model at each, and compare recompiling per "
+                    "shape with padding to --buckets buckets (npujax.plan.buckets)")
+    lo.add_argument("--buckets", default="1..4", metavar="K|A..B",
+                    help="with --shapes: the bucket counts to plan (default 1..4)")
+    lo.add_argument("--inferences", type=float, default=1000.0,
+                    help="with --shapes: inferences a compiled shape serves, over which its "
+                    "compile time is amortised (default 1000)")
+    lo.add_argument("--compile-s", type=float,
+                    help="with --shapes: compile/reload time per shape in seconds (default: the "
+                    "preset's host.shape_compile_s)")
+    lo.add_argument("--unsupported", choices=UNSUPPORTED_POLICIES,
+                    help="override the preset's ops.unsupported: 'fallback' (host CPU), "
+                    "'rewrite_or_fallback' (per layer the cheaper of an exact rewrite and the "
+                    "fallback, reported with why) or 'rewrite_or_refuse'")
     lo.add_argument("--npu", default="edge_16x16",
                     help="preset name or TOML path (default: edge_16x16)")
     lo.add_argument("--dataflow", help="override the preset's dataflow "
@@ -128,7 +145,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 #: array, dataflow and layers from the config and topology, and refuses them).
 _MODEL_FLAGS = ("input_shape", "fusion", "cores", "schedule", "objective", "sharing", "phase",
                 "seq_len", "kv_len", "kv_bits", "sweep_resolution", "npu", "dataflow",
-                "mapping", "weight_bits", "act_bits", "batch", "format")
+                "mapping", "weight_bits", "act_bits", "batch", "format", "shapes",
+                "unsupported", "compile_s")
 
 
 def _run_scalesim(args: argparse.Namespace) -> int:
@@ -207,7 +225,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("npujax lower needs a model (or --scalesim-config with --topology).")
     _check_flags(args, len(args.model))
     if args.format != "table" and (len(args.model) > 1 or args.sweep_resolution
-                                   or args.schedule or str(args.model[0]).startswith("decoder:")):
+                                   or args.shapes or args.schedule
+                                   or str(args.model[0]).startswith("decoder:")):
         raise ConfigError(f"--format {args.format} prints one model's schedule; give one "
                           "model file, without --sweep-resolution or --schedule (their tables "
                           "need --format table).")
@@ -228,6 +247,8 @@ def run(args: argparse.Namespace) -> int:
         changes["array.cores"] = args.cores
     if args.mapping:
         changes["memory.mapping"] = args.mapping
+    if args.unsupported:
+        changes["ops.unsupported"] = args.unsupported
     if changes:
         spec = spec.with_fields(changes)
     out = output_dir(args.out)
@@ -255,15 +276,24 @@ def run(args: argparse.Namespace) -> int:
     if args.sweep_resolution and not onnx_model:
         raise ConfigError("--sweep-resolution re-imports the model at other input sizes; "
                           "it needs an .onnx model.")
+    if args.shapes and not onnx_model:
+        raise ConfigError("--shapes re-imports the model at each input shape; it needs an "
+                          ".onnx model (or zoo:NAME).")
     precision = _precision_fn(wbits, abits)
     with phase(f"lower: costing {len(graph.nodes)} nodes on {spec.name}", progress):
         result = lower_dataflows(graph, spec, precision(graph), dataflow=args.dataflow,
                                  batch=batch)
+    if result.graph is not None:  # ops.unsupported rewrote layers: report on that graph
+        graph, batch = result.graph, None
+        spec = spec.with_fields({"ops.unsupported": "fallback"})
     if args.format != "table":
         return _print_machine_readable(args, result, spec, out)
     con = console()
     print_lowering(con, result, f"{Path(args.model).name} on {spec.name} "
                                 f"({result.schedule.dataflow})")
+    from npujax.report.lowering import print_rewrites
+
+    print_rewrites(con, result.schedule)
     from npujax.ir.passes import rebatch
     from npujax.plan import memory_report
     from npujax.report.lowering import print_attention, print_edges, print_memory
@@ -318,7 +348,45 @@ def _schedules_and_sweep(con: Any, args: argparse.Namespace, path: str, graph: A
             sweep = resolution_sweep(path, graph, spec, batch, precision, args.dataflow)
         print_resolution_sweep(con, sweep, title=title)
         extra["resolution_sweep"] = sweep
+    if getattr(args, "shapes", None):
+        extra["shape_buckets"] = _shape_buckets(con, args, path, graph, spec, precision, title)
     return extra
+
+
+def parse_buckets(text: str) -> list[int]:
+    """``"3"`` -> ``[3]``; ``"1..4"`` -> ``[1, 2, 3, 4]`` (the ``--buckets`` option)."""
+    a, dots, b = text.partition("..")
+    try:
+        lo, hi = int(a), int(b) if dots else int(a)
+    except ValueError:
+        lo, hi = 0, -1
+    if lo < 1 or hi < lo:
+        raise ConfigError(f"--buckets {text!r}: give K or A..B with 1 <= A <= B (e.g. 1..4).")
+    return list(range(lo, hi + 1))
+
+
+def _shape_buckets(con: Any, args: argparse.Namespace, path: str, graph: Any, spec: Any,
+                   precision: Any, title: str = "") -> dict[str, Any]:
+    """``--shapes``: the model at each shape, the bucket plans, printed and returned."""
+    from npujax.report.lowering import print_shape_buckets
+    from npujax.workflows.lowering import import_onnx_for_lowering
+    from npujax.workflows.shape_buckets import (
+        read_shape_distribution,
+        shape_bucket_report,
+        shape_costs,
+    )
+
+    ks = parse_buckets(args.buckets)
+    src = args.shapes[0] if len(args.shapes) == 1 and Path(args.shapes[0]).is_file() \
+        else args.shapes
+    dist = read_shape_distribution(src)
+    compile_s = spec.host.shape_compile_s if args.compile_s is None else args.compile_s
+    base = {t: graph.tensors[t].shape for t in graph.inputs}
+    costs = shape_costs(lambda shapes: import_onnx_for_lowering(path, shapes, None), base, dist,
+                        spec, precision, args.dataflow, show_progress=not args.no_progress)
+    report = shape_bucket_report(costs, ks, compile_s, args.inferences)
+    print_shape_buckets(con, report, title=title)
+    return report
 
 
 def _write(con: Any, out: Path, result: Any, spec: Any, extra: dict[str, Any]) -> None:

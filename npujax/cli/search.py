@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
+from typing import Any
 
 from npujax.cli._common import (
     add_data_args,
@@ -57,8 +59,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     se.add_argument("--act-candidates", type=int_list("--act-candidates"), default=(8,),
                     help="activation widths (default 8)")
     se.add_argument("--steps", type=positive_int, default=300, help="gradient-search steps")
-    se.add_argument("--pin", help="layers held at fixed widths: 'first-last' (the first and last "
-                    "GEMM layers at 8 bits) or layer=bits pairs, e.g. conv1=8,fc2=8")
+    se.add_argument("--pin", help="layers held at fixed widths: 'sensitive' or 'sensitive:K' (the "
+                    "K layers, default 2, whose weights or inputs at the narrowest candidate "
+                    "widths move the output most, each measured alone: weights at 8 bits, "
+                    "inputs at the widest --act-candidates), "
+                    "'first-last' (the first and last GEMM layers at 8 bits) or layer=bits "
+                    "pairs, e.g. conv1=8,fc2=8")
     se.add_argument("--sensitivity-samples", type=positive_int, default=16,
                     help="Hutchinson probes for the Hessian traces (ilp, greedy; default 16)")
     se.add_argument("--seed", type=seed, default=0,
@@ -91,15 +97,19 @@ def run(args: argparse.Namespace) -> int:
                             seed=args.seed, calibrate_act_bits=max(args.act_candidates),
                             progress=not args.no_progress)
     layers = [n.name for n in gemm_nodes(m.graph)]
+    pinned: Mapping[str, int | tuple[int, int]] | None
     if args.pin in (None, ""):
         pinned = None
     elif args.pin == "first-last":
         pinned = {layers[0]: 8, layers[-1]: 8}
+    elif args.pin == "sensitive" or args.pin.startswith("sensitive:"):
+        pinned = _sensitive_pins(args, m, len(layers))
     else:
         pins = bits_spec(args.pin)
         if not isinstance(pins, dict):
-            raise ConfigError(f"--pin takes layer=bits pairs or 'first-last', got {args.pin!r}.")
-        pinned = pins
+            raise ConfigError(f"--pin takes layer=bits pairs, 'first-last' or "
+                              f"'sensitive[:K]', got {args.pin!r}.")
+        pinned = dict(pins)
     config = SearchConfig(
         method=args.method, pinned=pinned, sensitivity=args.sensitivity,
         budget_s=args.budget_latency, budget_ratio=args.budget_ratio,
@@ -120,3 +130,29 @@ def run(args: argparse.Namespace) -> int:
               f"A{report.policy.act_bits[layer]}")
     print(f"wrote {args.out}")
     return 0
+
+
+def _sensitive_pins(args: argparse.Namespace, m: Any, layers: int
+                    ) -> dict[str, int | tuple[int, int]]:
+    """``--pin sensitive[:K]``: the K most sensitive layers (weights or inputs, each measured
+    alone at the narrowest candidates) kept wide: weights at 8 bits, inputs at the widest
+    activation candidate.
+
+    Raises:
+      ConfigError: K not a positive int.
+    """
+    from npujax.search.sensitivity import most_sensitive_layers
+
+    _, _, k = args.pin.partition(":")
+    try:
+        count = int(k) if k else 2
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise ConfigError(f"--pin {args.pin!r}: write sensitive or sensitive:K with K >= 1.")
+    rows = most_sensitive_layers(m.graph, m.params, m.x_train[:256], min(args.candidates),
+                                 min(args.act_candidates), min(count, layers))
+    print("kept wide (most sensitive; weight-only / activation-only output SQNR): " + ", ".join(
+        f"{r.name} ({r.weight_sqnr_db:.1f}/{r.act_sqnr_db:.1f} dB)" for r in rows))
+    wide = (8, int(max(args.act_candidates)))  # weights 8, inputs the widest candidate
+    return {r.name: wide for r in rows}

@@ -5,18 +5,25 @@
   the PP-OCR text-orientation classifier (class 0 upright, class 1 rotated) and realistic inputs
   for the text detector.
 * :func:`photo_crops`: crops of scikit-learn's two real photographs (``china``, ``flower``).
+* :func:`image_folder`: a user's own folder of image files, preprocessed as described there.
 
-Both return ``[n, 3, h, w]`` float32 channels-first batches normalized as PaddleOCR feeds its
+All return ``[n, 3, h, w]`` float32 channels-first batches normalized as PaddleOCR feeds its
 models, ``(pixel / 255 - 0.5) / 0.5`` (values in [-1, 1]).
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 
 from npujax.errors import ConfigError
 
-__all__ = ["text_images", "photo_crops", "orientation_labels"]
+__all__ = ["text_images", "photo_crops", "orientation_labels", "image_folder", "IMAGE_SUFFIXES"]
+
+#: The image files :func:`image_folder` reads (by suffix, any case).
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
 _WORDS = ("npujax systolic array quantization int8 latency roofline weight stationary ONNX "
           "export calibration observer fold tile SRAM DRAM bandwidth vector unit fallback "
@@ -118,3 +125,76 @@ def photo_crops(h: int, w: int, n: int, seed: int = 0) -> np.ndarray:
         crop = img[y0:y0 + ch, x0:x0 + cw]
         out.append(crop[np.arange(h) * ch // h][:, np.arange(w) * cw // w].transpose(2, 0, 1))
     return _normalize(np.stack(out))
+
+
+def image_folder(path: str | os.PathLike[str], input_shape: tuple[int, ...]
+                 ) -> tuple[np.ndarray, np.ndarray | None]:
+    """A folder of image files as a model's inputs (and labels, from class sub-folders).
+
+    Preprocessing, in this order (one image at a time, with Pillow, which matplotlib requires):
+
+    1. converted to RGB (3-channel models) or to 8-bit grayscale (1-channel models);
+    2. resized to the model's ``H x W`` with bilinear interpolation (no crop, so the aspect
+       ratio is not kept);
+    3. normalized as :func:`text_images`: ``(pixel / 255 - 0.5) / 0.5``, values in [-1, 1];
+    4. laid out as the model takes it: ``[n, C, H, W]`` for an input shape ``(C, H, W)`` with
+       ``C`` 1 or 3, else ``[n, H, W, C]`` (a channels-last model, ``C`` last).
+
+    Labels follow torchvision's ``ImageFolder`` convention with the class number as the folder
+    name: when every image lies in a sub-folder whose name is a non-negative integer
+    (``DIR/0/a.png``, ``DIR/7/b.jpg``), that integer is its label; when all images lie in
+    ``DIR`` itself there are no labels. Files are read in sorted path order.
+
+    Args:
+      path: the folder.
+      input_shape: the model's per-example input shape, ``(C, H, W)`` or ``(H, W, C)``.
+
+    Returns:
+      ``(x, y)``: float32 inputs in the model's layout, and int32 labels ``[n]`` or None.
+
+    Raises:
+      ConfigError: no image file in the folder, a mix of top-level files and class folders,
+        a class folder whose name is not an integer, an image Pillow cannot read, or a model
+        whose input is not an image (``C`` not 1 or 3).
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    folder = Path(path)
+    want = tuple(int(d) for d in input_shape)
+    if len(want) != 3 or (want[0] not in (1, 3) and want[2] not in (1, 3)):
+        raise ConfigError(f"--data {folder}: a folder of images feeds models taking (C, H, W) or "
+                          f"(H, W, C) images with C = 1 or 3, but the model takes {want}; pass a "
+                          ".npy/.npz file of inputs instead.")
+    channels_first = want[0] in (1, 3)
+    c, h, w = (want if channels_first else (want[2], want[0], want[1]))
+    files = sorted(f for f in folder.rglob("*")
+                   if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise ConfigError(f"--data {folder}: the folder holds no image file "
+                          f"({', '.join(IMAGE_SUFFIXES)}).")
+    depth = {len(f.relative_to(folder).parts) for f in files}
+    if depth not in ({1}, {2}):
+        raise ConfigError(f"--data {folder}: put the images either all in the folder itself "
+                          "(unlabelled) or all in class sub-folders named 0, 1, ... (labelled), "
+                          "not both or deeper.")
+    labels = None
+    if depth == {2}:
+        names = sorted({f.parent.name for f in files})
+        bad = [n for n in names if not n.isdigit()]
+        if bad:
+            raise ConfigError(f"--data {folder}: class sub-folders must be named by their class "
+                              f"number (0, 1, ...), got {bad[:3]}.")
+        labels = np.asarray([int(f.parent.name) for f in files], np.int32)
+    out = np.empty((len(files), c, h, w), np.uint8)
+    for i, f in enumerate(files):
+        try:
+            with Image.open(f) as img:
+                a = np.asarray(img.convert("RGB" if c == 3 else "L").resize(
+                    (w, h), Image.Resampling.BILINEAR), np.uint8)
+        except (OSError, UnidentifiedImageError, ValueError) as e:
+            raise ConfigError(f"--data {folder}: cannot read image {f}: {e}") from None
+        out[i] = a.transpose(2, 0, 1) if a.ndim == 3 else a[None]
+    x = _normalize(out)
+    if not channels_first:
+        x = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    return x, labels

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from npujax.data.datasets import load_digits_nhwc, load_mnist5k_nhwc
-from npujax.data.images import photo_crops, text_images
+from npujax.data.images import image_folder, photo_crops, text_images
 from npujax.errors import ConfigError, ShapeError
 from npujax.limits import check_array_file, check_bytes
 
@@ -35,8 +35,11 @@ def load_inputs(
       source: ``digits``, ``mnist5k`` (labelled, their own train/test split), ``text`` or
         ``photos`` (unlabelled images generated at the model's size, NCHW or, for a model
         taking ``(H, W, 3)``, NHWC; see
-        :mod:`npujax.data.images`; 80 % / 20 % split), or the path of a ``.npy`` file (inputs) or
-        ``.npz`` file (``x``, optional int ``y``; 80 % / 20 % split).
+        :mod:`npujax.data.images`; 80 % / 20 % split), the path of a ``.npy`` file (inputs) or
+        ``.npz`` file (``x``, optional int ``y``; 80 % / 20 % split), or a folder of images
+        (:func:`npujax.data.images.image_folder`: its preprocessing, and labels from class
+        sub-folders; 80 % / 20 % split). File inputs must be real numbers (int, uint or
+        float; converted to float32).
       input_shape: the model's input shape ``(batch, ...)``; the batch size is ignored.
       n: examples generated for ``text``/``photos``.
       seed: split and generation seed.
@@ -46,8 +49,11 @@ def load_inputs(
       source has no labels).
 
     Raises:
-      ConfigError: unknown source, unreadable file, an ``.npz`` without ``x``.
-      ShapeError: the data's per-example shape is not the model's.
+      ConfigError: unknown source, unreadable file, an ``.npz`` without ``x``, inputs of a
+        dtype that is not a real number (bool, complex, strings, objects), no examples or only
+        one, NaN or infinite inputs.
+      ShapeError: the data's per-example shape is not the model's; labels that are not ints
+        of shape ``(n,)``.
       LimitError: generated images or a file's arrays over ``max_tensor_bytes`` (checked
         before they are made or read).
     """
@@ -70,11 +76,13 @@ def load_inputs(
         x, y = make(hw[0], hw[1], n, seed=seed), None
         if channels_last:
             x = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    elif Path(source).is_dir():
+        x, y = image_folder(source, want)
     else:
         path = Path(source)
         if path.suffix not in (".npy", ".npz") or not path.is_file():
-            raise ConfigError(f"--data must be one of {sorted(DATA_SOURCES)} or an existing .npy/"
-                              f".npz file of inputs, got {source!r}.")
+            raise ConfigError(f"--data must be one of {sorted(DATA_SOURCES)}, an existing .npy/"
+                              f".npz file of inputs or a folder of images, got {source!r}.")
         check_array_file(path)  # sizes from the headers, before anything is read
         try:
             loaded = np.load(path, allow_pickle=False)
@@ -87,6 +95,13 @@ def load_inputs(
                 raise ConfigError(f"{path} must hold an array 'x' (inputs) and optionally 'y' "
                                   f"(int labels); it holds {sorted(loaded.files)}.")
             x, y = loaded["x"], (loaded["y"] if "y" in loaded else None)
+        if x.dtype.kind not in "iuf":
+            raise ConfigError(f"--data {path}: inputs 'x' must be real numbers (int, uint or "
+                              f"float), got dtype {x.dtype}; convert them with "
+                              "x.astype(np.float32) after your preprocessing.")
+        if x.ndim == 0 or len(x) == 0:
+            raise ConfigError(f"--data {path}: inputs 'x' hold no examples (shape {x.shape}); "
+                              "save a batch (n, ...) with n >= 2.")
         x = np.asarray(x, np.float32)
         if y is not None:
             y = np.asarray(y)

@@ -10,6 +10,7 @@ from npujax.hw.energy import sram_pj_per_byte as sram_pj_per_byte
 from npujax.hw.spec import ATTENTION_FUSIONS as ATTENTION_FUSIONS
 from npujax.hw.spec import DATAFLOWS as DATAFLOWS
 from npujax.hw.spec import FALLBACK_SCOPES as FALLBACK_SCOPES
+from npujax.hw.spec import UNSUPPORTED_POLICIES as UNSUPPORTED_POLICIES
 from npujax.hw.spec import FUSION_LEVELS as FUSION_LEVELS
 from npujax.hw.spec import GROUP_PACKINGS as GROUP_PACKINGS
 from npujax.hw.spec import LAYOUTS as LAYOUTS
@@ -53,6 +54,7 @@ __all__ = [
     "sram_pj_per_byte",
     "LAYOUTS",
     "FALLBACK_SCOPES",
+    "UNSUPPORTED_POLICIES",
     "FUSION_LEVELS",
     "GROUP_PACKINGS",
     "PRECISION_SCALINGS",

@@ -13,9 +13,9 @@ Hardware is data. Every numeric field carries its unit in its name (``clock_hz``
     [vector]   lanes, special_cycles_per_elem (optional, default 4)
     [layout]   activation_layout, c0, channel_alignment, dram_burst_bytes
     [ops]      supported, fused_activations, conv_max_kernel, conv_max_stride, fusion,
-               attention_fusion (optional), fallback (optional)
+               attention_fusion (optional), fallback (optional), unsupported (optional)
     [host]     cpu_ops_per_s, link_bytes_per_s, link_latency_s, memory_bytes_per_s (optional),
-               invocation_overhead_s (optional)
+               invocation_overhead_s (optional), shape_compile_s (optional)
     [technology] node_nm (optional section, as the two below: every key has a default)
     [energy]   reference_node_nm, node_exponent, mult_int8_pj, add_int32_pj,
                register_pj_per_byte, sram_read_pj_per_byte, sram_write_pj_per_byte,
@@ -64,6 +64,7 @@ __all__ = [
     "ATTENTION_FUSIONS",
     "PARAMETER_CACHES",
     "FALLBACK_SCOPES",
+    "UNSUPPORTED_POLICIES",
     "GROUP_PACKINGS",
     "ArraySpec",
     "MemorySpec",
@@ -119,6 +120,14 @@ PARAMETER_CACHES = ("none", "streams_from_dram", "streams_from_host")
 #: order (``rest_of_graph``: one partition, as the Coral Edge TPU compiler does,
 #: coral.ai/docs/edgetpu/models-intro).
 FALLBACK_SCOPES = ("per_op", "rest_of_graph")
+
+#: What the compiler does with an operator the NPU does not run (``ops.unsupported``): fall
+#: back to the host (``fallback``, the default: every figure as before), per layer the cheaper
+#: of the host fallback and an exact rewrite into operators the NPU runs
+#: (``rewrite_or_fallback``), or rewrite where a rule applies and refuse the model otherwise
+#: (``rewrite_or_refuse``: a compiler without host fallback). The rules are
+#: :mod:`npujax.ir.rewrites`; the decision is :func:`npujax.plan.decompose`'s.
+UNSUPPORTED_POLICIES = ("fallback", "rewrite_or_fallback", "rewrite_or_refuse")
 
 
 #: How a grouped convolution's groups share the array (``array.group_packing``): one group per
@@ -282,6 +291,8 @@ class OpsSpec:
         :data:`ATTENTION_FUSIONS` (default ``none``; :mod:`npujax.plan.passes.attention`).
       fallback: what runs on the host when an operator is not supported, one of
         :data:`FALLBACK_SCOPES` (default ``per_op``).
+      unsupported: fall back, rewrite or refuse an unsupported operator, one of
+        :data:`UNSUPPORTED_POLICIES` (default ``fallback``).
     """
 
     supported: tuple[str, ...] = _field()
@@ -291,6 +302,7 @@ class OpsSpec:
     fusion: str = _field(choices=FUSION_LEVELS, default="elementwise")
     attention_fusion: str = _field(choices=ATTENTION_FUSIONS, default="none")
     fallback: str = _field(choices=FALLBACK_SCOPES, default="per_op")
+    unsupported: str = _field(choices=UNSUPPORTED_POLICIES, default="fallback")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -309,6 +321,9 @@ class HostSpec:
       invocation_overhead_s: a fixed cost per inference (s), >= 0 (default 0): the runtime's
         call into the NPU and the link's round trips of the graph's input and output
         (:mod:`npujax.plan.passes.invocation`).
+      shape_compile_s: time to compile (or reload) the model for a new input shape (s), >= 0
+        (default 0: not modelled); the cost of a compiled bucket in
+        :mod:`npujax.plan.buckets`. Not part of any per-inference latency.
     """
 
     cpu_ops_per_s: float = _field(lo=1e3, hi=1e16)
@@ -316,6 +331,7 @@ class HostSpec:
     link_latency_s: float = _field(zero_ok=True, lo=0.0, hi=10.0)
     memory_bytes_per_s: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=1e15)
     invocation_overhead_s: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=10.0)
+    shape_compile_s: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=1e5)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -18,11 +18,18 @@ from npujax.plan.fit import FitConfig as FitConfig
 from npujax.plan.fit import FitResult as FitResult
 from npujax.plan.fit import fit_spec as fit_spec
 from npujax.plan.liveness import peak_activation_bytes as peak_activation_bytes
+from npujax.plan.buckets import BucketPlan as BucketPlan
+from npujax.plan.buckets import ShapeCosts as ShapeCosts
+from npujax.plan.buckets import bucket_plans as bucket_plans
+from npujax.plan.buckets import optimal_buckets as optimal_buckets
+from npujax.plan.decompose import Decomposition as Decomposition
+from npujax.plan.decompose import RewriteChoice as RewriteChoice
 from npujax.plan.lower import DEFAULT_BITS as DEFAULT_BITS
 from npujax.plan.lower import EdgeReport as EdgeReport
 from npujax.plan.lower import LayerReport as LayerReport
 from npujax.plan.lower import Lowering as Lowering
 from npujax.plan.lower import Schedule as Schedule
+from npujax.plan.lower import decompose_unsupported as decompose_unsupported
 from npujax.plan.lower import layer_bits as layer_bits
 from npujax.plan.lower import lower as lower
 from npujax.plan.lower import lower_by_dataflow as lower_by_dataflow
@@ -61,6 +68,13 @@ from npujax.plan.workload import Workload as Workload
 from npujax.plan.workload import workloads as workloads
 
 __all__ = [
+    "BucketPlan",
+    "ShapeCosts",
+    "bucket_plans",
+    "optimal_buckets",
+    "Decomposition",
+    "RewriteChoice",
+    "decompose_unsupported",
     "AttentionChain",
     "AttentionCosts",
     "attention_chains",

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from npujax.report.files import write_json, write_layers_csv
@@ -23,8 +24,8 @@ if TYPE_CHECKING:
     from npujax.plan.pipeline import CoreSchedule
 
 __all__ = ["print_lowering", "summary_line", "write_lowering", "print_resolution_sweep",
-           "print_edges", "print_attention", "print_memory", "print_core_schedules",
-           "print_coresidency"]
+           "print_edges", "print_rewrites", "print_shape_buckets", "print_attention",
+           "print_memory", "print_core_schedules", "print_coresidency"]
 
 
 def print_lowering(console: Console, lowering: Lowering, title: str) -> None:
@@ -95,6 +96,50 @@ def print_resolution_sweep(console: Console, rows: Mapping[str, Mapping[str, Any
     print_table(console, t)
     console.print("latency growing ~4x per doubling means compute- or activation-bound; much "
                   "less means weight-bandwidth or fixed overheads (fallback, transfers) dominate.")
+
+
+def print_rewrites(console: Console, schedule: Schedule) -> None:
+    """The unsupported layers under the preset's ``ops.unsupported`` policy: rewritten or sent
+    to the host, the whole graph's latency either way, and why (nothing under ``fallback``)."""
+    if not schedule.rewrites:
+        return
+    t = Table(title="unsupported layers: rewrite or fallback", title_justify="left")
+    for col in ("layer", "op", "rule", "choice", "fallback µs", "rewrite µs", "why"):
+        t.add_column(col, justify="right" if col.endswith("µs") else "left")
+    fmt = (lambda v: "" if v is None else f"{v * 1e6:,.2f}")  # noqa: E731
+    for c in schedule.rewrites:
+        t.add_row(escape(c.node), c.op, c.rule or "-", c.choice, fmt(c.fallback_s),
+                  fmt(c.rewrite_s), escape(c.reason))
+    print_table(console, t)
+
+
+def print_shape_buckets(console: Console, report: Mapping[str, Any], title: str = "") -> None:
+    """``--shapes``: latency per input shape, the best buckets per ``k``, recompiling per
+    shape, and the recommendation (:func:`npujax.workflows.shape_buckets.shape_bucket_report`)."""
+    t = Table(title=f"{title}input shapes", title_justify="left")
+    for col in ("shape", "probability", "MACs", "latency µs"):
+        t.add_column(col, justify="right")
+    for r in report["shapes"]:
+        t.add_row(r["shape"], f"{r['probability']:.3f}", f"{r['macs']:,}",
+                  f"{r['latency_s'] * 1e6:,.1f}")
+    print_table(console, t)
+    t = Table(title=f"{title}buckets (compile {report['compile_s']:g} s per shape over "
+                    f"{report['inferences']:g} inferences)", title_justify="left")
+    for col in ("plan", "buckets", "mean latency µs", "mean compile µs", "mean total µs",
+                "wasted MMACs", "wasted DRAM KiB"):
+        t.add_column(col, justify="right")
+    plans = [(f"k<={p['k']}", p) for p in report["plans"]]
+    plans.append(("per shape", report["recompile_per_shape"]))
+    for label, p in plans:
+        t.add_row(label, " ".join(p["buckets"]), f"{p['latency_s'] * 1e6:,.1f}",
+                  f"{p['compile_s'] * 1e6:,.1f}", f"{p['total_s'] * 1e6:,.1f}",
+                  f"{p['wasted_macs'] / 1e6:,.2f}", _kib(p["wasted_dram_bytes"]))
+    print_table(console, t)
+    best = report["recommended"]
+    console.print(f"recommended: buckets {' '.join(best['buckets'])} "
+                  f"({best['total_s'] * 1e6:,.1f} µs expected per inference); one resident "
+                  f"model reloaded on every shape change: "
+                  f"{report['reload_on_change_s'] * 1e6:,.1f} µs.")
 
 
 def _kib(nbytes: float) -> str:

@@ -7,6 +7,10 @@
   (cross terms vanish in expectation). Reported as the mean per weight, ``Tr(H_ll) / n_l``.
 * **Activations**: the empirical-Fisher analogue for each layer's input activation,
   :func:`activation_sensitivity`.
+* **Weights vs activations, measured**: :func:`most_sensitive_layers` ranks layers by
+  :func:`npujax.quantize.sensitivity.sensitivity_split` (model-output SQNR with one layer's
+  weights, or its inputs, quantized alone), the layers ``npujax search --pin sensitive`` keeps
+  wide.
 * **Perturbation** ``||Q_b(W_l) - W_l||_2^2`` of the symmetric per-channel quantizer at ``b``
   bits, and the HAWQ-V3 sensitivity ``Omega_l(b) = Tr(H_ll)/n_l * ||Q_b(W_l) - W_l||^2`` that the
   integer program minimises (Yao et al., ICML 2021, arXiv:2011.10680).
@@ -32,6 +36,7 @@ from npujax.quantize.calibrate import calibrate
 from npujax.quantize.parallel import data_parallel
 from npujax.quantize.quantizers import quantize_weight
 from npujax.quantize.quantizers.mixture import set_probabilities
+from npujax.quantize.sensitivity import LayerSensitivity, sensitivity_split
 from npujax.quantize.spec import quant_spec
 from npujax.quantize.train import cross_entropy
 from npujax.search.objective import fisher_targets
@@ -41,7 +46,7 @@ if TYPE_CHECKING:
     from npujax.search.config import SearchConfig
 
 __all__ = ["hessian_traces", "activation_sensitivity", "weight_perturbation", "hawq_sensitivity",
-           "loss_sensitivity", "layer_sensitivity"]
+           "loss_sensitivity", "layer_sensitivity", "most_sensitive_layers"]
 
 
 def hessian_traces(
@@ -314,3 +319,47 @@ def layer_sensitivity(problem: SearchProblem, config: SearchConfig
     out.update({ln: {(w, a): w_omega[ln][w] + a_omega[ln][a] for w in cands for a in acts}
                 for ln in kernels})
     return out
+
+
+def most_sensitive_layers(
+    graph: Graph,
+    params: Params,
+    x: Any,
+    weight_bits: int,
+    act_bits: int,
+    count: int,
+    *,
+    batch_size: int = 64,
+) -> list[LayerSensitivity]:
+    """The ``count`` layers whose weights or inputs at the given widths move the model's output
+    most, each measured alone (:func:`npujax.quantize.sensitivity.sensitivity_split`).
+
+    Every GEMM layer is quantized at ``weight_bits``/``act_bits`` (:func:`npujax.quant_spec`),
+    calibrated (min-max) on ``x``, and ranked by the lower of its weight-only and
+    activation-only model-output SQNR. This replaces a fixed "first and last layer" choice by a
+    measured one (the first and last layers are often, not always, the most sensitive: Nagel et
+    al. 2021, arXiv:2106.08295, section 4.3).
+
+    Args:
+      graph: the float model.
+      params: its params.
+      x: float32 inputs ``(n, ...)`` (a few hundred examples are plenty).
+      weight_bits: the width the search would go down to for weights (its narrowest).
+      act_bits: the same for input activations.
+      count: how many layers to return (at most the number of layers).
+      batch_size: examples per forward pass.
+
+    Returns:
+      The ``count`` most sensitive :class:`~npujax.quantize.sensitivity.LayerSensitivity`
+      rows, most sensitive first.
+
+    Raises:
+      ConfigError: ``count`` < 1.
+      CalibrationError: no examples, NaN/inf inputs.
+    """
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ConfigError(f"count must be a positive int, got {count!r}.")
+    q = quant_spec(graph, weight_bits, act_bits)
+    batches = [x[i:i + batch_size] for i in range(0, len(x), batch_size)]
+    qstate = calibrate(graph, params, batches, q)
+    return sensitivity_split(graph, params, q, qstate, batches)[:count]

@@ -1,0 +1,189 @@
+"""Per-layer quantization sensitivity split into weights and activations.
+
+For each quantized layer ``l`` the model is run three ways on the same data: in float, with only
+layer ``l``'s *weights* quantized (its ``LayerQuant`` with ``act=None``), and with only its *input
+activations* quantized (``weight=None``); every other layer stays in float. The sensitivity of an
+operand is the SQNR of the model's output,
+
+``SQNR_l = 10 log10(sum_i y_float,i^2 / sum_i (y_l,i - y_float,i)^2)``  (dB, over all batches),
+
+so a low SQNR marks an operand whose quantization alone moves the output most. This is the
+per-layer, per-operand analysis of AIMET's quantization analyzer ("per layer sensitivity" with
+weights and activations quantized separately) and of Nagel et al. 2021, "A White Paper on Neural
+Network Quantization", arXiv:2106.08295, section 4.3 (debugging by quantizing weights and
+activations of one layer at a time). It tells whether a layer must keep wide weights, wide
+inputs, or both: ``npujax quantize`` reports it, its accuracy-bounded loop returns layers to
+higher precision in this order, and ``npujax search --pin sensitive`` keeps the worst layers at
+8 bits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.typing import ArrayLike
+
+from npujax.errors import CalibrationError, ConfigError
+from npujax.ir.execute import execute, tap
+from npujax.ir.graph import Graph, Params
+from npujax.numerics import IntFormat
+from npujax.quantize.spec import LayerQuant, QuantSpec
+
+__all__ = ["LayerSensitivity", "sensitivity_split", "sensitivity_order"]
+
+
+class LayerSensitivity(NamedTuple):
+    """One layer's sensitivity, its weights and its input activations quantized separately.
+
+    Attributes:
+      name: the layer (graph node name).
+      op: its operator (``Conv``, ``Gemm``, ``MatMul``, ...).
+      weight_bits: its weight width (None: float weights, or a non-integer format).
+      act_bits: its input-activation width (None: float inputs, or a non-integer format).
+      weight_sqnr_db: model-output SQNR (dB) with only this layer's weights quantized (``inf``
+        when the layer has no quantized weights or the output does not move).
+      act_sqnr_db: model-output SQNR (dB) with only this layer's input activations quantized.
+      layer_sqnr_db: SQNR (dB) of this layer's own output with the *whole* model quantized
+        (errors accumulated, as deployed; :func:`npujax.quantize.ptq.layer_sqnr`), when asked
+        for (``whole_model=True``), else None.
+    """
+
+    name: str
+    op: str
+    weight_bits: int | None
+    act_bits: int | None
+    weight_sqnr_db: float
+    act_sqnr_db: float
+    layer_sqnr_db: float | None = None
+
+    @property
+    def worst_db(self) -> float:
+        """The lower of the two SQNRs: the layer's rank in :func:`sensitivity_order`."""
+        return min(self.weight_sqnr_db, self.act_sqnr_db)
+
+    @property
+    def dominant(self) -> str:
+        """``"weights"`` or ``"activations"``: the operand whose quantization costs more."""
+        return "weights" if self.weight_sqnr_db <= self.act_sqnr_db else "activations"
+
+
+def _sqnr_db(signal: float, noise: float) -> float:
+    if noise <= 0.0:
+        return math.inf
+    if signal <= 0.0:
+        return -math.inf
+    return 10.0 * math.log10(signal / noise)
+
+
+def _int_bits(fmt: Any) -> int | None:
+    return fmt.bits if isinstance(fmt, IntFormat) else None
+
+
+def sensitivity_split(
+    graph: Graph,
+    params: Params,
+    quant: QuantSpec,
+    qstate: dict[str, Any],
+    batches: Iterable[ArrayLike],
+    *,
+    layers: Sequence[str] | None = None,
+    whole_model: bool = False,
+) -> list[LayerSensitivity]:
+    """Each layer's model-output SQNR with only its weights, then only its inputs, quantized.
+
+    All the forward passes (float, and two per layer) run in one compiled program per batch
+    shape.
+
+    Args:
+      graph: the (BN-folded) model.
+      params: its params (after any PTQ method or bias correction: the weights that deploy).
+      quant: its quantization spec; layers with a single weight format are analysed.
+      qstate: the calibrated states of ``quant``'s layers (:func:`npujax.quantize.calibrate`).
+      batches: float32 input batches ``(batch, ...)`` in the model's layout; at least one.
+      layers: the layers to analyse (default: every layer of ``quant`` with a quantized
+        operand).
+      whole_model: also measure each row's ``layer_sqnr_db`` (in the same program).
+
+    Returns:
+      One :class:`LayerSensitivity` per layer, most sensitive first (ascending
+      :attr:`LayerSensitivity.worst_db`; ties keep graph order).
+
+    Raises:
+      ConfigError: a named layer that is not in ``quant``, or a search mixture (several
+        candidate formats: fix the widths first).
+      CalibrationError: no batches.
+
+    References:
+      Nagel et al. 2021, arXiv:2106.08295, section 4.3; AIMET's ``QuantAnalyzer``
+      (per-layer sensitivity with weights or activations quantized).
+    """
+    if layers is None:
+        names = [n for n, lq in quant.items() if lq.weight is not None or lq.act is not None]
+    else:
+        names = list(layers)
+        missing = [n for n in names if n not in quant]
+        if missing:
+            raise ConfigError(f"sensitivity_split: layers {missing} are not quantized in the "
+                              f"spec; its layers are {sorted(quant)}.")
+    mixtures = [n for n in names if len(quant[n].weight_candidates) > 1 or
+                quant[n].act_candidates]
+    if mixtures:
+        raise ConfigError(f"sensitivity_split: layers {mixtures} are search mixtures (several "
+                          "candidate widths); give each one width (a searched policy).")
+    specs: dict[tuple[str, str], dict[str, LayerQuant]] = {}
+    for n in names:
+        lq = quant[n]
+        if lq.weight is not None:
+            specs[(n, "weight")] = {n: dataclasses.replace(lq, act=None, act_range=None)}
+        if lq.act is not None:
+            specs[(n, "act")] = {n: dataclasses.replace(lq, weight=None, operand_range=None)}
+
+    def stats(p, x):
+        ft: dict[str, Any] = {}
+        if whole_model:
+            yf, ft = execute(graph, p, x, observe=tap(names))
+        else:
+            yf = execute(graph, p, x)
+        out = {"signal": jnp.sum(jnp.square(yf))}
+        for key, q in specs.items():
+            yq = execute(graph, p, x, quant=q, qstate=qstate)
+            out["/".join(key)] = jnp.sum(jnp.square(yq - yf))
+        if whole_model:
+            _, qt = execute(graph, p, x, quant=quant, qstate=qstate, observe=tap(names))
+            for n in names:
+                out[f"{n}/out_signal"] = jnp.sum(jnp.square(ft[n][1]))
+                out[f"{n}/out_noise"] = jnp.sum(jnp.square(qt[n][1] - ft[n][1]))
+        return out
+
+    fn = jax.jit(stats)
+    acc: dict[str, float] = {}
+    count = 0
+    for x in batches:
+        for k, v in jax.device_get(fn(params, jnp.asarray(x, jnp.float32))).items():
+            acc[k] = acc.get(k, 0.0) + float(v)
+        count += 1
+    if count == 0:
+        raise CalibrationError("sensitivity_split needs at least one batch; the iterator was "
+                               "empty.")
+    rows = []
+    for n in names:
+        lq = quant[n]
+        w = _sqnr_db(acc["signal"], acc[f"{n}/weight"]) if f"{n}/weight" in acc else math.inf
+        a = _sqnr_db(acc["signal"], acc[f"{n}/act"]) if f"{n}/act" in acc else math.inf
+        wf = lq.weight_candidates[0] if lq.weight_candidates else None
+        whole = _sqnr_db(acc[f"{n}/out_signal"], acc[f"{n}/out_noise"]) if whole_model \
+            else None
+        rows.append(LayerSensitivity(n, graph.node(n).op, _int_bits(wf), _int_bits(lq.act),
+                                     w, a, whole))
+    return sensitivity_order(rows)
+
+
+def sensitivity_order(rows: Iterable[LayerSensitivity]) -> list[LayerSensitivity]:
+    """``rows`` most sensitive first: ascending :attr:`LayerSensitivity.worst_db` (a stable
+    sort, so equal layers keep their order)."""
+    return sorted(rows, key=lambda r: r.worst_db)

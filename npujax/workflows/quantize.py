@@ -1,0 +1,467 @@
+"""From a float model to a deployable quantized file: the ``npujax quantize`` pipeline.
+
+:func:`quantize_model` runs, on a model and its data:
+
+1. the selected ``pre_calibration`` PTQ methods (:mod:`npujax.quantize.methods`), in order;
+2. calibration of the activation ranges with an observer of :data:`npujax.calib.OBSERVERS`;
+3. the selected ``post_calibration`` methods, in order;
+4. empirical bias correction (Nagel et al. 2019, arXiv:1906.04721, section 4.2), unless off;
+5. with labels and ``max_drop``: the accuracy-bounded loop
+   (:func:`npujax.quantize.accuracy_control.accuracy_control`), which repeats 2-4 per step;
+6. the per-layer report: each layer's output SQNR with the whole model quantized
+   (:func:`npujax.quantize.ptq.layer_sqnr`) and its weight-only / activation-only sensitivity
+   (:func:`npujax.quantize.sensitivity.sensitivity_split`); the modelled latency on an NPU
+   preset (:func:`npujax.lower`);
+7. the QDQ ONNX export (:func:`npujax.backends.onnx_export.to_onnx`: int32 biases, dynamic
+   batch, value_info, ``onnx.checker`` with ``full_check``), run in onnxruntime at every graph
+   optimization level and compared with npujax's fake-quant outputs (:data:`ORT_TOLERANCE`).
+
+:func:`write_quantize_outputs` writes the files (all of them or none).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from npujax._atomic import atomic_write_bytes, staged_dir
+from npujax._progress import note, phase
+from npujax.calib import OBSERVERS
+from npujax.errors import ConfigError, QuantizationError, ShapeError
+from npujax.ir.execute import execute
+from npujax.ir.graph import Graph, Params
+from npujax.quantize.accuracy_control import AccuracyControl, accuracy_control
+from npujax.quantize.calibrate import calibrate
+from npujax.quantize.methods import PTQMethod
+from npujax.quantize.ptq import bias_correction
+from npujax.quantize.sensitivity import LayerSensitivity, sensitivity_split
+from npujax.quantize.spec import QuantSpec
+from npujax.report.quantize import layers_csv_text, quantize_markdown
+
+__all__ = ["QuantizeConfig", "QuantizeResult", "quantize_model", "write_quantize_outputs",
+           "QUANTIZE_FILES", "ORT_TOLERANCE"]
+
+log = logging.getLogger(__name__)
+
+#: The files :func:`write_quantize_outputs` writes.
+QUANTIZE_FILES = ("model.qdq.onnx", "layers.csv", "report.md", "quantize.json")
+
+#: Default tolerance of the onnxruntime check, relative to the largest float output magnitude:
+#: ``max |y_ort - y_npujax| <= ORT_TOLERANCE * max |y_float|`` over the checked examples, at
+#: every level, where ``y_npujax`` is npujax's fake-quant :func:`npujax.ir.execute.execute` with
+#: the file's int32 biases (:func:`npujax.backends.onnx_export.exported_biases`; a float bias
+#: adds up to half a bias step more or less). What remains is float summation order, which can
+#: flip an activation code at a rounding tie. Measured on the digits CNN, 360 held-out examples,
+#: all four levels: W8A8 0.014 on logits up to 25.3 (one example; the 99th percentile 6e-6),
+#: W4A4 and W3A3 below 1e-5. The bound catches export faults (a wrong layout, scale or zero
+#: point moves outputs by their own magnitude).
+ORT_TOLERANCE = 0.02
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class QuantizeConfig:
+    """Settings of :func:`quantize_model`.
+
+    Attributes:
+      observer: calibration observer, a name of :data:`npujax.calib.OBSERVERS`.
+      methods: PTQ method instances (:class:`npujax.quantize.methods.PTQMethod`), each stage's
+        run in the order given.
+      bias_correction: empirical bias correction after calibration (and the methods).
+      calib_examples: calibration examples (from the training split), in batches of
+        ``batch_size``.
+      batch_size: examples per calibration / evaluation batch.
+      max_drop: with labels, the accuracy drop allowed (points); None: no loop.
+      ladder: widths a layer is returned to before float by the loop.
+      npu: preset name or TOML path for the modelled latency; None skips it.
+      requantize_outputs: also put Q/DQ on each GEMM output that the integer path requantizes
+        to its consumer's grid (:func:`npujax.backends.onnx_export.to_onnx`): onnxruntime then
+        runs those layers in its integer kernels, as :func:`npujax.backends.integer.convert`
+        does; npujax's fake-quant does not requantize there, so the outputs differ by more
+        than the default tolerance (digits CNN W8A8: 0.43 on logits up to 25, 1.7 %).
+      ort_check: run the exported file in onnxruntime at every optimization level.
+      ort_examples: examples of the evaluation split fed to onnxruntime (one batch).
+      ort_tolerance: see :data:`ORT_TOLERANCE`.
+      sensitivity_examples: examples for the sensitivity split and the per-layer SQNR.
+      progress: progress on stderr.
+    """
+
+    observer: str = "minmax"
+    methods: tuple[PTQMethod, ...] = ()
+    bias_correction: bool = True
+    calib_examples: int = 256
+    batch_size: int = 64
+    max_drop: float | None = None
+    ladder: tuple[int, ...] = (8,)
+    npu: str | None = "edge_16x16"
+    requantize_outputs: bool = False
+    ort_check: bool = True
+    ort_examples: int = 1024
+    ort_tolerance: float = ORT_TOLERANCE
+    sensitivity_examples: int = 128
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        if self.observer not in OBSERVERS:
+            raise ConfigError(f"QuantizeConfig.observer must be one of {list(OBSERVERS)}, got "
+                              f"{self.observer!r}.")
+        for f in ("calib_examples", "batch_size", "ort_examples", "sensitivity_examples"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"QuantizeConfig.{f} must be a positive int, got {v!r}.")
+        bad = [m for m in self.methods if not isinstance(m, PTQMethod)]
+        if bad:
+            raise ConfigError(f"QuantizeConfig.methods must be PTQMethod instances, got "
+                              f"{type(bad[0]).__name__}.")
+        if self.max_drop is not None and not (math.isfinite(self.max_drop)
+                                              and self.max_drop >= 0):
+            raise ConfigError(f"QuantizeConfig.max_drop must be a finite number of points >= 0, "
+                              f"got {self.max_drop!r}.")
+        if not (math.isfinite(self.ort_tolerance) and self.ort_tolerance > 0):
+            raise ConfigError(f"QuantizeConfig.ort_tolerance must be > 0, got "
+                              f"{self.ort_tolerance!r}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizeResult:
+    """What :func:`quantize_model` produced.
+
+    Attributes:
+      graph, params, quant, qstate: the quantized model (params after the methods and bias
+        correction; ``quant`` after the accuracy loop).
+      layers: per-layer rows (``name, op, weight_bits, act_bits, sqnr_db, weight_sqnr_db,
+        act_sqnr_db, dominant, latency_us``), worst ``sqnr_db`` first.
+      float_accuracy, accuracy: top-1 accuracy (percent) of the float and fake-quant model on
+        the evaluation split; None without labels.
+      control: what the accuracy-bounded loop did (None without ``max_drop``).
+      latency_s: modelled latency of one inference on ``npu`` (None when skipped).
+      npu: the preset's name.
+      onnx: the exported model (serialized).
+      ort: per optimization level ``{"max_abs_diff", "accuracy", "fake_quant_accuracy",
+        "top1_agreement"}`` (percent)
+        on the first ``ort_examples`` evaluation examples (accuracies None without labels;
+        None: check skipped).
+      ort_bound: the absolute bound the check used.
+      notes: the PTQ methods' notes.
+      examples: ``{"calibration": n, "evaluation": n}``.
+    """
+
+    graph: Graph
+    params: Params
+    quant: QuantSpec
+    qstate: dict[str, Any]
+    layers: list[dict[str, Any]]
+    float_accuracy: float | None
+    accuracy: float | None
+    control: AccuracyControl | None
+    latency_s: float | None
+    npu: str | None
+    onnx: bytes
+    ort: dict[str, dict[str, float | None]] | None
+    ort_bound: float | None
+    notes: tuple[str, ...]
+    examples: dict[str, int]
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON-ready summary written as ``quantize.json`` (infinite SQNRs as None)."""
+        c = self.control
+        return {
+            "float_accuracy": self.float_accuracy, "accuracy": self.accuracy,
+            "drop": (None if self.accuracy is None or self.float_accuracy is None
+                     else self.float_accuracy - self.accuracy),
+            "latency_s": self.latency_s, "npu": self.npu, "examples": self.examples,
+            "onnxruntime": self.ort, "onnxruntime_bound": self.ort_bound,
+            "methods": list(self.notes),
+            "accuracy_control": None if c is None else {
+                "max_drop": c.max_drop, "met": c.met, "initial_accuracy": c.initial_accuracy,
+                "steps": [{"layer": s.layer, "before": list(s.before),
+                           "after": None if s.after is None else list(s.after),
+                           "weight_sqnr_db": _finite(s.sensitivity.weight_sqnr_db),
+                           "act_sqnr_db": _finite(s.sensitivity.act_sqnr_db),
+                           "accuracy": s.accuracy, "drop": s.drop} for s in c.steps]},
+            "layers": [{k: _finite(v) for k, v in r.items()} for r in self.layers],
+        }
+
+
+def _finite(v: Any) -> Any:
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+def _batches(x: np.ndarray, size: int) -> list[np.ndarray]:
+    return [x[i:i + size] for i in range(0, len(x), size)]
+
+
+def _predict(graph: Graph, params: Params, x: np.ndarray, size: int,
+             quant: QuantSpec | None = None, qstate: dict[str, Any] | None = None) -> np.ndarray:
+    fn = jax.jit(lambda p, s, xb: execute(graph, p, xb, quant=quant, qstate=s))
+    return np.concatenate([np.asarray(fn(params, qstate, jnp.asarray(b))) for b in
+                           _batches(x, size)])
+
+
+def check_labels(y: np.ndarray, outputs: np.ndarray, *, more: np.ndarray | None = None) -> None:
+    """Refuse labels that cannot be top-1 targets of ``outputs``.
+
+    Args:
+      y: int labels of the examples ``outputs`` were computed on, ``(n,)``.
+      outputs: the model's outputs on them.
+      more: labels of other examples (the calibration split), checked against the classes only.
+
+    Raises:
+      ShapeError: outputs that are not ``(n, classes)`` scores, a label count that differs from
+        the examples', or a label outside ``[0, classes)``.
+    """
+    if outputs.ndim != 2:
+        raise ShapeError(f"labels were given, but the model's output has shape "
+                         f"{tuple(outputs.shape)}, not (examples, classes) scores; drop 'y' "
+                         "from --data (accuracy is measured on class scores).")
+    if len(y) != len(outputs):
+        raise ShapeError(f"--data has {len(y)} labels for {len(outputs)} examples.")
+    every = y if more is None or not len(more) else np.concatenate([y, more])
+    lo, hi, classes = int(every.min()), int(every.max()), outputs.shape[1]
+    if lo < 0 or hi >= classes:
+        raise ShapeError(f"--data labels range over [{lo}, {hi}], but the model scores "
+                         f"{classes} classes (labels 0..{classes - 1}); the labels do not "
+                         "match the model's outputs.")
+
+
+def _accuracy(scores: np.ndarray, y: np.ndarray) -> float:
+    return 100.0 * float(np.mean(scores.argmax(-1) == y))
+
+
+def quantize_model(
+    graph: Graph,
+    params: Params,
+    quant: QuantSpec,
+    x_calib: np.ndarray,
+    x_eval: np.ndarray,
+    y_eval: np.ndarray | None,
+    config: QuantizeConfig = QuantizeConfig(),
+    *,
+    y_calib: np.ndarray | None = None,
+) -> QuantizeResult:
+    """Quantize a float model (see the module docstring for the steps).
+
+    Args:
+      graph: the optimized float model (BN folded).
+      params: its float params.
+      quant: the precision to reach (:func:`npujax.quant_spec`, rules or a policy).
+      x_calib: float32 calibration inputs ``(n, ...)`` in the model's layout.
+      x_eval: float32 held-out inputs (accuracy, the onnxruntime check).
+      y_eval: int labels of ``x_eval`` ``(n,)``, or None.
+      config: the settings.
+      y_calib: labels of ``x_calib`` if any (only checked against the model's classes).
+
+    Returns:
+      A :class:`QuantizeResult`.
+
+    Raises:
+      ConfigError: ``max_drop`` without labels; an empty spec.
+      ShapeError: labels that do not match the model's outputs (:func:`check_labels`).
+      CalibrationError: NaN/inf reaching a layer.
+      QuantizationError: the exported file's onnxruntime outputs differ from npujax's
+        fake-quant outputs by more than the tolerance at some optimization level.
+    """
+    if not quant:
+        raise ConfigError("the precision leaves every layer in float; nothing to quantize "
+                          "(check --weight-bits/--act-bits, --rule or --policy).")
+    if config.max_drop is not None and y_eval is None:
+        raise ConfigError("--max-drop needs labelled data (an .npz with 'y', class "
+                          "sub-folders, or a labelled built-in source) to measure accuracy.")
+    progress = config.progress
+    calib = _batches(np.asarray(x_calib[:config.calib_examples], np.float32), config.batch_size)
+    x_eval = np.asarray(x_eval, np.float32)
+    with phase("quantize: float model on the evaluation data", progress):
+        y_float = _predict(graph, params, x_eval, config.batch_size)
+    float_acc = None
+    if y_eval is not None:
+        check_labels(y_eval, y_float, more=y_calib)
+        float_acc = _accuracy(y_float, y_eval)
+    notes: list[str] = []
+    pre = [m for m in config.methods if m.stage == "pre_calibration"]
+    post = [m for m in config.methods if m.stage == "post_calibration"]
+    g, p = graph, params
+    for m in pre:
+        with phase(f"quantize: {m.name}", progress):
+            step = m.apply(g, p, quant, calib, None)
+        g, p, quant = step.graph, step.params, step.quant
+        notes += [f"{m.name}: {n}" for n in step.notes]
+
+    def run(spec: QuantSpec) -> tuple[Graph, Params, QuantSpec, dict[str, Any], list[str]]:
+        gg, pp = g, p
+        qstate = calibrate(gg, pp, calib, spec, observer=config.observer)
+        said = []
+        for m in post:
+            with phase(f"quantize: {m.name}", progress):
+                st = m.apply(gg, pp, spec, calib, qstate)
+            gg, pp, spec = st.graph, st.params, st.quant
+            qstate = st.qstate if st.qstate is not None else qstate
+            said += [f"{m.name}: {n}" for n in st.notes]
+        if config.bias_correction:
+            pp = bias_correction(gg, pp, spec, calib, qstate)
+        return gg, pp, spec, qstate, said
+
+    sens_x = _batches(np.asarray(x_calib[:config.sensitivity_examples], np.float32),
+                      config.batch_size)
+    control = None
+    last: dict[str, Any] = {}  # the loop's last quantized model (the spec it ends with)
+    if config.max_drop is not None:
+        assert y_eval is not None and float_acc is not None
+
+        def evaluate(spec):
+            gg, pp, spec2, qstate, said = run(spec)
+            yq = _predict(gg, pp, x_eval, config.batch_size, spec2, qstate)
+            last.clear()
+            last.update(graph=gg, params=pp, quant=spec2, qstate=qstate, notes=said, y_q=yq)
+            return _accuracy(yq, y_eval), last.copy()
+
+        def sensitivity(spec, state, layers):
+            return sensitivity_split(state["graph"], state["params"], state["quant"],
+                                     state["qstate"], sens_x, layers=layers)
+
+        with phase(f"quantize: accuracy control (max drop {config.max_drop} points)",
+                   progress):
+            control = accuracy_control(
+                quant, evaluate, sensitivity, float_acc, config.max_drop,
+                ladder=config.ladder,
+                on_step=lambda s: note(f"returned {s.layer} to "
+                                       f"{'float' if s.after is None else s.after}: drop "
+                                       f"{s.drop:.2f} points", progress))
+        quant = control.quant
+        if not quant:
+            log.warning("the accuracy loop returned every layer to float; the written model "
+                        "is the float model.")
+    if last:  # the loop ended on this spec: its model is already quantized and evaluated
+        g, p, quant, qstate, y_q = (last[k] for k in ("graph", "params", "quant", "qstate",
+                                                      "y_q"))
+        notes += last["notes"]
+    else:
+        with phase("quantize: calibration" + (", methods" if post else "") +
+                   (", bias correction" if config.bias_correction else ""), progress):
+            g, p, quant, qstate, said = run(quant)
+            y_q = _predict(g, p, x_eval, config.batch_size, quant, qstate)
+        notes += said
+    with phase("quantize: per-layer report", progress):
+        acc = None if y_eval is None else _accuracy(y_q, y_eval)
+        split = {r.name: r for r in sensitivity_split(g, p, quant, qstate, sens_x,
+                                                      whole_model=True)} if quant else {}
+    latency_s, per_layer, npu = None, {}, None
+    if config.npu is not None:
+        from npujax.hw import load_npu_spec
+        from npujax.plan.lower import lower
+
+        spec = load_npu_spec(config.npu)
+        with phase(f"quantize: latency on {spec.name}", progress):
+            sched = lower(g, spec, quant)
+        latency_s, npu = sched.latency_s, spec.name
+        per_layer = {r.name: r.latency_s for r in sched.layers}
+    rows = _layer_rows(quant, split, per_layer)
+    onnx_bytes, ort, bound = _export_and_check(g, p, quant, qstate, x_eval, y_eval, y_q,
+                                               y_float, config)
+    return QuantizeResult(g, p, quant, qstate, rows, float_acc, acc, control, latency_s, npu,
+                          onnx_bytes, ort, bound, tuple(notes),
+                          {"calibration": sum(len(b) for b in calib),
+                           "evaluation": len(x_eval)})
+
+
+def _layer_rows(quant: QuantSpec, split: dict[str, LayerSensitivity],
+                latency: dict[str, float]) -> list[dict[str, Any]]:
+    """Report rows; an operand left in float has no sensitivity (None, not inf)."""
+    rows = [{"name": s.name, "op": s.op, "weight_bits": s.weight_bits, "act_bits": s.act_bits,
+             "sqnr_db": s.layer_sqnr_db,
+             "weight_sqnr_db": None if quant[s.name].weight is None else s.weight_sqnr_db,
+             "act_sqnr_db": None if quant[s.name].act is None else s.act_sqnr_db,
+             "dominant": s.dominant,
+             "latency_us": None if s.name not in latency else latency[s.name] * 1e6}
+            for s in split.values()]
+    return sorted(rows, key=lambda r: r["sqnr_db"])
+
+
+def _export_and_check(graph: Graph, params: Params, quant: QuantSpec, qstate: dict[str, Any],
+                      x_eval: np.ndarray, y_eval: np.ndarray | None, y_q: np.ndarray,
+                      y_float: np.ndarray, config: QuantizeConfig
+                      ) -> tuple[bytes, dict[str, dict[str, float | None]] | None, float | None]:
+    from npujax.backends.onnx_export import to_onnx
+
+    with phase("quantize: QDQ ONNX export", config.progress):
+        model = to_onnx(graph, params, quant, qstate, dynamic_batch=True,
+                        requantize_outputs=config.requantize_outputs,
+                        full_check=True).SerializeToString()
+    if not config.ort_check:
+        return model, None, None
+    from npujax.backends.onnx_export import exported_biases
+    from npujax.backends.ort_check import run_onnxruntime_levels
+
+    n = min(config.ort_examples, len(x_eval))
+    biases = exported_biases(model)
+    if biases:  # the reference: npujax's fake-quant with the file's int32 biases
+        written = {k: ({**v, "bias": jnp.asarray(biases[k])} if k in biases else v)
+                   for k, v in params.items()}
+        want = _predict(graph, written, x_eval[:n], config.batch_size, quant, qstate)
+    else:
+        want = y_q[:n]
+    bound = config.ort_tolerance * max(float(np.abs(y_float[:n]).max()), 1e-12)
+    with phase(f"quantize: onnxruntime check on {n} examples, 4 optimization levels",
+               config.progress):
+        outs = run_onnxruntime_levels(model, {graph.inputs[0]: x_eval[:n]})
+    ort: dict[str, dict[str, float | None]] = {}
+    for level, ys in outs.items():
+        diff = float(np.abs(ys[0].reshape(want.shape) - want).max())
+        ort[level] = {"max_abs_diff": diff, "accuracy": None if y_eval is None else
+                      _accuracy(ys[0].reshape(want.shape), y_eval[:n]),
+                      "fake_quant_accuracy": None if y_eval is None else
+                      _accuracy(want, y_eval[:n]),
+                      "top1_agreement": 100.0 * float(np.mean(
+                          ys[0].reshape(want.shape).argmax(-1) == want.argmax(-1)))
+                      if want.ndim == 2 else None}
+        if not diff <= bound:
+            raise QuantizationError(
+                f"the exported model's onnxruntime outputs at {level} differ from npujax's "
+                f"fake-quant outputs by {diff:.3g} (bound {bound:.3g} = {config.ort_tolerance} "
+                "x the largest float output); nothing was written. Report this with the model, or "
+                "pass --ort-tolerance to accept it.")
+    return model, ort, bound
+
+
+def write_quantize_outputs(out: str | os.PathLike[str], result: QuantizeResult,
+                           title: str) -> tuple[str, ...]:
+    """Write :data:`QUANTIZE_FILES` into ``out`` (all of them or none, ``staged_dir``).
+
+    Files: ``model.qdq.onnx`` (the QDQ model), ``layers.csv`` (one row per layer),
+    ``report.md`` (accuracy, latency, onnxruntime check, the accuracy loop's steps and the layer
+    table) and ``quantize.json`` (:meth:`QuantizeResult.summary`).
+
+    Returns:
+      The file names written.
+    """
+    from npujax.report import write_json
+
+    with staged_dir(Path(out)) as stage:
+        atomic_write_bytes(stage / "model.qdq.onnx", result.onnx)
+        (stage / "layers.csv").write_text(layers_csv_text(result.layers))
+        (stage / "report.md").write_text(quantize_markdown(result, title))
+        write_json(stage / "quantize.json", result.summary())
+    return QUANTIZE_FILES
+
+
+def method_instances(names: Sequence[str]) -> tuple[PTQMethod, ...]:
+    """The registered PTQ methods called ``names`` (:data:`npujax.quantize.methods.PTQ_METHODS`)
+    with their default hyper-parameters, in the order given.
+
+    Raises:
+      ConfigError: an unknown name (lists the registered ones).
+    """
+    from npujax.quantize.methods import PTQ_METHODS
+
+    unknown = [n for n in names if n not in PTQ_METHODS]
+    if unknown:
+        raise ConfigError(f"unknown PTQ method(s) {unknown}; registered: "
+                          f"{sorted(PTQ_METHODS) or 'none'}.")
+    return tuple(PTQ_METHODS[n]() for n in names)
