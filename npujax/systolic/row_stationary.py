@@ -28,8 +28,9 @@ floor(rows / R')`` bands of ``R'`` rows, each with a *strip* of at most ``cols``
 set needs ``strips = ceil(E / cols)`` of them:
 
 * ``strips <= bands``: the whole set fits and is *replicated* ``floor(bands / strips)`` times
-  (replicas work on other filters or channels): AlexNet CONV3 (3 x 13) runs 4 replicas, 156
-  PEs;
+  down the array, and ``floor(cols / E)`` times across it when ``E <= cols`` (replicas work on
+  other filters or channels): AlexNet CONV3 (3 x 13) runs 4 replicas, 156 PEs; a 1 x 1 set
+  (an FC layer) fills all 168 PEs;
 * ``strips > bands``: the set is *folded*: its strips run one band-load after another (CONV1,
   11 x 55, runs in strips of 14 columns, 154 PEs); CONV2 (5 x 27) fills two bands, 135 PEs.
 
@@ -45,10 +46,11 @@ the MACs (``F x S'`` per primitive, one per cycle), then the vertical accumulati
 processing pass (``p`` filters x ``q`` channels) each PE adds the incoming ``p x F`` psums to its
 own with the same adder (one cycle each; the bottom PE adds the psums of the previous pass,
 read back from the global buffer), and the last psum takes ``R' - 1`` hops up the column.
-Band jobs spread over all ``bands x cores`` bands (replication splits them by filters and
-channels), so
+Band jobs spread over all ``slots = bands x side x cores`` set places (``side = floor(cols /
+E)`` replicas across a band when one strip holds the set, else 1; replication splits the jobs by
+filters and channels, assumed evenly), so
 
-    compute_cycles = max(ceil(jobs x job_cycles / (bands x cores)), one pass)
+    compute_cycles = max(ceil(jobs x job_cycles / slots), one pass)
 
 ``jobs = N x groups x strips x ceil(R / R') x ceil(S / S')``. ``fill_drain_cycles`` are the
 accumulation and hop cycles (the part that is not MACs).
@@ -63,14 +65,15 @@ accessed four times per MAC (filter, ifmap, psum read and write).
 **GEMM / fully connected layers.** Eyeriss runs an FC layer as a convolution whose filter
 covers the whole input; a GEMM ``[M, K] x [K, N]`` without conv geometry is mapped as a 1 x 1
 convolution with ``E = F = 1`` over ``K`` channels for ``M`` images: the PE set is one PE, the
-primitive one MAC, and every pass of ``p x q`` MACs pays ``p`` accumulation cycles, so
-utilization stays near ``q / (q + 1)`` at best and the layer is memory bound on weights. That
+primitive one MAC, replicated over the whole array, and every pass of ``p x q`` MACs pays ``p``
+accumulation cycles, so utilization stays below ``q / (q + 1)`` and the layer, whose weights
+are used once per image, is memory bound on them. That
 is the real behaviour of RS on FC layers (JSSC Sec. VI reports CONV layers only).
 
 All arguments may be traced and broadcast (``vmap`` over hardware, ``[L]`` columns over layers);
-counts are exact int64 under :func:`npujax._exact.exact`. In the relaxed mode the ceilings and
-floors (``floor(a / b) = ceil((a - b + 1) / b)``) pass the straight-through slopes of
-:mod:`npujax._relax`; ``min`` passes the slope of the smaller side.
+counts are exact int64 (computed in 64 bits, as every count of the cost model). In the relaxed
+mode the ceilings and floors (``floor(a / b) = ceil((a - b + 1) / b)``) pass the
+straight-through slopes of ``npujax._relax``; ``min`` passes the slope of the smaller side.
 """
 
 from __future__ import annotations
@@ -152,13 +155,16 @@ def rs_conv(images, channels, filters, R, S, E, F, rows, cols, *, ifmap_spad, fi
     job = F * M * (C * s1 + c_groups) + m_groups * c_groups * (r1 - 1)
     jobs = n * G * strips * row_folds * s_folds
     one_pass = p * F * (q * s1 + 1) + (r1 - 1)
-    cycles = jnp.maximum(_ceil_div(jobs * job, bands * cores), one_pass)
+    # a set narrower than half the array sits side by side with replicas in its band
+    side = jnp.where(strips == 1, _floor_div(cols, jnp.minimum(E, cols)), 1)
+    slots = bands * side * cores
+    cycles = jnp.maximum(_ceil_div(jobs * job, slots), one_pass)
     overhead_total = jobs * (F * M * c_groups + m_groups * c_groups * (r1 - 1))
-    fill_drain = jnp.minimum(_ceil_div(overhead_total, bands * cores), cycles)
+    fill_drain = jnp.minimum(_ceil_div(overhead_total, slots), cycles)
     passes = jobs * m_groups * c_groups
 
     fits = strips <= bands
-    active = jnp.where(fits, _floor_div(bands, jnp.maximum(strips, 1)) * r1 * E,
+    active = jnp.where(fits, _floor_div(bands, jnp.maximum(strips, 1)) * side * r1 * E,
                        bands * r1 * jnp.minimum(E, cols))
     W = (F - 1) * U + S
     in_rows = (E - strips) * U + strips * r1           # sum over strips of (e - 1) U + R'
@@ -211,13 +217,21 @@ def rs_dram(images, channels, filters, R, E, F, cols, *, stride, ifmap_bytes, we
     the best of 1, ``ceil(N / 2)`` and ``N`` (fewest bytes). Zero compression is not modelled.
 
     Args:
-      images, channels, filters, R, E, F: ``N``, ``C``, ``M``, filter height, ofmap height and
-        width (counts >= 1; scalars or ``[L]``).
+      images: ``N``, images (counts >= 1; scalars or ``[L]``; may be traced).
+      channels: ``C``, channels per group (not read: every channel streams through).
+      filters: ``M``, filters per group.
+      R: filter height.
+      E: ofmap height.
+      F: ofmap width.
       cols: PE array columns (the strip height), >= 1.
       stride: ``U`` >= 1.
-      ifmap_bytes, weight_bytes, ofmap_bytes: each tensor's bytes once (float).
+      ifmap_bytes: the ifmap's bytes once (float).
+      weight_bytes: the filters' bytes once.
+      ofmap_bytes: the ofmap's bytes once.
       psum_elem_bytes: bytes of a partial sum.
-      psum_capacity_bytes, ifmap_capacity_bytes, filter_capacity_bytes: buffer capacities.
+      psum_capacity_bytes: the buffer bytes for partial sums (``ofmap_sram_bytes``).
+      ifmap_capacity_bytes: the buffer bytes for ifmap rows (``ifmap_sram_bytes``).
+      filter_capacity_bytes: bytes that can hold filters (``filter_sram_bytes``).
 
     Returns:
       float64 ``dram_read_bytes_ifmap``, ``dram_read_bytes_filter``, ``dram_write_bytes_ofmap``
