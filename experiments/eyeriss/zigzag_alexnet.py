@@ -46,8 +46,8 @@ def layer(name, c, m, k, e, u, hin):
 
 
 def main(argv=None) -> int:
-    from zigzag import api
     import zigzag
+    from zigzag import api
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=None)

@@ -24,8 +24,8 @@ log = logging.getLogger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from npujax.plan.thermal import THROTTLE_POLICIES
-    from npujax.systolic import DATAFLOW_NAMES, MAPPINGS
+    DATAFLOW_NAMES = names("npujax.systolic.dataflow", "DATAFLOW_NAMES")
+    MAPPINGS = names("npujax.systolic.mapping", "MAPPINGS")
 
     lo = sub.add_parser(
         "lower", help="per-layer NPU latency of an ONNX or saved model",
