@@ -54,7 +54,7 @@ from typing import IO, Any
 from npujax.errors import ConfigError, OutputError
 
 __all__ = ["file_sha256", "atomic_open", "atomic_write_text", "atomic_write_bytes", "staged_dir",
-           "check_output_dir", "MANIFEST"]
+           "check_output_dir", "foreign_files", "MANIFEST"]
 
 #: The file listing what npujax wrote in a run folder, written last:
 #: ``{"files": {relative/path: {"bytes", "sha256"}}}``.
@@ -424,6 +424,28 @@ def _staged_files(stage: Path) -> dict[str, dict[str, Any]]:
                               f"name npujax keeps for itself ({MANIFEST}, {WORK}).")
         files[rel] = {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
     return files
+
+
+def foreign_files(path: str | os.PathLike[str], rels: list[str]) -> list[str]:
+    """Those of ``rels`` (relative paths a run will write into the folder ``path``) that a
+    publish (:func:`staged_dir`) would refuse: taken by a file, folder or symlink npujax did
+    not write there, or changed since. A long run checks this first, so that it is refused
+    before the work, not after it.
+
+    Returns:
+      The refused paths, in the order given (empty when the run may go ahead).
+    """
+    out = Path(path)
+    previous = {rel: info.get("sha256") for rel, info in _manifest(out).items()
+                if isinstance(info, dict)}
+    refused = []
+    for rel in rels:
+        target = _inside(out, rel)
+        if target is not None and (not os.path.lexists(target)
+                                   or _is_ours(target, previous.get(rel))):
+            continue
+        refused.append(rel)
+    return refused
 
 
 def _publish(out: Path, stage: Path, files: dict[str, dict[str, Any]]) -> None:

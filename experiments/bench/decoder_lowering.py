@@ -1,4 +1,4 @@
-"""Benchmark: tracing and lowering an LLM decoder (24 layers: Qwen2.5-0.5B shapes), the steady
+"""Benchmark: building and lowering an LLM decoder (24 layers: Qwen2.5-0.5B shapes), the steady
 ``lower`` after compilation, and a sweep over the prefill sequence length lowered point by point
 (one compiled cost program per length) vs vmapped (:func:`npujax.plan.sweep_shapes`: one program
 for the whole sweep) -- both measured in one run, with the sweep's table on each preset.
@@ -44,12 +44,12 @@ def main() -> None:
     print(f"{a.config}: {cfg.layers} layers, d_model {cfg.d_model}; prefill, batch 1")
 
     graphs, trace_s = [], []
-    for s in seqs:  # the Flax trace is per shape (static shapes); the cost program is not
+    for s in seqs:  # the graph is per shape (static shapes); the cost program is not
         g, t = timed(lambda s=s: decoder_graph(cfg, phase="prefill", seq_len=s, kv_len=1,
                                                batch=1))
         graphs.append(g)
         trace_s.append(t)
-        print(f"  traced seq {s}: {len(g.nodes)} nodes, {t:.2f} s", flush=True)
+        print(f"  built seq {s}: {len(g.nodes)} nodes, {t:.2f} s", flush=True)
     spec = specs[0]
     ref = len(seqs) // 2
     _, first = timed(lambda: lower(graphs[ref], spec))
@@ -83,7 +83,7 @@ def main() -> None:
                   f"{sched_macs / nbytes:,.1f} | {'compute' if comp >= mem else 'memory'} | "
                   f"{lat[i] / max(comp, mem):.2f} | "
                   f"{100 * cyc[busy[i]].sum() / cyc.sum():.0f} % |")
-    print(f"\ntracing: {sum(trace_s):.1f} s for {len(seqs)} lengths "
+    print(f"\nbuilding the graphs: {sum(trace_s):.1f} s for {len(seqs)} lengths "
           f"({statistics.median(trace_s):.2f} s median)")
 
 

@@ -2,7 +2,12 @@
 
 The table is Table 1 of coral.ai/docs/edgetpu/benchmarks (``coral_edgetpu_table1.csv`` here,
 a copy of shared/fidelity's with a ``source`` column naming the architecture npujax builds:
-``keras:NAME`` with random weights, or empty where no packaged constructor matches the row).
+``keras:NAME`` with random weights; ``onnx/NAME.onnx``, an ONNX export made once by
+``export_onnx.py`` in its own venv (torchvision / timm constructors, random weights; the files
+are not in git, ``onnx_manifest.json`` pins their sha256, checked here before use); or empty
+where no constructor of the exact architecture exists). The ONNX exports are NCHW; like
+``npujax fit --table``, the script builds them channels-last on this NHWC preset
+(``table_graph(row, layout)``), as Coral's TensorFlow Lite models are.
 
 1. **USB Accelerator** (``coral_edgetpu``): ``fit --table`` of the off-chip (USB) rate and
    the fixed cost per inference, leave-one-out over every row with an architecture.
@@ -11,7 +16,8 @@ a copy of shared/fidelity's with a ``source`` column naming the architecture npu
    Dev Board measurement used); (b) the same with the link rate refitted on the Dev Board's own
    rows, leave-one-out.
 
-Run from the repository root (about 10 minutes on 2 CPU cores; needs the ``keras`` extra)::
+Run from the repository root (about 40 minutes on 2 shared CPU cores; needs the ``keras``
+extra and the exports of ``export_onnx.py``)::
 
     python experiments/fidelity/coral.py [--out experiments/fidelity/out]
 
@@ -22,6 +28,8 @@ predictions.csv, fit.json and the log-log plot.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import sys
 import time
@@ -31,12 +39,32 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 
 HERE = Path(__file__).resolve().parent
 TABLE = HERE / "coral_edgetpu_table1.csv"
+MANIFEST = HERE / "onnx_manifest.json"
 USB, DEV = "usb_accelerator_desktop", "dev_board"
 #: the fitted fields: the off-chip rate (the device's only off-chip memory is the host's,
 #: across the link; the VGG rows identify it) and the fixed cost per inference (the small
 #: models identify it); a per-layer first-access latency (memory.dram_latency_s) was tried and
 #: is not identified by this table (±72 %)
 FIELDS = ("memory.dram_bytes_per_s", "host.invocation_overhead_s")
+
+
+def check_exports(rows) -> None:
+    """Every ONNX file the table names is the one ``onnx_manifest.json`` pins (sha256)."""
+    manifest = {(HERE / m["file"]).resolve(): m for m in
+                json.loads(MANIFEST.read_text())["models"].values()}
+    for r in rows:
+        if not r.source.endswith(".onnx"):
+            continue
+        path = Path(r.source).resolve()
+        if path not in manifest:
+            raise SystemExit(f"{r.model}: {path} is not in {MANIFEST.name}")
+        if not path.exists():
+            raise SystemExit(f"{r.model}: {path} is missing; run experiments/fidelity/"
+                             "export_onnx.py in its own venv (see its docstring)")
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        if digest != manifest[path]["sha256"]:
+            raise SystemExit(f"{r.model}: {path} has sha256 {digest}, the manifest pins "
+                             f"{manifest[path]['sha256']}; re-export it")
 
 
 def main() -> int:
@@ -49,7 +77,13 @@ def main() -> int:
     from npujax.hw import fields, load_npu_spec
     from npujax.plan import network
     from npujax.plan.fit import fit_metrics
-    from npujax.plan.fit_table import TableModel, fit_table, predict_model_s, read_table
+    from npujax.plan.fit_table import (
+        TableModel,
+        TableRow,
+        fit_table,
+        predict_model_s,
+        read_table,
+    )
     from npujax.workflows.fit_table import (
         TableFitRun,
         model_bound,
@@ -66,12 +100,14 @@ def main() -> int:
 
     usb_spec, dev_spec = load_npu_spec("coral_edgetpu"), load_npu_spec("coral_devboard")
     rows = read_table(TABLE)
+    check_exports(rows)
+    layout = usb_spec.layout.activation_layout
     nets = {}
     for r in rows:
         if r.source and (r.source, r.input_hwc) not in nets:
             say(f"building {r.model} ({r.source}, {r.input_hwc})")
             # both presets have the same array, layout and operators: the same workloads
-            nets[r.source, r.input_hwc] = network(table_graph(r), usb_spec)
+            nets[r.source, r.input_hwc] = network(table_graph(r, layout), usb_spec)
 
     def models(host: str) -> tuple[list, list, list]:
         used, out, skipped = [], [], []
@@ -79,7 +115,7 @@ def main() -> int:
             if r.group != host:
                 continue
             if not r.source:
-                skipped.append((r, "no packaged architecture (keras.applications has none)"))
+                skipped.append((r, "no constructor of the exact architecture (export_onnx.py)"))
                 continue
             net = nets[r.source, r.input_hwc]
             used.append(r)
@@ -96,6 +132,14 @@ def main() -> int:
     con.rule("USB Accelerator (coral_edgetpu), fitted, leave-one-out")
     print_table_fit(con, run)
     results["usb"] = run
+    # sensitivity, not in the fit: SqueezeNet v1.1 in place of the v1.0 the table uses
+    sq11 = TableRow("SqueezeNet v1.1", str(HERE / "onnx" / "squeezenet1_1.onnx"), (224, 224, 3),
+                    2.1e-3, USB)
+    check_exports([sq11])
+    net = network(table_graph(sq11, layout), usb_spec)
+    t = predict_model_s(TableModel(sq11.model, USB, net.layers, net.chains, 2.1e-3), usb.spec)
+    con.print(f"sensitivity: SqueezeNet v1.1 with the USB fit: {t * 1e3:.2f} ms "
+              f"(measured 2.1 ms for the table's SqueezeNet)")
 
     # 2a. Dev Board predicted from the USB fit: the USB fit's numbers (the invocation overhead
     # of the same runtime), the Dev Board's own host facts (its CPU, its PCIe link: the

@@ -5,9 +5,10 @@ layer, the scores through DRAM).
 Usage: python experiments/transformer_quant/attention_fusion.py [--config qwen2.5-0.5b]
            [--seq-lens 512,1024,2048] [--npu edge_transformer_16x16,datacenter_128x128]
 
-Traces the reference decoder (zero weights, the shapes of a public config) once per prompt
-length, lowers it at W8A8 on each preset with and without attention fusion and prints the
-markdown table of docs/results/transformers.md ("Attention fusion").
+Builds the decoder's graph from the shapes of a public config (no weights;
+``npujax.models.llm_graph``) once per prompt length, lowers it at W8A8 on each preset with
+and without attention fusion and prints the markdown table of docs/results/transformers.md
+("Attention fusion").
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def main() -> None:
                 f"{_blocks(after)} |",
                 flush=True,
             )
-        print(f"<!-- traced {seq} tokens in {traced:.0f} s -->", flush=True)
+        print(f"<!-- built {seq} tokens in {traced:.0f} s -->", flush=True)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
 Usage: python experiments/transformer_quant/lower_decoders.py [--config qwen2.5-0.5b]
 
-Traces the reference decoder (zero weights, the shapes of a public config) for a prefill at
-several prompt lengths and one decode step, lowers it on edge_transformer_16x16 and
+Builds the decoder's graph from the shapes of a public config (no weights;
+``npujax.models.llm_graph``) for a prefill at several prompt lengths (the last position's
+logits) and one decode step, lowers it on edge_transformer_16x16 and
 datacenter_128x128 at W8A8, with 4-bit weights (int8 compute, an 8- or 16-bit KV cache) and
 weight-only int4 (16-bit activations), and prints markdown tables. The KV cache is the K/V
 operand of the decode step's attention MatMuls (``--kv-bits``); the query and the softmax output
@@ -55,7 +56,7 @@ def main() -> None:
                       f"{f.tokens_per_s:,.0f} | {f.kv_cache_bytes_per_token:,.0f} | "
                       f"{mem}/{len(s.layers)} | {f.bound} ({f.roofline_s * 1e3:,.3f} ms) |",
                       flush=True)
-        print(f"<!-- traced {phase} in {traced:.0f} s -->", flush=True)
+        print(f"<!-- built {phase} in {traced:.1f} s -->", flush=True)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,13 @@ Every :class:`~npujax.errors.NpujaxError` becomes a one-line ``npujax: error: ..
 stderr and the error's exit code (2 config, 3 quantization, 4 calibration, 5 graph, 6 unsupported
 op, 7 shape, 8 fetch, 9 resource limit); there is never a traceback for bad input. Results go
 to stdout, progress notes to stderr (``-q`` hides them, ``-v`` adds details).
+
+Building the parser imports no dependency (``npujax --help`` costs what
+``python -c "import onnxruntime"`` does): a command module imports at its top only the standard
+library and npujax's light modules (``errors``, ``_lazy``, ``_progress``, ``cli._common``),
+reads the registry names its ``add_parser`` lists with ``npujax._lazy.names`` (from the
+registry's source, without importing it), and imports the rest inside ``run``.
+``tests/cli/test_startup.py`` checks both.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from npujax._lazy import names
 from npujax.cli._common import (
     add_progress_arg,
     bits_spec,
@@ -21,7 +22,7 @@ CALIBRATE_FILES = ("model_calibrated.npz", "sqnr.md", "sqnr.csv", "sqnr.png")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from npujax.calib import OBSERVERS
+    OBSERVERS = names("npujax.calib.registry", "OBSERVERS")
 
     ca = sub.add_parser(
         "calibrate", help="PTQ-calibrate a saved model, print per-layer SQNR",

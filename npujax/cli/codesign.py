@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from npujax._lazy import names
 from npujax.cli._common import (
     add_data_args,
     add_progress_arg,
@@ -18,7 +19,7 @@ from npujax.cli._common import (
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from npujax.search.codesign import OBJECTIVES
+    OBJECTIVES = names("npujax.search.codesign", "OBJECTIVES")
 
     co = sub.add_parser(
         "codesign", help="choose hardware and per-layer precision together by gradient",

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 
+from npujax._lazy import names
 from npujax.cli._common import add_progress_arg, console, epilog, positive_int, seed
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from npujax.search import SEARCHERS
+    SEARCHERS = names("npujax.search.registry", "SEARCHERS")
 
     d = sub.add_parser(
         "demo", help="train, quantize, search and lower a CNN on the digits data",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from npujax._lazy import names
 from npujax.cli._common import add_progress_arg, console, epilog, output_dir, positive_int
 from npujax.errors import ConfigError
 
@@ -12,8 +13,7 @@ _log = logging.getLogger("npujax.fit")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from npujax.hw.fields import parse
-    from npujax.plan.fit import FITTABLE
+    FITTABLE = names("npujax.plan.fit", "FITTABLE")
 
     fp = sub.add_parser(
         "fit", help="fit a preset's numbers to a measured per-layer profile",
@@ -59,7 +59,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     help="starting preset, name or TOML path (default: edge_16x16)")
     fp.add_argument("--params", required=True,
                     help="comma-separated fields to fit: "
-                    + ", ".join(parse(f)[1] for f in FITTABLE))
+                    + ", ".join(f.partition(".")[2] for f in FITTABLE))
     fp.add_argument("--bound", action="append", metavar="FIELD=LO:HI",
                     help="narrow a field's fit range (default: its physical range)")
     fp.add_argument("--efficiency", action="store_true",

@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from npujax._lazy import names
 from npujax._progress import phase
 from npujax.cli._common import (
     add_progress_arg,
@@ -23,8 +24,8 @@ log = logging.getLogger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from npujax.models.transformer import DECODER_CONFIGS
-    from npujax.systolic import DATAFLOWS, MAPPINGS
+    DATAFLOW_NAMES = names("npujax.systolic.dataflow", "DATAFLOW_NAMES")
+    MAPPINGS = names("npujax.systolic.mapping", "MAPPINGS")
 
     lo = sub.add_parser(
         "lower", help="per-layer NPU latency of an ONNX or saved model",
@@ -45,20 +46,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "npujax lower zoo:ppocr_det zoo:ppocr_cls --input-shape 1:x=1,3,640,640 "
             "--input-shape 2:x=1,3,48,192 --npu edge_16x16 --cores 2 --sharing core_partitioned",
             "npujax lower --scalesim-config scale.cfg --topology resnet18.csv --out reports/",
+            "npujax lower keras:MobileNetV2 --npu coral_devboard --sustained 300",
+            "npujax lower det.onnx --npu coral_devboard --host-stage resize:from=1920x1080 "
+            "--host-stage normalize --host-stage nms:candidates=1000",
             "npujax lower decoder:qwen2.5-0.5b --phase decode --kv-len 1024 --npu "
-            "datacenter_128x128 --weight-bits 4 --act-bits 16 --kv-bits 8"),
+            "datacenter_128x128 --weight-bits 4 --act-bits 16 --kv-bits 8",
+            "npujax lower decoder:path/to/config.json --phase decode --batch 8 --kv-len "
+            "512,512,1024,1024,2048,2048,4096,4096 --npu datacenter_128x128"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     lo.intermixed = True  # models may follow options: `npujax lower --npu X A.onnx B.onnx`
-    from npujax.hw import FUSION_LEVELS
-    from npujax.plan import OBJECTIVES, SHARING
+    FUSION_LEVELS = names("npujax.hw.spec", "FUSION_LEVELS")
+    UNSUPPORTED_POLICIES = names("npujax.hw.spec", "UNSUPPORTED_POLICIES")
+    OBJECTIVES = names("npujax.plan.pipeline", "OBJECTIVES")
+    SHARING = names("npujax.plan.coresident", "SHARING")
 
     lo.add_argument("model", nargs="*", help="an .onnx model, zoo:ppocr_cls / zoo:ppocr_det / "
                     "zoo:ppocr_rec, a "
                     "model.npz written by 'npujax demo', a Keras application "
                     "keras:NAME[:key=value...] (e.g. keras:MobileNet:alpha=0.25:input_shape="
-                    "160x160x3; random weights; the keras extra), or decoder:<config> (the "
-                    "reference "
-                    f"LLM decoder at the shapes of {', '.join(sorted(DECODER_CONFIGS))}); "
+                    "160x160x3; random weights; the keras extra), or decoder:NAME|config.json (an "
+                    "LLM from its Hugging Face config.json, or the shipped qwen2.5-0.5b, "
+                    "llama-3.2-1b, llama-3.1-8b, tiny; from shapes, no weights); "
                     "several models share the NPU (none with --topology)")
     lo.add_argument("--input-shape", action="append", metavar="[I:]NAME=1,3,224,224",
                     help="static shape of an ONNX input (repeat for several inputs); with several "
@@ -84,8 +92,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "--kv-len cached positions (default: prefill)")
     lo.add_argument("--seq-len", type=positive_int, default=128,
                     help="decoder: prompt tokens per sequence (default 128)")
-    lo.add_argument("--kv-len", type=positive_int, default=1024,
-                    help="decoder: cached positions of a decode step (default 1024)")
+    lo.add_argument("--kv-len", default="1024",
+                    help="decoder: cached positions of a decode step: one length for every "
+                    "sequence, one per sequence (512,1024,2048: the batch) or a file of "
+                    "lengths (default 1024)")
+    lo.add_argument("--prefill-chunk", type=positive_int,
+                    help="decoder: chunked prefill, tokens per chunk (each chunk attends to "
+                    "the ones before; time to first token is their sum)")
+    lo.add_argument("--weight-group-size", type=positive_int,
+                    help="decoder: input channels per weight scale (e.g. 128 for int4 "
+                    "GPTQ/AWQ-style weights): adds the scales' bytes")
+    lo.add_argument("--expert-loads", metavar="F1,F2,...|FILE",
+                    help="decoder, mixture of experts: measured per-expert fractions (or "
+                    "token counts) of the routed assignments, instead of uniform routing")
+    lo.add_argument("--ignore-config-field", action="append", metavar="NAME",
+                    help="decoder: a config.json field you know changes no shape (npujax "
+                    "refuses unknown fields rather than guess)")
     lo.add_argument("--kv-bits", type=positive_int, default=8,
                     help="decoder: width of the KV cache, the K/V operand of each decode "
                     "attention MatMul; the query and the softmax output take --act-bits "
@@ -93,10 +115,42 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     lo.add_argument("--sweep-resolution", action="store_true",
                     help="also lower at half and double the input resolution (ONNX models; "
                     "each model's with several)")
+    lo.add_argument("--sustained", type=_seconds, metavar="SECONDS",
+                    help="also the latency after SECONDS of continuous inference from cold, "
+                    "with the preset's [thermal] model: each DVFS step's latency, power and "
+                    "steady temperature, the time until the first throttle step and the "
+                    "steady state (a preset without [thermal] never throttles)")
+    lo.add_argument("--host-stage", action="append", metavar="KIND[:KEY=VALUE...]",
+                    help="a host stage of the pipeline around the NPU (repeat): "
+                    "resize:from=1920x1080 (camera frame WxH to the model's input), normalize, "
+                    "layout (HWC->CHW), nms[:boxes=N:classes=C:candidates=M], "
+                    "ctc[:steps=T:classes=V], topk[:classes=N:k=5] (sizes default to the "
+                    "model's output shape); prints the end-to-end latency, synchronous and "
+                    "double-buffered throughput and the bounding stage")
+    lo.add_argument("--zero-copy", action="store_true",
+                    help="with --host-stage: the NPU reads and writes the host's buffers, so "
+                    "the input and output copies cost nothing")
+    lo.add_argument("--shapes", nargs="+", metavar="CSV|SHAPE:WEIGHT",
+                    help="a distribution of input shapes (a CSV of shape,probability rows, or "
+                    "tokens such as 48x160:3 48x320:1; a number is a sequence length or a "
+                    "square side): lower the ONNX model at each, and compare recompiling per "
+                    "shape with padding to --buckets buckets (npujax.plan.buckets)")
+    lo.add_argument("--buckets", default="1..4", metavar="K|A..B",
+                    help="with --shapes: the bucket counts to plan (default 1..4)")
+    lo.add_argument("--inferences", type=float, default=1000.0,
+                    help="with --shapes: inferences a compiled shape serves, over which its "
+                    "compile time is amortised (default 1000)")
+    lo.add_argument("--compile-s", type=float,
+                    help="with --shapes: compile/reload time per shape in seconds (default: the "
+                    "preset's host.shape_compile_s)")
+    lo.add_argument("--unsupported", choices=UNSUPPORTED_POLICIES,
+                    help="override the preset's ops.unsupported: 'fallback' (host CPU), "
+                    "'rewrite_or_fallback' (per layer the cheaper of an exact rewrite and the "
+                    "fallback, reported with why) or 'rewrite_or_refuse'")
     lo.add_argument("--npu", default="edge_16x16",
                     help="preset name or TOML path (default: edge_16x16)")
     lo.add_argument("--dataflow", help="override the preset's dataflow "
-                    f"({', '.join(DATAFLOWS)})")
+                    f"({', '.join(DATAFLOW_NAMES)})")
     lo.add_argument("--mapping", choices=MAPPINGS,
                     help="override the preset's memory.mapping: 'best' (per layer the DRAM-level "
                     "loop order and tiling with the fewest DRAM bytes; the default) or "
@@ -127,8 +181,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 #: The destinations of the options that only a model lowering reads (SCALE-Sim mode takes its
 #: array, dataflow and layers from the config and topology, and refuses them).
 _MODEL_FLAGS = ("input_shape", "fusion", "cores", "schedule", "objective", "sharing", "phase",
-                "seq_len", "kv_len", "kv_bits", "sweep_resolution", "npu", "dataflow",
-                "mapping", "weight_bits", "act_bits", "batch", "format")
+                "seq_len", "kv_len", "kv_bits", "prefill_chunk", "weight_group_size",
+                "expert_loads", "ignore_config_field", "sweep_resolution", "npu", "dataflow",
+                "mapping", "weight_bits", "act_bits", "batch", "format", "shapes",
+                "unsupported", "compile_s", "sustained", "host_stage", "zero_copy")
+
+
+def _seconds(text: str) -> float:
+    """A finite number of seconds >= 0 (``--sustained``)."""
+    import math
+
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"expected seconds of continuous inference (a number "
+                                         f">= 0), got {text!r}")
+    return v
 
 
 def _run_scalesim(args: argparse.Namespace) -> int:
@@ -179,6 +249,12 @@ def _check_flags(args: argparse.Namespace, models: int) -> None:
     if args.objective is not None and args.schedule != "best":
         raise ConfigError(f"--objective {args.objective} says what '--schedule best' optimises; "
                           "add --schedule best (or drop --objective).")
+    if args.zero_copy and not args.host_stage:
+        raise ConfigError("--zero-copy says the pipeline's copies are free; it needs "
+                          "--host-stage (or drop --zero-copy).")
+    if (args.sustained is not None or args.host_stage) and models > 1:
+        raise ConfigError("--sustained and --host-stage report one model's deployment; give "
+                          "one model.")
     if args.sharing is not None and models < 2:
         raise ConfigError(f"--sharing {args.sharing} says how several models share the NPU, but "
                           "one model was given; name two or more models (or drop --sharing).")
@@ -195,27 +271,32 @@ def _note_fusion_override(args: argparse.Namespace, preset_fusion: str, npu: str
 
 
 def run(args: argparse.Namespace) -> int:
-    from npujax.hw import load_npu_spec
-    from npujax.plan.lower import lower_dataflows
-    from npujax.report.lowering import print_lowering, summary_line
-    from npujax.workflows.inputs import load_model
-    from npujax.workflows.lowering import import_onnx_for_lowering
-
     if args.scalesim_config or args.topology:
         return _run_scalesim(args)
     if not args.model:
         raise ConfigError("npujax lower needs a model (or --scalesim-config with --topology).")
     _check_flags(args, len(args.model))
     if args.format != "table" and (len(args.model) > 1 or args.sweep_resolution
-                                   or args.schedule or str(args.model[0]).startswith("decoder:")):
+                                   or args.shapes or args.schedule
+                                   or str(args.model[0]).startswith("decoder:")
+                                   or args.sustained is not None or args.host_stage):
         raise ConfigError(f"--format {args.format} prints one model's schedule; give one "
-                          "model file, without --sweep-resolution or --schedule (their tables "
-                          "need --format table).")
+                          "model file, without --sweep-resolution, --schedule, --sustained or "
+                          "--host-stage (their tables need --format table).")
     if any(str(m).startswith("decoder:") for m in args.model):
+        if args.sustained is not None or args.host_stage:
+            raise ConfigError("--sustained and --host-stage are not implemented for a decoder "
+                              "step; lower the decoder's ONNX export.")
         if len(args.model) > 1:
             raise ConfigError("decoder:<config> is lowered on its own; give it as the only model.")
         args.model = args.model[0]
         return _run_decoder(args)
+    from npujax.hw import load_npu_spec
+    from npujax.plan.lower import lower_dataflows
+    from npujax.report.lowering import print_lowering, summary_line
+    from npujax.workflows.inputs import load_model
+    from npujax.workflows.lowering import import_onnx_for_lowering
+
     saved = args.weight_bits == ["saved"]
     wbits = bits_spec(args.weight_bits) if args.weight_bits and not saved else 8
     abits = bits_spec(args.act_bits) if args.act_bits else 8
@@ -228,6 +309,8 @@ def run(args: argparse.Namespace) -> int:
         changes["array.cores"] = args.cores
     if args.mapping:
         changes["memory.mapping"] = args.mapping
+    if args.unsupported:
+        changes["ops.unsupported"] = args.unsupported
     if changes:
         spec = spec.with_fields(changes)
     out = output_dir(args.out)
@@ -255,15 +338,24 @@ def run(args: argparse.Namespace) -> int:
     if args.sweep_resolution and not onnx_model:
         raise ConfigError("--sweep-resolution re-imports the model at other input sizes; "
                           "it needs an .onnx model.")
+    if args.shapes and not onnx_model:
+        raise ConfigError("--shapes re-imports the model at each input shape; it needs an "
+                          ".onnx model (or zoo:NAME).")
     precision = _precision_fn(wbits, abits)
     with phase(f"lower: costing {len(graph.nodes)} nodes on {spec.name}", progress):
         result = lower_dataflows(graph, spec, precision(graph), dataflow=args.dataflow,
                                  batch=batch)
+    if result.graph is not None:  # ops.unsupported rewrote layers: report on that graph
+        graph, batch = result.graph, None
+        spec = spec.with_fields({"ops.unsupported": "fallback"})
     if args.format != "table":
         return _print_machine_readable(args, result, spec, out)
     con = console()
     print_lowering(con, result, f"{Path(args.model).name} on {spec.name} "
                                 f"({result.schedule.dataflow})")
+    from npujax.report.lowering import print_rewrites
+
+    print_rewrites(con, result.schedule)
     from npujax.ir.passes import rebatch
     from npujax.plan import memory_report
     from npujax.report.lowering import print_attention, print_edges, print_memory
@@ -276,12 +368,40 @@ def run(args: argparse.Namespace) -> int:
     extra: dict[str, Any] = {"memory": memory.to_dict()}
     extra.update(_schedules_and_sweep(con, args, args.model, graph, lowered, spec, precision,
                                       onnx_model))
+    extra.update(_deployment(con, args, graph, lowered, spec, precision, result.schedule,
+                             abits, batch))
     if out is not None:
         with phase(f"lower: writing {out}", progress):
             _write(con, out, result, spec, extra)
     # the headline last, where the terminal leaves the cursor (the tables above can be long)
     con.print(summary_line(result.schedule, Path(args.model).name, spec.name), soft_wrap=True)
     return 0
+
+
+def _deployment(con: Any, args: argparse.Namespace, graph: Any, lowered: Any, spec: Any,
+                precision: Any, schedule: Any, abits: Any, batch: int | None
+                ) -> dict[str, Any]:
+    """``--sustained`` and ``--host-stage``: printed, and returned for schedule.json."""
+    from npujax.plan.host_pipeline import parse_host_stage
+    from npujax.report.lowering import print_host_pipeline, print_sustained
+    from npujax.workflows.lowering import pipeline_lowering, sustained_lowering
+
+    extra: dict[str, Any] = {}
+    if args.host_stage:
+        stages = [parse_host_stage(s) for s in args.host_stage]
+        act = abits if isinstance(abits, int) else 8
+        rep = pipeline_lowering(lowered, spec, schedule, stages, act_bits=act,
+                                zero_copy=args.zero_copy)
+        print_host_pipeline(con, rep)
+        extra["host_pipeline"] = rep.to_dict()
+    if args.sustained is not None:
+        steps = len(spec.thermal.dvfs_clock_scales)
+        with phase(f"lower: {steps} throttled clock(s) for --sustained", not args.no_progress):
+            sus = sustained_lowering(graph, spec, precision(graph), args.sustained, schedule,
+                                     dataflow=args.dataflow, batch=batch)
+        print_sustained(con, sus)
+        extra["sustained"] = sus.to_dict()
+    return extra
 
 
 def _precision_fn(wbits: Any, abits: Any):
@@ -318,7 +438,45 @@ def _schedules_and_sweep(con: Any, args: argparse.Namespace, path: str, graph: A
             sweep = resolution_sweep(path, graph, spec, batch, precision, args.dataflow)
         print_resolution_sweep(con, sweep, title=title)
         extra["resolution_sweep"] = sweep
+    if getattr(args, "shapes", None):
+        extra["shape_buckets"] = _shape_buckets(con, args, path, graph, spec, precision, title)
     return extra
+
+
+def parse_buckets(text: str) -> list[int]:
+    """``"3"`` -> ``[3]``; ``"1..4"`` -> ``[1, 2, 3, 4]`` (the ``--buckets`` option)."""
+    a, dots, b = text.partition("..")
+    try:
+        lo, hi = int(a), int(b) if dots else int(a)
+    except ValueError:
+        lo, hi = 0, -1
+    if lo < 1 or hi < lo:
+        raise ConfigError(f"--buckets {text!r}: give K or A..B with 1 <= A <= B (e.g. 1..4).")
+    return list(range(lo, hi + 1))
+
+
+def _shape_buckets(con: Any, args: argparse.Namespace, path: str, graph: Any, spec: Any,
+                   precision: Any, title: str = "") -> dict[str, Any]:
+    """``--shapes``: the model at each shape, the bucket plans, printed and returned."""
+    from npujax.report.lowering import print_shape_buckets
+    from npujax.workflows.lowering import import_onnx_for_lowering
+    from npujax.workflows.shape_buckets import (
+        read_shape_distribution,
+        shape_bucket_report,
+        shape_costs,
+    )
+
+    ks = parse_buckets(args.buckets)
+    src = args.shapes[0] if len(args.shapes) == 1 and Path(args.shapes[0]).is_file() \
+        else args.shapes
+    dist = read_shape_distribution(src)
+    compile_s = spec.host.shape_compile_s if args.compile_s is None else args.compile_s
+    base = {t: graph.tensors[t].shape for t in graph.inputs}
+    costs = shape_costs(lambda shapes: import_onnx_for_lowering(path, shapes, None), base, dist,
+                        spec, precision, args.dataflow, show_progress=not args.no_progress)
+    report = shape_bucket_report(costs, ks, compile_s, args.inferences)
+    print_shape_buckets(con, report, title=title)
+    return report
 
 
 def _write(con: Any, out: Path, result: Any, spec: Any, extra: dict[str, Any]) -> None:
@@ -448,21 +606,63 @@ def _run_many(args: argparse.Namespace, spec: Any, wbits: Any, abits: Any,
     return 0
 
 
+def _kv_lens(spec: str, batch: int | None) -> list[int]:
+    """``--kv-len``: one length, a comma list (one per sequence) or a file of lengths (one
+    per line or comma-separated), matched against ``--batch``.
+
+    Raises:
+      ConfigError: an unreadable file, a non-integer or negative length, or a count that is
+        neither 1 nor ``--batch``.
+    """
+    text = spec
+    if not all(c.isdigit() or c in ", " for c in spec.strip()):
+        try:
+            text = Path(spec).read_text()
+        except OSError as e:
+            raise ConfigError(f"--kv-len {spec!r} is neither lengths (1024 or 512,1024) nor a "
+                              f"readable file: {e.strerror or e}.") from e
+    parts = [p for p in text.replace(",", " ").split() if p]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise ConfigError(f"--kv-len must be non-negative integers, got {spec!r}.")
+    lens = [int(p) for p in parts]
+    if len(lens) == 1:
+        return lens * (batch or 1)
+    if batch is not None and batch != len(lens):
+        raise ConfigError(f"--kv-len gives {len(lens)} lengths (one per sequence) but --batch "
+                          f"is {batch}; give one length, or one per sequence.")
+    return lens
+
+
+def _expert_loads(spec: str | None) -> list[float] | None:
+    """``--expert-loads``: per-expert fractions or counts, a comma list or a file."""
+    if spec is None:
+        return None
+    text = spec
+    if not all(c.isdigit() or c in ",. e-" for c in spec.strip()):
+        try:
+            text = Path(spec).read_text()
+        except OSError as e:
+            raise ConfigError(f"--expert-loads {spec!r} is neither numbers nor a readable "
+                              f"file: {e.strerror or e}.") from e
+    try:
+        return [float(p) for p in text.replace(",", " ").split()]
+    except ValueError as e:
+        raise ConfigError(f"--expert-loads must be numbers (one per routed expert): {e}.") \
+            from e
+
+
 def _run_decoder(args: argparse.Namespace) -> int:
-    """``npujax lower decoder:<config>``: a prefill or decode step of the reference decoder."""
+    """``npujax lower decoder:<name or config.json>``: a prefill or decode step of a batch."""
     from npujax.hw import load_npu_spec
-    from npujax.models.decoders import decoder_figures, decoder_graph, decoder_precision
-    from npujax.models.transformer import DECODER_CONFIGS
-    from npujax.plan.lower import lower_dataflows
+    from npujax.models.hf_config import load_decoder
+    from npujax.models.serving import lower_decoder
     from npujax.report.lowering import print_attention, print_lowering, write_lowering
 
     name = str(args.model).split(":", 1)[1]
-    if name not in DECODER_CONFIGS:
-        raise ConfigError(f"unknown decoder config {name!r}; use one of "
-                          f"{sorted(DECODER_CONFIGS)}.")
-    if args.input_shape or args.sweep_resolution:
-        raise ConfigError("--input-shape and --sweep-resolution apply to .onnx models; a "
-                          "decoder's shapes are --seq-len, --kv-len and --batch.")
+    if args.input_shape or args.sweep_resolution or args.shapes or args.compile_s is not None:
+        raise ConfigError("--input-shape, --sweep-resolution, --shapes and --compile-s apply to "
+                          ".onnx models; a decoder's shapes are --seq-len, --kv-len and "
+                          "--batch.")
     if args.schedule:
         raise ConfigError(f"--schedule {args.schedule} is not implemented for a decoder (it "
                           "would be ignored); drop it, or lower the decoder's ONNX export.")
@@ -473,28 +673,77 @@ def _run_decoder(args: argparse.Namespace) -> int:
             raise ConfigError(f"{what} for a decoder is one width for every linear layer, "
                               f"got {v}.")
         widths.append(b)
-    cfg = DECODER_CONFIGS[name]
-    batch = args.batch or 1
+    if args.phase == "decode" and args.prefill_chunk:
+        raise ConfigError("--prefill-chunk applies to --phase prefill.")
+    cfg = load_decoder(name, ignore=args.ignore_config_field or ())
+    lens = _kv_lens(args.kv_len, args.batch)
+    if args.phase == "prefill" and len(set(lens)) > 1:
+        raise ConfigError("--kv-len with one length per sequence sets a decode batch; a "
+                          "prefill's batch is --batch (its prompts are --seq-len tokens).")
+    loads = _expert_loads(args.expert_loads)
+    if loads is not None and not cfg.moe_layers:
+        raise ConfigError(f"--expert-loads applies to a mixture of experts; {name} is dense.")
     spec = load_npu_spec(args.npu)
+    if args.unsupported:
+        spec = spec.with_fields({"ops.unsupported": args.unsupported})
     progress = not args.no_progress
-    with phase(f"lower: tracing the {name} decoder ({args.phase})", progress):
-        graph = decoder_graph(cfg, phase=args.phase, seq_len=args.seq_len, kv_len=args.kv_len,
-                              batch=batch)
-    quant = decoder_precision(graph, widths[0], widths[1], args.kv_bits)
-    with phase(f"lower: costing {len(graph.nodes)} nodes on {spec.name}", progress):
-        result = lower_dataflows(graph, spec, quant, dataflow=args.dataflow)
-    fig = decoder_figures(result.schedule, cfg, phase=args.phase, seq_len=args.seq_len,
-                          kv_len=args.kv_len, batch=batch, kv_bits=args.kv_bits, spec=spec)
+    with phase(f"lower: the {name} decoder ({args.phase}, {len(lens)} sequences) from its "
+               f"shapes on {spec.name}", progress):
+        result, rep = lower_decoder(
+            cfg, spec, phase=args.phase, seq_len=args.seq_len,
+            kv_lens=lens if args.phase == "decode" else [0] * len(lens),
+            weight_bits=widths[0], act_bits=widths[1], kv_bits=args.kv_bits,
+            weight_group_size=args.weight_group_size or 0,
+            prefill_chunk=args.prefill_chunk or 0, expert_loads=loads, dataflow=args.dataflow)
+    from npujax.models.decoders import decoder_figures
+
+    first = rep.prefill_chunk if len(rep.chunk_latency_s) > 1 else args.seq_len
+    fig = decoder_figures(result.schedule, cfg, phase=args.phase, seq_len=first,
+                          kv_len=max(lens), batch=len(lens), kv_bits=args.kv_bits, spec=spec)
     con = console()
+    lens_text = (str(lens[0]) if len(set(lens)) == 1 else f"{min(lens)}-{max(lens)}")
     shape = (f"{args.seq_len} tokens" if args.phase == "prefill"
-             else f"1 token, {args.kv_len} cached")
-    print_lowering(con, result, f"{name} {args.phase} ({shape}, batch {batch}) on {spec.name} "
-                                f"({result.schedule.dataflow})")
-    con.print(f"{args.phase}: {result.schedule.latency_s * 1e3:,.3f} ms per step, "
-              f"{fig.tokens_per_s:,.1f} tokens/s; KV cache read per token: "
-              f"{fig.kv_cache_bytes_per_token:,.0f} bytes ({args.kv_bits}-bit); weights "
-              f"{widths[0]}-bit, activations {widths[1]}-bit")
-    con.print(f"roofline: {fig.roofline_s * 1e3:,.3f} ms ({fig.bound}-bound; "
+             else f"1 token, {lens_text} cached")
+    chunk = (f", first of {len(rep.chunk_latency_s)} chunks of {args.prefill_chunk}"
+             if len(rep.chunk_latency_s) > 1 else "")
+    name = Path(name).name if name.endswith(".json") else name
+    print_lowering(con, result, f"{name} {args.phase} ({shape}, batch {len(lens)}{chunk}) on "
+                                f"{spec.name} ({result.schedule.dataflow})")
+    gib = 2.0 ** 30
+    if args.phase == "prefill":
+        con.print(f"prefill: time to first token {rep.ttft_s * 1e3:,.3f} ms"
+                  + (f" ({len(rep.chunk_latency_s)} chunks: "
+                     + ", ".join(f"{c * 1e3:,.2f}" for c in rep.chunk_latency_s) + " ms)"
+                     if len(rep.chunk_latency_s) > 1 else "")
+                  + f"; {rep.tokens_per_s_per_sequence:,.1f} tokens/s per sequence, "
+                  f"{rep.tokens_per_s:,.1f} in aggregate")
+    else:
+        con.print(f"decode: {rep.latency_s * 1e3:,.3f} ms per step, "
+                  f"{rep.tokens_per_s_per_sequence:,.1f} tokens/s per sequence, "
+                  f"{rep.tokens_per_s:,.1f} in aggregate; KV cache read per token: "
+                  f"{rep.kv_cache_bytes_per_token:,.0f} bytes ({args.kv_bits}-bit)")
+    con.print(f"weights {widths[0]}-bit"
+              + (f" (groups of {args.weight_group_size}: {rep.scale_bytes_per_step / 1e6:,.2f}"
+                 f" MB of scales per step, not in the modelled latency: +"
+                 f"{rep.scale_bytes_per_step / spec.memory.dram_bytes_per_s * 1e3:,.3f} ms at "
+                 "the DRAM bandwidth)" if args.weight_group_size else "")
+              + f", activations {widths[1]}-bit; {rep.parameters / 1e9:,.3f} B parameters; "
+              f"weights read per step {rep.weight_bytes_per_step / 1e6:,.1f} MB")
+    if cfg.moe_layers:
+        step_tokens = (1 if args.phase == "decode"
+                       else min(args.prefill_chunk or args.seq_len, args.seq_len))
+        con.print(f"mixture of experts: {rep.expected_experts:,.2f} of {cfg.experts} experts "
+                  f"touched per MoE layer in expectation ("
+                  + ("measured loads" if loads else f"uniform top-{cfg.experts_per_token}")
+                  + f", {len(lens) * step_tokens} tokens a step);"
+                  " costed as " + " and ".join(f"{d} (weight {w:.2f})"
+                                               for d, w in rep.costed_experts))
+    cap = (f"{rep.dram_capacity_bytes / gib:,.2f} GiB" if rep.dram_capacity_bytes
+           else "not stated by the preset (memory.dram_bytes)")
+    con.print(f"memory: weights {rep.weights_bytes / gib:,.3f} GiB + KV cache "
+              f"{rep.kv_cache_bytes / gib:,.3f} GiB; DRAM capacity {cap}")
+    con.print(("the first chunk's roofline" if len(rep.chunk_latency_s) > 1 else "roofline")
+              + f": {fig.roofline_s * 1e3:,.3f} ms ({fig.bound}-bound; "
               f"{fig.arithmetic_intensity:,.1f} MACs/byte vs ridge "
               f"{spec.ridge_macs_per_byte:,.1f}); modelled / roofline = "
               f"{result.schedule.latency_s / fig.roofline_s:,.2f}")
@@ -504,6 +753,7 @@ def _run_decoder(args: argparse.Namespace) -> int:
         from npujax._atomic import staged_dir
 
         with staged_dir(out) as stage:
-            names = write_lowering(stage, result, spec, {"decoder": fig.to_dict()})
+            names = write_lowering(stage, result, spec, {"decoder": fig.to_dict(),
+                                                         "serving": rep.to_dict()})
         con.print(f"wrote {', '.join(str(out / n) for n in names)}")
     return 0

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from npujax._lazy import names
 from npujax.cli._common import (
     add_data_args,
     add_progress_arg,
@@ -39,8 +40,9 @@ class _MethodFlag(argparse.Action):
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from npujax.calib import OBSERVERS
-    from npujax.quantize.methods import PTQ_METHODS
+    OBSERVERS = names("npujax.calib.registry", "OBSERVERS")
+    PTQ_DOCS = names("npujax.quantize.methods", "PTQ_METHODS", "__doc__")
+    PTQ_STAGES = names("npujax.quantize.methods", "PTQ_METHODS", "stage")
 
     qu = sub.add_parser(
         "quantize", help="quantize a float model to a QDQ ONNX file with a per-layer report",
@@ -84,10 +86,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     methods = qu.add_argument_group(
         "PTQ methods (pre-calibration ones rewrite the float model, post-calibration ones choose "
         "the weights; each stage runs in the order given)")
-    for name, cls in PTQ_METHODS.items():
-        doc = (cls.__doc__ or name).strip().splitlines()[0]
+    for name, doc in PTQ_DOCS.items():
+        doc = (doc or name).strip().splitlines()[0]
         methods.add_argument(f"--{name}", dest=name, action=_MethodFlag,
-                             help=f"{doc} ({cls.stage.replace('_', '-')})")
+                             help=f"{doc} ({PTQ_STAGES[name].replace('_', '-')})")
     qu.add_argument("--no-bias-correction", action="store_true",
                     help="skip the empirical bias correction after calibration")
     qu.add_argument("--calib-examples", type=positive_int, default=256,

@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Mapping
 from typing import Any
 
+from npujax._lazy import names
 from npujax.cli._common import (
     add_data_args,
     add_devices_arg,
@@ -22,7 +23,8 @@ from npujax.errors import ConfigError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from npujax.search import SEARCHERS, SENSITIVITIES
+    SEARCHERS = names("npujax.search.registry", "SEARCHERS", "summary")
+    SENSITIVITIES = names("npujax.search.config", "SENSITIVITIES")
 
     se = sub.add_parser(
         "search", help="choose per-layer bit widths for a latency budget",
@@ -30,7 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "an ONNX model: per-layer weight/activation widths that meet a latency "
                     "budget on the NPU, written as a policy JSON file. Unlabelled data (ONNX "
                     "models) is searched by distillation from the float model. Searchers: "
-                    + "; ".join(f"{n}: {s.summary}" for n, s in SEARCHERS.items()) + ".",
+                    + "; ".join(f"{n}: {s}" for n, s in SEARCHERS.items()) + ".",
         epilog=epilog(
             "npujax search runs/<timestamp>/model.npz --npu bitserial_16x16 --act-candidates "
             "4,8 --budget-ratio 0.6 --out runs/policy.json",

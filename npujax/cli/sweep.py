@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+from npujax._lazy import names
 from npujax.cli._common import add_progress_arg, console, epilog, int_list, positive_int, seed
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from npujax.explore.grid import SAMPLING_METHODS
-    from npujax.workflows.sweep import DEFAULT_CHUNK, DEFAULT_OBJECTIVES
+    SAMPLING_METHODS = names("npujax.explore.grid", "SAMPLING_METHODS")
+    DEFAULT_CHUNK = names("npujax.workflows.sweep", "DEFAULT_CHUNK")
+    DEFAULT_OBJECTIVES = names("npujax.workflows.sweep", "DEFAULT_OBJECTIVES")
 
     sw = sub.add_parser(
         "sweep", help="design-space sweep over hardware configurations (sharded over devices)",
@@ -26,9 +30,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "--grid memory.dram_bytes_per_s=3.2e9,6.4e9,12.8e9 --grid dataflow=ws,os,is "
             "--bits 4,8 --out sweeps/cls",
             "npujax sweep model.npz --grid array.rows=4,8,16,32,64 --grid array.cols=4,8,16,32 "
-            "--sample 10 --method lhs --out sweeps/s"),
+            "--sample 10 --method lhs --out sweeps/s",
+            "npujax sweep model.onnx --grid array.rows=8,16,32 --shard $SLURM_ARRAY_TASK_ID/4 "
+            "--out s/$SLURM_ARRAY_TASK_ID",
+            "npujax sweep --merge s/0 s/1 s/2 s/3 --out s/all"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    sw.add_argument("model", help="an .onnx model, zoo:ppocr_cls / zoo:ppocr_det / "
+    sw.add_argument("model", nargs="?", help="an .onnx model, zoo:ppocr_cls / zoo:ppocr_det / "
                     "zoo:ppocr_rec, a "
                     "model.npz written by 'npujax demo', or keras:NAME[:key=value...] (a Keras "
                     "application)")
@@ -36,7 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     help="static shape of an ONNX input (repeat for several inputs)")
     sw.add_argument("--npu", default="edge_16x16",
                     help="the base preset the grid changes (name or TOML path)")
-    sw.add_argument("--grid", action="append", required=True, metavar="SECTION.KEY=V1,V2",
+    sw.add_argument("--grid", action="append", metavar="SECTION.KEY=V1,V2",
                     help="an axis: a hardware field and its values (repeat for more axes); "
                     "dataflow=ws,os,is for the dataflow")
     sw.add_argument("--bits", type=int_list("--bits"),
@@ -52,7 +59,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sw.add_argument("--pareto", default=",".join(DEFAULT_OBJECTIVES),
                     help="columns the Pareto front minimises, e.g. energy_j,area_mm2 or "
                     f"edp_js,pes (default {','.join(DEFAULT_OBJECTIVES)})")
-    sw.add_argument("--out", required=True, help="the sweep's folder (rerun to resume)")
+    sw.add_argument("--out", required=True, help="the sweep's folder (rerun to resume; "
+                    "files npujax did not write there are kept)")
+    cluster = sw.add_argument_group("slices on a cluster (no coordinator; e.g. a SLURM job array)")
+    cluster.add_argument("--shard", metavar="I/N",
+                         help="evaluate only slice I (0 .. N-1) of N disjoint slices of the "
+                         "grid (every N-th chunk from chunk I) into --out; merge the N folders "
+                         "with --merge")
+    cluster.add_argument("--merge", nargs="+", metavar="DIR",
+                         help="join the --out folders of the N slices of one sweep (checked: "
+                         "same model, spec, grid, options and npujax version) and write the "
+                         "results, the Pareto front and the plots to --out, as one run would "
+                         "(no MODEL or --grid)")
     dist = sw.add_argument_group("several processes (jax.distributed; see the README)")
     dist.add_argument("--distributed", action="store_true",
                       help="join a jax.distributed job (coordinator and process ids from the "
@@ -66,17 +84,29 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from npujax.errors import ConfigError
+
+    if args.merge:
+        given = [flag for flag, v in (("MODEL", args.model), ("--grid", args.grid),
+                                      ("--shard", args.shard), ("--bits", args.bits),
+                                      ("--sample", args.sample)) if v]
+        if given:
+            raise ConfigError(f"--merge takes the slices' folders only; {', '.join(given)} come "
+                              "from the slices (drop them).")
+        return _merge(args)
+    if not args.model or not args.grid:
+        raise ConfigError("npujax sweep needs a MODEL and at least one --grid SECTION.KEY=V1,V2 "
+                          "(or --merge DIR... to join slices).")
     from npujax.explore.grid import Grid, parse_grid_axis
     from npujax.hw import load_npu_spec
-    from npujax.workflows.sweep import file_sha256, run_sweep
+    from npujax.workflows.sweep import file_sha256, parse_shard, run_sweep
 
+    shard = parse_shard(args.shard) if args.shard else None
     if args.distributed or args.coordinator:
         _join(args)
     spec = load_npu_spec(args.npu)
     axes = dict(parse_grid_axis(g) for g in args.grid)
     if len(axes) != len(args.grid):
-        from npujax.errors import ConfigError
-
         raise ConfigError("a --grid axis is given twice; give each field once with all its "
                           "values.")
     if args.bits:
@@ -85,20 +115,31 @@ def run(args: argparse.Namespace) -> int:
     from npujax._progress import phase
 
     model_sha256 = file_sha256(args.model)  # (before reading it: the bytes that are swept)
-    with phase(f"sweep: importing {args.model}", not args.no_progress):
-        graph = _load_model(args)
     try:
-        r = run_sweep(graph, spec, grid, args.out, model=Path(args.model).name,
-                      sample=args.sample, method=args.method, seed=args.seed,
-                      chunk_size=args.chunk_size,
-                      objectives=tuple(o.strip() for o in args.pareto.split(",") if o.strip()),
-                      progress=not args.no_progress, model_sha256=model_sha256)
+        with _cache_every_program():
+            with phase(f"sweep: importing {args.model}", not args.no_progress):
+                graph = _load_model(args)
+            r = run_sweep(graph, spec, grid, args.out, model=Path(args.model).name,
+                          sample=args.sample, method=args.method, seed=args.seed,
+                          chunk_size=args.chunk_size,
+                          objectives=tuple(o.strip() for o in args.pareto.split(",")
+                                           if o.strip()),
+                          progress=not args.no_progress, model_sha256=model_sha256,
+                          shard=shard)
     except KeyboardInterrupt:  # the generic "no output" line would hide the kept chunks
-        done = len(list((Path(args.out) / "chunks").glob("chunk-*.npz")))
+        from npujax.workflows.sweep import kept_chunks
+
+        done = kept_chunks(args.out)
         print(f"npujax sweep: {done} finished chunk(s) kept in {args.out}; rerun the same "
               "command to resume", file=sys.stderr)
         raise
     con = console()
+    if r.result is None and shard is not None and r.files:
+        con.print(f"slice {args.shard}: {r.evaluated} chunk(s) evaluated, {r.skipped} resumed; "
+                  f"{r.evaluations_per_s:.3g} evaluations/s")
+        con.print(f"wrote {', '.join(str(Path(args.out) / n) for n in r.files)}; join the "
+                  f"{shard[1]} slices with npujax sweep --merge DIR... --out DIR")
+        return 0
     if r.result is None:
         con.print(f"evaluated {r.evaluated} chunk(s); process 0 writes the results")
         return 0
@@ -107,6 +148,40 @@ def run(args: argparse.Namespace) -> int:
               f"evaluated, {r.skipped} resumed; {r.evaluations_per_s:.3g} evaluations/s")
     con.print(f"wrote {', '.join(str(Path(args.out) / n) for n in r.files)}")
     return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from npujax.workflows.sweep import merge_sweeps
+
+    r = merge_sweeps(args.merge, args.out,
+                     objectives=tuple(o.strip() for o in args.pareto.split(",") if o.strip()))
+    res = r.result
+    assert res is not None  # (merge_sweeps always returns the whole sweep)
+    con = console()
+    con.print(f"{len(res)} configurations x {res.layers} layers from {len(args.merge)} slices")
+    con.print(f"wrote {', '.join(str(Path(args.out) / n) for n in r.files)}")
+    return 0
+
+
+@contextlib.contextmanager
+def _cache_every_program() -> Iterator[None]:
+    """Keep every program the block compiles in the persistent cache the command line set up
+    (``npujax.cli.compile_cache``), not only those that took a second (JAX's threshold): a
+    sweep's programs depend on the model's layers, the grid's static values and the batch
+    sizes, not on the traced hardware numbers (JAX's cache key is the program), so a second
+    sweep of the same model and grid shape compiles nothing."""
+    import jax
+
+    if not jax.config.jax_compilation_cache_dir:  # type: ignore[attr-defined]
+        yield
+        return
+    option = "jax_persistent_cache_min_compile_time_secs"
+    before = getattr(jax.config, option)
+    jax.config.update(option, 0.0)
+    try:
+        yield
+    finally:
+        jax.config.update(option, before)
 
 
 def _join(args: argparse.Namespace) -> None:

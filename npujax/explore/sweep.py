@@ -19,7 +19,11 @@ utilization); :class:`SweepResult` holds the rows with the axis values and deriv
 resources and the Pareto front. Each row also holds the energy per inference and its
 breakdown (:func:`npujax.plan.layer_energy`), the energy-delay product and the modelled area
 (:func:`npujax.hw.area_mm2`), so a Pareto front can trade latency or energy against area; the
-resources ``pes`` (MAC units) and ``sram_bytes`` (on-chip buffers) stay as columns.
+resources ``pes`` (MAC units) and ``sram_bytes`` (on-chip buffers) stay as columns. With a
+DVFS table in the spec's ``[thermal]`` section the row also holds ``sustained_latency_s``, the
+latency the chip sustains once it has heated up (:mod:`npujax.plan.thermal`; the latency itself
+without a table), and ``steady_temperature_c``, so a Pareto front can trade sustained rather
+than cold latency (``sweep --pareto sustained_latency_s,area_mm2``).
 """
 
 from __future__ import annotations
@@ -48,11 +52,12 @@ from npujax.ir.graph import Graph
 from npujax.plan.lower import DEFAULT_BITS
 from npujax.plan.passes.attention import AttentionChain
 from npujax.plan.passes.energy import ENERGY_BREAKDOWN
-from npujax.plan.program import Network, layer_sums, network, program_cost
+from npujax.plan.program import Network, layer_sums, network, program_cost, totals
+from npujax.plan.thermal import thermal_state
 from npujax.plan.workload import Workload
 
 __all__ = ["sweep", "evaluate", "evaluate_configs", "SweepResult", "COLUMNS", "INT_COLUMNS",
-           "pareto_front", "LAYER_CLASSES"]
+           "LAYER_CLASSES"]
 
 #: Layer classes reported separately: GEMMs on the array, other NPU layers on the vector unit,
 #: layers that fall back to the host CPU.
@@ -65,6 +70,7 @@ COLUMNS = (
     *(f"{c}_{f}" for c in LAYER_CLASSES for f in ("latency_cycles", "compute_cycles",
                                                    "memory_cycles")),
     "energy_j", "edp_js", "area_mm2", *(f"energy_{k}_j" for k in ENERGY_BREAKDOWN),
+    "sustained_latency_s", "steady_temperature_c",
 )
 #: Of :data:`COLUMNS`, those that are exact integers (int64).
 INT_COLUMNS = ("compute_cycles", "memory_bound_layers", "gemm_compute_cycles",
@@ -125,10 +131,31 @@ def _program(layers: tuple[Workload, ...], dataflow: str, mesh: Mesh,
             out[f"{cls}_compute_cycles"] = jnp.sum(jnp.where(m, comp, 0))
         out["edp_js"] = out["energy_j"] * out["latency_s"]
         out["area_mm2"] = area_mm2(spec)
+        out.update(_sustained(spec, out["latency_s"], out["energy_j"],
+                              lambda s: program_cost(layers, s, widths, widths, dataflow,
+                                                     chains=chains)))
         return out
 
     sharding = NamedSharding(mesh, P("config"))
     return jax.jit(jax.vmap(one), in_shardings=sharding, out_shardings=sharding)
+
+
+def _sustained(spec: NpuSpec, latency_s: Any, energy_j: Any,
+               program: Callable[[NpuSpec], Any]) -> dict[str, Any]:
+    """The steady state of the thermal model (:mod:`npujax.plan.thermal`): the one cost
+    program again at each DVFS step's clock (the table is static), its totals added in the
+    same fixed tree as the nominal clock's. Without a DVFS table the sustained latency is the
+    latency, and the steady temperature ``ambient_c + (E / T + static_power_w) R``."""
+    th = spec.thermal
+    lats, ens = [latency_s], [energy_j]
+    for scale in th.dvfs_clock_scales:
+        clock = real(spec.array.clock_hz) * scale
+        t = totals(program(fields.replace_traced(spec, {"array.clock_hz": clock})))
+        lats.append(t.latency_cycles / clock)
+        ens.append(t.energy_j)
+    st = thermal_state(jnp.stack(lats), jnp.stack(ens), th, 0.0)
+    return {"sustained_latency_s": st.steady_latency_s,
+            "steady_temperature_c": st.steady_temperature_c}
 
 
 def _bucket(n: int, ndev: int) -> int:
@@ -223,24 +250,6 @@ class SweepResult:
     def evaluations_per_s(self) -> float:
         """(configuration x layer) evaluations per second of wall time."""
         return len(self) * self.layers / self.seconds if self.seconds > 0 else math.inf
-
-
-def pareto_front(objectives: np.ndarray) -> np.ndarray:
-    """Indices of the Pareto-optimal rows of ``objectives`` ``[n, k]`` (all minimised): no
-    other row is at least as good in every objective and better in one. Rows with equal
-    objectives are all kept. Sorted by the first objective.
-    """
-    obj = np.asarray(objectives, np.float64)
-    order = np.lexsort(obj.T[::-1])
-    front: list[int] = []
-    for i in order:
-        if front:
-            f = obj[front]
-            dominated = np.all(f <= obj[i], axis=1) & np.any(f < obj[i], axis=1)
-            if dominated.any():
-                continue
-        front.append(int(i))
-    return np.asarray(front, np.int64)
 
 
 def _groups(grid: Grid, configs: np.ndarray) -> dict[tuple[int, ...], np.ndarray]:

@@ -16,6 +16,7 @@ from npujax.hw.spec import LAYOUTS as LAYOUTS
 from npujax.hw.spec import MAPPINGS as MAPPINGS
 from npujax.hw.spec import PARAMETER_CACHES as PARAMETER_CACHES
 from npujax.hw.spec import PRECISION_SCALINGS as PRECISION_SCALINGS
+from npujax.hw.spec import UNSUPPORTED_POLICIES as UNSUPPORTED_POLICIES
 from npujax.hw.spec import AreaSpec as AreaSpec
 from npujax.hw.spec import ArraySpec as ArraySpec
 from npujax.hw.spec import EnergySpec as EnergySpec
@@ -25,6 +26,7 @@ from npujax.hw.spec import MemorySpec as MemorySpec
 from npujax.hw.spec import NpuSpec as NpuSpec
 from npujax.hw.spec import OpsSpec as OpsSpec
 from npujax.hw.spec import TechnologySpec as TechnologySpec
+from npujax.hw.spec import ThermalSpec as ThermalSpec
 from npujax.hw.spec import VectorSpec as VectorSpec
 from npujax.hw.spec import as_spec as as_spec
 from npujax.hw.spec import differentiable_spec as differentiable_spec
@@ -44,6 +46,7 @@ __all__ = [
     "OpsSpec",
     "HostSpec",
     "TechnologySpec",
+    "ThermalSpec",
     "EnergySpec",
     "AreaSpec",
     "AreaBreakdown",
@@ -53,6 +56,7 @@ __all__ = [
     "sram_pj_per_byte",
     "LAYOUTS",
     "FALLBACK_SCOPES",
+    "UNSUPPORTED_POLICIES",
     "FUSION_LEVELS",
     "GROUP_PACKINGS",
     "PRECISION_SCALINGS",

@@ -13,9 +13,10 @@ Hardware is data. Every numeric field carries its unit in its name (``clock_hz``
     [vector]   lanes, special_cycles_per_elem (optional, default 4)
     [layout]   activation_layout, c0, channel_alignment, dram_burst_bytes
     [ops]      supported, fused_activations, conv_max_kernel, conv_max_stride, fusion,
-               attention_fusion (optional), fallback (optional)
+               attention_fusion (optional), fallback (optional), unsupported (optional)
     [host]     cpu_ops_per_s, link_bytes_per_s, link_latency_s, memory_bytes_per_s (optional),
-               invocation_overhead_s (optional)
+               invocation_overhead_s (optional), shape_compile_s (optional),
+               scalar_ops_per_s (optional)
     [technology] node_nm (optional section, as the two below: every key has a default)
     [energy]   reference_node_nm, node_exponent, mult_int8_pj, add_int32_pj,
                register_pj_per_byte, sram_read_pj_per_byte, sram_write_pj_per_byte,
@@ -24,6 +25,9 @@ Hardware is data. Every numeric field carries its unit in its name (``clock_hz``
     [area]     reference_node_nm, node_exponent, mult_int8_um2, add_int32_um2,
                register_um2_per_bit, pe_extra_um2, sram_um2_per_byte,
                sram_periphery_um2_per_sqrt_byte, vector_lane_um2 (optional)
+    [thermal]  ambient_c, junction_to_ambient_k_per_w, time_constant_s, static_power_w,
+               dvfs_thresholds_c, dvfs_clock_scales, hysteresis_c (optional section: absent,
+               no throttling)
 
 Unknown keys, missing keys, wrong types, non-positive sizes, values outside a field's physical
 range (``docs/hw.md``: e.g. ``clock_hz`` in [1e3, 1e11]; they keep every latency finite and every
@@ -55,7 +59,7 @@ import jax
 import jax.numpy as jnp
 
 from npujax.errors import ConfigError
-from npujax.systolic.dataflow import DATAFLOWS
+from npujax.systolic.dataflow import DATAFLOW_NAMES, DATAFLOWS
 from npujax.systolic.mapping import MAPPINGS
 from npujax.systolic.precision import PRECISION_SCALINGS
 
@@ -64,6 +68,7 @@ __all__ = [
     "ATTENTION_FUSIONS",
     "PARAMETER_CACHES",
     "FALLBACK_SCOPES",
+    "UNSUPPORTED_POLICIES",
     "GROUP_PACKINGS",
     "ArraySpec",
     "MemorySpec",
@@ -74,6 +79,7 @@ __all__ = [
     "TechnologySpec",
     "EnergySpec",
     "AreaSpec",
+    "ThermalSpec",
     "NpuSpec",
     "DATAFLOWS",
     "MAPPINGS",
@@ -120,6 +126,14 @@ PARAMETER_CACHES = ("none", "streams_from_dram", "streams_from_host")
 #: coral.ai/docs/edgetpu/models-intro).
 FALLBACK_SCOPES = ("per_op", "rest_of_graph")
 
+#: What the compiler does with an operator the NPU does not run (``ops.unsupported``): fall
+#: back to the host (``fallback``, the default: every figure as before), per layer the cheaper
+#: of the host fallback and an exact rewrite into operators the NPU runs
+#: (``rewrite_or_fallback``), or rewrite where a rule applies and refuse the model otherwise
+#: (``rewrite_or_refuse``: a compiler without host fallback). The rules are
+#: :mod:`npujax.ir.rewrites`; the decision is :func:`npujax.plan.decompose`'s.
+UNSUPPORTED_POLICIES = ("fallback", "rewrite_or_fallback", "rewrite_or_refuse")
+
 
 #: How a grouped convolution's groups share the array (``array.group_packing``): one group per
 #: fold (``sequential``, SCALE-Sim's mapping) or, on a weight-stationary array, as many groups
@@ -143,7 +157,8 @@ class ArraySpec:
 
     Attributes:
       rows, cols: PE array height and width (PEs), >= 1.
-      dataflow: default dataflow, one of :data:`DATAFLOWS`.
+      dataflow: default dataflow, one of :data:`DATAFLOW_NAMES` (the systolic
+        :data:`DATAFLOWS` or ``row_stationary``).
       clock_hz: array clock frequency (Hz), > 0.
       operand_bits: native operand width of a MAC (bits); wider operands take
         ``ceil(w/operand_bits) * ceil(a/operand_bits)`` passes.
@@ -168,11 +183,15 @@ class ArraySpec:
         group's input stream and each column summing its own group's rows, so one fold of
         ``M`` streamed pixels computes ``P`` groups. Output- and input-stationary arrays share
         the streamed operand along a row and cannot; they stay sequential.
+      ifmap_spad_words, filter_spad_words, psum_spad_words: per-PE scratchpads of the
+        ``row_stationary`` dataflow (words of ``operand_bits``), read only by it
+        (:func:`npujax.systolic.rs_conv`); the defaults are Eyeriss's 12, 224 and 24 x 16 b
+        (Chen et al., JSSC 2017, Sec. IV).
     """
 
     rows: int = _field(lo=1, hi=2**16)
     cols: int = _field(lo=1, hi=2**16)
-    dataflow: str = _field(choices=DATAFLOWS)
+    dataflow: str = _field(choices=DATAFLOW_NAMES)
     clock_hz: float = _field(lo=1e3, hi=1e11)
     operand_bits: int = _field(lo=1, hi=64)
     accumulator_bits: int = _field(lo=1, hi=128)
@@ -180,6 +199,9 @@ class ArraySpec:
     precision_scaling: str = _field(choices=PRECISION_SCALINGS)
     brick_bits: int = _field(lo=1, hi=64)
     group_packing: str = _field(choices=GROUP_PACKINGS, default="sequential")
+    ifmap_spad_words: int = _field(lo=1, hi=2**20, default=12)
+    filter_spad_words: int = _field(lo=1, hi=2**20, default=224)
+    psum_spad_words: int = _field(lo=1, hi=2**20, default=24)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -274,6 +296,8 @@ class OpsSpec:
         :data:`ATTENTION_FUSIONS` (default ``none``; :mod:`npujax.plan.passes.attention`).
       fallback: what runs on the host when an operator is not supported, one of
         :data:`FALLBACK_SCOPES` (default ``per_op``).
+      unsupported: fall back, rewrite or refuse an unsupported operator, one of
+        :data:`UNSUPPORTED_POLICIES` (default ``fallback``).
     """
 
     supported: tuple[str, ...] = _field()
@@ -283,6 +307,7 @@ class OpsSpec:
     fusion: str = _field(choices=FUSION_LEVELS, default="elementwise")
     attention_fusion: str = _field(choices=ATTENTION_FUSIONS, default="none")
     fallback: str = _field(choices=FALLBACK_SCOPES, default="per_op")
+    unsupported: str = _field(choices=UNSUPPORTED_POLICIES, default="fallback")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -301,6 +326,13 @@ class HostSpec:
       invocation_overhead_s: a fixed cost per inference (s), >= 0 (default 0): the runtime's
         call into the NPU and the link's round trips of the graph's input and output
         (:mod:`npujax.plan.passes.invocation`).
+      shape_compile_s: time to compile (or reload) the model for a new input shape (s), >= 0
+        (default 0: not modelled); the cost of a compiled bucket in
+        :mod:`npujax.plan.buckets`. Not part of any per-inference latency.
+      scalar_ops_per_s: one host core's throughput on scalar, branching code (operations/s),
+        >= 0 (default 0: ``cpu_ops_per_s``): the host stages that neither vectorise nor split
+        over cores (non-maximum suppression, CTC decoding, top-k) of the pipeline around the
+        NPU (:mod:`npujax.plan.host_pipeline`).
     """
 
     cpu_ops_per_s: float = _field(lo=1e3, hi=1e16)
@@ -308,6 +340,8 @@ class HostSpec:
     link_latency_s: float = _field(zero_ok=True, lo=0.0, hi=10.0)
     memory_bytes_per_s: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=1e15)
     invocation_overhead_s: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=10.0)
+    shape_compile_s: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=1e5)
+    scalar_ops_per_s: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=1e16)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -432,6 +466,43 @@ class AreaSpec:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class ThermalSpec:
+    """The chip's first-order thermal model and its DVFS (throttling) table; see
+    :mod:`npujax.plan.thermal` (and ``docs/npu_model.md``, "Thermal throttling").
+
+    During continuous inference the chip dissipates ``P = E / T + static_power_w`` (``E`` the
+    energy model's joules per inference, ``T`` the latency, both at the current clock) and its
+    junction follows ``T_j(t) = ambient_c + P R (1 - exp(-t / tau))`` (one thermal resistance
+    ``R`` to ambient and one time constant ``tau = R C``). When ``T_j`` reaches
+    ``dvfs_thresholds_c[i]`` the clock drops to ``dvfs_clock_scales[i] x array.clock_hz``; it
+    rises again below ``dvfs_thresholds_c[i] - hysteresis_c``. The whole section is optional:
+    without it (``junction_to_ambient_k_per_w = 0``, an empty table) nothing throttles.
+
+    Attributes:
+      ambient_c: ambient temperature (degrees C), in [-55, 125]; default 25.
+      junction_to_ambient_k_per_w: thermal resistance junction to ambient (K/W), >= 0; default
+        0 (no thermal model).
+      time_constant_s: the thermal time constant ``R C`` (s), > 0; default 60.
+      static_power_w: power drawn whatever the work (leakage, clock tree, I/O), which the
+        energy model's per-action energies leave out (W), >= 0; default 0.
+      dvfs_thresholds_c: the junction temperatures (degrees C) at which the clock steps down,
+        strictly increasing and above ``ambient_c``; default none.
+      dvfs_clock_scales: the clock of each step as a fraction of ``array.clock_hz``, strictly
+        decreasing, in (0, 1), one per threshold (a clock divider of 2 is 0.5).
+      hysteresis_c: how far below a threshold the junction must cool before the clock steps
+        back up (K), >= 0 and below the gap between two thresholds; default 0.
+    """
+
+    ambient_c: float = _field(zero_ok=True, default=25.0, lo=-55.0, hi=125.0)
+    junction_to_ambient_k_per_w: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=1e4)
+    time_constant_s: float = _field(default=60.0, lo=1e-6, hi=1e7)
+    static_power_w: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=1e5)
+    dvfs_thresholds_c: tuple[float, ...] = _field(default=(), lo=-55.0, hi=250.0)
+    dvfs_clock_scales: tuple[float, ...] = _field(default=(), lo=0.0, hi=1.0)
+    hysteresis_c: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=100.0)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class NpuSpec:
     """A complete NPU description (see the module docstring for the TOML layout).
 
@@ -441,6 +512,7 @@ class NpuSpec:
       array, memory, vector, layout, ops, host: the sections.
       technology, energy, area: the optional sections of the energy and area model (their
         defaults when a preset leaves them out).
+      thermal: the optional thermal model and DVFS table (default: none, no throttling).
     """
 
     name: str
@@ -454,6 +526,7 @@ class NpuSpec:
     technology: TechnologySpec = dataclasses.field(default_factory=TechnologySpec)
     energy: EnergySpec = dataclasses.field(default_factory=EnergySpec)
     area: AreaSpec = dataclasses.field(default_factory=AreaSpec)
+    thermal: ThermalSpec = dataclasses.field(default_factory=ThermalSpec)
 
     @property
     def peak_macs_per_s(self) -> float:
@@ -588,6 +661,22 @@ def _check_value(where: str, key: str, value: Any, f: dataclasses.Field) -> Any:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{where}: '{key}' must be a list of strings, got {value!r}.")
         return tuple(value)
+    lo, hi = f.metadata.get("lo"), f.metadata.get("hi")
+    if annotation.startswith("tuple[float"):
+        if not isinstance(value, list | tuple) or not all(
+                isinstance(v, int | float) and not isinstance(v, bool) for v in value):
+            raise ConfigError(f"{where}: '{key}' must be a list of numbers, got {value!r}.")
+        out = tuple(float(v) for v in value)
+        lo_f, hi_f = float(lo or 0.0), float(hi if hi is not None else math.inf)
+        bad = [v for v in out if not math.isfinite(v) or v < lo_f or v > hi_f
+               or (v == 0 and not f.metadata.get("zero_ok") and lo_f == 0)]
+        if bad:
+            raise ConfigError(f"{where}: '{key}' holds {bad[0]!r}, outside the physical range "
+                              f"({lo:g}, {hi:g}] npujax models (docs/hw.md, 'Ranges')."
+                              if lo == 0 else
+                              f"{where}: '{key}' holds {bad[0]!r}, outside the physical range "
+                              f"[{lo:g}, {hi:g}] npujax models (docs/hw.md, 'Ranges').")
+        return out
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{where}: '{key}' must be a number, got {value!r}.")
     if annotation == "int":
@@ -598,10 +687,11 @@ def _check_value(where: str, key: str, value: Any, f: dataclasses.Field) -> Any:
         value = float(value)
     unit = key.rsplit("_", 1)[-1] if "_" in key else ""
     unit = f" ({unit})" if unit in ("bytes", "hz", "s", "bits", "nm", "pj", "um2") else ""
-    if not math.isfinite(value) or value < 0 or (value == 0 and not f.metadata.get("zero_ok")):
+    signed = lo is not None and lo < 0  # a temperature in degrees C may be negative
+    if not math.isfinite(value) or (value < 0 and not signed) or (
+            value == 0 and not f.metadata.get("zero_ok")):
         kind = "non-negative" if f.metadata.get("zero_ok") else "positive"
         raise ConfigError(f"{where}: '{key}' must be a {kind} finite number{unit}, got {value!r}.")
-    lo, hi = f.metadata.get("lo"), f.metadata.get("hi")
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         raise ConfigError(f"{where}: '{key}' = {value!r}{unit} is outside the physical range "
                           f"[{lo:g}, {hi:g}] npujax models (docs/hw.md, 'Ranges').")
@@ -663,7 +753,48 @@ def npu_spec_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> NpuSp
             f"{origin} [memory]: parameter_cache_bytes = {mem.parameter_cache_bytes} has no "
             "effect while parameter_cache = 'none'; set parameter_cache = 'streams_from_dram' "
             "or 'streams_from_host' (docs/hw.md), or leave parameter_cache_bytes out.")
+    _check_thermal(f"{origin} [thermal]", sections["thermal"])
     return NpuSpec(name=data["name"], description=description, **sections)
+
+
+def _check_thermal(where: str, th: ThermalSpec) -> None:
+    """The rules between the ``[thermal]`` keys (each key's own range is checked already).
+
+    Raises:
+      ConfigError: naming the key: a table of unequal lengths, thresholds not strictly
+        increasing or not above ``ambient_c``, clock scales not strictly decreasing, a table
+        without a thermal resistance, or a hysteresis wider than the gap between thresholds.
+    """
+    t, c = th.dvfs_thresholds_c, th.dvfs_clock_scales
+    if len(t) != len(c):
+        raise ConfigError(f"{where}: 'dvfs_clock_scales' has {len(c)} entries but "
+                          f"'dvfs_thresholds_c' has {len(t)}; give one clock scale per "
+                          "threshold (the clock above that temperature).")
+    if any(b <= a for a, b in zip(t, t[1:])):
+        raise ConfigError(f"{where}: 'dvfs_thresholds_c' = {list(t)} must be strictly "
+                          "increasing (each step throttles further as the chip heats up).")
+    if c and c[0] >= 1.0:
+        raise ConfigError(f"{where}: 'dvfs_clock_scales' = {list(c)} must be below 1 (a "
+                          "throttled clock is a fraction of array.clock_hz).")
+    if any(b >= a for a, b in zip(c, c[1:])):
+        raise ConfigError(f"{where}: 'dvfs_clock_scales' = {list(c)} must be strictly "
+                          "decreasing (each hotter step runs a slower clock).")
+    if t and th.junction_to_ambient_k_per_w == 0:
+        raise ConfigError(f"{where}: a DVFS table is given but 'junction_to_ambient_k_per_w' "
+                          "= 0, so the chip never heats and never throttles; set the thermal "
+                          "resistance (K/W) or drop the table.")
+    if t and t[0] <= th.ambient_c:
+        raise ConfigError(f"{where}: 'ambient_c' = {th.ambient_c:g} is not below the first "
+                          f"DVFS threshold {t[0]:g} C: the chip would start throttled; lower "
+                          "ambient_c or raise dvfs_thresholds_c.")
+    if th.hysteresis_c > 0 and not t:
+        raise ConfigError(f"{where}: 'hysteresis_c' = {th.hysteresis_c:g} has no effect "
+                          "without a DVFS table (dvfs_thresholds_c); drop it or give the table.")
+    gaps = [b - a for a, b in zip(t, t[1:])] + ([t[0] - th.ambient_c] if t else [])
+    if t and th.hysteresis_c >= min(gaps):
+        raise ConfigError(f"{where}: 'hysteresis_c' = {th.hysteresis_c:g} K must be below the "
+                          f"smallest gap between DVFS thresholds (and ambient), {min(gaps):g} "
+                          "K, so each release point lies between its neighbours.")
 
 
 def list_presets() -> list[str]:

@@ -12,6 +12,7 @@ preserves the graph's function (up to float rounding).
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +29,7 @@ __all__ = [
     "rebatch",
     "frozen_bn_stats",
     "absorb_transposes",
+    "channels_last",
 ]
 
 
@@ -271,6 +273,95 @@ def _absorb(graph: Graph, t: Node) -> Graph | None:
                 new_shape[perm[i]] = d
             tensors[o] = TensorType(tuple(new_shape), graph.tensors[o].dtype)
     return graph.replace(nodes=tuple(nodes), tensors=tensors)
+
+
+#: binary operators that compute elementwise on activations of one shape
+_ELEMENTWISE_BINARY = ("Add", "Sub", "Mul", "Div", "Max", "Min")
+
+
+def channels_last(graph: Graph, params: Params) -> tuple[Graph, Params]:
+    """The same model computing on channels-last (NHWC) activations instead of NCHW.
+
+    An ONNX export of a PyTorch model is NCHW throughout (ONNX's Conv has no other layout);
+    the same architecture as a TensorFlow Lite model is NHWC, input included. On an NPU whose
+    activations are NHWC (``layout.activation_layout``), :func:`npujax.lower` costs an NCHW
+    model's input and output conversions as layers of their own, which an NHWC model of the
+    same architecture does not have. This pass rewrites the whole graph the way an NHWC
+    converter does (e.g. onnx2tf, TensorFlow Lite's converter): every 4-D activation, graph
+    inputs and outputs included, is the old one transposed by ``(0, 2, 3, 1)``; a Conv's
+    ``data_layout`` becomes ``NHWC`` (its kernel and ``kernel_layout`` stay), pools, BatchNorm
+    and Concat/Split take the permuted axes, GlobalAveragePool becomes an ``AveragePool`` over
+    the whole ``H x W`` window (Keras' form), and a Flatten or Reshape of a ``1 x 1`` spatial
+    tensor is unchanged (both orders flatten alike). Layout-free operators (unary activations,
+    elementwise operators between activations of one shape or with a scalar constant) are kept.
+    The model then computes ``f(x.transpose(0, 2, 3, 1))`` where it computed ``f(x)`` (outputs
+    of rank 4 transposed alike). A graph with no NCHW Conv and no GlobalAveragePool is
+    returned unchanged.
+
+    Args:
+      graph: a graph from :func:`npujax.from_onnx` (after :func:`optimize` or before).
+      params: its params (unchanged: kernels keep their ``kernel_layout``).
+
+    Returns:
+      ``(graph, params)``.
+
+    Raises:
+      GraphError: a 4-D activation reaches an operator whose meaning depends on the axis order
+        and that this pass does not rewrite (named with its node), e.g. a Reshape of a spatial
+        tensor, a Transpose, a Slice, a per-channel constant operand or a 4-D MatMul.
+    """
+    if not any((n.op == "Conv" and n.attrs.get("data_layout") == "NCHW")
+               or n.op == "GlobalAveragePool" for n in graph.nodes):
+        return graph, params
+    perm = [0, 3, 1, 2]  # old axis i is new axis perm[i]
+    moved = {t for t in graph.inputs if len(graph.tensors[t].shape) == 4}
+    nodes = []
+    for n in graph.nodes:
+        acts = [t for t in n.inputs if t not in graph.constants]
+        if not any(t in moved for t in acts):
+            nodes.append(n)
+            continue
+        where = f"channels_last: node {n.name!r} ({n.op})"
+        rank4_out = all(len(graph.tensors[o].shape) == 4 for o in n.outputs)
+        new: Node | None = None
+        if n.op in ("Flatten", "Reshape"):
+            shape = graph.tensors[n.inputs[0]].shape
+            out_rank = len(graph.tensors[n.outputs[0]].shape)
+            if math.prod(int(d) for d in shape[2:]) != 1 or out_rank == 4:
+                raise GraphError(f"{where} reshapes a {shape} activation whose spatial size is "
+                                 "not 1 x 1: its element order depends on the layout.")
+            nodes.append(n)
+            continue
+        if n.op == "GlobalAveragePool":
+            _, h, w = graph.tensors[n.inputs[0]].shape[1:]
+            new = n.replace(op="AveragePool", attrs={
+                "window": [1, h, w, 1], "strides": [1, 1, 1, 1], "padding": [[0, 0]] * 4,
+                "window_dilation": [1, 1, 1, 1], "count_include_pad": 0,
+                "ceil_extra": [0, 0, 0, 0]})
+        elif n.op in ("Concat", "Split"):
+            if all(t in moved for t in acts) and len(acts) == len(n.inputs):
+                new = n.replace(attrs={**n.attrs, "axis": perm[int(n.attrs["axis"])]})
+        elif n.op in _ELEMENTWISE_BINARY:
+            shapes = {graph.tensors[t].shape for t in acts}
+            consts_scalar = all(graph.tensors[t].size == 1 for t in n.inputs
+                                if t in graph.constants)
+            if all(t in moved for t in acts) and len(shapes) == 1 and consts_scalar:
+                new = n
+        elif len(acts) == 1 and acts[0] == n.inputs[0] and len(n.outputs) == 1:
+            new = _relayout(graph, n, perm)
+        if new is None or not rank4_out:
+            raise GraphError(f"{where} reads a 4-D activation in a way that depends on the "
+                             "axis order and cannot be rewritten channels-last.")
+        nodes.append(new)
+        moved.update(n.outputs)
+    tensors = dict(graph.tensors)
+    for t in moved:
+        shape = graph.tensors[t].shape
+        new_shape = [0] * 4
+        for i, d in enumerate(shape):
+            new_shape[perm[i]] = d
+        tensors[t] = TensorType(tuple(new_shape), graph.tensors[t].dtype)
+    return graph.replace(nodes=tuple(nodes), tensors=tensors), params
 
 
 def optimize(graph: Graph, params: Params) -> tuple[Graph, Params]:

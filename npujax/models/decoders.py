@@ -6,16 +6,13 @@ step (:func:`decoder_graph`), the operands its attention reads from the KV cache
 from __future__ import annotations
 
 import dataclasses
+import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import jax.numpy as jnp
-from flax import nnx
-
 from npujax.errors import ConfigError
-from npujax.frontends.flax import trace_flax
 from npujax.ir.graph import Graph
 from npujax.ir.passes import optimize
-from npujax.models.transformer import DECODER_CONFIGS, Decoder
 from npujax.numerics import IntFormat
 from npujax.ops import OPS, operand_quantized_ops
 from npujax.quantize.spec import for_operands, quant_spec
@@ -24,8 +21,8 @@ if TYPE_CHECKING:
     from npujax.hw.spec import NpuSpec
     from npujax.plan.lower import Schedule
 
-__all__ = ["DecoderLowering", "decoder_graph", "kv_cache_operands", "decoder_precision",
-           "decoder_figures"]
+__all__ = ["DecoderLowering", "decoder_graph", "resolve_config", "kv_bytes_per_token",
+           "kv_cache_operands", "decoder_precision", "decoder_figures"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,8 +39,9 @@ class DecoderLowering:
       tokens_per_s: tokens processed per second: ``batch * seq_len / latency`` (prefill) or
         ``batch / latency`` (decode: one new token per sequence per step).
       kv_cache_bytes_per_token: bytes of K and V cache read per generated token and sequence
-        (decode: ``2 * layers * kv_len * kv_heads * head_dim * kv_bits / 8``; prefill: 0, the
-        keys and values are computed, not read).
+        (decode: ``2 * layers * kv_len * kv_heads * head_dim * kv_bits / 8``, a sliding-window
+        layer counting ``min(kv_len, window - 1)`` positions; prefill: 0, the keys and values
+        are computed, not read).
       macs: multiply-accumulates of the step (all layers).
       dram_bytes: DRAM bytes the step moves (the schedule's, all layers).
       roofline_s: the roofline bound of the whole step, ``max(macs / peak MAC rate, dram_bytes
@@ -75,34 +73,75 @@ class DecoderLowering:
         return d
 
 
-def decoder_graph(config: Any, *, phase: str, seq_len: int, kv_len: int, batch: int) -> Graph:
-    """The optimized graph of the reference decoder (:class:`npujax.models.transformer.Decoder`)
-    for one phase, traced from Flax (the same path as any model) by its weights' shapes only:
-    the latency model needs nothing else, and no weight is ever allocated (they are
-    :class:`~npujax.ir.absent.AbsentArray`; ``trace_flax(..., weights="shapes")``), so an
-    LLM's embedding and ``lm_head`` cost no memory and meet no tensor limit.
+def decoder_graph(config: Any, *, phase: str, seq_len: int = 1, kv_len: int = 0,
+                  batch: int = 1, kv_lens: Sequence[int] | None = None,
+                  expert_loads: Sequence[float] | None = None, logits: str = "auto",
+                  experts_touched: int | None = None) -> Graph:
+    """The optimized graph of one step of a decoder, built from its shapes alone
+    (:func:`npujax.models.llm_graph.build_decoder_graph`: no Flax model, no weight allocated;
+    for the reference configs the same graph as tracing :class:`~npujax.models.transformer.
+    Decoder`).
 
     Args:
-      config: a :class:`~npujax.models.transformer.DecoderConfig` or a name of
-        :data:`~npujax.models.transformer.DECODER_CONFIGS`.
-      phase: ``"prefill"`` (``seq_len`` tokens) or ``"decode"`` (one token, ``kv_len`` cached).
-      seq_len: prompt length (prefill).
-      kv_len: cached positions (decode).
+      config: a :class:`~npujax.models.transformer.DecoderConfig`, a shipped name
+        (:data:`~npujax.models.transformer.DECODER_CONFIGS`) or a ``config.json`` path
+        (:func:`npujax.models.hf_config.load_decoder`).
+      phase: ``"prefill"`` (``seq_len`` new tokens per sequence: a whole prompt, or with
+        ``kv_lens`` a chunk of a chunked prefill against the chunks before) or ``"decode"``
+        (one token against ``kv_len`` cached).
+      seq_len: new tokens per sequence (prefill).
+      kv_len: cached positions of every sequence (decode; a prefill ignores it).
       batch: sequences per step.
+      kv_lens: one cache length per sequence instead of ``kv_len``/``batch`` (sorted here).
+      expert_loads: measured per-expert fractions of a mixture of experts' assignments
+        (:func:`npujax.models.moe.expert_loads`); None: uniform routing.
+      logits: which positions' logits the step computes (``build_decoder_graph``'s).
+      experts_touched: distinct experts per MoE layer (default ``round(E[distinct])``;
+        :func:`npujax.models.moe.expert_loads`).
 
     Raises:
       ConfigError: an unknown config name, phase or a non-positive length.
     """
-    if isinstance(config, str):
-        if config not in DECODER_CONFIGS:
-            raise ConfigError(f"unknown decoder config {config!r}; use one of "
-                              f"{sorted(DECODER_CONFIGS)}.")
-        config = DECODER_CONFIGS[config]
-    cfg = config
-    model = nnx.eval_shape(lambda: Decoder(
-        cfg, phase=phase, seq_len=seq_len, kv_len=kv_len, batch=batch, rngs=nnx.Rngs(0)))
-    tokens = jnp.zeros((batch, seq_len if phase == "prefill" else 1), jnp.int32)
-    return optimize(*trace_flax(model, tokens, check=False, weights="shapes"))[0]
+    from npujax.models.llm_graph import build_decoder_graph
+    from npujax.models.moe import expert_loads as routing
+
+    cfg = resolve_config(config)
+    if phase not in ("prefill", "decode"):
+        raise ConfigError(f"phase must be 'prefill' or 'decode', got {phase!r}.")
+    tokens = seq_len if phase == "prefill" else 1
+    if kv_lens is not None:
+        lens = sorted(kv_lens)
+    else:  # (a prefill's kv_len is ignored: a whole prompt; chunks give kv_lens)
+        lens = [kv_len if phase == "decode" else 0] * batch
+    if tokens < 1 or not lens or min(lens) < 0 or (phase == "decode" and min(lens) < 1):
+        raise ConfigError(f"seq_len, kv_len and batch must be >= 1 (kv_len >= 0 for a "
+                          f"prefill), got {seq_len}, {kv_len if kv_lens is None else lens}, "
+                          f"{len(lens)}.")
+    loads = (routing(tokens * len(lens), cfg.experts, cfg.experts_per_token, expert_loads,
+                     distinct=experts_touched) if cfg.moe_layers else ())
+    graph, params = build_decoder_graph(cfg, tokens=tokens, kv_lens=lens, expert_loads=loads,
+                                        logits=logits)
+    return optimize(graph, params)[0]
+
+
+def resolve_config(config: Any) -> Any:
+    """A :class:`~npujax.models.transformer.DecoderConfig` from itself, a shipped name or a
+    ``config.json`` path (:func:`npujax.models.hf_config.load_decoder`)."""
+    if isinstance(config, (str, os.PathLike)):
+        from npujax.models.hf_config import load_decoder
+
+        return load_decoder(config)
+    return config
+
+
+def kv_bytes_per_token(cfg: Any, kv_len: int, kv_bits: int) -> float:
+    """KV-cache bytes one sequence's decode step reads at ``kv_len`` cached positions:
+    ``sum_i 2 kv_heads head_dim L_i kv_bits / 8``, ``L_i = min(kv_len, window - 1)`` on a
+    sliding-window layer, ``kv_len`` on the others."""
+    w = cfg.sliding_window
+    per = [min(kv_len, w - 1) if (w and i in cfg.local_layers) else kv_len
+           for i in range(cfg.layers)]
+    return 2 * cfg.kv_heads * cfg.head_dim * sum(per) * kv_bits / 8
 
 
 def kv_cache_operands(graph: Graph) -> dict[str, int]:
@@ -141,7 +180,8 @@ def decoder_precision(graph: Graph, weight_bits: int, act_bits: int, kv_bits: in
     operand streams, ``M x K`` at its width; the second is the stationary one, ``K x N``): the
     traced decode attention streams the cache (``M = kv_len + 1`` positions, or ``K`` for
     ``P V``) past the one-token operand, so each cached element is read once per step at
-    ``kv_bits``.
+    ``kv_bits``. The batched MatMuls of a mixture of experts take their expert weights (a
+    constant second operand) at ``weight_bits``.
     """
     if weight_bits == act_bits == kv_bits == 8:
         return None
@@ -153,6 +193,8 @@ def decoder_precision(graph: Graph, weight_bits: int, act_bits: int, kv_bits: in
         first, second = act_bits, act_bits
         if n.name in cache:
             first, second = (kv_bits, act_bits) if cache[n.name] == 0 else (act_bits, kv_bits)
+        elif n.inputs[1] in graph.constants:  # a mixture of experts' weights
+            second = weight_bits
         lq = dataclasses.replace(q[n.name], act=IntFormat(first, signed=False),
                                  weight=IntFormat(second, narrow_range=True))
         q[n.name] = for_operands(graph, n.name, lq, second)
@@ -164,8 +206,7 @@ def decoder_figures(schedule: Schedule, config: Any, *, phase: str, seq_len: int
     """Tokens per second, KV-cache bytes per token and (with ``spec``) the roofline bound of a
     lowered decoder phase (see :class:`DecoderLowering`)."""
     tokens = batch * (seq_len if phase == "prefill" else 1)
-    kv = (2 * config.layers * kv_len * config.kv_heads * config.head_dim * kv_bits / 8
-          if phase == "decode" else 0.0)
+    kv = kv_bytes_per_token(config, kv_len, kv_bits) if phase == "decode" else 0.0
     roof: dict[str, Any] = {}
     if spec is not None:
         macs, nbytes = float(schedule.macs), float(schedule.dram_bytes)

@@ -24,7 +24,7 @@ with its source.
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Iterator, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -32,73 +32,39 @@ import numpy as np
 from flax import nnx
 
 from npujax.errors import ConfigError
+from npujax.models.decoder_config import DecoderConfig
 
 __all__ = ["DecoderConfig", "DECODER_CONFIGS", "Decoder", "ViT", "rotary_tables"]
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class DecoderConfig:
-    """Shapes of a decoder-only transformer.
+class _ShippedConfigs(Mapping[str, DecoderConfig]):
+    """``{name: DecoderConfig}`` of the ``config.json`` files in ``npujax/models/configs/``
+    (read on first use by :func:`npujax.models.hf_config.load_decoder`)."""
 
-    Attributes:
-      vocab: vocabulary size (tokens).
-      d_model: hidden size.
-      heads: query heads; ``d_model`` must be a multiple (head_dim = d_model / heads).
-      kv_heads: key/value heads (GQA; ``heads`` must be a multiple).
-      d_ff: the SwiGLU MLP's inner size.
-      layers: decoder blocks.
-      rope_theta: rotary embedding base.
-      norm_eps: RMSNorm epsilon.
-      qkv_bias: biases on the query/key/value projections (Qwen2) or not (Llama).
-      source: where the shapes come from.
+    def _names(self) -> list[str]:
+        from npujax.models.hf_config import shipped_decoders
 
-    Raises:
-      ConfigError: a non-positive size, or heads not divisible as required.
-    """
+        return sorted(shipped_decoders())
 
-    vocab: int
-    d_model: int
-    heads: int
-    kv_heads: int
-    d_ff: int
-    layers: int
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-6
-    qkv_bias: bool = False
-    source: str = ""
+    def __getitem__(self, name: str) -> DecoderConfig:
+        if name not in self._names():
+            raise KeyError(name)
+        from npujax.models.hf_config import load_decoder
 
-    def __post_init__(self) -> None:
-        for f in ("vocab", "d_model", "heads", "kv_heads", "d_ff", "layers"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"DecoderConfig.{f} must be a positive int, got {v!r}.")
-        if self.d_model % self.heads or self.heads % self.kv_heads or self.head_dim % 2:
-            raise ConfigError(
-                f"DecoderConfig: d_model ({self.d_model}) must be a multiple of heads "
-                f"({self.heads}), heads a multiple of kv_heads ({self.kv_heads}) and the head "
-                "size even (rotary embeddings rotate pairs).")
+        return load_decoder(name)
 
-    @property
-    def head_dim(self) -> int:
-        """``d_model / heads``."""
-        return self.d_model // self.heads
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __len__(self) -> int:
+        return len(self._names())
 
 
-#: Public model shapes (from each model's ``config.json`` on the Hugging Face Hub).
-DECODER_CONFIGS: dict[str, DecoderConfig] = {
-    "qwen2.5-0.5b": DecoderConfig(
-        vocab=151936, d_model=896, heads=14, kv_heads=2, d_ff=4864, layers=24,
-        rope_theta=1e6, norm_eps=1e-6, qkv_bias=True,
-        source="Qwen/Qwen2.5-0.5B config.json (hidden_size 896, intermediate_size 4864, 14 "
-               "heads, 2 KV heads, 24 layers, vocab 151936, rope_theta 1e6)"),
-    "llama-3.2-1b": DecoderConfig(
-        vocab=128256, d_model=2048, heads=32, kv_heads=8, d_ff=8192, layers=16,
-        rope_theta=5e5, norm_eps=1e-5,
-        source="meta-llama/Llama-3.2-1B config.json (hidden_size 2048, intermediate_size 8192, "
-               "32 heads, 8 KV heads, 16 layers, vocab 128256, rope_theta 5e5)"),
-    "tiny": DecoderConfig(vocab=64, d_model=32, heads=4, kv_heads=2, d_ff=64, layers=2,
-                          source="a test-sized decoder"),
-}
+#: Public model shapes: each model's ``config.json`` from the Hugging Face Hub, shipped in
+#: ``npujax/models/configs/`` (``qwen2.5-0.5b``: Qwen/Qwen2.5-0.5B; ``llama-3.2-1b``:
+#: meta-llama/Llama-3.2-1B; ``llama-3.1-8b``: meta-llama/Llama-3.1-8B), and ``tiny``, a
+#: test-sized Llama.
+DECODER_CONFIGS: Mapping[str, DecoderConfig] = _ShippedConfigs()
 
 
 def rotary_tables(positions: np.ndarray, head_dim: int, theta: float
@@ -179,13 +145,19 @@ class Decoder(nnx.Module):
     Output: float32 logits ``(batch, seq_len or 1, vocab)``.
 
     Raises:
-      ConfigError: an unknown phase or a non-positive length.
+      ConfigError: an unknown phase, a non-positive length, or a config beyond the reference
+        subset (:meth:`DecoderConfig.is_reference`).
     """
 
     def __init__(self, cfg: DecoderConfig, *, phase: str = "prefill", seq_len: int = 16,
                  kv_len: int = 16, batch: int = 1, rngs: nnx.Rngs) -> None:
         if phase not in ("prefill", "decode"):
             raise ConfigError(f"phase must be 'prefill' or 'decode', got {phase!r}.")
+        if not cfg.is_reference():
+            raise ConfigError(f"the Flax Decoder implements the Llama/Qwen2 shapes; "
+                              f"{cfg.source or 'this config'} uses more (head_size, GeGLU, "
+                              "sliding windows, experts, ...): lower it with "
+                              "npujax.models.decoders.decoder_graph, built from its shapes.")
         if min(seq_len, kv_len, batch) < 1:
             raise ConfigError(f"seq_len, kv_len and batch must be >= 1, got {seq_len}, "
                               f"{kv_len}, {batch}.")

@@ -47,6 +47,14 @@ def _pad(c: int, align: int) -> int:
 # Conv
 
 
+def _pad_hw(xc: jax.Array, pt: int, pb: int, pl: int, pr: int) -> jax.Array:
+    """Zero padding of an NCHW tensor's H and W; a negative amount crops, as XLA's
+    convolution padding does (the 3x3 tiles of a split large kernel read shifted windows,
+    :mod:`npujax.ir.rewrites.large_kernel_conv`)."""
+    zero = jnp.zeros((), xc.dtype)
+    return lax.pad(xc, zero, ((0, 0, 0), (0, 0, 0), (int(pt), int(pb), 0), (int(pl), int(pr), 0)))
+
+
 def _depthwise_conv(x: jax.Array, kernel: jax.Array, a: Mapping[str, Any]) -> jax.Array:
     """Depthwise convolution as a sum of strided shifted products (same result as lax.conv).
 
@@ -62,7 +70,7 @@ def _depthwise_conv(x: jax.Array, kernel: jax.Array, a: Mapping[str, Any]) -> ja
     c = xc.shape[1]
     m = w.shape[0] // c
     (pt, pb), (pl, pr) = a["padding"]
-    xp = jnp.pad(xc, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    xp = _pad_hw(xc, pt, pb, pl, pr)
     if m > 1:
         xp = jnp.repeat(xp, m, axis=1)
     sh, sw = a["strides"]
@@ -131,7 +139,7 @@ def _im2col_conv(x: jax.Array, kernel: jax.Array, a: Mapping[str, Any]) -> jax.A
     w = jnp.transpose(kernel, [klayout.index(d) for d in "OIHW"])  # [O, C, kh, kw]
     o, c, kh, kw = w.shape
     (pt, pb), (pl, pr) = a["padding"]
-    xp = jnp.pad(xc, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    xp = _pad_hw(xc, pt, pb, pl, pr)
     sh, sw = a["strides"]
     dh, dw = a["dilations"]
     ho = (xp.shape[2] - (dh * (kh - 1) + 1)) // sh + 1

@@ -2,10 +2,15 @@
 the cost passes (:mod:`npujax.plan.program`, :mod:`npujax.plan.passes`), and ``lower``; across
 layers fusion (:mod:`npujax.plan.passes.cross_layer`), multi-core pipelines
 (:mod:`npujax.plan.pipeline`), co-resident models (:mod:`npujax.plan.coresident`) and peak memory
-(:mod:`npujax.plan.memory`); fitting a preset to a measured profile (:mod:`npujax.plan.profile`,
-:mod:`npujax.plan.fit`).
+(:mod:`npujax.plan.memory`); after the program, thermal throttling (:mod:`npujax.plan.thermal`)
+and the host pipeline around the NPU (:mod:`npujax.plan.host_pipeline`); fitting a preset to a
+measured profile (:mod:`npujax.plan.profile`, :mod:`npujax.plan.fit`).
 """
 
+from npujax.plan.buckets import BucketPlan as BucketPlan
+from npujax.plan.buckets import ShapeCosts as ShapeCosts
+from npujax.plan.buckets import bucket_plans as bucket_plans
+from npujax.plan.buckets import optimal_buckets as optimal_buckets
 from npujax.plan.coresident import SHARING as SHARING
 from npujax.plan.coresident import CoResidency as CoResidency
 from npujax.plan.coresident import ModelShare as ModelShare
@@ -14,15 +19,21 @@ from npujax.plan.costs import BREAKDOWN as BREAKDOWN
 from npujax.plan.costs import LayerCosts as LayerCosts
 from npujax.plan.costs import layer_costs as layer_costs
 from npujax.plan.costs import layer_costs_by_dataflow as layer_costs_by_dataflow
+from npujax.plan.decompose import Decomposition as Decomposition
+from npujax.plan.decompose import RewriteChoice as RewriteChoice
 from npujax.plan.fit import FitConfig as FitConfig
 from npujax.plan.fit import FitResult as FitResult
 from npujax.plan.fit import fit_spec as fit_spec
+from npujax.plan.host_pipeline import PipelineReport as PipelineReport
+from npujax.plan.host_pipeline import host_pipeline as host_pipeline
+from npujax.plan.host_pipeline import parse_host_stage as parse_host_stage
 from npujax.plan.liveness import peak_activation_bytes as peak_activation_bytes
 from npujax.plan.lower import DEFAULT_BITS as DEFAULT_BITS
 from npujax.plan.lower import EdgeReport as EdgeReport
 from npujax.plan.lower import LayerReport as LayerReport
 from npujax.plan.lower import Lowering as Lowering
 from npujax.plan.lower import Schedule as Schedule
+from npujax.plan.lower import decompose_unsupported as decompose_unsupported
 from npujax.plan.lower import layer_bits as layer_bits
 from npujax.plan.lower import lower as lower
 from npujax.plan.lower import lower_by_dataflow as lower_by_dataflow
@@ -57,10 +68,26 @@ from npujax.plan.program import program_costs as program_costs
 from npujax.plan.shapes import sweep_shapes as sweep_shapes
 from npujax.plan.table import LayerTable as LayerTable
 from npujax.plan.table import layer_table as layer_table
+from npujax.plan.thermal import SustainedReport as SustainedReport
+from npujax.plan.thermal import sustained as sustained
+from npujax.plan.thermal import thermal_state as thermal_state
 from npujax.plan.workload import Workload as Workload
 from npujax.plan.workload import workloads as workloads
 
 __all__ = [
+    "PipelineReport",
+    "host_pipeline",
+    "parse_host_stage",
+    "SustainedReport",
+    "sustained",
+    "thermal_state",
+    "BucketPlan",
+    "ShapeCosts",
+    "bucket_plans",
+    "optimal_buckets",
+    "Decomposition",
+    "RewriteChoice",
+    "decompose_unsupported",
     "AttentionChain",
     "AttentionCosts",
     "attention_chains",

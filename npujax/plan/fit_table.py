@@ -107,7 +107,8 @@ def read_table(path: str | Path) -> list[TableRow]:
 
     Columns (others are ignored): ``model`` (label), ``measured_ms`` (or ``measured_s``),
     optionally ``source`` (the model spec npujax builds; without it the label itself is the
-    spec), ``input_shape`` or ``input_hwc`` (``224x224x3``), and ``group`` or ``host``.
+    spec; a relative ``.onnx`` or ``.npz`` path is relative to the table's folder),
+    ``input_shape`` or ``input_hwc`` (``224x224x3``), and ``group`` or ``host``.
 
     Args:
       path: the CSV file.
@@ -147,8 +148,10 @@ def read_table(path: str | Path) -> list[TableRow]:
         if not (math.isfinite(t) and t > 0):
             raise ConfigError(f"{where}: {time_col} must be a finite number > 0, got "
                               f"{r.get(time_col)!r}.")
-        source = (r.get("source") if "source" in cols else label) or ""
-        rows.append(TableRow(label, source.strip(),
+        source = ((r.get("source") if "source" in cols else label) or "").strip()
+        if source.lower().endswith((".onnx", ".npz")) and not Path(source).is_absolute():
+            source = str(p.parent / source)  # a model file beside the table
+        rows.append(TableRow(label, source,
                              _parse_shape(r.get(shape_col) or "", where) if shape_col else None,
                              t / 1000.0 if time_col == "measured_ms" else t,
                              (r.get(group_col) or "").strip() if group_col else ""))

@@ -25,6 +25,7 @@ from npujax.hw.spec import NpuSpec, as_spec
 from npujax.ir.graph import Graph
 from npujax.ir.passes import rebatch
 from npujax.plan.costs import BREAKDOWN, LayerCosts, first_consumers
+from npujax.plan.decompose import Decomposition, choose_rewrites
 from npujax.plan.liveness import peak_activation_bytes
 from npujax.plan.passes import cross_layer
 from npujax.plan.passes.attention import ATTENTION_MODES, AttentionChain, attention_chains
@@ -39,7 +40,8 @@ from npujax.systolic.dataflow import DATAFLOWS, get_dataflow
 
 __all__ = ["LayerReport", "EdgeReport", "AttentionReport", "Schedule", "lower",
            "lower_by_dataflow", "Lowering", "lower_dataflows", "layer_bits", "weight_bytes",
-           "DEFAULT_BITS", "ACTIVATION_PLACEMENTS", "activation_placements"]
+           "DEFAULT_BITS", "ACTIVATION_PLACEMENTS", "activation_placements",
+           "decompose_unsupported"]
 
 #: Where a layer's activations live (``LayerReport.input_placement`` and
 #: ``output_placement``): ``dram`` (through DRAM), ``sram`` (kept on chip whole by the
@@ -191,7 +193,9 @@ class Schedule:
     :mod:`npujax.plan.passes.cross_layer`). ``area_mm2`` is the spec's modelled silicon area
     (:func:`npujax.hw.area_breakdown`, per block in ``area_breakdown_mm2``); energy per
     inference, its breakdown and the energy-delay product are derived from the layers'
-    energies.
+    energies. ``rewrites`` holds, under the preset's ``ops.unsupported`` policy, the
+    :class:`~npujax.plan.decompose.RewriteChoice` of each unsupported layer (rewritten or sent
+    to the host, and why; empty under the default ``fallback``).
     """
 
     npu: str
@@ -211,6 +215,7 @@ class Schedule:
     attention: tuple[AttentionReport, ...] = ()
     area_mm2: float = 0.0
     area_breakdown_mm2: dict[str, float] = dataclasses.field(default_factory=dict)
+    rewrites: tuple[Any, ...] = ()
 
     @property
     def energy_j(self) -> float:
@@ -286,6 +291,7 @@ class Schedule:
             "area_breakdown_mm2": dict(self.area_breakdown_mm2),
             "layers": [r.to_dict() for r in self.layers],
             "edges": [e.to_dict() for e in self.edges],
+            "rewrites": [c.to_dict() for c in self.rewrites],
         }
 
     def _repr_html_(self) -> str:
@@ -541,6 +547,8 @@ def lower(
         without weights or a search mixture in ``quant``; ``resident_weights`` for weights
         that do not fit in half the filter SRAM; a non-finite or negative figure (never reported).
       LimitError: a layer beyond 2**53 MACs or elements (:func:`npujax.plan.workloads`).
+      UnsupportedOpError: under the preset's ``ops.unsupported = "rewrite_or_refuse"``, a layer
+        the NPU does not run and no rule rewrites (:func:`decompose_unsupported`).
     """
     spec = as_spec(spec)
     name = get_dataflow(dataflow or spec.array.dataflow).name
@@ -596,6 +604,12 @@ def lower_by_dataflow(
         spec = spec.with_fields({"memory.mapping": mapping})
     if batch is not None:
         graph = rebatch(graph, batch)
+    rewrites: tuple[Any, ...] = ()
+    if spec.ops.unsupported != "fallback":  # per layer, rewrite or fall back (plan.decompose)
+        dec = decompose_unsupported(graph, spec, quant=quant, dataflow=names[0],
+                                    resident_weights=resident_weights)
+        graph, quant, rewrites = dec.graph, dec.quant, dec.choices
+        spec = spec.with_fields({"ops.unsupported": "fallback"}, name=spec.name)
     layers = workloads(graph, spec)
     wb, ab = layer_bits(layers, quant)
     if resident_weights:
@@ -622,7 +636,39 @@ def lower_by_dataflow(
                                     _with_total(energies[df]), area,
                                     batch_size, peak,
                                     _attention_report(layers, chains, att.get(df)), stationary)
+    if rewrites:
+        out = {df: dataclasses.replace(v, rewrites=rewrites) for df, v in out.items()}
     return out
+
+
+def decompose_unsupported(graph: Graph, spec: NpuSpec | str, params: Any = None,
+                          quant: QuantSpec | None = None, *, dataflow: str | None = None,
+                          policy: str | None = None, resident_weights: bool = False
+                          ) -> Decomposition:
+    """Rewrite, fall back or refuse each layer ``spec`` does not run, as its
+    ``ops.unsupported`` (or ``policy``) says, comparing whole-graph latencies from :func:`lower`
+    (:func:`npujax.plan.decompose.choose_rewrites`; the rules are :mod:`npujax.ir.rewrites`).
+
+    Args:
+      graph: an optimized graph.
+      spec: the NPU (an :class:`~npujax.hw.NpuSpec`, a preset name or a TOML path).
+      params: the graph's params, rewritten along (None: the structure alone, for costing).
+      quant: the layers' precision (a rewritten GEMM's entry carries over to its parts).
+      dataflow: the dataflow the latencies are compared at (default: the preset's).
+      policy: overrides ``spec.ops.unsupported`` (:data:`~npujax.hw.UNSUPPORTED_POLICIES`).
+      resident_weights: compare with resident weights, as :func:`lower`.
+
+    Returns:
+      A :class:`~npujax.plan.decompose.Decomposition` (graph, params, choices, quant).
+
+    Raises:
+      UnsupportedOpError: under ``rewrite_or_refuse``, a layer no rule rewrites.
+      ConfigError: as :func:`lower`.
+    """
+    def latency(g: Graph, q: Any, s: NpuSpec) -> float:
+        return lower(g, s, q, dataflow=dataflow, resident_weights=resident_weights).latency_s
+
+    return choose_rewrites(graph, as_spec(spec), latency, params, quant, policy=policy)
 
 
 def _stationary_activations(graph: Graph, layers: Sequence[Workload]) -> frozenset[str]:
@@ -782,16 +828,32 @@ class Lowering:
     Attributes:
       schedule: the schedule at the chosen dataflow.
       by_dataflow: ``{dataflow: schedule}`` for every dataflow.
+      graph: under a preset's ``ops.unsupported`` other than ``fallback``, the graph lowered
+        (with the chosen rewrites, at the batch size asked for); None: the graph given.
     """
 
     schedule: Schedule
     by_dataflow: dict[str, Schedule]
+    graph: Graph | None = None
 
 
 def lower_dataflows(graph: Graph, spec: NpuSpec, quant: QuantSpec | None = None, *,
                     dataflow: str | None = None, batch: int | None = None) -> Lowering:
-    """:func:`npujax.lower` at ``dataflow`` (default the preset's) and at every dataflow, the
-    costs of all dataflows evaluated in one compiled call (:func:`lower_by_dataflow`).
+    """:func:`npujax.lower` at ``dataflow`` (default the preset's) and at every systolic
+    dataflow (:data:`npujax.systolic.DATAFLOWS`, plus the chosen one when it is
+    ``row_stationary``), the costs evaluated in one compiled call (:func:`lower_by_dataflow`).
     """
-    by_df = lower_by_dataflow(graph, spec, quant, dataflows=DATAFLOWS, batch=batch)
-    return Lowering(by_df[get_dataflow(dataflow or spec.array.dataflow).name], by_df)
+    chosen = get_dataflow(dataflow or spec.array.dataflow).name
+    # the systolic dataflows, and the chosen one when it is not among them (row_stationary)
+    names = DATAFLOWS + ((chosen,) if chosen not in DATAFLOWS else ())
+    if spec.ops.unsupported == "fallback":
+        by_df = lower_by_dataflow(graph, spec, quant, dataflows=names, batch=batch)
+        return Lowering(by_df[chosen], by_df)
+    # the rewrites decided once, at the chosen dataflow; every dataflow costs that graph
+    if batch is not None:
+        graph = rebatch(graph, batch)
+    dec = decompose_unsupported(graph, spec, quant=quant, dataflow=chosen)
+    plain = spec.with_fields({"ops.unsupported": "fallback"})
+    by_df = {df: dataclasses.replace(s, rewrites=dec.choices) for df, s in
+             lower_by_dataflow(dec.graph, plain, dec.quant, dataflows=names).items()}
+    return Lowering(by_df[chosen], by_df, graph=dec.graph)

@@ -25,7 +25,7 @@ from npujax.quantize.calibrate import calibrate
 from npujax.quantize.quantizers import QState
 from npujax.quantize.spec import QuantSpec
 
-__all__ = ["bias_correction", "ptq", "layer_sqnr"]
+__all__ = ["bias_correction", "ptq", "layer_sqnr", "sqnr_db"]
 
 
 def _channel_axis(node: Node, ndim: int) -> int:
@@ -135,7 +135,9 @@ def ptq(
     return params, qstate
 
 
-def _sqnr_db(signal: float, noise: float) -> float:
+def sqnr_db(signal: float, noise: float) -> float:
+    """``10 log10(signal / noise)`` in dB from summed squares: ``inf`` for no noise, ``-inf``
+    for no signal (never NaN)."""
     if noise <= 0.0:
         return math.inf
     if signal <= 0.0:
@@ -207,6 +209,6 @@ def layer_sqnr(
             "op": graph.node(n).op,
             "weight_bits": wb[0] if len(wb) == 1 else (wb or None),
             "act_bits": lq.act.bits if isinstance(lq.act, IntFormat) else None,
-            "sqnr_db": _sqnr_db(*acc[n]),
+            "sqnr_db": sqnr_db(*acc[n]),
         })
     return sorted(rows, key=lambda r: r["sqnr_db"])

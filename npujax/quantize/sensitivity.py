@@ -32,6 +32,7 @@ from npujax.errors import CalibrationError, ConfigError
 from npujax.ir.execute import execute, tap
 from npujax.ir.graph import Graph, Params
 from npujax.numerics import IntFormat
+from npujax.quantize.ptq import sqnr_db
 from npujax.quantize.spec import LayerQuant, QuantSpec
 
 __all__ = ["LayerSensitivity", "sensitivity_split", "sensitivity_order"]
@@ -72,14 +73,6 @@ class LayerSensitivity(NamedTuple):
         return "weights" if self.weight_sqnr_db <= self.act_sqnr_db else "activations"
 
 
-def _sqnr_db(signal: float, noise: float) -> float:
-    if noise <= 0.0:
-        return math.inf
-    if signal <= 0.0:
-        return -math.inf
-    return 10.0 * math.log10(signal / noise)
-
-
 def _int_bits(fmt: Any) -> int | None:
     return fmt.bits if isinstance(fmt, IntFormat) else None
 
@@ -93,6 +86,7 @@ def sensitivity_split(
     *,
     layers: Sequence[str] | None = None,
     whole_model: bool = False,
+    reference_params: Params | None = None,
 ) -> list[LayerSensitivity]:
     """Each layer's model-output SQNR with only its weights, then only its inputs, quantized.
 
@@ -108,6 +102,11 @@ def sensitivity_split(
       layers: the layers to analyse (default: every layer of ``quant`` with a quantized
         operand).
       whole_model: also measure each row's ``layer_sqnr_db`` (in the same program).
+      reference_params: the float model's params when ``params`` are not (a post-calibration
+        method such as AdaRound or GPTQ moved the weights onto the grid, bias correction moved
+        the biases): the float output, and the activation-only runs, use them; the
+        weight-only and whole-model runs use ``params``. Default: ``params``. Measured against
+        the rounded weights instead, AdaRound's layers would read 44 dB where they are 19.
 
     Returns:
       One :class:`LayerSensitivity` per layer, most sensitive first (ascending
@@ -143,15 +142,15 @@ def sensitivity_split(
         if lq.act is not None:
             specs[(n, "act")] = {n: dataclasses.replace(lq, weight=None, operand_range=None)}
 
-    def stats(p, x):
+    def stats(p, r, x):  # p: the deployed params, r: the float reference's
         ft: dict[str, Any] = {}
         if whole_model:
-            yf, ft = execute(graph, p, x, observe=tap(names))
+            yf, ft = execute(graph, r, x, observe=tap(names))
         else:
-            yf = execute(graph, p, x)
+            yf = execute(graph, r, x)
         out = {"signal": jnp.sum(jnp.square(yf))}
         for key, q in specs.items():
-            yq = execute(graph, p, x, quant=q, qstate=qstate)
+            yq = execute(graph, p if key[1] == "weight" else r, x, quant=q, qstate=qstate)
             out["/".join(key)] = jnp.sum(jnp.square(yq - yf))
         if whole_model:
             _, qt = execute(graph, p, x, quant=quant, qstate=qstate, observe=tap(names))
@@ -164,7 +163,8 @@ def sensitivity_split(
     acc: dict[str, float] = {}
     count = 0
     for x in batches:
-        for k, v in jax.device_get(fn(params, jnp.asarray(x, jnp.float32))).items():
+        ref = params if reference_params is None else reference_params
+        for k, v in jax.device_get(fn(params, ref, jnp.asarray(x, jnp.float32))).items():
             acc[k] = acc.get(k, 0.0) + float(v)
         count += 1
     if count == 0:
@@ -173,10 +173,10 @@ def sensitivity_split(
     rows = []
     for n in names:
         lq = quant[n]
-        w = _sqnr_db(acc["signal"], acc[f"{n}/weight"]) if f"{n}/weight" in acc else math.inf
-        a = _sqnr_db(acc["signal"], acc[f"{n}/act"]) if f"{n}/act" in acc else math.inf
+        w = sqnr_db(acc["signal"], acc[f"{n}/weight"]) if f"{n}/weight" in acc else math.inf
+        a = sqnr_db(acc["signal"], acc[f"{n}/act"]) if f"{n}/act" in acc else math.inf
         wf = lq.weight_candidates[0] if lq.weight_candidates else None
-        whole = _sqnr_db(acc[f"{n}/out_signal"], acc[f"{n}/out_noise"]) if whole_model \
+        whole = sqnr_db(acc[f"{n}/out_signal"], acc[f"{n}/out_noise"]) if whole_model \
             else None
         rows.append(LayerSensitivity(n, graph.node(n).op, _int_bits(wf), _int_bits(lq.act),
                                      w, a, whole))

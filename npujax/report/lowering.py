@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from npujax.report.files import write_json, write_layers_csv
@@ -18,13 +19,16 @@ from npujax.report.tables import dataflow_table, layer_table, print_table
 if TYPE_CHECKING:
     from npujax.hw.spec import NpuSpec
     from npujax.plan.coresident import CoResidency
+    from npujax.plan.host_pipeline import PipelineReport
     from npujax.plan.lower import Lowering, Schedule
     from npujax.plan.memory import MemoryReport
     from npujax.plan.pipeline import CoreSchedule
+    from npujax.plan.thermal import SustainedReport
 
 __all__ = ["print_lowering", "summary_line", "write_lowering", "print_resolution_sweep",
-           "print_edges", "print_attention", "print_memory", "print_core_schedules",
-           "print_coresidency"]
+           "print_edges", "print_rewrites", "print_shape_buckets", "print_attention",
+           "print_memory", "print_core_schedules", "print_coresidency", "print_sustained",
+           "print_host_pipeline"]
 
 
 def print_lowering(console: Console, lowering: Lowering, title: str) -> None:
@@ -95,6 +99,50 @@ def print_resolution_sweep(console: Console, rows: Mapping[str, Mapping[str, Any
     print_table(console, t)
     console.print("latency growing ~4x per doubling means compute- or activation-bound; much "
                   "less means weight-bandwidth or fixed overheads (fallback, transfers) dominate.")
+
+
+def print_rewrites(console: Console, schedule: Schedule) -> None:
+    """The unsupported layers under the preset's ``ops.unsupported`` policy: rewritten or sent
+    to the host, the whole graph's latency either way, and why (nothing under ``fallback``)."""
+    if not schedule.rewrites:
+        return
+    t = Table(title="unsupported layers: rewrite or fallback", title_justify="left")
+    for col in ("layer", "op", "rule", "choice", "fallback µs", "rewrite µs", "why"):
+        t.add_column(col, justify="right" if col.endswith("µs") else "left")
+    fmt = (lambda v: "" if v is None else f"{v * 1e6:,.2f}")  # noqa: E731
+    for c in schedule.rewrites:
+        t.add_row(escape(c.node), c.op, c.rule or "-", c.choice, fmt(c.fallback_s),
+                  fmt(c.rewrite_s), escape(c.reason))
+    print_table(console, t)
+
+
+def print_shape_buckets(console: Console, report: Mapping[str, Any], title: str = "") -> None:
+    """``--shapes``: latency per input shape, the best buckets per ``k``, recompiling per
+    shape, and the recommendation (:func:`npujax.workflows.shape_buckets.shape_bucket_report`)."""
+    t = Table(title=f"{title}input shapes", title_justify="left")
+    for col in ("shape", "probability", "MACs", "latency µs"):
+        t.add_column(col, justify="right")
+    for r in report["shapes"]:
+        t.add_row(r["shape"], f"{r['probability']:.3f}", f"{r['macs']:,}",
+                  f"{r['latency_s'] * 1e6:,.1f}")
+    print_table(console, t)
+    t = Table(title=f"{title}buckets (compile {report['compile_s']:g} s per shape over "
+                    f"{report['inferences']:g} inferences)", title_justify="left")
+    for col in ("plan", "buckets", "mean latency µs", "mean compile µs", "mean total µs",
+                "wasted MMACs", "wasted DRAM KiB"):
+        t.add_column(col, justify="right")
+    plans = [(f"k<={p['k']}", p) for p in report["plans"]]
+    plans.append(("per shape", report["recompile_per_shape"]))
+    for label, p in plans:
+        t.add_row(label, " ".join(p["buckets"]), f"{p['latency_s'] * 1e6:,.1f}",
+                  f"{p['compile_s'] * 1e6:,.1f}", f"{p['total_s'] * 1e6:,.1f}",
+                  f"{p['wasted_macs'] / 1e6:,.2f}", _kib(p["wasted_dram_bytes"]))
+    print_table(console, t)
+    best = report["recommended"]
+    console.print(f"recommended: buckets {' '.join(best['buckets'])} "
+                  f"({best['total_s'] * 1e6:,.1f} µs expected per inference); one resident "
+                  f"model reloaded on every shape change: "
+                  f"{report['reload_on_change_s'] * 1e6:,.1f} µs.")
 
 
 def _kib(nbytes: float) -> str:
@@ -238,3 +286,53 @@ def print_coresidency(console: Console, co: CoResidency) -> None:
                    "before it")
             console.print(f"{m.name} does not fit the DRAM ({cap:,.1f} MB): {why}, even with "
                           "its weights in host memory")
+
+
+def print_sustained(console: Console, rep: SustainedReport) -> None:
+    """``lower --sustained``: each DVFS step, then the state after the seconds asked."""
+    s = rep.state
+    if not rep.modelled:
+        console.print(f"sustained after {rep.seconds:g} s: {s.latency_s * 1e3:,.3f} ms, the "
+                      "cold latency (the preset has no [thermal] section: nothing throttles)")
+        return
+    t = Table(title=f"thermal throttling (ambient {rep.thermal.ambient_c:g} C, R_ja "
+                    f"{rep.thermal.junction_to_ambient_k_per_w:g} K/W, tau "
+                    f"{rep.thermal.time_constant_s:g} s)", title_justify="left")
+    for col in ("step", "above C", "clock MHz", "latency ms", "energy mJ", "power W",
+                "steady C"):
+        t.add_column(col, justify="right")
+    for i, (f, lat, e, p, c) in enumerate(zip(rep.clocks_hz, rep.latency_s, rep.energy_j,
+                                               rep.power_w, rep.steady_temperature_c,
+                                               strict=True)):
+        above = "-" if i == 0 else f"{rep.thermal.dvfs_thresholds_c[i - 1]:g}"
+        t.add_row(str(i), above, f"{f / 1e6:,.2f}", f"{lat * 1e3:,.3f}", f"{e * 1e3:,.3f}",
+                  f"{p:,.3f}", f"{c:,.1f}")
+    print_table(console, t)
+    first = ("never" if s.first_throttle_s == float("inf")
+             else f"after {s.first_throttle_s:,.1f} s")
+    cycle = (f"a limit cycle between steps {s.steady_step - 1} and {s.steady_step} (mean "
+             f"latency)" if s.limit_cycle else f"step {s.steady_step}")
+    console.print(f"cold {rep.latency_s[0] * 1e3:,.3f} ms; first throttle {first}; after "
+                  f"{rep.seconds:g} s: {s.latency_s * 1e3:,.3f} ms at step {s.step}, "
+                  f"{s.temperature_c:,.1f} C; steady: {s.steady_latency_s * 1e3:,.3f} ms, "
+                  f"{s.steady_temperature_c:,.1f} C, {cycle}")
+
+
+def print_host_pipeline(console: Console, rep: PipelineReport) -> None:
+    """``lower --host-stage``: the frame's stages, then synchronous vs overlapped figures."""
+    total = rep.latency_s
+    bound = rep.bounding_stage
+    t = Table(title=f"pipeline around the NPU (batch {rep.batch})", title_justify="left")
+    for col in ("stage", "runs on", "ms", "share", "Mops", "MB", "bound", "what"):
+        t.add_column(col, justify="left" if col in ("stage", "runs on", "what") else "right")
+    for s in rep.stages:
+        mark = " *" if s is bound else ""
+        t.add_row(s.name + mark, s.resource, f"{s.seconds * 1e3:,.3f}",
+                  f"{s.seconds / total:.0%}" if total > 0 else "-", f"{s.ops / 1e6:,.2f}",
+                  f"{s.bytes / 1e6:,.2f}", s.bound, s.detail)
+    print_table(console, t)
+    console.print(f"synchronous: {total * 1e3:,.3f} ms end to end, "
+                  f"{rep.throughput_fps(False):,.1f} frames/s (every stage in turn)")
+    console.print(f"asynchronous, double-buffered: {total * 1e3:,.3f} ms end to end, "
+                  f"{rep.throughput_fps(True):,.1f} frames/s, bounded by {bound.name} "
+                  f"({bound.seconds * 1e3:,.3f} ms)")

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from npujax._atomic import atomic_write_text, staged_dir
-from npujax.explore.sweep import pareto_front
+from npujax.explore.pareto import pareto_front
 from npujax.hw.spec import NpuSpec, spec_to_toml
 from npujax.ir.graph import Graph, Params
 from npujax.ops import gemm_nodes

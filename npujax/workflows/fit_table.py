@@ -66,14 +66,22 @@ class TableFitRun:
     base: str | None = None
 
 
-def table_graph(row: TableRow) -> Graph:
+def table_graph(row: TableRow, layout: str | None = None) -> Graph:
     """The optimized graph of one table row's model, at the row's input shape.
 
     ``keras:NAME`` gets ``input_shape=HxWxC`` from the row (unless the spec sets it); an ONNX
     model keeps its own static shape, and a dynamic one takes ``1 x C x H x W``.
 
+    A benchmark table times the vendor's own deployed model, whose input arrives in the
+    device's layout. So with ``layout="NHWC"`` (the preset's ``layout.activation_layout``) an
+    NCHW model (an ONNX export of a PyTorch model) is rewritten channels-last
+    (:func:`npujax.ir.passes.channels_last`): the same layers, without the input and output
+    layout conversions that :func:`npujax.lower` would cost for an NCHW model on an NHWC
+    device and that the measured model does not have.
+
     Raises:
       ConfigError: a row without a source; errors of the model's loader.
+      GraphError: an NCHW model that cannot be rewritten channels-last.
     """
     from npujax.workflows.fit import load_model_graphs
 
@@ -98,7 +106,12 @@ def table_graph(row: TableRow) -> Graph:
             raise ConfigError(f"row {row.model!r}: unknown zoo model {src[4:]!r}; known: "
                               f"{', '.join(sorted(MODELS))}.")
         src = str(fetch_model(src[4:]))
-    return load_model_graphs(src, shapes)[1]
+    graph = load_model_graphs(src, shapes)[1]
+    if layout == "NHWC":
+        from npujax.ir.passes import channels_last
+
+        graph = channels_last(graph, {})[0]
+    return graph
 
 
 def fit_benchmark_table(
@@ -163,7 +176,7 @@ def fit_benchmark_table(
         if progress is not None:
             progress(f"building {r.model} ({r.source})")
         try:
-            net = network(table_graph(r), spec)
+            net = network(table_graph(r, spec.layout.activation_layout), spec)
         except NpujaxError as e:
             skipped.append((r, str(e)))
             continue

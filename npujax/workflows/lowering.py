@@ -12,10 +12,13 @@ from npujax.frontends.onnx import from_onnx
 from npujax.hw.spec import NpuSpec
 from npujax.ir.graph import Graph
 from npujax.ir.passes import optimize
-from npujax.plan.lower import lower
+from npujax.plan.host_pipeline import HostStage, PipelineReport, host_pipeline
+from npujax.plan.lower import Schedule, lower
+from npujax.plan.thermal import SustainedReport, sustained
 from npujax.quantize.spec import QuantSpec
 
-__all__ = ["import_onnx_for_lowering", "resolution_sweep"]
+__all__ = ["import_onnx_for_lowering", "resolution_sweep", "sustained_lowering",
+           "pipeline_lowering"]
 
 
 def import_onnx_for_lowering(path: str | Path, shapes: Mapping[str, Sequence[int]] | None,
@@ -60,3 +63,46 @@ def resolution_sweep(
                                                         for r in sched.layers),
                              "layers": len(sched.layers)}
     return rows
+
+
+def sustained_lowering(graph: Graph, spec: NpuSpec, quant: QuantSpec | None, seconds: float,
+                       cold: Schedule, dataflow: str | None = None,
+                       batch: int | None = None) -> SustainedReport:
+    """``lower --sustained``: the graph lowered at every DVFS step's clock (the one cost
+    program each time) and the thermal model after ``seconds`` (:mod:`npujax.plan.thermal`).
+
+    Args:
+      graph: the optimized graph, as for :func:`npujax.lower`.
+      spec: the NPU, with its ``[thermal]`` section (none: nothing throttles).
+      quant: the precision, as for :func:`npujax.lower`.
+      seconds: time of continuous inference from ambient (s).
+      cold: the schedule at the nominal clock (that lowering, reused).
+      dataflow: as for :func:`npujax.lower`.
+      batch: as for :func:`npujax.lower`.
+
+    Raises:
+      ConfigError: ``seconds`` negative or not finite.
+    """
+    def at(s: NpuSpec) -> tuple[float, float]:
+        sched = cold if s is spec else lower(graph, s, quant, dataflow=dataflow, batch=batch)
+        return sched.latency_s, sched.energy_j
+
+    return sustained(spec, seconds, at)
+
+
+def pipeline_lowering(graph: Graph, spec: NpuSpec, schedule: Schedule,
+                      stages: Sequence[HostStage], *, act_bits: int = 8,
+                      zero_copy: bool = False) -> PipelineReport:
+    """``lower --host-stage``: the pipeline around the NPU of a lowered graph
+    (:mod:`npujax.plan.host_pipeline`), its input and output sizes from the graph's first input
+    and output (every input and output copied, at ``act_bits``)."""
+    import math
+
+    def nbytes(names: Sequence[str]) -> float:
+        return sum(math.prod(graph.tensors[t].shape) for t in names) * act_bits / 8.0
+
+    return host_pipeline(spec, schedule.latency_s, stages,
+                         graph.tensors[graph.inputs[0]].shape,
+                         graph.tensors[graph.outputs[0]].shape,
+                         input_bytes=nbytes(graph.inputs), output_bytes=nbytes(graph.outputs),
+                         act_bits=act_bits, zero_copy=zero_copy)

@@ -293,6 +293,9 @@ def quantize_model(
             step = m.apply(g, p, quant, calib, None)
         g, p, quant = step.graph, step.params, step.quant
         notes += [f"{m.name}: {n}" for n in step.notes]
+    # the float model the report measures against (pre-calibration methods keep its function;
+    # post-calibration ones and bias correction move the weights and biases that deploy)
+    g_float, p_float = g, p
 
     def run(spec: QuantSpec) -> tuple[Graph, Params, QuantSpec, dict[str, Any], list[str]]:
         gg, pp = g, p
@@ -324,7 +327,9 @@ def quantize_model(
 
         def sensitivity(spec, state, layers):
             return sensitivity_split(state["graph"], state["params"], state["quant"],
-                                     state["qstate"], sens_x, layers=layers)
+                                     state["qstate"], sens_x, layers=layers,
+                                     reference_params=p_float if state["graph"] is g_float
+                                     else None)
 
         with phase(f"quantize: accuracy control (max drop {config.max_drop} points)",
                    progress):
@@ -350,8 +355,9 @@ def quantize_model(
         notes += said
     with phase("quantize: per-layer report", progress):
         acc = None if y_eval is None else _accuracy(y_q, y_eval)
-        split = {r.name: r for r in sensitivity_split(g, p, quant, qstate, sens_x,
-                                                      whole_model=True)} if quant else {}
+        split = {r.name: r for r in sensitivity_split(
+            g, p, quant, qstate, sens_x, whole_model=True,
+            reference_params=p_float if g is g_float else None)} if quant else {}
     latency_s, per_layer, npu = None, {}, None
     if config.npu is not None:
         from npujax.hw import load_npu_spec

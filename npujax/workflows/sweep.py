@@ -1,12 +1,18 @@
-"""A design-space sweep written to a folder: chunks written atomically, resumption, the results
-table (Parquet and CSV), the Pareto front and plots (used by ``npujax sweep``).
+"""A design-space sweep written to a folder: chunks kept as they finish, resumption, the results
+table (Parquet and CSV), the Pareto front and plots, all published together (used by
+``npujax sweep``).
 
-The folder holds ``sweep.json`` (what is swept: model, base preset, grid, sample, chunk size),
-``chunks/chunk-NNNNNN.npz`` (the :data:`~npujax.explore.COLUMNS` of ``chunk_size``
-consecutive configurations, each written atomically), and, once every chunk is there,
-``results.csv`` (and ``results.parquet`` where pyarrow is installed), ``pareto.csv`` and the
-plots. A rerun with the same inputs skips the finished chunks, so an interrupted sweep resumes
-where it stopped. The inputs are keyed by their contents, not their names: the model file's
+A finished sweep's folder holds ``sweep.json`` (what is swept: model, base preset, grid, sample,
+chunk size), ``chunks/chunk-NNNNNN.npz`` (the :data:`~npujax.explore.COLUMNS` of ``chunk_size``
+consecutive configurations), ``results.csv`` (and ``results.parquet`` where pyarrow is
+installed), ``pareto.csv`` and the plots, published as one transaction
+(``npujax._atomic.staged_dir``): a file npujax did not write is never replaced (one in the
+way is refused before the work starts) and a crash leaves the folder's files as they were.
+While the sweep runs, its finished chunks are kept inside npujax's work folder of the output
+folder (``.npujax-work/sweep/``, each written atomically), so an interrupted sweep resumes where
+it stopped; a rerun of a finished sweep resumes from its published chunks.
+
+The inputs are keyed by their contents, not their names: the model file's
 sha256 (when there is a file), a digest of the model's costed layers, of the NPU spec (every
 field, not the preset's name), the grid, the sampling, the chunk size and the npujax version.
 A rerun whose inputs differ is refused with a one-line error naming what changed (never a
@@ -15,35 +21,52 @@ Each chunk also records the key of its sweep and is only resumed under the same 
 
 Several processes (``jax.distributed``, one per host or GPU group) share the work: process
 ``p`` of ``P`` evaluates the chunks ``i`` with ``i % P == p`` on its local devices and writes
-them into the shared folder; after a barrier, process 0 merges them.
+them into the shared folder; after a barrier, process 0 merges them. Without a coordinator
+(a scheduler's job array), ``--shard I/N`` evaluates slice I of N (the chunks ``i`` with
+``i % N == I``) into its own folder, and :func:`merge_sweeps` checks that N folders are the N
+slices of one sweep and joins them into the files one run writes, byte for byte (chunk files
+are written with fixed zip timestamps for that).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import logging
 import os
+import shutil
 import time
+import tomllib
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from npujax._atomic import atomic_write_bytes, atomic_write_text
+from npujax._atomic import (
+    WORK,
+    atomic_write_bytes,
+    atomic_write_text,
+    check_output_dir,
+    foreign_files,
+    staged_dir,
+)
 from npujax._progress import progress_bar
 from npujax._version import __version__
 from npujax.errors import ConfigError, OutputError
 from npujax.explore.grid import Grid, configurations
-from npujax.explore.sweep import COLUMNS, SweepResult, evaluate_configs, pareto_front
+from npujax.explore.pareto import pareto_front
+from npujax.explore.sweep import COLUMNS, SweepResult, evaluate_configs
 from npujax.hw.spec import NpuSpec, spec_to_toml
 from npujax.ir.graph import Graph
 from npujax.report.plots import new_figure, save_figure
 
-__all__ = ["run_sweep", "SweepRun", "write_results", "write_table_csv", "write_table_parquet",
-           "plot_sweep", "file_sha256", "DEFAULT_CHUNK", "DEFAULT_OBJECTIVES"]
+__all__ = ["run_sweep", "merge_sweeps", "parse_shard", "kept_chunks", "SweepRun",
+           "write_results", "write_table_csv", "write_table_parquet", "plot_sweep", "file_sha256",
+           "DEFAULT_CHUNK", "DEFAULT_OBJECTIVES"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +96,8 @@ _KEY_FIELDS = (("model_sha256", "the model file's contents"),
                ("chunk_size", "the chunk size"), ("configs", "the configuration count"),
                ("npujax", "the npujax version"))
 _NAMES = ("model", "npu")
+#: Not part of a sweep's key: every slice of a sweep (``--shard I/N``) has the same chunks.
+_SLICE = "shard"
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str | None:
@@ -88,8 +113,8 @@ def _sha256_text(text: str) -> str:
 
 def _sweep_key(sweep: dict[str, Any]) -> str:
     """One digest of everything a sweep's chunks depend on (recorded in every chunk)."""
-    return _sha256_text(json.dumps({k: v for k, v in sweep.items() if k not in _NAMES},
-                                   sort_keys=True))
+    return _sha256_text(json.dumps({k: v for k, v in sweep.items()
+                                    if k not in _NAMES and k != _SLICE}, sort_keys=True))
 
 
 def _shown(value: Any) -> str:
@@ -97,28 +122,9 @@ def _shown(value: Any) -> str:
     return text[:12] if isinstance(value, str) and len(value) == 64 else text[:40]
 
 
-def _check_folder(out: Path, meta: dict[str, Any]) -> None:
-    """Refuse a folder holding something other than this sweep, naming what changed."""
-    if out.exists() and not out.is_dir():
-        raise OutputError(f"--out {str(out)!r} is a file; pass a folder.")
-    if not out.is_dir() or not any(out.iterdir()):
-        return
-    path = out / _META
-    if not path.is_file():
-        raise OutputError(f"output folder {str(out)!r} holds files npujax did not write for a "
-                          "sweep; pass a new or empty folder (or an earlier sweep's, to resume).")
-    try:
-        old = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise OutputError(f"{str(path)!r} is unreadable ({e}); pass a new folder.") from None
-    before = old.get("sweep") if isinstance(old, dict) else None
-    now = meta["sweep"]
-    if isinstance(before, dict) and _sweep_key(before) == _sweep_key(now):
-        return
-    if not isinstance(before, dict) or "npujax" not in before:
-        raise ConfigError(f"{str(out)!r} holds a sweep written by an earlier npujax, which did "
-                          "not record its inputs' contents, so it cannot be resumed safely; "
-                          "pass a new --out (or delete the folder).")
+def _changes(before: dict[str, Any], now: dict[str, Any]) -> tuple[str, str]:
+    """What differs between two sweeps' inputs: the labels (``"the grid and the seed"``) and
+    the values (``"grid {...} then, {...} now"``), for a one-line message."""
     changed = [(key, label) for key, label in _KEY_FIELDS if before.get(key) != now.get(key)]
     if not changed:  # (a field of a later npujax's key)
         changed = [(k, k) for k in sorted(set(before) | set(now))
@@ -127,12 +133,63 @@ def _check_folder(out: Path, meta: dict[str, Any]) -> None:
     what = labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]
     detail = "; ".join(f"{key} {_shown(before.get(key))} then, {_shown(now.get(key))} now"
                        for key, _ in changed)
+    return what, detail
+
+
+def _same(before: dict[str, Any], now: dict[str, Any]) -> bool:
+    return _sweep_key(before) == _sweep_key(now) and before.get("shard") == now.get("shard")
+
+
+def _check_meta(path: Path, out: Path, now: dict[str, Any]) -> None:
+    """Refuse ``path`` (a ``sweep.json``) if it records another sweep, naming what changed."""
+    if not path.is_file():
+        return
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise OutputError(f"{str(path)!r} is unreadable ({e}); pass a new folder.") from None
+    before = old.get("sweep") if isinstance(old, dict) else None
+    if isinstance(before, dict) and _same(before, now):
+        return
+    if isinstance(before, dict) and _sweep_key(before) == _sweep_key(now):
+        def part(sweep: dict[str, Any]) -> str:
+            return f"slice {sweep[_SLICE]} of this sweep" if sweep.get(_SLICE) else \
+                "this whole sweep"
+
+        raise ConfigError(f"{str(out)!r} holds {part(before)}, not {part(now)}; pass another "
+                          "--out for each slice (--shard I/N) and for the whole sweep.")
+    if not isinstance(before, dict) or "npujax" not in before:
+        raise ConfigError(f"{str(out)!r} holds a sweep written by an earlier npujax, which did "
+                          "not record its inputs' contents, so it cannot be resumed safely; "
+                          "pass a new --out (or delete the folder).")
+    what, detail = _changes(before, now)
     raise ConfigError(f"{str(out)!r} holds a different sweep: {what} changed ({detail}); "
                       "resume it with the same inputs, or pass a new --out for this sweep.")
 
 
+def _check_folder(out: Path, meta: dict[str, Any]) -> None:
+    """Refuse a folder holding another sweep, finished (``sweep.json``) or under way (in
+    npujax's work folder), naming what changed. Other files in it are the user's and are
+    kept (``npujax._atomic.staged_dir``)."""
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"--out {str(out)!r} is a file; pass a folder.")
+    _check_meta(out / _META, out, meta["sweep"])
+    _check_meta(_work(out) / _META, out, meta["sweep"])
+
+
+def _work(out: Path) -> Path:
+    """Where a sweep under way keeps its finished chunks (and ``sweep.json``) until it
+    publishes them: inside npujax's own work folder of ``out``, so a crash leaves the folder's
+    visible files as they were and a rerun resumes from here."""
+    return out / WORK / "sweep"
+
+
+def _chunk_name(i: int) -> str:
+    return f"chunks/chunk-{i:06d}.npz"
+
+
 def _chunk_path(out: Path, i: int) -> Path:
-    return out / "chunks" / f"chunk-{i:06d}.npz"
+    return out / _chunk_name(i)
 
 
 _CHUNK_KEY = "_sweep_key"
@@ -148,16 +205,34 @@ def _read_chunk(path: Path, n: int, key: str) -> dict[str, np.ndarray] | None:
             if str(z[_CHUNK_KEY]) != key:
                 return None
             cols = {k: z[k] for k in COLUMNS}
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile):
         return None
     return cols if all(v.shape == (n,) for v in cols.values()) else None
 
 
-def _write_chunk(path: Path, cols: dict[str, np.ndarray], key: str) -> None:
+def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
+    """``np.savez`` of ``arrays``, byte for byte the same for the same arrays (numpy's own
+    stamps each member with the time it was written)."""
     buf = io.BytesIO()
-    # numpy's stubs type **kwds of savez as bool (allow_pickle); they are the arrays
-    np.savez(buf, **cols, **{_CHUNK_KEY: np.array(key)})  # type: ignore[arg-type]
-    atomic_write_bytes(path, buf.getvalue())
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        for name, value in arrays.items():
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            with z.open(info, "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asanyarray(value), allow_pickle=False)
+    return buf.getvalue()
+
+
+def _write_chunk(path: Path, cols: dict[str, np.ndarray], key: str) -> None:
+    atomic_write_bytes(path, _npz_bytes({**cols, _CHUNK_KEY: np.array(key)}))
+
+
+def _finished_chunk(out: Path, i: int, n: int, key: str) -> Path | None:
+    """The file of chunk ``i`` of the sweep ``key`` already evaluated into ``out``: under way
+    (:func:`_work`) or published by an earlier run; None if there is none."""
+    for path in (_chunk_path(_work(out), i), _chunk_path(out, i)):
+        if _read_chunk(path, n, key) is not None:
+            return path
+    return None
 
 
 def _barrier(name: str) -> None:
@@ -167,24 +242,70 @@ def _barrier(name: str) -> None:
     multihost_utils.sync_global_devices(name)
 
 
+def _link_or_copy(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)  # (a chunk is never modified in place: renames only)
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
+#: Files every finished whole sweep publishes (``results.parquet`` only with pyarrow).
+_RESULT_FILES = ("results.csv", "results.parquet", "pareto.csv", "pareto.png", "axes.png")
+
+
+def _refuse_foreign(out: Path, rels: list[str]) -> None:
+    """Refuse now, before the work, a run whose publish would be refused (a user's file where
+    the sweep writes one)."""
+    refused = foreign_files(out, rels)
+    if refused:
+        raise OutputError(f"output folder {str(out)!r} holds {refused[0]!r}, which npujax did "
+                          "not write; a run never replaces such a file: move it away or pass "
+                          "another folder (nothing there was changed).")
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"I/N"`` (``--shard``) as ``(I, N)``: slice I (0 .. N-1) of N.
+
+    Raises:
+      ConfigError: not two whole numbers ``I/N`` with ``0 <= I < N``.
+    """
+    i, sep, n = text.partition("/")
+    try:
+        index, count = int(i), int(n)
+    except ValueError:
+        index, count = -1, 0
+    if not sep or not 0 <= index < count:
+        raise ConfigError(f"--shard takes I/N with 0 <= I < N (slice I of N, e.g. 0/4 ... 3/4), "
+                          f"got {text!r}.")
+    return index, count
+
+
 def run_sweep(graph: Graph, base: NpuSpec, grid: Grid, out: str | Path, *,
               model: str = "", sample: int | None = None, method: str = "random",
               seed: int = 0, chunk_size: int = DEFAULT_CHUNK,
               objectives: Sequence[str] = DEFAULT_OBJECTIVES, progress: bool = True,
               devices: Sequence[Any] | None = None,
-              model_sha256: str | None = None) -> SweepRun:
+              model_sha256: str | None = None,
+              shard: tuple[int, int] | None = None) -> SweepRun:
     """Evaluate a sweep into ``out`` chunk by chunk, resuming a previous run, and write the
-    results, the Pareto front and plots.
+    results, the Pareto front and plots, all together (``npujax._atomic.staged_dir``).
 
     Under ``jax.distributed`` (``jax.process_count() > 1``) each process evaluates its share of
     the chunks on its local devices; ``out`` must be a folder every process can write (a shared
     file system); process 0 merges after a barrier and writes the results.
 
+    With ``shard=(I, N)`` only slice ``I`` of ``N`` is evaluated: the chunks ``c`` with
+    ``c % N == I``, with no coordinator (a scheduler's job array). ``out`` then gets the
+    slice's chunks and ``sweep.json``; :func:`merge_sweeps` joins the N slices' folders into the
+    files one whole run writes, byte for byte.
+
     Args:
       graph: the optimized graph.
       base: the NPU the grid's axes change.
       grid: the axes.
-      out: the sweep's folder (new, empty, or an earlier run of the same sweep).
+      out: the sweep's folder (new, an earlier run of the same sweep, or any folder: files npujax
+        did not write are kept, and refused where the sweep writes one).
       model: the model's name, recorded in ``sweep.json`` (a resumed run must match).
       sample: None for every configuration, else how many to draw
         (:func:`npujax.explore.configurations`).
@@ -196,49 +317,57 @@ def run_sweep(graph: Graph, base: NpuSpec, grid: Grid, out: str | Path, *,
       devices: devices to shard each chunk over (default: the local devices).
       model_sha256: the sha256 of the model file's bytes (:func:`file_sha256`; the command
         line passes it), part of the sweep's key with a digest of the model's layers.
+      shard: ``(I, N)``: evaluate slice I of N only (:func:`parse_shard`).
 
     Returns:
-      A :class:`SweepRun`.
+      A :class:`SweepRun` (its ``result`` is None for a slice and on processes other than 0).
 
     Raises:
       ConfigError: bad arguments, an unknown objective, or ``out`` holding another sweep (the
         message names what changed: the model file's contents, its layers, the NPU spec, the
-        grid, the sampling, the chunk size or the npujax version).
-      OutputError: ``out`` is a file or holds files npujax did not write.
+        grid, the sampling, the chunk size, the slice or the npujax version).
+      OutputError: ``out`` is a file, or holds a file npujax did not write where the sweep
+        writes one (named; checked before the work).
     """
     import jax
 
     if chunk_size < 1:
         raise ConfigError(f"--chunk-size must be >= 1, got {chunk_size}.")
-    unknown = [o for o in objectives if o not in (*COLUMNS, "pes", "sram_bytes")]
-    if unknown:
-        raise ConfigError(f"unknown Pareto objective(s) {unknown}; use columns such as "
-                          f"latency_s, energy_j, edp_js, area_mm2, pes, sram_bytes, dram_bytes.")
+    _check_objectives(objectives)
     out = Path(out)
     configs = configurations(grid, sample, method, seed)
     n = len(configs)
     nchunks = -(-n // chunk_size)
     from npujax.plan.workload import workloads
 
-    meta = {"sweep": {"model": model, "model_sha256": model_sha256,
-                      "layers_sha256": _sha256_text(repr(workloads(graph, base))),
-                      "npu": base.name, "npu_sha256": _sha256_text(spec_to_toml(base)),
-                      "grid": grid.to_json(), "sample": sample,
-                      "method": method if sample else None, "seed": seed,
-                      "chunk_size": chunk_size, "configs": n, "npujax": __version__}}
-    key = _sweep_key(meta["sweep"])
+    sweep = {"model": model, "model_sha256": model_sha256,
+             "layers_sha256": _sha256_text(repr(workloads(graph, base))),
+             "npu": base.name, "npu_sha256": _sha256_text(spec_to_toml(base)),
+             "grid": grid.to_json(), "sample": sample,
+             "method": method if sample else None, "seed": seed,
+             "chunk_size": chunk_size, "configs": n, "npujax": __version__}
+    if shard is not None:
+        if not (0 <= shard[0] < shard[1]):
+            raise ConfigError(f"shard {shard} is not (I, N) with 0 <= I < N.")
+        sweep["shard"] = f"{shard[0]}/{shard[1]}"
+    meta = {"sweep": sweep}
+    key = _sweep_key(sweep)
+    index, count = shard or (0, 1)
+    ours = [i for i in range(nchunks) if i % count == index]  # this slice's chunks
     rank, procs = jax.process_index(), jax.process_count()
     if rank == 0:
+        check_output_dir(out)  # (finishes a publish a kill cut; clears dead staging folders)
         _check_folder(out, meta)
-        if not (out / _META).is_file():
-            atomic_write_text(out / _META, json.dumps(meta, indent=2) + "\n")
+        _refuse_foreign(out, [_META, *(_chunk_name(i) for i in ours),
+                              *(() if shard else _RESULT_FILES)])
+        atomic_write_text(_work(out) / _META, json.dumps(meta, indent=2) + "\n")
     if procs > 1:
         _barrier("npujax-sweep-start")
-    mine = [i for i in range(nchunks) if i % procs == rank]
+    mine = [i for j, i in enumerate(ours) if j % procs == rank]
     todo, skipped = [], 0
     for i in mine:
         rows = min(chunk_size, n - i * chunk_size)
-        if _read_chunk(_chunk_path(out, i), rows, key) is None:
+        if _finished_chunk(out, i, rows, key) is None:
             todo.append(i)
         else:
             skipped += 1
@@ -251,7 +380,7 @@ def run_sweep(graph: Graph, base: NpuSpec, grid: Grid, out: str | Path, *,
         for i in todo:
             sl = configs[i * chunk_size:(i + 1) * chunk_size]
             cols = evaluate_configs(graph, base, grid, sl, devices, cache)
-            _write_chunk(_chunk_path(out, i), cols, key)
+            _write_chunk(_chunk_path(_work(out), i), cols, key)
             layers = len(next(iter(cache.values()))[1].layers)
             done += len(sl)
             advance(done * layers / max(time.perf_counter() - t0, 1e-9), len(sl))
@@ -265,21 +394,182 @@ def run_sweep(graph: Graph, base: NpuSpec, grid: Grid, out: str | Path, *,
         _barrier("npujax-sweep-done")
         if rank != 0:
             return SweepRun(None, len(todo), skipped, rate, [])
-    parts = []
-    for i in range(nchunks):
+    chunks = {}
+    for i in ours:
         rows = min(chunk_size, n - i * chunk_size)
-        c = _read_chunk(_chunk_path(out, i), rows, key)
-        if c is None:
+        path = _finished_chunk(out, i, rows, key)
+        if path is None:
             raise OutputError(f"chunk {i} of the sweep in {str(out)!r} is missing after the "
                               "run (was the folder shared by every process?); rerun to resume.")
-        parts.append(c)
-    cols = {k: np.concatenate([p[k] for p in parts]) for k in COLUMNS}
+        chunks[i] = path
     if not cache:  # everything was resumed: count the layers once
         layers = len(workloads(graph, base))
+    result = None
+    with staged_dir(out) as stage:
+        for i, path in chunks.items():
+            _link_or_copy(path, _chunk_path(stage, i))
+        if shard is None:
+            whole = SweepResult(grid, configs, _join_chunks([chunks[i] for i in ours]), layers,
+                                seconds)
+            files = write_results(stage, whole, base, objectives,
+                                  {**meta, "evaluations_per_s": rate, "processes": procs})
+            result = whole
+        else:  # a slice: what merge_sweeps needs to rebuild the whole sweep's files
+            atomic_write_text(stage / _META, json.dumps(
+                {**meta, "layers": layers, "seconds": seconds, "evaluations": done,
+                 "processes": procs, "npu_toml": spec_to_toml(base)}, indent=2) + "\n")
+            files = [_META]
+    _drop_work(out)
+    return SweepRun(result, len(todo), skipped, rate, [*files, "chunks/"])
+
+
+def _check_objectives(objectives: Sequence[str]) -> None:
+    unknown = [o for o in objectives if o not in (*COLUMNS, "pes", "sram_bytes")]
+    if unknown:
+        raise ConfigError(f"unknown Pareto objective(s) {unknown}; use columns such as "
+                          f"latency_s, sustained_latency_s, energy_j, edp_js, area_mm2, pes, "
+                          "sram_bytes, dram_bytes.")
+
+
+def _join_chunks(paths: Sequence[Path]) -> dict[str, np.ndarray]:
+    parts = []
+    for path in paths:
+        with np.load(path, allow_pickle=False) as z:
+            parts.append({k: z[k] for k in COLUMNS})
+    return {k: np.concatenate([p[k] for p in parts]) for k in COLUMNS}
+
+
+def kept_chunks(out: str | Path) -> int:
+    """How many finished chunks a sweep into ``out`` keeps for a rerun to resume (under way
+    or published)."""
+    names = {p.name for folder in (_work(Path(out)), Path(out))
+             for p in (folder / "chunks").glob("chunk-*.npz")}
+    return len(names)
+
+
+def _drop_work(out: Path) -> None:
+    """Remove a published sweep's work folder (its chunks are in ``chunks/`` now)."""
+    shutil.rmtree(_work(out), ignore_errors=True)
+    with contextlib.suppress(OSError):
+        (out / WORK).rmdir()
+
+
+def merge_sweeps(folders: Sequence[str | Path], out: str | Path, *,
+                 objectives: Sequence[str] = DEFAULT_OBJECTIVES) -> SweepRun:
+    """Join the slices of one sweep (``npujax sweep --shard I/N`` runs) into the files one whole
+    run writes: the same chunks, results, Pareto front and plots, byte for byte (``sweep.json``
+    differs only in the measured rate and the process count).
+
+    Args:
+      folders: the N slices' output folders, in any order.
+      out: the folder to write the whole sweep to (as :func:`run_sweep`).
+      objectives: columns the Pareto front minimises.
+
+    Returns:
+      A :class:`SweepRun` of the whole sweep (no chunk evaluated now).
+
+    Raises:
+      ConfigError: a folder that holds no slice; slices of different sweeps (the message names
+        what differs: the model file's contents, its layers, the NPU spec, the grid, the
+        sampling, the chunk size or the npujax version), of different splits, a slice given
+        twice or missing, or a slice missing one of its chunks.
+      OutputError: as :func:`run_sweep`.
+    """
+    from npujax.hw.spec import npu_spec_from_dict
+
+    _check_objectives(objectives)
+    if not folders:
+        raise ConfigError("--merge takes the folders of the N slices (npujax sweep --shard I/N "
+                          "--out DIR runs).")
+    slices = [_read_slice(Path(f)) for f in folders]
+    first_dir, first = slices[0]
+    counts = {m["sweep"]["shard"].split("/")[1] for _, m in slices}
+    if len(counts) > 1:
+        raise ConfigError("the slices come from different splits: " + ", ".join(
+            f"{str(d)!r} is {m['sweep']['shard']}" for d, m in slices) + "; merge the N slices "
+            "of one --shard I/N split.")
+    whole = {k: v for k, v in first["sweep"].items() if k != _SLICE}
+    for d, m in slices[1:]:
+        if _sweep_key(m["sweep"]) != _sweep_key(whole):
+            what, detail = _changes(whole, {k: v for k, v in m["sweep"].items() if k != _SLICE})
+            detail = detail.replace(" then,", f" in {str(first_dir)!r},").replace(
+                " now", f" in {str(d)!r}")
+            raise ConfigError(f"{str(d)!r} and {str(first_dir)!r} are slices of different "
+                              f"sweeps: {what} differ ({detail}); merge the slices of one sweep.")
+    count = int(counts.pop())
+    by_index: dict[int, Path] = {}
+    for d, m in slices:
+        i = int(m["sweep"]["shard"].split("/")[0])
+        if i in by_index:
+            raise ConfigError(f"slice {i}/{count} is given twice ({str(by_index[i])!r} and "
+                              f"{str(d)!r}); pass each slice's folder once.")
+        by_index[i] = d
+    missing = [f"{i}/{count}" for i in range(count) if i not in by_index]
+    if missing:
+        raise ConfigError(f"slice(s) {', '.join(missing)} missing: pass the folders of all "
+                          f"{count} slices (npujax sweep --shard I/{count} runs).")
+    sweep = whole
+    toml = first.get("npu_toml")
+    if not isinstance(toml, str) or _sha256_text(toml) != sweep["npu_sha256"]:
+        raise ConfigError(f"{str(first_dir / _META)!r} does not hold the NPU spec its sweep "
+                          "was run with (npu_toml); rerun that slice.")
+    base = npu_spec_from_dict(tomllib.loads(toml), f"{first_dir / _META}")
+    grid = Grid.build(sweep["grid"], base)
+    configs = configurations(grid, sweep["sample"], sweep["method"] or "random", sweep["seed"])
+    n, size = len(configs), int(sweep["chunk_size"])
+    if n != sweep["configs"]:
+        raise ConfigError(f"the slices' grid gives {n} configurations, not {sweep['configs']}; "
+                          "merge with the npujax version that ran them.")
+    key = _sweep_key(sweep)
+    chunks = {}
+    for i in range(-(-n // size)):
+        d = by_index[i % count]
+        path = _chunk_path(d, i)
+        if _read_chunk(path, min(size, n - i * size), key) is None:
+            raise ConfigError(f"slice {i % count}/{count} in {str(d)!r} lacks chunk {i} "
+                              f"({_chunk_name(i)}); rerun that slice to finish it.")
+        chunks[i] = path
+    out = Path(out)
+    meta = {"sweep": sweep}
+    check_output_dir(out)
+    _check_folder(out, meta)
+    _refuse_foreign(out, [_META, *(_chunk_name(i) for i in chunks), *_RESULT_FILES])
+    layers = int(first["layers"])
+    seconds = sum(float(m["seconds"]) for _, m in slices)
+    evaluations = sum(int(m["evaluations"]) for _, m in slices)
+    rate = evaluations * layers / seconds if seconds > 0 else 0.0
+    cols = _join_chunks([chunks[i] for i in sorted(chunks)])
     result = SweepResult(grid, configs, cols, layers, seconds)
-    files = write_results(out, result, base, objectives, {**meta, "evaluations_per_s": rate,
-                                                          "processes": procs})
-    return SweepRun(result, len(todo), skipped, rate, files)
+    with staged_dir(out) as stage:
+        for i, path in chunks.items():
+            _link_or_copy(path, _chunk_path(stage, i))
+        files = write_results(stage, result, base, objectives, {
+            **meta, "evaluations_per_s": rate,
+            "processes": sum(int(m.get("processes", 1)) for _, m in slices)})
+    _drop_work(out)
+    return SweepRun(result, 0, len(chunks), rate, [*files, "chunks/"])
+
+
+def _read_slice(folder: Path) -> tuple[Path, dict[str, Any]]:
+    """A slice's folder and its ``sweep.json``."""
+    path = folder / _META
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError):
+        raise ConfigError(f"{str(folder)!r} holds no sweep slice ({_META} is missing or "
+                          "unreadable); pass the --out folders of npujax sweep --shard I/N "
+                          "runs.") from None
+    sweep = meta.get("sweep") if isinstance(meta, dict) else None
+    if not isinstance(sweep, dict) or "npujax" not in sweep:
+        raise ConfigError(f"{str(folder)!r} holds no sweep slice of this npujax; pass the --out "
+                          "folders of npujax sweep --shard I/N runs.")
+    if not isinstance(sweep.get("shard"), str):
+        raise ConfigError(f"{str(folder)!r} holds a whole sweep, not a slice; --merge joins the "
+                          "folders of npujax sweep --shard I/N runs.")
+    if not all(k in meta for k in ("layers", "seconds", "evaluations")):
+        raise ConfigError(f"{str(path)!r} lacks the slice's figures (layers, seconds); rerun "
+                          "that slice.")
+    return folder, meta
 
 
 def write_results(out: Path, result: SweepResult, base: NpuSpec, objectives: Sequence[str],

@@ -179,3 +179,15 @@ def test_lower_format_csv_and_json_print_only_the_schedule(saved_model, capsys):
     assert err == ""
     assert doc["latency_s"] > 0 and len(doc["layers"]) == len(rows)
     assert main(["lower", str(saved_model), str(saved_model), "--format", "csv"]) == 2
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--merge", "a", "b", "--grid", "array.rows=8"], "--merge takes the slices' folders only; "
+                                                      "--grid come from the slices"),
+    ([], "needs a MODEL and at least one --grid"),
+    (["m.onnx", "--grid", "array.rows=8", "--shard", "4/4"], "--shard takes I/N with 0 <= I < N"),
+])
+def test_sweep_slices_arguments(tmp_path, argv, message):
+    r = run("sweep", *argv, "--out", str(tmp_path / "o"))
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "o").exists()

@@ -134,3 +134,30 @@ def test_lower_fusion_beyond_the_preset_is_noted(saved_models):
 def test_lower_decoder_refuses_schedule():
     r = run_cli("lower", "decoder:tiny", "--schedule", "pipeline")
     assert r.returncode == 2 and "--schedule pipeline" in r.stderr
+
+
+def test_lower_sustained_and_host_stages(saved_models, tmp_path, capsys):
+    """--sustained on a preset that throttles, --host-stage around the NPU, both in
+    schedule.json; the flags that would do nothing are refused."""
+    from npujax.hw import load_npu_spec, spec_to_toml
+
+    hot = tmp_path / "hot.toml"  # 3 W of static power at 30 K/W: it must throttle
+    hot.write_text(spec_to_toml(load_npu_spec("edge_16x16").with_fields(
+        {"thermal.static_power_w": 3.0, "thermal.junction_to_ambient_k_per_w": 30.0,
+         "thermal.dvfs_thresholds_c": [85.0], "thermal.dvfs_clock_scales": [0.5]})))
+    out = tmp_path / "o"
+    code = main(["lower", saved_models[0], "--npu", str(hot), "--sustained", "300",
+                 "--host-stage", "resize:from=64x48", "--host-stage", "topk:k=3",
+                 "--out", str(out), "--no-progress"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert code == 0
+    assert "thermal throttling" in text and "first throttle after" in text
+    assert "asynchronous, double-buffered" in text and "bounded by" in text
+    s = json.loads((out / "schedule.json").read_text())
+    sus, pipe = s["sustained"], s["host_pipeline"]
+    assert sus["steps"][0]["latency_s"] == pytest.approx(s["latency_s"])
+    assert sus["first_throttle_s"] > 0 and sus["steady_latency_s"] >= s["latency_s"]
+    assert [x["name"] for x in pipe["stages"]] == ["resize", "copy_in", "npu", "copy_out",
+                                                   "topk"]
+    assert pipe["asynchronous"]["throughput_fps"] >= pipe["synchronous"]["throughput_fps"]
+    assert run_cli("lower", saved_models[0], "--zero-copy").returncode != 0

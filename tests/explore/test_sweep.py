@@ -158,11 +158,94 @@ def test_resumption_is_keyed_by_content(graph, edge, tmp_path, monkeypatch):
                                   first.result.columns["latency_s"])
 
 
-def test_run_sweep_refuses_foreign_folder(graph, edge, tmp_path):
-    (tmp_path / "notes.txt").write_text("mine")
-    with pytest.raises(OutputError, match="did not write"):
-        run_sweep(graph, edge, Grid.build({"array.rows": [8]}, edge), tmp_path, progress=False)
-    assert (tmp_path / "notes.txt").read_text() == "mine"
+def _tree(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_run_sweep_keeps_the_users_files_and_publishes_all_or_nothing(graph, edge, tmp_path,
+                                                                       monkeypatch):
+    """Issue 28, item 7, for the sweep: a user's file is kept, one named like a sweep output is
+    refused before the work (never replaced); a crash leaves the visible folder as it was, and
+    the rerun resumes from npujax's work folder."""
+    import npujax.workflows.sweep as workflow
+
+    grid = Grid.build(GRID, edge)
+    out = tmp_path / "s"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    (out / "pareto.csv").write_text("my own front")
+    before = _tree(out)
+    with pytest.raises(OutputError, match="'pareto.csv', which npujax did not write"):
+        run_sweep(graph, edge, grid, out, chunk_size=4, progress=False)
+    assert _tree(out) == before and sorted(p.name for p in out.iterdir()) == sorted(before)
+    (out / "pareto.csv").unlink()
+    real, calls = workflow.evaluate_configs, []
+
+    def crash_on_the_second_chunk(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(workflow, "evaluate_configs", crash_on_the_second_chunk)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(graph, edge, grid, out, chunk_size=4, progress=False)
+    assert {n for n in _tree(out) if not n.startswith(".npujax-work/")} == {"notes.txt"}
+    assert workflow.kept_chunks(out) == 1
+    monkeypatch.undo()
+    again = run_sweep(graph, edge, grid, out, chunk_size=4, progress=False)
+    assert (again.evaluated, again.skipped) == (2, 1)
+    after = _tree(out)
+    assert after["notes.txt"] == b"mine" and not any(n.startswith(".npujax") for n in after)
+    assert {"results.csv", "pareto.csv", "sweep.json", "chunks/chunk-000002.npz",
+            "npujax-manifest.json"} <= set(after)
+
+
+def test_four_slices_merged_are_byte_identical_to_one_run(graph, edge, tmp_path):
+    """``--shard I/N`` slices (no coordinator) joined by ``--merge``: the same files, byte for
+    byte, as one run (sweep.json differs only in the measured rate and process count); slices
+    of another sweep, a slice twice or missing, a whole sweep are refused by name."""
+    from npujax.workflows.sweep import merge_sweeps, parse_shard
+
+    grid = Grid.build(GRID, edge)
+    one = run_sweep(graph, edge, grid, tmp_path / "one", model="cnn", chunk_size=3,
+                    progress=False)  # 4 chunks (of 3, padded to the batch of 4 compiled above)
+    slices = [tmp_path / f"slice{i}" for i in (2, 0, 3, 1)]
+    for d in slices:
+        part = run_sweep(graph, edge, grid, d, model="cnn", chunk_size=3, progress=False,
+                         shard=(int(d.name[-1]), 4))
+        assert part.result is None and part.evaluated == 1
+    merged = merge_sweeps(slices, tmp_path / "merged")
+    assert merged.result is not None and len(merged.result) == len(one.result) == 12
+    a, b = _tree(tmp_path / "one"), _tree(tmp_path / "merged")
+    assert set(a) == set(b) and {"results.csv", "pareto.png", "chunks/chunk-000003.npz"} <= set(a)
+    for name in sorted(set(a) - {"sweep.json", "npujax-manifest.json"}):
+        assert a[name] == b[name], name
+    ja, jb = (json.loads(x["sweep.json"]) for x in (a, b))
+    for j in (ja, jb):
+        del j["evaluations_per_s"], j["processes"]
+    assert ja == jb
+
+    other = edge.with_fields({"memory.dram_bytes_per_s": 1.0e10})
+    run_sweep(graph, other, Grid.build(GRID, other), tmp_path / "other", model="cnn",
+              chunk_size=3, progress=False, shard=(1, 4))
+    s0, s1, s2, s3 = (tmp_path / f"slice{i}" for i in range(4))
+    cases = [([s0, tmp_path / "other", s2, s3], "slices of different sweeps: the NPU spec differ"),
+             ([s0, s0, s2, s3], "slice 0/4 is given twice"),
+             ([s0, s1, s3], r"slice\(s\) 2/4 missing"),
+             ([s0, tmp_path / "one"], "a whole sweep, not a slice"),
+             ([s0, tmp_path / "nothing"], "holds no sweep slice")]
+    for folders, message in cases:
+        with pytest.raises(ConfigError, match=message) as e:
+            merge_sweeps(folders, tmp_path / "m")
+        assert "\n" not in str(e.value)
+    assert not (tmp_path / "m").exists()
+    with pytest.raises(ConfigError, match="holds slice 1/4 of this sweep, not slice 0/4"):
+        run_sweep(graph, edge, grid, s1, model="cnn", chunk_size=3, progress=False, shard=(0, 4))
+    for bad in ("4/4", "1", "a/b", "-1/2"):
+        with pytest.raises(ConfigError, match="--shard takes I/N"):
+            parse_shard(bad)
 
 
 def test_mapping_axis_is_static_and_equals_lower(graph, edge):
@@ -200,3 +283,23 @@ def test_figures_do_not_depend_on_the_batch(graph, edge):
     few = evaluate(layers, edge, {k: v[:5] for k, v in changes.items()}, bits[:5])  # of 8
     for k, v in few.items():
         np.testing.assert_array_equal(v, many[k][:5], err_msg=k)
+
+
+def test_sweep_sustained_latency_agrees_with_lower(graph, edge):
+    """The sweep's sustained_latency_s (the thermal model in its vmapped program) is the one
+    lower --sustained reports: the same cost program at each DVFS clock."""
+    from npujax.plan.thermal import sustained, thermal_state
+
+    spec = edge.with_fields({"thermal.junction_to_ambient_k_per_w": 10.0,
+                             "thermal.static_power_w": 4.0,
+                             "thermal.dvfs_thresholds_c": [40.0],
+                             "thermal.dvfs_clock_scales": [0.5]})
+    res = sweep(graph, spec, {"array.rows": [16]})
+    rep = sustained(spec, 1e6, lambda s: ((x := lower(graph, s)).latency_s, x.energy_j))
+    assert rep.state.first_throttle_s < 1e6  # it does throttle
+    col = res.columns
+    assert col["sustained_latency_s"][0] == pytest.approx(rep.state.steady_latency_s, rel=1e-9)
+    assert col["sustained_latency_s"][0] > col["latency_s"][0]
+    assert col["steady_temperature_c"][0] == pytest.approx(rep.state.steady_temperature_c,
+                                                           rel=1e-9)
+    assert thermal_state  # the model both consumers call

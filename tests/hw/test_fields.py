@@ -90,7 +90,7 @@ def test_traced_is_a_leaf_outside_the_workload_sections(edge):
         "layout.c0", "layout.channel_alignment", "layout.dram_burst_bytes",
         "ops.conv_max_kernel", "ops.conv_max_stride"}
     assert fields.TRACED_SECTIONS == ("array", "memory", "vector", "host", "technology",
-                                      "energy", "area")
+                                      "energy", "area", "thermal")
 
 
 def test_get_and_validated_replace(edge):

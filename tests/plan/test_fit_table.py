@@ -112,6 +112,9 @@ def test_read_table_errors(tmp_path):
     (row,) = read_table(p)
     assert (row.input_hwc, row.group, row.measured_s, row.source) == ((224, 224, 3), "usb",
                                                                         0.0025, "keras:X")
+    # a model file named relative to the table is found beside it, wherever the command runs
+    p.write_text("model,measured_ms,source\nA,2.5,onnx/a.onnx\nB,3,/abs/b.npz\n")
+    assert [r.source for r in read_table(p)] == [str(tmp_path / "onnx" / "a.onnx"), "/abs/b.npz"]
 
 
 def test_cli_writes_preset_predictions_and_plot(graphs, truth, tmp_path):

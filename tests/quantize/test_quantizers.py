@@ -17,6 +17,7 @@ LAYER = {
     "ste": LayerQuant(weight=W4, act=A8),
     "lsq": LayerQuant(weight=W4, act=A8, quantizer="lsq"),
     "lsq+": LayerQuant(weight=W4, act=A8, quantizer="lsq+"),
+    "fixed": LayerQuant(weight=W4, act=A8, quantizer="fixed"),
     "mixture": LayerQuant(weight=(IntFormat(2, narrow_range=True), W4), act=A8,
                           act_candidates=(IntFormat(4, signed=False), A8)),
 }

@@ -53,6 +53,15 @@ def test_split_equals_the_numpy_reference_and_ranks_the_known_layer(tiny):
     pw = {**p, "fc2": {**p["fc2"], "kernel": np.clip(np.round(w / sw), -7, 7) * sw}}
     np.testing.assert_allclose(rows["fc2"].weight_sqnr_db, _sqnr(ref, _np_model(pw, x)),
                                atol=1e-3)
+    # weights already on the grid (as AdaRound or GPTQ leave them): measured against their own
+    # rounded values they look lossless; against the float model, as the numpy reference
+    on_grid = {**params, "fc2": {**params["fc2"], "kernel": pw["fc2"]["kernel"]}}
+    blind = {r.name: r for r in sensitivity_split(graph, on_grid, q, qstate, [x])}
+    assert blind["fc2"].weight_sqnr_db > rows["fc2"].weight_sqnr_db + 40
+    seen = {r.name: r for r in sensitivity_split(graph, on_grid, q, qstate, [x],
+                                                 reference_params=params)}
+    np.testing.assert_allclose(seen["fc2"].weight_sqnr_db, rows["fc2"].weight_sqnr_db, atol=1e-3)
+    np.testing.assert_allclose(seen["fc1"].act_sqnr_db, rows["fc1"].act_sqnr_db, atol=1e-3)
     # by construction fc1's inputs are the worst operand, by far
     worst = most_sensitive_layers(graph, params, x, 4, 4, 1)
     assert [(r.name, r.dominant) for r in worst] == [("fc1", "activations")]
