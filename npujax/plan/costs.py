@@ -513,6 +513,7 @@ def _layer_costs(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight_
             ng = _ceil_div(groups, pack)
             Mg, Kg, Ng, packed = M, K * pack, N * pack, None
         gn = real(ng)
+        geo: dict[str, Any] = {}  # the row-stationary mapping's layer geometry
         if df.name == "row_stationary":
             rs, geo = _row_stationary(M, K, N)
             g = {"folds": rs["passes"], "mapping_efficiency": rs["mapping_efficiency"]}

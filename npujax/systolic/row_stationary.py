@@ -253,7 +253,7 @@ def rs_dram(images, channels, filters, R, E, F, cols, *, stride, ifmap_bytes, we
     cap = real(psum_capacity_bytes)
     w_once = real(weight_bytes) <= real(filter_capacity_bytes)
     i_once = real(ifmap_bytes) <= real(ifmap_capacity_bytes)
-    best = None
+    best: tuple[jax.Array, ...] | None = None
     for nb in (jnp.ones_like(n), _ceil_div(n, 2), n):
         m = jnp.clip(jnp.floor(cap / (real(nb) * per)), 1.0, real(M))
         rd_w = real(weight_bytes) * jnp.where(w_once, 1.0, real(strips * _ceil_div(n, nb)))
