@@ -295,6 +295,13 @@ def ppocr_tables() -> str:
                 out.append(f"| {name} | {mp} | {SHORT[df]} | {sch.latency_s * 1e3:.2f} | "
                            f"{(b['compute'] + b['fill_drain']) * 1e3:.2f} | "
                            f"{b['stall'] * 1e3:.2f} | {sch.dram_bytes / 1e6:.1f} |")
+        # Eyeriss's row stationary on the same 16x16 array and buffers (its own buffer-level
+        # order, npujax.systolic.rs_dram: the mapping option does not apply)
+        sch = lower(graph, spec, dataflow="row_stationary")
+        b = sch.breakdown_s()
+        out.append(f"| {name} | own (RS) | RS | {sch.latency_s * 1e3:.2f} | "
+                   f"{(b['compute'] + b['fill_drain']) * 1e3:.2f} | "
+                   f"{b['stall'] * 1e3:.2f} | {sch.dram_bytes / 1e6:.1f} |")
     if "ppocr_det" not in graphs:
         return "\n".join(out) + "\n"
     # per-layer breakdown of the detector: the GEMM layers with the largest WS - OS gap

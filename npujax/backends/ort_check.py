@@ -36,15 +36,19 @@ def run_onnxruntime_levels(
 
     Args:
       model: a serialized ``onnx.ModelProto``.
-      feeds: ``{input name: array}`` (the whole batch in one run; the model's batch dimension
-        must be dynamic or equal the arrays').
+      feeds: ``{input name: array}``, every array with the same number of examples ``n``
+        along axis 0. A model with a dynamic batch dimension runs them in one call; a model
+        whose inputs declare a fixed batch ``b`` (an export that folds its traced batch, e.g.
+        PP-OCR cls imported at batch 1) runs them in ``n / b`` calls, and each output is the
+        calls' outputs concatenated along axis 0.
       threads: onnxruntime's intra-op threads (1: deterministic summation order).
 
     Returns:
       ``{level: [output arrays]}``.
 
     Raises:
-      ConfigError: onnxruntime is not installed (names the package to install).
+      ConfigError: onnxruntime is not installed (names the package to install), or the
+        model's fixed batch does not divide the number of examples.
     """
     try:
         import onnxruntime as ort  # type: ignore[import-untyped]
@@ -58,5 +62,28 @@ def run_onnxruntime_levels(
         opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
         opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "1")
         sess = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
-        out[level] = [np.asarray(y) for y in sess.run(None, dict(feeds))]
+        step = _fixed_batch(sess, feeds)
+        n = len(next(iter(feeds.values()))) if feeds else 0
+        if step is None or step == n:
+            out[level] = [np.asarray(y) for y in sess.run(None, dict(feeds))]
+            continue
+        parts = [sess.run(None, {k: v[i:i + step] for k, v in feeds.items()})
+                 for i in range(0, n, step)]
+        out[level] = [np.concatenate([np.asarray(p[j]) for p in parts])
+                      for j in range(len(parts[0]))]
     return out
+
+
+def _fixed_batch(sess, feeds: Mapping[str, np.ndarray]) -> int | None:
+    """The batch size the session's fed inputs declare (None: dynamic)."""
+    dims = {i.shape[0] for i in sess.get_inputs() if i.name in feeds and i.shape}
+    fixed = {d for d in dims if isinstance(d, int) and d > 0}
+    if not fixed:
+        return None
+    step = fixed.pop()
+    n = len(next(iter(feeds.values())))
+    if fixed or n % step:
+        raise ConfigError(f"the model's inputs declare a fixed batch of {sorted(dims)}, which "
+                          f"does not divide the {n} examples fed to onnxruntime; feed a "
+                          "multiple of it.")
+    return step

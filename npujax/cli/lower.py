@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    DATAFLOWS = names("npujax.systolic.dataflow", "DATAFLOWS")
+    DATAFLOW_NAMES = names("npujax.systolic.dataflow", "DATAFLOW_NAMES")
     MAPPINGS = names("npujax.systolic.mapping", "MAPPINGS")
 
     lo = sub.add_parser(
@@ -150,7 +150,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     lo.add_argument("--npu", default="edge_16x16",
                     help="preset name or TOML path (default: edge_16x16)")
     lo.add_argument("--dataflow", help="override the preset's dataflow "
-                    f"({', '.join(DATAFLOWS)})")
+                    f"({', '.join(DATAFLOW_NAMES)})")
     lo.add_argument("--mapping", choices=MAPPINGS,
                     help="override the preset's memory.mapping: 'best' (per layer the DRAM-level "
                     "loop order and tiling with the fewest DRAM bytes; the default) or "

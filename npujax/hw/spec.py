@@ -59,7 +59,7 @@ import jax
 import jax.numpy as jnp
 
 from npujax.errors import ConfigError
-from npujax.systolic.dataflow import DATAFLOWS
+from npujax.systolic.dataflow import DATAFLOW_NAMES, DATAFLOWS
 from npujax.systolic.mapping import MAPPINGS
 from npujax.systolic.precision import PRECISION_SCALINGS
 
@@ -157,7 +157,8 @@ class ArraySpec:
 
     Attributes:
       rows, cols: PE array height and width (PEs), >= 1.
-      dataflow: default dataflow, one of :data:`DATAFLOWS`.
+      dataflow: default dataflow, one of :data:`DATAFLOW_NAMES` (the systolic
+        :data:`DATAFLOWS` or ``row_stationary``).
       clock_hz: array clock frequency (Hz), > 0.
       operand_bits: native operand width of a MAC (bits); wider operands take
         ``ceil(w/operand_bits) * ceil(a/operand_bits)`` passes.
@@ -182,11 +183,15 @@ class ArraySpec:
         group's input stream and each column summing its own group's rows, so one fold of
         ``M`` streamed pixels computes ``P`` groups. Output- and input-stationary arrays share
         the streamed operand along a row and cannot; they stay sequential.
+      ifmap_spad_words, filter_spad_words, psum_spad_words: per-PE scratchpads of the
+        ``row_stationary`` dataflow (words of ``operand_bits``), read only by it
+        (:func:`npujax.systolic.rs_conv`); the defaults are Eyeriss's 12, 224 and 24 x 16 b
+        (Chen et al., JSSC 2017, Sec. IV).
     """
 
     rows: int = _field(lo=1, hi=2**16)
     cols: int = _field(lo=1, hi=2**16)
-    dataflow: str = _field(choices=DATAFLOWS)
+    dataflow: str = _field(choices=DATAFLOW_NAMES)
     clock_hz: float = _field(lo=1e3, hi=1e11)
     operand_bits: int = _field(lo=1, hi=64)
     accumulator_bits: int = _field(lo=1, hi=128)
@@ -194,6 +199,9 @@ class ArraySpec:
     precision_scaling: str = _field(choices=PRECISION_SCALINGS)
     brick_bits: int = _field(lo=1, hi=64)
     group_packing: str = _field(choices=GROUP_PACKINGS, default="sequential")
+    ifmap_spad_words: int = _field(lo=1, hi=2**20, default=12)
+    filter_spad_words: int = _field(lo=1, hi=2**20, default=224)
+    psum_spad_words: int = _field(lo=1, hi=2**20, default=24)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -70,6 +70,7 @@ from npujax.plan.workload import Workload
 from npujax.systolic.dataflow import DATAFLOWS, Dataflow, gemm_cycles, get_dataflow
 from npujax.systolic.mapping import check_mapping, gemm_mapping
 from npujax.systolic.precision import get_precision_scaling, passes
+from npujax.systolic.row_stationary import rs_conv, rs_dram
 
 __all__ = ["LayerCosts", "layer_costs", "layer_costs_by_dataflow", "first_consumers",
            "input_widths", "split_over_cores", "BREAKDOWN", "EXACT_FIELDS", "SHAPE_FIELDS"]
@@ -476,6 +477,30 @@ def _layer_costs(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight_
         0.0,
     )
 
+    def _row_stationary(M, K, N):
+        # Eyeriss's RS on one group of every GEMM row (npujax.systolic.rs_conv). A Conv row
+        # (a 4-D output whose N x E x F is its M, K = C x R x S) maps as a convolution; any
+        # other GEMM (FC, MatMul) as a 1 x 1 convolution with E = F = 1 over K channels for M
+        # images, as Eyeriss runs FC layers. The geometry is a decision of the shapes: no
+        # gradient flows through it.
+        sg = jax.lax.stop_gradient
+        img, rows_out = sg(i32("images")), sg(i32("out_rows"))
+        kr, kc, f_out = sg(i32("window_rows")), sg(i32("window_cols")), sg(i32("out_cols"))
+        one_ = jnp.ones_like(img)
+        e_out = rows_out // jnp.maximum(img, 1)
+        rk = jnp.maximum(kr * kc, 1)
+        conv = ((img > 0) & (e_out > 0) & (f_out > 0) & (img * e_out * f_out == sg(M))
+                & (sg(K) % rk == 0))
+        pick = lambda x, y: jnp.where(conv, x, y)  # noqa: E731
+        geo = dict(images=pick(img, M), channels=pick(K // rk, K), filters=N,
+                   R=pick(kr, one_), E=pick(e_out, one_), F=pick(f_out, one_),
+                   stride=pick(jnp.maximum(sg(i32("stride_rows")), 1), one_))
+        rs = rs_conv(geo["images"], geo["channels"], N, geo["R"], pick(kc, one_), geo["E"],
+                     geo["F"], R, C, ifmap_spad=a.ifmap_spad_words,
+                     filter_spad=a.filter_spad_words, psum_spad=a.psum_spad_words,
+                     stride=geo["stride"], cores=cores)
+        return rs, geo
+
     def one(df: Dataflow) -> LayerCosts:
         # grouped convolutions: ``pack`` groups side by side per fold (block-diagonal weight
         # tiles, weight stationary only; ``array.group_packing``), a decision of the shapes
@@ -488,10 +513,17 @@ def _layer_costs(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight_
             ng = _ceil_div(groups, pack)
             Mg, Kg, Ng, packed = M, K * pack, N * pack, None
         gn = real(ng)
-        g, _ = split_over_cores(Mg, Kg, Ng, R, C, cores, df, bound=packed)
-        fd_per_fold = df.fill_cycles(R, C) + df.drain_cycles(R, C)
-        fill_drain_1 = g["folds"] * fd_per_fold
-        stream_1 = real(g["compute_cycles"] - fill_drain_1)
+        geo: dict[str, Any] = {}  # the row-stationary mapping's layer geometry
+        if df.name == "row_stationary":
+            rs, geo = _row_stationary(M, K, N)
+            g = {"folds": rs["passes"], "mapping_efficiency": rs["mapping_efficiency"]}
+            fill_drain_1 = rs["fill_drain_cycles"]
+            stream_1 = real(rs["compute_cycles"] - fill_drain_1)
+        else:
+            g, _ = split_over_cores(Mg, Kg, Ng, R, C, cores, df, bound=packed)
+            fd_per_fold = df.fill_cycles(R, C) + df.drain_cycles(R, C)
+            fill_drain_1 = g["folds"] * fd_per_fold
+            stream_1 = real(g["compute_cycles"] - fill_drain_1)
         stream = _relax.count(_relax.ceil(stream_1 * scale))
 
         # GEMM layers: the tiled traffic of the systolic memory model (SRAM capacity, reuse,
@@ -504,6 +536,17 @@ def _layer_costs(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight_
                            dram_bytes_per_cycle=bpc,
                            unique_elems_a=in_elems / real(groups) * real(pack),
                            mapping=mapping, bound=packed)
+        if df.name == "row_stationary":  # its own buffer-level order (rs_dram)
+            fg = real(groups)
+            d = rs_dram(**geo, cols=C, ifmap_bytes=in_elems / fg * ab / 8.0,
+                        weight_bytes=f32("weight_elems") / fg * wb / 8.0,
+                        ofmap_bytes=out_elems / fg * ab / 8.0, psum_elem_bytes=acc_bits / 8.0,
+                        psum_capacity_bytes=sram_o, ifmap_capacity_bytes=sram_a,
+                        filter_capacity_bytes=sram_b)
+            mem = {**mem, "dram_read_bytes_a": d["dram_read_bytes_ifmap"],
+                   "dram_read_bytes_b": d["dram_read_bytes_filter"],
+                   "dram_write_bytes_out": d["dram_write_bytes_ofmap"],
+                   "dram_read_bytes_out": jnp.zeros_like(d["dram_write_bytes_ofmap"])}
         # the mapping's chunks of the streamed dimension repeat the folds' fill and drain
         # (whole cycles, spread evenly over the cores; zero in the scalesim mapping)
         extra = mem["extra_fill_drain_cycles"]

@@ -839,12 +839,15 @@ class Lowering:
 
 def lower_dataflows(graph: Graph, spec: NpuSpec, quant: QuantSpec | None = None, *,
                     dataflow: str | None = None, batch: int | None = None) -> Lowering:
-    """:func:`npujax.lower` at ``dataflow`` (default the preset's) and at every dataflow, the
-    costs of all dataflows evaluated in one compiled call (:func:`lower_by_dataflow`).
+    """:func:`npujax.lower` at ``dataflow`` (default the preset's) and at every systolic
+    dataflow (:data:`npujax.systolic.DATAFLOWS`, plus the chosen one when it is
+    ``row_stationary``), the costs evaluated in one compiled call (:func:`lower_by_dataflow`).
     """
     chosen = get_dataflow(dataflow or spec.array.dataflow).name
+    # the systolic dataflows, and the chosen one when it is not among them (row_stationary)
+    names = DATAFLOWS + ((chosen,) if chosen not in DATAFLOWS else ())
     if spec.ops.unsupported == "fallback":
-        by_df = lower_by_dataflow(graph, spec, quant, dataflows=DATAFLOWS, batch=batch)
+        by_df = lower_by_dataflow(graph, spec, quant, dataflows=names, batch=batch)
         return Lowering(by_df[chosen], by_df)
     # the rewrites decided once, at the chosen dataflow; every dataflow costs that graph
     if batch is not None:
@@ -852,5 +855,5 @@ def lower_dataflows(graph: Graph, spec: NpuSpec, quant: QuantSpec | None = None,
     dec = decompose_unsupported(graph, spec, quant=quant, dataflow=chosen)
     plain = spec.with_fields({"ops.unsupported": "fallback"})
     by_df = {df: dataclasses.replace(s, rewrites=dec.choices) for df, s in
-             lower_by_dataflow(dec.graph, plain, dec.quant, dataflows=DATAFLOWS).items()}
+             lower_by_dataflow(dec.graph, plain, dec.quant, dataflows=names).items()}
     return Lowering(by_df[chosen], by_df, graph=dec.graph)

@@ -28,7 +28,8 @@ __all__ = ["LayerTable", "layer_table", "table_length", "SHAPE_FIELDS", "STRUCTU
 #: :func:`~npujax.plan.layer_costs`).
 SHAPE_FIELDS = ("M", "K", "N", "groups", "macs", "weight_elems", "bias_elems", "in_elems",
                 "out_elems", "vector_ops", "special_ops", "cpu_ops", "link_in_elems",
-                "link_out_elems", "link_transfers")
+                "link_out_elems", "link_transfers", "window_rows", "window_cols", "stride_rows",
+                "out_rows", "out_cols", "images")
 
 #: The workloads' structure as the cost model reads it: on the NPU (bool), a GEMM (bool, its
 #: ``kind``), fused into a preceding layer's output stage (bool), the producer's row and the
@@ -49,7 +50,9 @@ class LayerTable:
     The numeric columns (int64 ``[L]``) are the :class:`~npujax.plan.Workload` fields of the
     same names, :data:`SHAPE_FIELDS`: ``M``, ``K``, ``N``, ``groups``, ``macs``,
     ``weight_elems``, ``bias_elems``, ``in_elems``, ``out_elems``, ``vector_ops``,
-    ``special_ops``, ``cpu_ops``, ``link_in_elems``, ``link_out_elems``, ``link_transfers``.
+    ``special_ops``, ``cpu_ops``, ``link_in_elems``, ``link_out_elems``, ``link_transfers``, and
+    the conv geometry the row-stationary dataflow reads: ``window_rows``, ``window_cols``,
+    ``stride_rows``, ``out_rows``, ``out_cols``, ``images``.
 
     Attributes:
       npu: bool ``[L]``, the layer runs on the NPU (``device == "npu"``).
@@ -77,6 +80,12 @@ class LayerTable:
     link_in_elems: Any
     link_out_elems: Any
     link_transfers: Any
+    window_rows: Any
+    window_cols: Any
+    stride_rows: Any
+    out_rows: Any
+    out_cols: Any
+    images: Any
     npu: Any
     gemm: Any
     fused: Any

@@ -83,6 +83,11 @@ class Workload:
         layer along H (1 for other layers): a stripe of ``h`` output rows reads
         ``(h - 1) * stride_rows + window_rows`` input rows.
       graph_output: the row's output is a graph output (it must reach DRAM).
+      window_cols: the kernel width of a Conv (1 for other layers).
+      out_cols: width of a 4-D output (``F``), else 0.
+      images: batch of a 4-D output (``N``), else 0; ``out_rows / images`` is the output
+        height ``E``. The row-stationary dataflow reads the conv geometry from these
+        (:func:`npujax.systolic.rs_conv`).
     """
 
     name: str
@@ -113,6 +118,9 @@ class Workload:
     window_rows: int = 1
     stride_rows: int = 1
     graph_output: bool = False
+    window_cols: int = 1
+    out_cols: int = 0
+    images: int = 0
 
 
 def _pad(c: int, align: int) -> int:
@@ -175,11 +183,13 @@ def _rows(graph: Graph, node: Node, layout: str) -> dict[str, Any]:
     if len(y) != 4:
         return {}
     h = layout.index("H")
-    out: dict[str, Any] = {"out_rows": int(y[0]) * int(y[h])}
+    out: dict[str, Any] = {"out_rows": int(y[0]) * int(y[h]), "images": int(y[0]),
+                           "out_cols": int(y[layout.index("W")])}
     a = node.attrs
     if node.op == "Conv":
         k = a["kernel_shape"][a["kernel_layout"].index("H")]
-        out.update(window_rows=int(k), stride_rows=int(a["strides"][0]))
+        kw = a["kernel_shape"][a["kernel_layout"].index("W")]
+        out.update(window_rows=int(k), window_cols=int(kw), stride_rows=int(a["strides"][0]))
     elif "window" in a and len(a["window"]) == 4:
         out.update(window_rows=int(a["window"][h]), stride_rows=int(a["strides"][h]))
     return out

@@ -14,11 +14,13 @@
 
 from npujax.systolic.conv import conv_cycles as conv_cycles
 from npujax.systolic.conv import conv_gemm_shape as conv_gemm_shape
+from npujax.systolic.dataflow import DATAFLOW_NAMES as DATAFLOW_NAMES
 from npujax.systolic.dataflow import DATAFLOWS as DATAFLOWS
 from npujax.systolic.dataflow import SCALESIM_CYCLE_OFFSET as SCALESIM_CYCLE_OFFSET
 from npujax.systolic.dataflow import Dataflow as Dataflow
 from npujax.systolic.dataflow import InputStationary as InputStationary
 from npujax.systolic.dataflow import OutputStationary as OutputStationary
+from npujax.systolic.dataflow import RowStationary as RowStationary
 from npujax.systolic.dataflow import WeightStationary as WeightStationary
 from npujax.systolic.dataflow import gemm_cycles as gemm_cycles
 from npujax.systolic.dataflow import get_dataflow as get_dataflow
@@ -34,11 +36,15 @@ from npujax.systolic.precision import Fixed as Fixed
 from npujax.systolic.precision import PrecisionScaling as PrecisionScaling
 from npujax.systolic.precision import get_precision_scaling as get_precision_scaling
 from npujax.systolic.registers import simulate_gemm as simulate_gemm
+from npujax.systolic.row_stationary import rs_conv as rs_conv
 from npujax.systolic.scalesim import scalesim_report as scalesim_report
 
 __all__ = [
     "Dataflow",
     "DATAFLOWS",
+    "DATAFLOW_NAMES",
+    "RowStationary",
+    "rs_conv",
     "WeightStationary",
     "OutputStationary",
     "InputStationary",

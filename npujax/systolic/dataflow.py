@@ -59,7 +59,10 @@ __all__ = [
     "WeightStationary",
     "OutputStationary",
     "InputStationary",
+    "RowStationary",
+    "DATAFLOW_NAMES",
     "get_dataflow",
+    "get_systolic_dataflow",
     "gemm_cycles",
     "SCALESIM_CYCLE_OFFSET",
 ]
@@ -157,12 +160,39 @@ class InputStationary(Dataflow):
         return rows
 
 
+@final
+class RowStationary(Dataflow):
+    """Eyeriss's row stationary (Chen et al., ISCA 2016): 1-D row primitives on PE sets.
+
+    A convolution's cycles, mapping and buffer accesses come from
+    :func:`npujax.systolic.rs_conv` (the cost program reads the layer's conv geometry). This
+    class states the GEMM-level view that the DRAM mapper and the energy pass use: partial sums
+    stay on chip for the whole reduction (the paper's processing order finishes all channels of
+    a block of filters in the global buffer before moving on), so at the buffer level a tile
+    of output pixels x filters is stationary, as in output stationary (M on rows, N on
+    columns, K in time, no preload). There is no systolic emulator for it.
+    """
+
+    name = "row_stationary"
+    layout = ("M", "N", "K")
+
+    def fill_cycles(self, rows, cols):
+        del cols
+        return jnp.zeros_like(rows)
+
+
 _BY_NAME: dict[str, Dataflow] = {
-    d.name: d for d in (WeightStationary(), OutputStationary(), InputStationary())
+    d.name: d for d in (WeightStationary(), OutputStationary(), InputStationary(),
+                        RowStationary())
 }
-#: Dataflow names, for presets (``[array] dataflow``) and the command line.
-DATAFLOWS = tuple(_BY_NAME)
-_ALIASES = {"".join(w[0] for w in name.split("_")): name for name in DATAFLOWS}
+#: The systolic GEMM dataflows (weight, output, input stationary): the emulator, the register
+#: model and SCALE-Sim's cross-check cover exactly these, and "every dataflow" comparisons of
+#: :func:`npujax.lower` default to them.
+DATAFLOWS = ("weight_stationary", "output_stationary", "input_stationary")
+#: Every dataflow name, for presets (``[array] dataflow``) and the command line: the systolic
+#: ones and Eyeriss's ``row_stationary`` (:func:`npujax.systolic.rs_conv`).
+DATAFLOW_NAMES = tuple(_BY_NAME)
+_ALIASES = {"".join(w[0] for w in name.split("_")): name for name in DATAFLOW_NAMES}
 
 
 def get_dataflow(dataflow: str | Dataflow) -> Dataflow:
@@ -176,9 +206,26 @@ def get_dataflow(dataflow: str | Dataflow) -> Dataflow:
     key = _ALIASES.get(str(dataflow).lower(), str(dataflow).lower())
     if key not in _BY_NAME:
         raise ConfigError(
-            f"unknown dataflow {dataflow!r}; use one of {', '.join(DATAFLOWS)} (or ws/os/is)."
+            f"unknown dataflow {dataflow!r}; use one of {', '.join(DATAFLOW_NAMES)} "
+            f"(or ws/os/is/rs)."
         )
     return _BY_NAME[key]
+
+
+def get_systolic_dataflow(dataflow: str | Dataflow) -> Dataflow:
+    """:func:`get_dataflow`, for the systolic dataflows only (the emulator and register model).
+
+    Raises:
+      ConfigError: an unknown name, or ``row_stationary`` (no systolic emulation: its costs
+        are the closed form of :func:`npujax.systolic.rs_conv`).
+    """
+    df = get_dataflow(dataflow)
+    if df.name not in DATAFLOWS:
+        raise ConfigError(
+            f"dataflow {df.name!r} has no systolic emulator or register model (its cycles are "
+            f"the closed form of npujax.systolic.rs_conv); emulate with one of "
+            f"{', '.join(DATAFLOWS)}.")
+    return df
 
 
 @exact

@@ -36,7 +36,7 @@ from jax import lax
 
 from npujax.errors import ConfigError, QuantizationError, ShapeError
 from npujax.systolic.conv import Padding, conv_cycles, conv_gemm_shape, normalize_conv_args
-from npujax.systolic.dataflow import Dataflow, gemm_cycles, get_dataflow
+from npujax.systolic.dataflow import Dataflow, gemm_cycles, get_systolic_dataflow
 
 __all__ = ["emulate_gemm", "emulate_conv", "check_array_size", "k_fold_size",
            "accumulator_dtype", "ACCUMULATORS",
@@ -118,7 +118,7 @@ def _common_dtype(a: jax.Array, b: jax.Array):
 
 def k_fold_size(K: int, rows: int, cols: int, dataflow: str | Dataflow) -> int:
     """How many K elements one fold reduces: R, C or all of K, by where the dataflow puts K."""
-    df = get_dataflow(dataflow)
+    df = get_systolic_dataflow(dataflow)
     if df.layout[0] == "K":
         return min(rows, K)
     if df.layout[1] == "K":
@@ -189,7 +189,7 @@ def tile_fold_size(rows: int, cols: int, dataflow: str | Dataflow) -> int:
     stationary, whatever the GEMM's K, padded with zeros), or :data:`TILE` for output
     stationary, whose fold is all of K (its int32 sum is the same cut in chunks: integer
     addition is exact within the accumulator's range, which :func:`accumulator_dtype` checks)."""
-    df = get_dataflow(dataflow)
+    df = get_systolic_dataflow(dataflow)
     if df.layout[0] == "K":
         return rows
     if df.layout[1] == "K":
@@ -321,7 +321,7 @@ def emulate_gemm(a, b, rows: int, cols: int, dataflow: str | Dataflow, *,
       ([[6, 6], [6, 6], [6, 6], [6, 6]], 2)
     """
     rows, cols = check_array_size(rows, cols)
-    df = get_dataflow(dataflow)
+    df = get_systolic_dataflow(dataflow)
     a, b = _check_operand(a, "a"), _check_operand(b, "b")
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
         raise ShapeError(
@@ -421,7 +421,7 @@ def emulate_conv(
       QuantizationError: ``accumulator="int32"`` and the worst case does not fit int32.
     """
     rows, cols = check_array_size(rows, cols)
-    df = get_dataflow(dataflow)
+    df = get_systolic_dataflow(dataflow)
     x, w = _check_operand(x, "x"), _check_operand(w, "w")
     conv_gemm_shape(x.shape, w.shape, stride=stride, padding=padding, dilation=dilation,
                     groups=groups)  # validates

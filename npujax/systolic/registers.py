@@ -34,7 +34,7 @@ import numpy as np
 from jax import lax
 
 from npujax.errors import ShapeError
-from npujax.systolic.dataflow import Dataflow, get_dataflow
+from npujax.systolic.dataflow import Dataflow, get_systolic_dataflow
 from npujax.systolic.emulator import _check_operand, check_array_size
 
 __all__ = ["simulate_gemm"]
@@ -130,7 +130,7 @@ def _simulate(a, b, extents, rows: int, cols: int, dataflow: str):
     are the dynamic ``extents = (M, K, N)``: the streamed operand's padding never enters the
     array, and folds made only of padding are computed but dropped by the caller, so one
     compilation serves every shape up to the padded one."""
-    df = get_dataflow(dataflow)
+    df = get_systolic_dataflow(dataflow)
     a, b = a.astype(jnp.int32), b.astype(jnp.int32)
     M, K, N = extents[0], extents[1], extents[2]
     if df.layout == ("M", "N", "K"):  # output stationary: a rows on R, b columns on C
@@ -191,7 +191,7 @@ def simulate_gemm(a, b, rows: int, cols: int, dataflow: str | Dataflow, *,
       ConfigError: as :func:`npujax.systolic.emulate_gemm`.
     """
     rows, cols = check_array_size(rows, cols)
-    df = get_dataflow(dataflow)
+    df = get_systolic_dataflow(dataflow)
     a, b = _check_operand(a, "a"), _check_operand(b, "b")
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
         raise ShapeError(

@@ -49,7 +49,7 @@ def test_file_preset(tmp_path):
         ("ifmap_sram_bytes = 131072", "ifmap_sram_bytes = -1024", "ifmap_sram_bytes.*positive"),
         ("lanes = 16", "lanes = 16\nwidth = 3", "unknown key.*'width'"),
         ("rows = 16", "", "missing required key.*'rows'"),
-        ('"output_stationary"', '"row_stationary"', "unknown dataflow"),
+        ('"output_stationary"', '"no_local_reuse"', "unknown dataflow"),
         ('"NHWC"', '"HWCN"', "unknown activation_layout"),
         ("rows = 16", "rows = 8.5", "whole number"),
         ("clock_hz = 1.0e9", 'clock_hz = "fast"', "must be a number"),

@@ -27,7 +27,7 @@ from npujax.plan.passes.energy import ENERGY_BREAKDOWN
 from npujax.plan.program import totals
 from npujax.search import latency_table
 from npujax.search.codesign import BandwidthClass, CodesignConfig, evaluate_design
-from npujax.systolic import DATAFLOWS
+from npujax.systolic import DATAFLOW_NAMES
 
 pytestmark = pytest.mark.flax_model
 
@@ -52,11 +52,13 @@ CASES = [
     ("edge_transformer_16x16", "layer", "weight_stationary", "vit", {}),
     ("gemmini_16x16", "residual", "input_stationary", "resnet", {}),
     ("tpu_v1", "elementwise", "input_stationary", "vit", {}),
+    # Eyeriss's row stationary: its own closed form (rs_conv, rs_dram) in every consumer
+    ("eyeriss", "elementwise", "row_stationary", "resnet", {}),
 ]
 
 
 def test_cases_cover_every_axis():
-    for axis, values in ((0, PRESETS), (1, FUSION_LEVELS), (2, DATAFLOWS), (3, MODELS)):
+    for axis, values in ((0, PRESETS), (1, FUSION_LEVELS), (2, DATAFLOW_NAMES), (3, MODELS)):
         assert {c[axis] for c in CASES} == set(values)
     assert any(c[4] for c in CASES)  # the weight_stream pass
 

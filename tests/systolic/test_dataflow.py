@@ -63,8 +63,9 @@ def test_vmaps_over_hardware_and_layers():
 def test_names_and_aliases():
     assert get_dataflow("WS").name == "weight_stationary"
     assert isinstance(get_dataflow("output_stationary"), Dataflow)
+    assert get_dataflow("rs").name == "row_stationary"
     with pytest.raises(ConfigError, match="weight_stationary"):
-        get_dataflow("row_stationary")
+        get_dataflow("no_local_reuse")
 
 
 def test_sram_counts_follow_the_mapping():
