@@ -104,8 +104,9 @@ def sensitivity_split(
       whole_model: also measure each row's ``layer_sqnr_db`` (in the same program).
       reference_params: the float model's params when ``params`` are not (a post-calibration
         method such as AdaRound or GPTQ moved the weights onto the grid, bias correction moved
-        the biases): the float output, and the activation-only runs, use them; the
-        weight-only and whole-model runs use ``params``. Default: ``params``. Measured against
+        the biases): the float output and the activation-only runs use them, a weight-only run
+        uses ``params`` for its one layer only, and the whole-model run ``params``. Default:
+        ``params``. Measured against
         the rounded weights instead, AdaRound's layers would read 44 dB where they are 19.
 
     Returns:
@@ -150,7 +151,11 @@ def sensitivity_split(
             yf = execute(graph, r, x)
         out = {"signal": jnp.sum(jnp.square(yf))}
         for key, q in specs.items():
-            yq = execute(graph, p if key[1] == "weight" else r, x, quant=q, qstate=qstate)
+            # one layer isolated: its deployed weights and bias (weight-only) in the float
+            # model, every other layer as in the float model (a bias that bias correction set
+            # for another layer's quantized weights would be that layer's error, not this one's)
+            pk = {**r, key[0]: p[key[0]]} if key[1] == "weight" else r
+            yq = execute(graph, pk, x, quant=q, qstate=qstate)
             out["/".join(key)] = jnp.sum(jnp.square(yq - yf))
         if whole_model:
             _, qt = execute(graph, p, x, quant=quant, qstate=qstate, observe=tap(names))

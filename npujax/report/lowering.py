@@ -293,7 +293,7 @@ def print_sustained(console: Console, rep: SustainedReport) -> None:
     s = rep.state
     if not rep.modelled:
         console.print(f"sustained after {rep.seconds:g} s: {s.latency_s * 1e3:,.3f} ms, the "
-                      "cold latency (the preset has no [thermal] section: nothing throttles)")
+                      "cold latency (the preset has no \\[thermal] section: nothing throttles)")
         return
     t = Table(title=f"thermal throttling (ambient {rep.thermal.ambient_c:g} C, R_ja "
                     f"{rep.thermal.junction_to_ambient_k_per_w:g} K/W, tau "

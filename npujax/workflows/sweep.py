@@ -131,8 +131,15 @@ def _changes(before: dict[str, Any], now: dict[str, Any]) -> tuple[str, str]:
                    if k not in _NAMES and before.get(k) != now.get(k)]
     labels = [label for _, label in changed]
     what = labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]
-    detail = "; ".join(f"{key} {_shown(before.get(key))} then, {_shown(now.get(key))} now"
-                       for key, _ in changed)
+    def differing(b: Any, n: Any) -> tuple[Any, Any]:
+        # of two mappings (the grid, the options), only the entries that differ
+        if isinstance(b, dict) and isinstance(n, dict):
+            keys = [k for k in {**b, **n} if b.get(k) != n.get(k)]
+            return {k: b.get(k) for k in keys}, {k: n.get(k) for k in keys}
+        return b, n
+
+    detail = "; ".join(f"{key} {_shown(b)} then, {_shown(n)} now" for key, _ in changed
+                       for b, n in [differing(before.get(key), now.get(key))])
     return what, detail
 
 

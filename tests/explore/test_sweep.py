@@ -146,6 +146,11 @@ def test_resumption_is_keyed_by_content(graph, edge, tmp_path, monkeypatch):
         with pytest.raises(ConfigError, match=f"holds a different sweep: {what} changed") as e:
             run_sweep(g, spec, grid, out, model="m.onnx", chunk_size=1, progress=False)
         assert "\n" not in str(e.value)
+    # a grid that differs in a later axis: the message shows that axis, not the common prefix
+    wide = Grid.build({"array.rows": [8, 16], "array.cols": [8, 16, 32, 64]}, edge)
+    with pytest.raises(ConfigError, match="the grid") as e:
+        run_sweep(graph, edge, wide, out, model="m.onnx", chunk_size=1, progress=False)
+    assert "'array.cols': [8, 16, 32, 64]" in str(e.value) and "array.rows" not in str(e.value)
     import npujax.workflows.sweep as workflow
 
     monkeypatch.setattr(workflow, "__version__", "9.9.9")
