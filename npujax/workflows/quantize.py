@@ -44,7 +44,7 @@ from npujax.quantize.calibrate import calibrate
 from npujax.quantize.methods import PTQMethod
 from npujax.quantize.ptq import bias_correction
 from npujax.quantize.sensitivity import LayerSensitivity, sensitivity_split
-from npujax.quantize.spec import QuantSpec
+from npujax.quantize.spec import LayerQuant, QuantSpec
 from npujax.report.quantize import layers_csv_text, quantize_markdown
 
 __all__ = ["QuantizeConfig", "QuantizeResult", "quantize_model", "write_quantize_outputs",
@@ -291,6 +291,7 @@ def quantize_model(
     for m in pre:
         with phase(f"quantize: {m.name}", progress):
             step = m.apply(g, p, quant, calib, None)
+        _warn_changed_widths(m.name, quant, step.quant)
         g, p, quant = step.graph, step.params, step.quant
         notes += [f"{m.name}: {n}" for n in step.notes]
     # the float model the report measures against (pre-calibration methods keep its function;
@@ -304,6 +305,7 @@ def quantize_model(
         for m in post:
             with phase(f"quantize: {m.name}", progress):
                 st = m.apply(gg, pp, spec, calib, qstate)
+            _warn_changed_widths(m.name, spec, st.quant)
             gg, pp, spec = st.graph, st.params, st.quant
             qstate = st.qstate if st.qstate is not None else qstate
             said += [f"{m.name}: {n}" for n in st.notes]
@@ -375,6 +377,21 @@ def quantize_model(
                           onnx_bytes, ort, bound, tuple(notes),
                           {"calibration": sum(len(b) for b in calib),
                            "evaluation": len(x_eval)})
+
+
+def _warn_changed_widths(method: str, before: QuantSpec, after: QuantSpec) -> None:
+    """Say on the console when a PTQ method set other widths than the ones asked for (GPTQ
+    quantizes its layers at its own bits), so the headline widths are not taken for the
+    file's."""
+    def widths(lq: LayerQuant | None) -> tuple[Any, Any]:
+        return (None, None) if lq is None else (lq.weight_candidates, lq.act)
+
+    changed = sorted(n for n in {*before, *after}
+                     if widths(before.get(n)) != widths(after.get(n)))
+    if changed:
+        log.warning("%s changed the formats of %d layer(s) from the ones asked for: %s (see "
+                    "report.md and layers.csv)", method, len(changed),
+                    ", ".join(changed[:8]) + (" ..." if len(changed) > 8 else ""))
 
 
 def _layer_rows(quant: QuantSpec, split: dict[str, LayerSensitivity],
