@@ -135,7 +135,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "tokens such as 48x160:3 48x320:1; a number is a sequence length or a "
                     "square side): lower the ONNX model at each, and compare recompiling per "
                     "shape with padding to --buckets buckets (npujax.plan.buckets)")
-    lo.add_argument("--buckets", default="1..4", metavar="K|A..B",
+    lo.add_argument("--buckets", default=None, metavar="K|A..B",
                     help="with --shapes: the bucket counts to plan (default 1..4)")
     lo.add_argument("--inferences", type=float, default=1000.0,
                     help="with --shapes: inferences a compiled shape serves, over which its "
@@ -249,6 +249,9 @@ def _check_flags(args: argparse.Namespace, models: int) -> None:
     if args.objective is not None and args.schedule != "best":
         raise ConfigError(f"--objective {args.objective} says what '--schedule best' optimises; "
                           "add --schedule best (or drop --objective).")
+    if args.buckets is not None and not args.shapes:
+        raise ConfigError("--buckets plans buckets for a distribution of input shapes; it needs "
+                          "--shapes (or drop --buckets).")
     if args.zero_copy and not args.host_stage:
         raise ConfigError("--zero-copy says the pipeline's copies are free; it needs "
                           "--host-stage (or drop --zero-copy).")
@@ -466,7 +469,7 @@ def _shape_buckets(con: Any, args: argparse.Namespace, path: str, graph: Any, sp
         shape_costs,
     )
 
-    ks = parse_buckets(args.buckets)
+    ks = parse_buckets(args.buckets or "1..4")
     src = args.shapes[0] if len(args.shapes) == 1 and Path(args.shapes[0]).is_file() \
         else args.shapes
     dist = read_shape_distribution(src)

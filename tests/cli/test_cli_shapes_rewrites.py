@@ -45,3 +45,5 @@ def test_bad_buckets_and_shapes_are_one_line(tmp_path):
     r = run_cli("lower", str(model), "--input-shape", "x=1,4,8,8", "--shapes", "8:1",
                 "--buckets", "3..1", "--no-progress")
     assert r.returncode != 0 and "--buckets '3..1'" in r.stderr
+    r = run_cli("lower", str(model), "--buckets", "2", "--no-progress")  # without --shapes
+    assert r.returncode == 2 and "it needs --shapes" in r.stderr
