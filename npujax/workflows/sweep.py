@@ -147,6 +147,16 @@ def _same(before: dict[str, Any], now: dict[str, Any]) -> bool:
     return _sweep_key(before) == _sweep_key(now) and before.get("shard") == now.get("shard")
 
 
+def _previous_rate(out: Path, default: float) -> float:
+    """The ``evaluations_per_s`` an earlier run of this sweep recorded in ``out/sweep.json``
+    (``default`` when there is none)."""
+    try:
+        rate = json.loads((out / _META).read_text()).get("evaluations_per_s")
+    except (OSError, ValueError, AttributeError):
+        return default
+    return float(rate) if isinstance(rate, (int, float)) and rate > 0 else default
+
+
 def _check_meta(path: Path, out: Path, now: dict[str, Any]) -> None:
     """Refuse ``path`` (a ``sweep.json``) if it records another sweep, naming what changed."""
     if not path.is_file():
@@ -411,6 +421,8 @@ def run_sweep(graph: Graph, base: NpuSpec, grid: Grid, out: str | Path, *,
         chunks[i] = path
     if not cache:  # everything was resumed: count the layers once
         layers = len(workloads(graph, base))
+    if not done:  # nothing evaluated now: the rate stays the one the evaluating run measured
+        rate = _previous_rate(out, rate)
     result = None
     with staged_dir(out) as stage:
         for i, path in chunks.items():

@@ -157,8 +157,11 @@ def test_resumption_is_keyed_by_content(graph, edge, tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="the npujax version changed.*9.9.9"):
         run_sweep(graph, edge, grid, out, model="m.onnx", chunk_size=1, progress=False)
     monkeypatch.undo()
+    rate = json.loads((out / "sweep.json").read_text())["evaluations_per_s"]
     again = run_sweep(graph, edge, grid, out, model="m.onnx", chunk_size=1, progress=False)
     assert (again.evaluated, again.skipped) == (0, 2)
+    # nothing evaluated: the recorded rate stays the evaluating run's (it was overwritten by 0)
+    assert json.loads((out / "sweep.json").read_text())["evaluations_per_s"] == rate > 0
     np.testing.assert_array_equal(again.result.columns["latency_s"],
                                   first.result.columns["latency_s"])
 
