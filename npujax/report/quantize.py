@@ -76,8 +76,10 @@ def quantize_markdown(result: Any, title: str) -> str:
         acc = "" if not accs else (f"; accuracy {', '.join(f'{a:.2f} %' for a in accs)} "
                                    f"(npujax fake-quant {first['fake_quant_accuracy']:.2f} % on "
                                    "the same examples)")
+        beyond = max(int(v.get("examples_beyond_bound") or 0) for v in result.ort.values())
         out.append(f"- onnxruntime, all 4 optimization levels: max |ORT - npujax fake-quant| "
-                   f"= {worst:.3g} (bound {result.ort_bound:.3g}){acc}")
+                   f"= {worst:.3g} (bound {result.ort_bound:.3g}"
+                   f"{f', exceeded on {beyond} example(s)' if beyond else ''}){acc}")
     for n in result.notes:
         out.append(f"- {n}")
     c = result.control

@@ -48,7 +48,7 @@ from npujax.quantize.spec import LayerQuant, QuantSpec
 from npujax.report.quantize import layers_csv_text, quantize_markdown
 
 __all__ = ["QuantizeConfig", "QuantizeResult", "quantize_model", "write_quantize_outputs",
-           "QUANTIZE_FILES", "ORT_TOLERANCE"]
+           "QUANTIZE_FILES", "ORT_TOLERANCE", "ORT_OUTLIERS", "ort_outliers"]
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +63,30 @@ QUANTIZE_FILES = ("model.qdq.onnx", "layers.csv", "report.md", "quantize.json")
 #: flip an activation code at a rounding tie. Measured on the digits CNN, 360 held-out examples,
 #: all four levels: W8A8 0.014 on logits up to 25.3 (one example; the 99th percentile 6e-6),
 #: W4A4 and W3A3 below 1e-5. The bound catches export faults (a wrong layout, scale or zero
-#: point moves outputs by their own magnitude).
+#: point moves outputs by their own magnitude). Such a flip moves one example, an export fault
+#: every example: so at most :data:`ORT_OUTLIERS` of the examples (at least one) may exceed the
+#: bound (a softmax output of PP-OCR cls: one example of 64 off by 0.036, the rest within 1e-5).
 ORT_TOLERANCE = 0.02
+#: The fraction of checked examples (at least one) allowed beyond :data:`ORT_TOLERANCE`.
+ORT_OUTLIERS = 0.01
+
+
+def ort_outliers(y: np.ndarray, want: np.ndarray, bound: float) -> tuple[int, int, float]:
+    """How many examples of ``y`` differ from ``want`` by more than ``bound`` anywhere.
+
+    Args:
+      y, want: ``[n, ...]`` outputs (onnxruntime's and npujax's), the same shape.
+      bound: the largest allowed absolute difference of an output element.
+
+    Returns:
+      ``(examples beyond the bound, examples allowed beyond it, largest difference)``; the
+      allowance is ``max(1, floor(ORT_OUTLIERS * n))``.
+    """
+    d = np.abs(np.asarray(y, np.float64) - np.asarray(want, np.float64)).reshape(len(want), -1)
+    per_example = d.max(axis=1) if d.size else np.zeros(len(want))
+    allowed = max(1, int(ORT_OUTLIERS * len(want)))
+    worst = float(per_example.max()) if len(per_example) else 0.0
+    return int(np.sum(~(per_example <= bound))), allowed, worst
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -146,7 +168,7 @@ class QuantizeResult:
       npu: the preset's name.
       onnx: the exported model (serialized).
       ort: per optimization level ``{"max_abs_diff", "accuracy", "fake_quant_accuracy",
-        "top1_agreement"}`` (percent)
+        "top1_agreement", "examples_beyond_bound"}`` (percent; :func:`ort_outliers`)
         on the first ``ort_examples`` evaluation examples (accuracies None without labels;
         None: check skipped).
       ort_bound: the absolute bound the check used.
@@ -436,7 +458,7 @@ def _export_and_check(graph: Graph, params: Params, quant: QuantSpec, qstate: di
         outs = run_onnxruntime_levels(model, {graph.inputs[0]: x_eval[:n]})
     ort: dict[str, dict[str, float | None]] = {}
     for level, ys in outs.items():
-        diff = float(np.abs(ys[0].reshape(want.shape) - want).max())
+        beyond, allowed, diff = ort_outliers(ys[0].reshape(want.shape), want, bound)
         ort[level] = {"max_abs_diff": diff, "accuracy": None if y_eval is None else
                       _accuracy(ys[0].reshape(want.shape), y_eval[:n]),
                       "fake_quant_accuracy": None if y_eval is None else
@@ -444,12 +466,14 @@ def _export_and_check(graph: Graph, params: Params, quant: QuantSpec, qstate: di
                       "top1_agreement": 100.0 * float(np.mean(
                           ys[0].reshape(want.shape).argmax(-1) == want.argmax(-1)))
                       if want.ndim == 2 else None}
-        if not diff <= bound:
+        ort[level]["examples_beyond_bound"] = beyond
+        if beyond > allowed:
             raise QuantizationError(
                 f"the exported model's onnxruntime outputs at {level} differ from npujax's "
-                f"fake-quant outputs by {diff:.3g} (bound {bound:.3g} = {config.ort_tolerance} "
-                "x the largest float output); nothing was written. Report this with the model, or "
-                "pass --ort-tolerance to accept it.")
+                f"fake-quant outputs beyond {bound:.3g} (= {config.ort_tolerance} x the largest "
+                f"float output) on {beyond} of {n} examples (largest {diff:.3g}; {allowed} "
+                "allowed, for rounding ties); nothing was written. Report this with the model, "
+                "or pass --ort-tolerance to accept it.")
     return model, ort, bound
 
 

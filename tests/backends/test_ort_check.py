@@ -45,3 +45,22 @@ def test_every_level_runs_all_examples_at_a_fixed_or_dynamic_batch(batch):
 def test_a_fixed_batch_that_does_not_divide_the_examples_is_a_clear_error():
     with pytest.raises(ConfigError, match="fixed batch of \\[4\\].*6 examples"):
         run_onnxruntime_levels(_model(4), {"x": X})
+
+
+def test_one_rounding_tie_passes_and_an_export_fault_does_not():
+    """quantize's check: one example beyond the bound (a flipped code at a rounding tie) is
+    allowed per 100 (at least one); a fault that moves every example is not."""
+    from npujax.workflows.quantize import ORT_OUTLIERS, ort_outliers
+
+    rng = np.random.default_rng(0)
+    want = rng.random((64, 2)).astype(np.float32)
+    tie = want.copy()
+    tie[5, 1] += 0.036  # PP-OCR cls's softmax: one example of 64
+    assert ort_outliers(tie, want, 0.02) == (1, 1, pytest.approx(0.036, rel=1e-5))
+    assert ort_outliers(want[:, ::-1], want, 0.02)[0] > 50  # a swapped layout: every example
+    allowed = ort_outliers(want, want, 0.0)[1]
+    assert allowed == 1 and ort_outliers(np.zeros((500, 1)), np.zeros((500, 1)), 0.0)[1] == \
+        int(ORT_OUTLIERS * 500)
+    nan = want.copy()
+    nan[0, 0] = np.nan  # a NaN is beyond any bound
+    assert ort_outliers(nan, want, 1.0)[0] == 1
