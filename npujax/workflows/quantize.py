@@ -75,7 +75,8 @@ def ort_outliers(y: np.ndarray, want: np.ndarray, bound: float) -> tuple[int, in
     """How many examples of ``y`` differ from ``want`` by more than ``bound`` anywhere.
 
     Args:
-      y, want: ``[n, ...]`` outputs (onnxruntime's and npujax's), the same shape.
+      y: ``[n, ...]`` onnxruntime's outputs.
+      want: ``[n, ...]`` npujax's outputs, the same shape.
       bound: the largest allowed absolute difference of an output element.
 
     Returns:
