@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 from npujax.errors import ConfigError
 from npujax.numerics import IntFormat
-from npujax.quantize.sensitivity import LayerSensitivity, sensitivity_order
+from npujax.quantize.sensitivity import LayerSensitivity, int_bits, sensitivity_order
 from npujax.quantize.spec import LayerQuant, QuantSpec
 
 __all__ = ["AccuracyStep", "AccuracyControl", "accuracy_control", "widen"]
@@ -84,8 +84,7 @@ class AccuracyControl:
 
 def _bits(lq: LayerQuant) -> tuple[int | None, int | None]:
     w = lq.weight_candidates[0] if lq.weight_candidates else None
-    return (w.bits if isinstance(w, IntFormat) else None,
-            lq.act.bits if isinstance(lq.act, IntFormat) else None)
+    return int_bits(w), int_bits(lq.act)
 
 
 def widen(lq: LayerQuant, ladder: Sequence[int] = (8,)) -> LayerQuant | None:

@@ -35,7 +35,7 @@ from npujax.numerics import IntFormat
 from npujax.quantize.ptq import sqnr_db
 from npujax.quantize.spec import LayerQuant, QuantSpec
 
-__all__ = ["LayerSensitivity", "sensitivity_split", "sensitivity_order"]
+__all__ = ["LayerSensitivity", "sensitivity_split", "sensitivity_order", "int_bits"]
 
 
 class LayerSensitivity(NamedTuple):
@@ -73,7 +73,8 @@ class LayerSensitivity(NamedTuple):
         return "weights" if self.weight_sqnr_db <= self.act_sqnr_db else "activations"
 
 
-def _int_bits(fmt: Any) -> int | None:
+def int_bits(fmt: Any) -> int | None:
+    """The width of an integer format; None for a float format or no format (float)."""
     return fmt.bits if isinstance(fmt, IntFormat) else None
 
 
@@ -183,7 +184,7 @@ def sensitivity_split(
         wf = lq.weight_candidates[0] if lq.weight_candidates else None
         whole = sqnr_db(acc[f"{n}/out_signal"], acc[f"{n}/out_noise"]) if whole_model \
             else None
-        rows.append(LayerSensitivity(n, graph.node(n).op, _int_bits(wf), _int_bits(lq.act),
+        rows.append(LayerSensitivity(n, graph.node(n).op, int_bits(wf), int_bits(lq.act),
                                      w, a, whole))
     return sensitivity_order(rows)
 

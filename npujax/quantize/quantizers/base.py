@@ -278,6 +278,30 @@ class Quantizer(abc.ABC):
             "convert the state with npujax.quantize.init_states.")
 
     # -- helpers for implementations
+    def _calibrated_input(self, node: Node, lq: LayerQuant, x: jax.Array, state: Any,
+                          key: jax.Array | None) -> jax.Array:
+        """Fake-quant of the input on the state's calibrated grid (``act_scale``,
+        ``act_zero_point``); ``x`` itself for a layer that does not quantize its input.
+
+        Raises:
+          ConfigError: the layer quantizes its input but the state has no calibrated grid.
+        """
+        if lq.act is None:
+            return x
+        if state is None or state.act_scale is None:
+            raise missing_grid(node)
+        return fake_quant(x, state.act_scale, state.act_zero_point, lq.act, key=key)
+
+    def _with_operand_grid(self, lq: LayerQuant, state: Any,
+                           operand_range: tuple[ArrayLike, ArrayLike]) -> Any:
+        """``state`` (a new ``state_type`` when None) with the second operand's calibrated
+        grid (``operand_scale``, ``operand_zero_point``) from its observed range."""
+        if not lq.weight_candidates:
+            return state
+        (fmt,) = lq.weight_candidates
+        s, z = operand_qparams(lq, fmt, operand_range)
+        return (state or self.state_type())._replace(operand_scale=s, operand_zero_point=z)
+
     def _kernel(self, node: Node, lq: LayerQuant, w: jax.Array, key: jax.Array | None
                 ) -> jax.Array:
         """Min-max fake-quant of a single-format kernel (per block, channel or tensor)."""

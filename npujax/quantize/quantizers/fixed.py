@@ -40,8 +40,6 @@ from npujax.quantize.quantizers.base import (
     Quantizer,
     WeightGrid,
     calibrated_grid,
-    missing_grid,
-    operand_qparams,
     register_quantizer,
 )
 
@@ -59,12 +57,16 @@ class FixedGridState(NamedTuple):
     operand_zero_point: jax.Array | None = None
 
 
-def grid_axis(node, lq) -> int | None:
+def grid_axis(node, lq, *, out_axis: int | None = None, in_axis: int | None = None
+              ) -> int | None:
     """The kernel axis a layer's weight grid runs along: the input-channel axis per block, the
-    output-channel axis per channel, None per tensor."""
+    output-channel axis per channel, None per tensor (``out_axis``/``in_axis`` default to the
+    node's kernel layout; pass them for a transposed kernel view)."""
     if lq.weight_block_size is not None:
-        return kernel_in_axis(node)
-    return kernel_out_axis(node) if lq.weight_per_channel else None
+        return kernel_in_axis(node) if in_axis is None else in_axis
+    if lq.weight_per_channel:
+        return kernel_out_axis(node) if out_axis is None else out_axis
+    return None
 
 
 @final
@@ -81,11 +83,7 @@ class FixedGrid(Quantizer):
         return FixedGridState(*calibrated_grid(lq, act_range, act_grid))
 
     def quantize_input(self, node, lq, x, state, key=None):
-        if lq.act is None:
-            return x
-        if state is None or state.act_scale is None:
-            raise missing_grid(node)
-        return fake_quant(x, state.act_scale, state.act_zero_point, lq.act, key=key)
+        return self._calibrated_input(node, lq, x, state, key)
 
     def quantize_kernel(self, node, lq, w, state, key=None):
         if not lq.weight_candidates:
@@ -100,22 +98,13 @@ class FixedGrid(Quantizer):
     def weight_grid(self, node, lq, w, state, *, out_axis=None, in_axis=None) -> WeightGrid:
         if state is None or getattr(state, "weight_scale", None) is None:
             return super().weight_grid(node, lq, w, state, out_axis=out_axis, in_axis=in_axis)
-        if lq.weight_block_size is not None:
-            axis = kernel_in_axis(node) if in_axis is None else in_axis
-        elif lq.weight_per_channel:
-            axis = kernel_out_axis(node) if out_axis is None else out_axis
-        else:
-            axis = None
+        axis = grid_axis(node, lq, out_axis=out_axis, in_axis=in_axis)
         s = np.asarray(state.weight_scale, np.float32)
         z = np.asarray(state.weight_zero_point, np.int32)
         return WeightGrid(jax.device_put(s), jax.device_put(z), axis, lq.weight_block_size)
 
     def init_operand(self, node, lq, state, operand_range) -> FixedGridState:
-        if not lq.weight_candidates:
-            return state
-        (fmt,) = lq.weight_candidates
-        s, z = operand_qparams(lq, fmt, operand_range)
-        return (state or FixedGridState())._replace(operand_scale=s, operand_zero_point=z)
+        return self._with_operand_grid(lq, state, operand_range)
 
 
 register_quantizer(FixedGrid())

@@ -18,14 +18,7 @@ from typing import TYPE_CHECKING, NamedTuple, final
 
 import jax
 
-from npujax.numerics import fake_quant
-from npujax.quantize.quantizers.base import (
-    Quantizer,
-    calibrated_grid,
-    missing_grid,
-    operand_qparams,
-    register_quantizer,
-)
+from npujax.quantize.quantizers.base import Quantizer, calibrated_grid, register_quantizer
 
 if TYPE_CHECKING:
     pass
@@ -62,11 +55,7 @@ class STE(Quantizer):
         return STEState(*calibrated_grid(lq, act_range, act_grid))
 
     def quantize_input(self, node, lq, x, state, key=None):
-        if lq.act is None:
-            return x
-        if state is None or state.act_scale is None:
-            raise missing_grid(node)
-        return fake_quant(x, state.act_scale, state.act_zero_point, lq.act, key=key)
+        return self._calibrated_input(node, lq, x, state, key)
 
     def quantize_kernel(self, node, lq, w, state, key=None):
         if not lq.weight_candidates:
@@ -74,11 +63,7 @@ class STE(Quantizer):
         return self._kernel(node, lq, w, key)
 
     def init_operand(self, node, lq, state, operand_range) -> STEState:
-        if not lq.weight_candidates:
-            return state
-        (fmt,) = lq.weight_candidates
-        s, z = operand_qparams(lq, fmt, operand_range)
-        return (state or STEState())._replace(operand_scale=s, operand_zero_point=z)
+        return self._with_operand_grid(lq, state, operand_range)
 
 
 register_quantizer(STE())
