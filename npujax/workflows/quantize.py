@@ -39,6 +39,7 @@ from npujax.calib import OBSERVERS
 from npujax.errors import ConfigError, QuantizationError, ShapeError
 from npujax.ir.execute import execute
 from npujax.ir.graph import Graph, Params
+from npujax.ir.passes import unfold_batch
 from npujax.quantize.accuracy_control import AccuracyControl, accuracy_control
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.methods import PTQMethod
@@ -303,6 +304,10 @@ def quantize_model(
         raise ConfigError("--max-drop needs labelled data (an .npz with 'y', class "
                           "sub-folders, or a labelled built-in source) to measure accuracy.")
     progress = config.progress
+    # a batch folded into a Reshape (a model imported at batch 1) unfolded where proved: every
+    # pass below then runs the batch directly instead of mapping the graph over its examples
+    # (jax.vmap), and the file gets a dynamic batch
+    graph, params = unfold_batch(graph, params)
     calib = _batches(np.asarray(x_calib[:config.calib_examples], np.float32), config.batch_size)
     x_eval = np.asarray(x_eval, np.float32)
     with phase("quantize: float model on the evaluation data", progress):
