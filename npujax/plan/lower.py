@@ -19,6 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from npujax import _program_cache
 from npujax.errors import ConfigError
 from npujax.hw.energy import area_breakdown
 from npujax.hw.spec import NpuSpec, as_spec
@@ -449,16 +450,22 @@ def _jitted_costs(layers: tuple[Workload, ...], dataflows: tuple[str, ...],
     return jax.jit(run, compiler_options=_cost_options())
 
 
+def _table_costs(dataflows: tuple[str, ...]):
+    """The cost program of :func:`_jitted_table_costs`, not jitted: ``(spec, w, a, table)`` to
+    ``(by_dataflow, energies, area, attention)``."""
+    def run(spec, w, a, table):
+        out = program_costs(table, spec, w, a, dataflows=dataflows)
+        return _program_outputs(out, dataflows, spec)
+    return run
+
+
 @functools.lru_cache(maxsize=16)
 def _jitted_table_costs(dataflows: tuple[str, ...]):
     """One compiled cost program per dataflows for every workload list: the layers enter as
     a traced :class:`~npujax.plan.LayerTable` (padded to :func:`~npujax.plan.table.
     table_length` rows, so a program serves all lists of its length), as :func:`_jitted_costs`
     computes them without attention chains (bit for bit: ``tests/plan/test_layer_table.py``)."""
-    def run(spec, w, a, table):
-        out = program_costs(table, spec, w, a, dataflows=dataflows)
-        return _program_outputs(out, dataflows, spec)
-    return jax.jit(run, compiler_options=_cost_options())
+    return jax.jit(_table_costs(dataflows), compiler_options=_cost_options())
 
 
 def _program_spec(spec: NpuSpec) -> NpuSpec:
@@ -490,10 +497,13 @@ def _costs_program(layers: list[Workload], names: tuple[str, ...],
     pad = np.full(length - n, float(DEFAULT_BITS), np.float32)
     w, a = np.concatenate([wb, pad]), np.concatenate([ab, pad])
     spec = _program_spec(spec)
-    run = _jitted_table_costs(names)
-    out = jax.tree.map(lambda x: np.asarray(x)[:n] if np.ndim(x) else np.asarray(x),
-                       run(spec, w, a, table))
-    return out
+    if _program_cache.folder() is None:
+        res = _jitted_table_costs(names)(spec, w, a, table)
+    else:  # the command line's: the traced program kept between runs too
+        res = _program_cache.call(_table_costs(names), (spec, w, a, table),
+                                  name="table_costs", static=names,
+                                  compiler_options=_cost_options())
+    return jax.tree.map(lambda x: np.asarray(x)[:n] if np.ndim(x) else np.asarray(x), res)
 
 
 @functools.lru_cache(maxsize=64)
