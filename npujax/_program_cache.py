@@ -39,7 +39,7 @@ from typing import Any
 
 from npujax._atomic import atomic_write_bytes
 
-__all__ = ["enable", "folder", "call"]
+__all__ = ["enable", "folder", "call", "cache_every_compilation"]
 
 _log = logging.getLogger(__name__)
 
@@ -148,11 +148,15 @@ def _export(fn: Callable[..., Any], in_tree: Any, leaves: list[Any]) -> tuple[An
 
 
 @contextlib.contextmanager
-def _cache_every_compilation() -> Iterator[None]:
-    """The persistent cache keeps the program however fast it compiled (JAX's threshold is a
-    second; the cost program compiles in about one, and loads in a third of that)."""
+def cache_every_compilation() -> Iterator[None]:
+    """Where :func:`folder` is enabled, the persistent cache keeps the programs compiled in the
+    block however fast they compiled (JAX's threshold is a second; the cost program compiles in
+    about one, and loads in a third of that); elsewhere nothing changes."""
     import jax
 
+    if _folder is None:
+        yield
+        return
     option = "jax_persistent_cache_min_compile_time_secs"
     before = getattr(jax.config, option)
     jax.config.update(option, 0.0)
@@ -227,6 +231,6 @@ def call(fn: Callable[..., Any], args: tuple[Any, ...], *, name: str, static: Ha
         run.__npujax_exported__ = exported  # type: ignore[attr-defined]
         entry = _loaded[key] = (run, tree)
     run, tree = entry
-    with _cache_every_compilation(), _no_lapack(exported_of(run)):
+    with cache_every_compilation(), _no_lapack(exported_of(run)):
         out = run(*leaves)
     return jax.tree.unflatten(tree, out)

@@ -409,7 +409,8 @@ def _cost_options() -> dict[str, Any]:
         return dict(_ONCE)
     options = {**_ONCE, **_LEGACY_EMITTERS}
     try:
-        jax.jit(lambda x: x + 1, compiler_options=options).lower(np.float32(0)).compile()
+        with _program_cache.cache_every_compilation():  # (the command line's: loaded, 5 ms)
+            jax.jit(lambda x: x + 1, compiler_options=options).lower(np.float32(0)).compile()
     except jax.errors.JaxRuntimeError:
         return dict(_ONCE)
     return options
@@ -437,6 +438,16 @@ def _program_outputs(out: tuple[ProgramCosts, ...], dataflows: tuple[str, ...],
     return by_df, energy, area_breakdown(spec), att
 
 
+def _static_costs(layers: tuple[Workload, ...], dataflows: tuple[str, ...],
+                  chains: tuple[AttentionChain, ...] = ()):
+    """The cost program of :func:`_jitted_costs`, not jitted: ``(spec, w, a)`` to
+    ``(by_dataflow, energies, area, attention)``."""
+    def run(spec, w, a):
+        out = program_costs(layers, spec, w, a, dataflows=dataflows, chains=chains)
+        return _program_outputs(out, dataflows, spec)
+    return run
+
+
 @functools.lru_cache(maxsize=64)
 def _jitted_costs(layers: tuple[Workload, ...], dataflows: tuple[str, ...],
                   chains: tuple[AttentionChain, ...] = ()):
@@ -444,10 +455,7 @@ def _jitted_costs(layers: tuple[Workload, ...], dataflows: tuple[str, ...],
     in one program (:func:`npujax.plan.program.program_costs`), with each one's energy
     (``total_j`` None: :func:`_with_total` sums it), attention decisions and the area; hardware
     and bits stay traced."""
-    def run(spec, w, a):
-        out = program_costs(layers, spec, w, a, dataflows=dataflows, chains=chains)
-        return _program_outputs(out, dataflows, spec)
-    return jax.jit(run, compiler_options=_cost_options())
+    return jax.jit(_static_costs(layers, dataflows, chains), compiler_options=_cost_options())
 
 
 def _table_costs(dataflows: tuple[str, ...]):
@@ -489,8 +497,13 @@ def _costs_program(layers: list[Workload], names: tuple[str, ...],
     needs the layers as a static list (attention chains) the program of this list
     (:func:`_jitted_costs`)."""
     if needs_static_layers(spec, chains):
-        run = _jitted_costs(tuple(layers), names, chains)
-        return jax.tree.map(np.asarray, run(spec, wb, ab))
+        key = (tuple(layers), names, chains)
+        if _program_cache.folder() is None:
+            res = _jitted_costs(*key)(spec, wb, ab)
+        else:  # the command line's: the traced program kept between runs too
+            res = _program_cache.call(_static_costs(*key), (spec, wb, ab), name="costs",
+                                      static=key, compiler_options=_cost_options())
+        return jax.tree.map(np.asarray, res)
     n = len(layers)
     length = table_length(n)
     table = layer_table(layers, length)
