@@ -16,8 +16,9 @@ dtype and weak type, the ``jax_enable_x64`` mode, the compiler options, the back
 versions of jax and jaxlib and a digest of npujax's own source files (an edited checkout traces
 anew). The folder holds what the process runs, so it is used only where the command line
 enabled it (:func:`enable`): in its compile-cache folder, which it checked no other user can
-write. The output's tree structure is stored pickled and read back by an unpickler that loads
-only npujax's, jax's and the builtins' classes.
+write. Nothing is unpickled: the program's arguments enter flat (their structure is the
+caller's), and its output's structure is jax.export's own serialization (tuples, dicts and the
+named tuples the caller registers).
 
 Reference: JAX documentation, "Exporting and serializing staged-out computations"
 (``jax.export``).
@@ -28,12 +29,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import io
 import logging
 import os
-import pickle
-import struct
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +44,13 @@ _log = logging.getLogger(__name__)
 #: Sub-folder of the compile-cache folder holding the exported programs.
 SUBFOLDER = "npujax-exported"
 #: First bytes of a program file (the format's version in its last byte).
-_MAGIC = b"npujax-exported\x01"
+_MAGIC = b"npujax-exported\x02"
 
 _folder: Path | None = None
-#: In this process: program key -> (jitted call of the exported program, output tree).
-_loaded: dict[str, tuple[Callable[..., Any], Any]] = {}
+#: In this process: program key -> jitted call of the exported program.
+_loaded: dict[str, Callable[..., Any]] = {}
+#: The named tuples registered for jax.export's serialization of tree structures.
+_registered: set[type] = set()
 
 
 def enable(path: str | os.PathLike[str] | None) -> None:
@@ -93,17 +93,20 @@ def _key(name: str, static: Hashable, in_tree: Any, leaves: list[Any],
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
-class _Unpickler(pickle.Unpickler):
-    """Loads only npujax's, jax's and the builtins' globals (a tree structure needs no more)."""
+def _register(node_types: Sequence[type]) -> None:
+    """Make the named tuples ``node_types`` serializable in exported programs' output trees
+    (once per process; the name is the class's import path)."""
+    from jax import export
 
-    def find_class(self, module: str, name: str) -> Any:
-        if module == "builtins" or module.split(".")[0] in ("npujax", "jax", "jaxlib"):
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"{module}.{name} is not a tree node type")
+    for t in node_types:
+        if t not in _registered:
+            export.register_namedtuple_serialization(
+                t, serialized_name=f"{t.__module__}.{t.__qualname__}")
+            _registered.add(t)
 
 
-def _read(path: Path) -> tuple[Any, Any] | None:
-    """(exported program, output tree) from ``path``, or None if absent or unreadable."""
+def _read(path: Path) -> Any:
+    """The exported program in ``path``, or None if absent or unreadable."""
     from jax import export
 
     try:
@@ -113,38 +116,31 @@ def _read(path: Path) -> tuple[Any, Any] | None:
     try:
         if not data.startswith(_MAGIC):
             raise ValueError("not a program file")
-        at = len(_MAGIC)
-        (n,) = struct.unpack_from("<Q", data, at)
-        tree = _Unpickler(io.BytesIO(data[at + 8:at + 8 + n])).load()
-        return export.deserialize(bytearray(data[at + 8 + n:])), tree
+        return export.deserialize(bytearray(data[len(_MAGIC):]))
     except Exception as e:  # noqa: BLE001 - any damage: trace and write it anew
         _log.debug("ignoring the exported program %s (%s)", path, e)
         return None
 
 
-def _write(path: Path, exported: Any, tree: Any) -> None:
-    tree_bytes = pickle.dumps(tree, protocol=pickle.HIGHEST_PROTOCOL)
+def _write(path: Path, exported: Any) -> None:
     try:
+        data = _MAGIC + bytes(exported.serialize())
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        atomic_write_bytes(path, _MAGIC + struct.pack("<Q", len(tree_bytes)) + tree_bytes
-                           + bytes(exported.serialize()))
+        atomic_write_bytes(path, data)
     except Exception as e:  # noqa: BLE001 - a cache: the run goes on without it
         _log.debug("not keeping the exported program %s (%s)", path, e)
 
 
-def _export(fn: Callable[..., Any], in_tree: Any, leaves: list[Any]) -> tuple[Any, Any]:
-    """Trace and lower ``fn`` on leaves of ``in_tree``: (exported program of the flat leaves,
-    output tree)."""
+def _export(fn: Callable[..., Any], in_tree: Any, leaves: list[Any]) -> Any:
+    """``fn`` traced and lowered on leaves of ``in_tree``: the exported program of the flat
+    leaves (its output is ``fn``'s pytree)."""
     import jax
     from jax import export
 
-    box: dict[str, Any] = {}
+    def flat(*xs: Any) -> Any:
+        return fn(*jax.tree.unflatten(in_tree, xs))
 
-    def flat(*xs: Any) -> list[Any]:
-        ys, box["tree"] = jax.tree.flatten(fn(*jax.tree.unflatten(in_tree, xs)))
-        return ys
-
-    return export.export(jax.jit(flat))(*leaves), box["tree"]
+    return export.export(jax.jit(flat))(*leaves)
 
 
 @contextlib.contextmanager
@@ -197,7 +193,8 @@ def _no_lapack(exported: Any) -> Iterator[None]:
 
 
 def call(fn: Callable[..., Any], args: tuple[Any, ...], *, name: str, static: Hashable = (),
-         compiler_options: dict[str, Any] | None = None) -> Any:
+         compiler_options: dict[str, Any] | None = None,
+         node_types: Sequence[type] = ()) -> Any:
     """``jax.jit(fn, compiler_options=...)(*args)``, through an exported program kept in
     :func:`folder` (plain ``jax.jit`` where none is enabled).
 
@@ -208,9 +205,14 @@ def call(fn: Callable[..., Any], args: tuple[Any, ...], *, name: str, static: Ha
       name: the program's name (one per function).
       static: the values ``fn`` closes over (its repr enters the key).
       compiler_options: XLA options, as for :func:`jax.jit`.
+      node_types: the named tuples in ``fn``'s output (tuples, lists, dicts and None need
+        none).
 
     Returns:
       ``fn(*args)``'s pytree of arrays.
+
+    Raises:
+      ValueError: ``fn``'s output holds a node type other than those and ``node_types``.
     """
     import jax
 
@@ -219,18 +221,16 @@ def call(fn: Callable[..., Any], args: tuple[Any, ...], *, name: str, static: Ha
         return jax.jit(fn, compiler_options=options)(*args)
     leaves, in_tree = jax.tree.flatten(args)
     key = _key(name, static, in_tree, leaves, options)
-    entry = _loaded.get(key)
-    if entry is None:
+    run = _loaded.get(key)
+    if run is None:
+        _register(node_types)
         path = _folder / f"{name}-{key[:40]}"
-        got = _read(path)
-        if got is None:
-            got = _export(fn, in_tree, leaves)
-            _write(path, *got)
-        exported, tree = got
+        exported = _read(path)
+        if exported is None:
+            exported = _export(fn, in_tree, leaves)
+            _write(path, exported)
         run = jax.jit(exported.call, compiler_options=options)
         run.__npujax_exported__ = exported  # type: ignore[attr-defined]
-        entry = _loaded[key] = (run, tree)
-    run, tree = entry
+        _loaded[key] = run
     with cache_every_compilation(), _no_lapack(exported_of(run)):
-        out = run(*leaves)
-    return jax.tree.unflatten(tree, out)
+        return run(*leaves)

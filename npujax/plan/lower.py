@@ -21,7 +21,7 @@ import numpy as np
 
 from npujax import _program_cache
 from npujax.errors import ConfigError
-from npujax.hw.energy import area_breakdown
+from npujax.hw.energy import AreaBreakdown, area_breakdown
 from npujax.hw.spec import NpuSpec, as_spec
 from npujax.ir.graph import Graph
 from npujax.ir.passes import rebatch
@@ -29,7 +29,12 @@ from npujax.plan.costs import BREAKDOWN, LayerCosts, first_consumers
 from npujax.plan.decompose import Decomposition, choose_rewrites
 from npujax.plan.liveness import peak_activation_bytes
 from npujax.plan.passes import cross_layer
-from npujax.plan.passes.attention import ATTENTION_MODES, AttentionChain, attention_chains
+from npujax.plan.passes.attention import (
+    ATTENTION_MODES,
+    AttentionChain,
+    AttentionCosts,
+    attention_chains,
+)
 from npujax.plan.passes.base import ProgramCosts
 from npujax.plan.passes.cross_layer import PLACEMENTS, cross_layer_edges
 from npujax.plan.passes.energy import ENERGY_BREAKDOWN, LayerEnergy
@@ -428,6 +433,10 @@ def _with_total(energy: LayerEnergy) -> LayerEnergy:
     return energy._replace(total_j=mac + register + sram + dram + vector + host)
 
 
+#: The named tuples in the cost programs' outputs (:func:`_program_outputs`).
+_OUTPUT_TYPES = (LayerCosts, LayerEnergy, AreaBreakdown, AttentionCosts)
+
+
 def _program_outputs(out: tuple[ProgramCosts, ...], dataflows: tuple[str, ...],
                      spec: NpuSpec) -> tuple[Any, ...]:
     """``(by_dataflow, energies, area, attention)`` of the cost program's answers, the energies'
@@ -502,7 +511,8 @@ def _costs_program(layers: list[Workload], names: tuple[str, ...],
             res = _jitted_costs(*key)(spec, wb, ab)
         else:  # the command line's: the traced program kept between runs too
             res = _program_cache.call(_static_costs(*key), (spec, wb, ab), name="costs",
-                                      static=key, compiler_options=_cost_options())
+                                      static=key, compiler_options=_cost_options(),
+                                      node_types=_OUTPUT_TYPES)
         return jax.tree.map(np.asarray, res)
     n = len(layers)
     length = table_length(n)
@@ -515,7 +525,7 @@ def _costs_program(layers: list[Workload], names: tuple[str, ...],
     else:  # the command line's: the traced program kept between runs too
         res = _program_cache.call(_table_costs(names), (spec, w, a, table),
                                   name="table_costs", static=names,
-                                  compiler_options=_cost_options())
+                                  compiler_options=_cost_options(), node_types=_OUTPUT_TYPES)
     return jax.tree.map(lambda x: np.asarray(x)[:n] if np.ndim(x) else np.asarray(x), res)
 
 
