@@ -194,7 +194,8 @@ def compare_end_to_end(model: str, npu: str, rounds: int, before: str | None = N
     for v in warm_dirs:  # fill the warm caches
         if v in variants:
             run(v)
-    print(f"(0) load average at start: {os.getloadavg()}")
+    load_start = os.getloadavg()
+    print(f"(0) load average at start: {load_start}")
     runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     commands: dict[str, list[dict[str, float]]] = {v: [] for v in variants[1:]}
     for _ in range(rounds):
@@ -235,7 +236,7 @@ def compare_end_to_end(model: str, npu: str, rounds: int, before: str | None = N
                   f"{bp / npr:.2f}x less")
     print(f"(0) load average at end: {load_end}")
     return {"end_to_end_cpu_s": med, "whole_command": whole, "end_to_end_rounds": rounds,
-            "load_average": [os.getloadavg(), load_end]}
+            "load_average": [load_start, load_end]}
 
 
 def main() -> None:
