@@ -88,7 +88,7 @@ def _key(name: str, static: Hashable, in_tree: Any, leaves: list[Any],
     import jaxlib
 
     parts = (name, repr(static), str(in_tree), [str(jax.typeof(x)) for x in leaves],
-             bool(jax.config.jax_enable_x64), sorted(compiler_options.items()),
+             bool(jax.config.read("jax_enable_x64")), sorted(compiler_options.items()),
              jax.default_backend(), jax.__version__, jaxlib.__version__, _source_digest())
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 

@@ -32,18 +32,18 @@ from npujax.quantize.spec import LayerQuant as LayerQuant
 from npujax.quantize.spec import QuantSpec as QuantSpec
 from npujax.quantize.spec import quant_spec as quant_spec
 
-if TYPE_CHECKING:  # loaded on first use: QAT imports optax (0.2 s), which lowering never needs
+if TYPE_CHECKING:  # loaded on first use: flax_model imports flax, train optax (0.2 s)
+    from npujax.quantize.flax_model import QuantizedModel as QuantizedModel
+    from npujax.quantize.flax_model import calibrate_model as calibrate_model
+    from npujax.quantize.flax_model import graph_of as graph_of
+    from npujax.quantize.flax_model import quantize_model as quantize_model
+    from npujax.quantize.flax_model import write_back as write_back
     from npujax.quantize.train import TrainConfig as TrainConfig
     from npujax.quantize.train import TrainResult as TrainResult
     from npujax.quantize.train import batch_iterator as batch_iterator
     from npujax.quantize.train import cross_entropy as cross_entropy
     from npujax.quantize.train import evaluate as evaluate
     from npujax.quantize.train import train_graph as train_graph
-    from npujax.quantize.flax_model import QuantizedModel as QuantizedModel
-    from npujax.quantize.flax_model import calibrate_model as calibrate_model
-    from npujax.quantize.flax_model import graph_of as graph_of
-    from npujax.quantize.flax_model import quantize_model as quantize_model
-    from npujax.quantize.flax_model import write_back as write_back
 
 __all__ = ["LayerQuant", "QuantSpec", "quant_spec", "QuantRule", "quant_spec_from_rules",
            "first_last_rules", "Quantizer", "QUANTIZERS", "get_quantizer", "STE", "LSQ",
