@@ -206,9 +206,13 @@ def shapes_only(params: Any) -> Any:
     """``params`` (a pytree of arrays) with every leaf an :class:`AbsentArray` of its shape and
     dtype: for passes whose result is used for its structure only (lowering), which then fold
     the weights abstractly (:func:`apply`) instead of computing them."""
-    return jax.tree.map(lambda x: x if is_absent(x) else AbsentArray(
-        np.shape(x), np.asarray(x).dtype if not hasattr(x, "dtype") else x.dtype,
-        "a weight imported for its shape only (lowering)"), params, is_leaf=is_absent)
+    def absent(x: Any) -> AbsentArray:
+        if is_absent(x):
+            return x
+        dtype = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
+        return AbsentArray(np.shape(x), dtype, "a weight imported for its shape only (lowering)")
+
+    return jax.tree.map(absent, params, is_leaf=is_absent)
 
 
 def bind(prim: Any, args: list[Any], params: dict[str, Any], what: str) -> list[AbsentArray]:
