@@ -77,16 +77,27 @@ _PHASES = """
 import sys, time, resource
 t0 = time.process_time()
 import jax, jax._src.compiler as comp
-spent = {}
+spent, active = {}, []
 def timed(name, f):
+    def g(*a, **k):
+        t = time.process_time()
+        active.append(name)
+        try:
+            return f(*a, **k)
+        finally:
+            active.pop()
+            spent[name] = spent.get(name, 0.0) + time.process_time() - t
+    return g
+def compiled(f):
     def g(*a, **k):
         t = time.process_time()
         try:
             return f(*a, **k)
         finally:
-            spent[name] = spent.get(name, 0.0) + time.process_time() - t
+            key = "XLA compile in " + (active[-1] if active else "other")
+            spent[key] = spent.get(key, 0.0) + time.process_time() - t
     return g
-comp.backend_compile_and_load = timed("XLA compile", comp.backend_compile_and_load)
+comp.backend_compile_and_load = compiled(comp.backend_compile_and_load)
 import npujax.cli.sweep as cs, npujax.workflows.sweep as ws
 spent["imports (jax, npujax)"] = time.process_time() - t0
 cs._load_model = timed("ONNX import + optimize", cs._load_model)
@@ -175,17 +186,24 @@ def pareto(rows: int) -> dict[str, float]:
 
 
 def sweep(checkouts: dict[str, Path]) -> dict[str, dict[str, float]]:
-    out = {}
-    for label, checkout in checkouts.items():
-        with tempfile.TemporaryDirectory() as tmp:
-            env = env_for(checkout, NPUJAX_COMPILE_CACHE=str(Path(tmp) / "cache"))
-            for run in ("cold", "second run"):
-                cpu, err = _child_cpu([sys.executable, "-c", _COUNTED, *README_SWEEP, "--out",
-                                       str(Path(tmp) / run.replace(" ", "_"))], env, checkout)
-                line = next(x for x in err.splitlines() if x.startswith("CACHE"))
-                hits, misses, requests = (int(v) for v in line.split()[1:])
-                out[f"{label}: {run}"] = {"cpu_s": cpu, "cache_hits": hits,
-                                          "compilations": requests - hits}
+    """CPU seconds and compilations of the README sweep, cold and a second time, per checkout;
+    with two checkouts also whether their ``results.csv`` are the same bytes."""
+    out: dict = {}
+    with tempfile.TemporaryDirectory() as keep:
+        for label, checkout in checkouts.items():
+            with tempfile.TemporaryDirectory() as tmp:
+                env = env_for(checkout, NPUJAX_COMPILE_CACHE=str(Path(tmp) / "cache"))
+                for run in ("cold", "second run"):
+                    folder = Path(keep) / f"{label}-{run.replace(' ', '_')}"
+                    cpu, err = _child_cpu([sys.executable, "-c", _COUNTED, *README_SWEEP,
+                                           "--out", str(folder)], env, checkout)
+                    line = next(x for x in err.splitlines() if x.startswith("CACHE"))
+                    hits, misses, requests = (int(v) for v in line.split()[1:])
+                    out[f"{label}: {run}"] = {"cpu_s": cpu, "cache_hits": hits,
+                                              "compilations": requests - hits}
+        csvs = {(Path(keep) / f"{label}-cold" / "results.csv").read_bytes()
+                for label in checkouts}
+        out["results.csv identical"] = len(csvs) == 1
     return out
 
 
@@ -199,9 +217,16 @@ def phases(checkout: Path) -> dict[str, float]:
                              str(Path(tmp) / "out")], env, checkout)
     spent = ast.literal_eval(next(x for x in err.splitlines()
                                   if x.startswith("PHASES"))[len("PHASES "):])
-    ev = spent.pop("evaluate (trace, lower, compile, run)")
-    spent["evaluate: trace, lower, run"] = ev - spent["XLA compile"]
-    spent["other"] = spent["total"] - sum(v for k, v in spent.items() if k != "total")
+    # each phase without the compilations inside it (reported as their own lines)
+    for phase in ("ONNX import + optimize", "evaluate (trace, lower, compile, run)"):
+        spent[phase] -= spent.get(f"XLA compile in {phase}", 0.0)
+    spent["evaluate: trace, lower, run"] = spent.pop("evaluate (trace, lower, compile, run)")
+    spent["XLA compile: the sweep's program(s)"] = spent.pop(
+        "XLA compile in evaluate (trace, lower, compile, run)", 0.0)
+    spent["XLA compile: ONNX import's folds"] = spent.pop(
+        "XLA compile in ONNX import + optimize", 0.0)
+    spent["other (imports in run, spec, grid)"] = spent["total"] - sum(
+        v for k, v in spent.items() if k != "total")
     return spent
 
 
@@ -367,9 +392,13 @@ def main() -> None:
     if not args.no_sweep:
         result["sweep"] = sweep(checkouts)
         print("(3) README sweep in a fresh process, CPU s (persistent compile cache)")
+        same = result["sweep"].pop("results.csv identical")
         for k, v in result["sweep"].items():
             print(f"    {k:32s} {v['cpu_s']:7.2f}   {v['compilations']:3d} compilations, "
                   f"{v['cache_hits']:3d} cache hits")
+        result["results_csv_identical"] = same
+        if len(checkouts) > 1:
+            print(f"    results.csv of the checkouts byte for byte the same: {same}")
         result["phases"] = phases(HERE)
         print("    where a cold run's CPU goes (after), s:")
         for k, v in result["phases"].items():

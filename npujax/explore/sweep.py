@@ -2,11 +2,14 @@
 through the one cost program (:func:`npujax.plan.program_costs`: every cost pass the spec's
 switches call for, as :func:`npujax.lower` applies them), vmapped and sharded over devices.
 
-For each combination of the grid's static axes (dataflow, precision scaling, layout and operator
-fields: they change the program or the workloads) the layers' workloads are built once and one
+For each combination of the grid's static axes other than the dataflow (precision scaling,
+mapping, layout and operator fields: they change the program's formulas or the workloads; a grid
+of numeric fields, bit widths and dataflows has none) the layers' workloads are built once and one
 jitted program evaluates all the configurations of that combination: ``jax.vmap`` over a
 stacked :class:`~npujax.NpuSpec` (its numeric leaves ``[n]`` arrays, int64/float64:
-:func:`npujax.hw.fields.stack`) and the ``bits`` axis, sharded over the local devices by a
+:func:`npujax.hw.fields.stack`), the ``bits`` axis and the dataflow's index (the program costs
+every dataflow of the grid, :func:`npujax.plan.program_costs`, and each configuration takes its
+own by an exact select), sharded over the local devices by a
 ``jax.sharding.Mesh`` with one ``config`` axis (``NamedSharding(mesh, P("config"))`` on every input
 and output; sharded ``jit``). The configurations are independent, and each configuration's layer
 sums take one fixed order (:func:`npujax.plan.layer_sums`), so the sharded program runs the same
