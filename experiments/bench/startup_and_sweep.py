@@ -369,6 +369,8 @@ def main() -> None:
     ap.add_argument("--big", type=int, default=1_000_000,
                     help="configurations of part (4) (0 skips it)")
     ap.add_argument("--out", help="write the figures as JSON")
+    ap.add_argument("--keep", help="an earlier --out JSON: its parts this run skips are kept "
+                    "in --out and the plot (e.g. a long part 4 measured once)")
     ap.add_argument("--plot", help="write a bar chart (PNG)")
     args = ap.parse_args()
     checkouts = {"after": HERE}
@@ -410,6 +412,12 @@ def main() -> None:
         for k, v in result["big"].items():
             print(f"    {k:38s} {v:11.4g}")
     result["load_after"] = os.getloadavg()
+    if args.keep:
+        earlier = json.loads(Path(args.keep).read_text())
+        for part in ("startup", "pareto", "sweep", "phases", "big"):
+            if part not in result and part in earlier:
+                result[part] = earlier[part]
+                result.setdefault("kept_from_earlier_run", []).append(part)
     print(f"load average before {result['load_before'][0]:.1f}, after "
           f"{result['load_after'][0]:.1f} on {result['cpus']} CPUs")
     if args.out:
