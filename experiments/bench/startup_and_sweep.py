@@ -351,7 +351,8 @@ def _plot_sweep(fig, result: dict) -> None:
         vals = [b["program steady (layer evals/CPU s)"], b["end to end (layer evals/CPU s)"]]
         axes[2].barh(labels, vals, color=["C1", "C4"])
         axes[2].axvline(0.3 * vals[0], color="C3", ls="--", label="30 % of steady")
-        axes[2].set_xlabel(f"layer evals / CPU s, {int(b['configurations']):,} configs")
+        axes[2].set_xlabel("layer evaluations / CPU s")
+        axes[2].set_title(f"{int(b['configurations']):,} configurations", fontsize=9)
         axes[2].legend(loc="lower right", fontsize=7)
         axes[2].tick_params(axis="y", labelsize=7)
     fig.tight_layout()
