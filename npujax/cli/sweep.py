@@ -208,5 +208,5 @@ def _load_model(args: argparse.Namespace):
 
     shapes = parse_input_shapes(args.input_shape or [])
     if str(args.model).lower().endswith(".onnx"):
-        return import_onnx_for_lowering(args.model, shapes, None, shapes_only=True)
+        return import_onnx_for_lowering(args.model, shapes, None)
     return load_model(args.model, shapes)[0]

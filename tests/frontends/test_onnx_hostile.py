@@ -323,9 +323,6 @@ def test_missing_external_weights_lower_for_shapes_only(secret_cwd, caplog):
     real = import_onnx_for_lowering(path, None, None)
     assert real.source == "onnx" and lowered.source == SHAPES_ONLY_SOURCE
     assert repr((lowered.nodes, lowered.tensors)) == repr((real.nodes, real.tensors))
-    # the sweep's import sets every weight aside: the same graph
-    swept = import_onnx_for_lowering(path, None, None, shapes_only=True)
-    assert repr((swept.nodes, swept.tensors)) == repr((real.nodes, real.tensors))
 
 
 def test_shapes_only_keeps_every_other_external_data_check(secret_cwd):
