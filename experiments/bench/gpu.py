@@ -154,26 +154,31 @@ def forward(graph_path: str, smoke: bool, seconds: float) -> dict:
             shape = [batch, 3, 48, 192]
         x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
         graph, params = from_onnx(graph_path, {inp.name: tuple(shape)})
-        f = jax.jit(lambda p, v: execute(graph, p, v))
+        f = jax.jit(lambda p, v, g=graph: execute(g, p, v))
         params = jax.device_put(params)
         xs = jax.device_put(jnp.asarray(x))
         y = np.asarray(jax.block_until_ready(f(params, xs)))
         ref = sess.run(None, {inp.name: x})[0]
         row = {"max_abs_diff": float(np.max(np.abs(np.asarray(y).reshape(ref.shape) - ref)))}
-        for name, call in (("jax", lambda: jax.block_until_ready(f(params, xs))),
-                           ("onnxruntime", lambda: sess.run(None, {inp.name: x}))):
-            call()
-            calls, t = 0, time.perf_counter()
-            while time.perf_counter() - t < seconds or calls < 3:
-                call()
-                calls += 1
-            row[f"{name} ms"] = 1e3 * (time.perf_counter() - t) / calls
+        row["jax ms"] = _ms_per_call(lambda f=f, p=params, v=xs: jax.block_until_ready(f(p, v)),
+                                     seconds)
+        row["onnxruntime ms"] = _ms_per_call(lambda x=x: sess.run(None, {inp.name: x}), seconds)
         row["jax / onnxruntime"] = row["jax ms"] / row["onnxruntime ms"]
         out[f"batch {batch}"] = row
         print(f"    batch {batch}: JAX {row['jax ms']:.3f} ms, onnxruntime ({provider}) "
               f"{row['onnxruntime ms']:.3f} ms, ratio {row['jax / onnxruntime']:.2f}, "
               f"max |diff| {row['max_abs_diff']:.2e}", flush=True)
     return out
+
+
+def _ms_per_call(call, seconds: float) -> float:
+    """Milliseconds of wall time per call, after one warm-up call, over ``seconds`` (>= 3)."""
+    call()
+    calls, t = 0, time.perf_counter()
+    while time.perf_counter() - t < seconds or calls < 3:
+        call()
+        calls += 1
+    return 1e3 * (time.perf_counter() - t) / calls
 
 
 def plot(result: dict, path: Path) -> None:
