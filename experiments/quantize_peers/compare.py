@@ -689,8 +689,8 @@ def main() -> None:
                    help="peers: keep this peer row of WORK/results.json from an earlier call "
                    "instead of recomputing it (e.g. 'NNCF accuracy control (max_drop 0.01)')")
     p.add_argument("--skip", action="append", default=[], metavar="MODEL:LABEL=REASON",
-                   help="peers: do not run this peer on this model; its row says REASON (e.g. "
-                   "'ppocr_rec:ORT Entropy=out of memory')")
+                   help="peers: do not run this peer on this model; its row says REASON "
+                   "(no '=' in it; e.g. 'ppocr_rec:ORT Entropy=out of memory')")
     a = p.parse_args()
     models = [m for m in a.models.split(",") if m]
     bad = sorted(set(models) - set(MODELS))
@@ -701,7 +701,7 @@ def main() -> None:
                 a.vit_cache)
     elif a.half == "peers":
         peers(a.work, models, tuple(a.keep),
-              dict(v.split("=", 1) for v in a.skip))
+              dict(v.rsplit("=", 1) for v in a.skip))  # labels may hold "="
     else:
         plot(a.work, a.png)
 

@@ -75,8 +75,8 @@ def main() -> None:
     a = ap.parse_args()
 
     import jax
-
     from compare import _ctc_greedy, _edit_distance
+
     from npujax.frontends.onnx import from_onnx
     from npujax.ir.execute import execute
     from npujax.ir.passes import optimize
