@@ -517,7 +517,7 @@ def peers(work: Path, models: list[str], keep: tuple[str, ...] = (),
             why = skip.get(f"{name}:{label}")
             if why is not None:
                 rows[label] = {"accuracy": None, "failed": True, "error": f"not run: {why}",
-                               "seconds": float("nan"), "cpu_seconds": float("nan")}
+                               "seconds": None, "cpu_seconds": None}
                 print(f"{name}: {label}: not run ({why})")
                 return True
             if label in keep and label in prev:
