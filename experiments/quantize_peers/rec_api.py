@@ -4,12 +4,14 @@
 while XLA compiled its weight/activation sensitivity statistics: one program running the
 model twice per quantized layer, 51 layers). This script does what that command does before
 the sensitivity report, with the same functions: import, optimize, ``quant_spec(graph, 8,
-8)`` (every GEMM, attention's two-activation MatMuls included), minmax calibration on
-``WORK/ppocr_rec/calib.npy``, the empirical bias correction, and ``npujax.to_onnx``;
-it writes ``WORK/ppocr_rec/npujax_api_minmax/model.qdq.onnx`` and adds the run (wall and CPU
+8)`` (every GEMM, attention's two-activation MatMuls included), calibration (``--method``,
+default minmax) on ``WORK/ppocr_rec/calib.npy``, the empirical bias correction, and
+``npujax.to_onnx``;
+it writes ``WORK/ppocr_rec/npujax_api_METHOD/model.qdq.onnx`` and adds the run (wall and CPU
 seconds) to ``runs.json``, so ``compare.py peers`` scores it like every other file.
 
 Usage: PYTHONPATH=. python3 experiments/quantize_peers/rec_api.py --work /tmp/qpeers
+[--method entropy]
 """
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--method", default="minmax", help="calibration observer (as npujax "
+                    "quantize --method)")
     a = ap.parse_args()
     t0, c0 = time.perf_counter(), os.times()
     import npujax as nj
@@ -40,9 +44,9 @@ def main() -> None:
     q = quant_spec(graph, 8, 8)
     xc = np.load(d / "calib.npy")
     cal = [xc[i:i + a.batch] for i in range(0, len(xc), a.batch)]
-    qstate = calibrate(graph, params, cal, q, observer="minmax", progress=True)
+    qstate = calibrate(graph, params, cal, q, observer=a.method, progress=True)
     params = bias_correction(graph, params, q, cal, qstate)
-    out = d / "npujax_api_minmax"
+    out = d / f"npujax_api_{a.method}"
     out.mkdir(exist_ok=True)
     nj.to_onnx(graph, params, q, qstate, path=out / "model.qdq.onnx")
     c1 = os.times()
@@ -50,7 +54,7 @@ def main() -> None:
     wall = time.perf_counter() - t0
     (out / "quantize.json").write_text(json.dumps({"accuracy": None, "float_accuracy": None}))
     runs = json.loads((d / "runs.json").read_text())
-    runs["npujax_runs"]["npujax minmax (Python API, no sensitivity report)"] = {
+    runs["npujax_runs"][f"npujax {a.method} (Python API, no sensitivity report)"] = {
         "dir": out.name, "seconds": wall, "cpu_seconds": cpu, "ok": True,
         "cmd": "experiments/quantize_peers/rec_api.py"}
     (d / "runs.json").write_text(json.dumps(runs, indent=1))
