@@ -155,7 +155,8 @@ def sensitivity_split(
             # one layer isolated: its deployed weights and bias (weight-only) in the float
             # model, every other layer as in the float model (a bias that bias correction set
             # for another layer's quantized weights would be that layer's error, not this one's)
-            pk = {**r, key[0]: p[key[0]]} if key[1] == "weight" else r
+            # (an attention MatMul/Einsum has no params: its "weight" is its second operand)
+            pk = {**r, key[0]: p[key[0]]} if key[1] == "weight" and key[0] in p else r
             yq = execute(graph, pk, x, quant=q, qstate=qstate)
             out["/".join(key)] = jnp.sum(jnp.square(yq - yf))
         if whole_model:
