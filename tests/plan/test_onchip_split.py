@@ -26,8 +26,13 @@ def test_split_spec_by_hand():
         assert float(s.memory.ifmap_sram_bytes) == float(s.memory.ofmap_sram_bytes) == 1_032_192
         assert float(s.memory.parameter_cache_bytes) == 6_193_152
     assert s.memory.sram_split == "fixed"
+    # a per-model split needs the SRAM's size; a fixed one does not read it
     with pytest.raises(ConfigError, match="onchip_sram_bytes"):
-        load_npu_spec("coral_edgetpu").with_fields({"memory.sram_split": "per_model"})
+        spec.with_fields({"memory.onchip_sram_bytes": 0})
+    with pytest.raises(ConfigError, match="onchip_sram_bytes"):
+        load_npu_spec("edge_16x16").with_fields({"memory.onchip_sram_bytes": 1 << 20})
+    with pytest.raises(ConfigError, match="filter buffer"):
+        spec.with_fields({"memory.onchip_sram_bytes": 131072})
 
 
 def test_the_model_gets_its_fastest_split():
