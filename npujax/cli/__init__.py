@@ -130,6 +130,10 @@ def compile_cache() -> str | None:
     folder that is the user's own (:func:`private_folder`): one another user could write
     (a shared ``NPUJAX_CACHE``) is skipped with a warning, and the programs are compiled.
 
+    In a folder it set up itself it also keeps the traced cost programs of ``npujax lower``
+    (``npujax._program_cache``, ``jax.export``), so that a later run neither traces nor
+    compiles them, and their compiled programs however fast they compiled.
+
     Returns:
       The cache folder in use, or None.
     """
@@ -154,6 +158,9 @@ def compile_cache() -> str | None:
             f"{COMPILE_CACHE_ENV}=off.")
         return None
     jax.config.update("jax_compilation_cache_dir", folder)
+    from npujax import _program_cache
+
+    _program_cache.enable(folder)
     return folder
 
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from npujax.errors import GraphError
 
-__all__ = ["AbsentArray", "is_absent", "any_absent", "apply", "bind"]
+__all__ = ["AbsentArray", "is_absent", "any_absent", "apply", "bind", "shapes_only"]
 
 
 class AbsentArray:
@@ -200,6 +200,19 @@ def apply(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     specs = jax.tree.map(_spec, args, is_leaf=is_absent)
     out = jax.eval_shape(lambda *a: fn(*a, **kwargs), *specs)
     return jax.tree.map(lambda s: AbsentArray(s.shape, s.dtype, what), out)
+
+
+def shapes_only(params: Any) -> Any:
+    """``params`` (a pytree of arrays) with every leaf an :class:`AbsentArray` of its shape and
+    dtype: for passes whose result is used for its structure only (lowering), which then fold
+    the weights abstractly (:func:`apply`) instead of computing them."""
+    def absent(x: Any) -> AbsentArray:
+        if is_absent(x):
+            return x
+        dtype = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
+        return AbsentArray(np.shape(x), dtype, "a weight imported for its shape only (lowering)")
+
+    return jax.tree.map(absent, params, is_leaf=is_absent)
 
 
 def bind(prim: Any, args: list[Any], params: dict[str, Any], what: str) -> list[AbsentArray]:

@@ -19,8 +19,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from npujax import _program_cache
 from npujax.errors import ConfigError
-from npujax.hw.energy import area_breakdown
+from npujax.hw.energy import AreaBreakdown, area_breakdown
 from npujax.hw.spec import NpuSpec, as_spec
 from npujax.ir.graph import Graph
 from npujax.ir.passes import rebatch
@@ -28,7 +29,12 @@ from npujax.plan.costs import BREAKDOWN, LayerCosts, first_consumers
 from npujax.plan.decompose import Decomposition, choose_rewrites
 from npujax.plan.liveness import peak_activation_bytes
 from npujax.plan.passes import cross_layer
-from npujax.plan.passes.attention import ATTENTION_MODES, AttentionChain, attention_chains
+from npujax.plan.passes.attention import (
+    ATTENTION_MODES,
+    AttentionChain,
+    AttentionCosts,
+    attention_chains,
+)
 from npujax.plan.passes.base import ProgramCosts
 from npujax.plan.passes.cross_layer import PLACEMENTS, cross_layer_edges
 from npujax.plan.passes.energy import ENERGY_BREAKDOWN, LayerEnergy
@@ -408,7 +414,8 @@ def _cost_options() -> dict[str, Any]:
         return dict(_ONCE)
     options = {**_ONCE, **_LEGACY_EMITTERS}
     try:
-        jax.jit(lambda x: x + 1, compiler_options=options).lower(np.float32(0)).compile()
+        with _program_cache.cache_every_compilation():  # (the command line's: loaded, 5 ms)
+            jax.jit(lambda x: x + 1, compiler_options=options).lower(np.float32(0)).compile()
     except jax.errors.JaxRuntimeError:
         return dict(_ONCE)
     return options
@@ -426,6 +433,10 @@ def _with_total(energy: LayerEnergy) -> LayerEnergy:
     return energy._replace(total_j=mac + register + sram + dram + vector + host)
 
 
+#: The named tuples in the cost programs' outputs (:func:`_program_outputs`).
+_OUTPUT_TYPES = (LayerCosts, LayerEnergy, AreaBreakdown, AttentionCosts)
+
+
 def _program_outputs(out: tuple[ProgramCosts, ...], dataflows: tuple[str, ...],
                      spec: NpuSpec) -> tuple[Any, ...]:
     """``(by_dataflow, energies, area, attention)`` of the cost program's answers, the energies'
@@ -436,6 +447,16 @@ def _program_outputs(out: tuple[ProgramCosts, ...], dataflows: tuple[str, ...],
     return by_df, energy, area_breakdown(spec), att
 
 
+def _static_costs(layers: tuple[Workload, ...], dataflows: tuple[str, ...],
+                  chains: tuple[AttentionChain, ...] = ()):
+    """The cost program of :func:`_jitted_costs`, not jitted: ``(spec, w, a)`` to
+    ``(by_dataflow, energies, area, attention)``."""
+    def run(spec, w, a):
+        out = program_costs(layers, spec, w, a, dataflows=dataflows, chains=chains)
+        return _program_outputs(out, dataflows, spec)
+    return run
+
+
 @functools.lru_cache(maxsize=64)
 def _jitted_costs(layers: tuple[Workload, ...], dataflows: tuple[str, ...],
                   chains: tuple[AttentionChain, ...] = ()):
@@ -443,10 +464,16 @@ def _jitted_costs(layers: tuple[Workload, ...], dataflows: tuple[str, ...],
     in one program (:func:`npujax.plan.program.program_costs`), with each one's energy
     (``total_j`` None: :func:`_with_total` sums it), attention decisions and the area; hardware
     and bits stay traced."""
-    def run(spec, w, a):
-        out = program_costs(layers, spec, w, a, dataflows=dataflows, chains=chains)
+    return jax.jit(_static_costs(layers, dataflows, chains), compiler_options=_cost_options())
+
+
+def _table_costs(dataflows: tuple[str, ...]):
+    """The cost program of :func:`_jitted_table_costs`, not jitted: ``(spec, w, a, table)`` to
+    ``(by_dataflow, energies, area, attention)``."""
+    def run(spec, w, a, table):
+        out = program_costs(table, spec, w, a, dataflows=dataflows)
         return _program_outputs(out, dataflows, spec)
-    return jax.jit(run, compiler_options=_cost_options())
+    return run
 
 
 @functools.lru_cache(maxsize=16)
@@ -455,10 +482,7 @@ def _jitted_table_costs(dataflows: tuple[str, ...]):
     a traced :class:`~npujax.plan.LayerTable` (padded to :func:`~npujax.plan.table.
     table_length` rows, so a program serves all lists of its length), as :func:`_jitted_costs`
     computes them without attention chains (bit for bit: ``tests/plan/test_layer_table.py``)."""
-    def run(spec, w, a, table):
-        out = program_costs(table, spec, w, a, dataflows=dataflows)
-        return _program_outputs(out, dataflows, spec)
-    return jax.jit(run, compiler_options=_cost_options())
+    return jax.jit(_table_costs(dataflows), compiler_options=_cost_options())
 
 
 def _program_spec(spec: NpuSpec) -> NpuSpec:
@@ -482,18 +506,27 @@ def _costs_program(layers: list[Workload], names: tuple[str, ...],
     needs the layers as a static list (attention chains) the program of this list
     (:func:`_jitted_costs`)."""
     if needs_static_layers(spec, chains):
-        run = _jitted_costs(tuple(layers), names, chains)
-        return jax.tree.map(np.asarray, run(spec, wb, ab))
+        key = (tuple(layers), names, chains)
+        if _program_cache.folder() is None:
+            res = _jitted_costs(*key)(spec, wb, ab)
+        else:  # the command line's: the traced program kept between runs too
+            res = _program_cache.call(_static_costs(*key), (spec, wb, ab), name="costs",
+                                      static=key, compiler_options=_cost_options(),
+                                      node_types=_OUTPUT_TYPES)
+        return jax.tree.map(np.asarray, res)
     n = len(layers)
     length = table_length(n)
     table = layer_table(layers, length)
     pad = np.full(length - n, float(DEFAULT_BITS), np.float32)
     w, a = np.concatenate([wb, pad]), np.concatenate([ab, pad])
     spec = _program_spec(spec)
-    run = _jitted_table_costs(names)
-    out = jax.tree.map(lambda x: np.asarray(x)[:n] if np.ndim(x) else np.asarray(x),
-                       run(spec, w, a, table))
-    return out
+    if _program_cache.folder() is None:
+        res = _jitted_table_costs(names)(spec, w, a, table)
+    else:  # the command line's: the traced program kept between runs too
+        res = _program_cache.call(_table_costs(names), (spec, w, a, table),
+                                  name="table_costs", static=names,
+                                  compiler_options=_cost_options(), node_types=_OUTPUT_TYPES)
+    return jax.tree.map(lambda x: np.asarray(x)[:n] if np.ndim(x) else np.asarray(x), res)
 
 
 @functools.lru_cache(maxsize=64)

@@ -1,7 +1,8 @@
 """Quantization applied to a Graph: the precision vocabulary (specs, rules), the quantizers and
 their typed states, fake-quant execution, calibration, PTQ, QAT training and the model file,
 and QAT in the user's own Flax training loop (:mod:`.flax_model`, loaded on first use: it
-imports flax, which the rest of the package and its users, such as ``npujax.lower``, do not)."""
+imports flax, which the rest of the package and its users, such as ``npujax.lower``, do not;
+QAT training, :mod:`.train`, is loaded on first use too: it imports optax)."""
 
 from typing import TYPE_CHECKING
 
@@ -30,19 +31,19 @@ from npujax.quantize.rules import quant_spec_from_rules as quant_spec_from_rules
 from npujax.quantize.spec import LayerQuant as LayerQuant
 from npujax.quantize.spec import QuantSpec as QuantSpec
 from npujax.quantize.spec import quant_spec as quant_spec
-from npujax.quantize.train import TrainConfig as TrainConfig
-from npujax.quantize.train import TrainResult as TrainResult
-from npujax.quantize.train import batch_iterator as batch_iterator
-from npujax.quantize.train import cross_entropy as cross_entropy
-from npujax.quantize.train import evaluate as evaluate
-from npujax.quantize.train import train_graph as train_graph
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # loaded on first use: flax_model imports flax, train optax (0.2 s)
     from npujax.quantize.flax_model import QuantizedModel as QuantizedModel
     from npujax.quantize.flax_model import calibrate_model as calibrate_model
     from npujax.quantize.flax_model import graph_of as graph_of
     from npujax.quantize.flax_model import quantize_model as quantize_model
     from npujax.quantize.flax_model import write_back as write_back
+    from npujax.quantize.train import TrainConfig as TrainConfig
+    from npujax.quantize.train import TrainResult as TrainResult
+    from npujax.quantize.train import batch_iterator as batch_iterator
+    from npujax.quantize.train import cross_entropy as cross_entropy
+    from npujax.quantize.train import evaluate as evaluate
+    from npujax.quantize.train import train_graph as train_graph
 
 __all__ = ["LayerQuant", "QuantSpec", "quant_spec", "QuantRule", "quant_spec_from_rules",
            "first_last_rules", "Quantizer", "QUANTIZERS", "get_quantizer", "STE", "LSQ",

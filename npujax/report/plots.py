@@ -10,16 +10,16 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.patches import Patch
 
 from npujax._atomic import atomic_write_bytes
 from npujax.plan.costs import BREAKDOWN
 from npujax.plan.lower import Schedule
+
+if TYPE_CHECKING:  # matplotlib is imported when a plot is drawn (0.3 s: not for every command)
+    from matplotlib.figure import Figure
 
 __all__ = ["plot_layer_latency", "plot_breakdown", "plot_roofline", "plot_measured_vs_modelled",
            "new_figure", "save_figure", "MAX_BARS"]
@@ -45,6 +45,9 @@ def _shown(total: int, shown: int) -> str:
 
 def new_figure(width: float, height: float) -> tuple[Figure, Any]:
     """A figure of ``width x height`` inches with one axes, on its own Agg canvas."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(width, height))
     FigureCanvasAgg(fig)
     return fig, fig.add_subplot()
@@ -70,6 +73,8 @@ def plot_layer_latency(
     All schedules must have the same layers (e.g. INT8 vs mixed precision, or dataflows).
     Returns the figure (saved at ``path`` unless None).
     """
+    from matplotlib.patches import Patch
+
     labels = list(schedules)
     first = schedules[labels[0]].layers
     keep = _slowest(first, MAX_BARS)

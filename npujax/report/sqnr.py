@@ -7,13 +7,15 @@ import io
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from matplotlib.figure import Figure
 from rich.table import Table
 
 from npujax._atomic import atomic_write_text
 from npujax.report.plots import new_figure, save_figure
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["sqnr_table", "sqnr_markdown", "plot_layer_sqnr", "write_sqnr_report"]
 

@@ -1,0 +1,236 @@
+"""Traced programs kept between processes (:mod:`jax.export`), next to JAX's compile cache.
+
+JAX's persistent compilation cache (``npujax.cli.compile_cache``) skips XLA's compilation of a
+program it has compiled before, but a fresh process still traces the Python function and lowers
+it to StableHLO to find the program's key: for the cost program of ``npujax lower`` (three
+dataflows, ~5,000 operations) that is 0.5 CPU s, about as long as loading the compiled program.
+:func:`call` keeps the *traced* program too: the first call of a signature exports it
+(``jax.export``: trace and lower once, as ``jax.jit`` would) and writes it to the folder; a later
+process reads it back (a few milliseconds) and compiles it through the persistent cache, with
+no Python tracing. Every call runs the exported program, the first as the later ones, so both
+give the same numbers bit for bit, and the XLA program they compile is one (one cache entry).
+
+A program is keyed by everything its trace depends on: the caller's name and static values,
+the arguments' tree structure (static fields of dataclasses included) and each leaf's shape,
+dtype and weak type, the ``jax_enable_x64`` mode, the compiler options, the backend, the
+versions of jax and jaxlib and a digest of npujax's own source files (an edited checkout traces
+anew). The folder holds what the process runs, so it is used only where the command line
+enabled it (:func:`enable`): in its compile-cache folder, which it checked no other user can
+write. Nothing is unpickled: the program's arguments enter flat (their structure is the
+caller's), and its output's structure is jax.export's own serialization (tuples, dicts and the
+named tuples the caller registers).
+
+Reference: JAX documentation, "Exporting and serializing staged-out computations"
+(``jax.export``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import logging
+import os
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from npujax._atomic import atomic_write_bytes
+
+__all__ = ["enable", "folder", "call", "cache_every_compilation"]
+
+_log = logging.getLogger(__name__)
+
+#: Sub-folder of the compile-cache folder holding the exported programs.
+SUBFOLDER = "npujax-exported"
+#: First bytes of a program file (the format's version in its last byte).
+_MAGIC = b"npujax-exported\x02"
+
+_folder: Path | None = None
+#: In this process: program key -> jitted call of the exported program.
+_loaded: dict[str, Callable[..., Any]] = {}
+#: The named tuples registered for jax.export's serialization of tree structures.
+_registered: set[type] = set()
+
+
+def enable(path: str | os.PathLike[str] | None) -> None:
+    """Keep exported programs in ``path/npujax-exported`` (None: do not keep them).
+
+    ``path`` must be a folder only this user can write (the caller checks it, as
+    ``npujax.cli.compile_cache`` does): the programs read from it are run.
+    """
+    global _folder
+    _folder = None if path is None else Path(path) / SUBFOLDER
+
+
+def folder() -> Path | None:
+    """The folder of exported programs in use, or None (:func:`call` then only jits)."""
+    return _folder
+
+
+@functools.lru_cache(maxsize=1)
+def _source_digest() -> str:
+    """sha256 of npujax's ``.py`` files (paths and contents): a program traced by other source
+    is never reused."""
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*.py")):
+        h.update(str(p.relative_to(root)).encode())
+        h.update(b"\0")
+        h.update(p.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _key(name: str, static: Hashable, in_tree: Any, leaves: list[Any],
+         compiler_options: dict[str, Any]) -> str:
+    import jax
+    import jaxlib
+
+    parts = (name, repr(static), str(in_tree), [str(jax.typeof(x)) for x in leaves],
+             bool(jax.config.read("jax_enable_x64")), sorted(compiler_options.items()),
+             jax.default_backend(), jax.__version__, jaxlib.__version__, _source_digest())
+    return hashlib.sha256(repr(parts).encode()).hexdigest()
+
+
+def _register(node_types: Sequence[type]) -> None:
+    """Make the named tuples ``node_types`` serializable in exported programs' output trees
+    (once per process; the name is the class's import path)."""
+    from jax import export
+
+    for t in node_types:
+        if t not in _registered:
+            export.register_namedtuple_serialization(
+                t, serialized_name=f"{t.__module__}.{t.__qualname__}")
+            _registered.add(t)
+
+
+def _read(path: Path) -> Any:
+    """The exported program in ``path``, or None if absent or unreadable."""
+    from jax import export
+
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    try:
+        if not data.startswith(_MAGIC):
+            raise ValueError("not a program file")
+        return export.deserialize(bytearray(data[len(_MAGIC):]))
+    except Exception as e:  # noqa: BLE001 - any damage: trace and write it anew
+        _log.debug("ignoring the exported program %s (%s)", path, e)
+        return None
+
+
+def _write(path: Path, exported: Any) -> None:
+    try:
+        data = _MAGIC + bytes(exported.serialize())
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        atomic_write_bytes(path, data)
+    except Exception as e:  # noqa: BLE001 - a cache: the run goes on without it
+        _log.debug("not keeping the exported program %s (%s)", path, e)
+
+
+def _export(fn: Callable[..., Any], in_tree: Any, leaves: list[Any]) -> Any:
+    """``fn`` traced and lowered on leaves of ``in_tree``: the exported program of the flat
+    leaves (its output is ``fn``'s pytree)."""
+    import jax
+    from jax import export
+
+    def flat(*xs: Any) -> Any:
+        return fn(*jax.tree.unflatten(in_tree, xs))
+
+    return export.export(jax.jit(flat))(*leaves)
+
+
+@contextlib.contextmanager
+def cache_every_compilation() -> Iterator[None]:
+    """Where :func:`folder` is enabled, the persistent cache keeps the programs compiled in the
+    block however fast they compiled (JAX's threshold is a second; the cost program compiles in
+    about one, and loads in a third of that); elsewhere nothing changes."""
+    import jax
+
+    if _folder is None:
+        yield
+        return
+    option = "jax_persistent_cache_min_compile_time_secs"
+    before = getattr(jax.config, option)
+    jax.config.update(option, 0.0)
+    try:
+        yield
+    finally:
+        jax.config.update(option, before)
+
+
+def exported_of(run: Any) -> Any:
+    """The exported program a :func:`call` entry runs."""
+    return getattr(run, "__npujax_exported__", None)
+
+
+@contextlib.contextmanager
+def _no_lapack(exported: Any) -> Iterator[None]:
+    """Lower a program without custom calls without initialising LAPACK.
+
+    Lowering an exported program for the CPU first initialises jaxlib's LAPACK kernels
+    (``jax._src.export._export._ensure_backends_initialized``), which imports scipy: 0.3 CPU s,
+    a third of a warm ``npujax lower``, for kernels that only a program with custom calls
+    (``stablehlo.custom_call``: linear algebra) can run. A program whose serialized module names
+    no custom call skips it; anything else, or a jax without that function, runs as it is.
+    """
+    from jax._src.export import _export
+
+    skip = (exported is not None and b"custom_call" not in exported.mlir_module_serialized
+            and callable(getattr(_export, "_ensure_backends_initialized", None)))
+    if not skip:
+        yield
+        return
+    before = _export._ensure_backends_initialized
+    _export._ensure_backends_initialized = lambda platforms: None
+    try:
+        yield
+    finally:
+        _export._ensure_backends_initialized = before
+
+
+def call(fn: Callable[..., Any], args: tuple[Any, ...], *, name: str, static: Hashable = (),
+         compiler_options: dict[str, Any] | None = None,
+         node_types: Sequence[type] = ()) -> Any:
+    """``jax.jit(fn, compiler_options=...)(*args)``, through an exported program kept in
+    :func:`folder` (plain ``jax.jit`` where none is enabled).
+
+    Args:
+      fn: a pure function of ``args`` (a pytree of arrays and scalars) returning a pytree of
+        arrays; everything else it depends on must be in ``name`` and ``static``.
+      args: the arguments.
+      name: the program's name (one per function).
+      static: the values ``fn`` closes over (its repr enters the key).
+      compiler_options: XLA options, as for :func:`jax.jit`.
+      node_types: the named tuples in ``fn``'s output (tuples, lists, dicts and None need
+        none).
+
+    Returns:
+      ``fn(*args)``'s pytree of arrays.
+
+    Raises:
+      ValueError: ``fn``'s output holds a node type other than those and ``node_types``.
+    """
+    import jax
+
+    options = dict(compiler_options or {})
+    if _folder is None:
+        return jax.jit(fn, compiler_options=options)(*args)
+    leaves, in_tree = jax.tree.flatten(args)
+    key = _key(name, static, in_tree, leaves, options)
+    run = _loaded.get(key)
+    if run is None:
+        _register(node_types)
+        path = _folder / f"{name}-{key[:40]}"
+        exported = _read(path)
+        if exported is None:
+            exported = _export(fn, in_tree, leaves)
+            _write(path, exported)
+        run = jax.jit(exported.call, compiler_options=options)
+        run.__npujax_exported__ = exported  # type: ignore[attr-defined]
+        _loaded[key] = run
+    with cache_every_compilation(), _no_lapack(exported_of(run)):
+        return run(*leaves)
