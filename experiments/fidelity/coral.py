@@ -9,8 +9,9 @@ where no constructor of the exact architecture exists). The ONNX exports are NCH
 ``npujax fit --table``, the script builds them channels-last on this NHWC preset
 (``table_graph(row, layout)``), as Coral's TensorFlow Lite models are.
 
-1. **USB Accelerator** (``coral_edgetpu``): ``fit --table`` of the off-chip (USB) rate and
-   the fixed cost per inference, leave-one-out over every row with an architecture.
+1. **USB Accelerator** (``coral_edgetpu``): ``fit --table`` of the off-chip (USB) rate, the
+   fixed cost per inference and the vector unit's width (``FIELDS``), leave-one-out over every
+   row with an architecture.
 2. **Dev Board** (``coral_devboard``): (a) predicted from the USB fit by changing only the host
    numbers (the Dev Board preset's CPU and PCIe link, the USB fit's invocation overhead: no
    Dev Board measurement used); (b) the same with the link rate refitted on the Dev Board's own
