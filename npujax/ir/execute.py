@@ -19,6 +19,7 @@ observers, per-layer SQNR, sensitivities): see :data:`Observe` and :func:`tap`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -33,8 +34,8 @@ from npujax.limits import check_bytes, get_limits
 from npujax.ops import OPS, run_op, weight_role
 from npujax.ops.registry import NARROW_FLOATS
 
-__all__ = ["execute", "check_run", "as_inputs", "layer_state", "tap", "Observe",
-           "LayerQuantization", "NodeQuantizer"]
+__all__ = ["execute", "inference", "check_run", "as_inputs", "layer_state", "tap", "Observe",
+           "LayerQuantization", "NodeQuantizer", "MAX_CONSTANT_BYTES"]
 
 #: ``observe(node, inputs, outputs)``, called twice for every node in graph order:
 #:
@@ -206,14 +207,7 @@ def execute(
       GraphError: the graph was imported for its shapes only (``from_onnx(...,
         weights="shapes")`` with its external-data files absent): it has no real weights.
     """
-    if graph.source == SHAPES_ONLY_SOURCE:
-        raise GraphError("this graph was imported for its shapes only (its ONNX external-data "
-                         "files were missing, so its weights have no values); place the data files "
-                         "next to the model and import it again to execute it.")
-    if any_absent(params):
-        raise GraphError("these params hold weights known by their shapes only (traced or "
-                         "imported without their values, npujax.ir.absent): a model is "
-                         "executed with its real weights; trace or import it with them.")
+    _check_real_weights(graph, params)
     xs = as_inputs(graph, x)
     check_run(graph, int(xs[0].shape[0]) if xs and xs[0].ndim else 1)
     if xs and xs[0].ndim and xs[0].shape[0] != 1 and _batch_folded(graph):
@@ -253,6 +247,87 @@ def execute(
     result = tuple(env[t] for t in graph.outputs)
     out = result[0] if len(result) == 1 else result
     return out if observe is None else (out, records)
+
+
+#: Weights up to this many bytes are built into :func:`inference`'s program as constants; a
+#: larger model's are passed as arguments (XLA would copy them into the program and the
+#: persistent compilation cache key).
+MAX_CONSTANT_BYTES = 64 << 20
+
+
+def inference(
+    graph: Graph,
+    params: Params,
+    *,
+    quant: Mapping[str, LayerQuantization] | None = None,
+    qstate: Mapping[str, Any] | None = None,
+    max_constant_bytes: int = MAX_CONSTANT_BYTES,
+) -> Callable[[Any], Any]:
+    """A compiled forward pass of ``graph`` with fixed weights: ``f = inference(graph, params);
+    y = f(x)`` computes ``execute(graph, params, x, quant=quant, qstate=qstate)``.
+
+    The weights and the quantizer state are built into the program as constants (host copies
+    taken now) instead of being passed as one argument per tensor (the PP-OCR classifier has
+    214): XLA then folds everything that depends on the weights alone at compile time (kernel
+    transposes and per-tap slices, BatchNormalization's ``rsqrt(var + eps)``, the fake-quantized
+    kernels of ``quant``), and a call passes one input buffer. The numbers are those of
+    :func:`execute` jitted with the weights as arguments up to float rounding: the same
+    operations, some evaluated by XLA's constant folder (on the PP-OCR models the outputs
+    differ by at most 1 ulp of the largest value, ``experiments/bench/execution.py``). Use it to
+    run a model; train, calibrate or search (weights or state that change) with
+    :func:`execute` and the weights as arguments.
+
+    Compilation happens at the first call for each input shape (``jax.jit``); the program,
+    weights included, is the key of JAX's persistent compilation cache when one is set
+    (``npujax.cli.compile_cache`` for the command line, or ``jax_compilation_cache_dir``), so
+    another process running the same model compiles nothing.
+
+    Args:
+      graph: the model graph.
+      params: ``{node_name: {role: array}}``, as for :func:`execute`.
+      quant: as for :func:`execute` (None runs in float).
+      qstate: as for :func:`execute`: the calibrated or trained quantizer state.
+      max_constant_bytes: weights (params and qstate together) larger than this are passed as
+        arguments instead of constants.
+
+    Returns:
+      ``f(x) -> output``: ``x`` as for :func:`execute` (an array ``(batch, ...)`` or a sequence
+      of them); the output as :func:`execute` returns it.
+
+    Raises:
+      GraphError: the graph or its params hold weights known by their shapes only (as
+        :func:`execute`; raised here, before anything is compiled).
+      ShapeError, ConfigError, UnsupportedOpError, LimitError: at the call, as :func:`execute`.
+    """
+    _check_real_weights(graph, params)
+    host = jax.tree.map(np.asarray, params)
+    state = None if qstate is None else jax.tree.map(np.asarray, qstate)
+    nbytes = sum(int(a.nbytes) for a in jax.tree.leaves((host, state)))
+    if nbytes <= max_constant_bytes:
+        return jax.jit(functools.partial(_run_fixed, graph, host, quant, state))
+    run = jax.jit(functools.partial(_run_passed, graph, quant))
+    weights = jax.device_put((host, state))
+    return functools.partial(run, weights)
+
+
+def _check_real_weights(graph: Graph, params: Params) -> None:
+    """Refuse a graph imported for its shapes only, or params without values."""
+    if graph.source == SHAPES_ONLY_SOURCE:
+        raise GraphError("this graph was imported for its shapes only (its ONNX external-data "
+                         "files were missing, so its weights have no values); place the data files "
+                         "next to the model and import it again to execute it.")
+    if any_absent(params):
+        raise GraphError("these params hold weights known by their shapes only (traced or "
+                         "imported without their values, npujax.ir.absent): a model is "
+                         "executed with its real weights; trace or import it with them.")
+
+
+def _run_fixed(graph: Graph, params: Params, quant: Any, qstate: Any, x: Any) -> Any:
+    return execute(graph, params, x, quant=quant, qstate=qstate)
+
+
+def _run_passed(graph: Graph, quant: Any, weights: tuple[Params, Any], x: Any) -> Any:
+    return execute(graph, weights[0], x, quant=quant, qstate=weights[1])
 
 
 def check_run(graph: Graph, batch: int) -> None:

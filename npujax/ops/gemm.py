@@ -47,6 +47,14 @@ def _pad(c: int, align: int) -> int:
 # Conv
 
 
+def _host(w: Any) -> Any:
+    """A weight as a numpy array when its value is known (a constant of the program, e.g. under
+    :func:`npujax.ir.execute.inference`), else as given (a traced argument): rearranging a
+    known kernel (transposes, per-tap slices) then costs no traced operations, which shortens
+    tracing, lowering and XLA's constant folding. The same values either way."""
+    return w if isinstance(w, jax.core.Tracer) else np.asarray(w)
+
+
 def _pad_hw(xc: jax.Array, pt: int, pb: int, pl: int, pr: int) -> jax.Array:
     """Zero padding of an NCHW tensor's H and W; a negative amount crops, as XLA's
     convolution padding does (the 3x3 tiles of a split large kernel read shifted windows,
@@ -66,7 +74,8 @@ def _depthwise_conv(x: jax.Array, kernel: jax.Array, a: Mapping[str, Any]) -> ja
     """
     layout, klayout = a["data_layout"], a["kernel_layout"]
     xc = jnp.transpose(x, [layout.index(d) for d in "NCHW"])
-    w = jnp.transpose(kernel, [klayout.index(d) for d in "OIHW"])  # [C*m, 1, kh, kw]
+    kernel = _host(kernel)
+    w = kernel.transpose([klayout.index(d) for d in "OIHW"])  # [C*m, 1, kh, kw]
     c = xc.shape[1]
     m = w.shape[0] // c
     (pt, pb), (pl, pr) = a["padding"]
@@ -110,7 +119,7 @@ def _pointwise_conv(x: jax.Array, kernel: jax.Array, a: Mapping[str, Any]) -> ja
     """A 1x1 convolution as a matrix product over the channel axis (XLA:CPU's dot is faster
     than its convolution for this shape)."""
     layout, klayout = a["data_layout"], a["kernel_layout"]
-    w = jnp.transpose(kernel, [klayout.index(d) for d in "OIHW"])[:, :, 0, 0]  # [O, I]
+    w = _host(kernel).transpose([klayout.index(d) for d in "OIHW"])[:, :, 0, 0]  # [O, I]
     spec = layout.replace("C", "c")
     out = layout.replace("C", "o")
     return jnp.einsum(f"{spec},oc->{out}", x, w)
@@ -136,7 +145,7 @@ def _im2col_conv(x: jax.Array, kernel: jax.Array, a: Mapping[str, Any]) -> jax.A
     """
     layout, klayout = a["data_layout"], a["kernel_layout"]
     xc = jnp.transpose(x, [layout.index(d) for d in "NCHW"])
-    w = jnp.transpose(kernel, [klayout.index(d) for d in "OIHW"])  # [O, C, kh, kw]
+    w = _host(kernel).transpose([klayout.index(d) for d in "OIHW"])  # [O, C, kh, kw]
     o, c, kh, kw = w.shape
     (pt, pb), (pl, pr) = a["padding"]
     xp = _pad_hw(xc, pt, pb, pl, pr)
@@ -193,7 +202,7 @@ def _conv(node: Node, inputs: Sequence[jax.Array], params: Mapping[str, jax.Arra
         c_axis = a["data_layout"].index("C")
         shape = [1] * y.ndim
         shape[c_axis] = -1
-        y = y + params["bias"].reshape(shape)
+        y = y + _host(params["bias"]).reshape(shape)
     return [apply_epilogue(node, y)]
 
 

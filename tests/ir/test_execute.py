@@ -94,3 +94,31 @@ def test_batchnorm_inv_std_at_once_equals_per_node(ppocr_cls):
     for n in bns:
         want = lax.rsqrt(params[n.name]["var"] + n.attrs["epsilon"])
         np.testing.assert_array_equal(np.asarray(got[n.name]), np.asarray(want))
+
+
+def test_inference_with_weights_as_constants_matches_execute_with_them_as_arguments(traced):
+    """inference() builds the weights (and the quantizer state) into the program; its outputs
+    equal those of execute() jitted with them as arguments, float and W8A8, and a graph
+    without real weights is refused before anything compiles."""
+    from npujax.errors import GraphError
+    from npujax.ir.absent import AbsentArray
+    from npujax.ir.execute import inference
+
+    _, (graph, params) = traced
+    g, p = optimize(graph, params)
+    x = np.random.default_rng(3).uniform(size=(2, 8, 8, 1)).astype(np.float32)
+    q = quant_spec(g, 8, 8)
+    qs = calibrate(g, p, [x], q)
+    want = jax.jit(lambda pp, s, v: (execute(g, pp, v), execute(g, pp, v, quant=q, qstate=s)))
+    float_ref, quant_ref = (np.asarray(a) for a in want(p, qs, x))
+    got_float = np.asarray(inference(g, p)(x))
+    got_quant = np.asarray(inference(g, p, quant=q, qstate=qs)(x))
+    np.testing.assert_allclose(got_float, float_ref, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got_quant, quant_ref, rtol=1e-6, atol=1e-6)
+    # over the byte limit the weights are arguments: the same program as execute's
+    np.testing.assert_array_equal(np.asarray(inference(g, p, max_constant_bytes=0)(x)), float_ref)
+    name, roles = next(iter(p.items()))
+    role = next(iter(roles))
+    hollow = {**p, name: {**roles, role: AbsentArray(np.shape(roles[role]), "float32")}}
+    with pytest.raises(GraphError, match="shapes only"):
+        inference(g, hollow)
