@@ -35,13 +35,13 @@ and kept across inferences, so one split per model is the compiler's only choice
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 
 from npujax._exact import real
+from npujax.hw.fields import replace_traced
 from npujax.hw.spec import NpuSpec
 from npujax.plan.passes.base import CostMode, CostPass, PassInput, ProgramCosts
 
@@ -64,9 +64,9 @@ def split_spec(spec: NpuSpec, share: Any) -> NpuSpec:
     free = jnp.maximum(real(mem.onchip_sram_bytes) - real(mem.filter_sram_bytes), 0.0)
     act = real(share) * free
     half = jnp.maximum(act / 2.0, 1.0)
-    return dataclasses.replace(spec, memory=dataclasses.replace(
-        mem, sram_split="fixed", ifmap_sram_bytes=half, ofmap_sram_bytes=half,
-        parameter_cache_bytes=free - act))
+    return replace_traced(spec, {"memory.sram_split": "fixed", "memory.ifmap_sram_bytes": half,
+                                 "memory.ofmap_sram_bytes": half,
+                                 "memory.parameter_cache_bytes": free - act})
 
 
 def _apply(inp: PassInput, state: ProgramCosts) -> ProgramCosts:
