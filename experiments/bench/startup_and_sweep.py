@@ -1,8 +1,10 @@
-"""Benchmark (issue 30, targets 1 and 4): command-line start-up, the Pareto front and the README's
-sweep cold and from the compile cache, each side by side with the code before, from one run.
+"""Benchmark (issue 30, targets 1 and 4): command-line start-up, the Pareto front, the README's
+sweep cold and from the compile cache, and a 10^6-configuration sweep against its program's own
+steady throughput, each side by side with the code before, from one run.
 
 Usage:  python experiments/bench/startup_and_sweep.py [--before OTHER_CHECKOUT] [--rounds 5]
-            [--rows 1000000] [--no-sweep] [--out RESULT.json] [--plot FIGURE.png]
+            [--rows 1000000] [--no-startup] [--no-pareto] [--no-sweep] [--big 1000000]
+            [--out RESULT.json] [--plot FIGURE.png]
 
 Prints:
   (1) CPU seconds (user + system, ``resource.getrusage(RUSAGE_CHILDREN)`` around each
@@ -17,7 +19,16 @@ Prints:
   (3) CPU seconds of the README's sweep (``zoo:ppocr_cls``, 162 configurations x 164 layers) in
       a fresh process: cold (an empty compile cache) and a second run (the cache the first
       filled), with the persistent-cache hits and misses (XLA compilations) counted through
-      ``jax.monitoring``; with ``--before`` the same for the other checkout.
+      ``jax.monitoring``; with ``--before`` the same for the other checkout; then, for this
+      checkout, where a cold run's CPU goes (imports, the ONNX import, tracing and lowering the
+      cost program, XLA compiling it, evaluating, the CSV/Parquet files, the two plots);
+  (4) ``--big`` configurations (default 10^6: 10 values each of array.rows, array.cols,
+      memory.dram_bytes_per_s, array.clock_hz and memory.filter_sram_bytes, bits 2,4,6,8,16 and
+      dataflows ws,os) of ``zoo:ppocr_cls`` swept end to end by ``npujax.workflows.run_sweep``
+      (chunks, results.csv/parquet, Pareto front, plots: all the command does after the import),
+      in layer evaluations per CPU second, against the same compiled program's steady throughput
+      (a batch of one chunk, 4096 configurations, already on the device, called again and
+      again); the target is >= 30 %. ``--big 0`` skips it.
 
 The machine's load average is printed before and after: on a shared machine the ratios (each
 pair measured back to back) are steadier than the absolute seconds.
@@ -56,6 +67,49 @@ code = main(sys.argv[1:])
 print("CACHE", seen.get("/jax/compilation_cache/cache_hits", 0),
       seen.get("/jax/compilation_cache/cache_misses", 0),
       seen.get("/jax/compilation_cache/compile_requests_use_cache", 0), file=sys.stderr)
+sys.exit(code)
+"""
+
+# The README's sweep cold, with the CPU seconds of each phase (process_time, this process's
+# threads): the wrapped functions are npujax's, found by name so the same child runs on the
+# checkout before.
+_PHASES = """
+import sys, time, resource
+t0 = time.process_time()
+import jax, jax._src.compiler as comp
+spent, active = {}, []
+def timed(name, f):
+    def g(*a, **k):
+        t = time.process_time()
+        active.append(name)
+        try:
+            return f(*a, **k)
+        finally:
+            active.pop()
+            spent[name] = spent.get(name, 0.0) + time.process_time() - t
+    return g
+def compiled(f):
+    def g(*a, **k):
+        t = time.process_time()
+        try:
+            return f(*a, **k)
+        finally:
+            key = "XLA compile in " + (active[-1] if active else "other")
+            spent[key] = spent.get(key, 0.0) + time.process_time() - t
+    return g
+comp.backend_compile_and_load = compiled(comp.backend_compile_and_load)
+import npujax.cli.sweep as cs, npujax.workflows.sweep as ws
+spent["imports (jax, npujax)"] = time.process_time() - t0
+cs._load_model = timed("ONNX import + optimize", cs._load_model)
+ws.evaluate_configs = timed("evaluate (trace, lower, compile, run)", ws.evaluate_configs)
+ws.write_table_csv = timed("CSV", ws.write_table_csv)
+ws.write_table_parquet = timed("Parquet", ws.write_table_parquet)
+ws.plot_sweep = timed("plots (matplotlib)", ws.plot_sweep)
+from npujax.cli import main
+code = main(sys.argv[1:])
+r = resource.getrusage(resource.RUSAGE_SELF)
+spent["total"] = r.ru_utime + r.ru_stime
+print("PHASES", repr(spent), file=sys.stderr)
 sys.exit(code)
 """
 
@@ -132,17 +186,113 @@ def pareto(rows: int) -> dict[str, float]:
 
 
 def sweep(checkouts: dict[str, Path]) -> dict[str, dict[str, float]]:
-    out = {}
-    for label, checkout in checkouts.items():
-        with tempfile.TemporaryDirectory() as tmp:
-            env = env_for(checkout, NPUJAX_COMPILE_CACHE=str(Path(tmp) / "cache"))
-            for run in ("cold", "second run"):
-                cpu, err = _child_cpu([sys.executable, "-c", _COUNTED, *README_SWEEP, "--out",
-                                       str(Path(tmp) / run.replace(" ", "_"))], env, checkout)
-                line = next(x for x in err.splitlines() if x.startswith("CACHE"))
-                hits, misses, requests = (int(v) for v in line.split()[1:])
-                out[f"{label}: {run}"] = {"cpu_s": cpu, "cache_hits": hits,
-                                          "compilations": requests - hits}
+    """CPU seconds and compilations of the README sweep, cold and a second time, per checkout;
+    with two checkouts also whether their ``results.csv`` are the same bytes."""
+    out: dict = {}
+    with tempfile.TemporaryDirectory() as keep:
+        for label, checkout in checkouts.items():
+            with tempfile.TemporaryDirectory() as tmp:
+                env = env_for(checkout, NPUJAX_COMPILE_CACHE=str(Path(tmp) / "cache"))
+                for run in ("cold", "second run"):
+                    folder = Path(keep) / f"{label}-{run.replace(' ', '_')}"
+                    cpu, err = _child_cpu([sys.executable, "-c", _COUNTED, *README_SWEEP,
+                                           "--out", str(folder)], env, checkout)
+                    line = next(x for x in err.splitlines() if x.startswith("CACHE"))
+                    hits, misses, requests = (int(v) for v in line.split()[1:])
+                    out[f"{label}: {run}"] = {"cpu_s": cpu, "cache_hits": hits,
+                                              "compilations": requests - hits}
+        csvs = {(Path(keep) / f"{label}-cold" / "results.csv").read_bytes()
+                for label in checkouts}
+        out["results.csv identical"] = len(csvs) == 1
+    return out
+
+
+def phases(checkout: Path) -> dict[str, float]:
+    """CPU seconds per phase of one cold README sweep (an empty compile cache)."""
+    import ast
+
+    with tempfile.TemporaryDirectory() as tmp:
+        env = env_for(checkout, NPUJAX_COMPILE_CACHE=str(Path(tmp) / "cache"))
+        _, err = _child_cpu([sys.executable, "-c", _PHASES, *README_SWEEP, "--out",
+                             str(Path(tmp) / "out")], env, checkout)
+    spent = ast.literal_eval(next(x for x in err.splitlines()
+                                  if x.startswith("PHASES"))[len("PHASES "):])
+    # each phase without the compilations inside it (reported as their own lines)
+    for phase in ("ONNX import + optimize", "evaluate (trace, lower, compile, run)"):
+        spent[phase] -= spent.get(f"XLA compile in {phase}", 0.0)
+    spent["evaluate: trace, lower, run"] = spent.pop("evaluate (trace, lower, compile, run)")
+    spent["XLA compile: the sweep's program(s)"] = spent.pop(
+        "XLA compile in evaluate (trace, lower, compile, run)", 0.0)
+    spent["XLA compile: ONNX import's folds"] = spent.pop(
+        "XLA compile in ONNX import + optimize", 0.0)
+    spent["other (imports in run, spec, grid)"] = spent["total"] - sum(
+        v for k, v in spent.items() if k != "total")
+    return spent
+
+
+BIG_GRID = {"array.rows": [4, 6, 8, 12, 16, 24, 32, 48, 64, 96],
+            "array.cols": [4, 6, 8, 12, 16, 24, 32, 48, 64, 96],
+            "memory.dram_bytes_per_s": [float(x) * 1e9 for x in range(1, 21, 2)],
+            "array.clock_hz": [float(x) * 1e8 for x in range(2, 22, 2)],
+            "memory.filter_sram_bytes": [1 << k for k in range(12, 22)],
+            "bits": [2, 4, 6, 8, 16], "dataflow": ["ws", "os"]}
+
+
+def big_sweep(limit: int) -> dict[str, float]:
+    """Layer evaluations per CPU second of a ``limit``-configuration sweep of zoo:ppocr_cls end
+    to end (``run_sweep``: chunks, result files, Pareto front, plots) and of its compiled
+    program alone (steady, one chunk's batch on the device), in this process."""
+    sys.path.insert(0, str(HERE))
+    import importlib
+
+    import jax
+
+    from npujax._exact import exact
+    from npujax.explore.grid import Grid, configurations
+    from npujax.frontends.onnx import parse_input_shapes
+    from npujax.hw import fields, load_npu_spec
+    from npujax.models.zoo import fetch_model
+    from npujax.plan.program import network
+    from npujax.systolic.dataflow import get_dataflow
+    from npujax.workflows.lowering import import_onnx_for_lowering
+    from npujax.workflows.sweep import DEFAULT_CHUNK, run_sweep
+
+    sw = importlib.import_module("npujax.explore.sweep")
+    graph = import_onnx_for_lowering(fetch_model("ppocr_cls"),
+                                     parse_input_shapes(["x=1,3,48,192"]), None)
+    base = load_npu_spec("edge_16x16")
+    grid = Grid.build(BIG_GRID, base)
+    sample = None if limit >= grid.size else limit
+    n = grid.size if sample is None else sample
+    layers, chains = network(graph, base)
+    out: dict[str, float] = {"configurations": float(n), "layers": float(len(layers))}
+    # the program alone: one chunk's batch (its configurations drawn from the grid), on the
+    # device, called until 20 CPU seconds have passed
+    cfg = configurations(grid, DEFAULT_CHUNK, "random", 1)
+    vals = {name: np.asarray(v)[cfg[:, j]] for j, (name, v) in enumerate(grid.axes)}
+    dfs = tuple(get_dataflow(d).name for d in BIG_GRID["dataflow"])
+    program = sw._program(tuple(layers), dfs, sw._mesh(None), tuple(chains))
+    stacked = fields.stack(base, {k: v for k, v in vals.items()
+                                  if k not in ("bits", "array.dataflow")}, DEFAULT_CHUNK)
+    index = np.asarray([dfs.index(d) for d in vals["array.dataflow"]], np.int32)
+    with jax.enable_x64(True):
+        f = exact(program)
+        args = jax.device_put((stacked, vals["bits"].astype(np.float64), index))
+        jax.block_until_ready(f(*args))
+        calls, t = 0, time.process_time()
+        while time.process_time() - t < 20.0 or calls < 3:
+            jax.block_until_ready(f(*args))
+            calls += 1
+        steady = calls * DEFAULT_CHUNK * len(layers) / (time.process_time() - t)
+    out["program steady (layer evals/CPU s)"] = steady
+    with tempfile.TemporaryDirectory() as tmp:
+        t = time.process_time()
+        r = run_sweep(graph, base, grid, Path(tmp) / "big", model="ppocr_cls", sample=sample,
+                      progress=False)
+        cpu = time.process_time() - t
+    out["end to end CPU s"] = cpu
+    out["end to end (layer evals/CPU s)"] = n * r.result.layers / cpu
+    out["end to end / steady"] = out["end to end (layer evals/CPU s)"] / steady
     return out
 
 
@@ -153,6 +303,10 @@ def plot(result: dict, path: str) -> None:
     fig = Figure(figsize=(10, 3.6))
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, 3)
+    if "startup" not in result or "pareto" not in result:
+        _plot_sweep(fig, result)
+        fig.savefig(path, dpi=110)
+        return
     st = result["startup"]
     names = list(st)
     axes[0].barh(names, [st[n]["median_s"] for n in names], color="C0")
@@ -175,37 +329,96 @@ def plot(result: dict, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _plot_sweep(fig, result: dict) -> None:
+    """Parts 3 and 4 only: the README sweep before/after, its cold phases, the 10^6 rates."""
+    axes = fig.axes
+    s = result.get("sweep", {})
+    names = list(s)
+    axes[0].barh(names, [v["cpu_s"] for v in s.values()], color="C2")
+    for i, v in enumerate(s.values()):
+        axes[0].text(v["cpu_s"], i, f" {v['compilations']} compiles", va="center", fontsize=7)
+    axes[0].axvline(3.0, color="C3", ls="--", label="target 3 s")
+    axes[0].set_xlabel("CPU s, README sweep (fresh process)")
+    axes[0].legend(loc="lower right", fontsize=7)
+    axes[0].tick_params(axis="y", labelsize=7)
+    ph = {k: v for k, v in result.get("phases", {}).items() if k != "total"}
+    axes[1].barh(list(ph), list(ph.values()), color="C0")
+    axes[1].set_xlabel("CPU s per phase, cold (after)")
+    axes[1].tick_params(axis="y", labelsize=7)
+    b = result.get("big")
+    if b:
+        labels = ["program alone (steady)", "sweep end to end"]
+        vals = [b["program steady (layer evals/CPU s)"], b["end to end (layer evals/CPU s)"]]
+        axes[2].barh(labels, vals, color=["C1", "C4"])
+        axes[2].axvline(0.3 * vals[0], color="C3", ls="--", label="30 % of steady")
+        axes[2].set_xlabel("layer evaluations / CPU s")
+        axes[2].set_title(f"{int(b['configurations']):,} configurations", fontsize=9)
+        axes[2].legend(loc="lower right", fontsize=7)
+        axes[2].tick_params(axis="y", labelsize=7)
+    fig.tight_layout()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--before", help="another checkout of npujax (e.g. a worktree of main "
                     "before these changes), measured side by side")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--no-startup", action="store_true")
+    ap.add_argument("--no-pareto", action="store_true")
     ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--big", type=int, default=1_000_000,
+                    help="configurations of part (4) (0 skips it)")
     ap.add_argument("--out", help="write the figures as JSON")
+    ap.add_argument("--keep", help="an earlier --out JSON: its parts this run skips are kept "
+                    "in --out and the plot (e.g. a long part 4 measured once)")
     ap.add_argument("--plot", help="write a bar chart (PNG)")
     args = ap.parse_args()
     checkouts = {"after": HERE}
     if args.before:
         checkouts = {"before": Path(args.before).resolve(), **checkouts}
     result: dict = {"load_before": os.getloadavg(), "cpus": os.cpu_count(), "rows": args.rows}
-    result["startup"] = startup(checkouts, args.rounds)
-    ort = result["startup"]["import onnxruntime"]["median_s"]
-    print(f"(1) start-up, CPU s, median of {args.rounds} (ratio to import onnxruntime; target "
-          "<= 2)")
-    for k, v in result["startup"].items():
-        print(f"    {k:32s} {v['median_s']:7.3f}   {v['median_s'] / ort:5.2f}x")
-    result["pareto"] = pareto(args.rows)
-    print(f"(2) Pareto front of {args.rows:,} random rows, CPU s (target <= 2)")
-    for k, v in result["pareto"].items():
-        print(f"    {k:32s} {v:9.3f}")
+    print(f"load average at the start {result['load_before'][0]:.1f} on {result['cpus']} CPUs",
+          flush=True)
+    if not args.no_startup:
+        result["startup"] = startup(checkouts, args.rounds)
+        ort = result["startup"]["import onnxruntime"]["median_s"]
+        print(f"(1) start-up, CPU s, median of {args.rounds} (ratio to import onnxruntime; "
+              "target <= 2)")
+        for k, v in result["startup"].items():
+            print(f"    {k:32s} {v['median_s']:7.3f}   {v['median_s'] / ort:5.2f}x")
+    if not args.no_pareto:
+        result["pareto"] = pareto(args.rows)
+        print(f"(2) Pareto front of {args.rows:,} random rows, CPU s (target <= 2)")
+        for k, v in result["pareto"].items():
+            print(f"    {k:32s} {v:9.3f}")
     if not args.no_sweep:
         result["sweep"] = sweep(checkouts)
         print("(3) README sweep in a fresh process, CPU s (persistent compile cache)")
+        same = result["sweep"].pop("results.csv identical")
         for k, v in result["sweep"].items():
             print(f"    {k:32s} {v['cpu_s']:7.2f}   {v['compilations']:3d} compilations, "
                   f"{v['cache_hits']:3d} cache hits")
+        result["results_csv_identical"] = same
+        if len(checkouts) > 1:
+            print(f"    results.csv of the checkouts byte for byte the same: {same}")
+        result["phases"] = phases(HERE)
+        print("    where a cold run's CPU goes (after), s:")
+        for k, v in result["phases"].items():
+            print(f"      {k:38s} {v:6.2f}")
+    if args.big:
+        result["big"] = big_sweep(args.big)
+        print(f"(4) a {int(result['big']['configurations']):,}-configuration sweep end to end "
+              "against its program's steady throughput (target >= 30 %)")
+        for k, v in result["big"].items():
+            print(f"    {k:38s} {v:11.4g}")
     result["load_after"] = os.getloadavg()
+    if args.keep:
+        earlier = json.loads(Path(args.keep).read_text())
+        for part in ("startup", "pareto", "sweep", "phases", "big"):
+            if part not in result and part in earlier:
+                result[part] = earlier[part]
+                result.setdefault("kept_from_earlier_run", []).append(part)
     print(f"load average before {result['load_before'][0]:.1f}, after "
           f"{result['load_after'][0]:.1f} on {result['cpus']} CPUs")
     if args.out:

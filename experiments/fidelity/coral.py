@@ -9,8 +9,9 @@ where no constructor of the exact architecture exists). The ONNX exports are NCH
 ``npujax fit --table``, the script builds them channels-last on this NHWC preset
 (``table_graph(row, layout)``), as Coral's TensorFlow Lite models are.
 
-1. **USB Accelerator** (``coral_edgetpu``): ``fit --table`` of the off-chip (USB) rate and
-   the fixed cost per inference, leave-one-out over every row with an architecture.
+1. **USB Accelerator** (``coral_edgetpu``): ``fit --table`` of the off-chip (USB) rate, the
+   fixed cost per inference and the vector unit's width (``FIELDS``), leave-one-out over every
+   row with an architecture.
 2. **Dev Board** (``coral_devboard``): (a) predicted from the USB fit by changing only the host
    numbers (the Dev Board preset's CPU and PCIe link, the USB fit's invocation overhead: no
    Dev Board measurement used); (b) the same with the link rate refitted on the Dev Board's own
@@ -31,6 +32,7 @@ import argparse
 import hashlib
 import json
 import os
+import pickle
 import sys
 import time
 from pathlib import Path
@@ -42,10 +44,12 @@ TABLE = HERE / "coral_edgetpu_table1.csv"
 MANIFEST = HERE / "onnx_manifest.json"
 USB, DEV = "usb_accelerator_desktop", "dev_board"
 #: the fitted fields: the off-chip rate (the device's only off-chip memory is the host's,
-#: across the link; the VGG rows identify it) and the fixed cost per inference (the small
-#: models identify it); a per-layer first-access latency (memory.dram_latency_s) was tried and
-#: is not identified by this table (±72 %)
-FIELDS = ("memory.dram_bytes_per_s", "host.invocation_overhead_s")
+#: across the link; the VGG rows identify it), the fixed cost per inference (the small
+#: models would identify it) and the vector unit's width (not published; the preset assumes
+#: one lane per array column: the pooling, concatenation and BatchNorm work of the
+#: concatenation-built models would identify it); a per-layer first-access latency
+#: (memory.dram_latency_s) was tried and is not identified by this table (±72 %)
+FIELDS = ("memory.dram_bytes_per_s", "host.invocation_overhead_s", "vector.lanes")
 
 
 def check_exports(rows) -> None:
@@ -70,10 +74,14 @@ def check_exports(rows) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(HERE / "out"), help="output folder")
+    ap.add_argument("--cache", default="", help="folder to keep each row's workloads in "
+                    "(pickled, keyed by source and input shape; reused on the next run, which "
+                    "then skips tracing the Keras models: about 10 minutes)")
     args = ap.parse_args()
     from rich.console import Console
 
     from npujax._atomic import staged_dir
+    from npujax.cli import compile_cache
     from npujax.hw import fields, load_npu_spec
     from npujax.plan import network
     from npujax.plan.fit import fit_metrics
@@ -92,6 +100,7 @@ def main() -> int:
         write_table_fit,
     )
 
+    compile_cache()  # a rerun skips compiling the models' cost programs
     con = Console(width=120)
     t0 = time.time()
 
@@ -103,11 +112,25 @@ def main() -> int:
     check_exports(rows)
     layout = usb_spec.layout.activation_layout
     nets = {}
+    cache = Path(args.cache) if args.cache else None
+
+    def build(r):
+        # both presets have the same array, layout and operators: the same workloads
+        key = hashlib.sha256(repr((r.source.replace(str(HERE), ""), r.input_hwc, layout,
+                                   usb_spec.ops)).encode()).hexdigest()[:16]
+        f = cache / f"{key}.pkl" if cache else None
+        if f is not None and f.exists():
+            return pickle.loads(f.read_bytes())
+        say(f"building {r.model} ({r.source}, {r.input_hwc})")
+        net = network(table_graph(r, layout), usb_spec)
+        if f is not None:
+            cache.mkdir(parents=True, exist_ok=True)
+            f.write_bytes(pickle.dumps(net))
+        return net
+
     for r in rows:
         if r.source and (r.source, r.input_hwc) not in nets:
-            say(f"building {r.model} ({r.source}, {r.input_hwc})")
-            # both presets have the same array, layout and operators: the same workloads
-            nets[r.source, r.input_hwc] = network(table_graph(r, layout), usb_spec)
+            nets[r.source, r.input_hwc] = build(r)
 
     def models(host: str) -> tuple[list, list, list]:
         used, out, skipped = [], [], []

@@ -392,6 +392,15 @@ def _batch_is_free(graph: Graph) -> bool:
 
     if not graph.inputs:
         return False
+    for n in graph.nodes:
+        # a batch-1 constant concatenated along another axis (a ViT's class token, folded by
+        # the tracer): the executor broadcasts it (ir.execute._folded_concat_input), an ONNX
+        # Concat does not, so such a file runs at its traced batch only
+        for t in n.inputs if n.op == "Concat" else ():
+            v = graph.constants.get(t)
+            if v is not None and np.ndim(v) and np.shape(v)[0] == 1 \
+                    and n.attrs.get("axis", 0) % np.ndim(v) != 0:
+                return False
     try:
         rebatch(graph, graph.tensors[graph.inputs[0]].shape[0] + 1)
     except NpujaxError:

@@ -15,7 +15,9 @@ accepts: the numeric fields of ``array``, ``memory``, ``vector``, ``host``, ``te
 ``energy`` and ``area``), which the sweep evaluates as data in one compiled program, and
 *static* ones (``dataflow``, ``array.precision_scaling``, ``memory.mapping`` and the
 ``layout``/``ops`` fields: names that choose the cost model's formulas or numbers that change
-the layers' workloads), one compiled program per combination of their values.
+the layers' workloads). The sweep compiles one program per combination of the static axes'
+values other than the dataflow: that program costs every dataflow of the grid and each
+configuration takes its own (:mod:`npujax.explore.sweep`).
 """
 
 from __future__ import annotations
@@ -102,7 +104,9 @@ class Grid:
         return math.prod(self.shape)
 
     def is_static(self, name: str) -> bool:
-        """Whether axis ``name`` needs its own compiled program per value (see module doc)."""
+        """Whether axis ``name`` is a name or changes the workloads (see module doc): not a
+        traced number (the sweep compiles one program per value, but the dataflow's values,
+        which one program serves)."""
         return name != "bits" and not fields.is_traced(name)
 
     def to_json(self) -> dict[str, list[Any]]:

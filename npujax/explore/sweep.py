@@ -2,11 +2,14 @@
 through the one cost program (:func:`npujax.plan.program_costs`: every cost pass the spec's
 switches call for, as :func:`npujax.lower` applies them), vmapped and sharded over devices.
 
-For each combination of the grid's static axes (dataflow, precision scaling, layout and operator
-fields: they change the program or the workloads) the layers' workloads are built once and one
+For each combination of the grid's static axes other than the dataflow (precision scaling,
+mapping, layout and operator fields: they change the program's formulas or the workloads; a grid
+of numeric fields, bit widths and dataflows has none) the layers' workloads are built once and one
 jitted program evaluates all the configurations of that combination: ``jax.vmap`` over a
 stacked :class:`~npujax.NpuSpec` (its numeric leaves ``[n]`` arrays, int64/float64:
-:func:`npujax.hw.fields.stack`) and the ``bits`` axis, sharded over the local devices by a
+:func:`npujax.hw.fields.stack`), the ``bits`` axis and the dataflow's index (the program costs
+every dataflow of the grid, :func:`npujax.plan.program_costs`, and each configuration takes its
+own by an exact select), sharded over the local devices by a
 ``jax.sharding.Mesh`` with one ``config`` axis (``NamedSharding(mesh, P("config"))`` on every input
 and output; sharded ``jit``). The configurations are independent, and each configuration's layer
 sums take one fixed order (:func:`npujax.plan.layer_sums`), so the sharded program runs the same
@@ -52,9 +55,10 @@ from npujax.ir.graph import Graph
 from npujax.plan.lower import DEFAULT_BITS
 from npujax.plan.passes.attention import AttentionChain
 from npujax.plan.passes.energy import ENERGY_BREAKDOWN
-from npujax.plan.program import Network, layer_sums, network, program_cost, totals
+from npujax.plan.program import Network, layer_sums, network, program_costs, totals
 from npujax.plan.thermal import thermal_state
 from npujax.plan.workload import Workload
+from npujax.systolic.dataflow import get_dataflow
 
 __all__ = ["sweep", "evaluate", "evaluate_configs", "SweepResult", "COLUMNS", "INT_COLUMNS",
            "LAYER_CLASSES"]
@@ -83,10 +87,17 @@ def _mesh(devices: Sequence[Any] | None) -> Mesh:
 
 
 @functools.lru_cache(maxsize=32)
-def _program(layers: tuple[Workload, ...], dataflow: str, mesh: Mesh,
+def _program(layers: tuple[Workload, ...], dataflows: tuple[str, ...], mesh: Mesh,
              chains: tuple[AttentionChain, ...] = ()) -> Callable[..., Any]:
-    """The jitted, sharded evaluation of ``layers`` for a batch of configurations (the
-    attention blocks ``chains`` fused as the configurations' ``ops.attention_fusion`` allows)."""
+    """The jitted, sharded evaluation of ``layers`` for a batch of configurations, each at one
+    of ``dataflows`` (its index, a traced ``[n]`` int32), the attention blocks ``chains`` fused
+    as the configurations' ``ops.attention_fusion`` allows.
+
+    The dataflows are data, not separate programs: the one cost program evaluates all of them
+    (:func:`npujax.plan.program_costs`, which traces what does not depend on the dataflow once)
+    and each configuration takes its own dataflow's per-layer costs by an exact select
+    (:func:`_select`), so a sweep over dataflows compiles one program per batch size, and each
+    configuration's figures are those of the program of its dataflow alone, bit for bit."""
     L = len(layers)
     on_npu = np.asarray([w.device == "npu" for w in layers])
     masks = {"gemm": on_npu & np.asarray([w.kind == "gemm" for w in layers]),
@@ -94,9 +105,13 @@ def _program(layers: tuple[Workload, ...], dataflow: str, mesh: Mesh,
     masks["vector"] = on_npu & ~masks["gemm"]
     gemm_macs = float(sum(w.macs for w, g in zip(layers, masks["gemm"]) if g))
 
-    def one(spec: NpuSpec, bits: jax.Array) -> dict[str, jax.Array]:
+    def costs(spec: NpuSpec, widths: jax.Array, df: jax.Array) -> Any:
+        return _select(program_costs(layers, spec, widths, widths, dataflows=dataflows,
+                                     chains=chains), df)
+
+    def one(spec: NpuSpec, bits: jax.Array, df: jax.Array) -> dict[str, jax.Array]:
         widths = jnp.full((L,), bits, real(0).dtype)
-        p = program_cost(layers, spec, widths, widths, dataflow, chains=chains)
+        p = costs(spec, widths, df)
         c, e = p.costs, p.layer_energy
         lat = c.latency_cycles
         comp = c.compute_cycles
@@ -132,12 +147,51 @@ def _program(layers: tuple[Workload, ...], dataflow: str, mesh: Mesh,
         out["edp_js"] = out["energy_j"] * out["latency_s"]
         out["area_mm2"] = area_mm2(spec)
         out.update(_sustained(spec, out["latency_s"], out["energy_j"],
-                              lambda s: program_cost(layers, s, widths, widths, dataflow,
-                                                     chains=chains)))
+                              lambda s: costs(s, widths, df)))
         return out
 
     sharding = NamedSharding(mesh, P("config"))
-    return jax.jit(jax.vmap(one), in_shardings=sharding, out_shardings=sharding)
+    return jax.jit(jax.vmap(one), in_shardings=sharding, out_shardings=sharding,
+                   compiler_options=_compiler_options(mesh.devices.flat[0].platform))
+
+
+#: XLA:CPU options of the sweep's program: the legacy elemental emitters. They compile the
+#: README's sweep program (PP-OCR cls, three dataflows) in 0.67 of the time of the MLIR fusion
+#: emitters and run it as fast, and they give the figures of the per-dataflow programs the
+#: sweep compiled before, bit for bit: with the fusion emitters LLVM contracted a multiply and
+#: an add of the SRAM energy into an FMA in the one program and not in the per-dataflow ones
+#: (6 of 162 configurations differed in their last bit). Measured by
+#: ``experiments/bench/startup_and_sweep.py``; tests/explore/test_sweep.py compares the one
+#: program with the per-dataflow ones.
+_CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
+
+
+@functools.lru_cache(maxsize=4)
+def _compiler_options(platform: str) -> dict[str, Any] | None:
+    """:data:`_CPU_OPTIONS` on the CPU where this jaxlib knows them (probed once with a
+    one-operation program), else None (XLA's defaults)."""
+    if platform != "cpu":
+        return None
+    try:
+        jax.jit(lambda x: x + 1, compiler_options=_CPU_OPTIONS).lower(np.float32(0)).compile()
+    except jax.errors.JaxRuntimeError:
+        return None
+    return dict(_CPU_OPTIONS)
+
+
+def _select(by_dataflow: Sequence[Any], index: jax.Array) -> Any:
+    """The pytree of ``by_dataflow[index]`` (``index`` a traced scalar): one exact
+    ``jnp.where`` per leaf and dataflow, so the chosen leaves keep their bits."""
+    if len(by_dataflow) == 1:
+        return by_dataflow[0]
+
+    def pick(*leaves: jax.Array) -> jax.Array:
+        out = leaves[0]
+        for i, leaf in enumerate(leaves[1:], 1):
+            out = jnp.where(index == i, leaf, out)
+        return out
+
+    return jax.tree.map(pick, *by_dataflow)
 
 
 def _sustained(spec: NpuSpec, latency_s: Any, energy_j: Any,
@@ -166,8 +220,11 @@ def _bucket(n: int, ndev: int) -> int:
 
 def evaluate(layers: Sequence[Workload], spec: NpuSpec, changes: dict[str, np.ndarray],
              bits: np.ndarray, devices: Sequence[Any] | None = None,
-             chains: Sequence[AttentionChain] = ()) -> dict[str, np.ndarray]:
-    """The :data:`COLUMNS` of ``n`` configurations sharing ``spec``'s static fields.
+             chains: Sequence[AttentionChain] = (), *,
+             dataflows: Sequence[str] | None = None,
+             dataflow: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """The :data:`COLUMNS` of ``n`` configurations sharing ``spec``'s static fields (but the
+    dataflow, which may be data).
 
     Args:
       layers: the workloads (:func:`npujax.plan.workloads` of the graph on ``spec``).
@@ -177,21 +234,35 @@ def evaluate(layers: Sequence[Workload], spec: NpuSpec, changes: dict[str, np.nd
       devices: the devices to shard over (default: every local device).
       chains: the graph's attention blocks (:func:`npujax.plan.network`), fused as
         ``spec.ops.attention_fusion`` declares, as :func:`npujax.lower` does.
+      dataflows: the dataflows the program evaluates (names or short names; default
+        ``(spec.array.dataflow,)``). One compiled program serves every configuration: give the
+        same tuple for every batch of a sweep and it compiles once per batch size.
+      dataflow: int ``[n]`` index into ``dataflows`` per configuration (default all 0).
 
     Returns:
-      ``{column: [n] array}`` (int64 for :data:`INT_COLUMNS`, float64 otherwise).
+      ``{column: [n] array}`` (int64 for :data:`INT_COLUMNS`, float64 otherwise), the same bits
+      as the program of each configuration's dataflow alone, for any batch and device count.
+
+    Raises:
+      ConfigError: an unknown dataflow, or ``dataflow`` not ``[n]`` indices into ``dataflows``.
     """
     n = len(bits)
     if n == 0:
         return {k: np.zeros(0, np.int64 if k in INT_COLUMNS else np.float64) for k in COLUMNS}
+    names = tuple(get_dataflow(d).name for d in (dataflows or (spec.array.dataflow,)))
+    index = np.zeros(n, np.int32) if dataflow is None else np.asarray(dataflow, np.int32)
+    if index.shape != (n,) or index.min() < 0 or index.max() >= len(names):
+        raise ConfigError(f"dataflow indices of shape {index.shape} in [{index.min()}, "
+                          f"{index.max()}]; give {n} indices into the {len(names)} dataflows "
+                          f"{list(names)}.")
     mesh = _mesh(devices)
     ndev = mesh.devices.size
     size = _bucket(n, ndev)
     pad = lambda v: np.concatenate([v, np.repeat(v[-1:], size - n)])  # noqa: E731
     stacked = fields.stack(spec, {k: pad(np.asarray(v)) for k, v in changes.items()}, size)
-    program = _program(tuple(layers), spec.array.dataflow, mesh, tuple(chains))
+    program = _program(tuple(layers), names, mesh, tuple(chains))
     with jax.enable_x64(True):  # the numbers enter as int64/float64 (npujax._exact)
-        out = exact(program)(stacked, pad(np.asarray(bits, np.float64)))
+        out = exact(program)(stacked, pad(np.asarray(bits, np.float64)), pad(index))
         out = {k: np.asarray(v)[:n] for k, v in out.items()}
     return {k: out[k] for k in COLUMNS}
 
@@ -252,9 +323,13 @@ class SweepResult:
         return len(self) * self.layers / self.seconds if self.seconds > 0 else math.inf
 
 
+_DATAFLOW = "array.dataflow"
+
+
 def _groups(grid: Grid, configs: np.ndarray) -> dict[tuple[int, ...], np.ndarray]:
-    """Rows of ``configs`` per combination of static-axis values."""
-    static = [j for j, n in enumerate(grid.names) if grid.is_static(n)]
+    """Rows of ``configs`` per combination of the static axes' values that need their own
+    program (every static axis but the dataflow, which is data: :func:`_program`)."""
+    static = _program_axes(grid)
     if not static:
         return {(): np.arange(len(configs))}
     keys = configs[:, static]
@@ -263,11 +338,21 @@ def _groups(grid: Grid, configs: np.ndarray) -> dict[tuple[int, ...], np.ndarray
             for g, u in enumerate(uniq)}
 
 
+def _program_axes(grid: Grid) -> list[int]:
+    """The static axes (indices) other than the dataflow: their values change the workloads
+    or the cost model's formulas, so each combination compiles its own program."""
+    return [j for j, name in enumerate(grid.names) if grid.is_static(name) and name != _DATAFLOW]
+
+
 def evaluate_configs(graph: Graph, base: NpuSpec, grid: Grid, configs: np.ndarray,
                      devices: Sequence[Any] | None = None,
                      workload_cache: dict[Any, tuple[NpuSpec, Network]] | None = None
                      ) -> dict[str, np.ndarray]:
     """:data:`COLUMNS` of the given configurations (rows of value indices) of ``grid``.
+
+    One compiled program per combination of the static axes other than the dataflow (none for
+    a grid of numeric fields, bit widths and dataflows) and padded batch size: the dataflows
+    of the grid's ``dataflow`` axis are all evaluated by that program (:func:`evaluate`).
 
     Raises:
       ConfigError: a static combination that makes an invalid spec.
@@ -275,15 +360,23 @@ def evaluate_configs(graph: Graph, base: NpuSpec, grid: Grid, configs: np.ndarra
     cache = {} if workload_cache is None else workload_cache
     n = len(configs)
     out = {k: np.zeros(n, np.int64 if k in INT_COLUMNS else np.float64) for k in COLUMNS}
-    static = [j for j, name in enumerate(grid.names) if grid.is_static(name)]
+    static = _program_axes(grid)
+    df_axis = grid.names.index(_DATAFLOW) if _DATAFLOW in grid.names else None
     for key, rows in _groups(grid, configs).items():
         if key not in cache:
             spec = fields.replace(base, {grid.axes[j][0]: grid.axes[j][1][v]
                                          for j, v in zip(static, key)}) if key else base
+            if df_axis is not None:  # every dataflow of the grid is valid with this group
+                for d in grid.axes[df_axis][1]:
+                    fields.replace(spec, {_DATAFLOW: d})
             cache[key] = (spec, network(graph, spec))
         spec, (layers, chains) = cache[key]
         changes, bits = {}, np.full(len(rows), DEFAULT_BITS, np.float64)
+        dataflows, index = None, None
         for j, (name, vals) in enumerate(grid.axes):
+            if j == df_axis:
+                dataflows, index = tuple(vals), configs[rows, j]
+                continue
             if grid.is_static(name):
                 continue
             picked = np.asarray(vals)[configs[rows, j]]
@@ -291,7 +384,8 @@ def evaluate_configs(graph: Graph, base: NpuSpec, grid: Grid, configs: np.ndarra
                 bits = picked.astype(np.float64)
             else:
                 changes[name] = picked
-        cols = evaluate(layers, spec, changes, bits, devices, chains)
+        cols = evaluate(layers, spec, changes, bits, devices, chains, dataflows=dataflows,
+                        dataflow=index)
         for k, v in cols.items():
             out[k][rows] = v
     return out

@@ -118,6 +118,12 @@ ATTENTION_FUSIONS = ("none", "on_chip", "flash")
 #: :mod:`npujax.plan.passes.weight_stream`.
 PARAMETER_CACHES = ("none", "streams_from_dram", "streams_from_host")
 
+#: How the on-chip SRAM is divided (``memory.sram_split``): ``fixed`` (the buffers and the
+#: parameter cache as the preset sizes them) or ``per_model`` (one SRAM of
+#: ``onchip_sram_bytes`` shared by the parameter cache and the activations, split by the
+#: compiler per model). See :mod:`npujax.plan.passes.onchip_split`.
+SRAM_SPLITS = ("fixed", "per_model")
+
 
 #: What falls back to the host CPU when an operator is not supported (``ops.fallback``): that
 #: operator alone (``per_op``: the NPU runs everything it can, crossing the host link around
@@ -233,6 +239,13 @@ class MemorySpec:
         weights streamed from host memory over the host link on every inference, as the Coral
         Edge TPU does; see :mod:`npujax.plan.passes.weight_stream`).
       parameter_cache_bytes: the parameter cache's capacity (bytes), >= 0 (default 0).
+      sram_split: how the on-chip SRAM is divided, one of :data:`SRAM_SPLITS` (default
+        ``fixed``: the buffers and the cache as sized here; ``per_model``: one SRAM of
+        ``onchip_sram_bytes`` shared by the parameter cache and the activation buffers, split
+        by the compiler per model, overriding ``ifmap_sram_bytes``, ``ofmap_sram_bytes`` and
+        ``parameter_cache_bytes``; see :mod:`npujax.plan.passes.onchip_split`).
+      onchip_sram_bytes: the shared SRAM of ``sram_split = "per_model"`` (bytes, the filter
+        buffer included), >= 0 (default 0).
     """
 
     ifmap_sram_bytes: int = _field(lo=1, hi=2**40)
@@ -245,6 +258,8 @@ class MemorySpec:
     mapping: str = _field(choices=MAPPINGS, default="best")
     parameter_cache: str = _field(choices=PARAMETER_CACHES, default="none")
     parameter_cache_bytes: int = _field(zero_ok=True, default=0, lo=0, hi=2**40)
+    sram_split: str = _field(choices=SRAM_SPLITS, default="fixed")
+    onchip_sram_bytes: int = _field(zero_ok=True, default=0, lo=0, hi=2**40)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -753,6 +768,17 @@ def npu_spec_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> NpuSp
             f"{origin} [memory]: parameter_cache_bytes = {mem.parameter_cache_bytes} has no "
             "effect while parameter_cache = 'none'; set parameter_cache = 'streams_from_dram' "
             "or 'streams_from_host' (docs/hw.md), or leave parameter_cache_bytes out.")
+    if (mem.sram_split == "per_model") != (mem.onchip_sram_bytes > 0):
+        raise ConfigError(
+            f"{origin} [memory]: sram_split = {mem.sram_split!r} with onchip_sram_bytes = "
+            f"{mem.onchip_sram_bytes}: a per-model split needs the shared SRAM's size "
+            "(onchip_sram_bytes > 0, more than filter_sram_bytes), and only a per-model split "
+            "reads it; set both or neither (docs/hw.md).")
+    if mem.sram_split == "per_model" and mem.onchip_sram_bytes <= mem.filter_sram_bytes:
+        raise ConfigError(
+            f"{origin} [memory]: onchip_sram_bytes = {mem.onchip_sram_bytes} leaves nothing "
+            f"beside the filter buffer ({mem.filter_sram_bytes} B); give the whole on-chip "
+            "SRAM, the filter buffer included.")
     _check_thermal(f"{origin} [thermal]", sections["thermal"])
     return NpuSpec(name=data["name"], description=description, **sections)
 

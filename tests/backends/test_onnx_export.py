@@ -289,3 +289,27 @@ def test_conv_transpose_per_channel_qdq_export_runs_in_onnxruntime(groups):
             # to the grid s_x * s_w (measured 0.0028; half a step is up to 0.007 here)
             assert_close(ort_run(model, {"x": xi})[0], want, rtol=1e-5,
                          atol=1e-2 if int32_bias else 1e-5)
+
+
+def test_a_folded_batch_1_concat_constant_keeps_the_fixed_batch(tmp_path):
+    """A ViT's class token, a ``[1, 1, d]`` constant concatenated with ``[batch, n, d]`` patches,
+    runs at any batch in npujax (broadcast) but not as an ONNX Concat: the file keeps batch 1
+    (it declared a dynamic batch that onnxruntime refused at batch > 1)."""
+    rng = np.random.default_rng(0)
+    cls, w = rng.normal(size=(1, 1, 4)).astype(np.float32), rng.normal(
+        size=(4, 2)).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("Concat", ["cls", "x"], ["c"], axis=1, name="cat"),
+         helper.make_node("MatMul", ["c", "w"], ["y"], name="fc")], "tok",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 2])],
+        [numpy_helper.from_array(cls, "cls"), numpy_helper.from_array(w, "w")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]),
+              tmp_path / "tok.onnx")
+    graph, params = optimize(*from_onnx(tmp_path / "tok.onnx"))
+    m = to_onnx(graph, params, path=tmp_path / "out.onnx")
+    assert m.graph.input[0].type.tensor_type.shape.dim[0].dim_value == 1
+    x = rng.normal(size=(1, 3, 4)).astype(np.float32)
+    name = m.graph.input[0].name
+    np.testing.assert_allclose(ort_run(tmp_path / "out.onnx", {name: x})[0],
+                               np.concatenate([cls, x], 1) @ w, rtol=1e-5, atol=1e-5)

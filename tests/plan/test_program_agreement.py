@@ -44,7 +44,9 @@ CASES = [
     ("bitserial_transformer_16x16", "residual", "input_stationary", "decoder", {}),
     # the parameter cache streaming from DRAM, the invocation overhead, one partition
     ("coral_edgetpu", "elementwise", "weight_stationary", "resnet",
-     {"memory.parameter_cache_bytes": 8192}),
+     {"memory.parameter_cache_bytes": 8192, "memory.sram_split": "fixed",
+      "memory.onchip_sram_bytes": 0}),
+    # the preset's one SRAM split per model (passes/onchip_split.py)
     ("coral_devboard", "elementwise", "output_stationary", "vit", {}),
     ("datacenter_128x128", "layer", "output_stationary", "decoder", {}),
     ("edge_16x16", "layer", "weight_stationary", "resnet",

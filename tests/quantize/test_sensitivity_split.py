@@ -100,3 +100,41 @@ def test_image_folder_preprocessing_and_labels(tmp_path):
     (tmp_path / "e").mkdir()
     with pytest.raises(ConfigError, match="no image file"):
         load_inputs(str(tmp_path / "e"), (1, 3, 8, 8))
+
+
+def test_split_of_an_attention_matmul_quantizes_its_second_operand(tmp_path):
+    """A GEMM of two activations (attention's ``Q K^T``) has no params: its weight-only row
+    quantizes its second operand alone (it raised KeyError on every transformer before)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from npujax.frontends.onnx import from_onnx
+    from npujax.ir.passes import optimize
+    from npujax.quantize.calibrate import calibrate
+    from npujax.quantize.sensitivity import sensitivity_split
+    from npujax.quantize.spec import quant_spec
+
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(4, 4)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="fc"),
+             helper.make_node("Transpose", ["h"], ["t"], perm=[0, 2, 1], name="tr"),
+             helper.make_node("MatMul", ["h", "t"], ["y"], name="scores")]
+    g = helper.make_graph(nodes, "att", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 3, 4])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [1, 3, 3])], [numpy_helper.from_array(w, "w")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]),
+              tmp_path / "att.onnx")
+    graph, params = optimize(*from_onnx(tmp_path / "att.onnx"))
+    x = rng.normal(size=(8, 3, 4)).astype(np.float32)
+    q = quant_spec(graph, 4, 8)
+    (mm,) = [n.name for n in graph.nodes if n.op == "MatMul"]
+    qstate = calibrate(graph, params, [x], q)
+    rows = {r.name: r for r in sensitivity_split(graph, params, q, qstate, [x])}
+    # numpy: the second operand h^T alone on its calibrated grid (ONNX QuantizeLinear)
+    h = x @ w
+    t = h.transpose(0, 2, 1)
+    fmt = q[mm].weight_candidates[0]
+    s, z = float(qstate[mm].operand_scale), int(qstate[mm].operand_zero_point)
+    tq = (np.clip(np.round(t / s) + z, fmt.qmin, fmt.qmax) - z) * s
+    np.testing.assert_allclose(rows[mm].weight_sqnr_db, _sqnr(h @ t, h @ tq), atol=1e-2)
+    assert rows[mm].weight_sqnr_db < 60  # its 8-bit operand: a real error, not a skipped run
