@@ -30,6 +30,11 @@ Models (real labels, no downloads):
   vit_mnist: the ViT of ``experiments/vit_mnist`` trained in float once and cached
     (``--vit-cache``), exported with ``npujax.to_onnx`` (batch 1: its class token is a folded
     batch-1 constant); MNIST-5k's own split (4000 / 1000).
+  digits_dimcal: the digits CNN of ``digits`` (its ``float.onnx``), calibrated on an
+    unrepresentative set: the 256 calibration images at ``DIMCAL_CONTRAST`` of their contrast,
+    so every tool's W8A8 loses more than a point and the accuracy-bounded loops
+    (``--max-drop 1``, NNCF's ``max_drop=0.01``) must return layers to float; all 1797 digits
+    images in one ``.npz`` (``npujax quantize``'s 80 % / 20 % split, 359 held out, unchanged).
 
 GPTQ vs round-to-nearest on PP-OCR rec's MatMuls: ``gptq_rec.py`` (same work folder).
 
@@ -56,7 +61,9 @@ from pathlib import Path
 
 import numpy as np
 
-MODELS = ("digits", "ppocr_cls", "ppocr_rec", "vit_mnist")
+MODELS = ("digits", "ppocr_cls", "ppocr_rec", "vit_mnist", "digits_dimcal")
+#: digits_dimcal: the contrast of its 256 calibration images (the held-out ones keep theirs)
+DIMCAL_CONTRAST = 0.65
 OBSERVERS = ("minmax", "percentile", "mse", "entropy")
 #: PTQ method flags used when ``npujax quantize --help`` lists them (W8A8 table rows).
 METHOD_FLAGS = ("cle", "adaround", "smoothquant")
@@ -103,6 +110,28 @@ def _export_ppocr_cls(d: Path, seed: int, n: int) -> tuple[str, list[str]]:
     print(f"ppocr_cls: rendered {n} text lines in {time.perf_counter() - t:.0f} s", flush=True)
     np.savez(d / "data.npz", x=x, y=y)
     return str(d / "data.npz"), ["--input-shape", "x=1,3,48,192"]
+
+
+def _export_digits_dimcal(d: Path, seed: int, contrast: float) -> tuple[str, list[str]]:
+    """``digits``' float model with calibration images dimmed to ``contrast``: the examples
+    ``npujax quantize`` (seed ``seed``) calibrates on, the first 256 of its training split, are
+    scaled in the ``.npz`` it splits; its held-out split is untouched."""
+    from npujax.data.sources import load_inputs
+    from npujax.frontends.onnx import from_onnx
+
+    src = d.parent / "digits" / "float.onnx"
+    if not src.exists():  # the digits CNN, trained and exported as for the digits rows
+        src.parent.mkdir(parents=True, exist_ok=True)
+        _export_digits(src.parent, seed)
+    shutil.copyfile(src, d / "float.onnx")
+    graph, _ = from_onnx(d / "float.onnx")
+    xtr, ytr, xte, yte = load_inputs("digits", graph.tensors[graph.inputs[0]].shape, seed=seed)
+    x, y = np.concatenate([xtr, xte]), np.concatenate([ytr, yte])
+    perm = np.random.default_rng(seed).permutation(len(x))  # load_inputs' split of an .npz
+    x[perm[:CALIB_EXAMPLES]] *= np.float32(contrast)
+    np.savez(d / "data.npz", x=x, y=y)
+    print(f"digits_dimcal: calibration images at {contrast:g} x contrast", flush=True)
+    return str(d / "data.npz"), []
 
 
 def _export_vit_mnist(d: Path, cache: Path) -> tuple[str, list[str]]:
@@ -256,6 +285,9 @@ def prepare(work: Path, models: list[str], seed: int, cls_examples: int,
         exported = reuse and (d / "eval.npz").exists()
         if name == "digits":
             data, extra = ("digits", []) if exported else _export_digits(d, seed)
+        elif name == "digits_dimcal":
+            data, extra = ((str(d / "data.npz"), []) if exported
+                           else _export_digits_dimcal(d, seed, DIMCAL_CONTRAST))
         elif name == "vit_mnist":
             data, extra = ("mnist5k", []) if exported else _export_vit_mnist(d, vit_cache)
         elif name == "ppocr_cls":
@@ -266,7 +298,8 @@ def prepare(work: Path, models: list[str], seed: int, cls_examples: int,
                            else _export_ppocr_rec(d, seed, rec_examples))
         if not exported:
             # the split npujax quantize makes: the same function with the same seed
-            shape = {"digits": None, "vit_mnist": None, "ppocr_cls": {"x": [1, 3, 48, 192]},
+            shape = {"digits": None, "vit_mnist": None, "digits_dimcal": None,
+                     "ppocr_cls": {"x": [1, 3, 48, 192]},
                      "ppocr_rec": {"x": [1, 3, 48, 320]}}[name]
             graph, _ = from_onnx(d / "float.onnx", shape)
             xtr, _, xte, yte = load_inputs(data, graph.tensors[graph.inputs[0]].shape,
@@ -282,13 +315,15 @@ def prepare(work: Path, models: list[str], seed: int, cls_examples: int,
             else:
                 np.savez(d / "eval.npz", x=np.asarray(xte, np.float32),
                          y=np.asarray(yte, np.int64))
-        observers = OBSERVERS if name != "ppocr_rec" else ("minmax", "entropy")
+        observers = {"ppocr_rec": ("minmax", "entropy"), "digits_dimcal": ("minmax",)}.get(
+            name, OBSERVERS)
         runs = {f"npujax {o}": ["--method", o] for o in observers}
         if name != "ppocr_rec":  # --max-drop needs int labels
             runs["npujax minmax --max-drop 1"] = ["--method", "minmax", "--max-drop", "1"]
         # the transformers: SmoothQuant (attention and MLP inputs) only; CLE needs ReLU pairs,
         # and AdaRound on them is over this experiment's time budget
         for m in (methods if name in ("digits", "ppocr_cls")
+                  else [] if name == "digits_dimcal"  # (the loops' model only)
                   else [m for m in methods if m == "smoothquant"]):
             runs[f"npujax minmax --{m}"] = ["--method", "minmax", f"--{m}"]
         for label, args in runs.items():
@@ -296,11 +331,11 @@ def prepare(work: Path, models: list[str], seed: int, cls_examples: int,
             cmd = [sys.executable, "-m", "npujax", "quantize", str(d / "float.onnx"), "--data",
                    data, *extra, *args, "--calib-examples", str(CALIB_EXAMPLES), "--seed",
                    str(seed), "--npu", "none", "--no-progress", "--out", str(out)]
-            if name != "digits":
-                # PP-OCR's output is a softmax: the default bound, 0.02 x the largest output
-                # (probability 1), is 0.02, and onnxruntime at ORT_DISABLE_ALL differed from
-                # npujax's fake-quant by 0.036 at W8A8 (cause not investigated; docs/results/
-                # quantization.md): the check then fails and writes nothing
+            if name in ("ppocr_rec", "vit_mnist"):
+                # a wider bound for these models' scores (not re-measured here); PP-OCR cls
+                # passes the default: its one example off by 0.036 (0.02 allowed) is one input
+                # code at a float32 rounding tie (docs/results/quantization.md), and the check
+                # allows 1 % of the examples such ties
                 cmd[-3:-3] = ["--ort-tolerance", "0.1"]
             jobs[f"{name}: {label}"] = (cmd, d / f"{out.name}.log")
             where[f"{name}: {label}"] = (name, label, out.name)

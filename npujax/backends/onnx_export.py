@@ -443,8 +443,10 @@ def to_onnx(
         fake-quant model :func:`npujax.ir.execute.execute` computes (a GEMM followed by a pool then
         runs in float in onnxruntime).
       dynamic_batch: write the batch dimension of the inputs and outputs as the symbolic
-        ``"batch"`` (onnxruntime then runs the model at any batch size). A graph whose shapes
-        fold the traced batch (see :func:`npujax.rebatch`) keeps its fixed batch.
+        ``"batch"`` (onnxruntime then runs the model at any batch size). Reshapes that fold
+        the traced batch into a literal leading dimension are written with ONNX's ``0`` where
+        that axis is proved to be the batch (:func:`npujax.ir.passes.unfold_batch`); a graph
+        whose shapes still fold it (see :func:`npujax.rebatch`) keeps its fixed batch.
       full_check: also run ``onnx.checker.check_model(full_check=True)`` (strict shape
         inference over every node) on the finished model, ``value_info`` included.
 
@@ -470,6 +472,10 @@ def to_onnx(
                          "place the data files next to the model and import it again to export "
                          "it.")
     quant = quant or {}
+    if dynamic_batch:
+        from npujax.ir.passes import unfold_batch
+
+        graph, params = unfold_batch(graph, params)
     extended = any(lq.weight_block_size is not None or any(
         isinstance(f, FloatFormat) for f in (*lq.weight_candidates, lq.act))
         for lq in quant.values())

@@ -27,6 +27,7 @@ __all__ = [
     "fuse_epilogues",
     "optimize",
     "rebatch",
+    "unfold_batch",
     "frozen_bn_stats",
     "absorb_transposes",
     "channels_last",
@@ -404,3 +405,83 @@ def rebatch(graph: Graph, batch: int) -> Graph:
         for name, t in graph.tensors.items()
     }
     return graph.replace(tensors=tensors)
+
+
+def unfold_batch(graph: Graph, params: Params) -> tuple[Graph, Params]:
+    """The same model with the traced batch size unfolded from its Reshape shapes, so that it
+    runs (and exports, :func:`npujax.to_onnx`) at any batch size.
+
+    An ONNX model imported at a fixed input shape (``--input-shape x=1,...``) often reshapes to
+    a literal leading dimension: PaddlePaddle exports ``x.reshape([x.shape[0], -1])`` with the
+    batch folded to ``[1, 200]``, which :func:`rebatch` refuses. A Reshape whose target shape
+    starts with the traced batch ``b``, whose input's leading dimension is ``b``, and which
+    keeps the product of the other dimensions, copies that leading axis: it is rewritten with
+    ONNX's ``0`` (copy the input dimension) there. The rewrite is kept only if it is *proved* to
+    make the leading axis the batch: abstract evaluation (``jax.eval_shape``, nothing computed)
+    of the rewritten model at batch ``b + 1`` gives every activation the traced shape with only
+    its leading dimension changed (a Reshape that moved the batch into another axis changes
+    another dimension, and is refused), and :func:`rebatch` accepts the graph (no Reshape left
+    with a literal leading dimension, no operator that depends on the batch). Otherwise the
+    graph is returned unchanged.
+
+    Args:
+      graph: the model (its first input's leading dimension is the traced batch).
+      params: its params (for the abstract evaluation; returned unchanged).
+
+    Returns:
+      ``(graph, params)``: ``graph`` itself when no Reshape folds the batch or the rewrite
+      cannot be proved.
+
+    References:
+      ONNX Reshape (``0`` copies the input dimension, ``allowzero=0``),
+      https://onnx.ai/onnx/operators/onnx__Reshape.html.
+    """
+    if not graph.inputs or not graph.tensors[graph.inputs[0]].shape:
+        return graph, params
+    b = graph.tensors[graph.inputs[0]].shape[0]
+    nodes, changed = [], False
+    for n in graph.nodes:
+        shape = n.attrs.get("shape") if n.op == "Reshape" else None
+        if shape and shape[0] == b and b > 0:
+            t_in = graph.tensors[n.inputs[0]].shape
+            t_out = graph.tensors[n.outputs[0]].shape
+            if (t_in and t_out and t_in[0] == b and t_out[0] == b
+                    and math.prod(t_in[1:]) == math.prod(t_out[1:])):
+                n = n.replace(attrs={**n.attrs, "shape": [0, *shape[1:]]})
+                changed = True
+        nodes.append(n)
+    if not changed:
+        return graph, params
+    new = graph.replace(nodes=tuple(nodes))
+    try:
+        rebatch(new, b + 1)
+    except GraphError:
+        return graph, params
+    if not _leading_axis_is_batch(new, params, b):
+        return graph, params
+    return new, params
+
+
+def _leading_axis_is_batch(graph: Graph, params: Params, batch: int) -> bool:
+    """Whether ``graph`` evaluated (abstractly) at ``batch + 1`` examples gives every node
+    output its declared shape with only a leading ``batch`` changed to ``batch + 1``."""
+    from npujax.ir.execute import execute
+
+    def observe(node, inputs, outputs):
+        return None if outputs is None else tuple(outputs)
+
+    xs = [jax.ShapeDtypeStruct((batch + 1, *graph.tensors[i].shape[1:]),
+                               jnp.dtype(graph.tensors[i].dtype)) for i in graph.inputs]
+    try:
+        _, records = jax.eval_shape(lambda *a: execute(graph, params, list(a), observe=observe),
+                                    *xs)
+    except Exception:  # noqa: BLE001 -- any failure to trace at another batch: not proved
+        return False
+    for node in graph.nodes:
+        for name, out in zip(node.outputs, records.get(node.name, ())):
+            want = graph.tensors[name].shape
+            if want and want[0] == batch:
+                want = (batch + 1, *want[1:])
+            if tuple(out.shape) != tuple(want):
+                return False
+    return True

@@ -19,13 +19,14 @@ from npujax.calib.observers import Observer
 from npujax.errors import CalibrationError
 from npujax.ir.execute import execute, layer_state, tap
 from npujax.ir.graph import Graph, Node, Params
-from npujax.numerics import IntFormat
-from npujax.ops import gemm_nodes, run_op
+from npujax.numerics import FloatFormat, IntFormat
+from npujax.numerics.fixed_point import quantize_bias
+from npujax.ops import gemm_nodes, out_channel_view, run_op
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.quantizers import QState
 from npujax.quantize.spec import QuantSpec
 
-__all__ = ["bias_correction", "ptq", "layer_sqnr", "sqnr_db"]
+__all__ = ["bias_correction", "deployed_biases", "ptq", "layer_sqnr", "sqnr_db"]
 
 
 def _channel_axis(node: Node, ndim: int) -> int:
@@ -97,6 +98,67 @@ def bias_correction(
         mean_shift = total[name] / np.float32(count)
         b = np.asarray(new[name]["bias"]) if "bias" in new[name] else np.zeros_like(mean_shift)
         new[name]["bias"] = jax.device_put(b - mean_shift)
+    return new
+
+
+def deployed_biases(graph: Graph, params: Params, quant: QuantSpec, qstate: QState) -> Params:
+    """``params`` with every bias that a QDQ file stores as int32 replaced by its value there.
+
+    :func:`npujax.to_onnx` (``int32_bias=True``, the default) writes the bias of a layer with a
+    quantized input and a single integer per-tensor or per-channel weight format as the codes
+    ``round_half_even(b / (s_x * s_w))`` (:func:`npujax.numerics.fixed_point.quantize_bias`)
+    dequantized by ``s_x * s_w`` (float32 product), the convention of integer NPUs and of
+    onnxruntime's QLinearConv/QGemm, where the bias is added to the int32 accumulator. A float
+    bias differs from it by up to half that step per output channel: fake-quant with the float
+    bias is then not the model the file computes, and an example near a decision boundary (or
+    an activation code at a rounding tie downstream) can come out differently. With these
+    biases, :func:`npujax.ir.execute.execute`'s fake-quant computes what the file computes up
+    to float summation order.
+
+    Layers the exporter leaves with a float bias keep theirs: no quantized input, FP8 or
+    per-block weights, several candidate formats (a search mixture), or codes beyond int32 (a
+    channel whose weights are all ~0).
+
+    Args:
+      graph: the model.
+      params: its params (float32 ``bias [C_out]`` where a layer has one).
+      quant: its quantization spec.
+      qstate: its calibrated states (the input grid ``s_x``; the weight grid ``s_w`` from the
+        layer's quantizer, :meth:`~npujax.quantize.quantizers.Quantizer.weight_grid`).
+
+    Returns:
+      New params (the others shared); float32 biases on the int32 grid.
+
+    References:
+      ONNX ``DequantizeLinear`` and onnxruntime's QDQ format (bias: int32, scale =
+      input scale x weight scale, zero point 0); Jacob et al. 2018, arXiv:1712.05877, section
+      2.4 (int32 bias on the accumulator's grid).
+    """
+    new = dict(params)
+    for node in gemm_nodes(graph):
+        lq = quant.get(node.name)
+        state = layer_state(quant, qstate, node.name) if lq is not None else None
+        ps = params.get(node.name, {})
+        if (lq is None or lq.act is None or state is None or "bias" not in ps
+                or "kernel" not in ps or len(lq.weight_candidates) != 1
+                or isinstance(lq.weight_candidates[0], FloatFormat)
+                or lq.weight_block_size is not None):
+            continue
+        s_x = np.asarray(lq.quantizer.act_grid(lq, state)[0], np.float32).reshape(())
+        kernel = np.asarray(ps["kernel"], np.float32)
+        # per tensor the axes are unused (the exporter's view: a grouped ConvTranspose has no
+        # single output-channel axis)
+        view, axis, _ = (out_channel_view(node, kernel) if lq.weight_per_channel
+                         else (kernel, 0, None))
+        grid = lq.quantizer.weight_grid(node, lq, view, state, out_axis=axis, in_axis=0)
+        s_w = np.asarray(grid.scale, np.float32)
+        bias = np.asarray(ps["bias"], np.float32)
+        codes = quantize_bias(bias, s_x, s_w)
+        if codes.size and np.abs(codes).max() > np.iinfo(np.int32).max:
+            continue
+        step = np.broadcast_to(s_x * s_w, bias.shape).astype(np.float32)
+        value = (codes.astype(np.float64) * step.astype(np.float64)).astype(np.float32)
+        new[node.name] = {**ps, "bias": jax.device_put(value)}
     return new
 
 

@@ -29,9 +29,10 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from npujax.errors import CalibrationError, ConfigError
-from npujax.ir.execute import execute, tap
+from npujax.ir.execute import execute, layer_state, tap
 from npujax.ir.graph import Graph, Params
 from npujax.numerics import IntFormat
+from npujax.ops import OPS, weight_role
 from npujax.quantize.ptq import sqnr_db
 from npujax.quantize.spec import LayerQuant, QuantSpec
 
@@ -151,14 +152,10 @@ def sensitivity_split(
         else:
             yf = execute(graph, r, x)
         out = {"signal": jnp.sum(jnp.square(yf))}
-        for key, q in specs.items():
-            # one layer isolated: its deployed weights and bias (weight-only) in the float
-            # model, every other layer as in the float model (a bias that bias correction set
-            # for another layer's quantized weights would be that layer's error, not this one's)
-            # (an attention MatMul/Einsum has no params: its "weight" is its second operand)
-            pk = {**r, key[0]: p[key[0]]} if key[1] == "weight" and key[0] in p else r
-            yq = execute(graph, pk, x, quant=q, qstate=qstate)
-            out["/".join(key)] = jnp.sum(jnp.square(yq - yf))
+        if specs:
+            noise = _isolated_noise(graph, p, r, x, yf, specs, qstate)
+            for i, key in enumerate(specs):
+                out["/".join(key)] = noise[i]
         if whole_model:
             _, qt = execute(graph, p, x, quant=quant, qstate=qstate, observe=tap(names))
             for n in names:
@@ -188,6 +185,75 @@ def sensitivity_split(
         rows.append(LayerSensitivity(n, graph.node(n).op, int_bits(wf), int_bits(lq.act),
                                      w, a, whole))
     return sensitivity_order(rows)
+
+
+def _isolated_noise(graph: Graph, p: Params, r: Params, x: jax.Array, yf: jax.Array,
+                    specs: dict[tuple[str, str], dict[str, LayerQuant]], qstate: dict[str, Any]
+                    ) -> jax.Array:
+    """``sum (y_k - y_float)^2`` of every isolated run ``k`` of ``specs`` (in order), each one
+    layer's weights (with its deployed params ``p``) or inputs quantized in the float model
+    ``r``: what ``execute(graph, {**r, layer: p[layer]} or r, x, quant=specs[k])`` computes,
+    as one traced forward pass mapped over ``k`` (``jax.lax.map``) in which every layer's
+    operands and params are selected by ``k`` (the quantized ones computed as ``execute`` does,
+    the selection exact). One pass instead of one per run: PP-OCR cls's 108 runs were traced,
+    lowered and compiled as one program of 108 forward passes (most of ``npujax quantize``'s
+    time there)."""
+    keys = list(specs)
+    index = {key: i for i, key in enumerate(keys)}
+    layers = {n for n, _ in keys}
+    alt: dict[str, dict[str, Any]] = {}  # per layer: {"weight"|"act": params of that run}
+    for (n, kind), q in specs.items():
+        node, lq = graph.node(n), q[n]
+        base = (p if kind == "weight" else r).get(n)
+        if base is None or OPS[node.op].quantized_operands:
+            continue  # no params (an attention MatMul: its "weight" is its second operand)
+        role = weight_role(node)
+        state = layer_state(q, qstate, n)
+        alt.setdefault(n, {})[kind] = {**base, role: lq.quantizer.quantize_kernel(
+            node, lq, base[role], state)}
+
+    def params_for(k):
+        out = dict(r)
+        for n, kinds in alt.items():
+            # a role a run's params have and the float ones lack (a bias that bias correction
+            # added) is zero in the other runs: adding 0 changes nothing
+            ref = {role: jnp.asarray(v) for role, v in r.get(n, {}).items()}
+            for v in kinds.values():
+                ref.update({role: jnp.zeros_like(jnp.asarray(a)) for role, a in v.items()
+                            if role not in ref})
+            cur = dict(ref)
+            for kind, v in kinds.items():
+                hit = k == index[(n, kind)]
+                cur = {role: jnp.where(hit, jnp.asarray(v.get(role, ref[role])), c)
+                       for role, c in cur.items()}
+            out[n] = cur
+        return out
+
+    def hook_for(k):
+        def observe(node, inputs, outputs):
+            if outputs is not None or node.name not in layers:
+                return None
+            ins = list(inputs)
+            first, second = ins[0], ins[1] if len(ins) > 1 else None
+            for kind in ("weight", "act"):
+                if (node.name, kind) not in index:
+                    continue
+                q = specs[(node.name, kind)]
+                lq, state = q[node.name], layer_state(q, qstate, node.name)
+                hit = k == index[(node.name, kind)]
+                ins[0] = jnp.where(hit, lq.quantizer.quantize_input(node, lq, first, state),
+                                   ins[0])
+                if OPS[node.op].quantized_operands:
+                    ins[1] = jnp.where(hit, lq.quantizer.quantize_operand(
+                        node, lq, second, state), ins[1])
+            return ins
+        return observe
+
+    def one(k):
+        yq, _ = execute(graph, params_for(k), x, observe=hook_for(k))
+        return jnp.sum(jnp.square(yq - yf))
+
+    return jax.lax.map(one, jnp.arange(len(keys)))
 
 
 def sensitivity_order(rows: Iterable[LayerSensitivity]) -> list[LayerSensitivity]:
