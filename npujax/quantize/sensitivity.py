@@ -243,7 +243,7 @@ def _isolated_noise(graph: Graph, p: Params, r: Params, x: jax.Array, yf: jax.Ar
                 hit = k == index[(node.name, kind)]
                 ins[0] = jnp.where(hit, lq.quantizer.quantize_input(node, lq, first, state),
                                    ins[0])
-                if OPS[node.op].quantized_operands:
+                if OPS[node.op].quantized_operands and second is not None:
                     ins[1] = jnp.where(hit, lq.quantizer.quantize_operand(
                         node, lq, second, state), ins[1])
             return ins
