@@ -61,7 +61,8 @@ class Grid:
 
         Raises:
           ConfigError: no axes, an axis without values or with repeated values, an unknown
-            field, or a value a preset could not hold.
+            field, a value a preset could not hold, or a field ``base`` ignores
+            (:func:`npujax.hw.fields.ignored`).
         """
         if not axes:
             raise ConfigError("a sweep needs at least one --grid axis (e.g. array.rows=8,16,32).")
@@ -86,6 +87,7 @@ class Grid:
             if any(n == name for n, _ in out):
                 raise ConfigError(f"grid axis {raw!r} is given twice.")
             out.append((name, vals))
+        fields.check_varied(base, [n for n, _ in out if n != "bits"], "grid axis")
         return cls(tuple(out))
 
     @property

@@ -32,7 +32,7 @@ such an axis.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -42,7 +42,7 @@ from npujax.hw.spec import _SECTIONS, NpuSpec, _numeric
 
 __all__ = ["SECTIONS", "WORKLOAD_SECTIONS", "TRACED_SECTIONS", "parse", "canonical", "paths",
            "numeric_paths", "is_leaf", "is_traced", "get", "replace", "replace_traced",
-           "field_range", "log_range", "stack"]
+           "field_range", "log_range", "stack", "ignored", "check_varied"]
 
 #: The spec's sections, in preset order (:class:`~npujax.hw.NpuSpec`'s dataclass fields).
 SECTIONS: tuple[str, ...] = tuple(_SECTIONS)
@@ -56,6 +56,17 @@ TRACED_SECTIONS: tuple[str, ...] = tuple(s for s in SECTIONS if s not in WORKLOA
 
 #: Short names accepted for a path.
 _ALIASES = {"dataflow": "array.dataflow"}
+
+#: Fields the cost program does not read while another field has a given value:
+#: ``{path: (switch path, switch value, what is read instead)}``.
+_IGNORED_WHEN = {
+    "memory.ifmap_sram_bytes": ("memory.sram_split", "per_model",
+                                "the per-model split of memory.onchip_sram_bytes sizes it"),
+    "memory.ofmap_sram_bytes": ("memory.sram_split", "per_model",
+                                "the per-model split of memory.onchip_sram_bytes sizes it"),
+    "memory.parameter_cache_bytes": ("memory.sram_split", "per_model",
+                                     "the per-model split of memory.onchip_sram_bytes sizes it"),
+}
 
 
 def _index(sections: Mapping[str, type]) -> dict[str, dataclasses.Field]:
@@ -283,3 +294,45 @@ def stack(spec: NpuSpec, changes: Mapping[str, Any], n: int) -> NpuSpec:
                                                                       dtype)
         sections[section] = dataclasses.replace(sec, **new)
     return dataclasses.replace(spec, **sections)
+
+
+def ignored(spec: NpuSpec, path: str) -> str | None:
+    """Why the cost program does not read field ``path`` on ``spec``, or None if it does.
+
+    A preset with ``memory.sram_split = "per_model"`` sizes its activation buffers and parameter
+    cache per model from ``memory.onchip_sram_bytes`` (:mod:`npujax.plan.passes.onchip_split`),
+    so their own values have no effect there.
+
+    Raises:
+      ConfigError: no such field.
+    """
+    full = canonical(path)
+    rule = _IGNORED_WHEN.get(full)
+    if rule is None:
+        return None
+    switch, value, instead = rule
+    if get(spec, switch) != value:
+        return None
+    return f"{switch} = {value!r}: {instead}"
+
+
+def check_varied(spec: NpuSpec, paths: Sequence[str], what: str) -> None:
+    """Refuse to vary a field ``spec``'s cost program ignores (:func:`ignored`): a sweep axis,
+    a fitted or co-designed field that changes no number would be a silently wrong answer.
+
+    Args:
+      spec: the base NPU.
+      paths: the fields varied (``section.key`` or short names).
+      what: how they are varied, for the message (e.g. ``"grid axis"``).
+
+    Raises:
+      ConfigError: a varied field the cost program ignores on ``spec``, naming the switch.
+    """
+    for path in paths:
+        why = ignored(spec, path)
+        if why is not None:
+            switch = _IGNORED_WHEN[canonical(path)][0]
+            raise ConfigError(
+                f"{what} {canonical(path)!r} changes nothing on {spec.name!r}, which has {why}; "
+                f"vary memory.onchip_sram_bytes instead, or set {switch} = 'fixed' and "
+                "memory.onchip_sram_bytes = 0 in a copy of the preset (docs/hw.md).")

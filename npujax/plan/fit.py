@@ -383,6 +383,7 @@ def fit_spec(
     steps, chunk, learning_rate, regularization = (config.steps, config.chunk,
                                                    config.learning_rate, config.regularization)
     full = resolve_fields(fields)
+    hw_fields.check_varied(spec, full, "fitted field")
     idx = np.asarray(layer_index, np.int64)
     meas = np.asarray(measured_s, np.float64)
     if idx.ndim != 1 or idx.shape != meas.shape or idx.size == 0:

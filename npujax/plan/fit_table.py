@@ -396,6 +396,7 @@ def fit_table(
       >>> r.metrics["loo"]["mape"], r.identifiable  # doctest: +SKIP
     """
     full = resolve_fields(fields)
+    hw_fields.check_varied(spec, full, "fitted field")
     if len(full) > MAX_TABLE_FIELDS:
         raise ConfigError(f"fit at most {MAX_TABLE_FIELDS} fields to a benchmark table, got "
                           f"{len(full)} ({', '.join(full)}); a table of tens of models cannot "

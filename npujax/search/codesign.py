@@ -495,12 +495,15 @@ def codesign(graph: Graph, base: NpuSpec, sensitivity: Mapping[str, Mapping[Any,
     Raises:
       ConfigError: a budget no design can meet (area below the smallest design, an accuracy
         constraint below the least sensitive policy, or no rounded design within the power
-        budget), a model without GEMM layers, or missing sensitivities.
+        budget), a model without GEMM layers, missing sensitivities, or a ``base`` whose
+        buffers a per-model SRAM split sizes (:func:`npujax.hw.fields.check_varied`).
 
     Examples:
       >>> res = codesign(graph, load_npu_spec("bitserial_16x16"), sens,
       ...                CodesignConfig(area_mm2=4.0, objective="edp"))  # doctest: +SKIP
     """
+    fields.check_varied(base, ("memory.ifmap_sram_bytes", "memory.ofmap_sram_bytes"),
+                        "co-design of")
     p = _Problem(graph, base, sensitivity, config)
     _check_reachable(p)
     base_design = _base_design(p)

@@ -157,3 +157,23 @@ def test_a_parameter_cache_size_without_a_cache_is_refused():
     cached = spec.with_fields({"memory.parameter_cache": "streams_from_host",
                                "memory.parameter_cache_bytes": 8192})
     assert cached.memory.parameter_cache_bytes == 8192
+
+
+def test_fields_a_per_model_sram_split_overrides_cannot_be_varied(edge):
+    """A sweep, fit or co-design varying a buffer a per-model split sizes would change no
+    number: refused by name, with the switch; the same fields vary on a fixed split."""
+    from npujax.explore import Grid
+    from npujax.plan.fit import fit_spec
+
+    coral = load_npu_spec("coral_edgetpu")
+    assert fields.ignored(coral, "memory.ifmap_sram_bytes") is not None
+    assert fields.ignored(coral, "memory.dram_bytes_per_s") is None
+    assert fields.ignored(edge, "memory.ifmap_sram_bytes") is None
+    with pytest.raises(ConfigError, match="memory.ifmap_sram_bytes.*sram_split = 'per_model'"):
+        Grid.build({"memory.ifmap_sram_bytes": [65536, 131072]}, coral)
+    with pytest.raises(ConfigError, match="parameter_cache_bytes.*onchip_sram_bytes"):
+        Grid.build({"array.rows": [32, 64],
+                    "memory.parameter_cache_bytes": [1 << 20, 1 << 22]}, coral)
+    Grid.build({"memory.ifmap_sram_bytes": [65536, 131072]}, edge)
+    with pytest.raises(ConfigError, match="fitted field 'memory.ofmap_sram_bytes'"):
+        fit_spec([], coral, [0], [1e-3], ["ofmap_sram_bytes"])
