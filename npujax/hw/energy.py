@@ -23,6 +23,7 @@ area.reference_node_nm) ** area.node_exponent``::
     array   = s_A * 1e-6 * rows * cols * cores * PE
     SRAM    = s_A * 1e-6 * cores * sum over the 3 buffers of (sram_um2_per_byte * C
               + sram_periphery_um2_per_sqrt_byte * sqrt(C))
+              (one term of C = onchip_sram_bytes under memory.sram_split = "per_model")
     vector  = s_A * 1e-6 * lanes * cores * vector_lane_um2
 
 Leakage, clock tree, control and the network on chip are not modelled (see ``docs/npu_model.md``,
@@ -120,7 +121,9 @@ class AreaBreakdown(NamedTuple):
 
     Attributes:
       array_mm2: the MAC arrays (all cores).
-      sram_mm2: the ifmap, filter and ofmap buffers (all cores).
+      sram_mm2: the ifmap, filter and ofmap buffers (all cores); under
+        ``memory.sram_split = "per_model"`` the one shared SRAM of ``onchip_sram_bytes``
+        (filter buffer included) whose split the compiler chooses per model.
       vector_mm2: the vector units (all cores).
       total_mm2: their sum.
     """
@@ -144,8 +147,9 @@ def area_breakdown(spec: NpuSpec) -> AreaBreakdown:
     """Area of the array, SRAM buffers and vector unit (mm^2 at the chip's node).
 
     See the module docstring for the formulas. Monotone in rows, cols, cores, lanes, operand
-    and accumulator widths and every buffer's bytes; differentiable in all of them (give the
-    spec float leaves, :func:`npujax.hw.differentiable_spec`).
+    and accumulator widths and every buffer's bytes (under a per-model SRAM split, the shared
+    SRAM's ``onchip_sram_bytes`` in place of the buffers it is split into); differentiable in
+    all of them (give the spec float leaves, :func:`npujax.hw.differentiable_spec`).
 
     Args:
       spec: the NPU (leaves may be traced or batched).
@@ -163,8 +167,11 @@ def area_breakdown(spec: NpuSpec) -> AreaBreakdown:
         return (_real(ar.sram_um2_per_byte) * c
                 + _real(ar.sram_periphery_um2_per_sqrt_byte) * jnp.sqrt(c))
 
-    sram = s * cores * (buffer(m.ifmap_sram_bytes) + buffer(m.filter_sram_bytes)
-                        + buffer(m.ofmap_sram_bytes))
+    if m.sram_split == "per_model":  # one SRAM, split per model: its size is the silicon
+        sram = s * cores * buffer(m.onchip_sram_bytes)
+    else:
+        sram = s * cores * (buffer(m.ifmap_sram_bytes) + buffer(m.filter_sram_bytes)
+                            + buffer(m.ofmap_sram_bytes))
     vector = s * _real(spec.vector.lanes) * cores * _real(ar.vector_lane_um2)
     return AreaBreakdown(array, sram, vector, array + sram + vector)
 

@@ -177,3 +177,20 @@ def test_fields_a_per_model_sram_split_overrides_cannot_be_varied(edge):
     Grid.build({"memory.ifmap_sram_bytes": [65536, 131072]}, edge)
     with pytest.raises(ConfigError, match="fitted field 'memory.ofmap_sram_bytes'"):
         fit_spec([], coral, [0], [1e-3], ["ofmap_sram_bytes"])
+
+
+def test_a_per_model_split_chip_has_the_area_of_its_one_sram():
+    """The silicon is the shared SRAM, not the buffers a fixed split would size: area follows
+    onchip_sram_bytes (numpy reference of the buffer formula) and not ifmap_sram_bytes."""
+    from npujax.hw.energy import area_breakdown, area_scale
+
+    coral = load_npu_spec("coral_edgetpu")
+    ar = coral.area
+    c = coral.memory.onchip_sram_bytes
+    want = (area_scale(coral) * 1e-6 * coral.array.cores
+            * (ar.sram_um2_per_byte * c + ar.sram_periphery_um2_per_sqrt_byte * np.sqrt(c)))
+    np.testing.assert_allclose(float(area_breakdown(coral).sram_mm2), want, rtol=1e-6)
+    bigger = coral.with_fields({"memory.onchip_sram_bytes": 2 * c})
+    assert float(area_breakdown(bigger).sram_mm2) > float(area_breakdown(coral).sram_mm2)
+    other = coral.with_fields({"memory.ifmap_sram_bytes": 65536})
+    assert float(area_breakdown(other).sram_mm2) == float(area_breakdown(coral).sram_mm2)
