@@ -77,7 +77,7 @@ def _apply(inp: PassInput, state: ProgramCosts) -> ProgramCosts:
                             inp.act_bits, inp.dataflow, chains=inp.chains, mode=inp.mode,
                             shapes=inp.shapes)
 
-    every = jax.vmap(at)(jnp.asarray(ACTIVATION_SHARES, jnp.float64))
+    every = jax.lax.map(at, jnp.asarray(ACTIVATION_SHARES, jnp.float64))
     total = jnp.sum(real(every.costs.latency_cycles), axis=-1)
     k = jnp.argmin(jax.lax.stop_gradient(total))
     # the other passes' answer at the preset's own sizes (``state``) is not used: the
