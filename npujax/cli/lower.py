@@ -371,13 +371,19 @@ def run(args: argparse.Namespace) -> int:
     print_rewrites(con, result.schedule)
     from npujax.ir.passes import rebatch
     from npujax.plan import memory_report
-    from npujax.report.lowering import print_attention, print_edges, print_memory
+    from npujax.report.lowering import (
+        print_attention,
+        print_edges,
+        print_memory,
+        print_sram_split,
+    )
 
     lowered = graph if batch is None else rebatch(graph, batch)
     memory = memory_report(lowered, result.schedule, spec)
     print_edges(con, result.schedule)
     print_attention(con, result.schedule)
     print_memory(con, {Path(args.model).name: memory})
+    print_sram_split(con, result.schedule)
     extra: dict[str, Any] = {"memory": memory.to_dict()}
     extra.update(_schedules_and_sweep(con, args, args.model, graph, lowered, spec, precision,
                                       onnx_model))
@@ -669,7 +675,12 @@ def _run_decoder(args: argparse.Namespace) -> int:
     from npujax.hw import load_npu_spec
     from npujax.models.hf_config import load_decoder
     from npujax.models.serving import lower_decoder
-    from npujax.report.lowering import print_attention, print_lowering, write_lowering
+    from npujax.report.lowering import (
+        print_attention,
+        print_lowering,
+        print_sram_split,
+        write_lowering,
+    )
 
     _freeze_imports()
     name = str(args.model).split(":", 1)[1]
@@ -762,6 +773,7 @@ def _run_decoder(args: argparse.Namespace) -> int:
               f"{spec.ridge_macs_per_byte:,.1f}); modelled / roofline = "
               f"{result.schedule.latency_s / fig.roofline_s:,.2f}")
     print_attention(con, result.schedule)
+    print_sram_split(con, result.schedule)
     out = output_dir(args.out)
     if out is not None:
         from npujax._atomic import staged_dir

@@ -38,6 +38,7 @@ from npujax.plan.passes.attention import (
 from npujax.plan.passes.base import ProgramCosts
 from npujax.plan.passes.cross_layer import PLACEMENTS, cross_layer_edges
 from npujax.plan.passes.energy import ENERGY_BREAKDOWN, LayerEnergy
+from npujax.plan.passes.onchip_split import split_spec
 from npujax.plan.program import active_passes, needs_static_layers, program_cost, program_costs
 from npujax.plan.table import layer_table, table_length
 from npujax.plan.workload import Workload, workloads
@@ -201,7 +202,10 @@ class Schedule:
     inference, its breakdown and the energy-delay product are derived from the layers'
     energies. ``rewrites`` holds, under the preset's ``ops.unsupported`` policy, the
     :class:`~npujax.plan.decompose.RewriteChoice` of each unsupported layer (rewritten or sent
-    to the host, and why; empty under the default ``fallback``).
+    to the host, and why; empty under the default ``fallback``). ``sram_split``, on a preset
+    with ``memory.sram_split = "per_model"``, is the split of the shared SRAM the compiler was
+    modelled to choose (the activations' share and the bytes of each buffer and of the
+    parameter cache; :mod:`npujax.plan.passes.onchip_split`), else None.
     """
 
     npu: str
@@ -222,6 +226,7 @@ class Schedule:
     area_mm2: float = 0.0
     area_breakdown_mm2: dict[str, float] = dataclasses.field(default_factory=dict)
     rewrites: tuple[Any, ...] = ()
+    sram_split: dict[str, float] | None = None
 
     @property
     def energy_j(self) -> float:
@@ -298,6 +303,7 @@ class Schedule:
             "layers": [r.to_dict() for r in self.layers],
             "edges": [e.to_dict() for e in self.edges],
             "rewrites": [c.to_dict() for c in self.rewrites],
+            "sram_split": None if self.sram_split is None else dict(self.sram_split),
         }
 
     def _repr_html_(self) -> str:
@@ -439,12 +445,13 @@ _OUTPUT_TYPES = (LayerCosts, LayerEnergy, AreaBreakdown, AttentionCosts)
 
 def _program_outputs(out: tuple[ProgramCosts, ...], dataflows: tuple[str, ...],
                      spec: NpuSpec) -> tuple[Any, ...]:
-    """``(by_dataflow, energies, area, attention)`` of the cost program's answers, the energies'
-    ``total_j`` left to the host (:func:`_with_total`)."""
+    """``(by_dataflow, energies, area, attention, sram_split)`` of the cost program's answers,
+    the energies' ``total_j`` left to the host (:func:`_with_total`)."""
     by_df = {df: o.costs for df, o in zip(dataflows, out)}
     energy = {df: o.layer_energy._replace(total_j=None) for df, o in zip(dataflows, out)}
     att = {df: o.attention for df, o in zip(dataflows, out) if o.attention is not None}
-    return by_df, energy, area_breakdown(spec), att
+    split = {df: o.sram_split for df, o in zip(dataflows, out) if o.sram_split is not None}
+    return by_df, energy, area_breakdown(spec), att, split
 
 
 def _static_costs(layers: tuple[Workload, ...], dataflows: tuple[str, ...],
@@ -663,12 +670,14 @@ def lower_by_dataflow(
                 out[df] = _schedule(spec, df, layers, wb, ab, costs, energy, area, batch_size,
                                     peak, extra, stationary)
         else:
-            by_df, energies, area, att = _costs_program(layers, names, chains, spec, wb, ab)
+            by_df, energies, area, att, split = _costs_program(layers, names, chains, spec, wb,
+                                                               ab)
             for df in names:
                 out[df] = _schedule(spec, df, layers, wb, ab, by_df[df],
                                     _with_total(energies[df]), area,
                                     batch_size, peak,
-                                    _attention_report(layers, chains, att.get(df)), stationary)
+                                    {**_attention_report(layers, chains, att.get(df)),
+                                     **_split_report(spec, split.get(df))}, stationary)
     if rewrites:
         out = {df: dataclasses.replace(v, rewrites=rewrites) for df, v in out.items()}
     return out
@@ -743,8 +752,25 @@ def _layer_fused(layers: tuple[Workload, ...], spec: NpuSpec, wb: np.ndarray, ab
         sram_capacity_bytes=float(ec.sram_capacity),
         unfused_dram_bytes=float(np.sum(unfused.dram_bytes)),
         unfused_latency_s=float(np.sum(unfused.latency_cycles)) / spec.array.clock_hz,
-        **_attention_report(list(layers), chains, att))
+        **_attention_report(list(layers), chains, att),
+        **_split_report(spec, p.sram_split))
     return costs, energy, area, extra
+
+
+def _split_report(spec: NpuSpec, share: Any) -> dict[str, Any]:
+    """The schedule's ``sram_split`` of the share the ``onchip_split`` pass chose (none where
+    it did not run): the bytes each use got (:func:`~npujax.plan.passes.onchip_split.
+    split_spec`, all cores alike)."""
+    if share is None:
+        return {}
+    m = split_spec(spec, float(share)).memory
+    return {"sram_split": {
+        "activation_share": float(share),
+        "onchip_sram_bytes": float(spec.memory.onchip_sram_bytes),
+        "filter_sram_bytes": float(spec.memory.filter_sram_bytes),
+        "ifmap_sram_bytes": float(m.ifmap_sram_bytes),
+        "ofmap_sram_bytes": float(m.ofmap_sram_bytes),
+        "parameter_cache_bytes": float(m.parameter_cache_bytes)}}
 
 
 def activation_placements(layers: Sequence[Workload], edges: Sequence[EdgeReport] = (),

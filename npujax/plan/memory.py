@@ -46,7 +46,8 @@ class MemoryReport:
       dram_footprint_bytes: ``weight_bytes + dram_activation_peak_bytes``.
       dram_capacity_bytes: the preset's ``memory.dram_bytes`` (0: unlimited).
       sram_peak_bytes: peak SRAM occupied (working set plus activations kept on chip).
-      sram_capacity_bytes: ``(ifmap + filter + ofmap) x cores``.
+      sram_capacity_bytes: ``(ifmap + filter + ofmap) x cores`` (under a per-model SRAM split,
+        the buffers as the split sized them: ``Schedule.sram_split``).
       fits: whether the footprint fits the DRAM capacity.
       spill: ``(layer, weight bytes)`` that would have to stay in host memory to fit.
       activations_fit: whether the DRAM activations alone fit the capacity (else spilling
@@ -141,7 +142,10 @@ def memory_report(graph: Graph, schedule: Schedule, spec: NpuSpec | str) -> Memo
             left[max(p, 0):end + 1] -= nbytes
             act_spill.append((rows[p].name if p >= 0 else "graph input", float(nbytes)))
     m = spec.memory
-    sram_cap = float((m.ifmap_sram_bytes + m.filter_sram_bytes + m.ofmap_sram_bytes)
+    split = schedule.sram_split  # a per-model split: the buffers as the split sized them
+    sram_cap = float((split["ifmap_sram_bytes"] + split["filter_sram_bytes"]
+                      + split["ofmap_sram_bytes"] if split else
+                      m.ifmap_sram_bytes + m.filter_sram_bytes + m.ofmap_sram_bytes)
                      * spec.array.cores)
     sram_peak = schedule.sram_peak_bytes or max((r.costs.sram_peak_bytes for r in rows),
                                                 default=0.0)

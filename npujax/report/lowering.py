@@ -26,9 +26,9 @@ if TYPE_CHECKING:
     from npujax.plan.thermal import SustainedReport
 
 __all__ = ["print_lowering", "summary_line", "write_lowering", "print_resolution_sweep",
-           "print_edges", "print_rewrites", "print_shape_buckets", "print_attention",
-           "print_memory", "print_core_schedules", "print_coresidency", "print_sustained",
-           "print_host_pipeline"]
+           "print_sram_split", "print_edges", "print_rewrites", "print_shape_buckets",
+           "print_attention", "print_memory", "print_core_schedules", "print_coresidency",
+           "print_sustained", "print_host_pipeline"]
 
 
 def print_lowering(console: Console, lowering: Lowering, title: str) -> None:
@@ -202,6 +202,21 @@ def print_attention(console: Console, schedule: Schedule, limit: int = 8) -> Non
     if n > limit:
         line += f" (table: the first {limit})"
     console.print(line)
+
+
+def print_sram_split(console: Console, schedule: Schedule) -> None:
+    """The split of a shared on-chip SRAM the compiler was modelled to choose for this model
+    (``Schedule.sram_split``; nothing on a preset with fixed buffers)."""
+    sp = schedule.sram_split
+    if not sp:
+        return
+    act = sp["ifmap_sram_bytes"] + sp["ofmap_sram_bytes"]
+    console.print(
+        f"on-chip SRAM {_kib(sp['onchip_sram_bytes'])} KiB split for this model (the fastest "
+        f"of the modelled splits, memory.sram_split = per_model): activations {_kib(act)} KiB "
+        f"({sp['activation_share']:.1%} of what the filter buffer leaves), filter buffer "
+        f"{_kib(sp['filter_sram_bytes'])} KiB, parameter cache "
+        f"{_kib(sp['parameter_cache_bytes'])} KiB", soft_wrap=True)
 
 
 def print_memory(console: Console, reports: Mapping[str, MemoryReport]) -> None:

@@ -56,3 +56,13 @@ def test_the_model_gets_its_fastest_split():
     assert unified == min(each)
     # the choice matters here: the largest activation share is 4 % faster than the smallest
     assert each[-1] == min(each) < 0.97 * each[0]
+    # lower reports the split it chose (the first fastest), and sizes the SRAM report by it
+    from npujax.plan import lower, memory_report
+
+    sched = lower(graph, base)
+    sp = sched.sram_split
+    assert sp["activation_share"] == ACTIVATION_SHARES[int(np.argmin(each))]
+    assert sp["ifmap_sram_bytes"] + sp["ofmap_sram_bytes"] + sp["parameter_cache_bytes"] == 4096
+    assert memory_report(graph, sched, base).sram_capacity_bytes == (
+        1024 + 4096 * sp["activation_share"])
+    assert lower(graph, "edge_16x16").sram_split is None

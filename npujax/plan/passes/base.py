@@ -104,6 +104,9 @@ class ProgramCosts(NamedTuple):
         attention pass did not run.
       streamed_weight_bytes: float ``[L]`` weight bytes each layer streams over the host link
         per inference, or None where the weight-streaming pass did not run.
+      sram_split: float scalar, the activations' share of a per-model SRAM split that the
+        ``onchip_split`` pass chose (:mod:`npujax.plan.passes.onchip_split`), or None where
+        it did not run.
     """
 
     costs: LayerCosts
@@ -112,6 +115,7 @@ class ProgramCosts(NamedTuple):
     edges: EdgeCosts | None = None
     attention: AttentionCosts | None = None
     streamed_weight_bytes: Any = None
+    sram_split: Any = None
 
     @property
     def layer_energy(self) -> LayerEnergy:

@@ -77,12 +77,13 @@ def _apply(inp: PassInput, state: ProgramCosts) -> ProgramCosts:
                             inp.act_bits, inp.dataflow, chains=inp.chains, mode=inp.mode,
                             shapes=inp.shapes)
 
-    every = jax.lax.map(at, jnp.asarray(ACTIVATION_SHARES, jnp.float64))
+    shares = jnp.asarray(ACTIVATION_SHARES, jnp.float64)
+    every = jax.lax.map(at, shares)
     total = jnp.sum(real(every.costs.latency_cycles), axis=-1)
     k = jnp.argmin(jax.lax.stop_gradient(total))
     # the other passes' answer at the preset's own sizes (``state``) is not used: the
     # compiler drops it
-    return jax.tree.map(lambda x: x[k], every)
+    return jax.tree.map(lambda x: x[k], every)._replace(sram_split=shares[k])
 
 
 def _applies(spec: NpuSpec, chains: tuple[AttentionChain, ...], mode: CostMode) -> bool:
