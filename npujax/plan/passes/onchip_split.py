@@ -16,9 +16,9 @@ total latency under the rest of the cost program:
 * candidate ``s``: ``ifmap_sram_bytes = ofmap_sram_bytes = s x (onchip - filter) / 2`` and
   ``parameter_cache_bytes = (1 - s) x (onchip - filter)`` (the filter buffer,
   ``filter_sram_bytes``, is the array's weight staging and stays as given);
-* every other pass of the program runs at each candidate (a ``jax.lax.map`` loop over the candidates: the
-  placement of activations, ``passes/cross_layer.py``; the parameter cache, ``passes/
-  weight_stream.py``; the fixed cost per inference, the energy), and the candidate of the
+* every other pass of the program runs at each candidate (a ``jax.lax.map`` loop over the
+  candidates: the placement of activations, ``passes/cross_layer.py``; the parameter cache,
+  ``passes/weight_stream.py``; the fixed cost per inference, the energy), and the candidate of the
   smallest summed latency is the model's answer (its costs, edges and streamed bytes).
 
 A model that fits on chip with room to spare (MobileNet, SqueezeNet) runs as with separate
