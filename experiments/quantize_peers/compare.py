@@ -181,50 +181,12 @@ def _export_vit_mnist(d: Path, cache: Path) -> tuple[str, list[str]]:
 
 
 def _rec_lines(n: int, seed: int, h: int = 48, w: int = 320) -> tuple[np.ndarray, list[str]]:
-    """``n`` rendered text lines as PaddleOCR's recogniser sees a detected line, and their strings.
+    """``n`` rendered text lines as PaddleOCR's recogniser sees a detected line, and their
+    strings: :func:`npujax.data.images.text_lines` (it was written here first; the same
+    drawing, so the same lines for a seed)."""
+    from npujax.data.images import text_lines
 
-    PaddleOCR's rec preprocessing (``resize_norm_img`` of ``tools/infer/predict_rec.py``,
-    ``rec_image_shape = 3,48,320``): the line's crop is resized to height 48 keeping its aspect
-    ratio, normalized ``(x / 255 - 0.5) / 0.5`` and padded on the right with zeros to the batch
-    width (320 unless a line is wider, when the predictor widens the input instead). Here: 2-4
-    words of ``npujax.data.images``' vocabulary, one size (0.45 x 48 px font), ink and
-    background colours as ``text_images`` draws them, a crop of 2-8 px margins around the
-    text, zero-padded to ``w``; a line whose crop is wider than ``w`` is redrawn (so every line
-    takes PaddleOCR's padding path at width 320; no squeeze, no shrunken font).
-
-    ``text_images(fit=True)``, used before, shrinks the font of a long line until it fits the
-    320 px width: on 40 lines of seed 0 the float model then read 77.5 % exactly, against
-    100 % on the lines that fit at full size (the errors were all on the shrunken lines).
-
-    Returns:
-      float32 ``[n, 3, h, w]`` (RGB, [-1, 1], zero padding) and the ``n`` strings.
-    """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    from npujax.data.images import _WORDS
-
-    rng = np.random.default_rng(seed)
-    xs, strings, wide = [], [], 4 * w
-    while len(xs) < n:
-        bg = tuple(rng.uniform(0.8, 1.0, 3))
-        words = " ".join(rng.choice(_WORDS, size=int(rng.integers(2, 5))))
-        ink = tuple(rng.uniform(0.0, 0.3, 3))
-        left, right = int(rng.integers(2, 9)), int(rng.integers(2, 9))
-        fig = Figure(figsize=(wide / 100, h / 100), dpi=100)
-        canvas = FigureCanvasAgg(fig)
-        fig.patch.set_facecolor(bg)
-        t = fig.text(left / wide, 0.25, words, fontsize=int(h * 0.45), color=ink)
-        canvas.draw()
-        x1 = int(np.ceil(t.get_window_extent(canvas.get_renderer()).x1)) + right
-        if x1 > w:
-            continue
-        img = np.asarray(canvas.buffer_rgba())[:, :x1, :3].astype(np.float32)
-        out = np.zeros((3, h, w), np.float32)
-        out[:, :, :x1] = ((img / 255.0 - 0.5) / 0.5).transpose(2, 0, 1)
-        xs.append(out)
-        strings.append(words)
-    return np.stack(xs), strings
+    return text_lines(n, seed, h, w)
 
 
 def _export_ppocr_rec(d: Path, seed: int, n: int) -> tuple[str, list[str]]:

@@ -28,3 +28,27 @@ def test_generated_images_follow_the_model_layout():
     nhwc = load_inputs("photos", (1, 16, 24, 3), n=5)[0]  # a Keras model's input
     assert nchw.shape == (4, 3, 16, 24) and nhwc.shape == (4, 16, 24, 3)
     np.testing.assert_array_equal(nhwc, nchw.transpose(0, 2, 3, 1))
+
+
+def test_text_lines_are_full_height_and_zero_padded_as_paddleocr_feeds_rec():
+    """Each line fills the height at one font size and ends before the zero padding (PaddleOCR's
+    rec preprocessing); the strings are the drawn words; a too-narrow width is refused."""
+    import pytest
+
+    from npujax.data.images import _WORDS, text_lines
+    from npujax.errors import ConfigError
+
+    x, strings = text_lines(4, seed=5)
+    assert x.shape == (4, 3, 48, 320) and x.dtype == np.float32 and len(strings) == 4
+    assert all(2 <= len(s.split()) <= 4 and set(s.split()) <= set(_WORDS) for s in strings)
+    for img in x:
+        cols = np.flatnonzero((img != 0).any(axis=(0, 1)))  # drawn crop: columns 0..x1-1
+        assert cols[0] == 0 and (img[:, :, cols[-1] + 1:] == 0).all()
+        crop = img[:, :, : cols[-1] + 1]
+        ink = (np.abs(crop - crop[:, :1, :1]) > 0.3).any(axis=(0, 2))  # rows with glyphs
+        rows = np.flatnonzero(ink)
+        assert rows[-1] - rows[0] + 1 >= 0.3 * 48  # a full-height font, not a shrunken one
+        assert -1.0 <= img.min() and img.max() <= 1.0
+    assert text_lines(4, seed=5)[1] == strings  # the seed decides
+    with pytest.raises(ConfigError, match="width"):
+        text_lines(1, seed=0, w=40)
