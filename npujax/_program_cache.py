@@ -144,13 +144,19 @@ def _export(fn: Callable[..., Any], in_tree: Any, leaves: list[Any]) -> Any:
 
 
 @contextlib.contextmanager
-def cache_every_compilation() -> Iterator[None]:
-    """Where :func:`folder` is enabled, the persistent cache keeps the programs compiled in the
-    block however fast they compiled (JAX's threshold is a second; the cost program compiles in
-    about one, and loads in a third of that); elsewhere nothing changes."""
+def cache_every_compilation(active: bool | None = None) -> Iterator[None]:
+    """The persistent compilation cache keeps the programs compiled in the block however fast
+    they compiled (JAX's threshold is a second; the cost program compiles in about one, and
+    loads in a third of that).
+
+    Args:
+      active: whether to; None: where :func:`folder` is enabled (a caller that keeps its
+        programs in any JAX cache folder passes whether one is set). Where not active, nothing
+        changes.
+    """
     import jax
 
-    if _folder is None:
+    if not (_folder is not None if active is None else active):
         yield
         return
     option = "jax_persistent_cache_min_compile_time_secs"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 from npujax._lazy import names
@@ -163,8 +162,7 @@ def _merge(args: argparse.Namespace) -> int:
     return 0
 
 
-@contextlib.contextmanager
-def _cache_every_program() -> Iterator[None]:
+def _cache_every_program() -> contextlib.AbstractContextManager[None]:
     """Keep every program the block compiles in the persistent cache the command line set up
     (``npujax.cli.compile_cache``), not only those that took a second (JAX's threshold): a
     sweep's programs depend on the model's layers, the grid's static values and the batch
@@ -172,16 +170,10 @@ def _cache_every_program() -> Iterator[None]:
     sweep of the same model and grid shape compiles nothing."""
     import jax
 
-    if not jax.config.jax_compilation_cache_dir:  # type: ignore[attr-defined]
-        yield
-        return
-    option = "jax_persistent_cache_min_compile_time_secs"
-    before = getattr(jax.config, option)
-    jax.config.update(option, 0.0)
-    try:
-        yield
-    finally:
-        jax.config.update(option, before)
+    from npujax._program_cache import cache_every_compilation
+
+    return cache_every_compilation(
+        bool(jax.config.jax_compilation_cache_dir))  # type: ignore[attr-defined]
 
 
 def _join(args: argparse.Namespace) -> None:
