@@ -1,5 +1,12 @@
-import glob, os, sys, numpy as np
+# The screening script as run (README.md); kept as run.
+# ruff: noqa: E402, E501, E702, E741
+import glob
+import os
+import sys
+
+import numpy as np
 from scipy.stats import spearmanr
+
 tag = sys.argv[1] if len(sys.argv) > 1 else "split"
 keys = np.load(f"/work/coral-cache/keys_{tag}.npy") if os.path.exists(f"/work/coral-cache/keys_{tag}.npy") else None
 USB = {"DenseNet": 20, "Inception_v1": 3.4, "Inception_v4": 85, "Inception-ResNet_V2": 57,
@@ -55,6 +62,7 @@ for c in ["preset", *[a for a in acts if a >= 0], "min"]:
     run(c, show=c in ("preset", "min"))
 
 import json
+
 counts = json.load(open("/work/coral-cache/counts.json"))
 def run2(choice, what, cgrid):
     C0 = np.asarray([curve(n, choice) * 1e3 for n in names])

@@ -1,5 +1,11 @@
-import glob, os, numpy as np, json
+# The screening script as run (README.md); kept as run.
+# ruff: noqa: E402, E501, E702, E741
+import glob
+import os
+
+import numpy as np
 from scipy.stats import spearmanr
+
 exec(open("/work/coral-cache/loo.py").read().split("Y = {}")[0].split("tag = ")[0])
 USB = {"DenseNet": 20, "Inception_v1": 3.4, "Inception_v4": 85, "Inception-ResNet_V2": 57,
        "MobileNet_v1": 2.4, "MobileNet_v2": 2.6, "ResNet-50_V1": 49, "ResNet-50_V2": 50,

@@ -1,11 +1,21 @@
+# The screening script as run (README.md); kept as run.
+# ruff: noqa: E402, E501, E702, E741
 """Screen on-chip split candidates: per model, latency at a grid of (activation SRAM, link rate)."""
-import glob, pickle, sys, time, os
-import numpy as np, jax, jax.numpy as jnp
+import glob
+import os
+import pickle
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
 jax.config.update("jax_compilation_cache_dir", "/work/coral-cache/jaxcache")
-from npujax.hw import load_npu_spec, fields
+from npujax.hw import fields, load_npu_spec
 from npujax.hw.spec import stack_specs
-from npujax.plan.program import program_cost
 from npujax.plan.passes.base import LATENCY
+from npujax.plan.program import program_cost
 
 MiB = 1 << 20
 TOTAL = 8 * MiB
@@ -56,8 +66,8 @@ for f in sorted(glob.glob("/work/coral-cache/*.pkl")):
     t = time.time()
     with jax.enable_x64(True):
         wb = jnp.full(len(layers), 8.0, jnp.float32)
-        fn = jax.jit(jax.vmap(lambda s: jnp.sum(program_cost(
-            layers, s, wb, wb, chains=chains, mode=LATENCY).costs.latency_cycles)
+        fn = jax.jit(jax.vmap(lambda s, layers=layers, wb=wb, chains=chains: jnp.sum(
+            program_cost(layers, s, wb, wb, chains=chains, mode=LATENCY).costs.latency_cycles)
             / s.array.clock_hz))
         y = np.asarray(fn(stacked), np.float64)
     np.save(res, y)
