@@ -135,11 +135,12 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
     """``--input-shape``, ``--data``, ``--examples`` (models and their data)."""
     p.add_argument("--input-shape", action="append", metavar="NAME=1,3,48,192",
                    help="static shape of an ONNX input with dynamic dimensions")
-    p.add_argument("--data", help="digits (default for model.npz), mnist5k, text or photos "
-                   "(images generated at the ONNX model's input size), or FILE.npy / FILE.npz "
+    p.add_argument("--data", help="digits (default for model.npz), mnist5k, text, photos or "
+                   "lines (images generated at the ONNX model's input size; lines: a text "
+                   "recogniser's input), or FILE.npy / FILE.npz "
                    "('x' inputs, optional 'y' int labels)")
     p.add_argument("--examples", type=positive_int, default=256,
-                   help="images generated for --data text/photos (default 256)")
+                   help="images generated for --data text/photos/lines (default 256)")
 
 
 def add_devices_arg(p: argparse.ArgumentParser) -> None:

@@ -66,8 +66,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     qu.set_defaults(data=None)
     for action in qu._actions:
         if action.dest == "data":
-            action.help = ("digits (default for model.npz), mnist5k, text or photos (images "
-                           "generated at the model's input size), FILE.npy / FILE.npz ('x' "
+            action.help = ("digits (default for model.npz), mnist5k, text, photos or lines "
+                           "(images generated at the model's input size; lines: text lines as "
+                           "PP-OCR rec's preprocessing makes them), FILE.npy / FILE.npz ('x' "
                            "inputs in the model's layout, optional 'y' int labels), or a folder "
                            "of images (resized, scaled to [-1, 1]; labels from sub-folders "
                            "named 0, 1, ...; see docs/quant.md)")

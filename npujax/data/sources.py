@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from npujax.data.datasets import load_digits_nhwc, load_mnist5k_nhwc
-from npujax.data.images import image_folder, photo_crops, text_images
+from npujax.data.images import image_folder, photo_crops, text_images, text_lines
 from npujax.errors import ConfigError, ShapeError
 from npujax.limits import check_array_file, check_bytes
 
@@ -20,6 +20,8 @@ DATA_SOURCES = {
     "mnist5k": ("NHWC 28x28x1", True),
     "text": ("NCHW 3-channel rendered text lines, PaddleOCR-normalized", False),
     "photos": ("NCHW 3-channel crops of two photographs, PaddleOCR-normalized", False),
+    "lines": ("NCHW 3-channel text lines as PP-OCR's rec preprocessing feeds a recogniser "
+              "(full-height font, zero padding on the right), PaddleOCR-normalized", False),
 }
 
 
@@ -32,16 +34,18 @@ def load_inputs(
     """Inputs (and labels where the source has them) for a model taking ``input_shape``.
 
     Args:
-      source: ``digits``, ``mnist5k`` (labelled, their own train/test split), ``text`` or
-        ``photos`` (unlabelled images generated at the model's size, NCHW or, for a model
-        taking ``(H, W, 3)``, NHWC; see
-        :mod:`npujax.data.images`; 80 % / 20 % split), the path of a ``.npy`` file (inputs) or
-        ``.npz`` file (``x``, optional int ``y``; 80 % / 20 % split), or a folder of images
-        (:func:`npujax.data.images.image_folder`: its preprocessing, and labels from class
-        sub-folders; 80 % / 20 % split). File inputs must be real numbers (int, uint or
-        float; converted to float32).
+      source: ``digits``, ``mnist5k`` (labelled, their own train/test split), ``text``,
+        ``photos`` or ``lines`` (unlabelled images generated at the model's size, NCHW or, for
+        a model taking ``(H, W, 3)``, NHWC; see :mod:`npujax.data.images`: ``text`` fits
+        whole lines of words into the image, the data for a text classifier or detector;
+        ``lines`` draws them as PaddleOCR's rec preprocessing feeds a recogniser,
+        :func:`~npujax.data.images.text_lines`; 80 % / 20 % split), the path of a ``.npy``
+        file (inputs) or ``.npz`` file (``x``, optional int ``y``; 80 % / 20 % split), or a
+        folder of images (:func:`npujax.data.images.image_folder`: its preprocessing, and
+        labels from class sub-folders; 80 % / 20 % split). File inputs must be real numbers
+        (int, uint or float; converted to float32).
       input_shape: the model's input shape ``(batch, ...)``; the batch size is ignored.
-      n: examples generated for ``text``/``photos``.
+      n: examples generated for ``text``/``photos``/``lines``.
       seed: split and generation seed.
 
     Returns:
@@ -51,7 +55,7 @@ def load_inputs(
     Raises:
       ConfigError: unknown source, unreadable file, an ``.npz`` without ``x``, inputs of a
         dtype that is not a real number (bool, complex, strings, objects), no examples or only
-        one, NaN or infinite inputs.
+        one, NaN or infinite inputs, ``lines`` at a width too narrow for a line of words.
       ShapeError: the data's per-example shape is not the model's; labels that are not ints
         of shape ``(n,)``.
       LimitError: generated images or a file's arrays over ``max_tensor_bytes`` (checked
@@ -62,7 +66,7 @@ def load_inputs(
         d = (load_digits_nhwc if source == "digits" else load_mnist5k_nhwc)(seed=seed)
         _check(source, d.x_train, want)
         return d.x_train, d.y_train, d.x_test, d.y_test
-    if source in ("text", "photos"):
+    if source in ("text", "photos", "lines"):
         channels_last = len(want) == 3 and want[0] != 3 and want[2] == 3  # a Keras model's
         if len(want) != 3 or (want[0] != 3 and not channels_last):
             raise ShapeError(f"--data {source} makes 3-channel NCHW (or NHWC) images, but the "
@@ -71,9 +75,12 @@ def load_inputs(
         # the images are materialized: n float32 arrays of the model's input size
         check_bytes(n * math.prod(want) * 4, f"--data {source}: {n} generated images of shape "
                     f"{list(want)} (float32)")
-        make = text_images if source == "text" else photo_crops
         hw = want[:2] if channels_last else want[1:]
-        x, y = make(hw[0], hw[1], n, seed=seed), None
+        if source == "lines":
+            x = text_lines(n, seed=seed, h=hw[0], w=hw[1])[0]
+        else:
+            x = (text_images if source == "text" else photo_crops)(hw[0], hw[1], n, seed=seed)
+        y = None
         if channels_last:
             x = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
     elif Path(source).is_dir():

@@ -30,6 +30,19 @@ def test_generated_images_follow_the_model_layout():
     np.testing.assert_array_equal(nhwc, nchw.transpose(0, 2, 3, 1))
 
 
+def test_data_lines_are_the_recognisers_text_lines_split_80_20():
+    """``--data lines`` is :func:`text_lines` at the model's H x W (a recogniser's input), split
+    80/20 like the other generated sources."""
+    from npujax.data.images import text_lines
+    from npujax.data.sources import load_inputs
+
+    tr, y_tr, te, y_te = load_inputs("lines", (1, 3, 32, 256), n=5, seed=3)
+    assert tr.shape == (4, 3, 32, 256) and te.shape == (1, 3, 32, 256) and y_tr is y_te is None
+    ref = text_lines(5, seed=3, h=32, w=256)[0]
+    got = np.concatenate([tr, te])
+    assert sorted(map(bytes, got)) == sorted(map(bytes, ref))
+
+
 def test_text_lines_are_full_height_and_zero_padded_as_paddleocr_feeds_rec():
     """Each line fills the height at one font size and ends before the zero padding (PaddleOCR's
     rec preprocessing); the strings are the drawn words; a too-narrow width is refused."""
