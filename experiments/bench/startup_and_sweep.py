@@ -259,7 +259,8 @@ def big_sweep(limit: int) -> dict[str, float]:
     from npujax.frontends.onnx import parse_input_shapes
     from npujax.hw import fields, load_npu_spec
     from npujax.models.zoo import fetch_model
-    from npujax.plan.program import network
+    from npujax.plan.program import needs_static_layers, network
+    from npujax.plan.table import layer_table
     from npujax.systolic.dataflow import get_dataflow
     from npujax.workflows.lowering import import_onnx_for_lowering
     from npujax.workflows.sweep import DEFAULT_CHUNK, run_sweep
@@ -278,13 +279,20 @@ def big_sweep(limit: int) -> dict[str, float]:
     cfg = configurations(grid, DEFAULT_CHUNK, "random", 1)
     vals = {name: np.asarray(v)[cfg[:, j]] for j, (name, v) in enumerate(grid.axes)}
     dfs = tuple(get_dataflow(d).name for d in BIG_GRID["dataflow"])
-    program = sw._program(tuple(layers), dfs, sw._mesh(None), tuple(chains))
-    stacked = fields.stack(base, {k: v for k, v in vals.items()
+    table = hasattr(sw, "_table_program") and not needs_static_layers(base, chains)
+    spec = sw._program_spec(base) if table else base  # (the program the sweep runs)
+    stacked = fields.stack(spec, {k: v for k, v in vals.items()
                                   if k not in ("bits", "array.dataflow")}, DEFAULT_CHUNK)
     index = np.asarray([dfs.index(d) for d in vals["array.dataflow"]], np.int32)
     with jax.enable_x64(True):
+        args = (stacked, vals["bits"].astype(np.float64), index)
+        if table:
+            program = sw._table_program(dfs, sw._mesh(None))
+            args += (layer_table(layers, sw._table_length(len(layers))),)
+        else:
+            program = sw._program(tuple(layers), dfs, sw._mesh(None), tuple(chains))
         f = exact(program)
-        args = jax.device_put((stacked, vals["bits"].astype(np.float64), index))
+        args = jax.device_put(args)
         jax.block_until_ready(f(*args))
         calls, t = 0, time.process_time()
         while time.process_time() - t < 20.0 or calls < 3:

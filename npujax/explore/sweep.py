@@ -17,6 +17,14 @@ per-configuration arithmetic as on one device and gives the same numbers, bit fo
 (tested on 8 host devices, and batches of 5 and 40). Batches are padded to a power of two (a
 multiple of the device count) so a long sweep compiles a few programs, not one per batch size.
 
+The layers enter the program as a traced :class:`~npujax.plan.LayerTable` padded with inert rows
+(:func:`_table_length`: at most 1/8 more rows), as ``lower``'s cost program takes them, so one
+program serves every model of a padded length, with the figures of the program that holds the
+layers as constants, bit for bit (tests/explore/test_sweep.py); only a pass that needs the
+layers static (attention kernels, layer fusion) compiles a program per layer list. Where the
+command line keeps programs (``npujax._program_cache``) the traced program is kept as well, so
+a second process neither traces nor compiles it.
+
 Each configuration reduces its layers to one row of :data:`COLUMNS` (totals, per layer class,
 utilization); :class:`SweepResult` holds the rows with the axis values and derives the bounds,
 resources and the Pareto front. Each row also holds the energy per inference and its
@@ -338,14 +346,13 @@ def evaluate(layers: Sequence[Workload], spec: NpuSpec, changes: dict[str, np.nd
         spec = _program_spec(spec)
     stacked = fields.stack(spec, {k: pad(np.asarray(v)) for k, v in changes.items()}, size)
     args: tuple[Any, ...] = (stacked, pad(np.asarray(bits, np.float64)), pad(index))
+    if table:  # one program for every model of the padded length
+        args += (layer_table(layers, _table_length(len(layers))),)
+        batched, name, static = _batched_table(names), "sweep_table", names
+    else:
+        batched, name, static = _batched(layers, names, chains), "sweep", (layers, names,
+                                                                            chains)
     with jax.enable_x64(True):  # the numbers enter as int64/float64 (npujax._exact)
-        if table:
-            args += (layer_table(layers, _table_length(len(layers))),)
-        if table:
-            batched, name, static = _batched_table(names), "sweep_table", names
-        else:
-            batched, name, static = _batched(layers, names, chains), "sweep", (layers, names,
-                                                                                chains)
         if _program_cache.folder() is None:
             out = (_table_program(names, mesh) if table
                    else _program(layers, names, mesh, chains))(*args)
