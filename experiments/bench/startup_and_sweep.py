@@ -17,8 +17,9 @@ Prints:
       objectives (the sweep's default, latency against PEs) and three (new only: the scan would
       take hours); the target is <= 2 s for 10^6 rows;
   (3) CPU seconds of the README's sweep (``zoo:ppocr_cls``, 162 configurations x 164 layers) in
-      a fresh process: cold (an empty compile cache) and warm (a second process on the cache
-      the first filled), with the persistent-cache hits and misses (XLA compilations) counted
+      a fresh process: cold (an empty compile cache), warm (a second process on the cache
+      the first filled) and warm at another input width (the same layers' count, other
+      shapes), with the persistent-cache hits and misses (XLA compilations) counted
       through ``jax.monitoring``, and where each run's CPU goes (imports, the ONNX import,
       tracing and lowering or loading the cost program, XLA compiling it, evaluating, the
       CSV/Parquet files, the two plots); with ``--before`` the same for the other checkout,
@@ -179,28 +180,35 @@ def pareto(rows: int) -> dict[str, float]:
     return out
 
 
-RUNS = ("cold", "warm")
+RUNS = ("cold", "warm", "warm, other shape")
+#: The third run: the same model at another input width (the same 164 layers, other shapes),
+#: on the cache the first two filled.
+OTHER_SHAPE = "x=1,3,48,320"
 
 
 def sweep(checkouts: dict[str, Path], rounds: int) -> dict:
-    """The README sweep in fresh processes, per checkout: cold (an empty compile cache) and
-    warm (a second process on the cache the first filled), ``rounds`` times, the checkouts
-    interleaved in every round. Per checkout and run: the median CPU seconds, compilations and
-    cache hits, and the median CPU seconds of each phase; and whether every run's
-    ``results.csv`` is the same bytes."""
+    """The README sweep in fresh processes, per checkout: cold (an empty compile cache), warm
+    (a second process on the cache the first filled) and warm at another input shape
+    (:data:`OTHER_SHAPE`), ``rounds`` times, the checkouts interleaved in every round. Per
+    checkout and run: the median CPU seconds, compilations and cache hits, and the median CPU
+    seconds of each phase; and whether every run of one command wrote the same
+    ``results.csv`` bytes."""
     samples: dict[str, list[dict]] = {}
-    csvs = set()
+    csvs: dict[bool, set[bytes]] = {}
     for _ in range(rounds):
         for label, checkout in checkouts.items():
             with tempfile.TemporaryDirectory() as tmp:
                 env = env_for(checkout, NPUJAX_COMPILE_CACHE=str(Path(tmp) / "cache"))
                 for run in RUNS:
-                    folder = Path(tmp) / run
-                    cpu, err = _child_cpu([sys.executable, "-c", _PHASES, *README_SWEEP,
+                    folder = Path(tmp) / run.replace(" ", "_").replace(",", "")
+                    argv = README_SWEEP if run != RUNS[2] else [
+                        OTHER_SHAPE if a == "x=1,3,48,192" else a for a in README_SWEEP]
+                    cpu, err = _child_cpu([sys.executable, "-c", _PHASES, *argv,
                                            "--out", str(folder)], env, checkout)
                     samples.setdefault(f"{label}: {run}", []).append(
                         {"cpu_s": cpu, **_parse_child(err)})
-                    csvs.add((folder / "results.csv").read_bytes())
+                    csvs.setdefault(argv is README_SWEEP, set()).add(
+                        (folder / "results.csv").read_bytes())
     out: dict = {}
     for key, runs in samples.items():
         phases = {k: statistics.median(r["phases"].get(k, 0.0) for r in runs)
@@ -210,7 +218,7 @@ def sweep(checkouts: dict[str, Path], rounds: int) -> dict:
                     "compilations": int(statistics.median(r["compilations"] for r in runs)),
                     "cache_hits": int(statistics.median(r["cache_hits"] for r in runs)),
                     "phases": phases}
-    out["results.csv identical"] = len(csvs) == 1
+    out["results.csv identical"] = all(len(v) == 1 for v in csvs.values())
     return out
 
 
@@ -423,21 +431,22 @@ def main() -> None:
               "interleaved rounds (cold: empty compile cache; warm: the cache cold filled)")
         same = result["sweep"].pop("results.csv identical")
         for k, v in result["sweep"].items():
-            print(f"    {k:20s} {v['cpu_s']:7.2f}   {v['compilations']:3d} compilations, "
+            print(f"    {k:32s} {v['cpu_s']:7.2f}   {v['compilations']:3d} compilations, "
                   f"{v['cache_hits']:3d} cache hits   (all: "
                   + ", ".join(f"{x:.2f}" for x in v["cpu_s_all"]) + ")")
         result["results_csv_identical"] = same
-        print(f"    results.csv of every run byte for byte the same: {same}")
+        print(f"    results.csv of every run of a command byte for byte the same: {same}")
         if len(checkouts) > 1:
             for run in RUNS:
                 b, a = (result["sweep"][f"{c}: {run}"]["cpu_s"] for c in checkouts)
                 print(f"    {run}: after / before = {a / b:.2f}")
         runs = list(result["sweep"])
         print("    where the CPU goes (median per phase), s:")
-        print(f"      {'phase':38s} " + " ".join(f"{k:>14s}" for k in runs))
+        print(f"      {'phase':38s} " + " ".join(f"{k[:14]:>14s}" for k in runs))
         for phase in result["sweep"][runs[0]]["phases"]:
             print(f"      {phase:38s} " + " ".join(
                 f"{result['sweep'][k]['phases'].get(phase, 0.0):14.2f}" for k in runs))
+        print("      (columns: " + "; ".join(runs) + ")")
     if args.big:
         result["big"] = big_sweep(args.big)
         print(f"(4) a {int(result['big']['configurations']):,}-configuration sweep end to end "
