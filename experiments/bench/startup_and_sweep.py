@@ -323,10 +323,11 @@ def plot(result: dict, path: str) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(10, 3.6))
+    sweep_only = "startup" not in result or "pareto" not in result
+    fig = Figure(figsize=(13, 5.2) if sweep_only else (10, 3.6))
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, 3)
-    if "startup" not in result or "pareto" not in result:
+    if sweep_only:
         _plot_sweep(fig, result)
         fig.savefig(path, dpi=110)
         return
@@ -375,7 +376,7 @@ def _plot_sweep(fig, result: dict) -> None:
     axes[1].set_xlabel("CPU s per phase (median)")
     axes[1].tick_params(axis="y", labelsize=7)
     if phases:
-        axes[1].legend(loc="lower right", fontsize=5)
+        axes[1].legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, fontsize=6)
     b = result.get("big")
     if b:
         labels = ["program alone (steady)", "sweep end to end"]
