@@ -132,7 +132,7 @@ def _write(path: Path, exported: Any) -> None:
 
 
 def _export(fn: Callable[..., Any], in_tree: Any, leaves: list[Any],
-            shardings: dict[str, Any]) -> Any:
+            shardings: dict[str, Any] | None = None) -> Any:
     """``fn`` traced and lowered on leaves of ``in_tree``: the exported program of the flat
     leaves (its output is ``fn``'s pytree), with the leaves' ``in_shardings`` and the
     ``out_shardings`` of ``shardings`` (none: one device)."""
@@ -142,7 +142,7 @@ def _export(fn: Callable[..., Any], in_tree: Any, leaves: list[Any],
     def flat(*xs: Any) -> Any:
         return fn(*jax.tree.unflatten(in_tree, xs))
 
-    return export.export(jax.jit(flat, **shardings))(*leaves)
+    return export.export(jax.jit(flat, **(shardings or {})))(*leaves)
 
 
 def _leaf_shardings(args: tuple[Any, ...], in_shardings: Sequence[Any] | None,
