@@ -131,16 +131,33 @@ def _write(path: Path, exported: Any) -> None:
         _log.debug("not keeping the exported program %s (%s)", path, e)
 
 
-def _export(fn: Callable[..., Any], in_tree: Any, leaves: list[Any]) -> Any:
+def _export(fn: Callable[..., Any], in_tree: Any, leaves: list[Any],
+            shardings: dict[str, Any] | None = None) -> Any:
     """``fn`` traced and lowered on leaves of ``in_tree``: the exported program of the flat
-    leaves (its output is ``fn``'s pytree)."""
+    leaves (its output is ``fn``'s pytree), with the leaves' ``in_shardings`` and the
+    ``out_shardings`` of ``shardings`` (none: one device)."""
     import jax
     from jax import export
 
     def flat(*xs: Any) -> Any:
         return fn(*jax.tree.unflatten(in_tree, xs))
 
-    return export.export(jax.jit(flat))(*leaves)
+    return export.export(jax.jit(flat, **(shardings or {})))(*leaves)
+
+
+def _leaf_shardings(args: tuple[Any, ...], in_shardings: Sequence[Any] | None,
+                    out_shardings: Any) -> dict[str, Any]:
+    """``jax.jit``'s ``in_shardings`` (one per leaf of ``args``, each argument's sharding for
+    all its leaves) and ``out_shardings``; empty where neither is given."""
+    import jax
+
+    if in_shardings is None and out_shardings is None:
+        return {}
+    out: dict[str, Any] = {"out_shardings": out_shardings}
+    if in_shardings is not None:
+        out["in_shardings"] = tuple(s for a, s in zip(args, in_shardings, strict=True)
+                                    for _ in jax.tree.leaves(a))
+    return out
 
 
 @contextlib.contextmanager
@@ -200,9 +217,11 @@ def _no_lapack(exported: Any) -> Iterator[None]:
 
 def call(fn: Callable[..., Any], args: tuple[Any, ...], *, name: str, static: Hashable = (),
          compiler_options: dict[str, Any] | None = None,
-         node_types: Sequence[type] = ()) -> Any:
-    """``jax.jit(fn, compiler_options=...)(*args)``, through an exported program kept in
-    :func:`folder` (plain ``jax.jit`` where none is enabled).
+         node_types: Sequence[type] = (), in_shardings: Sequence[Any] | None = None,
+         out_shardings: Any = None) -> Any:
+    """``jax.jit(fn, compiler_options=..., in_shardings=..., out_shardings=...)(*args)``,
+    through an exported program kept in :func:`folder` (plain ``jax.jit`` where none is
+    enabled).
 
     Args:
       fn: a pure function of ``args`` (a pytree of arrays and scalars) returning a pytree of
@@ -213,6 +232,9 @@ def call(fn: Callable[..., Any], args: tuple[Any, ...], *, name: str, static: Ha
       compiler_options: XLA options, as for :func:`jax.jit`.
       node_types: the named tuples in ``fn``'s output (tuples, lists, dicts and None need
         none).
+      in_shardings: one sharding per argument (for all its leaves), or None (one device).
+      out_shardings: the output's sharding (a prefix of its tree), or None. The shardings
+        enter the key (an exported program runs on its number of devices).
 
     Returns:
       ``fn(*args)``'s pytree of arrays.
@@ -224,18 +246,22 @@ def call(fn: Callable[..., Any], args: tuple[Any, ...], *, name: str, static: Ha
 
     options = dict(compiler_options or {})
     if _folder is None:
-        return jax.jit(fn, compiler_options=options)(*args)
+        sharded = {k: v for k, v in (("in_shardings", in_shardings),
+                                     ("out_shardings", out_shardings)) if v is not None}
+        return jax.jit(fn, compiler_options=options, **sharded)(*args)
     leaves, in_tree = jax.tree.flatten(args)
-    key = _key(name, static, in_tree, leaves, options)
+    shardings = _leaf_shardings(args, in_shardings, out_shardings)
+    key = _key(name, (static, repr(shardings)) if shardings else static, in_tree, leaves,
+               options)
     run = _loaded.get(key)
     if run is None:
         _register(node_types)
         path = _folder / f"{name}-{key[:40]}"
         exported = _read(path)
         if exported is None:
-            exported = _export(fn, in_tree, leaves)
+            exported = _export(fn, in_tree, leaves, shardings)
             _write(path, exported)
-        run = jax.jit(exported.call, compiler_options=options)
+        run = jax.jit(exported.call, compiler_options=options, **shardings)
         run.__npujax_exported__ = exported  # type: ignore[attr-defined]
         _loaded[key] = run
     with cache_every_compilation(), _no_lapack(exported_of(run)):

@@ -3,8 +3,8 @@ sweep cold and from the compile cache, and a 10^6-configuration sweep against it
 steady throughput, each side by side with the code before, from one run.
 
 Usage:  python experiments/bench/startup_and_sweep.py [--before OTHER_CHECKOUT] [--rounds 5]
-            [--rows 1000000] [--no-startup] [--no-pareto] [--no-sweep] [--big 1000000]
-            [--out RESULT.json] [--plot FIGURE.png]
+            [--sweep-rounds 3] [--rows 1000000] [--no-startup] [--no-pareto] [--no-sweep]
+            [--big 1000000] [--out RESULT.json] [--plot FIGURE.png]
 
 Prints:
   (1) CPU seconds (user + system, ``resource.getrusage(RUSAGE_CHILDREN)`` around each
@@ -17,11 +17,13 @@ Prints:
       objectives (the sweep's default, latency against PEs) and three (new only: the scan would
       take hours); the target is <= 2 s for 10^6 rows;
   (3) CPU seconds of the README's sweep (``zoo:ppocr_cls``, 162 configurations x 164 layers) in
-      a fresh process: cold (an empty compile cache) and a second run (the cache the first
-      filled), with the persistent-cache hits and misses (XLA compilations) counted through
-      ``jax.monitoring``; with ``--before`` the same for the other checkout; then, for this
-      checkout, where a cold run's CPU goes (imports, the ONNX import, tracing and lowering the
-      cost program, XLA compiling it, evaluating, the CSV/Parquet files, the two plots);
+      a fresh process: cold (an empty compile cache), warm (a second process on the cache
+      the first filled) and warm at another input width (the same layers' count, other
+      shapes), with the persistent-cache hits and misses (XLA compilations) counted
+      through ``jax.monitoring``, and where each run's CPU goes (imports, the ONNX import,
+      tracing and lowering or loading the cost program, XLA compiling it, evaluating, the
+      CSV/Parquet files, the two plots); with ``--before`` the same for the other checkout,
+      interleaved, median of ``--sweep-rounds`` rounds; the target is <= 3 s cold;
   (4) ``--big`` configurations (default 10^6: 10 values each of array.rows, array.cols,
       memory.dram_bytes_per_s, array.clock_hz and memory.filter_sram_bytes, bits 2,4,6,8,16 and
       dataflows ws,os) of ``zoo:ppocr_cls`` swept end to end by ``npujax.workflows.run_sweep``
@@ -56,27 +58,17 @@ README_SWEEP = ["sweep", "zoo:ppocr_cls", "--input-shape", "x=1,3,48,192", "--np
                 "--grid", "memory.dram_bytes_per_s=3.2e9,6.4e9,12.8e9",
                 "--grid", "dataflow=ws,os,is", "--bits", "4,8", "--no-progress"]
 
-# `npujax ARGS` with the persistent compilation cache's hits and misses printed on stderr.
-_COUNTED = """
-import sys
-from jax import monitoring
-seen = {}
-monitoring.register_event_listener(lambda e, **k: seen.__setitem__(e, seen.get(e, 0) + 1))
-from npujax.cli import main
-code = main(sys.argv[1:])
-print("CACHE", seen.get("/jax/compilation_cache/cache_hits", 0),
-      seen.get("/jax/compilation_cache/cache_misses", 0),
-      seen.get("/jax/compilation_cache/compile_requests_use_cache", 0), file=sys.stderr)
-sys.exit(code)
-"""
-
-# The README's sweep cold, with the CPU seconds of each phase (process_time, this process's
-# threads): the wrapped functions are npujax's, found by name so the same child runs on the
+# The README's sweep, with the CPU seconds of each phase (process_time, this process's threads)
+# and the persistent compilation cache's hits and compile requests (jax.monitoring) printed on
+# stderr: the wrapped functions are npujax's, found by name so the same child runs on the
 # checkout before.
 _PHASES = """
 import sys, time, resource
 t0 = time.process_time()
 import jax, jax._src.compiler as comp
+from jax import monitoring
+seen = {}
+monitoring.register_event_listener(lambda e, **k: seen.__setitem__(e, seen.get(e, 0) + 1))
 spent, active = {}, []
 def timed(name, f):
     def g(*a, **k):
@@ -110,6 +102,9 @@ code = main(sys.argv[1:])
 r = resource.getrusage(resource.RUSAGE_SELF)
 spent["total"] = r.ru_utime + r.ru_stime
 print("PHASES", repr(spent), file=sys.stderr)
+print("CACHE", seen.get("/jax/compilation_cache/cache_hits", 0),
+      seen.get("/jax/compilation_cache/cache_misses", 0),
+      seen.get("/jax/compilation_cache/compile_requests_use_cache", 0), file=sys.stderr)
 sys.exit(code)
 """
 
@@ -185,49 +180,69 @@ def pareto(rows: int) -> dict[str, float]:
     return out
 
 
-def sweep(checkouts: dict[str, Path]) -> dict[str, dict[str, float]]:
-    """CPU seconds and compilations of the README sweep, cold and a second time, per checkout;
-    with two checkouts also whether their ``results.csv`` are the same bytes."""
-    out: dict = {}
-    with tempfile.TemporaryDirectory() as keep:
+RUNS = ("cold", "warm", "warm, other shape")
+#: The third run: the same model at another input width (the same 164 layers, other shapes),
+#: on the cache the first two filled.
+OTHER_SHAPE = "x=1,3,48,320"
+
+
+def sweep(checkouts: dict[str, Path], rounds: int) -> dict:
+    """The README sweep in fresh processes, per checkout: cold (an empty compile cache), warm
+    (a second process on the cache the first filled) and warm at another input shape
+    (:data:`OTHER_SHAPE`), ``rounds`` times, the checkouts interleaved in every round. Per
+    checkout and run: the median CPU seconds, compilations and cache hits, and the median CPU
+    seconds of each phase; and whether every run of one command wrote the same
+    ``results.csv`` bytes."""
+    samples: dict[str, list[dict]] = {}
+    csvs: dict[bool, set[bytes]] = {}
+    for _ in range(rounds):
         for label, checkout in checkouts.items():
             with tempfile.TemporaryDirectory() as tmp:
                 env = env_for(checkout, NPUJAX_COMPILE_CACHE=str(Path(tmp) / "cache"))
-                for run in ("cold", "second run"):
-                    folder = Path(keep) / f"{label}-{run.replace(' ', '_')}"
-                    cpu, err = _child_cpu([sys.executable, "-c", _COUNTED, *README_SWEEP,
+                for run in RUNS:
+                    folder = Path(tmp) / run.replace(" ", "_").replace(",", "")
+                    argv = README_SWEEP if run != RUNS[2] else [
+                        OTHER_SHAPE if a == "x=1,3,48,192" else a for a in README_SWEEP]
+                    cpu, err = _child_cpu([sys.executable, "-c", _PHASES, *argv,
                                            "--out", str(folder)], env, checkout)
-                    line = next(x for x in err.splitlines() if x.startswith("CACHE"))
-                    hits, misses, requests = (int(v) for v in line.split()[1:])
-                    out[f"{label}: {run}"] = {"cpu_s": cpu, "cache_hits": hits,
-                                              "compilations": requests - hits}
-        csvs = {(Path(keep) / f"{label}-cold" / "results.csv").read_bytes()
-                for label in checkouts}
-        out["results.csv identical"] = len(csvs) == 1
+                    samples.setdefault(f"{label}: {run}", []).append(
+                        {"cpu_s": cpu, **_parse_child(err)})
+                    csvs.setdefault(argv is README_SWEEP, set()).add(
+                        (folder / "results.csv").read_bytes())
+    out: dict = {}
+    for key, runs in samples.items():
+        phases = {k: statistics.median(r["phases"].get(k, 0.0) for r in runs)
+                  for k in runs[0]["phases"]}
+        out[key] = {"cpu_s": statistics.median(r["cpu_s"] for r in runs),
+                    "cpu_s_all": [r["cpu_s"] for r in runs],
+                    "compilations": int(statistics.median(r["compilations"] for r in runs)),
+                    "cache_hits": int(statistics.median(r["cache_hits"] for r in runs)),
+                    "phases": phases}
+    out["results.csv identical"] = all(len(v) == 1 for v in csvs.values())
     return out
 
 
-def phases(checkout: Path) -> dict[str, float]:
-    """CPU seconds per phase of one cold README sweep (an empty compile cache)."""
+def _parse_child(err: str) -> dict:
+    """The phases (CPU s; each without the XLA compilations inside it, reported as their own
+    lines), compilations and cache hits that :data:`_PHASES` printed."""
     import ast
 
-    with tempfile.TemporaryDirectory() as tmp:
-        env = env_for(checkout, NPUJAX_COMPILE_CACHE=str(Path(tmp) / "cache"))
-        _, err = _child_cpu([sys.executable, "-c", _PHASES, *README_SWEEP, "--out",
-                             str(Path(tmp) / "out")], env, checkout)
     spent = ast.literal_eval(next(x for x in err.splitlines()
                                   if x.startswith("PHASES"))[len("PHASES "):])
-    # each phase without the compilations inside it (reported as their own lines)
+    line = next(x for x in err.splitlines() if x.startswith("CACHE"))
+    hits, _, requests = (int(v) for v in line.split()[1:])
     for phase in ("ONNX import + optimize", "evaluate (trace, lower, compile, run)"):
         spent[phase] -= spent.get(f"XLA compile in {phase}", 0.0)
-    spent["evaluate: trace, lower, run"] = spent.pop("evaluate (trace, lower, compile, run)")
+    spent["evaluate: trace, lower or load, run"] = spent.pop(
+        "evaluate (trace, lower, compile, run)")
     spent["XLA compile: the sweep's program(s)"] = spent.pop(
         "XLA compile in evaluate (trace, lower, compile, run)", 0.0)
     spent["XLA compile: ONNX import's folds"] = spent.pop(
         "XLA compile in ONNX import + optimize", 0.0)
+    spent["XLA compile: other"] = spent.pop("XLA compile in other", 0.0)
     spent["other (imports in run, spec, grid)"] = spent["total"] - sum(
         v for k, v in spent.items() if k != "total")
-    return spent
+    return {"phases": spent, "cache_hits": hits, "compilations": requests - hits}
 
 
 BIG_GRID = {"array.rows": [4, 6, 8, 12, 16, 24, 32, 48, 64, 96],
@@ -252,7 +267,8 @@ def big_sweep(limit: int) -> dict[str, float]:
     from npujax.frontends.onnx import parse_input_shapes
     from npujax.hw import fields, load_npu_spec
     from npujax.models.zoo import fetch_model
-    from npujax.plan.program import network
+    from npujax.plan.program import needs_static_layers, network
+    from npujax.plan.table import layer_table
     from npujax.systolic.dataflow import get_dataflow
     from npujax.workflows.lowering import import_onnx_for_lowering
     from npujax.workflows.sweep import DEFAULT_CHUNK, run_sweep
@@ -271,13 +287,20 @@ def big_sweep(limit: int) -> dict[str, float]:
     cfg = configurations(grid, DEFAULT_CHUNK, "random", 1)
     vals = {name: np.asarray(v)[cfg[:, j]] for j, (name, v) in enumerate(grid.axes)}
     dfs = tuple(get_dataflow(d).name for d in BIG_GRID["dataflow"])
-    program = sw._program(tuple(layers), dfs, sw._mesh(None), tuple(chains))
-    stacked = fields.stack(base, {k: v for k, v in vals.items()
+    table = hasattr(sw, "_table_program") and not needs_static_layers(base, chains)
+    spec = sw._program_spec(base) if table else base  # (the program the sweep runs)
+    stacked = fields.stack(spec, {k: v for k, v in vals.items()
                                   if k not in ("bits", "array.dataflow")}, DEFAULT_CHUNK)
     index = np.asarray([dfs.index(d) for d in vals["array.dataflow"]], np.int32)
     with jax.enable_x64(True):
+        args = (stacked, vals["bits"].astype(np.float64), index)
+        if table:
+            program = sw._table_program(dfs, sw._mesh(None))
+            args += (layer_table(layers, sw._table_length(len(layers))),)
+        else:
+            program = sw._program(tuple(layers), dfs, sw._mesh(None), tuple(chains))
         f = exact(program)
-        args = jax.device_put((stacked, vals["bits"].astype(np.float64), index))
+        args = jax.device_put(args)
         jax.block_until_ready(f(*args))
         calls, t = 0, time.process_time()
         while time.process_time() - t < 20.0 or calls < 3:
@@ -300,10 +323,11 @@ def plot(result: dict, path: str) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(10, 3.6))
+    sweep_only = "startup" not in result or "pareto" not in result
+    fig = Figure(figsize=(13, 5.2) if sweep_only else (10, 3.6))
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, 3)
-    if "startup" not in result or "pareto" not in result:
+    if sweep_only:
         _plot_sweep(fig, result)
         fig.savefig(path, dpi=110)
         return
@@ -330,7 +354,8 @@ def plot(result: dict, path: str) -> None:
 
 
 def _plot_sweep(fig, result: dict) -> None:
-    """Parts 3 and 4 only: the README sweep before/after, its cold phases, the 10^6 rates."""
+    """Parts 3 and 4 only: the README sweep before/after, cold and warm, with the phases of
+    each; the 10^6 rates."""
     axes = fig.axes
     s = result.get("sweep", {})
     names = list(s)
@@ -341,10 +366,17 @@ def _plot_sweep(fig, result: dict) -> None:
     axes[0].set_xlabel("CPU s, README sweep (fresh process)")
     axes[0].legend(loc="lower right", fontsize=7)
     axes[0].tick_params(axis="y", labelsize=7)
-    ph = {k: v for k, v in result.get("phases", {}).items() if k != "total"}
-    axes[1].barh(list(ph), list(ph.values()), color="C0")
-    axes[1].set_xlabel("CPU s per phase, cold (after)")
+    # each run's phases stacked in one bar
+    left = np.zeros(len(names))
+    phases = [k for k in (s[names[0]]["phases"] if names else {}) if k != "total"]
+    for j, ph in enumerate(phases):
+        w = np.asarray([s[n]["phases"].get(ph, 0.0) for n in names])
+        axes[1].barh(names, w, left=left, color=f"C{j % 10}", label=ph)
+        left += w
+    axes[1].set_xlabel("CPU s per phase (median)")
     axes[1].tick_params(axis="y", labelsize=7)
+    if phases:
+        axes[1].legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, fontsize=6)
     b = result.get("big")
     if b:
         labels = ["program alone (steady)", "sweep end to end"]
@@ -363,6 +395,8 @@ def main() -> None:
     ap.add_argument("--before", help="another checkout of npujax (e.g. a worktree of main "
                     "before these changes), measured side by side")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--sweep-rounds", type=int, default=3,
+                    help="interleaved rounds of part (3) (a cold and a warm run each)")
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--no-startup", action="store_true")
     ap.add_argument("--no-pareto", action="store_true")
@@ -393,19 +427,27 @@ def main() -> None:
         for k, v in result["pareto"].items():
             print(f"    {k:32s} {v:9.3f}")
     if not args.no_sweep:
-        result["sweep"] = sweep(checkouts)
-        print("(3) README sweep in a fresh process, CPU s (persistent compile cache)")
+        result["sweep"] = sweep(checkouts, args.sweep_rounds)
+        print(f"(3) README sweep in a fresh process, CPU s, median of {args.sweep_rounds} "
+              "interleaved rounds (cold: empty compile cache; warm: the cache cold filled)")
         same = result["sweep"].pop("results.csv identical")
         for k, v in result["sweep"].items():
             print(f"    {k:32s} {v['cpu_s']:7.2f}   {v['compilations']:3d} compilations, "
-                  f"{v['cache_hits']:3d} cache hits")
+                  f"{v['cache_hits']:3d} cache hits   (all: "
+                  + ", ".join(f"{x:.2f}" for x in v["cpu_s_all"]) + ")")
         result["results_csv_identical"] = same
+        print(f"    results.csv of every run of a command byte for byte the same: {same}")
         if len(checkouts) > 1:
-            print(f"    results.csv of the checkouts byte for byte the same: {same}")
-        result["phases"] = phases(HERE)
-        print("    where a cold run's CPU goes (after), s:")
-        for k, v in result["phases"].items():
-            print(f"      {k:38s} {v:6.2f}")
+            for run in RUNS:
+                b, a = (result["sweep"][f"{c}: {run}"]["cpu_s"] for c in checkouts)
+                print(f"    {run}: after / before = {a / b:.2f}")
+        runs = list(result["sweep"])
+        print("    where the CPU goes (median per phase), s:")
+        print(f"      {'phase':38s} " + " ".join(f"{k[:14]:>14s}" for k in runs))
+        for phase in result["sweep"][runs[0]]["phases"]:
+            print(f"      {phase:38s} " + " ".join(
+                f"{result['sweep'][k]['phases'].get(phase, 0.0):14.2f}" for k in runs))
+        print("      (columns: " + "; ".join(runs) + ")")
     if args.big:
         result["big"] = big_sweep(args.big)
         print(f"(4) a {int(result['big']['configurations']):,}-configuration sweep end to end "
@@ -415,7 +457,7 @@ def main() -> None:
     result["load_after"] = os.getloadavg()
     if args.keep:
         earlier = json.loads(Path(args.keep).read_text())
-        for part in ("startup", "pareto", "sweep", "phases", "big"):
+        for part in ("startup", "pareto", "sweep", "big"):
             if part not in result and part in earlier:
                 result[part] = earlier[part]
                 result.setdefault("kept_from_earlier_run", []).append(part)

@@ -131,8 +131,8 @@ def compile_cache() -> str | None:
     (a shared ``NPUJAX_CACHE``) is skipped with a warning, and the programs are compiled.
 
     In a folder it set up itself it also keeps the traced cost programs of ``npujax lower``
-    (``npujax._program_cache``, ``jax.export``), so that a later run neither traces nor
-    compiles them, and their compiled programs however fast they compiled.
+    and ``npujax sweep`` (``npujax._program_cache``, ``jax.export``), so that a later run
+    neither traces nor compiles them, and their compiled programs however fast they compiled.
 
     Returns:
       The cache folder in use, or None.

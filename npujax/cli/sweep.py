@@ -165,9 +165,11 @@ def _merge(args: argparse.Namespace) -> int:
 def _cache_every_program() -> contextlib.AbstractContextManager[None]:
     """Keep every program the block compiles in the persistent cache the command line set up
     (``npujax.cli.compile_cache``), not only those that took a second (JAX's threshold): a
-    sweep's programs depend on the model's layers, the grid's static values and the batch
-    sizes, not on the traced hardware numbers (JAX's cache key is the program), so a second
-    sweep of the same model and grid shape compiles nothing."""
+    sweep's programs depend on the padded layer count (the layers themselves where a pass
+    needs them static), the grid's static values and the batch sizes, not on the traced
+    hardware numbers or layer shapes (JAX's cache key is the program), so a second sweep of
+    the same model and grid shape compiles nothing, and the program is kept traced too
+    (``npujax._program_cache``: a second sweep traces nothing)."""
     import jax
 
     from npujax._program_cache import cache_every_compilation

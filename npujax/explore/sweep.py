@@ -17,6 +17,14 @@ per-configuration arithmetic as on one device and gives the same numbers, bit fo
 (tested on 8 host devices, and batches of 5 and 40). Batches are padded to a power of two (a
 multiple of the device count) so a long sweep compiles a few programs, not one per batch size.
 
+The layers enter the program as a traced :class:`~npujax.plan.LayerTable` padded with inert rows
+(:func:`_table_length`: at most 1/8 more rows), as ``lower``'s cost program takes them, so one
+program serves every model of a padded length, with the figures of the program that holds the
+layers as constants, bit for bit (tests/explore/test_sweep.py); only a pass that needs the
+layers static (attention kernels, layer fusion) compiles a program per layer list. Where the
+command line keeps programs (``npujax._program_cache``) the traced program is kept as well, so
+a second process neither traces nor compiles it.
+
 Each configuration reduces its layers to one row of :data:`COLUMNS` (totals, per layer class,
 utilization); :class:`SweepResult` holds the rows with the axis values and derives the bounds,
 resources and the Pareto front. Each row also holds the energy per inference and its
@@ -45,17 +53,26 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from npujax._exact import COUNT, exact, real
+from npujax import _program_cache
+from npujax._exact import COUNT, real
 from npujax.errors import ConfigError
 from npujax.explore.grid import Grid, configurations
 from npujax.hw import fields
 from npujax.hw.energy import area_mm2
 from npujax.hw.spec import NpuSpec, as_spec
 from npujax.ir.graph import Graph
-from npujax.plan.lower import DEFAULT_BITS
+from npujax.plan.lower import DEFAULT_BITS, _program_spec
 from npujax.plan.passes.attention import AttentionChain
 from npujax.plan.passes.energy import ENERGY_BREAKDOWN
-from npujax.plan.program import Network, layer_sums, network, program_costs, totals
+from npujax.plan.program import (
+    Network,
+    layer_sums,
+    needs_static_layers,
+    network,
+    program_costs,
+    totals,
+)
+from npujax.plan.table import MIN_LENGTH, LayerTable, layer_table
 from npujax.plan.thermal import thermal_state
 from npujax.plan.workload import Workload
 from npujax.systolic.dataflow import get_dataflow
@@ -91,19 +108,85 @@ def _program(layers: tuple[Workload, ...], dataflows: tuple[str, ...], mesh: Mes
              chains: tuple[AttentionChain, ...] = ()) -> Callable[..., Any]:
     """The jitted, sharded evaluation of ``layers`` for a batch of configurations, each at one
     of ``dataflows`` (its index, a traced ``[n]`` int32), the attention blocks ``chains`` fused
-    as the configurations' ``ops.attention_fusion`` allows.
+    as the configurations' ``ops.attention_fusion`` allows: ``(spec, bits, index)`` to
+    ``{column: [n]}`` (:func:`_batched`, the layers constants of the program).
 
     The dataflows are data, not separate programs: the one cost program evaluates all of them
     (:func:`npujax.plan.program_costs`, which traces what does not depend on the dataflow once)
     and each configuration takes its own dataflow's per-layer costs by an exact select
     (:func:`_select`), so a sweep over dataflows compiles one program per batch size, and each
     configuration's figures are those of the program of its dataflow alone, bit for bit."""
-    L = len(layers)
+    return _jit(_batched(layers, dataflows, chains), mesh, 3)
+
+
+@functools.lru_cache(maxsize=8)
+def _table_program(dataflows: tuple[str, ...], mesh: Mesh) -> Callable[..., Any]:
+    """As :func:`_program`, the layers a traced :class:`~npujax.plan.LayerTable` (a fourth
+    argument, the same for the whole batch): ``(spec, bits, index, table)`` to
+    ``{column: [n]}`` (:func:`_batched_table`). One program serves every workload list of the
+    table's padded length (:func:`~npujax.plan.table.table_length`), as ``lower``'s does."""
+    return _jit(_batched_table(dataflows), mesh, 4)
+
+
+def _table_length(layers: int) -> int:
+    """The padded length of the sweep's layer table: a multiple of an eighth of the power of
+    two below ``layers`` (at least :data:`~npujax.plan.table.MIN_LENGTH`), so the program
+    serves every model of that length and evaluates at most 1/8 inert rows. (``lower``'s
+    powers of two would cost the PP-OCR classifier's 164 layers 256 rows: the sweep's
+    throughput x0.66; here 176 rows.)"""
+    step = max(1, (1 << max(layers - 1, 0).bit_length()) // 16)
+    return max(MIN_LENGTH, -(-layers // step) * step)
+
+
+def _jit(fn: Callable[..., Any], mesh: Mesh, nargs: int) -> Callable[..., Any]:
+    """``fn`` jitted with :func:`_shardings` and :func:`_compiler_options`."""
+    ins, out = _shardings(mesh, nargs)
+    return jax.jit(fn, in_shardings=ins, out_shardings=out,
+                   compiler_options=_compiler_options(mesh.devices.flat[0].platform))
+
+
+def _shardings(mesh: Mesh, nargs: int) -> tuple[tuple[NamedSharding, ...], NamedSharding]:
+    """The program's argument and output shardings: the configurations split over the mesh's
+    ``config`` axis; a fourth argument (the layer table) on every device."""
+    split = NamedSharding(mesh, P("config"))
+    return (split, split, split, NamedSharding(mesh, P()))[:nargs], split
+
+
+@functools.lru_cache(maxsize=32)
+def _batched(layers: tuple[Workload, ...], dataflows: tuple[str, ...],
+             chains: tuple[AttentionChain, ...] = ()) -> Callable[..., Any]:
+    """The batched evaluation of :func:`_program`, not jitted: ``(spec, bits, index)`` to
+    ``{column: [n]}``, the layers static."""
     on_npu = np.asarray([w.device == "npu" for w in layers])
-    masks = {"gemm": on_npu & np.asarray([w.kind == "gemm" for w in layers]),
-             "cpu": ~on_npu}
+    gemm = np.asarray([w.kind == "gemm" for w in layers])
+    gemm_macs = float(sum(w.macs for w, g in zip(layers, on_npu & gemm) if g))
+    return jax.vmap(_figures(layers, on_npu, gemm, gemm_macs, dataflows, chains))
+
+
+@functools.lru_cache(maxsize=8)
+def _batched_table(dataflows: tuple[str, ...]) -> Callable[..., Any]:
+    """The batched evaluation of :func:`_table_program`, not jitted: ``(spec, bits, index,
+    table)`` to ``{column: [n]}``, the table shared by the batch. The padding rows are inert
+    (on the CPU, every cost 0): the per-layer sums and maxima are those of the list alone."""
+    def one(spec: NpuSpec, bits: jax.Array, df: jax.Array, table: LayerTable
+            ) -> dict[str, jax.Array]:
+        gemm_macs = real(jnp.sum(jnp.where(table.npu & table.gemm, table.macs, 0)))
+        return _figures(table, table.npu, table.gemm, gemm_macs, dataflows, ())(spec, bits, df)
+
+    return jax.vmap(one, in_axes=(0, 0, 0, None))
+
+
+def _figures(layers: tuple[Workload, ...] | LayerTable, on_npu: Any, gemm: Any, gemm_macs: Any,
+             dataflows: tuple[str, ...], chains: tuple[AttentionChain, ...]
+             ) -> Callable[..., dict[str, jax.Array]]:
+    """One configuration's :data:`COLUMNS`: ``(spec, bits, index)`` to ``{column: scalar}``.
+
+    ``layers`` is a static workload list or a (traced) layer table; ``on_npu`` and ``gemm`` are
+    ``[L]`` bool masks (numpy or traced) of its layers on the NPU and its GEMMs; ``gemm_macs``
+    the MACs of the GEMMs on the NPU (float)."""
+    L = len(layers)
+    masks = {"gemm": on_npu & gemm, "cpu": ~on_npu}
     masks["vector"] = on_npu & ~masks["gemm"]
-    gemm_macs = float(sum(w.macs for w, g in zip(layers, masks["gemm"]) if g))
 
     def costs(spec: NpuSpec, widths: jax.Array, df: jax.Array) -> Any:
         return _select(program_costs(layers, spec, widths, widths, dataflows=dataflows,
@@ -150,9 +233,7 @@ def _program(layers: tuple[Workload, ...], dataflows: tuple[str, ...], mesh: Mes
                               lambda s: costs(s, widths, df)))
         return out
 
-    sharding = NamedSharding(mesh, P("config"))
-    return jax.jit(jax.vmap(one), in_shardings=sharding, out_shardings=sharding,
-                   compiler_options=_compiler_options(mesh.devices.flat[0].platform))
+    return one
 
 
 #: XLA:CPU options of the sweep's program: the legacy elemental emitters. They compile the
@@ -259,10 +340,27 @@ def evaluate(layers: Sequence[Workload], spec: NpuSpec, changes: dict[str, np.nd
     ndev = mesh.devices.size
     size = _bucket(n, ndev)
     pad = lambda v: np.concatenate([v, np.repeat(v[-1:], size - n)])  # noqa: E731
+    layers, chains = tuple(layers), tuple(chains)
+    table = not needs_static_layers(spec, chains)
+    if table:  # (as lower: the static fields the table program does not read, one value each)
+        spec = _program_spec(spec)
     stacked = fields.stack(spec, {k: pad(np.asarray(v)) for k, v in changes.items()}, size)
-    program = _program(tuple(layers), names, mesh, tuple(chains))
+    args: tuple[Any, ...] = (stacked, pad(np.asarray(bits, np.float64)), pad(index))
+    if table:  # one program for every model of the padded length
+        args += (layer_table(layers, _table_length(len(layers))),)
+        batched, name, static = _batched_table(names), "sweep_table", names
+    else:
+        batched, name, static = _batched(layers, names, chains), "sweep", (layers, names,
+                                                                            chains)
     with jax.enable_x64(True):  # the numbers enter as int64/float64 (npujax._exact)
-        out = exact(program)(stacked, pad(np.asarray(bits, np.float64)), pad(index))
+        if _program_cache.folder() is None:
+            out = (_table_program(names, mesh) if table
+                   else _program(layers, names, mesh, chains))(*args)
+        else:  # the command line's: the traced program is kept between runs too
+            ins, shard = _shardings(mesh, len(args))
+            out = _program_cache.call(
+                batched, args, name=name, static=static, in_shardings=ins, out_shardings=shard,
+                compiler_options=_compiler_options(mesh.devices.flat[0].platform))
         out = {k: np.asarray(v)[:n] for k, v in out.items()}
     return {k: out[k] for k in COLUMNS}
 

@@ -1147,9 +1147,10 @@ def _fold_bias_adds(graph: Graph, params: Params) -> tuple[Graph, Params]:
         if bias is not None and is_absent(bias):  # (known by its shape: added abstractly)
             p["bias"] = bias + extra
         else:  # in numpy (the same float32 sums): an eager jnp add compiled one program per
-            # channel count, 27 for the PP-OCR classifier (0.7 s of a cold sweep's CPU)
+            # channel count, 27 for the PP-OCR classifier (0.7 s of a cold sweep's CPU), and so
+            # does jnp.asarray of a numpy array (jax's `stage`, 13 there): device_put copies
             base = np.zeros((ch,), np.float32) if bias is None else np.asarray(bias, np.float32)
-            p["bias"] = jnp.asarray(base + extra)
+            p["bias"] = jax.device_put(base + extra)
         i = next(k for k, n in enumerate(nodes) if n is add)
         nodes.pop(i)
         j = next(k for k, n in enumerate(nodes) if n.name == node.name)

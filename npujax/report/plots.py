@@ -53,9 +53,13 @@ def new_figure(width: float, height: float) -> tuple[Figure, Any]:
     return fig, fig.add_subplot()
 
 
-def save_figure(fig: Figure, path: Where) -> Figure:
-    """Write ``fig`` as a PNG at ``path`` atomically (nothing when ``path`` is None); returns it."""
-    fig.tight_layout()
+def save_figure(fig: Figure, path: Where, *, tight: bool = True) -> Figure:
+    """Write ``fig`` as a PNG at ``path`` atomically (nothing when ``path`` is None); returns it.
+
+    ``tight``: fit the margins to the labels first (``Figure.tight_layout``, which draws the
+    figure once more to measure them); False keeps the margins the caller set."""
+    if tight:
+        fig.tight_layout()
     if path is not None:
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=120)

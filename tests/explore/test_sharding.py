@@ -60,21 +60,28 @@ def _equal(got: dict, want: dict) -> None:
 
 
 def test_eight_host_devices_equal_one_device(model, reference, tmp_path):
-    out = tmp_path / "cols.npz"
+    """Also through the sharded program the command line keeps (``npujax._program_cache``)."""
+    out, kept = tmp_path / "cols.npz", tmp_path / "kept.npz"
     p = _python(f"""
         import jax, numpy as np
+        from npujax import _program_cache
         from npujax.explore import sweep
         from npujax.quantize.model_file import load_graph
         assert len(jax.local_devices()) == 8, jax.local_devices()
         g = load_graph({str(model[1])!r})[0]
         r = sweep(g, "edge_16x16", {GRID!r})  # sharded over the 8 devices
         np.savez({str(out)!r}, **r.columns)
+        _program_cache.enable({str(tmp_path / "programs")!r})
+        r = sweep(g, "edge_16x16", {GRID!r})  # the same, exported with its shardings
+        np.savez({str(kept)!r}, **r.columns)
     """, _env(XLA_FLAGS=os.environ.get("XLA_FLAGS", "")
                    + " --xla_force_host_platform_device_count=8"))
     log, _ = p.communicate(timeout=240)
     assert p.returncode == 0, log
-    with np.load(out) as z:
-        _equal({k: z[k] for k in COLUMNS}, reference)
+    assert any((tmp_path / "programs").rglob("sweep_table-*"))
+    for path in (out, kept):
+        with np.load(path) as z:
+            _equal({k: z[k] for k in COLUMNS}, reference)
 
 
 def _free_port() -> int:

@@ -118,10 +118,11 @@ def user_compiled(monkeypatch):
     sw = importlib.import_module("npujax.explore.sweep")
     monkeypatch.setattr(sw, "_CPU_OPTIONS", {**sw._CPU_OPTIONS,
                                              "xla_backend_optimization_level": 2})
-    for cache in (sw._compiler_options, sw._program):
+    caches = (sw._compiler_options, sw._program, sw._table_program)
+    for cache in caches:
         cache.cache_clear()
     yield sw
-    for cache in (sw._compiler_options, sw._program):
+    for cache in caches:
         cache.cache_clear()
 
 
@@ -139,7 +140,7 @@ def test_dataflows_are_data_in_one_program(graph, edge, user_compiled):
     sw = user_compiled
     grid = {"array.rows": [8, 32], "bits": [4, 8], "dataflow": ["ws", "os"]}
     r = sweep(graph, edge, grid)
-    assert sw._program.cache_info().misses == 1  # one program for both dataflows
+    assert sw._table_program.cache_info().misses == 1  # one program for both dataflows
     table = r.table(edge)
     layers, chains = network(graph, edge)
     rows = np.flatnonzero(table["array.dataflow"] == "output_stationary")
@@ -152,6 +153,53 @@ def test_dataflows_are_data_in_one_program(graph, edge, user_compiled):
     with pytest.raises(ConfigError, match="indices into the 2 dataflows"):
         evaluate(layers, edge, {}, np.full(2, 8.0), dataflows=("ws", "os"),
                  dataflow=np.array([0, 2]))
+
+
+def test_layer_table_program_equals_the_layer_list_program(graph, edge):
+    """The sweep evaluates a traced, padded layer table (one program for every model of the
+    padded length) with the figures of the program with the layers as constants, bit for bit,
+    for every column (the padding rows cost exactly 0)."""
+    import importlib
+
+    from npujax.explore.sweep import COLUMNS
+    from npujax.plan import network
+
+    sw = importlib.import_module("npujax.explore.sweep")
+    layers, chains = network(graph, edge)
+    assert sw._table_length(len(layers)) > len(layers)  # (padding rows are evaluated)
+    r = sweep(graph, edge, GRID)  # (the program of test_sweep_equals_lower_per_configuration)
+    values = r.axis_values()
+    changes = {k: np.append(values[k], values[k][-4:]) for k in GRID if k != "bits"}
+    bits = np.append(values["bits"], values["bits"][-4:]).astype(np.float64)
+    with jax.enable_x64(True):
+        static = sw._program(tuple(layers), (edge.array.dataflow,), sw._mesh(None),
+                             tuple(chains))(sw.fields.stack(edge, changes, 16), bits,
+                                            np.zeros(16, np.int32))
+    for k in COLUMNS:
+        np.testing.assert_array_equal(r.columns[k], np.asarray(static[k])[:12], err_msg=k)
+
+
+def test_sweep_program_is_kept_between_processes(graph, edge, tmp_path, monkeypatch):
+    """Where the command line keeps programs (``npujax._program_cache``), the sweep's traced
+    program is written once and read back by a later process, which traces nothing; the
+    figures are those of the plain jitted program."""
+    from npujax import _program_cache
+
+    plain = sweep(graph, edge, GRID).columns  # (compiled by the tests above)
+    monkeypatch.setattr(_program_cache, "_loaded", {})
+    _program_cache.enable(tmp_path)
+    try:
+        kept = sweep(graph, edge, GRID).columns
+        assert [p.name.split("-")[0] for p in (tmp_path / _program_cache.SUBFOLDER).iterdir()
+                ] == ["sweep_table"]
+        monkeypatch.setattr(_program_cache, "_loaded", {})  # a new process: read, not traced
+        monkeypatch.setattr(_program_cache, "_export", lambda *a: pytest.fail("traced again"))
+        again = sweep(graph, edge, GRID).columns
+    finally:
+        _program_cache.enable(None)
+    for k in plain:
+        np.testing.assert_array_equal(kept[k], plain[k], err_msg=k)
+        np.testing.assert_array_equal(again[k], plain[k], err_msg=k)
 
 
 def test_run_sweep_writes_chunks_and_resumes(graph, edge, tmp_path):
