@@ -79,12 +79,16 @@ def _depthwise_conv(x: jax.Array, kernel: jax.Array, a: Mapping[str, Any]) -> ja
     c = xc.shape[1]
     m = w.shape[0] // c
     (pt, pb), (pl, pr) = a["padding"]
-    xp = _pad_hw(xc, pt, pb, pl, pr)
-    if m > 1:
-        xp = jnp.repeat(xp, m, axis=1)
     sh, sw = a["strides"]
     dh, dw = a["dilations"]
     kh, kw = w.shape[2:]
+    if isinstance(w, np.ndarray) and _rows_apply(xc.shape, kh, kw, a):
+        if m > 1:
+            xc = jnp.repeat(xc, m, axis=1)
+        return jnp.transpose(_depthwise_rows(xc, w[:, 0], a), ["NCHW".index(d) for d in layout])
+    xp = _pad_hw(xc, pt, pb, pl, pr)
+    if m > 1:
+        xp = jnp.repeat(xp, m, axis=1)
     ho = (xp.shape[2] - (dh * (kh - 1) + 1)) // sh + 1
     wo = (xp.shape[3] - (dw * (kw - 1) + 1)) // sw + 1
     out = None
@@ -97,6 +101,53 @@ def _depthwise_conv(x: jax.Array, kernel: jax.Array, a: Mapping[str, Any]) -> ja
             out = term if out is None else out + term
     assert out is not None
     return jnp.transpose(out, ["NCHW".index(d) for d in layout])
+
+
+def _rows_apply(x_shape: tuple[int, ...], kh: int, kw: int, a: Mapping[str, Any]) -> bool:
+    """Whether :func:`_depthwise_rows` computes this depthwise convolution (NCHW ``x_shape``):
+    stride 1, no cropping, and an output as wide as the input ("same" padding along W)."""
+    (pt, pb), (pl, pr) = (tuple(int(v) for v in p) for p in a["padding"])
+    dh, dw = (int(d) for d in a["dilations"])
+    return (all(int(s) == 1 for s in a["strides"]) and min(pt, pb, pl, pr) >= 0
+            and pl + pr == dw * (kw - 1) and x_shape[2] + pt + pb > dh * (kh - 1))
+
+
+def _depthwise_rows(xc: jax.Array, w: np.ndarray, a: Mapping[str, Any]) -> jax.Array:
+    """A stride-1 depthwise convolution of NCHW ``xc`` with a known kernel ``w`` ``[C, kh, kw]``
+    whose output keeps the input's width (:func:`_rows_apply`), computed on the rows flattened to
+    ``[N, C, H*W]``.
+
+    The flattened input is padded once, by ``pt*W + pl`` elements before and ``pb*W + pr``
+    after; tap ``(i, j)`` is then the contiguous slice at offset ``i*dh*W + j*dw``, and the taps
+    of one kernel column share a mask that zeroes the reads that wrapped round a row edge.
+    XLA:CPU vectorises this loop whether the output stays 4-D or is flattened for the 1x1
+    convolution that follows; the strided-slice form of :func:`_depthwise_conv` is not
+    vectorised once flattened (PP-OCR rec's 240-channel 12x80 5x5 layer followed by a 1x1
+    convolution: 2.2 ms against 0.8 ms). Same values as ``lax.conv_general_dilated`` up to the
+    order of the float sums.
+    """
+    n, c, h, wd = xc.shape
+    kh, kw = w.shape[1:]
+    dh, dw = (int(d) for d in a["dilations"])
+    (pt, pb), (pl, pr) = (tuple(int(v) for v in p) for p in a["padding"])
+    ho = h + pt + pb - dh * (kh - 1)
+    length = ho * wd
+    xf = lax.pad(xc.reshape(n, c, h * wd), jnp.zeros((), xc.dtype),
+                 ((0, 0, 0), (0, 0, 0), (pt * wd + pl, pb * wd + pr, 0)))
+    col = np.arange(length) % wd
+    out = None
+    for j in range(kw):
+        acc = None
+        for i in range(kh):
+            off = i * dh * wd + j * dw
+            term = lax.slice_in_dim(xf, off, off + length, axis=2) * w[:, i, j].reshape(1, -1, 1)
+            acc = term if acc is None else acc + term
+        inside = (col + j * dw - pl >= 0) & (col + j * dw - pl < wd)
+        if not inside.all():
+            acc = jnp.where(inside, acc, jnp.zeros((), acc.dtype))
+        out = acc if out is None else out + acc
+    assert out is not None
+    return out.reshape(n, c, ho, wd)
 
 
 def _is_depthwise(x: jax.Array, kernel: jax.Array, a: Mapping[str, Any]) -> bool:

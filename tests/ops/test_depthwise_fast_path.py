@@ -13,6 +13,8 @@ from npujax.ops.gemm import dense_conv as _dense_conv
     (8, 1, 3, 1, 1, ((1, 1), (1, 1))), (6, 2, 5, 2, 1, ((2, 1), (0, 2))),
     (4, 1, 3, 2, 2, ((2, 2), (2, 2))), (5, 1, 1, 1, 1, ((0, 0), (0, 0))),
     (3, 1, 7, 3, 1, ((3, 3), (3, 3))),
+    # stride 1, same width: the flattened-rows form (_depthwise_rows), asymmetric and dilated
+    (4, 2, 3, 1, 2, ((1, 3), (1, 3))), (3, 1, 5, 1, 1, ((0, 4), (3, 1))),
 ])
 def test_depthwise_matches_grouped_conv(layout, klayout, c, m, k, s, d, pad):
     rng = np.random.default_rng(c * 100 + k)
@@ -70,3 +72,28 @@ def test_small_cin_im2col_matches_conv(layout, klayout, c, k, s, d, pad):
     fast, ref = _im2col_conv(xl, wl, a), _dense_conv(xl, wl, a)
     assert fast.shape == ref.shape
     np.testing.assert_allclose(np.asarray(fast), np.asarray(ref), rtol=1e-5, atol=1e-5)
+
+
+def test_rows_form_only_where_it_applies():
+    """Stride 1 with the input's width kept takes the flattened-rows form; a stride, a width
+    change or a traced kernel keep the strided-slice form; both equal XLA's convolution."""
+    import jax
+
+    from npujax.ops.gemm import _rows_apply
+
+    def attrs(s, pad):
+        return dict(data_layout="NCHW", kernel_layout="OIHW", strides=[1, s], dilations=[1, 1],
+                    padding=pad, groups=3)
+
+    assert _rows_apply((1, 3, 6, 7), 3, 3, attrs(1, [[1, 1], [2, 0]]))
+    assert not _rows_apply((1, 3, 6, 7), 3, 3, attrs(2, [[1, 1], [1, 1]]))
+    assert not _rows_apply((1, 3, 6, 7), 3, 3, attrs(1, [[1, 1], [0, 0]]))
+    assert not _rows_apply((1, 3, 6, 7), 3, 3, attrs(1, [[-1, 1], [1, 1]]))
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(1, 3, 6, 7)).astype(np.float32)
+    w = rng.normal(size=(3, 1, 3, 3)).astype(np.float32)
+    a = attrs(1, [[1, 1], [2, 0]])
+    ref = np.asarray(_dense_conv(jnp.asarray(x), jnp.asarray(w), a))
+    traced = jax.jit(lambda v, k: _depthwise_conv(v, k, a))(x, w)
+    np.testing.assert_allclose(np.asarray(_depthwise_conv(x, w, a)), ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(traced), ref, rtol=1e-5, atol=1e-5)
