@@ -32,7 +32,7 @@ from npujax.ir.absent import any_absent
 from npujax.ir.graph import SHAPES_ONLY_SOURCE, Graph, Node, Params
 from npujax.limits import check_bytes, get_limits
 from npujax.ops import OPS, run_op, weight_role
-from npujax.ops.registry import NARROW_FLOATS
+from npujax.ops.registry import NARROW_FLOATS, forward_only
 
 __all__ = ["execute", "inference", "check_run", "as_inputs", "layer_state", "tap", "Observe",
            "LayerQuantization", "NodeQuantizer", "MAX_CONSTANT_BYTES"]
@@ -323,11 +323,13 @@ def _check_real_weights(graph: Graph, params: Params) -> None:
 
 
 def _run_fixed(graph: Graph, params: Params, quant: Any, qstate: Any, x: Any) -> Any:
-    return execute(graph, params, x, quant=quant, qstate=qstate)
+    with forward_only():
+        return execute(graph, params, x, quant=quant, qstate=qstate)
 
 
 def _run_passed(graph: Graph, quant: Any, weights: tuple[Params, Any], x: Any) -> Any:
-    return execute(graph, weights[0], x, quant=quant, qstate=weights[1])
+    with forward_only():
+        return execute(graph, weights[0], x, quant=quant, qstate=weights[1])
 
 
 def check_run(graph: Graph, batch: int) -> None:
