@@ -82,7 +82,8 @@ def _depthwise_conv(x: jax.Array, kernel: jax.Array, a: Mapping[str, Any]) -> ja
     sh, sw = a["strides"]
     dh, dw = a["dilations"]
     kh, kw = w.shape[2:]
-    if isinstance(w, np.ndarray) and _rows_apply(xc.shape, kh, kw, a):
+    if (isinstance(w, np.ndarray) and a.get("flattened_by_consumer")
+            and _rows_apply(xc.shape, kh, kw, a)):
         if m > 1:
             xc = jnp.repeat(xc, m, axis=1)
         return jnp.transpose(_depthwise_rows(xc, w[:, 0], a), ["NCHW".index(d) for d in layout])
@@ -109,7 +110,8 @@ def _rows_apply(x_shape: tuple[int, ...], kh: int, kw: int, a: Mapping[str, Any]
     (pt, pb), (pl, pr) = (tuple(int(v) for v in p) for p in a["padding"])
     dh, dw = (int(d) for d in a["dilations"])
     return (all(int(s) == 1 for s in a["strides"]) and min(pt, pb, pl, pr) >= 0
-            and pl + pr == dw * (kw - 1) and x_shape[2] + pt + pb > dh * (kh - 1))
+            and pl + pr == dw * (kw - 1) and max(pl, pr) <= x_shape[3]
+            and x_shape[2] + pt + pb > dh * (kh - 1))
 
 
 def _depthwise_rows(xc: jax.Array, w: np.ndarray, a: Mapping[str, Any]) -> jax.Array:
@@ -117,9 +119,10 @@ def _depthwise_rows(xc: jax.Array, w: np.ndarray, a: Mapping[str, Any]) -> jax.A
     whose output keeps the input's width (:func:`_rows_apply`), computed on the rows flattened to
     ``[N, C, H*W]``.
 
-    The flattened input is padded once, by ``pt*W + pl`` elements before and ``pb*W + pr``
-    after; tap ``(i, j)`` is then the contiguous slice at offset ``i*dh*W + j*dw``, and the taps
-    of one kernel column share a mask that zeroes the reads that wrapped round a row edge.
+    The input is padded once along H, by ``pt + 1`` zero rows above and ``pb + 1`` below, and
+    flattened; tap ``(i, j)`` is then the contiguous slice at offset ``(i*dh + 1)*W + j*dw -
+    pl``, and the taps of one kernel column share a mask that zeroes the reads that wrapped
+    round a row edge (into the neighbouring row, or the extra zero row).
     XLA:CPU vectorises this loop whether the output stays 4-D or is flattened for the 1x1
     convolution that follows; the strided-slice form of :func:`_depthwise_conv` is not
     vectorised once flattened (PP-OCR rec's 240-channel 12x80 5x5 layer followed by a 1x1
@@ -132,18 +135,23 @@ def _depthwise_rows(xc: jax.Array, w: np.ndarray, a: Mapping[str, Any]) -> jax.A
     (pt, pb), (pl, pr) = (tuple(int(v) for v in p) for p in a["padding"])
     ho = h + pt + pb - dh * (kh - 1)
     length = ho * wd
-    xf = lax.pad(xc.reshape(n, c, h * wd), jnp.zeros((), xc.dtype),
-                 ((0, 0, 0), (0, 0, 0), (pt * wd + pl, pb * wd + pr, 0)))
-    col = np.arange(length) % wd
+    # One more zero row above and below the H padding holds the reads of the first and last
+    # columns' taps (masked); padding the flattened rows instead by pl and pr elements made
+    # XLA:CPU emit a pad that loads before its input buffer (a segfault on PP-OCR det).
+    xf = lax.pad(xc, jnp.zeros((), xc.dtype),
+                 ((0, 0, 0), (0, 0, 0), (pt + 1, pb + 1, 0), (0, 0, 0))
+                 ).reshape(n, c, (h + pt + pb + 2) * wd)
+    col = lax.broadcasted_iota(jnp.int32, (1, 1, length), 2) % wd
     out = None
     for j in range(kw):
         acc = None
         for i in range(kh):
-            off = i * dh * wd + j * dw
+            off = (i * dh + 1) * wd + j * dw - pl
             term = lax.slice_in_dim(xf, off, off + length, axis=2) * w[:, i, j].reshape(1, -1, 1)
             acc = term if acc is None else acc + term
-        inside = (col + j * dw - pl >= 0) & (col + j * dw - pl < wd)
-        if not inside.all():
+        lo, hi = pl - j * dw, wd + pl - j * dw  # the columns whose tap lies inside the row
+        if lo > 0 or hi < wd:
+            inside = (col >= lo) & (col < hi)
             acc = jnp.where(inside, acc, jnp.zeros((), acc.dtype))
         out = acc if out is None else out + acc
     assert out is not None
