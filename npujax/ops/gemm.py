@@ -70,7 +70,9 @@ def _depthwise_conv(x: jax.Array, kernel: jax.Array, a: Mapping[str, Any]) -> ja
     shift-and-multiply form (measured 8 ms vs 0.2 ms for a 64-channel 24x96 3x3 layer), and the
     mobile CNNs npujax imports are full of them. Supports any stride, dilation, padding, channel
     multiplier and layout; the summation order differs from XLA's, so results agree to float
-    rounding.
+    rounding. With a known kernel and ``attrs["flattened_by_consumer"]`` (set by
+    :func:`npujax.ir.execute.execute`), a stride-1 layer that keeps its width runs on flattened
+    rows instead (:func:`_depthwise_rows`).
     """
     layout, klayout = a["data_layout"], a["kernel_layout"]
     xc = jnp.transpose(x, [layout.index(d) for d in "NCHW"])
@@ -125,9 +127,11 @@ def _depthwise_rows(xc: jax.Array, w: np.ndarray, a: Mapping[str, Any]) -> jax.A
     round a row edge (into the neighbouring row, or the extra zero row).
     XLA:CPU vectorises this loop whether the output stays 4-D or is flattened for the 1x1
     convolution that follows; the strided-slice form of :func:`_depthwise_conv` is not
-    vectorised once flattened (PP-OCR rec's 240-channel 12x80 5x5 layer followed by a 1x1
-    convolution: 2.2 ms against 0.8 ms). Same values as ``lax.conv_general_dilated`` up to the
-    order of the float sums.
+    vectorised once flattened (PP-OCR rec's 240-channel 12x80 5x5 layer followed by a
+    240-channel 1x1 convolution: 2.5 ms against 1.1 ms of CPU). ``execute`` asks for this form
+    (``attrs["flattened_by_consumer"]``) where only 1x1 convolutions read the output; where it
+    is also pooled the strided form is faster. Same values as ``lax.conv_general_dilated`` up
+    to the order of the float sums.
     """
     n, c, h, wd = xc.shape
     kh, kw = w.shape[1:]
