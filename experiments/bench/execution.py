@@ -221,7 +221,8 @@ def plot(result: dict, path: str) -> None:
     fig = Figure(figsize=(7.5, 3.4))
     ax, bx = fig.subplots(1, 2)
     models = list(result["forward"])
-    sides = [s for s in ("before:arguments", "after:arguments", "after:inference")
+    sides = [s for s in ("before:arguments", "before:inference", "after:arguments",
+                         "after:inference")
              if f"{s}_over_ort" in result["forward"][models[0]]]
     width = 0.8 / len(sides)
     for i, s in enumerate(sides):
