@@ -4,7 +4,7 @@ side by side with the code before, from one run.
 
 Usage:  python experiments/bench/execution.py [--before OTHER_CHECKOUT] [--rounds 3]
             [--calls 60] [--models ppocr_cls,ppocr_rec,ppocr_det] [--out RESULT.json]
-            [--plot FIGURE.png]
+            [--plot FIGURE.png] [--xla-threads 1|all]
 
 Prints:
   (1) per zoo model at batch 1, CPU time per call (``time.process_time``: every thread of the
@@ -22,9 +22,14 @@ Prints:
       <= 0.3 s.
 
 Both runtimes use one thread: onnxruntime ``intra_op_num_threads = inter_op_num_threads = 1``;
-XLA ``--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1`` (set here for every
-process). Every compiled program is kept in the cache (``jax_persistent_cache_min_compile_time_secs
-= 0``, both sides alike). The machine's load average is printed before and after.
+XLA ``--xla_cpu_multi_thread_eigen=false`` and ``PJRT_NPROC=1`` (set here for every process).
+``PJRT_NPROC`` sizes the PjRt CPU client's thread pools: without it XLA:CPU runs independent
+thunks, and the two halves of every loop fusion its ParallelTaskAssigner splits, on a pool of
+one thread per core. (``intra_op_parallelism_threads=1``, which earlier runs put in
+``XLA_FLAGS``, is not an XLA flag and changed nothing.) ``--xla-threads all`` leaves XLA its
+default pools, as a user gets them. Every compiled program is kept in the cache
+(``jax_persistent_cache_min_compile_time_secs = 0``, both sides alike). The machine's load
+average is printed before and after.
 """
 
 from __future__ import annotations
@@ -40,12 +45,19 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[2]
-THREADS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+THREADS = "--xla_cpu_multi_thread_eigen=false"
+#: The environment of the child processes for ``--xla-threads``: ``1`` sizes XLA's pools to one
+#: thread (as onnxruntime's), ``all`` leaves them at one thread per core.
+XLA_POOLS = {"1": {"PJRT_NPROC": "1"}, "all": {}}
+_POOLS = XLA_POOLS["1"]
 
 
 def _env(checkout: Path, **extra: str) -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=str(checkout), XLA_FLAGS=THREADS, **extra)
+    env = dict(os.environ, PYTHONPATH=str(checkout), XLA_FLAGS=THREADS, **_POOLS, **extra)
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    if not _POOLS:
+        env.pop("PJRT_NPROC", None)
+        env.pop("NPROC", None)
     return env
 
 
@@ -209,7 +221,8 @@ def plot(result: dict, path: str) -> None:
     fig = Figure(figsize=(7.5, 3.4))
     ax, bx = fig.subplots(1, 2)
     models = list(result["forward"])
-    sides = [s for s in ("before:arguments", "after:arguments", "after:inference")
+    sides = [s for s in ("before:arguments", "before:inference", "after:arguments",
+                         "after:inference")
              if f"{s}_over_ort" in result["forward"][models[0]]]
     width = 0.8 / len(sides)
     for i, s in enumerate(sides):
@@ -246,14 +259,20 @@ def main() -> None:
     ap.add_argument("--models", default="ppocr_cls,ppocr_rec,ppocr_det")
     ap.add_argument("--out", help="write the figures as JSON")
     ap.add_argument("--plot", help="write a bar chart (PNG)")
+    ap.add_argument("--xla-threads", choices=sorted(XLA_POOLS), default="1",
+                    help="XLA's thread pools: one thread, as onnxruntime here (default), or "
+                    "XLA's default of one per core")
     args = ap.parse_args()
+    global _POOLS
+    _POOLS = XLA_POOLS[args.xla_threads]
     checkouts = {"after": HERE}
     if args.before:
         checkouts = {"before": Path(args.before).resolve(), **checkouts}
     result: dict = {"load_before": os.getloadavg(), "cpus": os.cpu_count(),
-                    "threads": "1 (onnxruntime intra/inter-op; XLA " + THREADS + ")"}
-    print(f"load average at the start {result['load_before'][0]:.1f} on {result['cpus']} CPUs",
-          flush=True)
+                    "threads": "1 (onnxruntime intra/inter-op; XLA " + THREADS + ")",
+                    "xla_pools": args.xla_threads}
+    print(f"load average at the start {result['load_before'][0]:.1f} on {result['cpus']} CPUs;"
+          f" XLA thread pools: {args.xla_threads}", flush=True)
     result["forward"] = forward(checkouts, args.models.split(","), args.rounds, args.calls)
     print("(1) forward at batch 1, CPU time per call over onnxruntime's (median of "
           f"{args.rounds} rounds of interleaved medians; target <= 1.3x)")

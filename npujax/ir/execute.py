@@ -19,6 +19,7 @@ observers, per-layer SQNR, sensitivities): see :data:`Observe` and :func:`tap`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol
@@ -32,7 +33,7 @@ from npujax.ir.absent import any_absent
 from npujax.ir.graph import SHAPES_ONLY_SOURCE, Graph, Node, Params
 from npujax.limits import check_bytes, get_limits
 from npujax.ops import OPS, run_op, weight_role
-from npujax.ops.registry import NARROW_FLOATS
+from npujax.ops.registry import NARROW_FLOATS, forward_only
 
 __all__ = ["execute", "inference", "check_run", "as_inputs", "layer_state", "tap", "Observe",
            "LayerQuantization", "NodeQuantizer", "MAX_CONSTANT_BYTES"]
@@ -220,7 +221,10 @@ def execute(
     inv_std = _batchnorm_inv_std(graph, params)
     batch = int(xs[0].shape[0]) if xs and xs[0].ndim and graph.inputs \
         and graph.tensors[graph.inputs[0]].shape[:1] == (1,) else 1
+    flattened = _flattened_by_consumer(graph)
     for index, node in enumerate(graph.nodes):
+        if node.name in flattened:
+            node = dataclasses.replace(node, attrs={**node.attrs, "flattened_by_consumer": True})
         ins = [_folded_concat_input(graph, node, t, env[t], batch) for t in node.inputs]
         p = dict(params.get(node.name, {}))
         if node.name in inv_std:
@@ -323,11 +327,13 @@ def _check_real_weights(graph: Graph, params: Params) -> None:
 
 
 def _run_fixed(graph: Graph, params: Params, quant: Any, qstate: Any, x: Any) -> Any:
-    return execute(graph, params, x, quant=quant, qstate=qstate)
+    with forward_only():
+        return execute(graph, params, x, quant=quant, qstate=qstate)
 
 
 def _run_passed(graph: Graph, quant: Any, weights: tuple[Params, Any], x: Any) -> Any:
-    return execute(graph, weights[0], x, quant=quant, qstate=weights[1])
+    with forward_only():
+        return execute(graph, weights[0], x, quant=quant, qstate=weights[1])
 
 
 def check_run(graph: Graph, batch: int) -> None:
@@ -363,6 +369,45 @@ def check_run(graph: Graph, batch: int) -> None:
 _ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4,
              "int16": 2, "int8": 1, "uint64": 8, "uint32": 4, "uint16": 2, "uint8": 1,
              "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
+
+
+def _flattened_by_consumer(graph: Graph) -> set[str]:
+    """The grouped Conv nodes whose output, through elementwise nodes only, is read by 1x1
+    Convs and nothing else: XLA fuses those elementwise nodes into the convolution and flattens
+    its output for the 1x1 Convs' matrix products, and a depthwise convolution then computes
+    on flattened rows (:mod:`npujax.ops.gemm`)."""
+    readers: dict[str, list[Node]] = {}
+    for node in graph.nodes:
+        for t in node.inputs:
+            readers.setdefault(t, []).append(node)
+    outputs = set(graph.outputs)
+
+    def pointwise(n: Node) -> bool:
+        k = list(n.attrs.get("kernel_shape", ()))[2:]
+        return (n.op == "Conv" and int(n.attrs.get("groups", 1)) == 1 and bool(k)
+                and all(d == 1 for d in k) and all(int(v) == 1 for v in n.attrs["strides"]))
+
+    found = set()
+    for node in graph.nodes:
+        if node.op != "Conv" or int(node.attrs.get("groups", 1)) == 1:
+            continue
+        todo, seen, ok, exits = [node.outputs[0]], set(), True, 0
+        while todo and ok:
+            t = todo.pop()
+            if t in seen:
+                continue
+            seen.add(t)
+            ok = t not in outputs and bool(readers.get(t))
+            for r in readers.get(t, []):
+                if r.op in OPS and OPS[r.op].cost == "elementwise":
+                    todo.extend(r.outputs)
+                elif pointwise(r):
+                    exits += 1
+                else:
+                    ok = False
+        if ok and exits:
+            found.add(node.name)
+    return found
 
 
 def _batchnorm_inv_std(graph: Graph, params: Params) -> dict[str, jax.Array]:

@@ -14,6 +14,7 @@ row-major order), from unsaturated codes with extra fraction bits as an int32 po
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +27,7 @@ from npujax.errors import UnsupportedOpError
 from npujax.numerics.core import true_divide
 from npujax.numerics.fixed_point import div_round_half_even
 from npujax.ops._onnx import conv_pads, simple_importer
-from npujax.ops.registry import OpDef, onnx_importer, register
+from npujax.ops.registry import OpDef, is_forward_only, onnx_importer, register
 
 if TYPE_CHECKING:
     from npujax.ir.graph import Node
@@ -48,10 +49,39 @@ def _pool(node: Node, x: jax.Array, init: Any, reducer: Any) -> jax.Array:
     )
 
 
+#: In a forward-only trace (:func:`npujax.ops.registry.forward_only`), a MaxPool without padding
+#: whose window has at most this many elements is the maximum of its window's strided slices.
+_SLICED_MAX_WINDOW = 16
+
+
 def _maxpool(node: Node, inputs: Sequence[jax.Array], params: Mapping[str, jax.Array]):
     (x,) = inputs
+    a = node.attrs
+    window, strides = tuple(a["window"]), tuple(a["strides"])
+    dil = tuple(a.get("window_dilation", (1,) * x.ndim))
+    if (is_forward_only() and all(tuple(p) == (0, 0) for p in a["padding"])
+            and math.prod(window) <= _SLICED_MAX_WINDOW
+            and all(d * (k - 1) < n for d, k, n in zip(dil, window, x.shape))):
+        return [_sliced_max(x, window, strides, dil)]
     lowest = -np.inf if jnp.issubdtype(x.dtype, jnp.floating) else np.iinfo(x.dtype).min
     return [_pool(node, x, np.array(lowest, x.dtype), lax.max)]
+
+
+def _sliced_max(x: jax.Array, window: tuple[int, ...], strides: tuple[int, ...],
+                dil: tuple[int, ...]) -> jax.Array:
+    """An unpadded max pool as the maximum of one strided slice per window element: the same
+    values as ``lax.reduce_window``, which XLA:CPU runs through a slower reduction (PP-OCR cls's
+    2x2 pool of a 200x2x96 map with the global mean after it: 170 us against 83 us)."""
+    out_shape = [(n - d * (k - 1) - 1) // s + 1
+                 for n, k, s, d in zip(x.shape, window, strides, dil)]
+    out = None
+    for offsets in np.ndindex(*window):
+        start = [o * d for o, d in zip(offsets, dil)]
+        limit = [b + (m - 1) * s + 1 for b, m, s in zip(start, out_shape, strides)]
+        tap = lax.slice(x, start, limit, strides)
+        out = tap if out is None else lax.max(out, tap)
+    assert out is not None
+    return out
 
 
 def avgpool_count(node: Node, shape: tuple[int, ...]) -> np.ndarray:

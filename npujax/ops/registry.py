@@ -26,8 +26,10 @@ imports every module, so a new operator is one new file.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import jax
@@ -46,8 +48,29 @@ __all__ = [
     "quantized_ops",
     "operand_quantized_ops", "quantizable_nodes",
     "kernel_out_axis", "kernel_in_axis", "out_channel_view", "apply_epilogue", "epilogue_ops",
-    "ops_with",
+    "ops_with", "forward_only", "is_forward_only",
 ]
+
+_FORWARD_ONLY = contextvars.ContextVar("npujax_forward_only", default=False)
+
+
+@contextlib.contextmanager
+def forward_only() -> Iterator[None]:
+    """Trace the operators for a forward pass that is never differentiated
+    (:func:`npujax.ir.execute.inference`): kernels may then take forms whose gradients would
+    differ from their reference form's (MaxPool as a maximum of strided slices splits the
+    gradient of a tie, ``lax.reduce_window`` gives it to one element). Values are the same."""
+    token = _FORWARD_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _FORWARD_ONLY.reset(token)
+
+
+def is_forward_only() -> bool:
+    """Whether the operators are being traced under :func:`forward_only`."""
+    return _FORWARD_ONLY.get()
+
 
 #: Cost classes of the NPU model (see the module docstring).
 CostClass = Literal["array", "elementwise", "vector", "free", "host"]
