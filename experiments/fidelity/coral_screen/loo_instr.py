@@ -3,7 +3,8 @@
 Step 2 of 2 (``screen_instr.py`` first). Public fact: libedgetpu sends a compiled model's
 instruction bitstream (its ``EXECUTION_ONLY`` executable) to the Edge TPU on **every**
 inference; only the ``PARAMETER_CACHING`` executable is sent once. The bitstreams of Coral's own
-files, read from the files and matched byte for byte to USB captures (RingCanary/coral-usb-oxidized,
+files, read from the files and found as transfers of exactly their sizes in USB captures of
+every inference (RingCanary/coral-usb-oxidized,
 ``docs/usb_executable_transport_correlation.md``, ``WORKLOG.md``):
 
   mobilenet_v1_1.0_224_quant_edgetpu            225,824 B  (+ input 150,528 B)

@@ -5,7 +5,7 @@ inference. The Coral Edge TPU's runtime (libedgetpu) does: a compiled model hold
 ``PARAMETER_CACHING`` executable, run once to fill the parameter cache, and an
 ``EXECUTION_ONLY`` executable, whose instruction bitstream is sent to the device on every
 inference, ahead of the input, over the same link as the streamed parameters. Public USB
-captures of Coral's own files match the bitstreams byte for byte
+captures of Coral's own files show transfers of exactly the bitstreams' sizes on every inference
 (RingCanary/coral-usb-oxidized, ``docs/usb_executable_transport_correlation.md``):
 ``mobilenet_v1_1.0_224_quant_edgetpu`` sends 225,824 B of instructions and 150,528 B of input
 per inference, ``mobilenet_v2_1.0_224_inat_bird_quant_edgetpu`` 272,144 B of instructions,
@@ -20,10 +20,10 @@ stage (what a TFLite operator is). The pass adds
 ``operations x instruction_bytes_per_op / dram_bytes_per_s`` to the first layer's ``dma_cycles``
 and latency, once per inference: the instructions are read from the NPU's off-chip memory (on
 the Edge TPU, host memory across USB or PCIe, the ``dram_bytes_per_s`` of its presets) before
-the layers run, not overlapped with them (on USB the bitstream precedes the input on the one
-bulk endpoint). The field and the rate are traced: ``jax.vmap`` over stacked specs, ``fit`` and
-the relaxed mode follow it; the operation count is a sum of the layer table's structure, so a
-traced layer table works too.
+the layers run, not overlapped with them (the USB captures show the bitstream sent before the
+input). The field and the rate are traced: ``jax.vmap`` over stacked specs, a fit of the rate
+and the relaxed mode follow it; the operation count is a sum of the layer table's structure, so
+a traced layer table works too.
 
 Not modelled: the instruction bytes' energy (their DRAM reads and the instruction memory), a
 per-operator size (a convolution's loops may compile to more than a Dense layer's), and overlap
