@@ -9,7 +9,9 @@ Hardware is data. Every numeric field carries its unit in its name (``clock_hz``
                precision_scaling, brick_bits, group_packing (optional)
     [memory]   ifmap_sram_bytes, filter_sram_bytes, ofmap_sram_bytes, dram_bytes_per_s,
                dram_latency_s, dram_bytes (optional), core_link_bytes_per_s (optional),
-               mapping (optional)
+               mapping (optional), parameter_cache (optional), parameter_cache_bytes
+               (optional), sram_split (optional), onchip_sram_bytes (optional),
+               instruction_bytes_per_op (optional)
     [vector]   lanes, special_cycles_per_elem (optional, default 4)
     [layout]   activation_layout, c0, channel_alignment, dram_burst_bytes
     [ops]      supported, fused_activations, conv_max_kernel, conv_max_stride, fusion,
@@ -246,6 +248,10 @@ class MemorySpec:
         ``parameter_cache_bytes``; see :mod:`npujax.plan.passes.onchip_split`).
       onchip_sram_bytes: the shared SRAM of ``sram_split = "per_model"`` (bytes, the filter
         buffer included), >= 0 (default 0).
+      instruction_bytes_per_op: compiled instructions per NPU operation that the NPU reads
+        from off-chip memory on every inference, before it computes (bytes, a float), >= 0
+        (default 0: the instructions stay on chip); see
+        :mod:`npujax.plan.passes.instruction_stream`.
     """
 
     ifmap_sram_bytes: int = _field(lo=1, hi=2**40)
@@ -260,6 +266,7 @@ class MemorySpec:
     parameter_cache_bytes: int = _field(zero_ok=True, default=0, lo=0, hi=2**40)
     sram_split: str = _field(choices=SRAM_SPLITS, default="fixed")
     onchip_sram_bytes: int = _field(zero_ok=True, default=0, lo=0, hi=2**40)
+    instruction_bytes_per_op: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=2.0**30)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -14,6 +14,8 @@ order  pass             runs where                                  module
 30     cross_layer      ``ops.fusion`` = ``layer``                  ``passes/cross_layer.py``
 40     weight_stream    ``memory.parameter_cache`` != ``none``      ``passes/weight_stream.py``
 50     invocation       ``host.invocation_overhead_s`` != 0         ``passes/invocation.py``
+55     instruction_     ``memory.instruction_bytes_per_op`` != 0    ``passes/instruction_stream.py``
+       stream
 90     energy           the mode asks for energy                    ``passes/energy.py``
 =====  ===============  ==========================================  =====================
 

@@ -357,3 +357,32 @@ def test_invocation_overhead_is_paid_once_per_inference(graph, edge_spec):
     assert (first.costs.transfer_cycles - first0.costs.transfer_cycles
             == pytest.approx(1e-3 * edge_spec.array.clock_hz))
     assert [r.latency_s for r in over.layers[1:]] == [r.latency_s for r in base.layers[1:]]
+
+
+def test_instruction_stream_is_read_once_per_inference(graph, edge_spec):
+    """memory.instruction_bytes_per_op (the instruction_stream pass): the NPU operations'
+    instructions read from off-chip memory once per inference, on the first layer's DMA time;
+    a traced layer table counts the same operations; the default 0 changes nothing."""
+    from npujax.plan import program_cost
+    from npujax.plan.passes.instruction_stream import npu_operations
+    from npujax.plan.table import layer_table
+
+    ops = sum(w.device == "npu" and not w.fused_into for w in workloads(graph, edge_spec))
+    assert 0 < ops == npu_operations(workloads(graph, edge_spec))
+    base = lower(graph, edge_spec)
+    spec = _with(edge_spec, "memory", instruction_bytes_per_op=4096.0)
+    over = lower(graph, spec)
+    dt = ops * 4096.0 / edge_spec.memory.dram_bytes_per_s
+    assert over.latency_s == pytest.approx(base.latency_s + dt, rel=1e-9)
+    first, first0 = over.layers[0], base.layers[0]
+    assert (first.costs.dma_cycles - first0.costs.dma_cycles
+            == pytest.approx(dt * edge_spec.array.clock_hz))
+    assert [r.latency_s for r in over.layers[1:]] == [r.latency_s for r in base.layers[1:]]
+    layers = workloads(graph, spec)
+    wb = jnp.full(len(layers), 8.0, jnp.float32)
+    with jax.enable_x64(True):
+        table = layer_table(layers, 16)
+        wb16 = jnp.full(16, 8.0, jnp.float32)
+        traced = jax.jit(lambda t: program_cost(t, spec, wb16, wb16).costs.dma_cycles[0])(table)
+        static = program_cost(layers, spec, wb, wb).costs.dma_cycles[0]
+    assert float(traced) == pytest.approx(float(static), rel=1e-12)

@@ -16,8 +16,8 @@ CHAIN = AttentionChain(0, 1, 2, (0, 1, 2), 8, 8, 4, 1, True, True)
 
 def test_every_pass_module_is_registered_once_in_order():
     names = [p.name for p in registered()]
-    assert names == ["attention", "cross_layer", "weight_stream", "invocation", "energy",
-                     "onchip_split"]
+    assert names == ["attention", "cross_layer", "weight_stream", "invocation",
+                     "instruction_stream", "energy", "onchip_split"]
     assert [p.order for p in registered()] == sorted(p.order for p in registered())
 
 
@@ -35,6 +35,9 @@ def test_only_the_spec_switches_and_the_mode_choose_the_passes():
     assert needs_static_layers(layer) and not needs_static_layers(spec)
     # a fixed cost per inference: where the preset states one
     assert "invocation" in [p.name for p in active_passes(load_npu_spec("coral_edgetpu"))]
+    # the instruction stream read per inference: where the preset states its size
+    assert "instruction_stream" in [p.name for p in active_passes(load_npu_spec("coral_edgetpu"))]
+    assert "instruction_stream" not in [p.name for p in active_passes(spec)]
     # one on-chip SRAM split per model: where the preset says so
     assert active_passes(load_npu_spec("coral_edgetpu"))[-1].name == "onchip_split"
     assert "onchip_split" not in [p.name for p in active_passes(spec)]
