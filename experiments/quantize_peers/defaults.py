@@ -5,12 +5,14 @@ tuned to the test set. This script scores npujax's fake-quant (the model its QDQ
 computes: int32 biases, :func:`npujax.quantize.ptq.deployed_biases`) under each setting on
 ``WORK/MODEL/valid.npz`` (written by ``compare.py prepare``: examples that are neither
 calibration nor evaluation examples), calibrated on the same ``calib.npy`` as every tool.
-Per setting: top-1 accuracy, flips (examples whose top-1 differs from the float model's) and
+Per setting: top-1 accuracy, flips (examples whose top-1 differs from the float model's; how
+many of them the change fixed and broke), the mean change of each class's probability and
 the mean KL divergence of the softmax from the float model's, on the validation data; the
 evaluation split's accuracy and flips are printed too, for reference only.
 
-Settings: each observer in ``--observers`` with and without bias correction
-(:func:`npujax.quantize.ptq.bias_correction`, ``--bias-correction`` lists the variants).
+Settings: each observer in ``--observers`` without bias correction and with each
+``--bias-correction`` mode of :func:`npujax.quantize.ptq.bias_correction` (CPU and wall
+seconds per setting: the bias correction and the scoring, after the calibration).
 
 Usage::
 
@@ -51,6 +53,9 @@ def main() -> None:
     ap.add_argument("--model", required=True, choices=("ppocr_cls", "vit_mnist", "digits"))
     ap.add_argument("--observers", default="minmax")
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--bias-correction", default="weights",
+                    help="bias correction modes to compare with none "
+                    "(npujax.quantize.ptq.BIAS_CORRECTION_MODES), comma-separated")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     a = ap.parse_args()
 
@@ -74,17 +79,24 @@ def main() -> None:
                 for k, v in sets.items()}}]
     print(json.dumps(rows[-1]), flush=True)
     for obs in a.observers.split(","):
-        t0, c0 = time.perf_counter(), os.times()
         qstate = calibrate(graph, params, cal, quant, observer=obs)
-        for bc in (False, True):
-            p = bias_correction(graph, params, quant, cal, qstate) if bc else params
+        for bc in [None, *a.bias_correction.split(",")]:
+            t0, c0 = time.perf_counter(), os.times()
+            p = (params if bc is None
+                 else bias_correction(graph, params, quant, cal, qstate, mode=bc))
             p = deployed_biases(graph, p, quant, qstate)
-            row = {"setting": f"{obs}{', bias correction' if bc else ''}"}
+            row = {"setting": obs + ("" if bc is None else f", bias correction ({bc})")}
             for k, v in sets.items():
                 pr = _probs(_predict(graph, p, v["x"], a.batch, quant, qstate))
                 kl = np.sum(ref[k] * (np.log(ref[k] + 1e-12) - np.log(pr + 1e-12)), -1)
-                row |= {f"{k}_accuracy": 100 * float(np.mean(pr.argmax(-1) == v["y"])),
+                ok_f, ok_q = ref[k].argmax(-1) == v["y"], pr.argmax(-1) == v["y"]
+                row |= {f"{k}_accuracy": 100 * float(np.mean(ok_q)),
                         f"{k}_flips": int(np.sum(pr.argmax(-1) != ref[k].argmax(-1))),
+                        f"{k}_fixed": int(np.sum(ok_q & ~ok_f)),
+                        f"{k}_broken": int(np.sum(ok_f & ~ok_q)),
+                        # the mean change of each class's probability (a systematic shift
+                        # towards one class flips examples one way)
+                        f"{k}_mean_dprob": np.round(np.mean(pr - ref[k], 0), 5).tolist(),
                         f"{k}_kl": float(np.mean(kl))}
             c1 = os.times()
             row["cpu_s"] = (c1.user + c1.system) - (c0.user + c0.system)
