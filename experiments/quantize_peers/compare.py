@@ -6,15 +6,18 @@ tool; every QDQ file is scored by the same onnxruntime session code. Two halves,
 1. ``prepare`` -- run with npujax's Python (``PYTHONPATH=. python3``). Per model it writes
    ``WORK/MODEL/float.onnx``, ``calib.npy`` (exactly the examples ``npujax quantize``
    calibrates on: the first 256 of its training split), ``eval.npz`` (its held-out split, ``x``
-   and int labels ``y``), then runs ``python3 -m npujax quantize`` on ``float.onnx`` with each
-   observer, ``--max-drop 1`` and every PTQ method flag that ``npujax quantize --help`` lists,
-   timing each run (``runs.json``).
+   and int labels ``y``), ``valid.npz`` (labelled examples that are neither: :func:`_write_valid`,
+   on which npujax's defaults are chosen, ``defaults.py``), then runs ``python3 -m npujax
+   quantize`` on ``float.onnx`` with each observer, ``--max-drop 1`` and every PTQ method flag
+   that ``npujax quantize --help`` lists (or the ``--runs`` given), timing each run
+   (``runs.json``).
 2. ``peers`` -- run with the peers' own venv (``/work/venv-peers/bin/python``; nncf is never an
    npujax dependency). Per model: ``onnxruntime.quantization.quantize_static`` (QDQ, per-channel
    int8 weights, uint8 activations, MinMax and Entropy), ``nncf.quantize`` and
    ``nncf.quantize_with_accuracy_control`` (max_drop 0.01 absolute on a 0..1 accuracy); then it
    scores the float model and every QDQ file (the peers' and npujax's ``model.qdq.onnx``) in
-   onnxruntime on ``eval.npz``, counts the GEMMs (Conv/Gemm/MatMul) each file leaves in float,
+   onnxruntime on ``eval.npz`` (and ``valid.npz``; flips: top-1 changed from the float
+   model's; TV: :func:`_tv`), counts the GEMMs (Conv/Gemm/MatMul) each file leaves in float,
    and writes ``results.json`` and ``results.md``.
 
 Models (real labels, no downloads):
@@ -402,15 +405,36 @@ def _edit_distance(a: str, b: str) -> int:
     return prev[-1]
 
 
+def _probs(y: np.ndarray) -> np.ndarray:
+    """Class probabilities of ``[N, C]`` outputs (float64): a model that ends in a Softmax
+    (PP-OCR cls: rows in [0, 1] summing to 1 within 1 %, a quantized file's too) gives them,
+    clipped at 0 and renormalized; logits get a softmax."""
+    y = np.asarray(y, np.float64)
+    if np.all(y >= -1e-3) and np.all(y <= 1 + 1e-3) and np.allclose(y.sum(-1), 1.0, atol=1e-2):
+        y = np.clip(y, 0.0, None)
+        return y / y.sum(-1, keepdims=True)
+    e = np.exp(y - y.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _tv(p: np.ndarray, q: np.ndarray) -> float:
+    """Mean total variation distance ``0.5 * sum |p - q|`` of rows of class probabilities: how
+    far a quantized model's probabilities move from the float model's (bounded, and finite
+    where a file's quantized Softmax output rounds a small probability to 0, as
+    onnxruntime's uint8 one does; for two classes, the change of either probability)."""
+    return float(np.mean(0.5 * np.abs(p - q).sum(-1)))
+
+
 def _evaluate(model, x: np.ndarray, labels: np.ndarray, chars: list[str] | None
               ) -> tuple[np.ndarray, float | None, np.ndarray | None]:
     """Per-example correctness (top-1 class, or exact string match with ``chars``), for a
     recogniser the character error rate (total edit distance / total label length), and for a
-    classifier the top-1 classes."""
+    classifier the class probabilities ``[N, C]`` (:func:`_probs`)."""
     outs = _outputs(model, x)
     if chars is None:
-        pred = np.concatenate([o.reshape(len(o), -1).argmax(-1) for o in outs])
-        return (pred == labels).astype(np.float32), None, pred
+        probs = _probs(np.concatenate([o.reshape(len(o), -1) for o in outs]))
+        pred = probs.argmax(-1)
+        return (pred == labels).astype(np.float32), None, probs
     # ends stripped: the recogniser often reads the margin of the crop as a space
     text = [t.strip() for o in outs for t in _ctc_greedy(o, chars)]
     ok = np.array([t == str(y) for t, y in zip(text, labels)], np.float32)
@@ -540,14 +564,16 @@ def peers(work: Path, models: list[str], keep: tuple[str, ...] = (),
             rows[label] = {"accuracy": 100 * float(c.mean()), "cer": cer,
                            "seconds": seconds[0], "cpu_seconds": seconds[1],
                            "float_gemms": wide, "gemms": total, **more}
-            if pred is not None:  # top-1 changed from the float model's
-                preds.setdefault("eval", pred)
-                rows[label]["flips"] = int(np.sum(pred != preds["eval"]))
+            if pred is not None:  # top-1 changed from the float model's; KL from it
+                f = preds.setdefault("eval", pred)
+                rows[label].update(flips=int(np.sum(pred.argmax(-1) != f.argmax(-1))),
+                                   tv=_tv(f, pred))
             if valid is not None:
                 cv, _, pv = _evaluate(model_or_path, valid["x"], valid["y"], None)
-                preds.setdefault("valid", pv)
+                f = preds.setdefault("valid", pv)
                 rows[label].update(valid_accuracy=100 * float(cv.mean()),
-                                   valid_flips=int(np.sum(pv != preds["valid"])))
+                                   valid_flips=int(np.sum(pv.argmax(-1) != f.argmax(-1))),
+                                   valid_tv=_tv(f, pv))
             print(f"{name}: {label}: {rows[label]['accuracy']:.2f} % "
                   + ("" if cer is None else f"CER {cer:.2f} % ")
                   + ("" if valid is None else
@@ -652,8 +678,9 @@ def peers(work: Path, models: list[str], keep: tuple[str, ...] = (),
 
 def table(results: dict) -> str:
     """The markdown tables of ``results.json``: one per model. Columns added where measured:
-    "flips": held-out examples whose top-1 class differs from the float model's; "validation":
-    top-1 and flips on the model's ``valid.npz``."""
+    "flips": held-out examples whose top-1 class differs from the float model's; "TV": the mean
+    total variation distance of the class probabilities from the float model's (:func:`_tv`);
+    "validation": the same on the model's ``valid.npz``."""
     lines = []
     for name, r in results["models"].items():
         rows = r["rows"]
@@ -667,8 +694,9 @@ def table(results: dict) -> str:
             head += (f"; validation: {r.get('valid_examples', '?')} examples, float "
                      f"{val:.2f} %")
         cols = (["tool", metric, "vs float (points)"] + (["CER %"] if rec else [])
-                + (["flips"] if flips else [])
-                + (["validation top-1 %", "validation flips"] if val is not None else [])
+                + (["flips", "TV (1e-3)"] if flips else [])
+                + (["validation top-1 %", "validation flips", "validation TV (1e-3)"]
+                   if val is not None else [])
                 + ["GEMMs left float", "wall s", "CPU s"])
         lines += [f"### {name}: {r['calib_examples']} calibration / {r['eval_examples']} "
                   f"evaluation examples, {head}", "",
@@ -681,10 +709,14 @@ def table(results: dict) -> str:
                 continue
             cells = [label, f"{row['accuracy']:.2f}", f"{row['accuracy'] - f:+.2f}"]
             cells += [f"{row['cer']:.2f}"] if rec else []
-            cells += [str(row.get("flips", ""))] if flips else []
+            def milli(v):
+                return "" if v is None else f"{1e3 * v:.2f}"
+
+            cells += [str(row.get("flips", "")), milli(row.get("tv"))] if flips else []
             if val is not None:
                 va = row.get("valid_accuracy")
-                cells += ["" if va is None else f"{va:.2f}", str(row.get("valid_flips", ""))]
+                cells += ["" if va is None else f"{va:.2f}", str(row.get("valid_flips", "")),
+                          milli(row.get("valid_tv"))]
             cells += [f"{row['float_gemms']} / {row['gemms']}", f"{row['seconds']:.1f}",
                       f"{row['cpu_seconds']:.1f}"]
             lines.append("| " + " | ".join(cells) + " |")
