@@ -6,15 +6,18 @@ tool; every QDQ file is scored by the same onnxruntime session code. Two halves,
 1. ``prepare`` -- run with npujax's Python (``PYTHONPATH=. python3``). Per model it writes
    ``WORK/MODEL/float.onnx``, ``calib.npy`` (exactly the examples ``npujax quantize``
    calibrates on: the first 256 of its training split), ``eval.npz`` (its held-out split, ``x``
-   and int labels ``y``), then runs ``python3 -m npujax quantize`` on ``float.onnx`` with each
-   observer, ``--max-drop 1`` and every PTQ method flag that ``npujax quantize --help`` lists,
-   timing each run (``runs.json``).
+   and int labels ``y``), ``valid.npz`` (labelled examples that are neither: :func:`_write_valid`,
+   on which npujax's defaults are chosen, ``defaults.py``), then runs ``python3 -m npujax
+   quantize`` on ``float.onnx`` with each observer, ``--max-drop 1`` and every PTQ method flag
+   that ``npujax quantize --help`` lists (or the ``--runs`` given), timing each run
+   (``runs.json``).
 2. ``peers`` -- run with the peers' own venv (``/work/venv-peers/bin/python``; nncf is never an
    npujax dependency). Per model: ``onnxruntime.quantization.quantize_static`` (QDQ, per-channel
    int8 weights, uint8 activations, MinMax and Entropy), ``nncf.quantize`` and
    ``nncf.quantize_with_accuracy_control`` (max_drop 0.01 absolute on a 0..1 accuracy); then it
    scores the float model and every QDQ file (the peers' and npujax's ``model.qdq.onnx``) in
-   onnxruntime on ``eval.npz``, counts the GEMMs (Conv/Gemm/MatMul) each file leaves in float,
+   onnxruntime on ``eval.npz`` (and ``valid.npz``; flips: top-1 changed from the float
+   model's; TV: :func:`_tv`), counts the GEMMs (Conv/Gemm/MatMul) each file leaves in float,
    and writes ``results.json`` and ``results.md``.
 
 Models (real labels, no downloads):
@@ -68,6 +71,8 @@ OBSERVERS = ("minmax", "percentile", "mse", "entropy")
 #: PTQ method flags used when ``npujax quantize --help`` lists them (W8A8 table rows).
 METHOD_FLAGS = ("cle", "adaround", "smoothquant")
 CALIB_EXAMPLES = 256
+#: ppocr_cls: rendered lines of the validation set (another seed than the evaluation lines)
+VALID_CLS = 2000
 GEMMS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 LAYOUT = ("Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")
 
@@ -201,6 +206,30 @@ def _export_ppocr_rec(d: Path, seed: int, n: int) -> tuple[str, list[str]]:
     return str(d / "data.npz"), ["--input-shape", "x=1,3,48,320"]
 
 
+def _write_valid(d: Path, name: str, data: str, seed: int) -> None:
+    """``valid.npz`` (``x``, int ``y``): labelled examples that are neither calibration nor
+    evaluation examples, on which npujax's defaults are chosen (the evaluation split only
+    reports). ppocr_cls: :data:`VALID_CLS` lines rendered with seed ``seed + 1``;
+    digits and vit_mnist: the training split after its first :data:`CALIB_EXAMPLES` (the
+    calibration examples), which the float model was trained on (no other labelled data
+    ships: MNIST-5k has 5000 images)."""
+    from npujax.data.images import orientation_labels, text_images
+    from npujax.data.sources import load_inputs
+    from npujax.frontends.onnx import from_onnx
+
+    if (d / "valid.npz").exists() or name not in ("ppocr_cls", "vit_mnist", "digits"):
+        return
+    if name == "ppocr_cls":
+        x = text_images(48, 192, VALID_CLS, seed=seed + 1, flip_odd=True)
+        y = orientation_labels(VALID_CLS)
+    else:
+        graph, _ = from_onnx(d / "float.onnx")
+        xtr, ytr, _, _ = load_inputs(data, graph.tensors[graph.inputs[0]].shape, seed=seed)
+        x, y = xtr[CALIB_EXAMPLES:], ytr[CALIB_EXAMPLES:]
+    np.savez(d / "valid.npz", x=np.asarray(x, np.float32), y=np.asarray(y, np.int64))
+    print(f"{name}: {len(x)} validation examples", flush=True)
+
+
 def _method_flags() -> list[str]:
     out = subprocess.run([sys.executable, "-m", "npujax", "quantize", "--help"],
                          capture_output=True, text=True, check=True).stdout
@@ -234,7 +263,13 @@ def _run_all(jobs: dict[str, tuple[list[str], Path]], parallel: int) -> dict[str
 
 def prepare(work: Path, models: list[str], seed: int, cls_examples: int,
             rec_examples: int, parallel: int, reuse: bool,
-            vit_cache: Path = Path("/work/cache-vit/vit_float.npz")) -> None:
+            vit_cache: Path = Path("/work/cache-vit/vit_float.npz"),
+            only: list[str] | None = None) -> None:
+    """Export each model and its data to ``work/MODEL`` and run ``npujax quantize`` on it:
+    the default rows (each observer, ``--max-drop 1``, the PTQ method flags), or with ``only``
+    the rows given as an observer and more ``npujax quantize`` flags (e.g. ``"minmax
+    --no-bias-correction"``: ``--method minmax --no-bias-correction``, labelled ``npujax minmax
+    --no-bias-correction`` as the default rows are)."""
     from npujax.data.sources import load_inputs
     from npujax.frontends.onnx import from_onnx
 
@@ -277,6 +312,7 @@ def prepare(work: Path, models: list[str], seed: int, cls_examples: int,
             else:
                 np.savez(d / "eval.npz", x=np.asarray(xte, np.float32),
                          y=np.asarray(yte, np.int64))
+        _write_valid(d, name, data, seed)
         observers = {"ppocr_rec": ("minmax", "entropy"), "digits_dimcal": ("minmax",)}.get(
             name, OBSERVERS)
         runs = {f"npujax {o}": ["--method", o] for o in observers}
@@ -288,6 +324,8 @@ def prepare(work: Path, models: list[str], seed: int, cls_examples: int,
                   else [] if name == "digits_dimcal"  # (the loops' model only)
                   else [m for m in methods if m == "smoothquant"]):
             runs[f"npujax minmax --{m}"] = ["--method", "minmax", f"--{m}"]
+        if only is not None:  # --runs: these rows instead of the default set
+            runs = {f"npujax {r}": ["--method", *r.split()] for r in only}
         for label, args in runs.items():
             out = d / ("npujax_" + re.sub(r"[^a-z0-9]+", "_", label.split(" ", 1)[1]).strip("_"))
             cmd = [sys.executable, "-m", "npujax", "quantize", str(d / "float.onnx"), "--data",
@@ -367,20 +405,42 @@ def _edit_distance(a: str, b: str) -> int:
     return prev[-1]
 
 
+def _probs(y: np.ndarray) -> np.ndarray:
+    """Class probabilities of ``[N, C]`` outputs (float64): a model that ends in a Softmax
+    (PP-OCR cls: rows in [0, 1] summing to 1 within 1 %, a quantized file's too) gives them,
+    clipped at 0 and renormalized; logits get a softmax."""
+    y = np.asarray(y, np.float64)
+    if np.all(y >= -1e-3) and np.all(y <= 1 + 1e-3) and np.allclose(y.sum(-1), 1.0, atol=1e-2):
+        y = np.clip(y, 0.0, None)
+        return y / y.sum(-1, keepdims=True)
+    e = np.exp(y - y.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _tv(p: np.ndarray, q: np.ndarray) -> float:
+    """Mean total variation distance ``0.5 * sum |p - q|`` of rows of class probabilities: how
+    far a quantized model's probabilities move from the float model's (bounded, and finite
+    where a file's quantized Softmax output rounds a small probability to 0, as
+    onnxruntime's uint8 one does; for two classes, the change of either probability)."""
+    return float(np.mean(0.5 * np.abs(p - q).sum(-1)))
+
+
 def _evaluate(model, x: np.ndarray, labels: np.ndarray, chars: list[str] | None
-              ) -> tuple[np.ndarray, float | None]:
-    """Per-example correctness (top-1 class, or exact string match with ``chars``) and, for a
-    recogniser, the character error rate (total edit distance / total label length)."""
+              ) -> tuple[np.ndarray, float | None, np.ndarray | None]:
+    """Per-example correctness (top-1 class, or exact string match with ``chars``), for a
+    recogniser the character error rate (total edit distance / total label length), and for a
+    classifier the class probabilities ``[N, C]`` (:func:`_probs`)."""
     outs = _outputs(model, x)
     if chars is None:
-        pred = np.concatenate([o.reshape(len(o), -1).argmax(-1) for o in outs])
-        return (pred == labels).astype(np.float32), None
+        probs = _probs(np.concatenate([o.reshape(len(o), -1) for o in outs]))
+        pred = probs.argmax(-1)
+        return (pred == labels).astype(np.float32), None, probs
     # ends stripped: the recogniser often reads the margin of the crop as a space
     text = [t.strip() for o in outs for t in _ctc_greedy(o, chars)]
     ok = np.array([t == str(y) for t, y in zip(text, labels)], np.float32)
     cer = sum(_edit_distance(t, str(y)) for t, y in zip(text, labels)) / sum(
         len(str(y)) for y in labels)
-    return ok, 100.0 * cer
+    return ok, 100.0 * cer, None
 
 
 def _float_gemms(path_or_model) -> tuple[int, int]:
@@ -494,15 +554,31 @@ def peers(work: Path, models: list[str], keep: tuple[str, ...] = (),
                       if p.key == "character"), None) if "text" in ev else None
         rows = {}
 
+        valid = np.load(d / "valid.npz") if (d / "valid.npz").exists() else None
+        preds: dict[str, np.ndarray] = {}  # the float model's top-1 (evaluation, validation)
+
         def score(label, model_or_path, seconds, *, xe=xe, ye=ye, chars=chars, rows=rows,
-                  name=name, **more):
-            c, cer = _evaluate(model_or_path, xe, ye, chars)
+                  name=name, valid=valid, preds=preds, **more):
+            c, cer, pred = _evaluate(model_or_path, xe, ye, chars)
             wide, total = _float_gemms(model_or_path)
             rows[label] = {"accuracy": 100 * float(c.mean()), "cer": cer,
                            "seconds": seconds[0], "cpu_seconds": seconds[1],
                            "float_gemms": wide, "gemms": total, **more}
+            if pred is not None:  # top-1 changed from the float model's; KL from it
+                f = preds.setdefault("eval", pred)
+                rows[label].update(flips=int(np.sum(pred.argmax(-1) != f.argmax(-1))),
+                                   tv=_tv(f, pred))
+            if valid is not None:
+                cv, _, pv = _evaluate(model_or_path, valid["x"], valid["y"], None)
+                f = preds.setdefault("valid", pv)
+                rows[label].update(valid_accuracy=100 * float(cv.mean()),
+                                   valid_flips=int(np.sum(pv.argmax(-1) != f.argmax(-1))),
+                                   valid_tv=_tv(f, pv))
             print(f"{name}: {label}: {rows[label]['accuracy']:.2f} % "
                   + ("" if cer is None else f"CER {cer:.2f} % ")
+                  + ("" if valid is None else
+                     f"(validation {rows[label]['valid_accuracy']:.2f} %, "
+                     f"{rows[label]['valid_flips']} flips) ")
                   + f"({wide}/{total} GEMMs float, {seconds[0]:.1f} s, {seconds[1]:.1f} CPU s)",
                   flush=True)
 
@@ -592,6 +668,8 @@ def peers(work: Path, models: list[str], keep: tuple[str, ...] = (),
                   returned=None if ac is None else [s["layer"] for s in ac["steps"]])
         results["models"][name] = {"rows": rows, **{k: v for k, v in meta.items()
                                                     if k != "npujax_runs"}}
+        if valid is not None:
+            results["models"][name]["valid_examples"] = int(len(valid["x"]))
     (work / "results.json").write_text(json.dumps(results, indent=1))
     md = table(results)
     (work / "results.md").write_text(md)
@@ -599,29 +677,49 @@ def peers(work: Path, models: list[str], keep: tuple[str, ...] = (),
 
 
 def table(results: dict) -> str:
-    """The markdown tables of ``results.json``: one per model."""
+    """The markdown tables of ``results.json``: one per model. Columns added where measured:
+    "flips": held-out examples whose top-1 class differs from the float model's; "TV": the mean
+    total variation distance of the class probabilities from the float model's (:func:`_tv`);
+    "validation": the same on the model's ``valid.npz``."""
     lines = []
     for name, r in results["models"].items():
         rows = r["rows"]
         f = rows["float"]["accuracy"]
         rec = rows["float"].get("cer") is not None
+        flips = "flips" in rows["float"]
+        val = rows["float"].get("valid_accuracy")
         metric = "exact match %" if rec else "top-1 %"
         head = f"float {f:.2f} %" + (f", CER {rows['float']['cer']:.2f} %" if rec else "")
+        if val is not None:
+            head += (f"; validation: {r.get('valid_examples', '?')} examples, float "
+                     f"{val:.2f} %")
+        cols = (["tool", metric, "vs float (points)"] + (["CER %"] if rec else [])
+                + (["flips", "TV (1e-3)"] if flips else [])
+                + (["validation top-1 %", "validation flips", "validation TV (1e-3)"]
+                   if val is not None else [])
+                + ["GEMMs left float", "wall s", "CPU s"])
         lines += [f"### {name}: {r['calib_examples']} calibration / {r['eval_examples']} "
                   f"evaluation examples, {head}", "",
-                  f"| tool | {metric} | vs float (points) |" + (" CER % |" if rec else "")
-                  + " GEMMs left float | wall s | CPU s |",
-                  "|---|---:|---:|" + ("---:|" if rec else "") + "---:|---:|---:|"]
+                  "| " + " | ".join(cols) + " |", "|---|" + "---:|" * (len(cols) - 1)]
         for label, row in rows.items():
             if label == "float":
                 continue
             if row.get("accuracy") is None:
-                lines.append(f"| {label} | failed |" + " |" * (5 if rec else 4))
+                lines.append(f"| {label} | failed |" + " |" * (len(cols) - 2))
                 continue
-            lines.append(f"| {label} | {row['accuracy']:.2f} | {row['accuracy'] - f:+.2f} |"
-                         + (f" {row['cer']:.2f} |" if rec else "")
-                         + f" {row['float_gemms']} / {row['gemms']} | {row['seconds']:.1f} |"
-                         f" {row['cpu_seconds']:.1f} |")
+            cells = [label, f"{row['accuracy']:.2f}", f"{row['accuracy'] - f:+.2f}"]
+            cells += [f"{row['cer']:.2f}"] if rec else []
+            def milli(v):
+                return "" if v is None else f"{1e3 * v:.2f}"
+
+            cells += [str(row.get("flips", "")), milli(row.get("tv"))] if flips else []
+            if val is not None:
+                va = row.get("valid_accuracy")
+                cells += ["" if va is None else f"{va:.2f}", str(row.get("valid_flips", "")),
+                          milli(row.get("valid_tv"))]
+            cells += [f"{row['float_gemms']} / {row['gemms']}", f"{row['seconds']:.1f}",
+                      f"{row['cpu_seconds']:.1f}"]
+            lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
 
@@ -696,6 +794,10 @@ def main() -> None:
     p.add_argument("--parallel", type=int, default=1,
                    help="npujax quantize runs at a time (wall times then overlap; CPU times "
                    "are per run)")
+    p.add_argument("--runs", action="append", default=None, metavar="ARGS",
+                   help="prepare: only this npujax quantize row, an observer and more flags "
+                   "(repeat for several, e.g. --runs 'minmax --no-bias-correction'); default: "
+                   "each observer, --max-drop 1 and the PTQ method flags")
     p.add_argument("--reuse", action="store_true",
                    help="keep a model's exported float.onnx, calib.npy and eval.npz if present")
     p.add_argument("--keep", action="append", default=[], metavar="LABEL",
@@ -711,7 +813,7 @@ def main() -> None:
         p.error(f"unknown models {bad}; known: {', '.join(MODELS)}")
     if a.half == "prepare":
         prepare(a.work, models, a.seed, a.cls_examples, a.rec_examples, a.parallel, a.reuse,
-                a.vit_cache)
+                a.vit_cache, a.runs)
     elif a.half == "peers":
         peers(a.work, models, tuple(a.keep),
               dict(v.rsplit("=", 1) for v in a.skip))  # labels may hold "="

@@ -7,6 +7,7 @@ from npujax.calib.histogram import percentile_observer as percentile_observer
 from npujax.calib.observers import Observer as Observer
 from npujax.calib.observers import check_finite_state as check_finite_state
 from npujax.calib.observers import ema_minmax_observer as ema_minmax_observer
+from npujax.calib.observers import mean_minmax_observer as mean_minmax_observer
 from npujax.calib.observers import minmax_observer as minmax_observer
 from npujax.calib.registry import OBSERVERS as OBSERVERS
 from npujax.calib.registry import get_observer as get_observer
@@ -15,6 +16,7 @@ __all__ = [
     "Observer",
     "minmax_observer",
     "ema_minmax_observer",
+    "mean_minmax_observer",
     "percentile_observer",
     "mse_observer",
     "entropy_observer",

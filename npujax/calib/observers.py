@@ -17,7 +17,7 @@ import numpy as np
 from npujax.errors import CalibrationError
 
 __all__ = ["Observer", "ObserverState", "minmax_observer", "ema_minmax_observer",
-           "check_finite_state", "reduce_axes"]
+           "mean_minmax_observer", "check_finite_state", "reduce_axes"]
 
 ObserverState = dict[str, jax.Array]
 
@@ -114,6 +114,59 @@ def ema_minmax_observer(decay: float = 0.99, axis: int | None = None) -> Observe
         }
 
     return Observer(_init(axis), update)
+
+
+def mean_minmax_observer(axis: int | None = None) -> Observer:
+    """The mean over examples of each example's minimum and maximum (NNCF's ``MEAN_MINMAX``).
+
+    Each example (index of axis 0, the batch) contributes its own min and max (over its other
+    axes, or per channel along ``axis``); the range is their average over all examples seen,
+    so it does not depend on how the examples are batched. One outlier example moves the
+    range by ``1/n`` of its excess, not all the way as with :func:`minmax_observer`: the
+    activation range NNCF's post-training quantization uses by default for per-tensor
+    activations (weights keep min-max).
+
+    Args:
+      axis: channel axis for per-channel ranges (not 0, the batch); ``None`` for per-tensor.
+
+    Returns:
+      An :class:`Observer`. Its state holds the running sums of the per-example extremes
+      (``"sum_min"``, ``"sum_max"``), the example count ``"n"``, and ``"min"``/``"max"``: the
+      current averages (``+inf``/``-inf`` before any update).
+
+    Raises:
+      CalibrationError: ``axis`` 0 (the batch), or a batch without a batch axis (a scalar).
+
+    References:
+      NNCF, ``nncf.quantization.range_estimator.RangeEstimatorParametersSet.MEAN_MINMAX`` and
+      ``MinMaxQuantization._get_range_estimator_parameters`` (per-tensor activations; NNCF
+      3.4.0); OpenVINO POT's default ``mean`` of ``min``/``max`` activation statistics.
+    """
+    if axis == 0:
+        raise CalibrationError("mean_minmax_observer: axis 0 is the batch (examples are "
+                               "averaged over it); pass the channel axis, e.g. -1.")
+
+    def init(x: jax.Array) -> ObserverState:
+        shape = () if axis is None else (jnp.shape(x)[axis],)
+        return {"min": jnp.full(shape, jnp.inf, jnp.float32),
+                "max": jnp.full(shape, -jnp.inf, jnp.float32),
+                "sum_min": jnp.zeros(shape, jnp.float32),
+                "sum_max": jnp.zeros(shape, jnp.float32),
+                "n": jnp.zeros((), jnp.float32)}
+
+    def update(state: ObserverState, x: jax.Array) -> ObserverState:
+        x = jnp.asarray(x, jnp.float32)
+        if x.ndim < 1:
+            raise CalibrationError("mean_minmax_observer needs batched tensors (axis 0 = "
+                                   "examples); got a scalar.")
+        keep = {0} if axis is None else {0, axis % x.ndim}
+        axes = tuple(i for i in range(x.ndim) if i not in keep)
+        lo, hi = jnp.min(x, axis=axes), jnp.max(x, axis=axes)  # [batch] or [batch, C]
+        n = state["n"] + x.shape[0]
+        s_lo, s_hi = state["sum_min"] + jnp.sum(lo, 0), state["sum_max"] + jnp.sum(hi, 0)
+        return {"min": s_lo / n, "max": s_hi / n, "sum_min": s_lo, "sum_max": s_hi, "n": n}
+
+    return Observer(init, update)
 
 
 def check_finite_state(state: Any, layer: str) -> None:

@@ -6,13 +6,19 @@ from collections.abc import Callable
 from typing import Any
 
 from npujax.calib.histogram import entropy_observer, mse_observer, percentile_observer
-from npujax.calib.observers import Observer, ema_minmax_observer, minmax_observer
+from npujax.calib.observers import (
+    Observer,
+    ema_minmax_observer,
+    mean_minmax_observer,
+    minmax_observer,
+)
 from npujax.errors import CalibrationError
 
 __all__ = ["OBSERVERS", "get_observer"]
 
 _MAKERS: dict[str, Callable[..., Observer]] = {
     "minmax": minmax_observer,
+    "mean_minmax": mean_minmax_observer,
     "ema": ema_minmax_observer,
     "percentile": percentile_observer,
     "mse": mse_observer,
@@ -36,6 +42,6 @@ def get_observer(name: str, axis: int | None = None, **kwargs: Any) -> Observer:
     """
     if name not in _MAKERS:
         raise CalibrationError(f"unknown observer {name!r}; choose one of {list(OBSERVERS)}.")
-    if name == "minmax":
-        return minmax_observer(axis=axis)
+    if name in ("minmax", "mean_minmax"):
+        return _MAKERS[name](axis=axis)
     return _MAKERS[name](axis=axis, **kwargs)

@@ -43,6 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     OBSERVERS = names("npujax.calib.registry", "OBSERVERS")
     PTQ_DOCS = names("npujax.quantize.methods", "PTQ_METHODS", "__doc__")
     PTQ_STAGES = names("npujax.quantize.methods", "PTQ_METHODS", "stage")
+    BIAS_CORRECTION_MODES = names("npujax.quantize.ptq", "BIAS_CORRECTION_MODES")
 
     qu = sub.add_parser(
         "quantize", help="quantize a float model to a QDQ ONNX file with a per-layer report",
@@ -93,6 +94,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                              help=f"{doc} ({PTQ_STAGES[name].replace('_', '-')})")
     qu.add_argument("--no-bias-correction", action="store_true",
                     help="skip the empirical bias correction after calibration")
+    qu.add_argument("--bias-correction", choices=BIAS_CORRECTION_MODES, default="model",
+                    help="what bias correction removes: each layer's mean output shift in the "
+                    "quantized model, layer after layer (model, the default), or the shift "
+                    "its weight quantization alone causes (weights), or with its own input "
+                    "quantization (layer)")
     qu.add_argument("--calib-examples", type=positive_int, default=256,
                     help="calibration examples from the training split (default 256)")
     qu.add_argument("--batch-size", type=positive_int, default=64,
@@ -180,7 +186,8 @@ def run(args: argparse.Namespace) -> int:
     assert out is not None
     config = QuantizeConfig(
         observer=args.method, methods=method_instances(args.ptq_methods),
-        bias_correction=not args.no_bias_correction, calib_examples=args.calib_examples,
+        bias_correction=not args.no_bias_correction,
+        bias_correction_mode=args.bias_correction, calib_examples=args.calib_examples,
         batch_size=args.batch_size, max_drop=args.max_drop,
         npu=None if args.npu == "none" else args.npu,
         requantize_outputs=args.requantize_outputs, ort_check=not args.no_ort_check,

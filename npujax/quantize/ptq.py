@@ -26,7 +26,11 @@ from npujax.quantize.calibrate import calibrate
 from npujax.quantize.quantizers import QState
 from npujax.quantize.spec import QuantSpec
 
-__all__ = ["bias_correction", "deployed_biases", "ptq", "layer_sqnr", "sqnr_db"]
+#: What :func:`bias_correction` removes (its ``mode``).
+BIAS_CORRECTION_MODES = ("weights", "layer", "model")
+
+__all__ = ["BIAS_CORRECTION_MODES", "bias_correction", "deployed_biases", "ptq", "layer_sqnr",
+           "sqnr_db"]
 
 
 def _channel_axis(node: Node, ndim: int) -> int:
@@ -36,68 +40,141 @@ def _channel_axis(node: Node, ndim: int) -> int:
 def bias_correction(
     graph: Graph, params: Params, quant: QuantSpec, batches: Sequence[ArrayLike],
     qstate: QState | None = None,
+    *,
+    mode: str = "weights",
 ) -> Params:
-    """Remove the mean output shift that weight quantization causes, per output channel.
+    """Remove the mean output shift that quantization causes, per output channel.
 
-    For each quantized layer with input ``x`` (float model, calibration data):
-    ``bias' = bias - E[W_q x - W x]``, the expectation over the batch and spatial positions,
-    ``W_q`` the fake-quantized weights the quantized model uses.
+    For each quantized layer: ``bias' = bias - E[y_q - y]``, the expectation over the
+    calibration batches and spatial positions, ``y = W x`` the layer's output in the float
+    model (pre-activation) and ``y_q`` its quantized counterpart, by ``mode``:
+
+    - ``"weights"``: ``y_q = W_q x``, the weight quantization error alone, with the float
+      model's input ``x`` (Nagel et al. 2019's empirical bias correction; every layer at once);
+    - ``"layer"``: ``y_q = W_q Q(x)``, with the layer's own input quantization too;
+    - ``"model"``: ``y_q = W_q x_q``, ``x_q`` the layer's input as the quantized model computes
+      it with every earlier layer already corrected: layers are corrected one at a time in
+      graph order (the sequential empirical bias correction of AIMET and NNCF's
+      ``BiasCorrection``). This also removes the mean shift that activation quantization
+      upstream causes (a global average pool keeps it while averaging the random error
+      away: the squeeze-excitation layers of a MobileNetV3), which ``"weights"`` leaves. It
+      runs the float and the quantized model once per corrected layer.
 
     Args:
       graph: the BN-folded float model.
       params: its params.
       quant: the quantization spec (layers with a single weight format are corrected).
       batches: calibration input batches, float32 ``(batch, ...)``.
-      qstate: the calibrated states (the weight grid of a learned-step layer); layers without
-        one use their quantizer's initial state.
+      qstate: the calibrated states (the weight grid of a learned-step layer; the input grids,
+        which ``"layer"`` and ``"model"`` need); layers without one use their quantizer's
+        initial state.
+      mode: one of :data:`BIAS_CORRECTION_MODES`.
 
     Returns:
       New params with corrected (or added) ``bias`` for every corrected layer.
 
     Raises:
-      CalibrationError: if ``batches`` is empty.
+      CalibrationError: if ``batches`` is empty, ``mode`` is unknown, or ``"layer"`` /
+        ``"model"`` without ``qstate``.
 
     References:
       Nagel et al. 2019, "Data-Free Quantization Through Weight Equalization and Bias
-      Correction", arXiv:1906.04721, section 4.2 (the empirical variant with data).
+      Correction", arXiv:1906.04721, section 4.2 (the empirical variant with data); NNCF
+      3.4, ``nncf.quantization.algorithms.bias_correction`` (sequential, on the quantized
+      model's statistics); AIMET ``bias_correction.correct_bias`` (empirical).
     """
     names = [n.name for n in gemm_nodes(graph)
-             if n.name in quant and len(quant[n.name].weight_candidates) == 1]
+             if n.name in quant and len(quant[n.name].weight_candidates) == 1
+             and "kernel" in params.get(n.name, {})]
     nodes = {n.name: n.replace(attrs={k: v for k, v in n.attrs.items() if k != "epilogue"})
              for n in gemm_nodes(graph) if n.name in names}
+    if mode not in BIAS_CORRECTION_MODES:
+        raise CalibrationError(f"bias correction mode {mode!r}: choose one of "
+                               f"{list(BIAS_CORRECTION_MODES)}.")
+    if mode != "weights" and qstate is None:
+        raise CalibrationError(f"bias correction mode {mode!r} quantizes the layers' inputs: "
+                               "pass the calibrated qstate (npujax.quantize.calibrate).")
 
-    def shift(p, x):
+    def state_of(name, p):
+        state = layer_state(quant, qstate, name)
+        if state is None:
+            lq = quant[name]
+            state = lq.quantizer.init_state(nodes[name], lq, p[name]["kernel"])
+        return state
+
+    def kernels(p, name):
+        node, lq, w = nodes[name], quant[name], p[name]["kernel"]
+        return {"kernel": lq.quantizer.quantize_kernel(node, lq, w, state_of(name, p))}
+
+    def channel_mean(node, d):
+        ax = _channel_axis(node, d.ndim)
+        return jnp.mean(d, axis=tuple(i for i in range(d.ndim) if i != ax))
+
+    def shift(p, x):  # "weights", "layer": every layer at once, float inputs
         _, taps = execute(graph, p, x, observe=tap(names))
         out = {}
         for name in names:
-            node, xin = nodes[name], taps[name][0]
-            pf = {"kernel": p[name]["kernel"]}
-            lq, w = quant[name], p[name]["kernel"]
-            state = layer_state(quant, qstate, name)
-            if state is None:
-                state = lq.quantizer.init_state(node, lq, w)
-            pq = {"kernel": lq.quantizer.quantize_kernel(node, lq, w, state)}
-            d = run_op(node, [xin], pq)[0] - run_op(node, [xin], pf)[0]
-            ax = _channel_axis(node, d.ndim)
-            out[name] = jnp.mean(d, axis=tuple(i for i in range(d.ndim) if i != ax))
+            node, xin, lq = nodes[name], taps[name][0], quant[name]
+            xq = (lq.quantizer.quantize_input(node, lq, xin, state_of(name, p))
+                  if mode == "layer" and lq.act is not None else xin)
+            d = run_op(node, [xq], kernels(p, name))[0] - run_op(
+                node, [xin], {"kernel": p[name]["kernel"]})[0]
+            out[name] = channel_mean(node, d)
         return out
 
-    fn = jax.jit(shift)
-    # the per-channel shifts are summed and applied on the host (float32 add, divide and
-    # subtract round as XLA's do): eagerly each op compiled a program per layer shape
-    total: dict[str, np.ndarray] | None = None
-    count = 0
-    for x in batches:
-        s = {k: np.asarray(v) for k, v in fn(params, jnp.asarray(x, jnp.float32)).items()}
-        total = s if total is None else {k: total[k] + s[k] for k in total}
-        count += 1
-    if total is None:  # (count == 0)
-        raise CalibrationError("bias correction needs at least one batch; the iterator was empty.")
+    def float_mean(p, x):  # "model": E[y], once
+        _, taps = execute(graph, p, x, observe=tap(names))
+        return {n: channel_mean(nodes[n], run_op(nodes[n], [taps[n][0]],
+                                                 {"kernel": p[n]["kernel"]})[0])
+                for n in names}
+
+    def quant_mean(p, x):  # "model": E[y_q], the quantized model's input (fake-quantized)
+        _, taps = execute(graph, p, x, quant=quant, qstate=qstate, observe=tap(names))
+        return {n: channel_mean(nodes[n], run_op(nodes[n], [taps[n][0]], kernels(p, n))[0])
+                for n in names}
+
+    def means(fn, p) -> dict[str, np.ndarray]:
+        # summed and divided on the host (float32 add and divide round as XLA's do): eagerly
+        # each op compiled a program per layer shape
+        total: dict[str, np.ndarray] | None = None
+        count = 0
+        for x in batches:
+            s = {k: np.asarray(v) for k, v in fn(p, jnp.asarray(x, jnp.float32)).items()}
+            total = s if total is None else {k: total[k] + s[k] for k in total}
+            count += 1
+        if total is None:  # (count == 0)
+            raise CalibrationError("bias correction needs at least one batch; the iterator "
+                                   "was empty.")
+        return {k: v / np.float32(count) for k, v in total.items()}
+
     new = {k: dict(v) for k, v in params.items()}
-    for name in names:
-        mean_shift = total[name] / np.float32(count)
-        b = np.asarray(new[name]["bias"]) if "bias" in new[name] else np.zeros_like(mean_shift)
-        new[name]["bias"] = jax.device_put(b - mean_shift)
+
+    def correct(group, shifts):
+        for name in group:
+            b = (np.asarray(new[name]["bias"]) if "bias" in new[name]
+                 else np.zeros_like(shifts[name]))
+            new[name]["bias"] = jax.device_put(b - shifts[name])
+
+    if mode != "model":
+        correct(names, means(jax.jit(shift), params))
+        return new
+    # "model": in waves of layers none of which feeds another (through any path), each wave
+    # measured with every earlier wave corrected: an upstream layer's mean error then reaches
+    # a later layer already removed, and is not corrected twice
+    wave: dict[str, int] = {}
+    level: dict[str, int] = {}  # tensor -> corrected layers on its longest path
+    for node in graph.nodes:
+        lv = max((level.get(t, 0) for t in node.inputs), default=0)
+        if node.name in nodes:
+            wave[node.name] = lv
+            lv += 1
+        level.update((t, lv) for t in node.outputs)
+    y_float = means(jax.jit(float_mean), params)
+    q_fn = jax.jit(quant_mean)
+    for k in sorted(set(wave.values())):
+        group = [n for n in names if wave[n] == k]
+        y_q = means(q_fn, new)
+        correct(group, {n: y_q[n] - y_float[n] for n in group})
     return new
 
 

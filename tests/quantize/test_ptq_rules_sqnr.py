@@ -9,13 +9,14 @@ import pytest
 from flax import nnx
 
 from npujax.backends.integer import convert, execute_integer
-from npujax.errors import ConfigError, QuantizationError
+from npujax.errors import CalibrationError, ConfigError, QuantizationError
 from npujax.frontends.flax import trace_flax
 from npujax.ir.execute import execute
 from npujax.ir.passes import optimize
 from npujax.models.cnn import DigitsCNN
 from npujax.numerics import IntFormat
 from npujax.ops import gemm_nodes
+from npujax.quantize.calibrate import calibrate
 from npujax.quantize.ptq import bias_correction, layer_sqnr, ptq
 from npujax.quantize.rules import QuantRule, first_last_rules, quant_spec_from_rules
 from npujax.quantize.spec import LayerQuant, quant_spec
@@ -41,6 +42,25 @@ def test_bias_correction_removes_the_mean_output_shift(digits):
     corrected = bias_correction(graph, params, q, batches)
     after = np.abs(shift(corrected)).max()
     assert before > 1e-3 and after < 1e-5 + 1e-3 * before
+
+
+def test_model_bias_correction_removes_the_whole_models_mean_shift(digits):
+    # W4A4 everywhere: activation quantization upstream shifts the logits' mean, which the
+    # weight-only correction leaves and the sequential one ("model") removes
+    graph, params, batches = digits
+    q = quant_spec(graph, 4, 4)
+    qstate = calibrate(graph, params, batches, q)
+    x = np.concatenate(batches)
+    run_q = jax.jit(lambda p: execute(graph, p, x, quant=q, qstate=qstate))
+    ref = np.asarray(jax.jit(lambda p: execute(graph, p, x))(params))
+    shift = {m: np.abs(np.mean(np.asarray(run_q(bias_correction(
+        graph, params, q, batches, qstate, mode=m))) - ref, axis=0)).max()
+        for m in ("weights", "model")}
+    assert shift["weights"] > 1e-3 and shift["model"] < 1e-2 * shift["weights"]
+    with pytest.raises(CalibrationError, match="choose one of"):
+        bias_correction(graph, params, q, batches, qstate, mode="sequential")
+    with pytest.raises(CalibrationError, match="pass the calibrated qstate"):
+        bias_correction(graph, params, q, batches, mode="model")
 
 
 def test_ptq_then_integer_execution(digits):
