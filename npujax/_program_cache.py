@@ -246,7 +246,7 @@ def call(fn: Callable[..., Any], args: tuple[Any, ...], *, name: str, static: Ha
 
     options = dict(compiler_options or {})
     if _folder is None:
-        sharded = {k: v for k, v in (("in_shardings", in_shardings),
+        sharded: dict[str, Any] = {k: v for k, v in (("in_shardings", in_shardings),
                                      ("out_shardings", out_shardings)) if v is not None}
         return jax.jit(fn, compiler_options=options, **sharded)(*args)
     leaves, in_tree = jax.tree.flatten(args)

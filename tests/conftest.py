@@ -170,6 +170,18 @@ def _npujax_logger():
     logger.handlers[:], logger.level, logger.propagate = saved
 
 
+@pytest.fixture(autouse=True)
+def _program_cache_folder():
+    """Restore the folder of kept traced programs after each test: the CLI's ``main`` (run
+    in-process) points :mod:`npujax._program_cache` at its compile cache, and later tests of the
+    same worker would otherwise run the kept programs instead of the ones they check."""
+    from npujax import _program_cache
+
+    saved = _program_cache.folder()
+    yield
+    _program_cache._folder = saved
+
+
 @pytest.fixture(scope="session")
 def edge_spec():
     from npujax.hw import load_npu_spec

@@ -18,7 +18,7 @@ per-configuration arithmetic as on one device and gives the same numbers, bit fo
 multiple of the device count) so a long sweep compiles a few programs, not one per batch size.
 
 The layers enter the program as a traced :class:`~npujax.plan.LayerTable` padded with inert rows
-(:func:`_table_length`: at most 1/8 more rows), as ``lower``'s cost program takes them, so one
+(``_table_length``: at most 1/8 more rows), as ``lower``'s cost program takes them, so one
 program serves every model of a padded length, with the figures of the program that holds the
 layers as constants, bit for bit (tests/explore/test_sweep.py); only a pass that needs the
 layers static (attention kernels, layer fusion) compiles a program per layer list. Where the
@@ -346,6 +346,7 @@ def evaluate(layers: Sequence[Workload], spec: NpuSpec, changes: dict[str, np.nd
         spec = _program_spec(spec)
     stacked = fields.stack(spec, {k: pad(np.asarray(v)) for k, v in changes.items()}, size)
     args: tuple[Any, ...] = (stacked, pad(np.asarray(bits, np.float64)), pad(index))
+    static: tuple[Any, ...]  # the program's static key: the names, or the layers too
     if table:  # one program for every model of the padded length
         args += (layer_table(layers, _table_length(len(layers))),)
         batched, name, static = _batched_table(names), "sweep_table", names

@@ -76,8 +76,8 @@ def _depthwise_conv(x: jax.Array, kernel: jax.Array, a: Mapping[str, Any]) -> ja
     """
     layout, klayout = a["data_layout"], a["kernel_layout"]
     xc = jnp.transpose(x, [layout.index(d) for d in "NCHW"])
-    kernel = _host(kernel)
-    w = kernel.transpose([klayout.index(d) for d in "OIHW"])  # [C*m, 1, kh, kw]
+    # [C*m, 1, kh, kw]: numpy when the kernel is known, else traced
+    w: jax.Array | np.ndarray = _host(kernel).transpose([klayout.index(d) for d in "OIHW"])
     c = xc.shape[1]
     m = w.shape[0] // c
     (pt, pb), (pl, pr) = a["padding"]
@@ -153,6 +153,7 @@ def _depthwise_rows(xc: jax.Array, w: np.ndarray, a: Mapping[str, Any]) -> jax.A
             off = (i * dh + 1) * wd + j * dw - pl
             term = lax.slice_in_dim(xf, off, off + length, axis=2) * w[:, i, j].reshape(1, -1, 1)
             acc = term if acc is None else acc + term
+        assert acc is not None
         lo, hi = pl - j * dw, wd + pl - j * dw  # the columns whose tap lies inside the row
         if lo > 0 or hi < wd:
             inside = (col >= lo) & (col < hi)

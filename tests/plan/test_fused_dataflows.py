@@ -227,22 +227,27 @@ def test_energy_total_summed_on_the_host_changes_no_bit(digits):
                 assert w.dtype == g.dtype and np.array_equal(w, g), jax.tree_util.keystr(path)
 
 
-def _leaves_equal(want, got) -> None:
+def _leaves_equal(want, got, max_ulp: int = 0) -> None:
     want = jax.tree_util.tree_flatten_with_path(want)[0]
     got = jax.tree.leaves(got)
     assert len(want) == len(got)
     for (path, w), g in zip(want, got):
         w, g = np.asarray(w), np.asarray(g)
-        assert w.dtype == g.dtype and np.array_equal(w, g), jax.tree_util.keystr(path)
+        assert w.dtype == g.dtype, jax.tree_util.keystr(path)
+        if max_ulp and np.issubdtype(w.dtype, np.floating):
+            np.testing.assert_array_max_ulp(w, g, maxulp=max_ulp)
+        else:
+            assert np.array_equal(w, g), jax.tree_util.keystr(path)
 
 
-def test_cost_options_change_no_bit_of_lowers_programs(digits):
+def test_cost_options_keep_lowers_numbers(digits):
     """``lower``'s cost programs compile with XLA:CPU's legacy elemental emitters where the
     jaxlib has them (``_cost_options``: about half the compile time); every output equals the
-    same program compiled with XLA's default MLIR fusion emitters, bit for bit: the shared
-    layer-table program (three dataflows) at 8 bits and at random widths on bitfusion_16x16,
-    and a layer list's program with attention chains (a one-block decoder on
-    edge_transformer_16x16, its dataflow). ``experiments/bench/cost_program_options.py``
+    same program compiled with XLA's default MLIR fusion emitters: the shared layer-table
+    program (three dataflows) at 8 bits and at random widths on bitfusion_16x16 to 1 ulp (bit
+    for bit before the instruction_stream pass joined every traced program), and a layer
+    list's program with attention chains (a one-block decoder on edge_transformer_16x16, its
+    dataflow) bit for bit. ``experiments/bench/cost_program_options.py``
     checks 4 models x 8 presets x 5 settings (15,720 arrays)."""
     from npujax.models.decoders import decoder_graph
     from npujax.models.transformer import DECODER_CONFIGS
@@ -266,7 +271,10 @@ def test_cost_options_change_no_bit_of_lowers_programs(digits):
         mixed = rng.choice([2.0, 3.0, 4.0, 6.0, 16.0], (2, len(table))).astype(np.float32)
         for wb, ab in ((eight, eight), (mixed[0], mixed[1])):
             args = (L._program_spec(spec), wb, ab, table)
-            _leaves_equal(default(*args), legacy(*args))
+            # 1 ulp: with a traced spec the instruction_stream pass is in the program (its
+            # bytes may be anything), and the two emitters then round two layers' DMA cycles
+            # (input and output stationary, 8 bits) 1 ulp apart; without the pass, bit for bit
+            _leaves_equal(default(*args), legacy(*args), max_ulp=1)
 
         spec = load_npu_spec("edge_transformer_16x16")
         layers = workloads(decoder, spec)
