@@ -13,8 +13,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 
 from npujax import _relax
+from npujax._exact import real
 from npujax.errors import ConfigError
 from npujax.hw.spec import NpuSpec
 from npujax.plan.costs import LayerCosts
@@ -26,7 +28,8 @@ if TYPE_CHECKING:
     from npujax.plan.passes.cross_layer import EdgeCosts
     from npujax.plan.passes.energy import LayerEnergy
 
-__all__ = ["CostMode", "EXACT", "LATENCY", "PassInput", "ProgramCosts", "CostPass"]
+__all__ = ["CostMode", "EXACT", "LATENCY", "PassInput", "ProgramCosts", "CostPass",
+           "maybe_nonzero", "once_per_inference"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -154,3 +157,25 @@ class CostPass:
     relaxed: bool = True
     traced_layers: bool = True
     traced_shapes: bool = True
+
+
+def maybe_nonzero(value: Any) -> bool:
+    """Whether a spec field may be non-zero when a pass decides to apply (static): False only
+    for a concrete 0 (a preset's default, which then needs no pass); a traced or stacked value
+    (a fit, a sweep, ``lower``'s shared program) may be anything."""
+    return not (isinstance(value, int | float) and value == 0)
+
+
+def once_per_inference(costs: LayerCosts, field: str, cycles: Any) -> LayerCosts:
+    """``costs`` with a cost paid once per inference: ``cycles`` (float64 scalar) added to the
+    first layer's ``field`` (e.g. ``"transfer_cycles"``) and to its ``latency_cycles``, so the
+    schedule's total and the report's breakdown both carry it. Zero cycles leave the costs
+    unchanged bit for bit (``x + 0.0``).
+
+    Raises:
+      AttributeError: ``field`` is not a :class:`~npujax.plan.LayerCosts` field.
+    """
+    n = jnp.shape(costs.latency_cycles)[-1]
+    extra = jnp.where(jnp.arange(n) == 0, cycles, 0.0)
+    return costs._replace(**{field: real(getattr(costs, field)) + extra},
+                          latency_cycles=real(costs.latency_cycles) + extra)

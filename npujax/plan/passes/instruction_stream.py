@@ -38,7 +38,14 @@ import jax.numpy as jnp
 
 from npujax._exact import real
 from npujax.hw.spec import NpuSpec
-from npujax.plan.passes.base import CostMode, CostPass, PassInput, ProgramCosts
+from npujax.plan.passes.base import (
+    CostMode,
+    CostPass,
+    PassInput,
+    ProgramCosts,
+    maybe_nonzero,
+    once_per_inference,
+)
 from npujax.plan.table import LayerTable
 
 if TYPE_CHECKING:
@@ -56,21 +63,15 @@ def npu_operations(layers: Any) -> Any:
 
 
 def _apply(inp: PassInput, state: ProgramCosts) -> ProgramCosts:
-    spec, costs = inp.spec, state.costs
-    n = jnp.shape(costs.latency_cycles)[-1]
-    first = jnp.arange(n) == 0
+    spec = inp.spec
     seconds = (real(npu_operations(inp.layers)) * real(spec.memory.instruction_bytes_per_op)
                / real(spec.memory.dram_bytes_per_s))
-    extra = jnp.where(first, seconds * real(spec.array.clock_hz), 0.0)
-    out = costs._replace(dma_cycles=real(costs.dma_cycles) + extra,
-                         latency_cycles=real(costs.latency_cycles) + extra)
-    return state._replace(costs=out)
+    return state._replace(costs=once_per_inference(state.costs, "dma_cycles",
+                                                   seconds * real(spec.array.clock_hz)))
 
 
 def _applies(spec: NpuSpec, chains: tuple[AttentionChain, ...], mode: CostMode) -> bool:
-    v: Any = spec.memory.instruction_bytes_per_op
-    # a concrete 0 (the default) needs no pass; a traced or stacked value may be anything
-    return not (isinstance(v, int | float) and v == 0)
+    return maybe_nonzero(spec.memory.instruction_bytes_per_op)
 
 
 #: The per-inference instruction stream as a cost pass, after the fixed cost per inference.

@@ -19,13 +19,18 @@ time).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-import jax.numpy as jnp
+from typing import TYPE_CHECKING
 
 from npujax._exact import real
 from npujax.hw.spec import NpuSpec
-from npujax.plan.passes.base import CostMode, CostPass, PassInput, ProgramCosts
+from npujax.plan.passes.base import (
+    CostMode,
+    CostPass,
+    PassInput,
+    ProgramCosts,
+    maybe_nonzero,
+    once_per_inference,
+)
 
 if TYPE_CHECKING:
     from npujax.plan.passes.attention import AttentionChain
@@ -34,21 +39,13 @@ __all__ = ["PASS"]
 
 
 def _apply(inp: PassInput, state: ProgramCosts) -> ProgramCosts:
-    spec, costs = inp.spec, state.costs
-    n = jnp.shape(costs.latency_cycles)[-1]
-    first = jnp.arange(n) == 0
-    extra = jnp.where(first, real(spec.host.invocation_overhead_s) * real(spec.array.clock_hz),
-                      0.0)
-    out = costs._replace(transfer_cycles=real(costs.transfer_cycles) + extra,
-                         latency_cycles=real(costs.latency_cycles) + extra)
-    return state._replace(costs=out)
+    spec = inp.spec
+    cycles = real(spec.host.invocation_overhead_s) * real(spec.array.clock_hz)
+    return state._replace(costs=once_per_inference(state.costs, "transfer_cycles", cycles))
 
 
 def _applies(spec: NpuSpec, chains: tuple[AttentionChain, ...], mode: CostMode) -> bool:
-    v: Any = spec.host.invocation_overhead_s
-    # a concrete 0 (the default) needs no pass; a traced or stacked value (a fit, a sweep) may
-    # be anything
-    return not (isinstance(v, int | float) and v == 0)
+    return maybe_nonzero(spec.host.invocation_overhead_s)
 
 
 #: The per-inference overhead as a cost pass, after the weights' streaming.
