@@ -153,9 +153,10 @@ def main() -> None:
                          for r in RATES]
             else:
                 share = min(act / free, 1.0)
-                specs = [onchip_split.split_spec(
-                    fields.replace(base, {"memory.dram_bytes_per_s": float(r)}), share)
-                    for r in RATES]
+                with jax.enable_x64(True):  # the split's byte counts in float64
+                    specs = [onchip_split.split_spec(
+                        fields.replace(base, {"memory.dram_bytes_per_s": float(r)}), share)
+                        for r in RATES]
             stacked = stack_specs(specs)
             orig = program.registered
             if fill:
