@@ -77,7 +77,7 @@ def thermal_plot(path: Path, reports: dict, rows: dict, spec) -> None:
     ax_t, ax_l, ax_r = fig.subplots(1, 3)
     name = "DenseNet-121"
     t = np.linspace(0.0, 600.0, 1201)
-    for r, style in ((30.0, "-"), (40.0, "--"), (50.0, ":")):
+    for r, style in ((30.0, "-"), (60.0, "--"), (80.0, ":")):  # the preset, two that throttle
         s = rows[name][r].at(t)
         label = f"R_ja {r:g} K/W" + (" (preset)" if r == spec.thermal.junction_to_ambient_k_per_w
                                      else "")
