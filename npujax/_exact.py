@@ -36,13 +36,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["exact", "COUNT", "REAL", "count", "real", "one_hot", "take", "put"]
+__all__ = ["exact", "COUNT", "REAL", "count", "real", "one_hot", "take", "put", "computed_once"]
 
 #: The dtype of exact counts (cycles, MACs, folds) and of the other cost-model quantities.
 COUNT = jnp.int64
 REAL = jnp.float64
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 def exact(fn: F) -> F:
@@ -83,3 +84,45 @@ def put(onehot: jax.Array, x: jax.Array) -> jax.Array:
     """``zeros[L].at[index].add(x)`` of a ``[E]`` ``x``, the index given by its :func:`one_hot`
     matrix ``[E, L]`` (as :func:`take`)."""
     return jnp.sum(onehot * x[:, None], axis=0)
+
+
+def _twice_reduced(x: jax.Array) -> jax.Array:
+    """The maximum (``or`` for bools) of two copies of ``x``: ``x``. lax operations only, so
+    JAX's config converts no dtype (the JVP below may run after the 64-bit scope closed)."""
+    w = jax.lax.broadcast_in_dim(x, x.shape + (2,), tuple(range(x.ndim)))
+    if x.dtype == jnp.bool_:
+        return jax.lax.reduce_or(w, (x.ndim,))
+    return jax.lax.reduce_max(w, (x.ndim,))
+
+
+@jax.custom_jvp
+def _once(x: jax.Array) -> jax.Array:
+    return _twice_reduced(x)
+
+
+@_once.defjvp
+def _once_jvp(primals: tuple[jax.Array], tangents: tuple[Any]) -> tuple[jax.Array, Any]:
+    return _twice_reduced(primals[0]), tangents[0]  # the identity's tangent
+
+
+def computed_once(tree: T) -> T:
+    """The arrays of ``tree``, the same values bit for bit, each computed once by XLA.
+
+    XLA fuses an elementwise producer into every consumer that reads it and recomputes it
+    there, unless it counts as expensive (a float division, a reduction): a cheap chain read by
+    many consumers is compiled, and run, once per consumer. The cost program's DRAM-level
+    mapping search (8 candidates of about 40 operations each, per dataflow) was copied into each
+    of the 14 fusions that read its figures: 19,108 instructions to compile for 6,750 traced
+    operations (the README's sweep, three dataflows). Each array here goes through a maximum
+    (``any`` for bools) over two copies of itself, a reduction XLA computes once and stores,
+    whose value is the array itself (NaN and -0.0 included; ``jax.lax.optimization_barrier``
+    would not do: XLA:CPU removes it before fusion). The tangent is the identity's.
+
+    Args:
+      tree: a pytree of arrays of any shape and dtype (call inside :func:`exact` for 64-bit
+        values).
+
+    Returns:
+      The same pytree structure and values.
+    """
+    return jax.tree.map(lambda x: _once(jnp.asarray(x)), tree)

@@ -58,7 +58,7 @@ import jax
 import jax.numpy as jnp
 
 from npujax import _relax
-from npujax._exact import exact, real
+from npujax._exact import computed_once, exact, real
 from npujax.errors import ConfigError
 from npujax.systolic.dataflow import Dataflow, get_dataflow
 from npujax.systolic.memory import PSUM_BYTES, gemm_memory
@@ -296,22 +296,30 @@ def _search(df: Dataflow, ext, folds, half, eb, dedup_a, uniq_a, T, min_chunk, c
     least = functools.reduce(jnp.minimum, tbs)
     keys = [jnp.where(tb <= least * (1.0 + 1e-12), te, jnp.inf) for tb, te in zip(tbs, tes)]
     least_key = functools.reduce(jnp.minimum, keys)
-    best = [key <= least_key for key in keys]
+    # the first best candidate's index (len(cands) if none is best: NaN costs), and below the
+    # chosen figures, each computed once (computed_once): XLA would otherwise copy the whole
+    # search into every fusion that reads a figure (14 in the README's sweep program, three
+    # dataflows: x1.4 its compile time, and the run time of the copies)
+    first = jnp.full(shape, len(cands), jnp.int32)
+    for i in reversed(range(len(cands))):
+        first = jnp.where(keys[i] <= least_key, i, first)
+    first = computed_once(first)
 
     def chosen(get):
-        """The figure of the first best candidate (zero / False if none is best: NaN costs),
-        exact, and a gradient of the chosen candidate only."""
+        """The figure of the first best candidate (zero / False if none is best), exact, and a
+        gradient of the chosen candidate only."""
         vals = [jnp.broadcast_to(get(c), shape) for c in cands]
         out = jnp.zeros_like(vals[0])
-        for b, v in zip(reversed(best), reversed(vals)):
-            out = jnp.where(b, v, out)
+        for i in reversed(range(len(cands))):
+            out = jnp.where(first == i, vals[i], out)
         return out
 
     rd_a, rd_b, wr_out, rd_out = (chosen(lambda c, i=i: c[0][i]) for i in range(4))
     res_a, res_b, res_out = (chosen(lambda c, i=i: c[1][i]) for i in range(3))
     n_chunks = chosen(lambda c: c[2])
     rows_inner = chosen(lambda c: jnp.asarray(c[3]))
-    return rd_a, rd_b, wr_out, rd_out, res_a, res_b, res_out, n_chunks, rows_inner
+    return computed_once((rd_a, rd_b, wr_out, rd_out, res_a, res_b, res_out, n_chunks,
+                          rows_inner))
 
 
 def _search_stacked(df: Dataflow, ext, folds, half, eb, dedup_a, uniq_a, T, min_chunk, compute,
