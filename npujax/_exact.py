@@ -115,8 +115,10 @@ def computed_once(tree: T) -> T:
     of the 14 fusions that read its figures: 19,108 instructions to compile for 6,750 traced
     operations (the README's sweep, three dataflows). Each array here goes through a maximum
     (``any`` for bools) over two copies of itself, a reduction XLA computes once and stores,
-    whose value is the array itself (NaN and -0.0 included; ``jax.lax.optimization_barrier``
-    would not do: XLA:CPU removes it before fusion). The tangent is the identity's.
+    whose value is the array itself (NaN and -0.0 included; a subnormal as XLA's arithmetic
+    treats it: XLA:CPU may run a program flushing them to zero, so the cost program's figures,
+    results of its arithmetic, are never subnormal there). ``jax.lax.optimization_barrier``
+    would not do: XLA:CPU removes it before fusion. The tangent is the identity's.
 
     Args:
       tree: a pytree of arrays of any shape and dtype (call inside :func:`exact` for 64-bit
