@@ -296,28 +296,24 @@ def _search(df: Dataflow, ext, folds, half, eb, dedup_a, uniq_a, T, min_chunk, c
     least = functools.reduce(jnp.minimum, tbs)
     keys = [jnp.where(tb <= least * (1.0 + 1e-12), te, jnp.inf) for tb, te in zip(tbs, tes)]
     least_key = functools.reduce(jnp.minimum, keys)
-    # the first best candidate's index (len(cands) if none is best: NaN costs), and below the
-    # chosen figures, each computed once (computed_once): XLA would otherwise copy the whole
-    # search into every fusion that reads a figure (14 in the README's sweep program, three
-    # dataflows: x1.4 its compile time, and the run time of the copies)
-    first = jnp.full(shape, len(cands), jnp.int32)
-    for i in reversed(range(len(cands))):
-        first = jnp.where(keys[i] <= least_key, i, first)
-    first = computed_once(first)
+    best = [key <= least_key for key in keys]
 
     def chosen(get):
-        """The figure of the first best candidate (zero / False if none is best), exact, and a
-        gradient of the chosen candidate only."""
+        """The figure of the first best candidate (zero / False if none is best: NaN costs),
+        exact, and a gradient of the chosen candidate only."""
         vals = [jnp.broadcast_to(get(c), shape) for c in cands]
         out = jnp.zeros_like(vals[0])
-        for i in reversed(range(len(cands))):
-            out = jnp.where(first == i, vals[i], out)
+        for b, v in zip(reversed(best), reversed(vals)):
+            out = jnp.where(b, v, out)
         return out
 
     rd_a, rd_b, wr_out, rd_out = (chosen(lambda c, i=i: c[0][i]) for i in range(4))
     res_a, res_b, res_out = (chosen(lambda c, i=i: c[1][i]) for i in range(3))
     n_chunks = chosen(lambda c: c[2])
     rows_inner = chosen(lambda c: jnp.asarray(c[3]))
+    # each chosen figure computed once (computed_once): XLA would otherwise copy the whole
+    # search into every fusion that reads a figure (14 in the README's sweep program, three
+    # dataflows: x1.4 its compile time, and the run time of the copies)
     return computed_once((rd_a, rd_b, wr_out, rd_out, res_a, res_b, res_out, n_chunks,
                           rows_inner))
 

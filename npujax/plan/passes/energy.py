@@ -172,10 +172,7 @@ def _layer_energy(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight
     register = jnp.where(is_gemm, macs * (wb + ab + acc) / 8.0, 0.0) * s_e * en.register_pj_per_byte
 
     # SRAM: the array's accesses, per core at the split the latency model chooses
-    # the latency model's static bound of the GEMM extents: the same figures, and XLA finds
-    # the fold counts of split_over_cores and gemm_memory already computed there
-    mkn = t.bound("M", "K", "N")
-    g, use_m = split_over_cores(M, K, N, R, C, cores, df, bound=mkn)
+    g, use_m = split_over_cores(M, K, N, R, C, cores, df)
     per_core_out = jnp.where(use_m, real(_relax.ceil_div(M, cores)) * real(N),
                              real(M) * real(_relax.ceil_div(N, cores)))
     k_acc = fcores * groups
@@ -194,7 +191,7 @@ def _layer_energy(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight
                       sram_bytes_b=real(m.filter_sram_bytes) * fcores,
                       sram_bytes_out=real(m.ofmap_sram_bytes) * fcores,
                       elem_bytes_a=ab / 8.0, elem_bytes_b=wb / 8.0, elem_bytes_out=ab / 8.0,
-                      dram_bytes_per_cycle=1.0, unique_elems_a=in_elems / groups, bound=mkn)
+                      dram_bytes_per_cycle=1.0, unique_elems_a=in_elems / groups)
     parts = (mem["dram_read_bytes_a"], mem["dram_read_bytes_b"],
              mem["dram_write_bytes_out"] + mem["dram_read_bytes_out"])
     total = jnp.maximum(parts[0] + parts[1] + parts[2], 1e-30)
