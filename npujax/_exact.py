@@ -28,15 +28,18 @@ come back float32.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["exact", "COUNT", "REAL", "count", "real", "one_hot", "take", "put", "computed_once"]
+__all__ = ["exact", "COUNT", "REAL", "count", "real", "one_hot", "take", "put", "computed_once",
+           "computing_once", "computes_once"]
 
 #: The dtype of exact counts (cycles, MACs, folds) and of the other cost-model quantities.
 COUNT = jnp.int64
@@ -105,8 +108,29 @@ def _once_jvp(primals: tuple[jax.Array], tangents: tuple[Any]) -> tuple[jax.Arra
     return _twice_reduced(primals[0]), tangents[0]  # the identity's tangent
 
 
+_ONCE: contextvars.ContextVar[bool] = contextvars.ContextVar("npujax_computed_once",
+                                                            default=False)
+
+
+@contextlib.contextmanager
+def computing_once() -> Iterator[None]:
+    """Trace with :func:`computed_once` in effect (read while tracing, like
+    ``npujax._relax.integer_division``); outside this scope it returns its argument."""
+    token = _ONCE.set(True)
+    try:
+        yield
+    finally:
+        _ONCE.reset(token)
+
+
+def computes_once() -> bool:
+    """Whether :func:`computed_once` is in effect (inside :func:`computing_once`)."""
+    return _ONCE.get()
+
+
 def computed_once(tree: T) -> T:
-    """The arrays of ``tree``, the same values bit for bit, each computed once by XLA.
+    """The arrays of ``tree``, the same values bit for bit, each computed once by XLA (inside
+    :func:`computing_once`; elsewhere ``tree`` itself).
 
     XLA fuses an elementwise producer into every consumer that reads it and recomputes it
     there, unless it counts as expensive (a float division, a reduction): a cheap chain read by
@@ -120,6 +144,13 @@ def computed_once(tree: T) -> T:
     results of its arithmetic, are never subnormal there). ``jax.lax.optimization_barrier``
     would not do: XLA:CPU removes it before fusion. The tangent is the identity's.
 
+    The values passed are the same bits, but the program around them is another graph, and
+    XLA's algebraic rewrites of floats (which depend on how many users a value has) may then
+    round another value differently: in ``lower``'s unbatched programs of scalar hardware
+    numbers, a last bit of a few dma, latency or SRAM-energy figures moved on 7 of 11 presets.
+    So only the design-space sweep's vmapped program traces in the scope (its 29 columns the
+    same bits on all 11 presets, 256 random configurations each).
+
     Args:
       tree: a pytree of arrays of any shape and dtype (call inside :func:`exact` for 64-bit
         values).
@@ -127,4 +158,6 @@ def computed_once(tree: T) -> T:
     Returns:
       The same pytree structure and values.
     """
+    if not _ONCE.get():
+        return tree
     return jax.tree.map(lambda x: _once(jnp.asarray(x)), tree)

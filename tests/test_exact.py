@@ -1,16 +1,17 @@
-"""``npujax._exact.computed_once``: the same values bit for bit, the identity's gradient, and
-a chain that XLA computes once instead of once per consumer."""
+"""``npujax._exact.computed_once``: the same values bit for bit, the identity's gradient, a
+chain that XLA computes once instead of once per consumer, nothing outside its scope."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from npujax._exact import computed_once, exact
+from npujax._exact import computed_once, computing_once, exact
 
 
 @exact
 def _roundtrip(x: np.ndarray) -> np.ndarray:
-    return np.asarray(jax.jit(computed_once)(jnp.asarray(x)))
+    with computing_once():
+        return np.asarray(jax.jit(computed_once)(jnp.asarray(x)))
 
 
 def test_values_are_the_same_bits() -> None:
@@ -29,8 +30,9 @@ def test_gradient_is_the_identitys() -> None:
         return jnp.sum(computed_once(a * 3.0) ** 2)
 
     a = jnp.array([1.0, -2.0, 0.5], jnp.float32)
-    assert np.array_equal(jax.grad(f)(a), 18.0 * np.asarray(a))
-    assert np.array_equal(jax.vmap(jax.grad(f))(jnp.stack([a, a])), 18.0 * np.stack([a, a]))
+    with computing_once():
+        assert np.array_equal(jax.grad(f)(a), 18.0 * np.asarray(a))
+        assert np.array_equal(jax.vmap(jax.grad(f))(jnp.stack([a, a])), 18.0 * np.stack([a, a]))
 
 
 def test_a_chain_read_by_several_consumers_is_compiled_once() -> None:
@@ -39,7 +41,15 @@ def test_a_chain_read_by_several_consumers_is_compiled_once() -> None:
             c = jnp.ceil(jnp.where(a > b, a * b, a - b))
             c = computed_once(c) if once else c
             return c * 2.0 + a, c - b, c * c
-        hlo = jax.jit(f).lower(jnp.ones(64), jnp.ones(64)).compile().as_text()
+        with computing_once():
+            hlo = jax.jit(f).lower(jnp.ones(64), jnp.ones(64)).compile().as_text()
         return hlo.count(" ceil(")
 
     assert program(True) == 1 < program(False)
+
+
+def test_outside_its_scope_it_is_the_identity() -> None:
+    x = jnp.ones(3)
+    assert computed_once(x) is x
+    with computing_once():
+        assert computed_once(x) is not x
