@@ -427,7 +427,7 @@ def _plot_sweep(fig, result: dict) -> None:
     elif result.get("steady"):  # part 4s: each checkout's program alone
         st = result["steady"]
         axes[2].barh(list(st), [v["median"] for v in st.values()], color="C1")
-        axes[2].set_xlabel("layer evaluations / CPU s (program alone, steady)")
+        axes[2].set_xlabel("layer evals / CPU s (program, steady)")
         axes[2].tick_params(axis="y", labelsize=7)
     fig.tight_layout()
 
