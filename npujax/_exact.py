@@ -28,21 +28,25 @@ come back float32.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["exact", "COUNT", "REAL", "count", "real", "one_hot", "take", "put"]
+__all__ = ["exact", "COUNT", "REAL", "count", "real", "one_hot", "take", "put", "computed_once",
+           "computing_once", "computes_once"]
 
 #: The dtype of exact counts (cycles, MACs, folds) and of the other cost-model quantities.
 COUNT = jnp.int64
 REAL = jnp.float64
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 def exact(fn: F) -> F:
@@ -83,3 +87,77 @@ def put(onehot: jax.Array, x: jax.Array) -> jax.Array:
     """``zeros[L].at[index].add(x)`` of a ``[E]`` ``x``, the index given by its :func:`one_hot`
     matrix ``[E, L]`` (as :func:`take`)."""
     return jnp.sum(onehot * x[:, None], axis=0)
+
+
+def _twice_reduced(x: jax.Array) -> jax.Array:
+    """The maximum (``or`` for bools) of two copies of ``x``: ``x``. lax operations only, so
+    JAX's config converts no dtype (the JVP below may run after the 64-bit scope closed)."""
+    w = jax.lax.broadcast_in_dim(x, x.shape + (2,), tuple(range(x.ndim)))
+    if x.dtype == jnp.bool_:
+        return jax.lax.reduce_or(w, (x.ndim,))
+    return jax.lax.reduce_max(w, (x.ndim,))
+
+
+@jax.custom_jvp
+def _once(x: jax.Array) -> jax.Array:
+    return _twice_reduced(x)
+
+
+@_once.defjvp
+def _once_jvp(primals: tuple[jax.Array], tangents: tuple[Any]) -> tuple[jax.Array, Any]:
+    return _twice_reduced(primals[0]), tangents[0]  # the identity's tangent
+
+
+_ONCE: contextvars.ContextVar[bool] = contextvars.ContextVar("npujax_computed_once",
+                                                            default=False)
+
+
+@contextlib.contextmanager
+def computing_once() -> Iterator[None]:
+    """Trace with :func:`computed_once` in effect (read while tracing, like
+    ``npujax._relax.integer_division``); outside this scope it returns its argument."""
+    token = _ONCE.set(True)
+    try:
+        yield
+    finally:
+        _ONCE.reset(token)
+
+
+def computes_once() -> bool:
+    """Whether :func:`computed_once` is in effect (inside :func:`computing_once`)."""
+    return _ONCE.get()
+
+
+def computed_once(tree: T) -> T:
+    """The arrays of ``tree``, the same values bit for bit, each computed once by XLA (inside
+    :func:`computing_once`; elsewhere ``tree`` itself).
+
+    XLA fuses an elementwise producer into every consumer that reads it and recomputes it
+    there, unless it counts as expensive (a float division, a reduction): a cheap chain read by
+    many consumers is compiled, and run, once per consumer. The cost program's DRAM-level
+    mapping search (8 candidates of about 40 operations each, per dataflow) was copied into each
+    of the 14 fusions that read its figures: 19,108 instructions to compile for 6,750 traced
+    operations (the README's sweep, three dataflows). Each array here goes through a maximum
+    (``any`` for bools) over two copies of itself, a reduction XLA computes once and stores,
+    whose value is the array itself (NaN and -0.0 included; a subnormal as XLA's arithmetic
+    treats it: XLA:CPU may run a program flushing them to zero, so the cost program's figures,
+    results of its arithmetic, are never subnormal there). ``jax.lax.optimization_barrier``
+    would not do: XLA:CPU removes it before fusion. The tangent is the identity's.
+
+    The values passed are the same bits, but the program around them is another graph, and
+    XLA's algebraic rewrites of floats (which depend on how many users a value has) may then
+    round another value differently: in ``lower``'s unbatched programs of scalar hardware
+    numbers, a last bit of a few dma, latency or SRAM-energy figures moved on 7 of 11 presets.
+    So only the design-space sweep's vmapped program traces in the scope (its 29 columns the
+    same bits on all 11 presets, 256 random configurations each).
+
+    Args:
+      tree: a pytree of arrays of any shape and dtype (call inside :func:`exact` for 64-bit
+        values).
+
+    Returns:
+      The same pytree structure and values.
+    """
+    if not _ONCE.get():
+        return tree
+    return jax.tree.map(lambda x: _once(jnp.asarray(x)), tree)

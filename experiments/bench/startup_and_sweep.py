@@ -4,7 +4,7 @@ steady throughput, each side by side with the code before, from one run.
 
 Usage:  python experiments/bench/startup_and_sweep.py [--before OTHER_CHECKOUT] [--rounds 5]
             [--sweep-rounds 3] [--rows 1000000] [--no-startup] [--no-pareto] [--no-sweep]
-            [--big 1000000] [--out RESULT.json] [--plot FIGURE.png]
+            [--big 1000000] [--steady-rounds 0] [--out RESULT.json] [--plot FIGURE.png]
 
 Prints:
   (1) CPU seconds (user + system, ``resource.getrusage(RUSAGE_CHILDREN)`` around each
@@ -30,7 +30,9 @@ Prints:
       (chunks, results.csv/parquet, Pareto front, plots: all the command does after the import),
       in layer evaluations per CPU second, against the same compiled program's steady throughput
       (a batch of one chunk, 4096 configurations, already on the device, called again and
-      again); the target is >= 30 %. ``--big 0`` skips it.
+      again); the target is >= 30 %. ``--big 0`` skips it;
+  (4s) with ``--steady-rounds N``: that program's steady throughput alone for each checkout,
+      each measurement in a fresh process, the checkouts interleaved, median of N rounds.
 
 The machine's load average is printed before and after: on a shared machine the ratios (each
 pair measured back to back) are steadier than the absolute seconds.
@@ -253,37 +255,40 @@ BIG_GRID = {"array.rows": [4, 6, 8, 12, 16, 24, 32, 48, 64, 96],
             "bits": [2, 4, 6, 8, 16], "dataflow": ["ws", "os"]}
 
 
-def big_sweep(limit: int) -> dict[str, float]:
-    """Layer evaluations per CPU second of a ``limit``-configuration sweep of zoo:ppocr_cls end
-    to end (``run_sweep``: chunks, result files, Pareto front, plots) and of its compiled
-    program alone (steady, one chunk's batch on the device), in this process."""
-    sys.path.insert(0, str(HERE))
+def _big_setup():
+    """The classifier's graph, the base spec, :data:`BIG_GRID` and the network."""
+    from npujax.explore.grid import Grid
+    from npujax.frontends.onnx import parse_input_shapes
+    from npujax.hw import load_npu_spec
+    from npujax.models.zoo import fetch_model
+    from npujax.plan.program import network
+    from npujax.workflows.lowering import import_onnx_for_lowering
+
+    graph = import_onnx_for_lowering(fetch_model("ppocr_cls"),
+                                     parse_input_shapes(["x=1,3,48,192"]), None)
+    base = load_npu_spec("edge_16x16")
+    return graph, base, Grid.build(BIG_GRID, base), network(graph, base)
+
+
+def steady(seconds: float = 20.0) -> float:
+    """Layer evaluations per CPU second of the sweep's compiled program alone: one chunk's
+    batch of :data:`BIG_GRID` configurations (drawn at random), on the device, called until
+    ``seconds`` CPU seconds have passed (the first call, which compiles, not counted). Runs
+    the npujax on the path (part 4, and each checkout's child in part 4s)."""
     import importlib
 
     import jax
 
     from npujax._exact import exact
-    from npujax.explore.grid import Grid, configurations
-    from npujax.frontends.onnx import parse_input_shapes
-    from npujax.hw import fields, load_npu_spec
-    from npujax.models.zoo import fetch_model
-    from npujax.plan.program import needs_static_layers, network
+    from npujax.explore.grid import configurations
+    from npujax.hw import fields
+    from npujax.plan.program import needs_static_layers
     from npujax.plan.table import layer_table
     from npujax.systolic.dataflow import get_dataflow
-    from npujax.workflows.lowering import import_onnx_for_lowering
-    from npujax.workflows.sweep import DEFAULT_CHUNK, run_sweep
+    from npujax.workflows.sweep import DEFAULT_CHUNK
 
     sw = importlib.import_module("npujax.explore.sweep")
-    graph = import_onnx_for_lowering(fetch_model("ppocr_cls"),
-                                     parse_input_shapes(["x=1,3,48,192"]), None)
-    base = load_npu_spec("edge_16x16")
-    grid = Grid.build(BIG_GRID, base)
-    sample = None if limit >= grid.size else limit
-    n = grid.size if sample is None else sample
-    layers, chains = network(graph, base)
-    out: dict[str, float] = {"configurations": float(n), "layers": float(len(layers))}
-    # the program alone: one chunk's batch (its configurations drawn from the grid), on the
-    # device, called until 20 CPU seconds have passed
+    _, base, grid, (layers, chains) = _big_setup()
     cfg = configurations(grid, DEFAULT_CHUNK, "random", 1)
     vals = {name: np.asarray(v)[cfg[:, j]] for j, (name, v) in enumerate(grid.axes)}
     dfs = tuple(get_dataflow(d).name for d in BIG_GRID["dataflow"])
@@ -303,11 +308,43 @@ def big_sweep(limit: int) -> dict[str, float]:
         args = jax.device_put(args)
         jax.block_until_ready(f(*args))
         calls, t = 0, time.process_time()
-        while time.process_time() - t < 20.0 or calls < 3:
+        while time.process_time() - t < seconds or calls < 3:
             jax.block_until_ready(f(*args))
             calls += 1
-        steady = calls * DEFAULT_CHUNK * len(layers) / (time.process_time() - t)
-    out["program steady (layer evals/CPU s)"] = steady
+        return calls * DEFAULT_CHUNK * len(layers) / (time.process_time() - t)
+
+
+def steady_interleaved(checkouts: dict[str, Path], rounds: int, seconds: float
+                       ) -> dict[str, dict]:
+    """:func:`steady` of each checkout in a fresh process (its npujax first on the path),
+    ``rounds`` times, the checkouts interleaved in every round: median and all samples."""
+    code = (f"import sys; sys.path.insert(1, {str(Path(__file__).resolve().parent)!r}); "
+            f"import startup_and_sweep as b; print('STEADY', b.steady({seconds!r}))")
+    samples: dict[str, list[float]] = {label: [] for label in checkouts}
+    for _ in range(rounds):
+        for label, checkout in checkouts.items():
+            r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                               env=env_for(checkout), cwd=checkout)
+            if r.returncode != 0:
+                raise SystemExit(f"steady ({label}) failed:\n{r.stderr[-3000:]}")
+            samples[label].append(float(next(x for x in r.stdout.splitlines()
+                                             if x.startswith("STEADY")).split()[1]))
+    return {label: {"median": statistics.median(v), "all": v} for label, v in samples.items()}
+
+
+def big_sweep(limit: int) -> dict[str, float]:
+    """Layer evaluations per CPU second of a ``limit``-configuration sweep of zoo:ppocr_cls end
+    to end (``run_sweep``: chunks, result files, Pareto front, plots) and of its compiled
+    program alone (:func:`steady`), in this process."""
+    sys.path.insert(0, str(HERE))
+    from npujax.workflows.sweep import run_sweep
+
+    graph, base, grid, (layers, _) = _big_setup()
+    sample = None if limit >= grid.size else limit
+    n = grid.size if sample is None else sample
+    out: dict[str, float] = {"configurations": float(n), "layers": float(len(layers))}
+    steady_rate = steady()
+    out["program steady (layer evals/CPU s)"] = steady_rate
     with tempfile.TemporaryDirectory() as tmp:
         t = time.process_time()
         r = run_sweep(graph, base, grid, Path(tmp) / "big", model="ppocr_cls", sample=sample,
@@ -315,7 +352,7 @@ def big_sweep(limit: int) -> dict[str, float]:
         cpu = time.process_time() - t
     out["end to end CPU s"] = cpu
     out["end to end (layer evals/CPU s)"] = n * r.result.layers / cpu
-    out["end to end / steady"] = out["end to end (layer evals/CPU s)"] / steady
+    out["end to end / steady"] = out["end to end (layer evals/CPU s)"] / steady_rate
     return out
 
 
@@ -387,6 +424,11 @@ def _plot_sweep(fig, result: dict) -> None:
         axes[2].set_title(f"{int(b['configurations']):,} configurations", fontsize=9)
         axes[2].legend(loc="lower right", fontsize=7)
         axes[2].tick_params(axis="y", labelsize=7)
+    elif result.get("steady"):  # part 4s: each checkout's program alone
+        st = result["steady"]
+        axes[2].barh(list(st), [v["median"] for v in st.values()], color="C1")
+        axes[2].set_xlabel("layer evals / CPU s (program, steady)")
+        axes[2].tick_params(axis="y", labelsize=7)
     fig.tight_layout()
 
 
@@ -403,6 +445,11 @@ def main() -> None:
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--big", type=int, default=1_000_000,
                     help="configurations of part (4) (0 skips it)")
+    ap.add_argument("--steady-rounds", type=int, default=0,
+                    help="part (4s): the sweep program's steady throughput per checkout, each "
+                    "in a fresh process, interleaved, this many rounds (0 skips it)")
+    ap.add_argument("--steady-seconds", type=float, default=20.0,
+                    help="CPU seconds each part (4s) measurement calls the program")
     ap.add_argument("--out", help="write the figures as JSON")
     ap.add_argument("--keep", help="an earlier --out JSON: its parts this run skips are kept "
                     "in --out and the plot (e.g. a long part 4 measured once)")
@@ -454,10 +501,22 @@ def main() -> None:
               "against its program's steady throughput (target >= 30 %)")
         for k, v in result["big"].items():
             print(f"    {k:38s} {v:11.4g}")
+    if args.steady_rounds:
+        result["steady"] = steady_interleaved(checkouts, args.steady_rounds,
+                                              args.steady_seconds)
+        print(f"(4s) the sweep program alone (the part 4 grid, one chunk of 4,096), layer "
+              f"evaluations per CPU s, fresh process per checkout, median of "
+              f"{args.steady_rounds} interleaved rounds")
+        for label, v in result["steady"].items():
+            print(f"    {label:8s} {v['median']:11.4g}   (all: "
+                  + ", ".join(f"{x:.4g}" for x in v["all"]) + ")")
+        if len(checkouts) > 1:
+            b, a = (result["steady"][c]["median"] for c in checkouts)
+            print(f"    after / before = {a / b:.2f}")
     result["load_after"] = os.getloadavg()
     if args.keep:
         earlier = json.loads(Path(args.keep).read_text())
-        for part in ("startup", "pareto", "sweep", "big"):
+        for part in ("startup", "pareto", "sweep", "big", "steady"):
             if part not in result and part in earlier:
                 result[part] = earlier[part]
                 result.setdefault("kept_from_earlier_run", []).append(part)

@@ -58,7 +58,7 @@ import jax
 import jax.numpy as jnp
 
 from npujax import _relax
-from npujax._exact import exact, real
+from npujax._exact import computed_once, computes_once, exact, real
 from npujax.errors import ConfigError
 from npujax.systolic.dataflow import Dataflow, get_dataflow
 from npujax.systolic.memory import PSUM_BYTES, gemm_memory
@@ -297,6 +297,16 @@ def _search(df: Dataflow, ext, folds, half, eb, dedup_a, uniq_a, T, min_chunk, c
     keys = [jnp.where(tb <= least * (1.0 + 1e-12), te, jnp.inf) for tb, te in zip(tbs, tes)]
     least_key = functools.reduce(jnp.minimum, keys)
     best = [key <= least_key for key in keys]
+    if computes_once():
+        # the first best candidate's index (len(cands) if none is best), computed once, and
+        # below each chosen figure (computed_once): XLA would otherwise copy the whole search
+        # into every fusion that reads a figure (14 in the README's sweep program, three
+        # dataflows: x1.4 its compile time, and the run time of the copies)
+        first = jnp.full(shape, len(cands), jnp.int32)
+        for i in reversed(range(len(cands))):
+            first = jnp.where(best[i], i, first)
+        first = computed_once(first)
+        best = [first == i for i in range(len(cands))]
 
     def chosen(get):
         """The figure of the first best candidate (zero / False if none is best: NaN costs),
@@ -311,7 +321,8 @@ def _search(df: Dataflow, ext, folds, half, eb, dedup_a, uniq_a, T, min_chunk, c
     res_a, res_b, res_out = (chosen(lambda c, i=i: c[1][i]) for i in range(3))
     n_chunks = chosen(lambda c: c[2])
     rows_inner = chosen(lambda c: jnp.asarray(c[3]))
-    return rd_a, rd_b, wr_out, rd_out, res_a, res_b, res_out, n_chunks, rows_inner
+    return computed_once((rd_a, rd_b, wr_out, rd_out, res_a, res_b, res_out, n_chunks,
+                          rows_inner))
 
 
 def _search_stacked(df: Dataflow, ext, folds, half, eb, dedup_a, uniq_a, T, min_chunk, compute,
