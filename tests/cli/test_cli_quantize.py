@@ -97,6 +97,8 @@ def _bad(tmp_path, name, **arrays):
     ("nan", 2, "NaN or inf"),
     ("empty", 2, "hold no examples"),
     ("labels", 7, "do not match the model's outputs"),
+    ("label count", 7, "'y' must be int labels of shape (20,)"),
+    ("float labels", 7, "'y' must be int labels of shape (20,)"),
 ])
 def test_bad_data_gives_one_line_errors(tiny, tmp_path, case, code, message):
     x, y = _data(20)
@@ -106,6 +108,8 @@ def test_bad_data_gives_one_line_errors(tiny, tmp_path, case, code, message):
         "nan": {"x": np.where(np.arange(4) == 2, np.nan, x)},
         "empty": {"x": np.zeros((0, 4), np.float32)},
         "labels": {"x": x, "y": y + CLASSES},  # labels 3..5 for 3 classes
+        "label count": {"x": x, "y": y[:-1]},  # 19 labels for 20 examples
+        "float labels": {"x": x, "y": y.astype(np.float32)},  # scores, not class indices
     }[case]
     r = run_cli("quantize", tiny / "m.onnx", "--data", _bad(tmp_path, "d.npz", **arrays),
                 "--out", tmp_path / "q", "--no-progress")
