@@ -1,17 +1,18 @@
-"""The accuracy-bounded loop before and after reusing the sequential bias correction, in one run.
+"""The accuracy-bounded loop of ``npujax quantize`` before and after a change, in one run.
 
 ``npujax quantize --max-drop`` repeats calibration, the sequential bias correction
 (``--bias-correction model``: one quantized forward pass of the calibration data per wave of
-layers) and the evaluation at every step, though a step changes one layer. With
-:class:`npujax.quantize.ptq.BiasCorrectionCache` a step measures again only that layer and
-the layers downstream of it. This script runs :func:`npujax.workflows.quantize.quantize_model`
-with ``max_drop`` on PP-OCR cls (the ``compare.py prepare`` work folder's ``float.onnx``,
-``calib.npy``, ``eval.npz``) at W8A6, where the loop must take steps (fake-quant loses ~2.5
-points to 6-bit activations), in a fresh Python process per run, alternately with an earlier
-checkout (``--before``) and this one, ``--repeats`` times. Per run: the CPU seconds (user +
-system) of the ``quantize_model`` call and of the whole process, the steps, the accuracy and
-the sha256 of the QDQ file; it prints the median CPU seconds per side, the ratio after /
-before (< 1: faster) and whether every run wrote the same file with the same accuracy.
+layers, 54 on PP-OCR cls) and the evaluation at every step. This script runs
+:func:`npujax.workflows.quantize.quantize_model` with ``max_drop`` on PP-OCR cls (the
+``compare.py prepare`` work folder's ``float.onnx``, ``calib.npy``, ``eval.npz``) at W8A6,
+where the loop must take steps (fake-quant loses ~2.5 points to 6-bit activations: 3 steps,
+``Conv@13``, ``Conv@2``, ``Conv@1``), in a fresh Python process per run, alternately with an
+earlier checkout (``--before``) and this one, ``--repeats`` times. Per run: the CPU seconds
+(user + system) of the ``quantize_model`` call and of the whole process, the steps, the
+accuracy and the sha256 of the QDQ file; it prints the median CPU seconds per side, the ratio
+after / before (< 1: faster) and whether every run wrote the same file with the same
+accuracy. Measured results: ``docs/results/quantization.md`` ("The accuracy-bounded loop's
+cost").
 
 Usage::
 

@@ -30,65 +30,8 @@ from npujax.quantize.spec import QuantSpec
 #: What :func:`bias_correction` removes (its ``mode``).
 BIAS_CORRECTION_MODES = ("weights", "layer", "model")
 
-__all__ = ["BIAS_CORRECTION_MODES", "BiasCorrectionCache", "bias_correction", "deployed_biases",
-           "ptq", "layer_sqnr", "sqnr_db"]
-
-
-class BiasCorrectionCache:
-    """What a sequential :func:`bias_correction` (``mode="model"``) measured, for the next call.
-
-    A layer's sequential correction depends only on the quantized model upstream of it: its
-    own and every upstream layer's :class:`~npujax.quantize.spec.LayerQuant` and calibrated
-    state (the upstream corrections follow from those). Passed to successive calls on the
-    **same** ``graph``, ``params`` and ``batches`` objects (anything else clears it), the cache
-    keeps each layer's correction with that upstream description; a later call reuses the
-    correction of every layer whose description is unchanged and runs the quantized model only
-    for the waves that hold a changed layer, the float model not again. The accuracy-bounded
-    loop (:func:`npujax.quantize.accuracy_control.accuracy_control`) changes one layer per step:
-    only that layer and the layers downstream of it are measured again. The result is the
-    same as without the cache (the same programs compute the values measured; the reused ones
-    come from the earlier call's programs, which differ only downstream).
-    """
-
-    def __init__(self) -> None:
-        self._key: tuple[Any, ...] | None = None
-        self._float: dict[str, np.ndarray] = {}
-        self._layers: dict[str, tuple[Any, np.ndarray]] = {}  # name -> (upstream, shift)
-        #: waves measured by the quantized model over all calls / reused (for benchmarks)
-        self.waves_run = 0
-        self.waves_reused = 0
-
-    def _bind(self, graph: Graph, params: Params, batches: Any) -> None:
-        key = (graph, params, batches)
-        if self._key is None or any(a is not b for a, b in zip(self._key, key)):
-            self._key, self._float, self._layers = key, {}, {}
-
-
-def _upstream(graph: Graph) -> dict[str, frozenset[str]]:
-    """Every node's ancestors (node names) through any path."""
-    producer = {t: n.name for n in graph.nodes for t in n.outputs}
-    anc: dict[str, frozenset[str]] = {}
-    for node in graph.nodes:
-        up: set[str] = set()
-        for t in node.inputs:
-            if t in producer:
-                up.add(producer[t])
-                up |= anc[producer[t]]
-        anc[node.name] = frozenset(up)
-    return anc
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equal upstream descriptions: names, LayerQuants, state leaves (values)."""
-    if len(a) != len(b):
-        return False
-    for (na, qa, sa, ta), (nb, qb, sb, tb) in zip(a, b):
-        if na != nb or qa != qb or ta != tb or len(sa) != len(sb):
-            return False
-        if not all(x.shape == y.shape and x.dtype == y.dtype and np.array_equal(x, y)
-                   for x, y in zip(sa, sb)):
-            return False
-    return True
+__all__ = ["BIAS_CORRECTION_MODES", "bias_correction", "deployed_biases", "ptq", "layer_sqnr",
+           "sqnr_db"]
 
 
 def _channel_axis(node: Node, ndim: int) -> int:
@@ -100,7 +43,6 @@ def bias_correction(
     qstate: QState | None = None,
     *,
     mode: str = "weights",
-    cache: BiasCorrectionCache | None = None,
 ) -> Params:
     """Remove the mean output shift that quantization causes, per output channel.
 
@@ -130,9 +72,6 @@ def bias_correction(
       mode: one of :data:`BIAS_CORRECTION_MODES`. Default ``"weights"``, the one mode that
         needs no ``qstate`` (the paper's, on float activations alone); :func:`ptq` and
         ``npujax quantize`` pass ``"model"``, their default.
-      cache: with ``"model"``, a :class:`BiasCorrectionCache` shared by successive calls on
-        the same ``graph``, ``params`` and ``batches`` whose specs or states differ in a few
-        layers: the corrections of the layers upstream of every change are reused.
 
     Returns:
       New params with corrected (or added) ``bias`` for every corrected layer.
@@ -233,43 +172,12 @@ def bias_correction(
             wave[node.name] = lv
             lv += 1
         level.update((t, lv) for t in node.outputs)
-    if cache is not None:
-        cache._bind(graph, params, batches)
-        anc = _upstream(graph)
-
-        def upstream(name):  # what the layer's correction depends on (see the cache)
-            out = []
-            for n in sorted(anc[name] | {name}):
-                if n not in quant:
-                    continue
-                st = layer_state(quant, qstate, n)
-                leaves, tree = jax.tree_util.tree_flatten(st)
-                out.append((n, quant[n], [np.asarray(v) for v in leaves], tree))
-            return out
-
-        ups = {n: upstream(n) for n in names}
-        hit = {n for n in names if n in cache._layers and _same(cache._layers[n][0], ups[n])}
-        y_float = ({n: cache._float[n] for n in names} if all(n in cache._float for n in names)
-                   else None)
-    else:
-        hit, y_float = set(), None
-    if y_float is None:
-        y_float = means(jax.jit(float_mean), params)
-        if cache is not None:
-            cache._float.update(y_float)
+    y_float = means(jax.jit(float_mean), params)
     q_fn = jax.jit(quant_mean)
     for k in sorted(set(wave.values())):
         group = [n for n in names if wave[n] == k]
-        todo = [n for n in group if n not in hit]
-        shifts = {n: cache._layers[n][1] for n in group if n in hit} if cache else {}
-        if todo:
-            y_q = means(q_fn, new)
-            shifts.update((n, y_q[n] - y_float[n]) for n in todo)
-        correct(group, shifts)
-        if cache is not None:
-            cache.waves_run += bool(todo)
-            cache.waves_reused += not todo
-            cache._layers.update((n, (ups[n], shifts[n])) for n in todo)
+        y_q = means(q_fn, new)
+        correct(group, {n: y_q[n] - y_float[n] for n in group})
     return new
 
 

@@ -7,9 +7,7 @@
 3. the selected ``post_calibration`` methods, in order;
 4. empirical bias correction (Nagel et al. 2019, arXiv:1906.04721, section 4.2), unless off;
 5. with labels and ``max_drop``: the accuracy-bounded loop
-   (:func:`npujax.quantize.accuracy_control.accuracy_control`), which repeats 2-4 per step
-   (the sequential bias correction only downstream of the layer the step changed:
-   :class:`npujax.quantize.ptq.BiasCorrectionCache`);
+   (:func:`npujax.quantize.accuracy_control.accuracy_control`), which repeats 2-4 per step;
 6. the per-layer report: each layer's output SQNR with the whole model quantized
    (:func:`npujax.quantize.ptq.layer_sqnr`) and its weight-only / activation-only sensitivity
    (:func:`npujax.quantize.sensitivity.sensitivity_split`); the modelled latency on an NPU
@@ -45,12 +43,7 @@ from npujax.ir.passes import unfold_batch
 from npujax.quantize.accuracy_control import AccuracyControl, accuracy_control
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.methods import PTQMethod
-from npujax.quantize.ptq import (
-    BIAS_CORRECTION_MODES,
-    BiasCorrectionCache,
-    bias_correction,
-    deployed_biases,
-)
+from npujax.quantize.ptq import BIAS_CORRECTION_MODES, bias_correction, deployed_biases
 from npujax.quantize.sensitivity import LayerSensitivity, sensitivity_split
 from npujax.quantize.spec import LayerQuant, QuantSpec
 from npujax.report.quantize import layers_csv_text, quantize_markdown
@@ -357,10 +350,6 @@ def quantize_model(
     # post-calibration ones and bias correction move the weights and biases that deploy)
     g_float, p_float = g, p
 
-    # the accuracy loop's steps each change one layer: the sequential bias correction reuses
-    # the corrections upstream of it (the same result; PP-OCR cls, see BiasCorrectionCache)
-    bc_cache = BiasCorrectionCache()
-
     def run(spec: QuantSpec) -> tuple[Graph, Params, QuantSpec, dict[str, Any], list[str]]:
         gg, pp = g, p
         qstate = calibrate(gg, pp, calib, spec, observer=config.observer)
@@ -374,7 +363,7 @@ def quantize_model(
             said += [f"{m.name}: {n}" for n in st.notes]
         if config.bias_correction:
             pp = bias_correction(gg, pp, spec, calib, qstate,
-                                 mode=config.bias_correction_mode, cache=bc_cache)
+                                 mode=config.bias_correction_mode)
         # the biases the file holds (int32 on the accumulator's grid): fake-quant, the
         # accuracy loop and the report then measure the model that is written
         pp = deployed_biases(gg, pp, spec, qstate)

@@ -1,7 +1,6 @@
 """PTQ flow (calibrate -> bias correction -> convert), per-layer rules on module paths (NNX and
 Linen), the per-layer SQNR report."""
 
-import dataclasses
 import inspect
 
 import flax.linen as nn
@@ -20,7 +19,7 @@ from npujax.models.cnn import DigitsCNN
 from npujax.numerics import IntFormat
 from npujax.ops import gemm_nodes
 from npujax.quantize.calibrate import calibrate
-from npujax.quantize.ptq import BiasCorrectionCache, bias_correction, layer_sqnr, ptq
+from npujax.quantize.ptq import bias_correction, layer_sqnr, ptq
 from npujax.quantize.rules import QuantRule, first_last_rules, quant_spec_from_rules
 from npujax.quantize.spec import LayerQuant, quant_spec
 from npujax.report import write_sqnr_report
@@ -71,27 +70,6 @@ def test_model_bias_correction_removes_the_whole_models_mean_shift(digits):
     assert default == QuantizeConfig().bias_correction_mode == "model"
     with pytest.raises(CalibrationError, match="choose one of"):
         ptq(graph, params, batches, q, bias_correction_mode="sequential")
-
-
-def test_bias_correction_cache_reuses_what_is_upstream_of_a_change(digits):
-    # the accuracy loop's steps: fc1 widened to 8 bits, then to float; the sequential
-    # correction with the cache equals the one without, bit for bit, and measures again only
-    # from fc1 on (conv1's and conv2's waves reused)
-    graph, params, batches = digits
-    q4 = quant_spec(graph, 4, 4)
-    cache = BiasCorrectionCache()
-    q8 = {**q4, "fc1": dataclasses.replace(q4["fc1"], weight=IntFormat(8, narrow_range=True),
-                                           act=IntFormat(8, signed=False))}
-    qfloat = {k: v for k, v in q4.items() if k != "fc1"}
-    for i, q in enumerate((q4, q8, qfloat)):
-        qstate = calibrate(graph, params, batches, q)
-        got = bias_correction(graph, params, q, batches, qstate, mode="model", cache=cache)
-        if i:
-            want = bias_correction(graph, params, q, batches, qstate, mode="model")
-            for n in q:
-                np.testing.assert_array_equal(np.asarray(got[n]["bias"]),
-                                              np.asarray(want[n]["bias"]))
-    assert (cache.waves_run, cache.waves_reused) == (4 + 2 + 1, 0 + 2 + 2)
 
 
 def test_ptq_then_integer_execution(digits):
