@@ -80,7 +80,9 @@ def run(args: argparse.Namespace) -> int:
                          bias_correction_mode=args.bias_correction, progress=not args.no_progress)
     rows = layer_sqnr(graph, params, spec, qstate, batches[:4])
     con = console()
-    con.print(sqnr_table(rows, f"per-layer SQNR, {args.observer} (worst first)"))
+    bc = ("no bias correction" if args.no_bias_correction
+          else f"bias correction {args.bias_correction}")
+    con.print(sqnr_table(rows, f"per-layer SQNR, {args.observer}, {bc} (worst first)"))
     if out is not None:
         with staged_dir(out) as stage:
             save_graph(stage / "model_calibrated.npz", graph, params, qstate,

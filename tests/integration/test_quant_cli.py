@@ -25,6 +25,7 @@ def test_calibrate_writes_model_and_sqnr_report(tmp_path):
             "--out", str(tmp_path / "out"), "--no-progress")
     assert r.returncode == 0, r.stderr
     assert "SQNR" in r.stdout and "fc2" in r.stdout
+    assert "entropy, bias correction model" in " ".join(r.stdout.split())  # (rich may wrap)
     for f in ("model_calibrated.npz", "sqnr.md", "sqnr.csv", "sqnr.png"):
         assert (tmp_path / "out" / f).exists()
     meta = load_graph(tmp_path / "out" / "model_calibrated.npz")[3]
