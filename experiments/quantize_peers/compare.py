@@ -324,8 +324,9 @@ def prepare(work: Path, models: list[str], seed: int, cls_examples: int,
                   else [] if name == "digits_dimcal"  # (the loops' model only)
                   else [m for m in methods if m == "smoothquant"]):
             runs[f"npujax minmax --{m}"] = ["--method", "minmax", f"--{m}"]
-        if only is not None:  # --runs: these rows instead of the default set
-            runs = {f"npujax {r}": ["--method", *r.split()] for r in only}
+        if only is not None:  # --runs: these rows instead of the default set ("none": no row,
+            # the data only; e.g. ppocr_rec, whose W8A8 file rec_api.py writes)
+            runs = {f"npujax {r}": ["--method", *r.split()] for r in only if r != "none"}
         for label, args in runs.items():
             out = d / ("npujax_" + re.sub(r"[^a-z0-9]+", "_", label.split(" ", 1)[1]).strip("_"))
             cmd = [sys.executable, "-m", "npujax", "quantize", str(d / "float.onnx"), "--data",
@@ -796,8 +797,9 @@ def main() -> None:
                    "are per run)")
     p.add_argument("--runs", action="append", default=None, metavar="ARGS",
                    help="prepare: only this npujax quantize row, an observer and more flags "
-                   "(repeat for several, e.g. --runs 'minmax --no-bias-correction'); default: "
-                   "each observer, --max-drop 1 and the PTQ method flags")
+                   "(repeat for several, e.g. --runs 'minmax --no-bias-correction'); 'none': no "
+                   "npujax quantize run, the data only; default: each observer, --max-drop 1 "
+                   "and the PTQ method flags")
     p.add_argument("--reuse", action="store_true",
                    help="keep a model's exported float.onnx, calib.npy and eval.npz if present")
     p.add_argument("--keep", action="append", default=[], metavar="LABEL",

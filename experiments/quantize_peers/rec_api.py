@@ -5,13 +5,13 @@ while XLA compiled its weight/activation sensitivity statistics: one program run
 model twice per quantized layer, 51 layers). This script does what that command does before
 the sensitivity report, with the same functions: import, optimize, ``quant_spec(graph, 8,
 8)`` (every GEMM, attention's two-activation MatMuls included), calibration (``--method``,
-default minmax) on ``WORK/ppocr_rec/calib.npy``, the empirical bias correction, and
-``npujax.to_onnx``;
-it writes ``WORK/ppocr_rec/npujax_api_METHOD/model.qdq.onnx`` and adds the run (wall and CPU
-seconds) to ``runs.json``, so ``compare.py peers`` scores it like every other file.
+default minmax) on ``WORK/ppocr_rec/calib.npy``, the empirical bias correction
+(``--bias-correction``, default ``model``, the command's), and ``npujax.to_onnx``;
+it writes ``WORK/ppocr_rec/npujax_api_METHOD_bc_MODE/model.qdq.onnx`` and adds the run (wall
+and CPU seconds) to ``runs.json``, so ``compare.py peers`` scores it like every other file.
 
 Usage: PYTHONPATH=. python3 experiments/quantize_peers/rec_api.py --work /tmp/qpeers
-[--method entropy]
+[--method entropy] [--bias-correction weights]
 """
 from __future__ import annotations
 
@@ -30,10 +30,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--method", default="minmax", help="calibration observer (as npujax "
                     "quantize --method)")
-    ap.add_argument("--bias-correction", default="weights",
+    ap.add_argument("--bias-correction", default="model",
                     help="bias correction mode (npujax.quantize.ptq.BIAS_CORRECTION_MODES); "
-                    "default weights, the mode of the published rec figures: npujax quantize's "
-                    "default became model afterwards, not rerun on rec")
+                    "default model, npujax quantize's and ptq()'s (the first published rec "
+                    "figures used weights)")
     a = ap.parse_args()
     t0, c0 = time.perf_counter(), os.times()
     import npujax as nj
@@ -50,7 +50,7 @@ def main() -> None:
     cal = [xc[i:i + a.batch] for i in range(0, len(xc), a.batch)]
     qstate = calibrate(graph, params, cal, q, observer=a.method, progress=True)
     params = bias_correction(graph, params, q, cal, qstate, mode=a.bias_correction)
-    out = d / f"npujax_api_{a.method}"
+    out = d / f"npujax_api_{a.method}_bc_{a.bias_correction}"
     out.mkdir(exist_ok=True)
     nj.to_onnx(graph, params, q, qstate, path=out / "model.qdq.onnx")
     c1 = os.times()
@@ -58,9 +58,11 @@ def main() -> None:
     wall = time.perf_counter() - t0
     (out / "quantize.json").write_text(json.dumps({"accuracy": None, "float_accuracy": None}))
     runs = json.loads((d / "runs.json").read_text())
-    runs["npujax_runs"][f"npujax {a.method} (Python API, no sensitivity report)"] = {
+    runs["npujax_runs"][f"npujax {a.method} --bias-correction {a.bias_correction} (Python API, "
+                        "no sensitivity report)"] = {
         "dir": out.name, "seconds": wall, "cpu_seconds": cpu, "ok": True,
-        "cmd": "experiments/quantize_peers/rec_api.py"}
+        "cmd": "experiments/quantize_peers/rec_api.py"
+        f" --method {a.method} --bias-correction {a.bias_correction}"}
     (d / "runs.json").write_text(json.dumps(runs, indent=1))
     print(f"{len(q)} layers quantized; wrote {out / 'model.qdq.onnx'} in {wall:.0f} s "
           f"({cpu:.0f} CPU s)")

@@ -23,6 +23,7 @@ CALIBRATE_FILES = ("model_calibrated.npz", "sqnr.md", "sqnr.csv", "sqnr.png")
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     OBSERVERS = names("npujax.calib.registry", "OBSERVERS")
+    BIAS_CORRECTION_MODES = names("npujax.quantize.ptq", "BIAS_CORRECTION_MODES")
 
     ca = sub.add_parser(
         "calibrate", help="PTQ-calibrate a saved model, print per-layer SQNR",
@@ -45,6 +46,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     help="calibration batch size (default 64)")
     ca.add_argument("--seed", type=seed, default=0, help="seed of the data split (default 0)")
     ca.add_argument("--no-bias-correction", action="store_true")
+    ca.add_argument("--bias-correction", choices=BIAS_CORRECTION_MODES, default="model",
+                    help="what bias correction removes (as npujax quantize): each layer's mean "
+                    "output shift in the quantized model, layer after layer (model, the "
+                    "default), the weights' alone (weights), or with the layer's own input "
+                    "quantization (layer)")
     add_progress_arg(ca)
     ca.add_argument("--out", help="write model_calibrated.npz and the SQNR report here")
     ca.set_defaults(fn=run)
@@ -70,14 +76,19 @@ def run(args: argparse.Namespace) -> int:
     bs = args.batch_size
     batches = [data.x_train[i * bs:(i + 1) * bs] for i in range(args.batches)]
     params, qstate = ptq(graph, params, batches, spec, observer=args.observer,
-                         bias_correct=not args.no_bias_correction, progress=not args.no_progress)
+                         bias_correct=not args.no_bias_correction,
+                         bias_correction_mode=args.bias_correction, progress=not args.no_progress)
     rows = layer_sqnr(graph, params, spec, qstate, batches[:4])
     con = console()
-    con.print(sqnr_table(rows, f"per-layer SQNR, {args.observer} (worst first)"))
+    bc = ("no bias correction" if args.no_bias_correction
+          else f"bias correction {args.bias_correction}")
+    con.print(sqnr_table(rows, f"per-layer SQNR, {args.observer}, {bc} (worst first)"))
     if out is not None:
         with staged_dir(out) as stage:
             save_graph(stage / "model_calibrated.npz", graph, params, qstate,
                        meta={**meta, "observer": args.observer,
+                             "bias_correction": ("none" if args.no_bias_correction
+                                                 else args.bias_correction),
                              "weight_bits": ",".join(args.weight_bits or ["8"]),
                              "act_bits": ",".join(args.act_bits or ["8"])})
             write_sqnr_report(stage, rows)

@@ -202,7 +202,9 @@ def run(args: argparse.Namespace) -> int:
                             y_calib=m.y_train)
     name = Path(str(args.model)).name
     title = f"{name}, {label}, {args.method} calibration" + "".join(
-        f", {n}" for n in args.ptq_methods)
+        f", {n}" for n in args.ptq_methods) + (
+        ", no bias correction" if args.no_bias_correction
+        else f", bias correction {args.bias_correction}")
     files = write_quantize_outputs(out, result, title)
     con = console()
     con.print(layers_table(result.layers, f"{title} (worst layer first)"))

@@ -1,7 +1,8 @@
 """Post-training quantization: calibrate, bias correction, per-layer SQNR error report.
 
 The PTQ flow is ``params, qstate = ptq(graph, params, batches, quant)`` (calibration, then
-empirical bias correction), then :func:`npujax.backends.integer.convert` for integer execution.
+empirical bias correction, sequential by default as in ``npujax quantize``), then
+:func:`npujax.backends.integer.convert` for integer execution.
 """
 
 from __future__ import annotations
@@ -68,7 +69,9 @@ def bias_correction(
       qstate: the calibrated states (the weight grid of a learned-step layer; the input grids,
         which ``"layer"`` and ``"model"`` need); layers without one use their quantizer's
         initial state.
-      mode: one of :data:`BIAS_CORRECTION_MODES`.
+      mode: one of :data:`BIAS_CORRECTION_MODES`. Default ``"weights"``, the one mode that
+        needs no ``qstate`` (the paper's, on float activations alone); :func:`ptq` and
+        ``npujax quantize`` pass ``"model"``, their default.
 
     Returns:
       New params with corrected (or added) ``bias`` for every corrected layer.
@@ -247,9 +250,14 @@ def ptq(
     *,
     observer: str | Callable[[], Observer] = "minmax",
     bias_correct: bool = True,
+    bias_correction_mode: str = "model",
     progress: bool = False,
 ) -> tuple[Params, dict[str, Any]]:
     """Calibrate activation ranges, then (optionally) correct biases: the PTQ flow.
+
+    The defaults are ``npujax quantize``'s (:class:`npujax.workflows.quantize.QuantizeConfig`):
+    min-max calibration and the sequential bias correction (``"model"``), chosen on held-out
+    validation data (``docs/results/quantization.md``, "Choosing the default").
 
     Args:
       graph: the BN-folded float model.
@@ -258,6 +266,11 @@ def ptq(
       quant: the quantization spec.
       observer: observer name or factory (see :func:`npujax.quantize.calibrate`).
       bias_correct: apply :func:`bias_correction` after calibration.
+      bias_correction_mode: its ``mode``, one of :data:`BIAS_CORRECTION_MODES`; default
+        ``"model"`` (each layer's mean output shift in the quantized model, layer after layer:
+        one quantized forward pass of ``batches`` per wave of layers); ``"weights"`` is the
+        weight-only correction of Nagel et al. 2019 (one float pass), the default before
+        2026-12-02.
       progress: progress bar during calibration.
 
     Returns:
@@ -265,12 +278,17 @@ def ptq(
       :func:`npujax.backends.integer.convert`.
 
     Raises:
-      CalibrationError: empty data, or NaN/inf reaching a layer (named).
+      CalibrationError: empty data, NaN/inf reaching a layer (named), or an unknown
+        ``bias_correction_mode``.
     """
+    if bias_correct and bias_correction_mode not in BIAS_CORRECTION_MODES:
+        raise CalibrationError(f"bias correction mode {bias_correction_mode!r}: choose one of "
+                               f"{list(BIAS_CORRECTION_MODES)}.")
     batches = list(batches)
     qstate = calibrate(graph, params, batches, quant, observer=observer, progress=progress)
     if bias_correct:
-        params = bias_correction(graph, params, quant, batches, qstate)
+        params = bias_correction(graph, params, quant, batches, qstate,
+                                 mode=bias_correction_mode)
     return params, qstate
 
 

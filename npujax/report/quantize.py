@@ -65,7 +65,12 @@ def quantize_markdown(result: Any, title: str) -> str:
         out.append(f"- accuracy: float {result.float_accuracy:.2f} %, quantized "
                    f"{result.accuracy:.2f} % (drop {result.float_accuracy - result.accuracy:.2f} "
                    f"points) on {result.examples['evaluation']} held-out examples")
-    out.append(f"- calibration: {result.examples['calibration']} examples")
+    cal = result.calibration
+    how = "".join([f", {cal['observer']} observer" if "observer" in cal else "",
+                   "" if "bias_correction" not in cal else
+                   ", no bias correction" if cal["bias_correction"] is None else
+                   f", bias correction {cal['bias_correction']}"])
+    out.append(f"- calibration: {result.examples['calibration']} examples{how}")
     if result.latency_s is not None:
         out.append(f"- modelled latency on {result.npu}: {result.latency_s * 1e6:.3f} µs per "
                    "inference")

@@ -28,7 +28,7 @@ from npujax.frontends.flax import trace_flax
 from npujax.ir.passes import fold_batchnorm, fuse_epilogues, optimize
 from npujax.models.cnn import LeNet, SmallResNet
 from npujax.models.train import train_float
-from npujax.quantize.ptq import layer_sqnr, ptq
+from npujax.quantize.ptq import BIAS_CORRECTION_MODES, layer_sqnr, ptq
 from npujax.quantize.quantizers import QUANTIZERS, get_quantizer, init_states
 from npujax.quantize.rules import first_last_rules, quant_spec_from_rules
 from npujax.quantize.spec import quant_spec
@@ -61,6 +61,10 @@ class QATConfig:
       edge_bits: width of the first and last layers (None, or 0 in a TOML file: quantize them
         like the rest).
       bias_correction: apply bias correction after calibration.
+      bias_correction_mode: its mode (:data:`npujax.quantize.ptq.BIAS_CORRECTION_MODES`),
+        default ``"model"`` as :func:`npujax.quantize.ptq.ptq` and ``npujax quantize``; the
+        tables of ``docs/results/quantization.md`` dated 2026-11-29 used ``"weights"``, then
+        the only one.
       quantizer: QAT quantizer(s), names of :data:`npujax.quantize.QUANTIZERS` (``"ste"``,
         ``"lsq"``, ``"lsq+"``, ...; a TOML string or list);
         each gives one QAT row per scheme (LSQ ones also an integer-only row).
@@ -81,6 +85,7 @@ class QATConfig:
     observers: tuple[str, ...] = ("minmax", "percentile", "mse", "entropy")
     edge_bits: int | None = 8
     bias_correction: bool = True
+    bias_correction_mode: str = "model"
     quantizer: str | tuple[str, ...] = "ste"
     progress: bool = False
 
@@ -103,6 +108,10 @@ class QATConfig:
         if bad or not self.schemes:
             raise ConfigError(f"schemes must be a non-empty subset of {list(SCHEMES)}, got "
                               f"{list(self.schemes)}.")
+        if self.bias_correction_mode not in BIAS_CORRECTION_MODES:
+            raise ConfigError(f"QATConfig.bias_correction_mode must be one of "
+                              f"{list(BIAS_CORRECTION_MODES)}, got "
+                              f"{self.bias_correction_mode!r}.")
         bad = [o for o in (*self.observers, self.qat_observer) if o not in OBSERVERS]
         if bad:
             raise ConfigError(f"unknown observer(s) {bad}; choose from {list(OBSERVERS)}.")
@@ -217,7 +226,8 @@ def run_qat_experiment(config: QATConfig = QATConfig(), console: Any = None,
         ptq_results = {}
         for obs in dict.fromkeys((*config.observers, config.qat_observer)):
             p, qstate = ptq(graph, params, calib, spec, observer=obs,
-                            bias_correct=config.bias_correction)
+                            bias_correct=config.bias_correction,
+                            bias_correction_mode=config.bias_correction_mode)
             ptq_results[obs] = (p, qstate)
             if obs in config.observers:
                 acc = evaluate(graph, p, xte, yte, quant=spec, qstate=qstate)

@@ -74,7 +74,9 @@ def test_accuracy_control_returns_the_known_layer(tiny, tmp_path):
     r = _quantize(tiny, tmp_path / "q", "--weight-bits", "4", "--act-bits", "4",
                   "--max-drop", "1", "--no-ort-check", "--no-bias-correction", "--npu", "none")
     assert r.returncode == 0, r.stderr
-    c = json.loads((tmp_path / "q" / "quantize.json").read_text())["accuracy_control"]
+    s = json.loads((tmp_path / "q" / "quantize.json").read_text())
+    assert s["calibration"]["bias_correction"] is None
+    c = s["accuracy_control"]
     assert [(s["layer"], s["before"], s["after"]) for s in c["steps"]] == [
         ("fc1", [4, 4], [8, 8]), ("fc1", [8, 8], None), ("fc2", [4, 4], [8, 8])]
     assert c["initial_accuracy"] < 80 and c["met"] and c["steps"][-1]["drop"] <= 1.0
@@ -95,6 +97,8 @@ def _bad(tmp_path, name, **arrays):
     ("nan", 2, "NaN or inf"),
     ("empty", 2, "hold no examples"),
     ("labels", 7, "do not match the model's outputs"),
+    ("label count", 7, "'y' must be int labels of shape (20,)"),
+    ("float labels", 7, "'y' must be int labels of shape (20,)"),
 ])
 def test_bad_data_gives_one_line_errors(tiny, tmp_path, case, code, message):
     x, y = _data(20)
@@ -104,6 +108,8 @@ def test_bad_data_gives_one_line_errors(tiny, tmp_path, case, code, message):
         "nan": {"x": np.where(np.arange(4) == 2, np.nan, x)},
         "empty": {"x": np.zeros((0, 4), np.float32)},
         "labels": {"x": x, "y": y + CLASSES},  # labels 3..5 for 3 classes
+        "label count": {"x": x, "y": y[:-1]},  # 19 labels for 20 examples
+        "float labels": {"x": x, "y": y.astype(np.float32)},  # scores, not class indices
     }[case]
     r = run_cli("quantize", tiny / "m.onnx", "--data", _bad(tmp_path, "d.npz", **arrays),
                 "--out", tmp_path / "q", "--no-progress")
@@ -170,6 +176,8 @@ def test_quantize_writes_a_checked_qdq_file_and_runs_ptq_methods_by_stage(tiny, 
                      ("post_calibration", "test-post", True)]
     s = json.loads((tmp_path / "q" / "quantize.json").read_text())
     assert s["methods"] == ["test-pre: fc1->fc2: scaled by 4", "test-post: checked"]
+    # the run says how it was calibrated: the default observer and sequential bias correction
+    assert s["calibration"] == {"observer": "minmax", "bias_correction": "model"}
     assert s["float_accuracy"] == 100.0 and s["accuracy"] >= 99.0  # the float function kept
     assert set(s["onnxruntime"]) == {"ORT_DISABLE_ALL", "ORT_ENABLE_BASIC",
                                      "ORT_ENABLE_EXTENDED", "ORT_ENABLE_ALL"}
@@ -200,4 +208,8 @@ def test_quantize_writes_a_checked_qdq_file_and_runs_ptq_methods_by_stage(tiny, 
     assert got.shape == (50, CLASSES) and np.mean(got.argmax(1) == y) >= 0.98
     csv_head = (tmp_path / "q" / "layers.csv").read_text().splitlines()[0]
     assert csv_head.startswith("name,op,weight_bits,act_bits,sqnr_db,weight_sqnr_db,act_sqnr_db")
-    assert "onnxruntime, all 4 optimization levels" in (tmp_path / "q" / "report.md").read_text()
+    report = (tmp_path / "q" / "report.md").read_text()
+    assert "onnxruntime, all 4 optimization levels" in report
+    assert report.startswith("# m.onnx, rules fc1:w8 fc2:w8a8, minmax calibration, test-post, "
+                             "test-pre, bias correction model\n")
+    assert "examples, minmax observer, bias correction model" in report

@@ -8,7 +8,7 @@ from flax import nnx
 from npujax.frontends.flax import trace_flax
 from npujax.ir.passes import optimize
 from npujax.models.cnn import DigitsCNN
-from npujax.quantize.model_file import save_graph
+from npujax.quantize.model_file import load_graph, save_graph
 from tests.helpers import run_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.flax_model]
@@ -25,8 +25,11 @@ def test_calibrate_writes_model_and_sqnr_report(tmp_path):
             "--out", str(tmp_path / "out"), "--no-progress")
     assert r.returncode == 0, r.stderr
     assert "SQNR" in r.stdout and "fc2" in r.stdout
+    assert "entropy, bias correction model" in " ".join(r.stdout.split())  # (rich may wrap)
     for f in ("model_calibrated.npz", "sqnr.md", "sqnr.csv", "sqnr.png"):
         assert (tmp_path / "out" / f).exists()
+    meta = load_graph(tmp_path / "out" / "model_calibrated.npz")[3]
+    assert meta["observer"] == "entropy" and meta["bias_correction"] == "model"  # the default
 
 
 

@@ -1,6 +1,8 @@
 """PTQ flow (calibrate -> bias correction -> convert), per-layer rules on module paths (NNX and
 Linen), the per-layer SQNR report."""
 
+import inspect
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -61,6 +63,13 @@ def test_model_bias_correction_removes_the_whole_models_mean_shift(digits):
         bias_correction(graph, params, q, batches, qstate, mode="sequential")
     with pytest.raises(CalibrationError, match="pass the calibrated qstate"):
         bias_correction(graph, params, q, batches, mode="model")
+    # the Python API's PTQ and npujax quantize default to the same correction
+    from npujax.workflows.quantize import QuantizeConfig
+
+    default = inspect.signature(ptq).parameters["bias_correction_mode"].default
+    assert default == QuantizeConfig().bias_correction_mode == "model"
+    with pytest.raises(CalibrationError, match="choose one of"):
+        ptq(graph, params, batches, q, bias_correction_mode="sequential")
 
 
 def test_ptq_then_integer_execution(digits):
