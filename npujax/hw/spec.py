@@ -47,6 +47,7 @@ a preset file.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib.resources
 import json
 import math
@@ -849,9 +850,11 @@ def preset_text(preset: str | os.PathLike[str]) -> tuple[str, str]:
         res = importlib.resources.files("npujax.presets").joinpath(f"{preset}.toml")
         raw, origin = res.read_bytes(), f"preset {preset!r}"
     else:
+        near = difflib.get_close_matches(Path(str(preset)).stem, list_presets(), n=1, cutoff=0.6)
+        hint = f" Did you mean {near[0]!r}?" if near else ""
         raise ConfigError(
             f"hardware preset {str(preset)!r} not found: it is neither a file nor an installed "
-            f"preset. Pass a path to a .toml file or one of: {', '.join(list_presets())}."
+            f"preset.{hint} Pass a path to a .toml file or one of: {', '.join(list_presets())}."
         )
     try:
         return raw.decode("utf-8"), origin
