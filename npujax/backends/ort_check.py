@@ -119,10 +119,18 @@ class QDQPairCheck:
         activation ``QuantizeLinear -> DequantizeLinear`` pair of the file, in the file's node
         order (a topological order: the first entry with differing values is the upstream-most).
       examples: the examples fed.
+      first_divergence: with ``reference``: the first pair (file order) whose onnxruntime output
+        differs from the reference end to end (not teacher-forced), as ``(QuantizeLinear node
+        name, sorted values that differ, values compared, largest difference in steps of its
+        grid)``;
+        None when none differs or without ``reference``. A rounding tie that flipped first
+        there shows as a few values one step apart; an export fault upstream of it (a wrong
+        weight layout, bias or operator) as many values, many steps apart.
     """
 
     pairs: tuple[tuple[str, int, int], ...]
     examples: int
+    first_divergence: tuple[str, int, int, float] | None = None
 
     @property
     def mismatches(self) -> int:
@@ -143,6 +151,7 @@ class QDQPairCheck:
 
 def qdq_pair_mismatches(model: bytes, graph: Any, quant: Mapping[str, Any],
                         qstate: Mapping[str, Any], feeds: Mapping[str, np.ndarray], *,
+                        reference: Mapping[str, np.ndarray] | None = None,
                         threads: int = 1) -> QDQPairCheck:
     """Teacher-forced check of every activation ``QuantizeLinear -> DequantizeLinear`` pair of a
     file written by :func:`npujax.to_onnx`: what the pair returns in onnxruntime against
@@ -181,6 +190,13 @@ def qdq_pair_mismatches(model: bytes, graph: Any, quant: Mapping[str, Any],
       qstate: the calibrated state it was exported with.
       feeds: ``{input name: array}``, the examples along axis 0 (a few suffice: PP-OCR rec, one
         48 x 320 line, compares 5.5 M values in about 10 CPU s).
+      reference: optionally ``{QuantizeLinear node name: npujax's fake-quantized tensor}`` of
+        some pairs on the same ``feeds`` (from :func:`npujax.ir.execute.tap`, the inputs as
+        the layers read them), for :attr:`QDQPairCheck.first_divergence`. The file may hold a
+        tensor in another layout than npujax (``to_onnx`` writes Conv in NCHW and moves its
+        Transposes), so the two are compared as sorted values: on a grid, one code flipped by
+        one step changes one sorted value by one step, and a fault changes many (a pure
+        permutation of a tensor's values is not seen at that pair, only downstream).
       threads: onnxruntime's intra-op threads.
 
     Returns:
@@ -270,5 +286,19 @@ def qdq_pair_mismatches(model: bytes, graph: Any, quant: Mapping[str, Any],
         bad = (y != w) & ~(np.isnan(y) & np.isnan(w))
         cuts = np.cumsum([0] + [len(x) for x in xs])
         differ[fmt] = [(int(bad[a:b].sum()), int(b - a)) for a, b in zip(cuts[:-1], cuts[1:])]
+    first = None
+    for name, _, s, _, _, t_dq in pairs if reference is not None else ():
+        if name not in reference:
+            continue
+        r = np.sort(np.asarray(reference[name], np.float32).ravel())
+        o = np.sort(np.asarray(got[t_dq], np.float32).ravel())
+        if r.size != o.size:
+            raise ConfigError(f"the reference of {name!r} has {r.size} values, its pair's "
+                              f"output in onnxruntime {o.size}; pass the tensor as the layer "
+                              "reads it, on the same examples.")
+        d = np.abs(r - o)
+        if np.any(d > 0):
+            first = (name, int(np.sum(d > 0)), int(d.size), float(d.max() / s))
+            break
     return QDQPairCheck(tuple((p[0], *differ[f][i]) for p, (f, i) in zip(pairs, order)),
-                        len(next(iter(feeds.values()))))
+                        len(next(iter(feeds.values()))), first)

@@ -94,7 +94,9 @@ def quantize_markdown(result: Any, title: str) -> str:
                    "% of the examples), by rounding ties compounding through the layers: every "
                    f"Q/DQ pair ({tf['pairs']}, {tf['values']} values on {tf['examples']} "
                    f"examples) equals npujax's fake-quant teacher-forced ({tf['mismatches']} "
-                   "differ), so the file was accepted")
+                   f"differ) and the drift starts at {drift['starts_at']['pair']} with "
+                   f"{drift['starts_at']['values_differing']} of {drift['starts_at']['values']} "
+                   "values one grid step off, so the file was accepted")
     for n in result.notes:
         out.append(f"- {n}")
     c = result.control

@@ -52,7 +52,7 @@ from npujax.report.quantize import layers_csv_text, quantize_markdown
 
 __all__ = ["QuantizeConfig", "QuantizeResult", "quantize_model", "write_quantize_outputs",
            "QUANTIZE_FILES", "ORT_TOLERANCE", "ORT_OUTLIERS", "TEACHER_FORCED_EXAMPLES",
-           "ort_outliers"]
+           "TIE_FLIPS", "ort_outliers"]
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +82,12 @@ ORT_OUTLIERS = 0.01
 #: runs :func:`npujax.backends.ort_check.qdq_pair_mismatches` on this many examples: the file
 #: is accepted, and the drift recorded (``QuantizeResult.ort_drift``), only if every activation
 #: Q/DQ pair equals fake-quant bit for bit teacher-forced (one rec line: 5.5 M values, 0
-#: differ); an export fault differs on most values of its pair.
+#: differ; an export fault in a quantizer differs on most values of its pair) and the drift
+#: starts as a tie (:data:`TIE_FLIPS`; a fault elsewhere moves most values of the next pair).
 TEACHER_FORCED_EXAMPLES = 2
+#: The largest fraction of a pair's values (at least one) that may differ, by one grid step, at
+#: the first pair where the drift shows: rounding ties flip single codes.
+TIE_FLIPS = 1e-3
 
 
 def ort_outliers(y: np.ndarray, want: np.ndarray, bound: float) -> tuple[int, int, float]:
@@ -210,8 +214,10 @@ class QuantizeResult:
       calibration: how the model was calibrated: ``{"observer": name, "bias_correction":
         mode of npujax.quantize.ptq.BIAS_CORRECTION_MODES or None (off)}``.
       ort_drift: None, or, when the end-to-end outputs exceeded the bound at some level but
-        every Q/DQ pair equals fake-quant teacher-forced (:data:`TEACHER_FORCED_EXAMPLES`):
-        ``{"levels": [levels beyond the bound], "largest_difference": float,
+        every Q/DQ pair equals fake-quant teacher-forced (:data:`TEACHER_FORCED_EXAMPLES`) and
+        the drift starts as a rounding tie (:data:`TIE_FLIPS`):
+        ``{"levels": [levels beyond the bound], "starts_at": {"pair": QuantizeLinear node name,
+        "values_differing", "values"}, "largest_difference": float,
         "fraction_beyond_bound": the largest fraction of examples beyond it at one level,
         "teacher_forced": {"examples", "pairs", "values", "mismatches"}}``.
     """
@@ -513,6 +519,7 @@ def _export_and_check(graph: Graph, params: Params, quant: QuantSpec, qstate: di
     # already (deployed_biases); recomputed only if the file holds other ones
     differ = {k: b for k, b in biases.items()
               if not np.array_equal(np.asarray(params[k]["bias"], np.float32), b)}
+    written = params
     if differ:
         written = {k: ({**v, "bias": jnp.asarray(differ[k])} if k in differ else v)
                    for k, v in params.items()}
@@ -539,41 +546,63 @@ def _export_and_check(graph: Graph, params: Params, quant: QuantSpec, qstate: di
             failed.append((level, beyond, diff))
     if not failed:
         return model, ort, bound, None
-    return model, ort, bound, _teacher_forced(model, graph, quant, qstate, x_eval, n, bound,
-                                              failed, config)
+    return model, ort, bound, _teacher_forced(model, graph, written, quant, qstate, x_eval, n,
+                                              bound, failed, config)
 
 
-def _teacher_forced(model: bytes, graph: Graph, quant: QuantSpec, qstate: dict[str, Any],
-                    x_eval: np.ndarray, n: int, bound: float,
+def _teacher_forced(model: bytes, graph: Graph, params: Params, quant: QuantSpec,
+                    qstate: dict[str, Any], x_eval: np.ndarray, n: int, bound: float,
                     failed: list[tuple[str, int, float]], config: QuantizeConfig
                     ) -> dict[str, Any]:
     """When the end-to-end outputs exceed the bound: accept the file if every Q/DQ pair equals
     fake-quant teacher-forced (:func:`npujax.backends.ort_check.qdq_pair_mismatches` on the
-    first :data:`TEACHER_FORCED_EXAMPLES` examples), and return the drift to record; else raise.
+    first :data:`TEACHER_FORCED_EXAMPLES` examples) and the drift starts as rounding ties do
+    (at the first pair whose output differs from fake-quant's, few values, one grid step
+    apart: :data:`TIE_FLIPS`), and return the drift to record; else raise. The second test
+    covers what the pairs do not: a wrong weight, bias or operator upstream of a pair moves
+    most of its values by many steps.
 
     Raises:
-      QuantizationError: a pair differs (names the first), or the file has no pair to check.
+      QuantizationError: a pair differs teacher-forced (names the first), the drift does not
+        start as a rounding tie (names the pair where it starts), or the file has no pair.
     """
     from npujax.backends.ort_check import qdq_pair_mismatches
+    from npujax.ir.execute import tap
 
     level, beyond, diff = max(failed, key=lambda f: (f[1], f[2]))
     k = min(TEACHER_FORCED_EXAMPLES, n)
     with phase(f"quantize: teacher-forced Q/DQ check on {k} examples", config.progress):
-        check = qdq_pair_mismatches(model, graph, quant, qstate, {graph.inputs[0]: x_eval[:k]})
+        _, taps = jax.jit(lambda p, s, xb: execute(graph, p, xb, quant=quant, qstate=s,
+                                                   observe=tap(list(quant))))(
+            params, qstate, jnp.asarray(x_eval[:k]))
+        ref = {f"{name}/{what}_quant": np.asarray(t[i]) for name, t in taps.items()
+               for i, what in ((0, "act"), (2, "operand")) if i < len(t)}
+        check = qdq_pair_mismatches(model, graph, quant, qstate, {graph.inputs[0]: x_eval[:k]},
+                                    reference=ref)
     end_to_end = (f"the exported model's onnxruntime outputs at {level} differ from npujax's "
                   f"fake-quant outputs beyond {bound:.3g} (= {config.ort_tolerance} x the "
                   f"largest float output) on {beyond} of {n} examples (largest {diff:.3g})")
-    if not check.pairs or check.mismatches:
-        why = ("and the file has no activation Q/DQ pair to check teacher-forced" if not
-               check.pairs else
-               f"and teacher-forced its Q/DQ pair {check.first_mismatch!r} differs from "
+    first = check.first_divergence
+    why = None
+    if not check.pairs:
+        why = "and the file has no activation Q/DQ pair to check teacher-forced"
+    elif check.mismatches:
+        why = (f"and teacher-forced its Q/DQ pair {check.first_mismatch!r} differs from "
                f"fake-quant ({check.mismatches} of {check.values} values on {k} examples)")
+    elif first is None:
+        why = ("and no Q/DQ pair's output differs from fake-quant on the first "
+               f"{k} examples, so the difference is not a rounding tie's")
+    elif first[1] > max(1, TIE_FLIPS * first[2]) or first[3] > 1.0 + 1e-3:
+        why = (f"and it starts at Q/DQ pair {first[0]!r} ({first[1]} of {first[2]} values, up "
+               f"to {first[3]:.3g} grid steps apart), not as a rounding tie")
+    if why is not None:
         raise QuantizationError(f"{end_to_end}, {why}; nothing was written. Report this with "
                                 "the model, or pass --ort-tolerance to accept it.")
     log.warning("%s, which rounding ties compound through the layers: every Q/DQ pair (%d, %d "
                 "values on %d examples) equals fake-quant teacher-forced, so the file is "
                 "written (see report.md)", end_to_end, len(check.pairs), check.values, k)
-    return {"levels": [f[0] for f in failed],
+    return {"levels": [f[0] for f in failed], "starts_at": {
+                "pair": first[0], "values_differing": first[1], "values": first[2]},
             "largest_difference": max(f[2] for f in failed),
             "fraction_beyond_bound": max(f[1] for f in failed) / n,
             "teacher_forced": {"examples": k, "pairs": len(check.pairs),
