@@ -79,7 +79,8 @@ ORT_TOLERANCE = 0.02
 ORT_OUTLIERS = 0.01
 #: Beyond that, on a deep model such flips compound (PP-OCR rec W8A8, 51 quantized layers: the
 #: command refused its own, correct file; docs/results/quantization.md), so the check then
-#: runs :func:`npujax.backends.ort_check.qdq_pair_mismatches` on this many examples: the file
+#: runs :func:`npujax.backends.ort_check.qdq_pair_mismatches` on this many examples (those
+#: that drifted most): the file
 #: is accepted, and the drift recorded (``QuantizeResult.ort_drift``), only if every activation
 #: Q/DQ pair equals fake-quant bit for bit teacher-forced (one rec line: 5.5 M values, 0
 #: differ; an export fault in a quantizer differs on most values of its pair) and the drift
@@ -532,6 +533,7 @@ def _export_and_check(graph: Graph, params: Params, quant: QuantSpec, qstate: di
         outs = run_onnxruntime_levels(model, {graph.inputs[0]: x_eval[:n]})
     ort: dict[str, dict[str, float | None]] = {}
     failed = []  # (level, examples beyond the bound, largest difference)
+    off = np.zeros(n)  # per example, the largest difference at a level beyond the bound
     for level, ys in outs.items():
         beyond, allowed, diff = ort_outliers(ys[0].reshape(want.shape), want, bound)
         ort[level] = {"max_abs_diff": diff, "accuracy": None if y_eval is None else
@@ -544,19 +546,25 @@ def _export_and_check(graph: Graph, params: Params, quant: QuantSpec, qstate: di
         ort[level]["examples_beyond_bound"] = beyond
         if beyond > allowed:
             failed.append((level, beyond, diff))
+            off = np.maximum(off, np.abs(np.asarray(ys[0], np.float64).reshape(n, -1)
+                                         - np.asarray(want, np.float64).reshape(n, -1)).max(1))
     if not failed:
         return model, ort, bound, None
-    return model, ort, bound, _teacher_forced(model, graph, written, quant, qstate, x_eval, n,
-                                              bound, failed, config)
+    # the examples that drifted most (a tie may have flipped on none of the first ones)
+    worst = np.sort(np.argsort(-np.nan_to_num(off, nan=np.inf), kind="stable")[
+        :min(TEACHER_FORCED_EXAMPLES, n)])
+    return model, ort, bound, _teacher_forced(model, graph, written, quant, qstate,
+                                              x_eval[:n][worst], n, bound, failed, config)
 
 
 def _teacher_forced(model: bytes, graph: Graph, params: Params, quant: QuantSpec,
-                    qstate: dict[str, Any], x_eval: np.ndarray, n: int, bound: float,
+                    qstate: dict[str, Any], x: np.ndarray, n: int, bound: float,
                     failed: list[tuple[str, int, float]], config: QuantizeConfig
                     ) -> dict[str, Any]:
     """When the end-to-end outputs exceed the bound: accept the file if every Q/DQ pair equals
-    fake-quant teacher-forced (:func:`npujax.backends.ort_check.qdq_pair_mismatches` on the
-    first :data:`TEACHER_FORCED_EXAMPLES` examples) and the drift starts as rounding ties do
+    fake-quant teacher-forced (:func:`npujax.backends.ort_check.qdq_pair_mismatches` on ``x``,
+    the :data:`TEACHER_FORCED_EXAMPLES` examples that drifted most) and the drift starts as
+    rounding ties do
     (at the first pair whose output differs from fake-quant's, few values, one grid step
     apart: :data:`TIE_FLIPS`), and return the drift to record; else raise. The second test
     covers what the pairs do not: a wrong weight, bias or operator upstream of a pair moves
@@ -570,14 +578,14 @@ def _teacher_forced(model: bytes, graph: Graph, params: Params, quant: QuantSpec
     from npujax.ir.execute import tap
 
     level, beyond, diff = max(failed, key=lambda f: (f[1], f[2]))
-    k = min(TEACHER_FORCED_EXAMPLES, n)
+    k = len(x)
     with phase(f"quantize: teacher-forced Q/DQ check on {k} examples", config.progress):
         _, taps = jax.jit(lambda p, s, xb: execute(graph, p, xb, quant=quant, qstate=s,
                                                    observe=tap(list(quant))))(
-            params, qstate, jnp.asarray(x_eval[:k]))
+            params, qstate, jnp.asarray(x))
         ref = {f"{name}/{what}_quant": np.asarray(t[i]) for name, t in taps.items()
                for i, what in ((0, "act"), (2, "operand")) if i < len(t)}
-        check = qdq_pair_mismatches(model, graph, quant, qstate, {graph.inputs[0]: x_eval[:k]},
+        check = qdq_pair_mismatches(model, graph, quant, qstate, {graph.inputs[0]: x},
                                     reference=ref)
     end_to_end = (f"the exported model's onnxruntime outputs at {level} differ from npujax's "
                   f"fake-quant outputs beyond {bound:.3g} (= {config.ort_tolerance} x the "
@@ -590,8 +598,8 @@ def _teacher_forced(model: bytes, graph: Graph, params: Params, quant: QuantSpec
         why = (f"and teacher-forced its Q/DQ pair {check.first_mismatch!r} differs from "
                f"fake-quant ({check.mismatches} of {check.values} values on {k} examples)")
     elif first is None:
-        why = ("and no Q/DQ pair's output differs from fake-quant on the first "
-               f"{k} examples, so the difference is not a rounding tie's")
+        why = ("and no Q/DQ pair's output differs from fake-quant on the "
+               f"{k} examples that drifted most, so the difference is not a rounding tie's")
     elif first[1] > max(1, TIE_FLIPS * first[2]) or first[3] > 1.0 + 1e-3:
         why = (f"and it starts at Q/DQ pair {first[0]!r} ({first[1]} of {first[2]} values, up "
                f"to {first[3]:.3g} grid steps apart), not as a rounding tie")
