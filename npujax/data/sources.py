@@ -87,6 +87,9 @@ def load_inputs(
         x, y = image_folder(source, want)
     else:
         path = Path(source)
+        if path.suffix in (".npy", ".npz") and not path.exists():
+            raise ConfigError(f"--data {source}: no such file (check the path; the generated "
+                              f"sources are {sorted(DATA_SOURCES)}).")
         if path.suffix not in (".npy", ".npz") or not path.is_file():
             raise ConfigError(f"--data must be one of {sorted(DATA_SOURCES)}, an existing .npy/"
                               f".npz file of inputs or a folder of images, got {source!r}.")

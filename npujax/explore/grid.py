@@ -121,7 +121,7 @@ def parse_grid_axis(text: str) -> tuple[str, tuple[Any, ...]]:
     other numbers floats, anything else stays a string.
 
     Raises:
-      ConfigError: no ``=``, an empty name or no values.
+      ConfigError: no ``=``, an empty name, no values, or a range (``8:16``, ``8..16``).
     """
     name, sep, rest = text.partition("=")
     name = name.strip()
@@ -129,6 +129,10 @@ def parse_grid_axis(text: str) -> tuple[str, tuple[Any, ...]]:
     if not sep or not name or not values:
         raise ConfigError(f"bad --grid {text!r}; write section.key=v1,v2,... "
                           "(e.g. array.rows=8,16,32 or dataflow=ws,os,is).")
+    for v in values:
+        if any(c.isdigit() for c in v) and (":" in v or ".." in v):
+            raise ConfigError(f"bad --grid {text!r}: {v!r} looks like a range; list the "
+                              f"values, comma-separated (e.g. {name}=8,16,32).")
 
     def value(v: str) -> Any:
         try:

@@ -128,8 +128,8 @@ def _read_arrays(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
         # .npy header (numpy parses it as a Python literal: SyntaxError, TokenError, ...)
         raise GraphError(
             f"{where!r} is not an npujax graph file, or a damaged one ({type(e).__name__}: {e}); "
-            "pass a "
-            "model.npz written by 'npujax demo' or npujax.save_graph.") from None
+            "pass a model.npz written by 'npujax demo' or npujax.save_graph (commands that "
+            "take a model also read .onnx files, keras:NAME and zoo:NAME).") from None
     return arrays
 
 
@@ -157,7 +157,8 @@ def load_graph(path: str | os.PathLike[str]) -> tuple[Graph, Params, dict[str, A
     except (KeyError, ValueError, UnicodeDecodeError, TypeError):
         raise GraphError(
             f"{where!r} is not an npujax graph file; pass a model.npz written by "
-            "'npujax demo' or npujax.save_graph."
+            "'npujax demo' or npujax.save_graph (commands that take a model also read .onnx "
+            "files, keras:NAME and zoo:NAME)."
         ) from None
     version = doc.get("format_version") if isinstance(doc, dict) else None
     if version not in (1, FORMAT_VERSION):

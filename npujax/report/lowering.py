@@ -43,12 +43,23 @@ def print_lowering(console: Console, lowering: Lowering, title: str) -> None:
                       + (" ..." if len(cpu) > 8 else ""))
 
 
-def summary_line(schedule: Schedule, model: str, npu: str) -> str:
-    """One line a user reads first: latency per inference, throughput, energy, the largest
-    share of the latency breakdown, and how many layers run on the host.
+def summary_line(schedule: Schedule, model: str, npu: str,
+                 core_schedule: Mapping[str, Any] | None = None) -> str:
+    """One line a user reads first: latency per inference (per batch where the batch is larger
+    than 1), throughput in inferences per second, energy, the largest share of the latency
+    breakdown, and how many layers run on the host.
 
-    Example: ``mobilenet.onnx on coral_edgetpu: 2.412 ms per inference (415/s, batch 1),
-    0.31 mJ; largest share: dma 44 %; 0 of 31 layers on the host``.
+    Args:
+      schedule: the lowered schedule.
+      model: the model's name as the user gave it.
+      npu: the preset's name.
+      core_schedule: the multi-core schedule ``--schedule`` chose
+        (:meth:`npujax.plan.CoreSchedule.to_dict`), whose latency and throughput then replace
+        the single schedule's; None for none.
+
+    Example: ``mobilenet.onnx on coral_edgetpu: 2.412 ms per inference (415/s), 0.31 mJ;
+    largest share: dma 44 %; 0 of 31 layers on the host``; at batch 8: ``0.049 ms per batch of
+    8 (161,785 inferences/s), 0.0272 mJ per batch; ...``.
     """
     s = schedule
     parts = s.breakdown_s()
@@ -56,9 +67,15 @@ def summary_line(schedule: Schedule, model: str, npu: str) -> str:
     top = max(parts, key=parts.__getitem__) if total > 0 else None
     share = f"; largest share: {top} {100 * parts[top] / total:.0f} %" if top else ""
     host = sum(r.device != "npu" for r in s.layers)
-    return (f"{model} on {npu}: {s.latency_s * 1e3:,.3f} ms per inference "
-            f"({s.throughput_per_s:,.0f}/s, batch {s.batch}), {s.energy_j * 1e3:,.3g} mJ"
-            f"{share}; {host} of {len(s.layers)} layers on the host")
+    latency, rate, how = s.latency_s, s.throughput_per_s, ""
+    if core_schedule is not None:
+        latency, rate = core_schedule["latency_s"], core_schedule["throughput_per_s"]
+        how = f" ({core_schedule['kind']} on {core_schedule['cores']} cores)"
+    per = "per inference" if s.batch == 1 else f"per batch of {s.batch}"
+    return (f"{model} on {npu}{how}: {latency * 1e3:,.3f} ms {per} "
+            f"({rate:,.0f} inferences/s), {s.energy_j * 1e3:,.3g} mJ"
+            f"{'' if s.batch == 1 else ' per batch'}{share}; {host} of {len(s.layers)} layers "
+            "on the host")
 
 
 def write_lowering(out: str | Path, lowering: Lowering, spec: NpuSpec,
@@ -107,12 +124,16 @@ def print_rewrites(console: Console, schedule: Schedule) -> None:
     if not schedule.rewrites:
         return
     t = Table(title="unsupported layers: rewrite or fallback", title_justify="left")
-    for col in ("layer", "op", "rule", "choice", "fallback µs", "rewrite µs", "why"):
-        t.add_column(col, justify="right" if col.endswith("µs") else "left")
+    for col in ("layer", "op", "rule", "choice", "graph µs, fallback", "graph µs, rewrite",
+                "why"):
+        t.add_column(col, justify="left" if col in ("layer", "op", "rule", "choice", "why")
+                     else "right")
     fmt = (lambda v: "" if v is None else f"{v * 1e6:,.2f}")  # noqa: E731
     for c in schedule.rewrites:
         t.add_row(escape(c.node), c.op, c.rule or "-", c.choice, fmt(c.fallback_s),
                   fmt(c.rewrite_s), escape(c.reason))
+    t.caption = ("graph µs: the whole graph's latency with this layer sent to the host or "
+                 "rewritten, the layers above already decided")
     print_table(console, t)
 
 

@@ -68,7 +68,9 @@ def layer_table(schedule: Schedule, title: str | None = None) -> Table:
     energy = ", ".join(f"{k} {v * 1e6:,.3f}" for k, v in schedule.energy_breakdown_j().items()
                        if v)
     t.caption = (f"latency breakdown (µs): {parts}; throughput {schedule.throughput_per_s:,.0f}/s"
-                 f"\nenergy {_uj(schedule.energy_j)} µJ per inference ({energy}); "
+                 f"\nenergy {_uj(schedule.energy_j)} µJ per "
+                 f"{'inference' if schedule.batch == 1 else f'batch of {schedule.batch}'} "
+                 f"({energy}); "
                  f"EDP {schedule.edp_js:.4g} J·s; area {schedule.area_mm2:,.3f} mm²"
                  "\nacts: where the layer's input and output activations lived (D DRAM, S SRAM, "
                  "DF depth-first stripes, F fused output stage, A attention kernel, H host)")

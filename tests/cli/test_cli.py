@@ -177,6 +177,8 @@ def test_lower_format_csv_and_json_print_only_the_schedule(saved_model, capsys):
     out, err = capsys.readouterr()
     doc = json.loads(out)
     assert err == ""
+    assert main(["-q", "lower", str(saved_model), "--format", "json"]) == 0  # -q: the same
+    assert capsys.readouterr().err == ""
     assert doc["latency_s"] > 0 and len(doc["layers"]) == len(rows)
     assert main(["lower", str(saved_model), str(saved_model), "--format", "csv"]) == 2
 

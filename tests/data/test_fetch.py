@@ -21,7 +21,7 @@ def test_zoo_refuses_a_wrong_sha256(tmp_path, monkeypatch):
     assert not (tmp_path / "ch_ppocr_mobile_v2.0_cls_infer.onnx").exists()
 
 
-def test_zoo_works_offline_after_first_fetch(tmp_path, monkeypatch):
+def test_zoo_works_offline_after_first_fetch(tmp_path, monkeypatch, caplog):
     import shutil
 
     from npujax.models import zoo
@@ -36,5 +36,8 @@ def test_zoo_works_offline_after_first_fetch(tmp_path, monkeypatch):
 
     monkeypatch.setattr(fetch.subprocess, "run", no_network)
     assert zoo.fetch_model("ppocr_cls", tmp_path) == tmp_path / src.name
+    caplog.set_level("INFO", logger="npujax")
     with pytest.raises(zoo.DownloadError, match="network is down"):
         zoo.fetch_model("ppocr_det", tmp_path / "empty")
+    # a download says so before it starts (the first zoo: command was silent for 30 s)
+    assert caplog.records[-1].getMessage().startswith("npujax: downloading ")

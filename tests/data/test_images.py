@@ -65,3 +65,17 @@ def test_text_lines_are_full_height_and_zero_padded_as_paddleocr_feeds_rec():
     assert text_lines(4, seed=5)[1] == strings  # the seed decides
     with pytest.raises(ConfigError, match="width"):
         text_lines(1, seed=0, w=40)
+
+
+def test_a_missing_data_file_is_named_as_missing(tmp_path):
+    """``--data`` with a ``.npy``/``.npz`` path that does not exist says so (the generic "must be
+    one of" read as if the path were the wrong kind of thing)."""
+    import pytest
+
+    from npujax.data.sources import load_inputs
+    from npujax.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"nothere\.npy: no such file"):
+        load_inputs(str(tmp_path / "nothere.npy"), (1, 3, 8, 8), n=4)
+    with pytest.raises(ConfigError, match="must be one of"):  # not a data file at all
+        load_inputs(str(tmp_path / "notes.txt"), (1, 3, 8, 8), n=4)

@@ -42,6 +42,9 @@ def test_parse_grid_axis():
     assert parse_grid_axis("dataflow=ws,os") == ("dataflow", ("ws", "os"))
     with pytest.raises(ConfigError, match="section.key=v1"):
         parse_grid_axis("array.rows")
+    for text in ("array.rows=8:16", "array.rows=8..32"):  # a range: list the values
+        with pytest.raises(ConfigError, match=r"looks like a range.*array\.rows=8,16,32"):
+            parse_grid_axis(text)
 
 
 @pytest.mark.parametrize("axes,message", [

@@ -79,3 +79,23 @@ def test_what_it_does_not_lay_out_goes_to_rich():
     t.add_column("a")
     t.add_row("1")
     assert plain_table(t, 100, console) is None
+
+
+def test_summary_line_says_per_batch_and_the_chosen_core_schedule():
+    """The headline of `npujax lower`: at batch 8 the latency and energy are a batch's, and
+    the throughput counts inferences; a chosen multi-core schedule replaces the figures."""
+    import dataclasses
+
+    from npujax.report.lowering import summary_line
+
+    one = _schedule(["a", "b", "c"])
+    line = summary_line(one, "m.onnx", "npu")
+    assert " ms per inference (" in line and "inferences/s" in line and "per batch" not in line
+    eight = dataclasses.replace(one, batch=8)
+    line = summary_line(eight, "m.onnx", "npu")
+    assert " ms per batch of 8 (" in line and " mJ per batch;" in line
+    rate = f"{eight.throughput_per_s:,.0f} inferences/s"
+    assert rate in line and eight.throughput_per_s == 8 * one.throughput_per_s
+    pipe = {"kind": "pipeline", "cores": 4, "latency_s": 0.0509165, "throughput_per_s": 55.8}
+    line = summary_line(one, "m.onnx", "npu", pipe)
+    assert "(pipeline on 4 cores): 50.917 ms per inference (56 inferences/s)" in line
