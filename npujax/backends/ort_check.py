@@ -223,7 +223,7 @@ def qdq_pair_mismatches(model: bytes, graph: Any, quant: Mapping[str, Any],
         lq, state = quant.get(layer), layer_state(quant, qstate, layer)
         fmt = None if lq is None else lq.act if kind == "act" else (
             lq.weight_candidates[0] if len(lq.weight_candidates) == 1 else None)
-        if fmt is None or state is None:
+        if lq is None or fmt is None or state is None:
             raise ConfigError(f"the file's {qname!r} quantizes layer {layer!r}'s {kind}, which "
                               "the spec and qstate passed do not (or without a calibrated "
                               "grid); pass the ones the file was exported with.")
@@ -288,6 +288,7 @@ def qdq_pair_mismatches(model: bytes, graph: Any, quant: Mapping[str, Any],
         differ[fmt] = [(int(bad[a:b].sum()), int(b - a)) for a, b in zip(cuts[:-1], cuts[1:])]
     first = None
     for name, _, s, _, _, t_dq in pairs if reference is not None else ():
+        assert reference is not None  # (the loop runs only then)
         if name not in reference:
             continue
         r = np.sort(np.asarray(reference[name], np.float32).ravel())

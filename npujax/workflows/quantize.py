@@ -606,6 +606,7 @@ def _teacher_forced(model: bytes, graph: Graph, params: Params, quant: QuantSpec
     if why is not None:
         raise QuantizationError(f"{end_to_end}, {why}; nothing was written. Report this with "
                                 "the model, or pass --ort-tolerance to accept it.")
+    assert first is not None  # (why is set when it is None)
     log.warning("%s, which rounding ties compound through the layers: every Q/DQ pair (%d, %d "
                 "values on %d examples) equals fake-quant teacher-forced, so the file is "
                 "written (see report.md)", end_to_end, len(check.pairs), check.values, k)
