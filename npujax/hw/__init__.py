@@ -12,6 +12,7 @@ from npujax.hw.spec import DATAFLOWS as DATAFLOWS
 from npujax.hw.spec import FALLBACK_SCOPES as FALLBACK_SCOPES
 from npujax.hw.spec import FUSION_LEVELS as FUSION_LEVELS
 from npujax.hw.spec import GROUP_PACKINGS as GROUP_PACKINGS
+from npujax.hw.spec import STATIONARY_BUFFERINGS as STATIONARY_BUFFERINGS
 from npujax.hw.spec import LAYOUTS as LAYOUTS
 from npujax.hw.spec import MAPPINGS as MAPPINGS
 from npujax.hw.spec import PARAMETER_CACHES as PARAMETER_CACHES
@@ -59,6 +60,7 @@ __all__ = [
     "UNSUPPORTED_POLICIES",
     "FUSION_LEVELS",
     "GROUP_PACKINGS",
+    "STATIONARY_BUFFERINGS",
     "PRECISION_SCALINGS",
     "PARAMETER_CACHES",
     "NpuSpec",
