@@ -12,11 +12,11 @@ from npujax.hw.spec import DATAFLOWS as DATAFLOWS
 from npujax.hw.spec import FALLBACK_SCOPES as FALLBACK_SCOPES
 from npujax.hw.spec import FUSION_LEVELS as FUSION_LEVELS
 from npujax.hw.spec import GROUP_PACKINGS as GROUP_PACKINGS
-from npujax.hw.spec import STATIONARY_BUFFERINGS as STATIONARY_BUFFERINGS
 from npujax.hw.spec import LAYOUTS as LAYOUTS
 from npujax.hw.spec import MAPPINGS as MAPPINGS
 from npujax.hw.spec import PARAMETER_CACHES as PARAMETER_CACHES
 from npujax.hw.spec import PRECISION_SCALINGS as PRECISION_SCALINGS
+from npujax.hw.spec import STATIONARY_BUFFERINGS as STATIONARY_BUFFERINGS
 from npujax.hw.spec import UNSUPPORTED_POLICIES as UNSUPPORTED_POLICIES
 from npujax.hw.spec import AreaSpec as AreaSpec
 from npujax.hw.spec import ArraySpec as ArraySpec
