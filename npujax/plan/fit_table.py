@@ -89,16 +89,31 @@ class TableRow(NamedTuple):
 
 
 def _parse_shape(text: str, where: str) -> tuple[int, ...] | None:
-    text = text.strip().lower()
+    """``(H, W, C)`` of a table's input shape: ``224x224x3`` (or with commas), or a batch-1
+    4-D shape as vendors print it, ``[1, 3, 224, 224]`` (NCHW, RKNN's model zoo) or
+    ``1x224x224x3`` (NHWC): the channel axis is the one of at most 4 (image channels) where the
+    other candidate is larger. Other ranks are kept as given."""
+    text = text.strip().lower().strip("[]()").replace(" ", "")
     if not text:
         return None
     try:
         dims = tuple(int(d) for d in text.replace(",", "x").split("x"))
     except ValueError:
         raise ConfigError(f"{where}: input shape {text!r} is not like 224x224x3 (height x "
-                          "width x channels).") from None
+                          "width x channels) or [1, 3, 224, 224].") from None
     if not dims or any(d < 1 for d in dims):
         raise ConfigError(f"{where}: input shape {text!r} needs positive dimensions.")
+    if len(dims) == 4:
+        n, a, b, c = dims
+        if n != 1:
+            raise ConfigError(f"{where}: input shape {text!r} has batch {n}; a benchmark "
+                              "table's row is one inference (batch 1).")
+        if a <= 4 < c:
+            return (b, c, a)  # N C H W
+        if c <= 4 < a:
+            return (a, b, c)  # N H W C
+        raise ConfigError(f"{where}: input shape {text!r} does not say which axis holds the "
+                          "channels; write it as height x width x channels (224x224x3).")
     return dims
 
 
@@ -108,7 +123,8 @@ def read_table(path: str | Path) -> list[TableRow]:
     Columns (others are ignored): ``model`` (label), ``measured_ms`` (or ``measured_s``),
     optionally ``source`` (the model spec npujax builds; without it the label itself is the
     spec; a relative ``.onnx`` or ``.npz`` path is relative to the table's folder),
-    ``input_shape`` or ``input_hwc`` (``224x224x3``), and ``group`` or ``host``.
+    ``input_shape`` or ``input_hwc`` (``224x224x3``, or a batch-1 ``[1, 3, 224, 224]`` /
+    ``1x224x224x3``, read as height x width x channels), and ``group`` or ``host``.
 
     Args:
       path: the CSV file.

@@ -158,3 +158,90 @@ def test_cli_writes_preset_predictions_and_plot(graphs, truth, tmp_path):
     assert predict_model_s(TableModel("x", "", m.layers, m.chains, 1.0), fitted) == \
         pytest.approx(float(next(r for r in pred if r["model"] == "lenet64")["measured_ms"])
                       / 1e3, rel=1e-4)
+
+
+# --- a second device: nothing in the table fit may assume the Coral Edge TPU ---------------
+
+
+def test_read_table_takes_vendor_shapes(tmp_path):
+    """Vendors print batch-1 NCHW (RKNN's model zoo: ``[1, 3, 640, 640]``) or NHWC
+    (``[1, 513, 513, 1]``) shapes: both read as height x width x channels; a shape that does
+    not say where its channels are, or a batch above 1, is refused with the fix."""
+    p = tmp_path / "t.csv"
+    p.write_text('model,input_shape,measured_ms\na,"[1, 3, 640, 640]",1\nb,1x513x513x1,2\n'
+                 "c,224x224x3,3\n")
+    assert [r.input_hwc for r in read_table(p)] == [(640, 640, 3), (513, 513, 1), (224, 224, 3)]
+    for bad, match in (("1x3x3x3", "which axis"), ("2x3x64x64", "batch")):
+        p.write_text(f"model,input_shape,measured_ms\na,{bad},1\n")
+        with pytest.raises(ConfigError, match=match):
+            read_table(p)
+
+
+def _onnx_file(path, *, dynamic, transpose=False):
+    """A one-Conv (and optionally ConvTranspose) NCHW ONNX model, 3 -> 8 channels."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    dims = ["n", 3, "h", "w"] if dynamic else [1, 3, 8, 8]
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "k")]
+    nodes = [helper.make_node("Conv", ["x", "k"], ["y"], pads=[1, 1, 1, 1])]
+    out = "y"
+    if transpose:
+        inits.append(numpy_helper.from_array(
+            rng.standard_normal((8, 4, 2, 2)).astype(np.float32), "kt"))
+        nodes.append(helper.make_node("ConvTranspose", ["y", "kt"], ["z"], strides=[2, 2]))
+        out = "z"
+    g = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                      dims)],
+                          [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    return str(path)
+
+
+def test_zoo_and_onnx_rows_are_built_at_the_rows_shape(tmp_path, monkeypatch):
+    """A ``zoo:`` row is built at the row's input shape, as an ONNX row is (it was built at
+    the zoo's default shape); an ONNX file fixed at another shape is refused, not costed at
+    its own shape."""
+    import npujax.models.zoo as zoo
+    from npujax.plan.fit_table import TableRow
+    from npujax.workflows.fit_table import table_graph
+
+    path = _onnx_file(tmp_path / "dyn.onnx", dynamic=True)
+    monkeypatch.setitem(zoo.MODELS, "tiny", zoo.MODELS["ppocr_det"])
+    monkeypatch.setattr(zoo, "fetch_model", lambda name, *a, **k: path)
+    for src in ("zoo:tiny", path):
+        g = table_graph(TableRow("t", src, (16, 24, 3), 1e-3))
+        assert g.tensors[g.inputs[0]].shape == (1, 3, 16, 24)
+    fixed = _onnx_file(tmp_path / "fixed.onnx", dynamic=False)
+    assert table_graph(TableRow("t", fixed, (8, 8, 3), 1e-3)).inputs
+    with pytest.raises(ConfigError, match="fixed input"):
+        table_graph(TableRow("t", fixed, (16, 16, 3), 1e-3))
+
+
+def test_table_models_have_no_boundary_conversions_on_any_channel_minor_device(graphs,
+                                                                             tmp_path):
+    """A benchmark times the deployed model, whose input arrives in the device's layout. On an
+    NC1HWC0 device (RKNN's NC1HWC2) the table's model keeps the device's channel padding but
+    not the input/output conversions that ``lower`` charges an NHWC model; an NCHW model that
+    channels_last cannot rewrite (a ConvTranspose) is built in its own layout, not refused."""
+    from npujax.plan.fit_table import TableRow
+    from npujax.workflows.fit_table import table_network
+
+    spec = fields.replace(load_npu_spec("edge_16x16"), {
+        "layout.activation_layout": "NC1HWC0", "layout.c0": 32, "layout.channel_alignment": 1})
+    g, p = graphs["lenet"]
+    save_graph(tmp_path / "lenet.npz", g, p)
+    plain = network(g, spec).layers
+    table = table_network(TableRow("lenet", str(tmp_path / "lenet.npz"), None, 1e-3),
+                          spec).layers
+    assert any(w.kind == "layout" for w in plain)
+    assert not any(w.kind == "layout" for w in table)
+    # the same layers at the device's padding (32 channels), less the conversions
+    assert sorted((w.op, w.in_elems, w.out_elems) for w in plain if w.kind != "layout") == \
+        sorted((w.op, w.in_elems, w.out_elems) for w in table)
+    path = _onnx_file(tmp_path / "up.onnx", dynamic=True, transpose=True)
+    layers = table_network(TableRow("up", path, (8, 8, 3), 1e-3), spec).layers
+    assert [w.op for w in layers if w.kind == "gemm"] == ["Conv", "ConvTranspose"]
+    assert not any(w.kind == "layout" for w in layers)
