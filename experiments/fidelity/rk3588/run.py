@@ -1,0 +1,109 @@
+"""Predict the Rockchip RK3588 NPU's published times (docs/results/fidelity.md, RK3588).
+
+The table (``table.csv`` here) is rknn_model_zoo's "Model performance benchmark (FPS)" for
+"RK3588 @single_core" (github.com/airockchip/rknn_model_zoo, README.md, v2.3.2, 2025-04-09):
+the INT8 rows, as ms = 1000 / FPS (model inference only, no pre- or post-processing, at the
+maximum NPU frequency). A ``source`` names what npujax builds (``keras:NAME`` with random
+weights; ``zoo:NAME`` the PaddleOCR ONNX file of npujax's zoo; ``onnx/resnet50_v2.onnx``,
+built by ``build_onnx.py`` without torch, first if the file is missing) or is empty where
+npujax has no constructor of the architecture (the YOLO, DeepLab and RetinaFace rows:
+skipped, never approximated). The FP16 rows are left out (one width per fit; see the results page).
+
+It is what ``npujax fit --table`` does (the same :func:`table_network` per row, the same
+:func:`fit_table`), with the rows built once and two comparisons beside the fit: the preset
+before the fit, and the preset with every layer split over all three cores
+(``array.cores_per_inference = 0``, npujax's behaviour before that field).
+
+Run from the repository root (needs the ``keras`` extra; about 5 minutes on 2 shared cores)::
+
+    python experiments/fidelity/rk3588/run.py [--out experiments/fidelity/rk3588/out]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+HERE = Path(__file__).resolve().parent
+TABLE = HERE / "table.csv"
+PRESET = "rk3588_npu"
+#: the fitted field: the DRAM rate the NPU sustains (not published; the preset assumes half
+#: the LPDDR4x peak). Three buildable rows allow one field with leave-one-out (each fit needs
+#: more models than fields).
+FIELDS = ("memory.dram_bytes_per_s",)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(HERE / "out"), help="output folder")
+    ap.add_argument("--fields", default=",".join(FIELDS), help="comma-separated fields to fit")
+    args = ap.parse_args()
+    from rich.console import Console
+
+    from npujax._atomic import staged_dir
+    from npujax.cli import compile_cache
+    from npujax.hw import fields, load_npu_spec
+    from npujax.plan.fit import fit_metrics
+    from npujax.plan.fit_table import TableModel, fit_table, predict_model_s, read_table
+    from npujax.workflows.fit_table import (
+        TableFitRun,
+        model_bound,
+        print_table_fit,
+        table_network,
+        write_table_fit,
+    )
+
+    compile_cache()
+    con = Console(width=120)
+    t0 = time.time()
+
+    def say(line: str) -> None:
+        print(f"[{time.time() - t0:6.0f} s] {line}", file=sys.stderr, flush=True)
+
+    spec = load_npu_spec(PRESET)
+    rows = read_table(TABLE)
+    sys.path.insert(0, str(HERE))
+    from build_onnx import OUT, resnet50_v2
+
+    if not OUT.exists():
+        say(f"building {OUT.name} (build_onnx.py)")
+        resnet50_v2(OUT)
+    used, models, skipped = [], [], []
+    for r in rows:
+        if not r.source:
+            skipped.append((r, "no constructor of the architecture in npujax (keras, zoo)"))
+            continue
+        say(f"building {r.model} ({r.source}, {r.input_hwc})")
+        net = table_network(r, spec)
+        macs = sum(w.macs for w in net.layers)
+        say(f"  {len(net.layers)} layers, {macs / 1e9:.3f} GMACs")
+        used.append(r)
+        models.append(TableModel(r.model, r.group, net.layers, net.chains, r.measured_s))
+    res = fit_table(models, spec, [f for f in args.fields.split(",") if f], progress=say)
+    run = TableFitRun(str(TABLE), None, tuple(used), tuple(skipped), spec, res,
+                      tuple(model_bound(m, res.spec) for m in models), PRESET)
+    con.rule(f"RK3588 @single_core ({PRESET}), fitted, leave-one-out")
+    print_table_fit(con, run)
+    # before array.cores_per_inference: every layer split over the three cores
+    every = fields.replace(spec, {"array.cores_per_inference": 0}, name="rk3588_all_cores")
+    meas = [m.measured_s for m in models]
+    pred = [predict_model_s(m, every) for m in models]
+    con.rule("the preset with every layer split over all 3 cores (no fit)")
+    for m, p in zip(models, pred):
+        con.print(f"{m.name:32s} measured {m.measured_s * 1e3:7.2f} ms  predicted "
+                  f"{p * 1e3:7.2f} ms  {(p / m.measured_s - 1) * 100:+6.1f} %")
+    mm = fit_metrics(meas, pred)
+    con.print(f"MAPE {mm['mape']:.1f} %, Spearman {mm['spearman']:.3f}")
+    with staged_dir(Path(args.out)) as stage:
+        write_table_fit(stage, run)
+    say(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
