@@ -251,12 +251,13 @@ def inference_cores(spec: NpuSpec) -> NpuSpec:
     (every core). The composer applies it before every pass, so each consumer of the cost
     program sees one answer; a traced or batched field stays traced."""
     a = spec.array
-    n = a.cores_per_inference
-    if isinstance(n, int) and isinstance(a.cores, int):
-        if n == 0 or n >= a.cores:
+    n: Any = a.cores_per_inference  # an int in a preset; traced or float in a sweep or a fit
+    cores: Any = a.cores
+    if isinstance(n, int) and isinstance(cores, int):
+        if n == 0 or n >= cores:
             return spec
         return dataclasses.replace(spec, array=dataclasses.replace(a, cores=n))
-    cores = jnp.where(jnp.asarray(n) > 0, jnp.minimum(a.cores, n), a.cores)
+    cores = jnp.where(jnp.asarray(n) > 0, jnp.minimum(cores, n), cores)
     return replace_traced(spec, {"array.cores": cores})
 
 

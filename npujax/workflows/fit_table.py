@@ -251,7 +251,8 @@ def fit_benchmark_table(
             skipped.append((r, str(e)))
             continue
         used.append(r)
-        models.append(TableModel(r.model, r.group, net.layers, net.chains, r.measured_s))
+        models.append(TableModel(r.model, r.group, net.layers, net.chains, r.measured_s,
+                                 r.bits))
     result = fit_table(models, spec, fields, bits=bits, cross_validate=cross_validate,
                        name=name, progress=progress)
     bounds = tuple(model_bound(m, result.spec, bits) for m in models)
@@ -263,12 +264,13 @@ def model_bound(model: TableModel, spec: NpuSpec, bits: int = 8) -> str:
     """What bounds a model on ``spec``: the part holding most of its modelled time
     (``compute``: array, vector unit and conversions; ``memory``: DMA and stalls;
     ``fallback``: the host CPU; ``transfer``: the host link) and its share, e.g.
-    ``"memory 86%"`` (the one cost program, exact mode, every layer at ``bits``)."""
+    ``"memory 86%"`` (the one cost program, exact mode, every layer at the model's width,
+    else ``bits``)."""
     import numpy as np
 
     from npujax.plan.fit import exact_layer_costs
 
-    c = exact_layer_costs(model.layers, spec, bits, chains=model.chains)
+    c = exact_layer_costs(model.layers, spec, model.bits or bits, chains=model.chains)
     total_of = lambda *vs: float(sum(np.sum(np.asarray(v, np.float64)) for v in vs))  # noqa: E731
     parts = {"compute": total_of(c.compute_cycles, c.convert_cycles),
              "memory": total_of(c.dma_cycles, c.stall_cycles),

@@ -245,3 +245,28 @@ def test_table_models_have_no_boundary_conversions_on_any_channel_minor_device(g
     layers = table_network(TableRow("up", path, (8, 8, 3), 1e-3), spec).layers
     assert [w.op for w in layers if w.kind == "gemm"] == ["Conv", "ConvTranspose"]
     assert not any(w.kind == "layout" for w in layers)
+
+
+def test_rows_may_give_fps_and_their_own_width(tmp_path):
+    """Vendors publish frames per second and mix widths in one table (RKNN's model zoo: INT8
+    and FP16 rows): ``fps`` reads as ``1 / fps`` s, ``dtype``/``bits`` as the row's width,
+    which the row's model is then costed at (empty: the fit's width)."""
+    import numpy as np
+
+    from npujax.plan.workload import Workload
+
+    p = tmp_path / "t.csv"
+    p.write_text("model,fps,dtype\na,500,INT8\nb,250,fp16\nc,100,\n")
+    rows = read_table(p)
+    assert [r.measured_s for r in rows] == pytest.approx([2e-3, 4e-3, 1e-2])
+    assert [r.bits for r in rows] == [8, 16, None]
+    p.write_text("model,fps,dtype\na,500,int7\n")
+    with pytest.raises(ConfigError, match="dtype 'int7'"):
+        read_table(p)
+    spec = load_npu_spec("edge_16x16")  # 8-bit operands: a 16-bit layer takes 4 passes
+    fc = Workload("fc", "Gemm", "gemm", M=64, K=256, N=256, macs=64 * 256 * 256,
+                  weight_elems=256 * 256, in_elems=64 * 256, out_elems=64 * 256)
+    m8 = TableModel("fc", "", (fc,), (), 1.0)
+    t8, t16 = predict_model_s(m8, spec), predict_model_s(m8._replace(bits=16), spec)
+    assert t16 > 2 * t8 and predict_model_s(m8, spec, bits=16) == t16
+    assert np.isfinite(t16)
