@@ -331,6 +331,11 @@ def print_table_fit(console: Console, run: TableFitRun) -> None:
     console.print(t)
     worst, ratio = r.worst
     console.print(f"worst model: {worst} (predicted/measured = {ratio:.2f})")
+    a = run.start.array
+    if a.cores > 1 and a.cores_per_inference == 0:
+        console.print(f"note: {run.start.name} splits every layer over its {a.cores} cores; a "
+                      "table measured on fewer (RKNN's default core mask runs a model on one) "
+                      "needs array.cores_per_inference in the preset.")
     for row, why in run.skipped:
         console.print(f"skipped {row.model}: {why}")
 
