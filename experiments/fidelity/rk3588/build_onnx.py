@@ -106,9 +106,161 @@ def resnet50_v2(path: Path, hw: int = 224) -> Path:
     return path
 
 
+
+
+
+
+#: YOLOv5 v6.x model scales (ultralytics/yolov5 ``models/yolov5{n,s,m}.yaml``): depth and width
+#: multiples.
+YOLOV5_SCALES = {"n": (0.33, 0.25), "s": (0.33, 0.50), "m": (0.67, 0.75)}
+
+
+def yolov5(path: Path, scale: str, act: str = "silu", hw: int = 640) -> Path:
+    """Write YOLOv5 v6.x (``yolov5{scale}.yaml``) as an ONNX file, opset 13, input ``images``
+    ``[1, 3, hw, hw]``, random weights, BatchNorm folded into the convolutions' biases (as an
+    export is), ``act`` ``silu`` (``x * sigmoid(x)``, as torch exports it) or ``relu`` (Rockchip's
+    ``yolov5s_relu``); the outputs are the three detection convolutions (255 channels at
+    strides 8, 16, 32), the box decoding being post-processing (Rockchip's export,
+    github.com/airockchip/yolov5). Returns ``path``.
+
+    The layers (the yaml's backbone and head): Conv 6x6/2, Conv 3x3/2, C3 x3, Conv 3x3/2,
+    C3 x6, Conv 3x3/2, C3 x9, Conv 3x3/2, C3 x3, SPPF (5x5 max pools), then the PANet head
+    (1x1 Conv, nearest 2x upsampling, Concat, C3 without shortcuts; twice up, twice down with
+    3x3/2 Convs) and three 1x1 detection convolutions; repeats ``max(round(n x depth), 1)``,
+    channels ``ceil(c x width / 8) x 8``. C3: two 1x1 Convs of half the channels, one through
+    ``n`` bottlenecks (1x1 then 3x3, residual Add in the backbone), concatenated, a 1x1 Conv.
+    """
+    import math
+
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    depth, width = YOLOV5_SCALES[scale]
+    rng = np.random.default_rng(0)
+    nodes, inits = [], []
+    count = {"n": 0}
+
+    def name(kind: str) -> str:
+        count["n"] += 1
+        return f"{kind}{count['n']}"
+
+    def ch(c: int) -> int:
+        return int(math.ceil(c * width / 8) * 8)
+
+    def reps(n: int) -> int:
+        return max(round(n * depth), 1)
+
+    def const(arr: np.ndarray) -> str:
+        n = name("w")
+        inits.append(numpy_helper.from_array(arr.astype(np.float32), n))
+        return n
+
+    def conv(x: str, cin: int, cout: int, k: int, s: int = 1, p: int | None = None,
+             activate: bool = True) -> str:
+        p = k // 2 if p is None else p
+        w = const(rng.standard_normal((cout, cin, k, k)) * np.sqrt(2.0 / (cin * k * k)))
+        b = const(rng.uniform(-0.1, 0.1, cout))
+        y = name("conv")
+        nodes.append(helper.make_node("Conv", [x, w, b], [y], kernel_shape=[k, k],
+                                      strides=[s, s], pads=[p] * 4))
+        if not activate:
+            return y
+        z = name("act")
+        if act == "relu":
+            nodes.append(helper.make_node("Relu", [y], [z]))
+            return z
+        sg = name("sig")
+        nodes.append(helper.make_node("Sigmoid", [y], [sg]))
+        nodes.append(helper.make_node("Mul", [y, sg], [z]))
+        return z
+
+    def cat(xs: list[str]) -> str:
+        y = name("cat")
+        nodes.append(helper.make_node("Concat", xs, [y], axis=1))
+        return y
+
+    def c3(x: str, cin: int, cout: int, n: int, shortcut: bool = True) -> str:
+        c_ = cout // 2
+        a = conv(x, cin, c_, 1)
+        for _ in range(n):
+            h = conv(conv(a, c_, c_, 1), c_, c_, 3)
+            if shortcut:
+                y = name("add")
+                nodes.append(helper.make_node("Add", [a, h], [y]))
+                h = y
+            a = h
+        return conv(cat([a, conv(x, cin, c_, 1)]), 2 * c_, cout, 1)
+
+    def sppf(x: str, cin: int, cout: int) -> str:
+        c_ = cin // 2
+        ys = [conv(x, cin, c_, 1)]
+        for _ in range(3):
+            y = name("pool")
+            nodes.append(helper.make_node("MaxPool", [ys[-1]], [y], kernel_shape=[5, 5],
+                                          strides=[1, 1], pads=[2, 2, 2, 2]))
+            ys.append(y)
+        return conv(cat(ys), 4 * c_, cout, 1)
+
+    def up(x: str) -> str:
+        y = name("up")
+        scales = const(np.asarray([1.0, 1.0, 2.0, 2.0]))
+        nodes.append(helper.make_node("Resize", [x, "", scales], [y], mode="nearest",
+                                      coordinate_transformation_mode="asymmetric",
+                                      nearest_mode="floor"))
+        return y
+
+    c64, c128, c256, c512, c1024 = (ch(c) for c in (64, 128, 256, 512, 1024))
+    x = conv("images", 3, c64, 6, 2, 2)
+    x = conv(x, c64, c128, 3, 2)
+    x = c3(x, c128, c128, reps(3))
+    x = conv(x, c128, c256, 3, 2)
+    p3 = c3(x, c256, c256, reps(6))
+    x = conv(p3, c256, c512, 3, 2)
+    p4 = c3(x, c512, c512, reps(9))
+    x = conv(p4, c512, c1024, 3, 2)
+    x = c3(x, c1024, c1024, reps(3))
+    x = sppf(x, c1024, c1024)
+    h10 = conv(x, c1024, c512, 1)
+    x = c3(cat([up(h10), p4]), 2 * c512, c512, reps(3), shortcut=False)
+    h14 = conv(x, c512, c256, 1)
+    small = c3(cat([up(h14), p3]), 2 * c256, c256, reps(3), shortcut=False)
+    x = conv(small, c256, c256, 3, 2)
+    medium = c3(cat([x, h14]), 2 * c256, c512, reps(3), shortcut=False)
+    x = conv(medium, c512, c512, 3, 2)
+    large = c3(cat([x, h10]), 2 * c512, c1024, reps(3), shortcut=False)
+    outs = [conv(t, c, 255, 1, activate=False)
+            for t, c in ((small, c256), (medium, c512), (large, c1024))]
+    graph = helper.make_graph(
+        nodes, f"yolov5{scale}", [helper.make_tensor_value_info("images", TensorProto.FLOAT,
+                                                                [1, 3, hw, hw])],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, [1, 255, hw // st, hw // st])
+         for o, st in zip(outs, (8, 16, 32))], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    onnx.checker.check_model(model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+    return path
+
+
+#: the YOLOv5 files of ``table.csv``: ``{file name: (scale, activation)}``
+YOLOV5_FILES = {"yolov5n.onnx": ("n", "silu"), "yolov5s.onnx": ("s", "silu"),
+                "yolov5m.onnx": ("m", "silu"), "yolov5s_relu.onnx": ("s", "relu")}
+
+
+def build_all() -> list[Path]:
+    """Every file of ``table.csv`` that is missing, in ``onnx/``; returns those written."""
+    done = []
+    if not OUT.exists():
+        done.append(resnet50_v2(OUT))
+    for fname, (scale, act) in YOLOV5_FILES.items():
+        if not (OUT.parent / fname).exists():
+            done.append(yolov5(OUT.parent / fname, scale, act))
+    return done
+
+
 def main() -> int:
-    p = resnet50_v2(OUT)
-    print(f"wrote {p} ({p.stat().st_size / 1e6:.1f} MB)")
+    for p in build_all():
+        print(f"wrote {p} ({p.stat().st_size / 1e6:.1f} MB)")
     return 0
 
 

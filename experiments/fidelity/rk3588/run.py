@@ -4,12 +4,12 @@ The table (``table.csv`` here) is rknn_model_zoo's "Model performance benchmark 
 "RK3588 @single_core" (github.com/airockchip/rknn_model_zoo, README.md, v2.3.2, 2025-04-09):
 the INT8 rows, as ms = 1000 / FPS (model inference only, no pre- or post-processing, at the
 maximum NPU frequency). A ``source`` names what npujax builds (``keras:NAME`` with random
-weights; ``zoo:NAME`` the PaddleOCR ONNX file of npujax's zoo; ``onnx/resnet50_v2.onnx``,
-built by ``build_onnx.py`` without torch, first if the file is missing) or is empty where
-npujax has no constructor of the architecture (the YOLO, DeepLab and RetinaFace rows:
-skipped, never approximated). The one FP16 row npujax builds (PP-OCRv4 rec) is predicted,
-not fitted: the RK3588's FP16 MAC rate is not published (the preset's 8-bit array takes 4
-passes).
+weights; ``zoo:NAME`` the PaddleOCR ONNX file of npujax's zoo; ``onnx/NAME.onnx``, the
+ResNet-50 v2 and YOLOv5 n/s/m/s-ReLU files built by ``build_onnx.py`` without torch, first if
+missing) or is empty where npujax has no constructor of the architecture (YOLO v6-v8/X,
+DeepLab and RetinaFace rows: skipped, never approximated). The one FP16 row npujax builds
+(PP-OCRv4 rec) is predicted, not fitted: the RK3588's FP16 MAC rate is not published (the
+preset's 8-bit array takes 4 passes).
 
 It is what ``npujax fit --table`` does (the same :func:`table_network` per row, the same
 :func:`fit_table`), with the rows built once, one leave-one-out fit per candidate field
@@ -18,7 +18,7 @@ split over all three cores, ``array.cores_per_inference = 0``; and that with the
 before: an NC1HWC0 device's input and output conversions charged, a zoo row's shape not
 passed to its dynamic-input file, which failed to import).
 
-Run from the repository root (needs the ``keras`` extra; about 5 minutes on 2 shared cores)::
+Run from the repository root (needs the ``keras`` extra; a few minutes on 2 shared cores)::
 
     python experiments/fidelity/rk3588/run.py [--out experiments/fidelity/rk3588/out]
 """
@@ -38,9 +38,10 @@ TABLE = HERE / "table.csv"
 PRESET = "rk3588_npu"
 #: the candidate fields, one fit each: the unpublished numbers the preset assumes, of the kinds
 #: the Coral run fitted (the DRAM rate the NPU sustains, the vector width, the fixed cost per
-#: inference). Three INT8 rows allow one field per fit with leave-one-out (each fit needs more
-#: models than fields).
-FIELD_SETS = ("memory.dram_bytes_per_s", "vector.lanes", "host.invocation_overhead_s")
+#: inference), one at a time and together (each leave-one-out fit needs more models than
+#: fields: seven INT8 rows allow up to five).
+FIELD_SETS = ("memory.dram_bytes_per_s", "vector.lanes", "host.invocation_overhead_s",
+              "memory.dram_bytes_per_s,vector.lanes,host.invocation_overhead_s")
 
 
 def main() -> int:
@@ -77,11 +78,10 @@ def main() -> int:
     spec = load_npu_spec(PRESET)
     rows = read_table(TABLE)
     sys.path.insert(0, str(HERE))
-    from build_onnx import OUT, resnet50_v2
+    from build_onnx import build_all
 
-    if not OUT.exists():
-        say(f"building {OUT.name} (build_onnx.py)")
-        resnet50_v2(OUT)
+    for path in build_all():
+        say(f"built {path.name} (build_onnx.py)")
     used, models, skipped, wide = [], [], [], []
     for r in rows:
         if not r.source:
