@@ -13,8 +13,11 @@ plus the shortcut; convolutions have no bias (Gluon's ``use_bias=False``). 25.5 
 design with the stride in the *last* block of each stage (3.5 G MACs), which is why it is not
 used for this row.
 
+The YOLOv5 n, s, m and s-ReLU rows: :func:`yolov5` (its docstring has the layers).
+
 Weights are random (``numpy.random.default_rng(0)``): only the architecture matters for time.
-The file is written next to this script in ``onnx/`` (not in git, about 100 MB)::
+The files are written next to this script in ``onnx/`` (not in git, 250 MB in all), those
+missing only::
 
     python experiments/fidelity/rk3588/build_onnx.py
 """
@@ -30,84 +33,91 @@ HERE = Path(__file__).resolve().parent
 OUT = HERE / "onnx" / "resnet50_v2.onnx"
 
 
+class _Builder:
+    """An ONNX graph under construction: nodes, initializers (random, ``default_rng(0)``) and
+    fresh tensor names."""
+
+    def __init__(self) -> None:
+        self.rng = np.random.default_rng(0)
+        self.nodes: list = []
+        self.inits: list = []
+        self.count = 0
+
+    def name(self, kind: str) -> str:
+        self.count += 1
+        return f"{kind}{self.count}"
+
+    def const(self, arr: np.ndarray) -> str:
+        from onnx import numpy_helper
+
+        n = self.name("w")
+        self.inits.append(numpy_helper.from_array(arr.astype(np.float32), n))
+        return n
+
+    def node(self, op: str, inputs: list[str], **attrs) -> str:
+        from onnx import helper
+
+        y = self.name(op.lower())
+        self.nodes.append(helper.make_node(op, inputs, [y], **attrs))
+        return y
+
+    def conv(self, x: str, cin: int, cout: int, k: int, stride: int = 1, pad: int | None = None,
+             bias: bool = False) -> str:
+        """A ``k x k`` convolution, He-initialised weights, ``k // 2`` padding by default."""
+        w = self.const(self.rng.standard_normal((cout, cin, k, k)) * np.sqrt(2.0 / (cin * k * k)))
+        ins = [x, w] + ([self.const(self.rng.uniform(-0.1, 0.1, cout))] if bias else [])
+        return self.node("Conv", ins, kernel_shape=[k, k], strides=[stride, stride],
+                         pads=[k // 2 if pad is None else pad] * 4)
+
+    def save(self, path: Path, graph_name: str, inp: str, hw: int,
+             outs: list[tuple[str, list[int]]]) -> Path:
+        """Check the model (opset 13, input ``inp`` ``[1, 3, hw, hw]``) and write it."""
+        import onnx
+        from onnx import TensorProto, helper
+
+        graph = helper.make_graph(
+            self.nodes, graph_name,
+            [helper.make_tensor_value_info(inp, TensorProto.FLOAT, [1, 3, hw, hw])],
+            [helper.make_tensor_value_info(o, TensorProto.FLOAT, shape) for o, shape in outs],
+            self.inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+        onnx.checker.check_model(model)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        onnx.save(model, str(path))
+        return path
+
+
 def resnet50_v2(path: Path, hw: int = 224) -> Path:
     """Write Gluon's ``resnet50_v2`` (the docstring's layers) as an ONNX file, opset 13,
     input ``data`` ``[1, 3, hw, hw]`` float32, random weights; returns ``path``."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(0)
-    nodes, inits = [], []
-    count = {"n": 0}
-
-    def name(kind: str) -> str:
-        count["n"] += 1
-        return f"{kind}{count['n']}"
-
-    def const(arr: np.ndarray) -> str:
-        n = name("w")
-        inits.append(numpy_helper.from_array(arr.astype(np.float32), n))
-        return n
-
-    def conv(x: str, cin: int, cout: int, k: int, stride: int = 1) -> str:
-        w = const(rng.standard_normal((cout, cin, k, k)) * np.sqrt(2.0 / (cin * k * k)))
-        y = name("conv")
-        nodes.append(helper.make_node("Conv", [x, w], [y], kernel_shape=[k, k],
-                                      strides=[stride, stride], pads=[k // 2] * 4))
-        return y
+    g = _Builder()
 
     def bn(x: str, c: int, affine: bool = True) -> str:
-        g = const(rng.uniform(0.5, 1.5, c) if affine else np.ones(c))
-        b = const(rng.uniform(-0.1, 0.1, c) if affine else np.zeros(c))
-        m, v = const(np.zeros(c)), const(np.ones(c))
-        y = name("bn")
-        nodes.append(helper.make_node("BatchNormalization", [x, g, b, m, v], [y],
-                                      epsilon=1e-5))
-        return y
+        scale = g.const(g.rng.uniform(0.5, 1.5, c) if affine else np.ones(c))
+        shift = g.const(g.rng.uniform(-0.1, 0.1, c) if affine else np.zeros(c))
+        return g.node("BatchNormalization", [x, scale, shift, g.const(np.zeros(c)),
+                                             g.const(np.ones(c))], epsilon=1e-5)
 
     def relu(x: str) -> str:
-        y = name("relu")
-        nodes.append(helper.make_node("Relu", [x], [y]))
-        return y
+        return g.node("Relu", [x])
 
     x = bn("data", 3, affine=False)
-    x = relu(bn(conv(x, 3, 64, 7, 2), 64))
-    y = name("pool")
-    nodes.append(helper.make_node("MaxPool", [x], [y], kernel_shape=[3, 3], strides=[2, 2],
-                                  pads=[1, 1, 1, 1]))
-    x, cin = y, 64
+    x = relu(bn(g.conv(x, 3, 64, 7, 2), 64))
+    x = g.node("MaxPool", [x], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    cin = 64
     for stage, (blocks, cout) in enumerate(zip((3, 4, 6, 3), (256, 512, 1024, 2048))):
         mid = cout // 4
         for b in range(blocks):
             stride = 2 if b == 0 and stage > 0 else 1
             pre = relu(bn(x, cin))
-            short = conv(pre, cin, cout, 1, stride) if b == 0 else x
-            h = relu(bn(conv(pre, cin, mid, 1), mid))
-            h = relu(bn(conv(h, mid, mid, 3, stride), mid))
-            h = conv(h, mid, cout, 1)
-            y = name("add")
-            nodes.append(helper.make_node("Add", [h, short], [y]))
-            x, cin = y, cout
-    x = relu(bn(x, cin))
-    g, f = name("gap"), name("flat")
-    nodes.append(helper.make_node("GlobalAveragePool", [x], [g]))
-    nodes.append(helper.make_node("Flatten", [g], [f], axis=1))
-    w = const(rng.standard_normal((cin, 1000)) / np.sqrt(cin))
-    bias = const(np.zeros(1000))
-    nodes.append(helper.make_node("Gemm", [f, w, bias], ["logits"]))
-    graph = helper.make_graph(
-        nodes, "resnet50_v2", [helper.make_tensor_value_info("data", TensorProto.FLOAT,
-                                                             [1, 3, hw, hw])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 1000])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    onnx.checker.check_model(model)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(path))
-    return path
-
-
-
-
+            short = g.conv(pre, cin, cout, 1, stride) if b == 0 else x
+            h = relu(bn(g.conv(pre, cin, mid, 1), mid))
+            h = relu(bn(g.conv(h, mid, mid, 3, stride), mid))
+            x, cin = g.node("Add", [g.conv(h, mid, cout, 1), short]), cout
+    x = g.node("Flatten", [g.node("GlobalAveragePool", [relu(bn(x, cin))])], axis=1)
+    w = g.const(g.rng.standard_normal((cin, 1000)) / np.sqrt(cin))
+    logits = g.node("Gemm", [x, w, g.const(np.zeros(1000))])
+    return g.save(path, "resnet50_v2", "data", hw, [(logits, [1, 1000])])
 
 
 #: YOLOv5 v6.x model scales (ultralytics/yolov5 ``models/yolov5{n,s,m}.yaml``): depth and width
@@ -132,17 +142,8 @@ def yolov5(path: Path, scale: str, act: str = "silu", hw: int = 640) -> Path:
     """
     import math
 
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
     depth, width = YOLOV5_SCALES[scale]
-    rng = np.random.default_rng(0)
-    nodes, inits = [], []
-    count = {"n": 0}
-
-    def name(kind: str) -> str:
-        count["n"] += 1
-        return f"{kind}{count['n']}"
+    g = _Builder()
 
     def ch(c: int) -> int:
         return int(math.ceil(c * width / 8) * 8)
@@ -150,64 +151,34 @@ def yolov5(path: Path, scale: str, act: str = "silu", hw: int = 640) -> Path:
     def reps(n: int) -> int:
         return max(round(n * depth), 1)
 
-    def const(arr: np.ndarray) -> str:
-        n = name("w")
-        inits.append(numpy_helper.from_array(arr.astype(np.float32), n))
-        return n
-
-    def conv(x: str, cin: int, cout: int, k: int, s: int = 1, p: int | None = None,
-             activate: bool = True) -> str:
-        p = k // 2 if p is None else p
-        w = const(rng.standard_normal((cout, cin, k, k)) * np.sqrt(2.0 / (cin * k * k)))
-        b = const(rng.uniform(-0.1, 0.1, cout))
-        y = name("conv")
-        nodes.append(helper.make_node("Conv", [x, w, b], [y], kernel_shape=[k, k],
-                                      strides=[s, s], pads=[p] * 4))
-        if not activate:
-            return y
-        z = name("act")
+    def conv(x: str, cin: int, cout: int, k: int, s: int = 1, p: int | None = None) -> str:
+        y = g.conv(x, cin, cout, k, s, p, bias=True)
         if act == "relu":
-            nodes.append(helper.make_node("Relu", [y], [z]))
-            return z
-        sg = name("sig")
-        nodes.append(helper.make_node("Sigmoid", [y], [sg]))
-        nodes.append(helper.make_node("Mul", [y, sg], [z]))
-        return z
+            return g.node("Relu", [y])
+        return g.node("Mul", [y, g.node("Sigmoid", [y])])
 
     def cat(xs: list[str]) -> str:
-        y = name("cat")
-        nodes.append(helper.make_node("Concat", xs, [y], axis=1))
-        return y
+        return g.node("Concat", xs, axis=1)
 
     def c3(x: str, cin: int, cout: int, n: int, shortcut: bool = True) -> str:
         c_ = cout // 2
         a = conv(x, cin, c_, 1)
         for _ in range(n):
             h = conv(conv(a, c_, c_, 1), c_, c_, 3)
-            if shortcut:
-                y = name("add")
-                nodes.append(helper.make_node("Add", [a, h], [y]))
-                h = y
-            a = h
+            a = g.node("Add", [a, h]) if shortcut else h
         return conv(cat([a, conv(x, cin, c_, 1)]), 2 * c_, cout, 1)
 
     def sppf(x: str, cin: int, cout: int) -> str:
-        c_ = cin // 2
-        ys = [conv(x, cin, c_, 1)]
+        ys = [conv(x, cin, cin // 2, 1)]
         for _ in range(3):
-            y = name("pool")
-            nodes.append(helper.make_node("MaxPool", [ys[-1]], [y], kernel_shape=[5, 5],
-                                          strides=[1, 1], pads=[2, 2, 2, 2]))
-            ys.append(y)
-        return conv(cat(ys), 4 * c_, cout, 1)
+            ys.append(g.node("MaxPool", [ys[-1]], kernel_shape=[5, 5], strides=[1, 1],
+                             pads=[2, 2, 2, 2]))
+        return conv(cat(ys), 4 * (cin // 2), cout, 1)
 
     def up(x: str) -> str:
-        y = name("up")
-        scales = const(np.asarray([1.0, 1.0, 2.0, 2.0]))
-        nodes.append(helper.make_node("Resize", [x, "", scales], [y], mode="nearest",
-                                      coordinate_transformation_mode="asymmetric",
-                                      nearest_mode="floor"))
-        return y
+        return g.node("Resize", [x, "", g.const(np.asarray([1.0, 1.0, 2.0, 2.0]))],
+                      mode="nearest", coordinate_transformation_mode="asymmetric",
+                      nearest_mode="floor")
 
     c64, c128, c256, c512, c1024 = (ch(c) for c in (64, 128, 256, 512, 1024))
     x = conv("images", 3, c64, 6, 2, 2)
@@ -228,18 +199,9 @@ def yolov5(path: Path, scale: str, act: str = "silu", hw: int = 640) -> Path:
     medium = c3(cat([x, h14]), 2 * c256, c512, reps(3), shortcut=False)
     x = conv(medium, c512, c512, 3, 2)
     large = c3(cat([x, h10]), 2 * c512, c1024, reps(3), shortcut=False)
-    outs = [conv(t, c, 255, 1, activate=False)
-            for t, c in ((small, c256), (medium, c512), (large, c1024))]
-    graph = helper.make_graph(
-        nodes, f"yolov5{scale}", [helper.make_tensor_value_info("images", TensorProto.FLOAT,
-                                                                [1, 3, hw, hw])],
-        [helper.make_tensor_value_info(o, TensorProto.FLOAT, [1, 255, hw // st, hw // st])
-         for o, st in zip(outs, (8, 16, 32))], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    onnx.checker.check_model(model)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(path))
-    return path
+    outs = [(g.conv(t, c, 255, 1, bias=True), [1, 255, hw // st, hw // st])
+            for t, c, st in ((small, c256, 8), (medium, c512, 16), (large, c1024, 32))]
+    return g.save(path, f"yolov5{scale}", "images", hw, outs)
 
 
 #: the YOLOv5 files of ``table.csv``: ``{file name: (scale, activation)}``
