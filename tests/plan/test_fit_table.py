@@ -270,3 +270,31 @@ def test_rows_may_give_fps_and_their_own_width(tmp_path):
     t8, t16 = predict_model_s(m8, spec), predict_model_s(m8._replace(bits=16), spec)
     assert t16 > 2 * t8 and predict_model_s(m8, spec, bits=16) == t16
     assert np.isfinite(t16)
+
+
+def test_the_report_notes_a_multi_core_preset_that_splits_every_layer():
+    """A table is often measured on one core of several (RKNN's "@single_core"): the report
+    says so when the preset splits every layer over all its cores, and not otherwise."""
+    import numpy as np
+    from rich.console import Console
+
+    from npujax.plan.fit_table import TableFitResult, TableRow
+    from npujax.workflows.fit_table import TableFitRun, print_table_fit
+
+    one = np.ones(1)
+    metric = {"mape": 0.0, "spearman": 1.0, "total_err_pct": 0.0}
+
+    def text(spec):
+        r = TableFitResult(spec=spec, fields=(), initial={}, fitted={}, rel_std_err={},
+                           identifiable={}, names=("m",), groups=("",), measured_s=one,
+                           preset_s=one, fitted_s=one, loo_s=one, loo_fitted=(),
+                           metrics={"preset": metric}, bits=8)
+        con = Console(record=True, width=200)
+        print_table_fit(con, TableFitRun("t.csv", None, (TableRow("m", "x", None, 1.0),), (),
+                                         spec, r, ("compute 100%",)))
+        return con.export_text()
+
+    three = fields.replace(load_npu_spec("edge_16x16"), {"array.cores": 3})
+    assert "cores_per_inference" in text(three)
+    assert "cores_per_inference" not in text(
+        fields.replace(three, {"array.cores_per_inference": 1}))
