@@ -76,7 +76,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "ops.fusion): none, elementwise epilogues, residual epilogues, or layer "
                     "fusion (activations kept on chip, depth-first pairs)")
     lo.add_argument("--cores", type=positive_int,
-                    help="override the preset's array.cores (identical cores sharing the DRAM)")
+                    help="override the preset's array.cores (identical cores sharing the DRAM); "
+                    "the inference runs on all of them (array.cores_per_inference = 0), "
+                    "whatever the runtime's default core mask of the preset")
     lo.add_argument("--schedule", choices=("layer_split", "pipeline", "best"),
                     help="also compare layer-split and pipelined multi-core schedules "
                     "(throughput and latency; with several models, of each model alone); "
@@ -320,6 +322,7 @@ def run(args: argparse.Namespace) -> int:
         changes["ops.fusion"] = args.fusion
     if args.cores:
         changes["array.cores"] = args.cores
+        changes["array.cores_per_inference"] = 0
     if args.mapping:
         changes["memory.mapping"] = args.mapping
     if args.unsupported:

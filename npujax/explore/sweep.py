@@ -66,6 +66,7 @@ from npujax.plan.passes.attention import AttentionChain
 from npujax.plan.passes.energy import ENERGY_BREAKDOWN
 from npujax.plan.program import (
     Network,
+    inference_cores,
     layer_sums,
     needs_static_layers,
     network,
@@ -202,7 +203,7 @@ def _figures(layers: tuple[Workload, ...] | LayerTable, on_npu: Any, gemm: Any, 
         lat = c.latency_cycles
         comp = c.compute_cycles
         cpu_cycles = c.fallback_cycles + c.transfer_cycles
-        a = spec.array
+        a = inference_cores(spec).array
         pes = real(a.rows) * real(a.cols) * real(a.cores)
         gemm_comp = jnp.sum(jnp.where(masks["gemm"], comp, 0))
         per_layer = {"latency_cycles": lat, "memory_cycles": c.memory_cycles,

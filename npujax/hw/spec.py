@@ -7,7 +7,7 @@ Hardware is data. Every numeric field carries its unit in its name (``clock_hz``
     description = "..."
     [array]    rows, cols, dataflow, clock_hz, operand_bits, accumulator_bits, cores,
                precision_scaling, brick_bits, group_packing (optional),
-               stationary_buffering (optional)
+               stationary_buffering (optional), cores_per_inference (optional)
     [memory]   ifmap_sram_bytes, filter_sram_bytes, ofmap_sram_bytes, dram_bytes_per_s,
                dram_latency_s, dram_bytes (optional), core_link_bytes_per_s (optional),
                mapping (optional), parameter_cache (optional), parameter_cache_bytes
@@ -185,6 +185,14 @@ class ArraySpec:
         ``ceil(w/operand_bits) * ceil(a/operand_bits)`` passes.
       accumulator_bits: width of the partial sums (bits), e.g. 32.
       cores: number of identical NPU cores sharing the DRAM bandwidth, >= 1.
+      cores_per_inference: how many of the ``cores`` one inference runs on unless told otherwise
+        (the runtime's default core mask), >= 0 (default 0: every core, each layer split over
+        them). A multi-core NPU whose runtime gives a model one core by default (Rockchip's
+        RKNN, ``RKNN_NPU_CORE_AUTO``) sets 1: the cost program then costs every layer on
+        ``min(cores, cores_per_inference)`` cores with the whole DRAM bandwidth
+        (:func:`npujax.plan.program_costs`), while co-resident and pipelined schedules
+        (:mod:`npujax.plan.coresident`, :mod:`npujax.plan.pipeline`) still share out all
+        ``cores``.
       precision_scaling: how narrower operands speed the array up:
 
         * ``fixed`` — a fixed-width int array: narrower operands run at the same speed, wider
@@ -222,6 +230,7 @@ class ArraySpec:
     operand_bits: int = _field(lo=1, hi=64)
     accumulator_bits: int = _field(lo=1, hi=128)
     cores: int = _field(lo=1, hi=2**16)
+    cores_per_inference: int = _field(zero_ok=True, default=0, lo=0, hi=2**16)
     precision_scaling: str = _field(choices=PRECISION_SCALINGS)
     brick_bits: int = _field(lo=1, hi=64)
     group_packing: str = _field(choices=GROUP_PACKINGS, default="sequential")

@@ -168,6 +168,8 @@ def lower_models(
         than models for ``core_partitioned``, or ``cores`` that do not add up to the preset's.
     """
     spec = as_spec(spec)
+    if spec.array.cores_per_inference:  # these schedules give each model its cores themselves
+        spec = spec.with_fields({"array.cores_per_inference": 0})
     if fusion is not None and fusion != spec.ops.fusion:
         spec = spec.with_fields({"ops.fusion": fusion})
     if not graphs:

@@ -55,7 +55,7 @@ from npujax.plan.passes.base import CostMode
 from npujax.plan.program import program_cost
 from npujax.plan.workload import Workload
 
-__all__ = ["MAX_TABLE_FIELDS", "TABLE_IDENTIFIABLE_REL_ERR", "TableRow", "TableModel",
+__all__ = ["MAX_TABLE_FIELDS", "TABLE_IDENTIFIABLE_REL_ERR", "DTYPE_BITS", "TableRow", "TableModel",
            "TableFitResult", "read_table", "predict_model_s", "models_needed", "fit_table"]
 
 #: At most this many fields are fitted to a table: a benchmark table has tens of rows, and
@@ -79,6 +79,8 @@ class TableRow(NamedTuple):
       input_hwc: ``(height, width, channels)`` of the model's input, or None (the model's own).
       measured_s: the measured time per inference (s), > 0.
       group: the row's group (the host, a board), ``""`` when the table has none.
+      bits: the width the row's model ran at (a ``bits`` or ``dtype`` column: ``INT8`` is 8,
+        ``FP16`` 16), or None: the fit's ``bits``.
     """
 
     model: str
@@ -86,29 +88,73 @@ class TableRow(NamedTuple):
     input_hwc: tuple[int, ...] | None
     measured_s: float
     group: str = ""
+    bits: int | None = None
+
+
+#: Widths of the data types vendors name in benchmark tables (``dtype`` column).
+DTYPE_BITS = {"int4": 4, "uint4": 4, "int8": 8, "uint8": 8, "int16": 16, "fp16": 16,
+              "float16": 16, "bf16": 16, "bfloat16": 16, "tf32": 32, "fp32": 32,
+              "float32": 32, "int32": 32}
+
+
+def _parse_bits(text: str, col: str, where: str) -> int | None:
+    text = text.strip().lower()
+    if not text:
+        return None
+    if col == "dtype":
+        if text not in DTYPE_BITS:
+            raise ConfigError(f"{where}: dtype {text!r} is not one of "
+                              f"{', '.join(DTYPE_BITS)}; or give a bits column.")
+        return DTYPE_BITS[text]
+    try:
+        b = int(text)
+    except ValueError:
+        b = 0
+    if not 1 <= b <= 64:
+        raise ConfigError(f"{where}: bits must be a whole number in [1, 64], got {text!r}.")
+    return b
 
 
 def _parse_shape(text: str, where: str) -> tuple[int, ...] | None:
-    text = text.strip().lower()
+    """``(H, W, C)`` of a table's input shape: ``224x224x3`` (or with commas), or a batch-1
+    4-D shape as vendors print it, ``[1, 3, 224, 224]`` (NCHW, RKNN's model zoo) or
+    ``1x224x224x3`` (NHWC): the channel axis is the one of at most 4 (image channels) where the
+    other candidate is larger. Other ranks are kept as given."""
+    text = text.strip().lower().strip("[]()").replace(" ", "")
     if not text:
         return None
     try:
         dims = tuple(int(d) for d in text.replace(",", "x").split("x"))
     except ValueError:
         raise ConfigError(f"{where}: input shape {text!r} is not like 224x224x3 (height x "
-                          "width x channels).") from None
+                          "width x channels) or [1, 3, 224, 224].") from None
     if not dims or any(d < 1 for d in dims):
         raise ConfigError(f"{where}: input shape {text!r} needs positive dimensions.")
+    if len(dims) == 4:
+        n, a, b, c = dims
+        if n != 1:
+            raise ConfigError(f"{where}: input shape {text!r} has batch {n}; a benchmark "
+                              "table's row is one inference (batch 1).")
+        if a <= 4 < c:
+            return (b, c, a)  # N C H W
+        if c <= 4 < a:
+            return (a, b, c)  # N H W C
+        raise ConfigError(f"{where}: input shape {text!r} does not say which axis holds the "
+                          "channels; write it as height x width x channels (224x224x3).")
     return dims
 
 
 def read_table(path: str | Path) -> list[TableRow]:
     """Read a benchmark table: a CSV with a header.
 
-    Columns (others are ignored): ``model`` (label), ``measured_ms`` (or ``measured_s``),
+    Columns (others are ignored): ``model`` (label), ``measured_ms`` (or ``measured_s``, or
+    ``fps``: batch-1 inferences per second, read as ``1 / fps`` seconds),
     optionally ``source`` (the model spec npujax builds; without it the label itself is the
     spec; a relative ``.onnx`` or ``.npz`` path is relative to the table's folder),
-    ``input_shape`` or ``input_hwc`` (``224x224x3``), and ``group`` or ``host``.
+    ``input_shape`` or ``input_hwc`` (``224x224x3``, or a batch-1 ``[1, 3, 224, 224]`` /
+    ``1x224x224x3``, read as height x width x channels), ``group`` or ``host``, and ``bits``
+    or ``dtype`` (``INT8``, ``FP16``, ...: the row's width, :data:`DTYPE_BITS`; empty: the
+    fit's).
 
     Args:
       path: the CSV file.
@@ -128,11 +174,11 @@ def read_table(path: str | Path) -> list[TableRow]:
     reader = csv.DictReader(text.splitlines())
     cols = [c.strip() for c in reader.fieldnames or []]
     reader.fieldnames = cols
-    time_col = "measured_ms" if "measured_ms" in cols else (
-        "measured_s" if "measured_s" in cols else None)
+    time_col = next((c for c in ("measured_ms", "measured_s", "fps") if c in cols), None)
     if "model" not in cols or time_col is None:
         raise ConfigError(f"{p}: a benchmark table needs the columns model and measured_ms "
-                          f"(or measured_s); it has {cols}.")
+                          f"(or measured_s, or fps); it has {cols}.")
+    bits_col = next((c for c in ("bits", "dtype") if c in cols), None)
     shape_col = next((c for c in ("input_shape", "input_hwc") if c in cols), None)
     group_col = next((c for c in ("group", "host") if c in cols), None)
     rows: list[TableRow] = []
@@ -151,10 +197,12 @@ def read_table(path: str | Path) -> list[TableRow]:
         source = ((r.get("source") if "source" in cols else label) or "").strip()
         if source.lower().endswith((".onnx", ".npz")) and not Path(source).is_absolute():
             source = str(p.parent / source)  # a model file beside the table
+        seconds = {"measured_ms": t / 1000.0, "measured_s": t, "fps": 1.0 / t}[time_col]
         rows.append(TableRow(label, source,
                              _parse_shape(r.get(shape_col) or "", where) if shape_col else None,
-                             t / 1000.0 if time_col == "measured_ms" else t,
-                             (r.get(group_col) or "").strip() if group_col else ""))
+                             seconds, (r.get(group_col) or "").strip() if group_col else "",
+                             _parse_bits(r.get(bits_col) or "", bits_col, where)
+                             if bits_col else None))
     if not rows:
         raise ConfigError(f"{p}: the benchmark table has no rows.")
     return rows
@@ -169,6 +217,7 @@ class TableModel(NamedTuple):
       layers: its workloads on the preset (:func:`npujax.plan.network`).
       chains: its attention blocks (:func:`npujax.plan.network`).
       measured_s: the measured time per inference (s).
+      bits: the width it ran at, or None: the caller's ``bits`` (:class:`TableRow`).
     """
 
     name: str
@@ -176,12 +225,14 @@ class TableModel(NamedTuple):
     layers: tuple[Workload, ...]
     chains: tuple[AttentionChain, ...]
     measured_s: float
+    bits: int | None = None
 
 
 def predict_model_s(model: TableModel, spec: NpuSpec, bits: int = 8) -> float:
     """The modelled time (s) of one inference of ``model`` on ``spec``: its summed layer
-    latency, exact mode, weights and activations at ``bits``."""
-    return float(np.sum(predict_latency_s(model.layers, spec, bits=bits, chains=model.chains)))
+    latency, exact mode, weights and activations at the model's own width, else ``bits``."""
+    return float(np.sum(predict_latency_s(model.layers, spec, bits=model.bits or bits,
+                                          chains=model.chains)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,7 +255,7 @@ class TableFitResult:
       loo_fitted: ``[n]`` ``{field: value}`` of each leave-one-out fit.
       metrics: ``{"preset"|"in_sample"|"loo": fit_metrics(...)}``
         (:func:`npujax.plan.fit.fit_metrics`: MAPE %, Spearman, RMS log error, total error).
-      bits: the width every layer was costed at.
+      bits: the width every layer was costed at (a model's own width, if it has one, instead).
     """
 
     spec: NpuSpec
@@ -269,7 +320,7 @@ class _Residuals:
         self.log_meas = np.log([m.measured_s for m in models])
         with jax.enable_x64(True):
             self._base = differentiable_spec(spec, jnp.float64)
-            self._fns = [_log_total_and_jacobian(m.layers, m.chains, fields, bits)
+            self._fns = [_log_total_and_jacobian(m.layers, m.chains, fields, m.bits or bits)
                          for m in self.models]
         self._cache: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
         self._progress = progress
@@ -377,7 +428,8 @@ def fit_table(
       spec: the starting preset; fields not fitted (or not identified) keep their values.
       fields: at most :data:`MAX_TABLE_FIELDS` fields of :data:`~npujax.plan.fit.FITTABLE`
         (``key`` or ``section.key``).
-      bits: width of every layer's weights and activations (8 for an int8 device).
+      bits: width of every layer's weights and activations (8 for an int8 device), for the
+        models without a width of their own (``TableModel.bits``).
       cross_validate: also run leave-one-out (one more fit per model).
       name: the fitted preset's name (default ``<spec>_fitted``).
       progress: called with a line of text at each stage (compiles, each fold).

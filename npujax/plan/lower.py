@@ -39,7 +39,13 @@ from npujax.plan.passes.base import ProgramCosts
 from npujax.plan.passes.cross_layer import PLACEMENTS, cross_layer_edges
 from npujax.plan.passes.energy import ENERGY_BREAKDOWN, LayerEnergy
 from npujax.plan.passes.onchip_split import split_spec
-from npujax.plan.program import active_passes, needs_static_layers, program_cost, program_costs
+from npujax.plan.program import (
+    active_passes,
+    inference_cores,
+    needs_static_layers,
+    program_cost,
+    program_costs,
+)
 from npujax.plan.table import layer_table, table_length
 from npujax.plan.workload import Workload, workloads
 from npujax.quantize.spec import QuantSpec
@@ -379,7 +385,7 @@ def _resident(layers: list[Workload], spec: NpuSpec, wb: np.ndarray
               ) -> tuple[list[Workload], NpuSpec]:
     """Workloads without weight traffic, and the spec with the SRAM the weights leave free."""
     need = weight_bytes(layers, spec, wb)
-    cores = spec.array.cores
+    cores = inference_cores(spec).array.cores
     room = spec.memory.filter_sram_bytes * cores / 2
     if need > room:
         raise ConfigError(f"resident_weights: the weights take {need:,.0f} bytes, more than half "

@@ -31,6 +31,7 @@ from npujax.errors import ConfigError
 from npujax.hw.spec import NpuSpec, as_spec
 from npujax.ir.graph import Graph
 from npujax.plan.lower import Schedule
+from npujax.plan.program import inference_cores
 from npujax.plan.workload import workloads
 
 __all__ = ["MemoryReport", "memory_report"]
@@ -146,7 +147,7 @@ def memory_report(graph: Graph, schedule: Schedule, spec: NpuSpec | str) -> Memo
     sram_cap = float((split["ifmap_sram_bytes"] + split["filter_sram_bytes"]
                       + split["ofmap_sram_bytes"] if split else
                       m.ifmap_sram_bytes + m.filter_sram_bytes + m.ofmap_sram_bytes)
-                     * spec.array.cores)
+                     * inference_cores(spec).array.cores)
     sram_peak = schedule.sram_peak_bytes or max((r.costs.sram_peak_bytes for r in rows),
                                                 default=0.0)
     spill: list[tuple[str, float]] = []

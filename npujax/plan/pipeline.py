@@ -139,6 +139,8 @@ def core_schedules(
       ConfigError: as :func:`npujax.lower`.
     """
     spec = as_spec(spec)
+    if spec.array.cores_per_inference:  # this schedule places the layers on every core itself
+        spec = spec.with_fields({"array.cores_per_inference": 0})
     if batch is not None:
         graph = rebatch(graph, batch)
     split = lower(graph, spec, quant, dataflow=dataflow, fusion=fusion)

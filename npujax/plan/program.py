@@ -34,6 +34,7 @@ size or device count.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -43,6 +44,7 @@ import jax.numpy as jnp
 from npujax import _relax
 from npujax._exact import exact, real
 from npujax.errors import ConfigError
+from npujax.hw.fields import replace_traced
 from npujax.hw.spec import NpuSpec
 from npujax.ir.graph import Graph
 from npujax.plan.costs import EXACT_FIELDS, LayerCosts, _layer_costs
@@ -227,6 +229,7 @@ def _compose(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight_bits
              shapes: Mapping[str, jax.Array] | None, passes: tuple[CostPass, ...]
              ) -> tuple[ProgramCosts, ...]:
     mapping = check_mapping(spec.memory.mapping)
+    spec = inference_cores(spec)
     base = _layer_costs(layers, spec, weight_bits, act_bits, dataflows, shapes, mapping)
     if passes and not isinstance(layers, LayerTable):
         layers = tuple(layers)
@@ -240,6 +243,22 @@ def _compose(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight_bits
             state = p.apply(inp, state)
         out.append(state)
     return tuple(out)
+
+
+def inference_cores(spec: NpuSpec) -> NpuSpec:
+    """``spec`` with ``array.cores`` set to the cores one inference runs on:
+    ``min(cores, cores_per_inference)``, or ``spec`` itself when ``cores_per_inference`` is 0
+    (every core). The composer applies it before every pass, so each consumer of the cost
+    program sees one answer; a traced or batched field stays traced."""
+    a = spec.array
+    n: Any = a.cores_per_inference  # an int in a preset; traced or float in a sweep or a fit
+    cores: Any = a.cores
+    if isinstance(n, int) and isinstance(cores, int):
+        if n == 0 or n >= cores:
+            return spec
+        return dataclasses.replace(spec, array=dataclasses.replace(a, cores=n))
+    cores = jnp.where(jnp.asarray(n) > 0, jnp.minimum(cores, n), cores)
+    return replace_traced(spec, {"array.cores": cores})
 
 
 def _to_default_float(p: ProgramCosts) -> ProgramCosts:

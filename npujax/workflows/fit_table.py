@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from npujax._atomic import atomic_write_text
-from npujax.errors import ConfigError, NpujaxError
+from npujax.errors import ConfigError, GraphError, NpujaxError
 from npujax.hw.spec import NpuSpec, as_spec, spec_to_toml
 from npujax.ir.graph import Graph
 from npujax.plan.fit_table import (
@@ -34,11 +34,15 @@ from npujax.plan.fit_table import (
     models_needed,
     read_table,
 )
-from npujax.plan.program import network
+from npujax.plan.program import Network, network
 from npujax.report import plot_measured_vs_modelled, write_json
 
-__all__ = ["TableFitRun", "table_graph", "fit_benchmark_table", "model_bound",
-           "print_table_fit", "write_table_fit"]
+__all__ = ["TableFitRun", "CHANNEL_MINOR", "table_graph", "deployed_spec", "table_network",
+           "fit_benchmark_table", "model_bound", "print_table_fit", "write_table_fit"]
+
+#: Device activation layouts with the channels innermost (``NC1HWC0`` is NHWC in blocks of
+#: ``c0`` channels): a table's NCHW model is built channels-last for them.
+CHANNEL_MINOR = ("NHWC", "NC1HWC0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,11 +77,12 @@ def table_graph(row: TableRow, layout: str | None = None) -> Graph:
     model keeps its own static shape, and a dynamic one takes ``1 x C x H x W``.
 
     A benchmark table times the vendor's own deployed model, whose input arrives in the
-    device's layout. So with ``layout="NHWC"`` (the preset's ``layout.activation_layout``) an
-    NCHW model (an ONNX export of a PyTorch model) is rewritten channels-last
+    device's layout. So with a channels-minor ``layout`` (:data:`CHANNEL_MINOR`, the preset's
+    ``layout.activation_layout``: ``NHWC``, or ``NC1HWC0`` as Rockchip's NC1HWC2) an NCHW
+    model (an ONNX export of a PyTorch model) is rewritten channels-last
     (:func:`npujax.ir.passes.channels_last`): the same layers, without the input and output
-    layout conversions that :func:`npujax.lower` would cost for an NCHW model on an NHWC
-    device and that the measured model does not have.
+    layout conversions that :func:`npujax.lower` would cost for an NCHW model on such a device
+    and that the measured model does not have (:func:`table_network` builds it).
 
     Raises:
       ConfigError: a row without a source; errors of the model's loader.
@@ -88,6 +93,13 @@ def table_graph(row: TableRow, layout: str | None = None) -> Graph:
     src = row.source
     if not src:
         raise ConfigError(f"row {row.model!r} names no architecture (empty source).")
+    if src.startswith("zoo:"):  # the zoo's ONNX file, then at the row's shape as any ONNX
+        from npujax.models.zoo import MODELS, fetch_model
+
+        if src[4:] not in MODELS:
+            raise ConfigError(f"row {row.model!r}: unknown zoo model {src[4:]!r}; known: "
+                              f"{', '.join(sorted(MODELS))}.")
+        src = str(fetch_model(src[4:]))
     shapes = None
     if row.input_hwc is not None:
         hwc = "x".join(str(d) for d in row.input_hwc)
@@ -99,19 +111,77 @@ def table_graph(row: TableRow, layout: str | None = None) -> Graph:
             from npujax.frontends.onnx import dynamic_input_shape
 
             shapes = dynamic_input_shape(src, (1, c, h, w))
-    if src.startswith("zoo:"):
-        from npujax.models.zoo import MODELS, fetch_model
-
-        if src[4:] not in MODELS:
-            raise ConfigError(f"row {row.model!r}: unknown zoo model {src[4:]!r}; known: "
-                              f"{', '.join(sorted(MODELS))}.")
-        src = str(fetch_model(src[4:]))
+            if shapes is None:
+                _check_static_shape(src, row)
     graph = load_model_graphs(src, shapes)[1]
-    if layout == "NHWC":
+    if layout in CHANNEL_MINOR:
         from npujax.ir.passes import channels_last
 
         graph = channels_last(graph, {})[0]
     return graph
+
+
+def _check_static_shape(path: str, row: TableRow) -> None:
+    """Refuse a single-input ONNX file fixed at another 4-D input than the row's (it would be
+    costed at its own shape, not the measured one)."""
+    from npujax.frontends.onnx import load_onnx_model
+
+    m = load_onnx_model(path)
+    inits = {i.name for i in m.graph.initializer}
+    ins = [i for i in m.graph.input if i.name not in inits]
+    if len(ins) != 1 or row.input_hwc is None:
+        return
+    dims = tuple(d.dim_value for d in ins[0].type.tensor_type.shape.dim)
+    h, w, c = row.input_hwc
+    if len(dims) == 4 and dims[1:] not in ((c, h, w), (h, w, c)):
+        raise ConfigError(f"row {row.model!r} was measured at {h}x{w}x{c}, but {path} has a "
+                          f"fixed input {list(dims)}: export it at the row's shape (or with a "
+                          "dynamic one), or correct the row's input_shape.")
+
+
+def deployed_spec(spec: NpuSpec, model_layout: str = "NHWC") -> NpuSpec:
+    """The spec a table's model (activations in ``model_layout``) is built on, as the device
+    runs its own deployed model: whose input arrives in the device's layout and whose outputs
+    leave in it, so no conversion between layouts at the graph's input and outputs (what a
+    vendor's benchmark times: RKNN's ``rknn_run`` after ``rknn_inputs_set``, the Edge TPU's
+    ``Invoke``).
+
+    For a channels-minor device (:data:`CHANNEL_MINOR`): ``spec`` with ``activation_layout =
+    model_layout`` and channels padded to the device's ``lcm(c0, channel_alignment)`` (``c0``
+    only for ``NC1HWC0``), i.e. the device's padding and operators without the boundary
+    conversions; ``spec`` itself where that is already so, or for any other device layout.
+    Only the workloads differ: the cost program does not read the layout."""
+    lay = spec.layout
+    if lay.activation_layout not in CHANNEL_MINOR or model_layout not in ("NHWC", "NCHW"):
+        return spec
+    align = lay.channel_alignment
+    if lay.activation_layout == "NC1HWC0":
+        align = math.lcm(lay.c0, align)
+    if lay.activation_layout == model_layout and align == lay.channel_alignment:
+        return spec
+    return spec.with_fields({"layout.activation_layout": model_layout,
+                             "layout.channel_alignment": align})
+
+
+def table_network(row: TableRow, spec: NpuSpec) -> Network:
+    """One table row's model on ``spec`` as the device runs its own deployed model: built
+    channels-last on a channels-minor device (:func:`table_graph`), or where
+    :func:`npujax.ir.passes.channels_last` cannot rewrite it (a ConvTranspose, a per-channel
+    constant) in its own layout; either way on :func:`deployed_spec`, without layout
+    conversions at the graph's input and outputs.
+
+    Raises:
+      ConfigError: as :func:`table_graph`; LimitError: as :func:`npujax.plan.network`.
+    """
+    from npujax.plan.workload import model_layout
+
+    try:
+        graph = table_graph(row, spec.layout.activation_layout)
+    except GraphError as e:
+        if "channels_last" not in str(e):
+            raise
+        graph = table_graph(row, None)  # kept NCHW: deployed_spec drops its conversions
+    return network(graph, deployed_spec(spec, model_layout(graph)))
 
 
 def fit_benchmark_table(
@@ -176,12 +246,13 @@ def fit_benchmark_table(
         if progress is not None:
             progress(f"building {r.model} ({r.source})")
         try:
-            net = network(table_graph(r, spec.layout.activation_layout), spec)
+            net = table_network(r, spec)
         except NpujaxError as e:
             skipped.append((r, str(e)))
             continue
         used.append(r)
-        models.append(TableModel(r.model, r.group, net.layers, net.chains, r.measured_s))
+        models.append(TableModel(r.model, r.group, net.layers, net.chains, r.measured_s,
+                                 r.bits))
     result = fit_table(models, spec, fields, bits=bits, cross_validate=cross_validate,
                        name=name, progress=progress)
     bounds = tuple(model_bound(m, result.spec, bits) for m in models)
@@ -193,12 +264,13 @@ def model_bound(model: TableModel, spec: NpuSpec, bits: int = 8) -> str:
     """What bounds a model on ``spec``: the part holding most of its modelled time
     (``compute``: array, vector unit and conversions; ``memory``: DMA and stalls;
     ``fallback``: the host CPU; ``transfer``: the host link) and its share, e.g.
-    ``"memory 86%"`` (the one cost program, exact mode, every layer at ``bits``)."""
+    ``"memory 86%"`` (the one cost program, exact mode, every layer at the model's width,
+    else ``bits``)."""
     import numpy as np
 
     from npujax.plan.fit import exact_layer_costs
 
-    c = exact_layer_costs(model.layers, spec, bits, chains=model.chains)
+    c = exact_layer_costs(model.layers, spec, model.bits or bits, chains=model.chains)
     total_of = lambda *vs: float(sum(np.sum(np.asarray(v, np.float64)) for v in vs))  # noqa: E731
     parts = {"compute": total_of(c.compute_cycles, c.convert_cycles),
              "memory": total_of(c.dma_cycles, c.stall_cycles),
@@ -259,6 +331,11 @@ def print_table_fit(console: Console, run: TableFitRun) -> None:
     console.print(t)
     worst, ratio = r.worst
     console.print(f"worst model: {worst} (predicted/measured = {ratio:.2f})")
+    a = run.start.array
+    if a.cores > 1 and a.cores_per_inference == 0:
+        console.print(f"note: {run.start.name} splits every layer over its {a.cores} cores; a "
+                      "table measured on fewer (RKNN's default core mask runs a model on one) "
+                      "needs array.cores_per_inference in the preset.")
     for row, why in run.skipped:
         console.print(f"skipped {row.model}: {why}")
 

@@ -158,3 +158,143 @@ def test_cli_writes_preset_predictions_and_plot(graphs, truth, tmp_path):
     assert predict_model_s(TableModel("x", "", m.layers, m.chains, 1.0), fitted) == \
         pytest.approx(float(next(r for r in pred if r["model"] == "lenet64")["measured_ms"])
                       / 1e3, rel=1e-4)
+
+
+# --- a second device: nothing in the table fit may assume the Coral Edge TPU ---------------
+
+
+def test_read_table_takes_vendor_shapes(tmp_path):
+    """Vendors print batch-1 NCHW (RKNN's model zoo: ``[1, 3, 640, 640]``) or NHWC
+    (``[1, 513, 513, 1]``) shapes: both read as height x width x channels; a shape that does
+    not say where its channels are, or a batch above 1, is refused with the fix."""
+    p = tmp_path / "t.csv"
+    p.write_text('model,input_shape,measured_ms\na,"[1, 3, 640, 640]",1\nb,1x513x513x1,2\n'
+                 "c,224x224x3,3\n")
+    assert [r.input_hwc for r in read_table(p)] == [(640, 640, 3), (513, 513, 1), (224, 224, 3)]
+    for bad, match in (("1x3x3x3", "which axis"), ("2x3x64x64", "batch")):
+        p.write_text(f"model,input_shape,measured_ms\na,{bad},1\n")
+        with pytest.raises(ConfigError, match=match):
+            read_table(p)
+
+
+def _onnx_file(path, *, dynamic, transpose=False):
+    """A one-Conv (and optionally ConvTranspose) NCHW ONNX model, 3 -> 8 channels."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    dims = ["n", 3, "h", "w"] if dynamic else [1, 3, 8, 8]
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "k")]
+    nodes = [helper.make_node("Conv", ["x", "k"], ["y"], pads=[1, 1, 1, 1])]
+    out = "y"
+    if transpose:
+        inits.append(numpy_helper.from_array(
+            rng.standard_normal((8, 4, 2, 2)).astype(np.float32), "kt"))
+        nodes.append(helper.make_node("ConvTranspose", ["y", "kt"], ["z"], strides=[2, 2]))
+        out = "z"
+    g = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                      dims)],
+                          [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    return str(path)
+
+
+def test_zoo_and_onnx_rows_are_built_at_the_rows_shape(tmp_path, monkeypatch):
+    """A ``zoo:`` row is built at the row's input shape, as an ONNX row is (it was built at
+    the zoo's default shape); an ONNX file fixed at another shape is refused, not costed at
+    its own shape."""
+    import npujax.models.zoo as zoo
+    from npujax.plan.fit_table import TableRow
+    from npujax.workflows.fit_table import table_graph
+
+    path = _onnx_file(tmp_path / "dyn.onnx", dynamic=True)
+    monkeypatch.setitem(zoo.MODELS, "tiny", zoo.MODELS["ppocr_det"])
+    monkeypatch.setattr(zoo, "fetch_model", lambda name, *a, **k: path)
+    for src in ("zoo:tiny", path):
+        g = table_graph(TableRow("t", src, (16, 24, 3), 1e-3))
+        assert g.tensors[g.inputs[0]].shape == (1, 3, 16, 24)
+    fixed = _onnx_file(tmp_path / "fixed.onnx", dynamic=False)
+    assert table_graph(TableRow("t", fixed, (8, 8, 3), 1e-3)).inputs
+    with pytest.raises(ConfigError, match="fixed input"):
+        table_graph(TableRow("t", fixed, (16, 16, 3), 1e-3))
+
+
+def test_table_models_have_no_boundary_conversions_on_any_channel_minor_device(graphs,
+                                                                             tmp_path):
+    """A benchmark times the deployed model, whose input arrives in the device's layout. On an
+    NC1HWC0 device (RKNN's NC1HWC2) the table's model keeps the device's channel padding but
+    not the input/output conversions that ``lower`` charges an NHWC model; an NCHW model that
+    channels_last cannot rewrite (a ConvTranspose) is built in its own layout, not refused."""
+    from npujax.plan.fit_table import TableRow
+    from npujax.workflows.fit_table import table_network
+
+    spec = fields.replace(load_npu_spec("edge_16x16"), {
+        "layout.activation_layout": "NC1HWC0", "layout.c0": 32, "layout.channel_alignment": 1})
+    g, p = graphs["lenet"]
+    save_graph(tmp_path / "lenet.npz", g, p)
+    plain = network(g, spec).layers
+    table = table_network(TableRow("lenet", str(tmp_path / "lenet.npz"), None, 1e-3),
+                          spec).layers
+    assert any(w.kind == "layout" for w in plain)
+    assert not any(w.kind == "layout" for w in table)
+    # the same layers at the device's padding (32 channels), less the conversions
+    assert sorted((w.op, w.in_elems, w.out_elems) for w in plain if w.kind != "layout") == \
+        sorted((w.op, w.in_elems, w.out_elems) for w in table)
+    path = _onnx_file(tmp_path / "up.onnx", dynamic=True, transpose=True)
+    layers = table_network(TableRow("up", path, (8, 8, 3), 1e-3), spec).layers
+    assert [w.op for w in layers if w.kind == "gemm"] == ["Conv", "ConvTranspose"]
+    assert not any(w.kind == "layout" for w in layers)
+
+
+def test_rows_may_give_fps_and_their_own_width(tmp_path):
+    """Vendors publish frames per second and mix widths in one table (RKNN's model zoo: INT8
+    and FP16 rows): ``fps`` reads as ``1 / fps`` s, ``dtype``/``bits`` as the row's width,
+    which the row's model is then costed at (empty: the fit's width)."""
+    import numpy as np
+
+    from npujax.plan.workload import Workload
+
+    p = tmp_path / "t.csv"
+    p.write_text("model,fps,dtype\na,500,INT8\nb,250,fp16\nc,100,\n")
+    rows = read_table(p)
+    assert [r.measured_s for r in rows] == pytest.approx([2e-3, 4e-3, 1e-2])
+    assert [r.bits for r in rows] == [8, 16, None]
+    p.write_text("model,fps,dtype\na,500,int7\n")
+    with pytest.raises(ConfigError, match="dtype 'int7'"):
+        read_table(p)
+    spec = load_npu_spec("edge_16x16")  # 8-bit operands: a 16-bit layer takes 4 passes
+    fc = Workload("fc", "Gemm", "gemm", M=64, K=256, N=256, macs=64 * 256 * 256,
+                  weight_elems=256 * 256, in_elems=64 * 256, out_elems=64 * 256)
+    m8 = TableModel("fc", "", (fc,), (), 1.0)
+    t8, t16 = predict_model_s(m8, spec), predict_model_s(m8._replace(bits=16), spec)
+    assert t16 > 2 * t8 and predict_model_s(m8, spec, bits=16) == t16
+    assert np.isfinite(t16)
+
+
+def test_the_report_notes_a_multi_core_preset_that_splits_every_layer():
+    """A table is often measured on one core of several (RKNN's "@single_core"): the report
+    says so when the preset splits every layer over all its cores, and not otherwise."""
+    import numpy as np
+    from rich.console import Console
+
+    from npujax.plan.fit_table import TableFitResult, TableRow
+    from npujax.workflows.fit_table import TableFitRun, print_table_fit
+
+    one = np.ones(1)
+    metric = {"mape": 0.0, "spearman": 1.0, "total_err_pct": 0.0}
+
+    def text(spec):
+        r = TableFitResult(spec=spec, fields=(), initial={}, fitted={}, rel_std_err={},
+                           identifiable={}, names=("m",), groups=("",), measured_s=one,
+                           preset_s=one, fitted_s=one, loo_s=one, loo_fitted=(),
+                           metrics={"preset": metric}, bits=8)
+        con = Console(record=True, width=200)
+        print_table_fit(con, TableFitRun("t.csv", None, (TableRow("m", "x", None, 1.0),), (),
+                                         spec, r, ("compute 100%",)))
+        return con.export_text()
+
+    three = fields.replace(load_npu_spec("edge_16x16"), {"array.cores": 3})
+    assert "cores_per_inference" in text(three)
+    assert "cores_per_inference" not in text(
+        fields.replace(three, {"array.cores_per_inference": 1}))

@@ -55,3 +55,32 @@ def test_a_pass_that_cannot_follow_the_mode_is_refused_by_name():
     _check(CostMode(), (exact_only,), spec, False, False)  # the exact mode runs it
     with pytest.raises(ConfigError, match="count slope"):
         check_program(spec, mode=CostMode(count_slope="steep"))
+
+
+def test_cores_per_inference_runs_one_inference_on_that_many_cores():
+    """A three-core NPU whose runtime gives a model one core (RKNN's default core mask) costs
+    a layer as the one-core NPU does, exact and traced (a fit's differentiable spec); 0 keeps
+    every layer split over all the cores."""
+    import dataclasses
+
+    import numpy as np
+
+    from npujax.hw import differentiable_spec, fields
+    from npujax.plan.fit import predict_latency_s
+    from npujax.plan.program import inference_cores
+    from npujax.plan.workload import Workload
+
+    base = load_npu_spec("edge_16x16")
+    three = fields.replace(base, {"array.cores": 3})
+    one_of_three = fields.replace(three, {"array.cores_per_inference": 1})
+    one = fields.replace(base, {"array.cores": 1})
+    fc = Workload("fc", "Gemm", "gemm", M=192, K=256, N=256, macs=192 * 256 * 256,
+                  weight_elems=256 * 256, in_elems=192 * 256, out_elems=192 * 256)
+
+    def t(s):
+        return float(np.sum(predict_latency_s([fc], s)))
+
+    assert t(one_of_three) == t(one) > t(three)
+    assert inference_cores(three) is three
+    assert float(inference_cores(differentiable_spec(one_of_three)).array.cores) == 1.0
+    assert dataclasses.replace(one_of_three.array, cores_per_inference=0) == three.array

@@ -33,7 +33,7 @@ pytestmark = pytest.mark.flax_model
 
 MODELS = ("resnet", "vit", "decoder")
 PRESETS = tuple(list_presets())
-#: One case per shipped preset (10 presets x 4 levels x 3 dataflows x 3 models would compile
+#: One case per shipped preset (12 presets x 4 levels x 3 dataflows x 3 models would compile
 #: ~1,200 programs): every fusion level, dataflow and model appears, and every pass runs: the
 #: attention kernels on chip and flash-tiled inside layer fusion, a host-CPU fallback
 #: (gemmini), precision scaling (bit fusion, bit-serial) and a parameter cache streaming the
@@ -56,6 +56,9 @@ CASES = [
     ("tpu_v1", "elementwise", "input_stationary", "vit", {}),
     # Eyeriss's row stationary: its own closed form (rs_conv, rs_dram) in every consumer
     ("eyeriss", "elementwise", "row_stationary", "resnet", {}),
+    # three cores, one inference on one of them (array.cores_per_inference): every consumer
+    # costs it on one core
+    ("rk3588_npu", "residual", "weight_stationary", "resnet", {}),
 ]
 
 
