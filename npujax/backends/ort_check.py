@@ -192,7 +192,7 @@ def qdq_pair_mismatches(model: bytes, graph: Any, quant: Mapping[str, Any],
         48 x 320 line, compares 5.5 M values in about 10 CPU s).
       reference: optionally ``{QuantizeLinear node name: npujax's fake-quantized tensor}`` of
         some pairs on the same ``feeds`` (from :func:`npujax.ir.execute.tap`, the inputs as
-        the layers read them), for :attr:`QDQPairCheck.first_divergence`. The file may hold a
+        the layers read them), for ``QDQPairCheck.first_divergence``. The file may hold a
         tensor in another layout than npujax (``to_onnx`` writes Conv in NCHW and moves its
         Transposes), so the two are compared as sorted values: on a grid, one code flipped by
         one step changes one sorted value by one step, and a fault changes many (a pure
