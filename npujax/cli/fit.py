@@ -26,9 +26,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "summed) or an onnxruntime profiling JSON. Writes the fitted preset "
                     "(fitted.toml, accepted by every --npu), fit.json, fit_layers.csv and the "
                     "scatter plot fit.png to --out. With --table instead: whole-model times of "
-                    "a benchmark table, up to 5 fields fitted by least squares through the "
-                    "relaxed cost model, judged leave-one-out (fitted.toml, predictions.csv, "
-                    "fit.json, predictions.png). See docs/fit.md.",
+                    "a benchmark table, up to 5 fields fitted by robust (soft_l1, --loss) least "
+                    "squares on log ratios through the relaxed cost model, judged "
+                    "leave-one-out (fitted.toml, predictions.csv, fit.json, predictions.png). "
+                    "See docs/fit.md.",
         epilog=epilog(
             "npujax fit --table experiments/fidelity/coral_edgetpu_table1.csv --group "
             "usb_accelerator_desktop --npu coral_edgetpu --params "
@@ -171,7 +172,7 @@ def _run_table(args: argparse.Namespace) -> int:
         if given is not None and given is not False:
             raise ConfigError(f"{flag} applies to a per-layer profile, not to --table (a "
                               "table's models are fitted through preset fields only, by "
-                              "least squares).")
+                              "(robust) least squares).")
     fields = resolve_fields([f for f in args.params.split(",") if f.strip()])
     out = output_dir(args.out)
     assert out is not None
