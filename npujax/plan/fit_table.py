@@ -17,12 +17,12 @@ numeric fields at once to such a table:
   such a row, 2x off, pulls the fitted numbers for every other model (Huber, "Robust
   estimation of a location parameter", Ann. Math. Statist. 1964). Why this one: the figure of
   merit is a mean *absolute* relative error, and ``soft_l1`` is the smooth, convex
-  approximation of the absolute error (one minimum, which the trust region finds from the
-  preset); its scale is the noise of the data, not a choice made on them: one model's
-  published figure moves 10-19 % between versions of a table, so a log error of about 0.1 is
-  where "noise" ends and "a row the model cannot know about" begins. The redescending losses
-  (``cauchy``, ``arctan``) ignore such rows almost entirely but are not convex. ``loss=
-  "linear"`` is the plain squared loss. (Losses as in scipy's ``least_squares``; Triggs et al.,
+  approximation of the absolute error (the loss adds no local minima of its own); its scale
+  is the noise of the data, not a choice made on them: one model's published figure moves
+  10-19 % between versions of a table, so a log error of about 0.1 is where "noise" ends and
+  "a row the model cannot know about" begins. The redescending losses (``cauchy``,
+  ``arctan``) ignore such rows almost entirely but are not convex. ``loss="linear"`` is the
+  plain squared loss. (Losses as in scipy's ``least_squares``; Triggs et al.,
   "Bundle adjustment - a modern synthesis", 2000, sec. 4.3.)
 * **Optimiser.** Trust-region least squares (scipy's ``least_squares``, ``trf``, Branch,
   Coleman and Li, SIAM J. Sci. Comput. 1999) in log space within each field's physical range,
@@ -290,7 +290,11 @@ def _check_loss(loss: str, scale: float) -> None:
     if loss not in TABLE_LOSSES:
         raise ConfigError(f"unknown table-fit loss {loss!r}; choose one of "
                           f"{', '.join(TABLE_LOSSES)} (default {TABLE_LOSS}; linear = squares).")
-    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+    try:
+        f = float(scale)
+    except (TypeError, ValueError):
+        f = math.nan
+    if not (math.isfinite(f) and f > 0):
         raise ConfigError(f"the loss scale must be a finite number > 0 (a log ratio, e.g. "
                           f"{TABLE_LOSS_SCALE}), got {scale!r}.")
 
