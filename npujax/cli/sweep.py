@@ -133,9 +133,14 @@ def run(args: argparse.Namespace) -> int:
               "command to resume", file=sys.stderr)
         raise
     con = console()
+    # with every chunk resumed, the rate is the one the evaluating run measured (sweep.json
+    # keeps it): say so, not as if this run had measured it
+    rate = (f"{r.evaluations_per_s:.3g} evaluations/s" if r.evaluated else
+            f"nothing left to evaluate (the run that evaluated them: "
+            f"{r.evaluations_per_s:.3g} evaluations/s)")
     if r.result is None and shard is not None and r.files:
         con.print(f"slice {args.shard}: {r.evaluated} chunk(s) evaluated, {r.skipped} resumed; "
-                  f"{r.evaluations_per_s:.3g} evaluations/s")
+                  f"{rate}")
         con.print(f"wrote {', '.join(str(Path(args.out) / n) for n in r.files)}; join the "
                   f"{shard[1]} slices with npujax sweep --merge DIR... --out DIR")
         return 0
@@ -144,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     res = r.result
     con.print(f"{len(res)} configurations x {res.layers} layers: {r.evaluated} chunk(s) "
-              f"evaluated, {r.skipped} resumed; {r.evaluations_per_s:.3g} evaluations/s")
+              f"evaluated, {r.skipped} resumed; {rate}")
     con.print(f"wrote {', '.join(str(Path(args.out) / n) for n in r.files)}")
     return 0
 

@@ -16,6 +16,7 @@ from npujax.hw.spec import LAYOUTS as LAYOUTS
 from npujax.hw.spec import MAPPINGS as MAPPINGS
 from npujax.hw.spec import PARAMETER_CACHES as PARAMETER_CACHES
 from npujax.hw.spec import PRECISION_SCALINGS as PRECISION_SCALINGS
+from npujax.hw.spec import STATIONARY_BUFFERINGS as STATIONARY_BUFFERINGS
 from npujax.hw.spec import UNSUPPORTED_POLICIES as UNSUPPORTED_POLICIES
 from npujax.hw.spec import AreaSpec as AreaSpec
 from npujax.hw.spec import ArraySpec as ArraySpec
@@ -59,6 +60,7 @@ __all__ = [
     "UNSUPPORTED_POLICIES",
     "FUSION_LEVELS",
     "GROUP_PACKINGS",
+    "STATIONARY_BUFFERINGS",
     "PRECISION_SCALINGS",
     "PARAMETER_CACHES",
     "NpuSpec",

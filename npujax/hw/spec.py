@@ -6,7 +6,8 @@ Hardware is data. Every numeric field carries its unit in its name (``clock_hz``
     name = "edge_16x16"
     description = "..."
     [array]    rows, cols, dataflow, clock_hz, operand_bits, accumulator_bits, cores,
-               precision_scaling, brick_bits, group_packing (optional)
+               precision_scaling, brick_bits, group_packing (optional),
+               stationary_buffering (optional)
     [memory]   ifmap_sram_bytes, filter_sram_bytes, ofmap_sram_bytes, dram_bytes_per_s,
                dram_latency_s, dram_bytes (optional), core_link_bytes_per_s (optional),
                mapping (optional), parameter_cache (optional), parameter_cache_bytes
@@ -47,6 +48,7 @@ a preset file.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib.resources
 import json
 import math
@@ -72,6 +74,7 @@ __all__ = [
     "FALLBACK_SCOPES",
     "UNSUPPORTED_POLICIES",
     "GROUP_PACKINGS",
+    "STATIONARY_BUFFERINGS",
     "ArraySpec",
     "MemorySpec",
     "VectorSpec",
@@ -149,6 +152,16 @@ UNSUPPORTED_POLICIES = ("fallback", "rewrite_or_fallback", "rewrite_or_refuse")
 #: depthwise layer puts ``floor(rows / 9)`` channels on a fold instead of one).
 GROUP_PACKINGS = ("sequential", "block_diagonal")
 
+#: How a fold's stationary operand (weight stationary: the weight tile; input stationary: the
+#: input tile) is loaded (``array.stationary_buffering``): ``single``, SCALE-Sim's order, shifts
+#: it in before the fold streams (its fill, ``rows`` cycles, serialised with every fold);
+#: ``double``, as TPU v1's matrix unit holds "one 64 KiB tile of weights plus one for
+#: double-buffering (to hide the 256 cycles it takes to shift a tile in)" (Jouppi et al., ISCA
+#: 2017, section 2), shifts the next fold's tile in while the current fold streams: only the
+#: first fold's fill, and the part of each later fill longer than the fold before it streams,
+#: is exposed.
+STATIONARY_BUFFERINGS = ("single", "double")
+
 
 def _field(*, zero_ok: bool = False, choices: tuple[str, ...] | None = None, default=None,
            lo: float | None = None, hi: float | None = None):
@@ -191,6 +204,11 @@ class ArraySpec:
         group's input stream and each column summing its own group's rows, so one fold of
         ``M`` streamed pixels computes ``P`` groups. Output- and input-stationary arrays share
         the streamed operand along a row and cannot; they stay sequential.
+      stationary_buffering: how a fold's stationary tile is loaded, one of
+        :data:`STATIONARY_BUFFERINGS` (default ``single``: SCALE-Sim's serialised fill;
+        ``double``: the next fold's tile shifts in while the current fold streams, the TPU's
+        double-buffered weight tile). Weight- and input-stationary only: an
+        output-stationary fold has no fill, and row stationary keeps its own model.
       ifmap_spad_words, filter_spad_words, psum_spad_words: per-PE scratchpads of the
         ``row_stationary`` dataflow (words of ``operand_bits``), read only by it
         (:func:`npujax.systolic.rs_conv`); the defaults are Eyeriss's 12, 224 and 24 x 16 b
@@ -207,6 +225,7 @@ class ArraySpec:
     precision_scaling: str = _field(choices=PRECISION_SCALINGS)
     brick_bits: int = _field(lo=1, hi=64)
     group_packing: str = _field(choices=GROUP_PACKINGS, default="sequential")
+    stationary_buffering: str = _field(choices=STATIONARY_BUFFERINGS, default="single")
     ifmap_spad_words: int = _field(lo=1, hi=2**20, default=12)
     filter_spad_words: int = _field(lo=1, hi=2**20, default=224)
     psum_spad_words: int = _field(lo=1, hi=2**20, default=24)
@@ -849,9 +868,11 @@ def preset_text(preset: str | os.PathLike[str]) -> tuple[str, str]:
         res = importlib.resources.files("npujax.presets").joinpath(f"{preset}.toml")
         raw, origin = res.read_bytes(), f"preset {preset!r}"
     else:
+        near = difflib.get_close_matches(Path(str(preset)).stem, list_presets(), n=1, cutoff=0.6)
+        hint = f" Did you mean {near[0]!r}?" if near else ""
         raise ConfigError(
             f"hardware preset {str(preset)!r} not found: it is neither a file nor an installed "
-            f"preset. Pass a path to a .toml file or one of: {', '.join(list_presets())}."
+            f"preset.{hint} Pass a path to a .toml file or one of: {', '.join(list_presets())}."
         )
     try:
         return raw.decode("utf-8"), origin

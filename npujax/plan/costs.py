@@ -554,6 +554,19 @@ def _layer_costs(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight_
                             cores)
         gemm_total = ng * (fill_drain_1 + extra_1 + stream) * n_passes
         gemm_fill_drain = ng * (fill_drain_1 + extra_1) * n_passes
+        if a.stationary_buffering == "double" and df.name in ("weight_stationary",
+                                                               "input_stationary"):
+            # the next fold's stationary tile shifts in while this fold streams (TPU v1's
+            # double-buffered weight tile): after the layer's first fold, each fill is hidden
+            # up to one fold's streaming cycles (every fold of the layer, over its packed
+            # groups and precision passes; the mapping's extra chunks keep theirs)
+            folds_1 = jnp.maximum(g["folds"], 1)
+            per_fold = (stream / real(folds_1) if _relax.is_relaxed()
+                        else stream // folds_1)
+            hidden = (jnp.maximum(ng * g["folds"] * n_passes - 1, 0)
+                      * jnp.minimum(df.fill_cycles(R, C), per_fold))
+            gemm_total = gemm_total - hidden
+            gemm_fill_drain = gemm_fill_drain - hidden
         total_compute = jnp.where(is_gemm, gemm_total, jnp.where(on_npu, vec_cycles, 0))
         fill_drain = jnp.where(is_gemm, gemm_fill_drain, 0)
         tiled = (_bursts(gn * mem["dram_read_bytes_a"], burst)

@@ -85,6 +85,18 @@ def quantize_markdown(result: Any, title: str) -> str:
         out.append(f"- onnxruntime, all 4 optimization levels: max |ORT - npujax fake-quant| "
                    f"= {worst:.3g} (bound {result.ort_bound:.3g}"
                    f"{f', exceeded on {beyond} example(s)' if beyond else ''}){acc}")
+    drift = getattr(result, "ort_drift", None)
+    if drift is not None:
+        tf = drift["teacher_forced"]
+        out.append(f"- end to end, the outputs drifted beyond the bound at "
+                   f"{', '.join(drift['levels'])} (largest difference "
+                   f"{drift['largest_difference']:.3g}, {100 * drift['fraction_beyond_bound']:.1f} "
+                   "% of the examples), by rounding ties compounding through the layers: every "
+                   f"Q/DQ pair ({tf['pairs']}, {tf['values']} values on {tf['examples']} "
+                   f"examples) equals npujax's fake-quant teacher-forced ({tf['mismatches']} "
+                   f"differ) and the drift starts at {drift['starts_at']['pair']} with "
+                   f"{drift['starts_at']['values_differing']} of {drift['starts_at']['values']} "
+                   "values one grid step off, so the file was accepted")
     for n in result.notes:
         out.append(f"- {n}")
     c = result.control

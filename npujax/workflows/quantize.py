@@ -14,7 +14,9 @@
    preset (:func:`npujax.lower`);
 7. the QDQ ONNX export (:func:`npujax.backends.onnx_export.to_onnx`: int32 biases, dynamic
    batch, value_info, ``onnx.checker`` with ``full_check``), run in onnxruntime at every graph
-   optimization level and compared with npujax's fake-quant outputs (:data:`ORT_TOLERANCE`).
+   optimization level and compared with npujax's fake-quant outputs (:data:`ORT_TOLERANCE`);
+   beyond that bound, accepted only if every Q/DQ pair equals fake-quant teacher-forced
+   (:data:`TEACHER_FORCED_EXAMPLES`), with the drift recorded.
 
 :func:`write_quantize_outputs` writes the files (all of them or none).
 """
@@ -49,7 +51,8 @@ from npujax.quantize.spec import LayerQuant, QuantSpec
 from npujax.report.quantize import layers_csv_text, quantize_markdown
 
 __all__ = ["QuantizeConfig", "QuantizeResult", "quantize_model", "write_quantize_outputs",
-           "QUANTIZE_FILES", "ORT_TOLERANCE", "ORT_OUTLIERS", "ort_outliers"]
+           "QUANTIZE_FILES", "ORT_TOLERANCE", "ORT_OUTLIERS", "TEACHER_FORCED_EXAMPLES",
+           "TIE_FLIPS", "ort_outliers"]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +77,18 @@ QUANTIZE_FILES = ("model.qdq.onnx", "layers.csv", "report.md", "quantize.json")
 ORT_TOLERANCE = 0.02
 #: The fraction of checked examples (at least one) allowed beyond :data:`ORT_TOLERANCE`.
 ORT_OUTLIERS = 0.01
+#: Beyond that, on a deep model such flips compound (PP-OCR rec W8A8, 51 quantized layers: the
+#: command refused its own, correct file; docs/results/quantization.md), so the check then
+#: runs :func:`npujax.backends.ort_check.qdq_pair_mismatches` on this many examples (those
+#: that drifted most): the file
+#: is accepted, and the drift recorded (``QuantizeResult.ort_drift``), only if every activation
+#: Q/DQ pair equals fake-quant bit for bit teacher-forced (one rec line: 5.5 M values, 0
+#: differ; an export fault in a quantizer differs on most values of its pair) and the drift
+#: starts as a tie (:data:`TIE_FLIPS`; a fault elsewhere moves most values of the next pair).
+TEACHER_FORCED_EXAMPLES = 2
+#: The largest fraction of a pair's values (at least one) that may differ, by one grid step, at
+#: the first pair where the drift shows: rounding ties flip single codes.
+TIE_FLIPS = 1e-3
 
 
 def ort_outliers(y: np.ndarray, want: np.ndarray, bound: float) -> tuple[int, int, float]:
@@ -199,6 +214,13 @@ class QuantizeResult:
       examples: ``{"calibration": n, "evaluation": n}``.
       calibration: how the model was calibrated: ``{"observer": name, "bias_correction":
         mode of npujax.quantize.ptq.BIAS_CORRECTION_MODES or None (off)}``.
+      ort_drift: None, or, when the end-to-end outputs exceeded the bound at some level but
+        every Q/DQ pair equals fake-quant teacher-forced (:data:`TEACHER_FORCED_EXAMPLES`) and
+        the drift starts as a rounding tie (:data:`TIE_FLIPS`):
+        ``{"levels": [levels beyond the bound], "starts_at": {"pair": QuantizeLinear node name,
+        "values_differing", "values"}, "largest_difference": float,
+        "fraction_beyond_bound": the largest fraction of examples beyond it at one level,
+        "teacher_forced": {"examples", "pairs", "values", "mismatches"}}``.
     """
 
     graph: Graph
@@ -217,6 +239,7 @@ class QuantizeResult:
     notes: tuple[str, ...]
     examples: dict[str, int]
     calibration: dict[str, Any] = dataclasses.field(default_factory=dict)
+    ort_drift: dict[str, Any] | None = None
 
     def summary(self) -> dict[str, Any]:
         """The JSON-ready summary written as ``quantize.json`` (infinite SQNRs as None)."""
@@ -228,6 +251,7 @@ class QuantizeResult:
             "latency_s": self.latency_s, "npu": self.npu, "examples": self.examples,
             "calibration": self.calibration,
             "onnxruntime": self.ort, "onnxruntime_bound": self.ort_bound,
+            "onnxruntime_drift": self.ort_drift,
             "methods": list(self.notes),
             "accuracy_control": None if c is None else {
                 "max_drop": c.max_drop, "met": c.met, "initial_accuracy": c.initial_accuracy,
@@ -434,15 +458,16 @@ def quantize_model(
         latency_s, npu = sched.latency_s, spec.name
         per_layer = {r.name: r.latency_s for r in sched.layers}
     rows = _layer_rows(quant, split, per_layer)
-    onnx_bytes, ort, bound = _export_and_check(g, p, quant, qstate, x_eval, y_eval, y_q,
-                                               y_float, config)
+    onnx_bytes, ort, bound, drift = _export_and_check(g, p, quant, qstate, x_eval, y_eval,
+                                                      y_q, y_float, config)
     return QuantizeResult(g, p, quant, qstate, rows, float_acc, acc, control, latency_s, npu,
                           onnx_bytes, ort, bound, tuple(notes),
                           {"calibration": sum(len(b) for b in calib),
                            "evaluation": len(x_eval)},
                           {"observer": config.observer,
                            "bias_correction": (config.bias_correction_mode
-                                               if config.bias_correction else None)})
+                                               if config.bias_correction else None)},
+                          ort_drift=drift)
 
 
 def _warn_changed_widths(method: str, before: QuantSpec, after: QuantSpec) -> None:
@@ -476,7 +501,8 @@ def _layer_rows(quant: QuantSpec, split: dict[str, LayerSensitivity],
 def _export_and_check(graph: Graph, params: Params, quant: QuantSpec, qstate: dict[str, Any],
                       x_eval: np.ndarray, y_eval: np.ndarray | None, y_q: np.ndarray,
                       y_float: np.ndarray, config: QuantizeConfig
-                      ) -> tuple[bytes, dict[str, dict[str, float | None]] | None, float | None]:
+                      ) -> tuple[bytes, dict[str, dict[str, float | None]] | None, float | None,
+                                 dict[str, Any] | None]:
     from npujax.backends.onnx_export import to_onnx
 
     with phase("quantize: QDQ ONNX export", config.progress):
@@ -484,7 +510,7 @@ def _export_and_check(graph: Graph, params: Params, quant: QuantSpec, qstate: di
                         requantize_outputs=config.requantize_outputs,
                         full_check=True).SerializeToString()
     if not config.ort_check:
-        return model, None, None
+        return model, None, None, None
     from npujax.backends.onnx_export import exported_biases
     from npujax.backends.ort_check import run_onnxruntime_levels
 
@@ -494,6 +520,7 @@ def _export_and_check(graph: Graph, params: Params, quant: QuantSpec, qstate: di
     # already (deployed_biases); recomputed only if the file holds other ones
     differ = {k: b for k, b in biases.items()
               if not np.array_equal(np.asarray(params[k]["bias"], np.float32), b)}
+    written = params
     if differ:
         written = {k: ({**v, "bias": jnp.asarray(differ[k])} if k in differ else v)
                    for k, v in params.items()}
@@ -505,6 +532,8 @@ def _export_and_check(graph: Graph, params: Params, quant: QuantSpec, qstate: di
                config.progress):
         outs = run_onnxruntime_levels(model, {graph.inputs[0]: x_eval[:n]})
     ort: dict[str, dict[str, float | None]] = {}
+    failed = []  # (level, examples beyond the bound, largest difference)
+    off = np.zeros(n)  # per example, the largest difference at a level beyond the bound
     for level, ys in outs.items():
         beyond, allowed, diff = ort_outliers(ys[0].reshape(want.shape), want, bound)
         ort[level] = {"max_abs_diff": diff, "accuracy": None if y_eval is None else
@@ -516,13 +545,77 @@ def _export_and_check(graph: Graph, params: Params, quant: QuantSpec, qstate: di
                       if want.ndim == 2 else None}
         ort[level]["examples_beyond_bound"] = beyond
         if beyond > allowed:
-            raise QuantizationError(
-                f"the exported model's onnxruntime outputs at {level} differ from npujax's "
-                f"fake-quant outputs beyond {bound:.3g} (= {config.ort_tolerance} x the largest "
-                f"float output) on {beyond} of {n} examples (largest {diff:.3g}; {allowed} "
-                "allowed, for rounding ties); nothing was written. Report this with the model, "
-                "or pass --ort-tolerance to accept it.")
-    return model, ort, bound
+            failed.append((level, beyond, diff))
+            off = np.maximum(off, np.abs(np.asarray(ys[0], np.float64).reshape(n, -1)
+                                         - np.asarray(want, np.float64).reshape(n, -1)).max(1))
+    if not failed:
+        return model, ort, bound, None
+    # the examples that drifted most (a tie may have flipped on none of the first ones)
+    worst = np.sort(np.argsort(-np.nan_to_num(off, nan=np.inf), kind="stable")[
+        :min(TEACHER_FORCED_EXAMPLES, n)])
+    return model, ort, bound, _teacher_forced(model, graph, written, quant, qstate,
+                                              x_eval[:n][worst], n, bound, failed, config)
+
+
+def _teacher_forced(model: bytes, graph: Graph, params: Params, quant: QuantSpec,
+                    qstate: dict[str, Any], x: np.ndarray, n: int, bound: float,
+                    failed: list[tuple[str, int, float]], config: QuantizeConfig
+                    ) -> dict[str, Any]:
+    """When the end-to-end outputs exceed the bound: accept the file if every Q/DQ pair equals
+    fake-quant teacher-forced (:func:`npujax.backends.ort_check.qdq_pair_mismatches` on ``x``,
+    the :data:`TEACHER_FORCED_EXAMPLES` examples that drifted most) and the drift starts as
+    rounding ties do
+    (at the first pair whose output differs from fake-quant's, few values, one grid step
+    apart: :data:`TIE_FLIPS`), and return the drift to record; else raise. The second test
+    covers what the pairs do not: a wrong weight, bias or operator upstream of a pair moves
+    most of its values by many steps.
+
+    Raises:
+      QuantizationError: a pair differs teacher-forced (names the first), the drift does not
+        start as a rounding tie (names the pair where it starts), or the file has no pair.
+    """
+    from npujax.backends.ort_check import qdq_pair_mismatches
+    from npujax.ir.execute import tap
+
+    level, beyond, diff = max(failed, key=lambda f: (f[1], f[2]))
+    k = len(x)
+    with phase(f"quantize: teacher-forced Q/DQ check on {k} examples", config.progress):
+        _, taps = jax.jit(lambda p, s, xb: execute(graph, p, xb, quant=quant, qstate=s,
+                                                   observe=tap(list(quant))))(
+            params, qstate, jnp.asarray(x))
+        ref = {f"{name}/{what}_quant": np.asarray(t[i]) for name, t in taps.items()
+               for i, what in ((0, "act"), (2, "operand")) if i < len(t)}
+        check = qdq_pair_mismatches(model, graph, quant, qstate, {graph.inputs[0]: x},
+                                    reference=ref)
+    end_to_end = (f"the exported model's onnxruntime outputs at {level} differ from npujax's "
+                  f"fake-quant outputs beyond {bound:.3g} (= {config.ort_tolerance} x the "
+                  f"largest float output) on {beyond} of {n} examples (largest {diff:.3g})")
+    first = check.first_divergence
+    why = None
+    if not check.pairs:
+        why = "and the file has no activation Q/DQ pair to check teacher-forced"
+    elif check.mismatches:
+        why = (f"and teacher-forced its Q/DQ pair {check.first_mismatch!r} differs from "
+               f"fake-quant ({check.mismatches} of {check.values} values on {k} examples)")
+    elif first is None:
+        why = ("and no Q/DQ pair's output differs from fake-quant on the "
+               f"{k} examples that drifted most, so the difference is not a rounding tie's")
+    elif first[1] > max(1, TIE_FLIPS * first[2]) or first[3] > 1.0 + 1e-3:
+        why = (f"and it starts at Q/DQ pair {first[0]!r} ({first[1]} of {first[2]} values, up "
+               f"to {first[3]:.3g} grid steps apart), not as a rounding tie")
+    if why is not None:
+        raise QuantizationError(f"{end_to_end}, {why}; nothing was written. Report this with "
+                                "the model, or pass --ort-tolerance to accept it.")
+    assert first is not None  # (why is set when it is None)
+    log.warning("%s, which rounding ties compound through the layers: every Q/DQ pair (%d, %d "
+                "values on %d examples) equals fake-quant teacher-forced, so the file is "
+                "written (see report.md)", end_to_end, len(check.pairs), check.values, k)
+    return {"levels": [f[0] for f in failed], "starts_at": {
+                "pair": first[0], "values_differing": first[1], "values": first[2]},
+            "largest_difference": max(f[2] for f in failed),
+            "fraction_beyond_bound": max(f[1] for f in failed) / n,
+            "teacher_forced": {"examples": k, "pairs": len(check.pairs),
+                               "values": check.values, "mismatches": check.mismatches}}
 
 
 def write_quantize_outputs(out: str | os.PathLike[str], result: QuantizeResult,

@@ -169,6 +169,10 @@ def test_sweep_of_a_replaced_model_is_not_resumed(capsys, tmp_path):
             "--out", str(out), "--no-progress"]
     onnx.save(hi.conv(1, 8, c_in=3, c_out=4), model)
     assert _run(capsys, *argv)[0] == 0
+    # the same sweep again: all resumed, and the rate is not printed as if measured now
+    assert main(list(argv)) == 0
+    out_text = " ".join(capsys.readouterr().out.split())
+    assert "0 chunk(s) evaluated, 2 resumed; nothing left to evaluate (the run" in out_text
     same_layers = hi.conv(1, 8, c_in=3, c_out=4)
     same_layers.doc_string = "retrained"  # other bytes, the same layers
     for m, changed in ((same_layers, "the model file's contents changed"),

@@ -75,8 +75,14 @@ def test_zero_latency_is_allowed(tmp_path):
 
 
 def test_missing_preset_lists_available():
-    with pytest.raises(ConfigError, match="edge_16x16"):
+    with pytest.raises(ConfigError, match="edge_16x16") as e:
         load_npu_spec("no_such_preset")
+    assert "Did you mean" not in str(e.value)
+
+
+def test_misspelt_preset_suggests_the_nearest():
+    with pytest.raises(ConfigError, match="Did you mean 'coral_edgetpu'"):
+        load_npu_spec("coral_edgtpu")
 
 
 def test_a_field_with_a_default_may_be_left_out_of_presets():

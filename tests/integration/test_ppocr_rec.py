@@ -9,13 +9,12 @@ import collections
 
 import jax
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 
 from npujax.backends.onnx_export import to_onnx
-from npujax.ir.execute import execute, layer_state
-from npujax.numerics import fake_quant
+from npujax.backends.ort_check import qdq_pair_mismatches
+from npujax.ir.execute import execute
 from npujax.plan import lower
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.spec import SOFTMAX_RANGE, quant_spec
@@ -33,50 +32,6 @@ def _ort_lines(model, x: np.ndarray) -> np.ndarray:
     src = model if isinstance(model, bytes) else str(model)
     sess = ort.InferenceSession(src, opts, providers=["CPUExecutionProvider"])
     return np.concatenate([sess.run(None, {"x": xi[None]})[0] for xi in x])
-
-
-def _quantizer_mismatches(graph, q, qstate, model: bytes, x: np.ndarray) -> tuple[int, int]:
-    """Teacher-forced check of every exported ``QuantizeLinear -> DequantizeLinear`` pair:
-    npujax's ``fake_quant`` on the layer's calibrated grid (as its STE quantizer applies it in
-    ``execute``) of the tensor that onnxruntime (graph optimizations off) feeds that pair,
-    against what the pair returns. Returns ``(values that differ, values compared)``; the float
-    values must be bit-identical (same grid, zero point, rounding half to even, saturation),
-    whatever the upstream float rounding did. The pairs of one format run as one call (a
-    per-element grid over their concatenated values: the same elementwise arithmetic as per
-    tensor), since tracing 55 quantizers took longer than the rest of the test."""
-    m = onnx.load_from_string(model)
-    dq_of = {n.input[0]: n for n in m.graph.node if n.op_type == "DequantizeLinear"}
-    pairs = []
-    for n in m.graph.node:
-        layer, _, what = n.name.rpartition("/")
-        if n.op_type == "QuantizeLinear" and what in ("act_quant", "operand_quant"):
-            pairs.append((layer, what, n.input[0], dq_of[n.output[0]].output[0]))
-    assert len(pairs) == len(q) + sum(graph.node(n).op == "MatMul" for n in q)
-    m.graph.output.extend(onnx.ValueInfoProto(name=t) for _, _, *ts in pairs for t in ts)
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"x": x})))
-    groups: dict = collections.defaultdict(lambda: ([], [], [], []))
-    for layer, what, t_in, t_dq in pairs:
-        state = layer_state(q, qstate, layer)
-        if what == "act_quant":
-            fmt, s, z = q[layer].act, state.act_scale, state.act_zero_point
-        else:
-            fmt, s, z = q[layer].weight_candidates[0], state.operand_scale, state.operand_zero_point
-        xs, ss, zs, want = groups[fmt]
-        xs.append(got[t_in].ravel())
-        ss.append(np.full(got[t_in].size, s, np.float32))
-        zs.append(np.full(got[t_in].size, z, np.int32))
-        want.append(got[t_dq].ravel())
-    bad = total = 0
-    for fmt, parts in groups.items():
-        xs, ss, zs, want = (np.concatenate(p) for p in parts)
-        y = np.asarray(jax.jit(fake_quant, static_argnames=("fmt", "axis"))(
-            xs, ss, zs, fmt=fmt, axis=0))
-        bad += int((y != want).sum())
-        total += y.size
-    return bad, total
 
 
 def test_rec_import_matches_onnxruntime(ppocr_rec):
@@ -119,8 +74,11 @@ def test_rec_qdq_export_argmax_matches_fake_quant(ppocr_rec):
     # The semantics, teacher-forced: every Q/DQ pair that onnxruntime runs, fed its own input
     # tensor, returns fake-quant's values bit for bit (measured: 0 of 5.5 M on this line; the
     # weights' DequantizeLinear: 0 of 2.7 M, experiments/transformer_quant/ppocr_rec_qdq_gap.py).
-    bad, total = _quantizer_mismatches(graph, q, qstate, model, x[:1])
-    assert total > 5_000_000 and bad == 0, (bad, total)
+    # One pair per layer's input and per attention MatMul's second operand.
+    check = qdq_pair_mismatches(model, graph, q, qstate, {"x": x[:1]})
+    assert len(check.pairs) == len(q) + len(attention)
+    assert check.values > 5_000_000 and check.mismatches == 0, (check.first_mismatch,
+                                                                check.mismatches)
     yo = _ort_lines(model, x)
     assert yo.shape == yq.shape == (3, 40, 6625)
     # End to end the codes drift apart: one float-rounding flip (1 code, at a rounding boundary)

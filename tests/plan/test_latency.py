@@ -330,6 +330,28 @@ def test_block_diagonal_group_packing_on_weight_stationary():
     assert lower(g, os_).latency_s == lower(g, os_seq).latency_s
 
 
+def test_double_buffered_stationary_tile_hides_each_later_fill():
+    """array.stationary_buffering = double (TPU v1's double-buffered weight tile): the 40
+    folds of a 3x3 depthwise layer on a 32x32 weight-stationary array keep the first fold's
+    fill (32 cycles, the rows) and hide each later one up to the fold's streaming: all of it
+    at 8x8 pixels (64 streamed rows per fold), 16 of its 32 cycles at 4x4. Output stationary
+    has no fill and is unchanged."""
+    base = dataclasses.replace(load_npu_spec("edge_16x16"), array=dataclasses.replace(
+        load_npu_spec("edge_16x16").array, rows=32, cols=32, dataflow="weight_stationary"))
+    base = _with(base, "layout", channel_alignment=1)
+    double = _with(base, "array", stationary_buffering="double")
+    for hw, hidden in ((8, 39 * 32), (4, 39 * 16)):
+        g = _trace(Depthwise(40, nnx.Rngs(0)), (1, hw, hw, 40))
+        one = {r.name: r for r in lower(g, base).layers}["dw"]
+        two = {r.name: r for r in lower(g, double).layers}["dw"]
+        assert one.costs.folds == two.costs.folds == 40
+        assert one.costs.compute_cycles - two.costs.compute_cycles == hidden
+        assert one.costs.fill_drain_cycles - two.costs.fill_drain_cycles == hidden
+    os_ = _with(base, "array", dataflow="output_stationary")
+    assert (lower(g, _with(os_, "array", stationary_buffering="double")).latency_s
+            == lower(g, os_).latency_s)
+
+
 def test_host_fallback_is_a_roofline_of_operations_and_bytes(graph, edge_spec):
     """A layer on the host takes max(ops / cpu_ops_per_s, bytes / memory_bytes_per_s); with
     the host's memory not modelled (0, the default) only the operations count."""
