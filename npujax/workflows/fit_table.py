@@ -140,8 +140,9 @@ def fit_benchmark_table(
         which needs a table of one group.
       bits: width of every layer's weights and activations.
       cross_validate: also predict each model from a fit without it.
-      loss, loss_scale: the fit's loss of the log ratios and its scale
-        (:func:`npujax.plan.fit_table.fit_table`; default ``soft_l1`` at 0.1).
+      loss: the fit's loss of the log ratios (:func:`npujax.plan.fit_table.fit_table`;
+        default ``soft_l1``; ``linear``: least squares).
+      loss_scale: the robust loss's scale in log ratio (default 0.1).
       name: the fitted preset's name.
       progress: called with a line of text per stage.
 
