@@ -20,7 +20,10 @@ where no constructor of the exact architecture exists). The ONNX exports are NCH
 Run from the repository root (about 40 minutes on 2 shared CPU cores; needs the ``keras``
 extra and the exports of ``export_onnx.py``)::
 
-    python experiments/fidelity/coral.py [--out experiments/fidelity/out]
+    python experiments/fidelity/coral.py [--out experiments/fidelity/out] [--loss linear]
+
+(``--loss linear``: the least-squares fit of the figures before 2026-12-03; the default is
+``fit_table``'s robust ``soft_l1``.)
 
 It prints the tables of docs/results/fidelity.md and writes, per host, the fitted preset,
 predictions.csv, fit.json and the log-log plot.
@@ -77,6 +80,8 @@ def main() -> int:
     ap.add_argument("--cache", default="", help="folder to keep each row's workloads in "
                     "(pickled, keyed by source and input shape; reused on the next run, which "
                     "then skips tracing the Keras models: about 10 minutes)")
+    ap.add_argument("--loss", default=None, help="the fits' loss of the log ratios (default: "
+                    "fit_table's, soft_l1; linear: least squares, the figures before 2026-12-03)")
     args = ap.parse_args()
     from rich.console import Console
 
@@ -86,6 +91,7 @@ def main() -> int:
     from npujax.plan import network
     from npujax.plan.fit import fit_metrics
     from npujax.plan.fit_table import (
+        TABLE_LOSS,
         TableModel,
         TableRow,
         fit_table,
@@ -101,6 +107,7 @@ def main() -> int:
     )
 
     compile_cache()  # a rerun skips compiling the models' cost programs
+    loss = args.loss or TABLE_LOSS
     con = Console(width=120)
     t0 = time.time()
 
@@ -149,7 +156,7 @@ def main() -> int:
     results = {}
     # 1. USB Accelerator: fit, leave-one-out
     used, ms, skipped = models(USB)
-    usb = fit_table(ms, usb_spec, FIELDS, progress=say)
+    usb = fit_table(ms, usb_spec, FIELDS, loss=loss, progress=say)
     run = TableFitRun(str(TABLE), USB, tuple(used), tuple(skipped), usb_spec, usb,
                       tuple(model_bound(m, usb.spec) for m in ms))
     con.rule("USB Accelerator (coral_edgetpu), fitted, leave-one-out")
@@ -179,7 +186,7 @@ def main() -> int:
     m = fit_metrics(meas, pred)
     con.print(f"MAPE {m['mape']:.1f} %, Spearman {m['spearman']:.3f}")
     # 2b. Dev Board: the link refitted on its own rows (leave-one-out), the rest from the USB fit
-    dev = fit_table(ms, dev_from_usb, ["memory.dram_bytes_per_s"], progress=say,
+    dev = fit_table(ms, dev_from_usb, ["memory.dram_bytes_per_s"], loss=loss, progress=say,
                     name="coral_devboard_fitted")
     run_dev = TableFitRun(str(TABLE), DEV, tuple(used), tuple(skipped), dev_from_usb, dev,
                           tuple(model_bound(x, dev.spec) for x in ms))

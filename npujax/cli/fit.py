@@ -26,9 +26,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "summed) or an onnxruntime profiling JSON. Writes the fitted preset "
                     "(fitted.toml, accepted by every --npu), fit.json, fit_layers.csv and the "
                     "scatter plot fit.png to --out. With --table instead: whole-model times of "
-                    "a benchmark table, up to 5 fields fitted by least squares through the "
-                    "relaxed cost model, judged leave-one-out (fitted.toml, predictions.csv, "
-                    "fit.json, predictions.png). See docs/fit.md.",
+                    "a benchmark table, up to 5 fields fitted by robust (soft_l1, --loss) least "
+                    "squares on log ratios through the relaxed cost model, judged "
+                    "leave-one-out (fitted.toml, predictions.csv, fit.json, predictions.png). "
+                    "See docs/fit.md.",
         epilog=epilog(
             "npujax fit --table experiments/fidelity/coral_edgetpu_table1.csv --group "
             "usb_accelerator_desktop --npu coral_edgetpu --params "
@@ -53,6 +54,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "(224x224x3) and group or host; reports leave-one-out predictions "
                     "(docs/fit.md)")
     fp.add_argument("--group", help="with --table: fit the rows of this group (host) only")
+    fp.add_argument("--loss", choices=names("npujax.plan.fit_table", "TABLE_LOSSES"),
+                    default=None,
+                    help="with --table: the loss of the log ratios log(predicted/measured) "
+                    "(default soft_l1: robust, a row the model cannot explain pulls the fit "
+                    "less; linear: least squares; huber, cauchy, arctan: scipy's)")
+    fp.add_argument("--loss-scale", type=float, default=None, metavar="F",
+                    help="with --table: the robust loss's scale in log ratio, errors well "
+                    "beyond it count about linearly (default 0.1, a benchmark table's noise)")
     fp.add_argument("--input-shape", action="append", metavar="NAME=1,3,224,224",
                     help="static shape of an ONNX input (repeat for several inputs)")
     fp.add_argument("--npu", default="edge_16x16",
@@ -109,8 +118,11 @@ def run(args: argparse.Namespace) -> int:
         return _run_table(args)
     if not args.profile or not args.model:
         raise ConfigError("give a measured PROFILE and its --model, or a benchmark --table.")
-    if args.group:
-        raise ConfigError("--group applies to --table.")
+    for flag, given in (("--group", args.group), ("--loss", args.loss),
+                        ("--loss-scale", args.loss_scale)):
+        if given is not None:
+            raise ConfigError(f"{flag} applies to --table (a per-layer profile is fitted by "
+                              "Adam on the mean squared log error).")
     args.steps = 400 if args.steps is None else args.steps
     args.learning_rate = 0.1 if args.learning_rate is None else args.learning_rate
     if not args.learning_rate > 0:
@@ -160,7 +172,7 @@ def _run_table(args: argparse.Namespace) -> int:
         if given is not None and given is not False:
             raise ConfigError(f"{flag} applies to a per-layer profile, not to --table (a "
                               "table's models are fitted through preset fields only, by "
-                              "least squares).")
+                              "(robust) least squares).")
     fields = resolve_fields([f for f in args.params.split(",") if f.strip()])
     out = output_dir(args.out)
     assert out is not None
@@ -169,8 +181,13 @@ def _run_table(args: argparse.Namespace) -> int:
     def progress(line: str) -> None:  # plain lines on stderr: a table fit takes minutes
         note(f"fit: {line}", not args.no_progress)
 
-    run_ = fit_benchmark_table(args.table, args.npu, fields, group=args.group, bits=args.bits,
-                               name=args.name, progress=progress)
+    from npujax.plan.fit_table import TABLE_LOSS, TABLE_LOSS_SCALE
+
+    run_ = fit_benchmark_table(
+        args.table, args.npu, fields, group=args.group, bits=args.bits,
+        loss=args.loss or TABLE_LOSS,
+        loss_scale=TABLE_LOSS_SCALE if args.loss_scale is None else args.loss_scale,
+        name=args.name, progress=progress)
     print_table_fit(con, run_)
     with staged_dir(out) as stage:
         names = write_table_fit(stage, run_)

@@ -27,18 +27,22 @@ from npujax.errors import ConfigError, GraphError, NpujaxError
 from npujax.hw.spec import NpuSpec, as_spec, spec_to_toml
 from npujax.ir.graph import Graph
 from npujax.plan.fit_table import (
+    TABLE_LOSS,
+    TABLE_LOSS_SCALE,
     TableFitResult,
     TableModel,
     TableRow,
     fit_table,
     models_needed,
     read_table,
+    table_loss,
 )
 from npujax.plan.program import Network, network
 from npujax.report import plot_measured_vs_modelled, write_json
 
 __all__ = ["TableFitRun", "CHANNEL_MINOR", "table_graph", "deployed_spec", "table_network",
-           "fit_benchmark_table", "model_bound", "print_table_fit", "write_table_fit"]
+           "fit_benchmark_table", "model_bound", "loss_label", "print_table_fit",
+           "write_table_fit"]
 
 #: Device activation layouts with the channels innermost (``NC1HWC0`` is NHWC in blocks of
 #: ``c0`` channels): a table's NCHW model is built channels-last for them.
@@ -192,6 +196,8 @@ def fit_benchmark_table(
     group: str | None = None,
     bits: int = 8,
     cross_validate: bool = True,
+    loss: str = TABLE_LOSS,
+    loss_scale: float = TABLE_LOSS_SCALE,
     name: str | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> TableFitRun:
@@ -205,6 +211,9 @@ def fit_benchmark_table(
         which needs a table of one group.
       bits: width of every layer's weights and activations.
       cross_validate: also predict each model from a fit without it.
+      loss: the fit's loss of the log ratios (:func:`npujax.plan.fit_table.fit_table`;
+        default ``soft_l1``; ``linear``: least squares).
+      loss_scale: the robust loss's scale in log ratio (default 0.1).
       name: the fitted preset's name.
       progress: called with a line of text per stage.
 
@@ -217,6 +226,7 @@ def fit_benchmark_table(
         :func:`npujax.plan.fit_table.fit_table`.
     """
     spec = as_spec(npu)
+    table_loss([], loss, loss_scale)  # an unknown loss fails before any model is built
     rows = read_table(table)
     groups = sorted({r.group for r in rows})
     if group is None and len(groups) > 1:
@@ -254,7 +264,7 @@ def fit_benchmark_table(
         models.append(TableModel(r.model, r.group, net.layers, net.chains, r.measured_s,
                                  r.bits))
     result = fit_table(models, spec, fields, bits=bits, cross_validate=cross_validate,
-                       name=name, progress=progress)
+                       loss=loss, loss_scale=loss_scale, name=name, progress=progress)
     bounds = tuple(model_bound(m, result.spec, bits) for m in models)
     return TableFitRun(str(table), group, tuple(used), tuple(skipped), spec, result, bounds,
                        None if isinstance(npu, NpuSpec) else str(npu))
@@ -336,8 +346,15 @@ def print_table_fit(console: Console, run: TableFitRun) -> None:
         console.print(f"note: {run.start.name} splits every layer over its {a.cores} cores; a "
                       "table measured on fewer (RKNN's default core mask runs a model on one) "
                       "needs array.cores_per_inference in the preset.")
+    console.print(f"loss: {loss_label(r)}")
     for row, why in run.skipped:
         console.print(f"skipped {row.model}: {why}")
+
+
+def loss_label(result: TableFitResult) -> str:
+    """The fit's loss in words, e.g. ``soft_l1, scale 0.1`` or ``linear (least squares)``."""
+    return ("linear (least squares)" if result.loss == "linear"
+            else f"{result.loss}, scale {result.loss_scale:g}")
 
 
 def write_table_fit(out: str | Path, run: TableFitRun) -> list[str]:
@@ -351,7 +368,7 @@ def write_table_fit(out: str | Path, run: TableFitRun) -> list[str]:
     r = run.result
     kept = ", ".join(k for k, v in r.identifiable.items() if v) or "none identified"
     header = (f"fitted by npujax fit --table {Path(run.table).name} "
-              f"({len(run.rows)} models, fields: {kept})")
+              f"({len(run.rows)} models, fields: {kept}, loss: {loss_label(r)})")
     notes = {f: f"fitted by npujax fit --table (relative standard error "
                 f"{r.rel_std_err[f]:.0%})" for f in r.fields if r.identifiable[f]}
     atomic_write_text(out / "fitted.toml", spec_to_toml(r.spec, header, base=run.base,
@@ -365,6 +382,7 @@ def write_table_fit(out: str | Path, run: TableFitRun) -> list[str]:
     write_json(out / "fit.json", {
         "table": run.table, "group": run.group, "start": run.start.name,
         "fitted_preset": r.spec.name, "bits": r.bits,
+        "loss": {"name": r.loss, "scale": r.loss_scale, "cost": r.cost},
         # (a field no model depends on has an infinite error: null)
         "fields": {f: {"preset": r.initial[f], "fitted": r.fitted[f],
                        "rel_std_err": r.rel_std_err[f] if math.isfinite(r.rel_std_err[f])
