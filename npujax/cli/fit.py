@@ -174,6 +174,11 @@ def _run_table(args: argparse.Namespace) -> int:
                               "table's models are fitted through preset fields only, by "
                               "(robust) least squares).")
     fields = resolve_fields([f for f in args.params.split(",") if f.strip()])
+    from npujax.plan.fit_table import TABLE_LOSS, TABLE_LOSS_SCALE, table_loss
+
+    loss = args.loss or TABLE_LOSS
+    loss_scale = TABLE_LOSS_SCALE if args.loss_scale is None else args.loss_scale
+    table_loss([0.0], loss, loss_scale)  # a bad --loss/--loss-scale fails before --out exists
     out = output_dir(args.out)
     assert out is not None
     con = console()
@@ -181,13 +186,9 @@ def _run_table(args: argparse.Namespace) -> int:
     def progress(line: str) -> None:  # plain lines on stderr: a table fit takes minutes
         note(f"fit: {line}", not args.no_progress)
 
-    from npujax.plan.fit_table import TABLE_LOSS, TABLE_LOSS_SCALE
-
     run_ = fit_benchmark_table(
-        args.table, args.npu, fields, group=args.group, bits=args.bits,
-        loss=args.loss or TABLE_LOSS,
-        loss_scale=TABLE_LOSS_SCALE if args.loss_scale is None else args.loss_scale,
-        name=args.name, progress=progress)
+        args.table, args.npu, fields, group=args.group, bits=args.bits, loss=loss,
+        loss_scale=loss_scale, name=args.name, progress=progress)
     print_table_fit(con, run_)
     with staged_dir(out) as stage:
         names = write_table_fit(stage, run_)

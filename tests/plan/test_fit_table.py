@@ -208,6 +208,10 @@ def test_cli_writes_preset_predictions_and_plot(graphs, truth, tmp_path):
     # --loss and --loss-scale belong to --table
     assert main(["fit", "p.csv", "--model", "m.onnx", "--params", "clock_hz", "--loss",
                  "linear", "--out", str(tmp_path / "x")]) != 0
+    # a bad --loss-scale is refused before --out is created
+    assert main([*args[:-3], "--out", str(tmp_path / "y"), "--group", "a",
+                 "--loss-scale", "0"]) != 0
+    assert not (tmp_path / "y").exists()
     assert report["metrics"]["loo"]["mape"] < 0.01
     with (out / "predictions.csv").open() as f:
         pred = list(csv.DictReader(f))
