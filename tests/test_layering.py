@@ -26,7 +26,9 @@ RANK = {
 #: Modules that may import onnx (``ops.host`` and ``ops._onnx`` only inside the functions that
 #: run or export a CPU-fallback node, which exist only in imported models).
 ONNX_IMPORTERS = {"npujax.frontends.onnx", "npujax.backends.onnx_export", "npujax.ops.host",
-                  "npujax.ops._onnx"}
+                  "npujax.ops._onnx",
+                  # reads an exported file's Q/DQ pairs to tap them (qdq_pair_mismatches)
+                  "npujax.backends.ort_check"}
 
 
 def _modules():
