@@ -68,8 +68,9 @@ def _session(model: bytes, level: str, threads: int) -> Any:
     try:
         import onnxruntime as ort  # type: ignore[import-untyped]
     except ImportError:
-        raise ConfigError("checking the exported model needs onnxruntime: pip install "
-                          "onnxruntime (or skip the check).") from None
+        raise ConfigError("checking the exported model needs onnxruntime (a dependency of "
+                          "npujax): pip install onnxruntime, or skip the check "
+                          "(npujax quantize --no-ort-check).") from None
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
