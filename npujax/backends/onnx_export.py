@@ -20,7 +20,9 @@ float bias. Models with such layers are written at opset :data:`QDQ_EXTENDED_OPS
 :data:`EXPORT_OPSET`. Each layer is written on the grid its quantizer deploys (``act_grid``,
 ``weight_grid``): LSQ/LSQ+ layers with their learned steps.
 
-Formats narrower than 8 bits are stored in int8/uint8 (their codes fit); an activation format
+Formats of 9-16 bits are stored in int16/uint16, which ``QuantizeLinear`` takes from opset 21
+(the file is then written at :data:`QDQ_EXTENDED_OPSET`). Formats narrower than 8 bits are
+stored in int8/uint8 (their codes fit); an activation format
 narrower than 8 bits gets a ``Clip`` to its float range before ``QuantizeLinear``, so the codes
 stay in the format's range. All other nodes map back to their ONNX operators. The file is written
 atomically. Source of the semantics: the ONNX operator specification
@@ -476,8 +478,10 @@ def to_onnx(
         from npujax.ir.passes import unfold_batch
 
         graph, params = unfold_batch(graph, params)
+    # float8, blocked weights and 9-16-bit integers (int16/uint16 Q/DQ) need opset 21
     extended = any(lq.weight_block_size is not None or any(
-        isinstance(f, FloatFormat) for f in (*lq.weight_candidates, lq.act))
+        isinstance(f, FloatFormat) or (isinstance(f, IntFormat) and f.bits > 8)
+        for f in (*lq.weight_candidates, lq.act) if f is not None)
         for lq in quant.values())
     w = _Writer(graph, params, quant, qstate, int32_bias,
                 QDQ_EXTENDED_OPSET if extended else EXPORT_OPSET)

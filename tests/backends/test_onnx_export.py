@@ -178,6 +178,26 @@ def test_float_export_matches_and_low_bit_export_stays_in_range():
     assert_close(y, yq, rtol=1e-4, atol=1e-4)
 
 
+def test_9_to_16_bit_formats_export_as_int16_qdq_at_opset_21():
+    """12-bit weights and 16-bit activations are stored in int16/uint16, which QuantizeLinear
+    takes from opset 21; onnxruntime runs the file as npujax's fake-quant computes it (the
+    quantize command raised onnx's shape-inference error on them)."""
+    m = _small_model()
+    graph, params = optimize(*from_onnx(m))
+    x = np.random.default_rng(1).normal(size=(2, 1, 3, 16, 16)).astype(np.float32)
+    q = quant_spec(graph, weight_bits=12, act_bits=16)
+    qstate = calibrate(graph, params, list(x), q)
+    model = to_onnx(graph, params, q, qstate, int32_bias=False, requantize_outputs=False)
+    assert model.opset_import[0].version == 21
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    kernels = [v for k, v in inits.items() if k.endswith("kernel_q")]
+    assert kernels and all(v.dtype == np.int16 for v in kernels)
+    yq = np.concatenate([np.asarray(execute(graph, params, xi, quant=q, qstate=qstate))
+                         for xi in x])
+    y = np.concatenate([ort_run(model.SerializeToString(), {"x": xi})[0] for xi in x])
+    assert_close(y, yq, rtol=1e-4, atol=1e-4)
+
+
 def test_export_errors():
     graph, params = from_onnx(_small_model())
     q = quant_spec(graph)
