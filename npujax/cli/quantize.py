@@ -212,6 +212,13 @@ def run(args: argparse.Namespace) -> int:
         con.print(f"accuracy: float {result.float_accuracy:.2f} %, quantized "
                   f"{result.accuracy:.2f} % on {result.examples['evaluation']} held-out "
                   "examples")
+    vf = result.vs_float
+    if vf is not None:
+        con.print(f"against float: output SQNR {vf['output_sqnr_db']:.1f} dB"
+                  + ("" if vf["top1_agreement"] is None
+                     else f", top-1 agreement {100 * vf['top1_agreement']:.1f} %")
+                  + (" -- far from float: check --method and --bias-correction before deploying"
+                     if vf["far"] else ""))
     if result.control is not None:
         c = result.control
         back = ", ".join(

@@ -52,7 +52,7 @@ from npujax.report.quantize import layers_csv_text, quantize_markdown
 
 __all__ = ["QuantizeConfig", "QuantizeResult", "quantize_model", "write_quantize_outputs",
            "QUANTIZE_FILES", "ORT_TOLERANCE", "ORT_OUTLIERS", "TEACHER_FORCED_EXAMPLES",
-           "TIE_FLIPS", "ort_outliers"]
+           "TIE_FLIPS", "FAR_SQNR_DB", "FAR_AGREEMENT", "ort_outliers", "output_vs_float"]
 
 log = logging.getLogger(__name__)
 
@@ -214,6 +214,8 @@ class QuantizeResult:
       examples: ``{"calibration": n, "evaluation": n}``.
       calibration: how the model was calibrated: ``{"observer": name, "bias_correction":
         mode of npujax.quantize.ptq.BIAS_CORRECTION_MODES or None (off)}``.
+      vs_float: the fake-quant model's outputs against the float model's on the evaluation
+        examples, labels or not (:func:`output_vs_float`).
       ort_drift: None, or, when the end-to-end outputs exceeded the bound at some level but
         every Q/DQ pair equals fake-quant teacher-forced (:data:`TEACHER_FORCED_EXAMPLES`) and
         the drift starts as a rounding tie (:data:`TIE_FLIPS`):
@@ -240,6 +242,7 @@ class QuantizeResult:
     examples: dict[str, int]
     calibration: dict[str, Any] = dataclasses.field(default_factory=dict)
     ort_drift: dict[str, Any] | None = None
+    vs_float: dict[str, Any] | None = None
 
     def summary(self) -> dict[str, Any]:
         """The JSON-ready summary written as ``quantize.json`` (infinite SQNRs as None)."""
@@ -252,6 +255,8 @@ class QuantizeResult:
             "calibration": self.calibration,
             "onnxruntime": self.ort, "onnxruntime_bound": self.ort_bound,
             "onnxruntime_drift": self.ort_drift,
+            "vs_float": None if self.vs_float is None else {
+                **self.vs_float, "output_sqnr_db": _finite(self.vs_float["output_sqnr_db"])},
             "methods": list(self.notes),
             "accuracy_control": None if c is None else {
                 "max_drop": c.max_drop, "met": c.met, "initial_accuracy": c.initial_accuracy,
@@ -458,6 +463,14 @@ def quantize_model(
         latency_s, npu = sched.latency_s, spec.name
         per_layer = {r.name: r.latency_s for r in sched.layers}
     rows = _layer_rows(quant, split, per_layer)
+    vs_float = output_vs_float(y_q, y_float)
+    if vs_float["far"]:
+        log.warning("the quantized model's outputs are far from the float model's on the %d "
+                    "evaluation examples (output SQNR %.1f dB%s): check the calibration "
+                    "(--method, --bias-correction) before deploying the file", len(y_q),
+                    vs_float["output_sqnr_db"],
+                    "" if vs_float["top1_agreement"] is None else
+                    f", top-1 agreement {100 * vs_float['top1_agreement']:.1f} %")
     onnx_bytes, ort, bound, drift = _export_and_check(g, p, quant, qstate, x_eval, y_eval,
                                                       y_q, y_float, config)
     return QuantizeResult(g, p, quant, qstate, rows, float_acc, acc, control, latency_s, npu,
@@ -467,7 +480,36 @@ def quantize_model(
                           {"observer": config.observer,
                            "bias_correction": (config.bias_correction_mode
                                                if config.bias_correction else None)},
-                          ort_drift=drift)
+                          ort_drift=drift, vs_float=vs_float)
+
+
+#: Below these the quantized model's outputs are reported as far from the float model's
+#: (a warning, and a line in report.md): the output SQNR (dB), and the top-1 agreement.
+FAR_SQNR_DB = 10.0
+FAR_AGREEMENT = 0.9
+
+
+def output_vs_float(y_q: np.ndarray, y_float: np.ndarray) -> dict[str, Any]:
+    """How far the fake-quant model's outputs are from the float model's, without labels.
+
+    Args:
+      y_q, y_float: the two models' outputs on the same examples, float ``[n, ...]``.
+
+    Returns:
+      ``{"output_sqnr_db": 10 log10(sum y_float^2 / sum (y_q - y_float)^2) (inf if equal),
+      "top1_agreement": the fraction of positions whose arg-max over the last axis agree, for
+      class scores ``[n, classes]`` or per-step scores ``[n, steps, classes]`` (None for other
+      outputs), "far": below :data:`FAR_SQNR_DB` or :data:`FAR_AGREEMENT`}``.
+    """
+    from npujax.quantize.ptq import sqnr_db
+
+    q = np.asarray(y_q, np.float64)
+    f = np.asarray(y_float, np.float64)
+    db = sqnr_db(float(np.sum(f * f)), float(np.sum((q - f) ** 2)))
+    agree = (float(np.mean(np.argmax(q, axis=-1) == np.argmax(f, axis=-1)))
+             if f.ndim in (2, 3) and f.shape[-1] > 1 else None)
+    far = db < FAR_SQNR_DB or (agree is not None and agree < FAR_AGREEMENT)
+    return {"output_sqnr_db": db, "top1_agreement": agree, "far": bool(far)}
 
 
 def _warn_changed_widths(method: str, before: QuantSpec, after: QuantSpec) -> None:
