@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from npujax._xla_options import cpu_legacy_emitters
 from npujax.calib.observers import Observer
 from npujax.errors import CalibrationError
 from npujax.ir.execute import as_inputs, check_run, execute, execute_nodes, layer_state, tap
@@ -238,7 +239,8 @@ def _sequential(graph: Graph, params: Params, quant: QuantSpec, qstate: QState |
                  if t not in written and t not in graph.constants}
         p = {graph.nodes[i].name: new[graph.nodes[i].name] for i in order
              if graph.nodes[i].name in new}
-        fn = jax.jit(functools.partial(piece, order, keep, name), static_argnames="batch")
+        fn = jax.jit(functools.partial(piece, order, keep, name), static_argnames="batch",
+                     compiler_options=cpu_legacy_emitters())
         total, count = None, 0
         for batch, env in envs:
             kept, m = fn(p, {t: env[t] for t in reads}, batch=batch)
