@@ -9,23 +9,31 @@ layer by layer, holding the live activations of every batch. The former form is 
 quantize`` (or, for rec, ``experiments/quantize_peers/rec_api.py``) does, builds the W8A8 spec
 (``quant_spec(graph, 8, 8)``), calibrates with min-max on the ``compare.py prepare`` work
 folder's ``calib.npy`` (256 examples) and runs one correction, in a fresh Python process per
-run (so each has its own peak RSS), the forms alternating: ``waves`` (before), ``one_pass``
-(after) and ``weights`` (the weight-only correction, for scale). Per run: the CPU seconds
-(user + system, ``resource.getrusage``) and wall seconds of the correction alone; the
+run (so each has its own peak RSS), the forms in turn: ``waves`` (before), ``one_pass``
+(after), ``weights`` (the weight-only correction, for scale) and ``waves_legacy``: ``waves``
+again with the whole process compiled by XLA:CPU's legacy emitters (``XLA_FLAGS``), the same
+arithmetic rounded differently, which shows how far float rounding alone moves the result
+(activation quantization turns a last-bit difference at a rounding tie into a whole step,
+and each corrected layer passes it on). Per run: the CPU seconds (user + system,
+``resource.getrusage``) and wall seconds of the correction alone; the
 process's peak RSS (``ru_maxrss``: calibration included) and the peak RSS sampled every 20 ms
 during the correction; the corrected biases and the quantized model's outputs on the first 32
-calibration examples, which the parent compares between ``waves`` and ``one_pass``. Printed:
-per model, each form's figures, the ratio one_pass / waves (< 1: faster) and the largest
-difference of the biases (relative to the largest correction) and of the outputs (relative
-to the largest output). The load average is printed before and after each run (the machine
-is shared). Measured results: ``docs/results/quantization.md``.
+calibration examples, which the parent compares. Printed:
+per model, each form's figures and the largest remaining mean output shift against the float
+model on those examples (``|mean(y_q - y)|`` per output, what the correction removes), the
+ratio one_pass / waves (< 1: faster), and between one_pass and waves, and between
+waves_legacy and waves, the largest difference of the biases (relative to the largest
+correction) and of the outputs (relative to the largest output). The load average is printed
+before and after each run (the machine is shared). Measured results:
+``docs/results/quantization.md``.
 
 Usage::
 
     PYTHONPATH=. python3 experiments/quantize_peers/compare.py prepare --work /tmp/qpeers \\
         --models digits,ppocr_cls,ppocr_rec --runs none
     PYTHONPATH=. python3 experiments/bench/bias_correction_one_pass.py --work /tmp/qpeers \\
-        --models digits,ppocr_cls [--forms waves,one_pass,weights] [--json out.json]
+        --models digits,ppocr_cls [--forms waves,one_pass,weights,waves_legacy] \
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -102,13 +110,16 @@ stop.set()
 th.join()
 peak[0] = max(peak[0], rss_kb())
 y = np.asarray(jax.jit(lambda p: execute(graph, p, xc[:32], quant=q, qstate=qstate))(new))
+y_float = np.asarray(jax.jit(lambda p: execute(graph, p, xc[:32]))(params))
+shift = float(np.abs(np.mean(y - y_float, axis=tuple(range(y.ndim - 1)))).max())
 biases = {k: np.asarray(v["bias"]) for k, v in new.items() if "bias" in v and k in q}
 before = {k: np.asarray(params[k]["bias"]) if "bias" in params.get(k, {}) else
           np.zeros_like(v) for k, v in biases.items()}
 np.savez(out, y=y, **{"b/" + k: v for k, v in biases.items()},
          **{"b0/" + k: v for k, v in before.items()})
 print("RESULT " + json.dumps({
-    "cpu_s": c1 - c0, "wall_s": t1 - t0, "layers": len(biases), "rss_before_mb": rss0 / 1024,
+    "cpu_s": c1 - c0, "output_shift": shift, "wall_s": t1 - t0, "layers": len(biases),
+    "rss_before_mb": rss0 / 1024,
     "peak_rss_during_mb": peak[0] / 1024, "maxrss_before_mb": maxrss0 / 1024,
     "process_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 '''
@@ -116,6 +127,9 @@ print("RESULT " + json.dumps({
 
 def _run(work: Path, model: str, form: str, out: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NPUJAX_COMPILE_CACHE": "off"}
+    if form == "waves_legacy":
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_use_fusion_emitters=false")
+        form = "waves"
     load0 = os.getloadavg()[0]
     p = subprocess.run([sys.executable, "-c", CHILD, str(work / model), form,
                         json.dumps(MODELS[model]), str(out)], env=env, capture_output=True,
@@ -143,7 +157,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--work", type=Path, required=True, help="compare.py prepare's folder")
     ap.add_argument("--models", default="digits,ppocr_cls")
-    ap.add_argument("--forms", default="waves,one_pass,weights")
+    ap.add_argument("--forms", default="waves,one_pass,weights,waves_legacy")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     results: dict = {}
@@ -153,7 +167,8 @@ def main() -> None:
             for form in a.forms.split(","):
                 r = res[form] = _run(a.work, model, form, Path(tmp) / f"{model}_{form}.npz")
                 print(f"{model:10s} {form:9s} {r['cpu_s']:8.1f} CPU s {r['wall_s']:8.1f} wall s"
-                      f"  peak RSS during {r['peak_rss_during_mb']:7.0f} MB (before "
+                      f"  shift {r['output_shift']:.2e}  peak RSS during "
+                      f"{r['peak_rss_during_mb']:7.0f} MB (before "
                       f"{r['rss_before_mb']:.0f}), process peak {r['process_peak_rss_mb']:.0f}"
                       f" MB  {r['layers']} layers  load {r['load'][0]:.1f}->{r['load'][1]:.1f}",
                       flush=True)
@@ -170,6 +185,13 @@ def main() -> None:
                       f"largest correction {c['largest_correction']:.3g}), outputs by <= "
                       f"{c['output_max_abs_diff']:.2e} ({c['output_diff_relative']:.1e} of the "
                       "largest)", flush=True)
+            if "waves" in res and "waves_legacy" in res:
+                c = res["compare_legacy"] = _compare(Path(tmp) / f"{model}_waves.npz",
+                                                     Path(tmp) / f"{model}_waves_legacy.npz")
+                print(f"{model:10s} waves_legacy vs waves (rounding alone): biases differ by <= "
+                      f"{c['bias_max_abs_diff']:.2e} ({c['bias_diff_relative']:.1e}), outputs "
+                      f"by <= {c['output_max_abs_diff']:.2e} ({c['output_diff_relative']:.1e})",
+                      flush=True)
             if "weights" in res and "one_pass" in res:
                 print(f"{model:10s} one_pass / weights: CPU "
                       f"{res['one_pass']['cpu_s'] / res['weights']['cpu_s']:.2f}", flush=True)
