@@ -10,11 +10,11 @@ quantize`` (or, for rec, ``experiments/quantize_peers/rec_api.py``) does, builds
 (``quant_spec(graph, 8, 8)``), calibrates with min-max on the ``compare.py prepare`` work
 folder's ``calib.npy`` (256 examples) and runs one correction, in a fresh Python process per
 run (so each has its own peak RSS), the forms in turn: ``waves`` (before), ``one_pass``
-(after), ``weights`` (the weight-only correction, for scale) and ``waves_legacy``: ``waves``
-again with the whole process compiled by XLA:CPU's legacy emitters (``XLA_FLAGS``), the same
-arithmetic rounded differently, which shows how far float rounding alone moves the result
-(activation quantization turns a last-bit difference at a rounding tie into a whole step,
-and each corrected layer passes it on). Per run: the CPU seconds (user + system,
+(after), ``weights`` (the weight-only correction, for scale) and ``waves_half``: ``waves``
+again on the same examples in batches of half the size (the same means, computed by other
+programs: rounded differently), which shows how far float rounding alone moves the former
+form's result (activation quantization turns a last-bit difference at a rounding tie into a
+whole step, and each corrected layer passes it on). Per run: the CPU seconds (user + system,
 ``resource.getrusage``) and wall seconds of the correction alone; the
 process's peak RSS (``ru_maxrss``: calibration included) and the peak RSS sampled every 20 ms
 during the correction; the corrected biases and the quantized model's outputs on the first 32
@@ -22,7 +22,7 @@ calibration examples, which the parent compares. Printed:
 per model, each form's figures and the largest remaining mean output shift against the float
 model on those examples (``|mean(y_q - y)|`` per output, what the correction removes), the
 ratio one_pass / waves (< 1: faster), and between one_pass and waves, and between
-waves_legacy and waves, the largest difference of the biases (relative to the largest
+waves_half and waves, the largest difference of the biases (relative to the largest
 correction) and of the outputs (relative to the largest output). The load average is printed
 before and after each run (the machine is shared). Measured results:
 ``docs/results/quantization.md``.
@@ -32,7 +32,7 @@ Usage::
     PYTHONPATH=. python3 experiments/quantize_peers/compare.py prepare --work /tmp/qpeers \\
         --models digits,ppocr_cls,ppocr_rec --runs none
     PYTHONPATH=. python3 experiments/bench/bias_correction_one_pass.py --work /tmp/qpeers \\
-        --models digits,ppocr_cls [--forms waves,one_pass,weights,waves_legacy] \
+        --models digits,ppocr_cls [--forms waves,one_pass,weights,waves_half] \
         [--json out.json]
 """
 
@@ -127,13 +127,12 @@ print("RESULT " + json.dumps({
 
 def _run(work: Path, model: str, form: str, out: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NPUJAX_COMPILE_CACHE": "off"}
-    if form == "waves_legacy":
-        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_use_fusion_emitters=false")
-        form = "waves"
     load0 = os.getloadavg()[0]
-    p = subprocess.run([sys.executable, "-c", CHILD, str(work / model), form,
-                        json.dumps(MODELS[model]), str(out)], env=env, capture_output=True,
-                       text=True, check=False)
+    cfg = dict(MODELS[model])
+    if form == "waves_half":
+        form, cfg["batch"] = "waves", cfg["batch"] // 2
+    p = subprocess.run([sys.executable, "-c", CHILD, str(work / model), form, json.dumps(cfg),
+                        str(out)], env=env, capture_output=True, text=True, check=False)
     if p.returncode:
         raise SystemExit(f"{model} {form}: failed\n{p.stderr[-3000:]}")
     line = next(v for v in p.stdout.splitlines() if v.startswith("RESULT "))
@@ -157,7 +156,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--work", type=Path, required=True, help="compare.py prepare's folder")
     ap.add_argument("--models", default="digits,ppocr_cls")
-    ap.add_argument("--forms", default="waves,one_pass,weights,waves_legacy")
+    ap.add_argument("--forms", default="waves,one_pass,weights,waves_half")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     results: dict = {}
@@ -185,10 +184,10 @@ def main() -> None:
                       f"largest correction {c['largest_correction']:.3g}), outputs by <= "
                       f"{c['output_max_abs_diff']:.2e} ({c['output_diff_relative']:.1e} of the "
                       "largest)", flush=True)
-            if "waves" in res and "waves_legacy" in res:
-                c = res["compare_legacy"] = _compare(Path(tmp) / f"{model}_waves.npz",
-                                                     Path(tmp) / f"{model}_waves_legacy.npz")
-                print(f"{model:10s} waves_legacy vs waves (rounding alone): biases differ by <= "
+            if "waves" in res and "waves_half" in res:
+                c = res["compare_half"] = _compare(Path(tmp) / f"{model}_waves.npz",
+                                                   Path(tmp) / f"{model}_waves_half.npz")
+                print(f"{model:10s} waves_half vs waves (rounding alone): biases differ by <= "
                       f"{c['bias_max_abs_diff']:.2e} ({c['bias_diff_relative']:.1e}), outputs "
                       f"by <= {c['output_max_abs_diff']:.2e} ({c['output_diff_relative']:.1e})",
                       flush=True)
