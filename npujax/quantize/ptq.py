@@ -241,15 +241,14 @@ def _sequential(graph: Graph, params: Params, quant: QuantSpec, qstate: QState |
              if graph.nodes[i].name in new}
         fn = jax.jit(functools.partial(piece, order, keep, name), static_argnames="batch",
                      compiler_options=cpu_legacy_emitters())
-        total, count = None, 0
+        total = np.zeros_like(y_float[name])  # (0 + m is m: summed as _means sums)
         for batch, env in envs:
             kept, m = fn(p, {t: env[t] for t in reads}, batch=batch)
             for t in [t for t in env if last_read[t] < stop]:
                 del env[t]
             env.update(kept)
-            total = np.asarray(m) if total is None else total + np.asarray(m)
-            count += 1
-        _correct(new, [name], {name: total / np.float32(count) - y_float[name]})
+            total = total + np.asarray(m)
+        _correct(new, [name], {name: total / np.float32(len(envs)) - y_float[name]})
         start = stop
     return new
 
