@@ -256,7 +256,9 @@ def execute_nodes(
       nodes: indices into ``graph.nodes``, in increasing order.
       batch: the examples in the run (the first input's leading dimension).
       keep: the tensors to return, from ``env`` or written by ``nodes``.
-      quant, qstate, observe: as for :func:`execute` (``observe`` sees the nodes run).
+      quant: as for :func:`execute`.
+      qstate: as for :func:`execute`.
+      observe: as for :func:`execute`; it sees the nodes run.
 
     Returns:
       ``({tensor: array} for keep, {node: record})``, the records as :func:`execute` returns
