@@ -16,7 +16,7 @@ ptq = importlib.import_module("npujax.quantize.ptq")  # (the package exports the
 
 
 def test_one_pass_equals_the_waves_on_a_residual_se_net():
-    # a residual read across four corrected layers, an SE block's pooled branch, two parallel
+    # a residual read across three corrected layers, an SE block's pooled branch, two parallel
     # layers (one wave), a batch-folded Reshape (run per example)
     rng = np.random.default_rng(0)
     graph, params = se_residual_net(rng)
@@ -26,7 +26,7 @@ def test_one_pass_equals_the_waves_on_a_residual_se_net():
     qstate = calibrate(graph, params, batches, q)
     one = ptq.bias_correction(graph, params, q, batches, qstate, mode="model")
     waves = ptq._sequential_in_waves(graph, params, q, qstate, batches)
-    for name in ("c1", "se1", "se2", "a", "b", "fc"):
+    for name in ("c1", "se", "a", "b", "fc"):
         shift = np.abs(np.asarray(one[name]["bias"]) - params[name]["bias"]).max()
         assert shift > 1e-3, name  # each layer really corrected
         assert_close(one[name]["bias"], waves[name]["bias"], atol=1e-7)
