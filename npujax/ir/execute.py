@@ -35,8 +35,8 @@ from npujax.limits import check_bytes, get_limits
 from npujax.ops import OPS, run_op, weight_role
 from npujax.ops.registry import NARROW_FLOATS, forward_only
 
-__all__ = ["execute", "inference", "check_run", "as_inputs", "layer_state", "tap", "Observe",
-           "LayerQuantization", "NodeQuantizer", "MAX_CONSTANT_BYTES"]
+__all__ = ["execute", "execute_nodes", "inference", "check_run", "as_inputs", "layer_state",
+           "tap", "Observe", "LayerQuantization", "NodeQuantizer", "MAX_CONSTANT_BYTES"]
 
 #: ``observe(node, inputs, outputs)``, called twice for every node in graph order:
 #:
@@ -211,20 +211,108 @@ def execute(
     _check_real_weights(graph, params)
     xs = as_inputs(graph, x)
     check_run(graph, int(xs[0].shape[0]) if xs and xs[0].ndim else 1)
-    if xs and xs[0].ndim and xs[0].shape[0] != 1 and _batch_folded(graph):
+    if xs and xs[0].ndim and _per_example(graph, int(xs[0].shape[0])):
         return _execute_per_example(graph, params, xs, quant=quant, qstate=qstate, key=key,
                                     observe=observe)
-    env: dict[str, jax.Array] = {k: jnp.asarray(v) for k, v in graph.constants.items()}
-    env.update(zip(graph.inputs, xs))
-    quant = quant or {}
-    records: dict[str, Any] = {}
-    inv_std = _batchnorm_inv_std(graph, params)
+    env: dict[str, jax.Array] = dict(zip(graph.inputs, xs))
     batch = int(xs[0].shape[0]) if xs and xs[0].ndim and graph.inputs \
         and graph.tensors[graph.inputs[0]].shape[:1] == (1,) else 1
+    records: dict[str, Any] = {}
+    env = _run_nodes(graph, params, env, range(len(graph.nodes)), batch, quant or {}, qstate, key,
+                     observe, records)
+    result = tuple(env[t] for t in graph.outputs)
+    out = result[0] if len(result) == 1 else result
+    return out if observe is None else (out, records)
+
+
+def execute_nodes(
+    graph: Graph,
+    params: Params,
+    env: Mapping[str, jax.Array],
+    nodes: Sequence[int],
+    *,
+    batch: int,
+    keep: Collection[str],
+    quant: Mapping[str, LayerQuantization] | None = None,
+    qstate: Mapping[str, Any] | None = None,
+    observe: Observe | None = None,
+) -> tuple[dict[str, jax.Array], dict[str, Any]]:
+    """Run some of ``graph``'s nodes, as :func:`execute` runs them in the whole graph: a model
+    run in pieces (a layer-by-layer method that changes a layer's params between pieces).
+
+    Running ``range(len(graph.nodes))`` in one or several consecutive pieces, each piece given
+    the tensors the earlier ones kept, computes what :func:`execute` computes, node by node
+    with the same operations (fake-quant, per-example mapping of a batch-folded graph, a
+    depthwise convolution's flattened rows, BatchNormalization's ``rsqrt``; jitted pieces may
+    round differently from one jitted whole, as XLA fuses other operations). ``jax.jit`` it
+    with ``graph``, ``nodes``, ``batch``, ``keep`` and ``observe`` static.
+
+    Args:
+      graph: the model graph.
+      params: ``{node_name: {role: array}}``; only the nodes run are read.
+      env: the activations the nodes read that no node of ``nodes`` writes (graph inputs
+        as :func:`as_inputs` gives them, or what an earlier piece kept); constants come from
+        the graph.
+      nodes: indices into ``graph.nodes``, in increasing order.
+      batch: the examples in the run (the first input's leading dimension).
+      keep: the tensors to return, from ``env`` or written by ``nodes``.
+      quant: as for :func:`execute`.
+      qstate: as for :func:`execute`.
+      observe: as for :func:`execute`; it sees the nodes run.
+
+    Returns:
+      ``({tensor: array} for keep, {node: record})``, the records as :func:`execute` returns
+      them. A graph that :func:`execute` runs per example (batch folded, ``batch > 1``) holds
+      its activations other than the graph inputs as stacked per-example arrays, ``(batch,
+      *shape_at_batch_1)``: pass on what a piece kept unchanged.
+
+    Raises:
+      GraphError: a node reads a tensor that is neither in ``env``, a constant, nor written by
+        an earlier node of ``nodes``.
+    """
+    order = list(nodes)
+    if _per_example(graph, batch):
+        inputs = frozenset(graph.inputs)
+
+        def one(e):
+            records: dict[str, Any] = {}
+            out = _run_nodes(graph, params, {t: v[None] if t in inputs else v
+                                             for t, v in e.items()},
+                             order, 1, quant or {}, qstate, None, observe, records)
+            return {t: e[t] if t in inputs else out[t] for t in keep}, records
+
+        kept, records = jax.vmap(one, axis_size=batch)(dict(env))
+        return kept, jax.tree.map(lambda a: a.reshape(a.shape[0], *a.shape[2:]), records)
+    records = {}
+    out = _run_nodes(graph, params, dict(env), order, batch, quant or {}, qstate, None, observe,
+                     records)
+    return {t: out[t] for t in keep}, records
+
+
+def _per_example(graph: Graph, batch: int) -> bool:
+    """Whether :func:`execute` runs ``batch`` examples of ``graph`` one example at a time."""
+    return batch != 1 and _batch_folded(graph)
+
+
+def _run_nodes(graph: Graph, params: Params, env: dict[str, jax.Array], nodes: Sequence[int],
+               batch: int, quant: Mapping[str, LayerQuantization],
+               qstate: Mapping[str, Any] | None, key: jax.Array | None,
+               observe: Observe | None, records: dict[str, Any]) -> dict[str, jax.Array]:
+    """Run ``graph.nodes[i]`` for ``i`` in ``nodes`` on ``env`` (tensor -> array; the graph's
+    constants are added): the body of :func:`execute`, shared with :func:`execute_nodes`.
+    Returns ``env`` with every output written; ``records`` gets ``observe``'s records."""
+    env = {**{k: jnp.asarray(v) for k, v in graph.constants.items()}, **env}
+    wanted = {graph.nodes[i].name for i in nodes}
+    inv_std = _batchnorm_inv_std(graph, {k: v for k, v in params.items() if k in wanted})
     flattened = _flattened_by_consumer(graph)
-    for index, node in enumerate(graph.nodes):
+    for index in nodes:
+        node = graph.nodes[index]
         if node.name in flattened:
             node = dataclasses.replace(node, attrs={**node.attrs, "flattened_by_consumer": True})
+        missing = [t for t in node.inputs if t not in env]
+        if missing:
+            raise GraphError(f"node {node.name!r} reads {missing}, which no earlier node "
+                             "computed and the run was not given; pass them in env.")
         ins = [_folded_concat_input(graph, node, t, env[t], batch) for t in node.inputs]
         p = dict(params.get(node.name, {}))
         if node.name in inv_std:
@@ -248,9 +336,7 @@ def execute(
         env.update(zip(node.outputs, outs))
         if observe is not None and (record := observe(node, ins, list(outs))) is not None:
             records[node.name] = record
-    result = tuple(env[t] for t in graph.outputs)
-    out = result[0] if len(result) == 1 else result
-    return out if observe is None else (out, records)
+    return env
 
 
 #: Weights up to this many bytes are built into :func:`inference`'s program as constants; a

@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 from npujax import _program_cache
+from npujax._xla_options import LEGACY_EMITTERS, cpu_legacy_emitters
 from npujax.errors import ConfigError
 from npujax.hw.energy import AreaBreakdown, area_breakdown
 from npujax.hw.spec import NpuSpec, as_spec
@@ -416,7 +417,7 @@ _ONCE = {"xla_backend_optimization_level": 0}  # (LLVM only: the HLO schedule is
 #: pass (in every program of a traced spec), the two emitters round 2 of DigitsCNN's DMA cycles
 #: on bitfusion_16x16 1 ulp apart (tests/plan/test_fused_dataflows.py); ``lower`` always runs
 #: the one it chose, so its figures do not depend on it.
-_LEGACY_EMITTERS = {"xla_cpu_use_fusion_emitters": False}
+_LEGACY_EMITTERS = LEGACY_EMITTERS
 
 
 @functools.lru_cache(maxsize=1)
@@ -425,15 +426,7 @@ def _cost_options() -> dict[str, Any]:
     :data:`_LEGACY_EMITTERS` on CPU when this jaxlib accepts the option (probed once by
     compiling a one-operation program: a jaxlib without it refuses the option, and the cost
     program then compiles with the default emitters)."""
-    if jax.default_backend() != "cpu":
-        return dict(_ONCE)
-    options = {**_ONCE, **_LEGACY_EMITTERS}
-    try:
-        with _program_cache.cache_every_compilation():  # (the command line's: loaded, 5 ms)
-            jax.jit(lambda x: x + 1, compiler_options=options).lower(np.float32(0)).compile()
-    except jax.errors.JaxRuntimeError:
-        return dict(_ONCE)
-    return options
+    return {**_ONCE, **cpu_legacy_emitters()}
 
 
 def _with_total(energy: LayerEnergy) -> LayerEnergy:

@@ -7,6 +7,7 @@ empirical bias correction, sequential by default as in ``npujax quantize``), the
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -16,9 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from npujax._xla_options import cpu_legacy_emitters
 from npujax.calib.observers import Observer
 from npujax.errors import CalibrationError
-from npujax.ir.execute import execute, layer_state, tap
+from npujax.ir.execute import as_inputs, check_run, execute, execute_nodes, layer_state, tap
 from npujax.ir.graph import Graph, Node, Params
 from npujax.numerics import FloatFormat, IntFormat
 from npujax.numerics.fixed_point import quantize_bias
@@ -59,7 +61,10 @@ def bias_correction(
       ``BiasCorrection``). This also removes the mean shift that activation quantization
       upstream causes (a global average pool keeps it while averaging the random error
       away: the squeeze-excitation layers of a MobileNetV3), which ``"weights"`` leaves. It
-      runs the float and the quantized model once per corrected layer.
+      runs the float model once, then the quantized model once, layer by layer: the
+      calibration set's activations that cross each corrected layer are held in memory
+      between layers (on PP-OCR rec, 256 lines at 48 x 320: see
+      ``docs/results/quantization.md``).
 
     Args:
       graph: the BN-folded float model.
@@ -86,84 +91,177 @@ def bias_correction(
       3.4, ``nncf.quantization.algorithms.bias_correction`` (sequential, on the quantized
       model's statistics); AIMET ``bias_correction.correct_bias`` (empirical).
     """
-    names = [n.name for n in gemm_nodes(graph)
-             if n.name in quant and len(quant[n.name].weight_candidates) == 1
-             and "kernel" in params.get(n.name, {})]
-    nodes = {n.name: n.replace(attrs={k: v for k, v in n.attrs.items() if k != "epilogue"})
-             for n in gemm_nodes(graph) if n.name in names}
     if mode not in BIAS_CORRECTION_MODES:
         raise CalibrationError(f"bias correction mode {mode!r}: choose one of "
                                f"{list(BIAS_CORRECTION_MODES)}.")
     if mode != "weights" and qstate is None:
         raise CalibrationError(f"bias correction mode {mode!r} quantizes the layers' inputs: "
                                "pass the calibrated qstate (npujax.quantize.calibrate).")
-
-    def state_of(name, p):
-        state = layer_state(quant, qstate, name)
-        if state is None:
-            lq = quant[name]
-            state = lq.quantizer.init_state(nodes[name], lq, p[name]["kernel"])
-        return state
-
-    def kernels(p, name):
-        node, lq, w = nodes[name], quant[name], p[name]["kernel"]
-        return {"kernel": lq.quantizer.quantize_kernel(node, lq, w, state_of(name, p))}
-
-    def channel_mean(node, d):
-        ax = _channel_axis(node, d.ndim)
-        return jnp.mean(d, axis=tuple(i for i in range(d.ndim) if i != ax))
+    layers = _Corrected(graph, params, quant, qstate)
+    names, nodes = layers.names, layers.nodes
 
     def shift(p, x):  # "weights", "layer": every layer at once, float inputs
         _, taps = execute(graph, p, x, observe=tap(names))
         out = {}
         for name in names:
             node, xin, lq = nodes[name], taps[name][0], quant[name]
-            xq = (lq.quantizer.quantize_input(node, lq, xin, state_of(name, p))
+            xq = (lq.quantizer.quantize_input(node, lq, xin, layers.state(name, p))
                   if mode == "layer" and lq.act is not None else xin)
-            d = run_op(node, [xq], kernels(p, name))[0] - run_op(
+            d = run_op(node, [xq], layers.kernel(name, p))[0] - run_op(
                 node, [xin], {"kernel": p[name]["kernel"]})[0]
-            out[name] = channel_mean(node, d)
+            out[name] = layers.channel_mean(name, d)
         return out
 
-    def float_mean(p, x):  # "model": E[y], once
+    if mode != "model":
+        new = _copy(params)
+        _correct(new, names, _means(jax.jit(shift), params, batches))
+        return new
+    return _sequential(graph, params, quant, qstate, batches, layers)
+
+
+class _Corrected:
+    """The layers :func:`bias_correction` corrects (GEMMs with a kernel and a single weight
+    format, in graph order) and their quantized kernels."""
+
+    def __init__(self, graph: Graph, params: Params, quant: QuantSpec, qstate: QState | None):
+        self.quant, self.qstate = quant, qstate
+        self.names = [n.name for n in gemm_nodes(graph)
+                      if n.name in quant and len(quant[n.name].weight_candidates) == 1
+                      and "kernel" in params.get(n.name, {})]
+        # pre-activation: the epilogue (a fused ReLU) left out
+        self.nodes = {n.name: n.replace(attrs={k: v for k, v in n.attrs.items()
+                                               if k != "epilogue"})
+                      for n in gemm_nodes(graph) if n.name in self.names}
+
+    def state(self, name: str, p: Params) -> Any:
+        state = layer_state(self.quant, self.qstate, name)
+        if state is None:
+            lq = self.quant[name]
+            state = lq.quantizer.init_state(self.nodes[name], lq, p[name]["kernel"])
+        return state
+
+    def kernel(self, name: str, p: Params) -> dict[str, jax.Array]:
+        """``{"kernel": W_q}``, the layer's fake-quantized kernel (no bias)."""
+        node, lq, w = self.nodes[name], self.quant[name], p[name]["kernel"]
+        return {"kernel": lq.quantizer.quantize_kernel(node, lq, w, self.state(name, p))}
+
+    def channel_mean(self, name: str, d: jax.Array) -> jax.Array:
+        """``d``'s mean over every axis but the output channels'."""
+        ax = _channel_axis(self.nodes[name], d.ndim)
+        return jnp.mean(d, axis=tuple(i for i in range(d.ndim) if i != ax))
+
+
+def _copy(params: Params) -> Params:
+    return {k: dict(v) for k, v in params.items()}
+
+
+def _correct(new: Params, names: Sequence[str], shifts: dict[str, np.ndarray]) -> None:
+    """``bias -= shift`` for each layer of ``names`` (a zero bias added where none is)."""
+    for name in names:
+        b = (np.asarray(new[name]["bias"]) if "bias" in new[name]
+             else np.zeros_like(shifts[name]))
+        new[name]["bias"] = jax.device_put(b - shifts[name])
+
+
+def _means(fn: Callable[..., dict[str, jax.Array]], p: Params,
+           batches: Sequence[ArrayLike]) -> dict[str, np.ndarray]:
+    """The mean of ``fn(p, x)``'s per-batch channel means over ``batches``."""
+    # summed and divided on the host (float32 add and divide round as XLA's do): eagerly
+    # each op compiled a program per layer shape
+    total: dict[str, np.ndarray] | None = None
+    count = 0
+    for x in batches:
+        s = {k: np.asarray(v) for k, v in fn(p, jnp.asarray(x, jnp.float32)).items()}
+        total = s if total is None else {k: total[k] + s[k] for k in total}
+        count += 1
+    if total is None:  # (count == 0)
+        raise CalibrationError("bias correction needs at least one batch; the iterator "
+                               "was empty.")
+    return {k: v / np.float32(count) for k, v in total.items()}
+
+
+def _float_means(graph: Graph, params: Params, batches: Sequence[ArrayLike],
+                 layers: _Corrected) -> dict[str, np.ndarray]:
+    """``E[W x]`` per output channel of every corrected layer, in the float model."""
+    names, nodes = layers.names, layers.nodes
+
+    def float_mean(p, x):
         _, taps = execute(graph, p, x, observe=tap(names))
-        return {n: channel_mean(nodes[n], run_op(nodes[n], [taps[n][0]],
+        return {n: layers.channel_mean(n, run_op(nodes[n], [taps[n][0]],
                                                  {"kernel": p[n]["kernel"]})[0])
                 for n in names}
 
-    def quant_mean(p, x):  # "model": E[y_q], the quantized model's input (fake-quantized)
-        _, taps = execute(graph, p, x, quant=quant, qstate=qstate, observe=tap(names))
-        return {n: channel_mean(nodes[n], run_op(nodes[n], [taps[n][0]], kernels(p, n))[0])
-                for n in names}
+    return _means(jax.jit(float_mean), params, batches)
 
-    def means(fn, p) -> dict[str, np.ndarray]:
-        # summed and divided on the host (float32 add and divide round as XLA's do): eagerly
-        # each op compiled a program per layer shape
-        total: dict[str, np.ndarray] | None = None
-        count = 0
-        for x in batches:
-            s = {k: np.asarray(v) for k, v in fn(p, jnp.asarray(x, jnp.float32)).items()}
-            total = s if total is None else {k: total[k] + s[k] for k in total}
-            count += 1
-        if total is None:  # (count == 0)
-            raise CalibrationError("bias correction needs at least one batch; the iterator "
-                                   "was empty.")
-        return {k: v / np.float32(count) for k, v in total.items()}
 
-    new = {k: dict(v) for k, v in params.items()}
+def _sequential(graph: Graph, params: Params, quant: QuantSpec, qstate: QState | None,
+                batches: Sequence[ArrayLike], layers: _Corrected) -> Params:
+    """``"model"`` mode in one layer-by-layer pass over the calibration data.
 
-    def correct(group, shifts):
-        for name in group:
-            b = (np.asarray(new[name]["bias"]) if "bias" in new[name]
-                 else np.zeros_like(shifts[name]))
-            new[name]["bias"] = jax.device_put(b - shifts[name])
-
-    if mode != "model":
-        correct(names, means(jax.jit(shift), params))
+    The quantized model runs in graph order, in pieces that end at a corrected layer, over
+    every batch, holding each batch's live activations between pieces (a tensor is dropped
+    after its last reader): a piece measures its last layer's ``E[W_q x_q]``, the layer's
+    bias is corrected, and the next piece starts by running that layer with its corrected
+    bias. So each layer sees every corrected layer upstream of it corrected, as
+    :func:`_sequential_in_waves` (the former form: one whole quantized run per wave) does,
+    at the cost of about one quantized run plus each corrected layer once more.
+    """
+    y_float = _float_means(graph, params, batches, layers)
+    new = _copy(params)
+    names, nodes = layers.names, layers.nodes
+    if not names:
         return new
-    # "model": in waves of layers none of which feeds another (through any path), each wave
-    # measured with every earlier wave corrected: an upstream layer's mean error then reaches
-    # a later layer already removed, and is not corrected twice
+    last_read: dict[str, int] = {}
+    for i, node in enumerate(graph.nodes):
+        last_read.update((t, i) for t in node.inputs)
+    index = {node.name: i for i, node in enumerate(graph.nodes)}
+    envs = []
+    for x in batches:
+        xs = as_inputs(graph, jnp.asarray(x, jnp.float32))
+        check_run(graph, int(xs[0].shape[0]))
+        envs.append((int(xs[0].shape[0]), {t: v for t, v in zip(graph.inputs, xs)
+                                           if t in last_read}))
+
+    def piece(order, keep, name, p, env, *, batch):
+        kept, taps = execute_nodes(graph, p, env, order, batch=batch, keep=keep, quant=quant,
+                                   qstate=qstate, observe=tap([name]))
+        y = run_op(nodes[name], [taps[name][0]], layers.kernel(name, p))[0]
+        return kept, layers.channel_mean(name, y)
+
+    start = 0
+    for name in names:
+        stop = index[name]
+        order = tuple(range(start, stop + 1))
+        written = {t for i in order[:-1] for t in graph.nodes[i].outputs}
+        # what a later piece reads: the corrected layer's own inputs, as it runs again there
+        keep = tuple(sorted(t for t in written if last_read.get(t, -1) >= stop))
+        reads = {t for i in order for t in graph.nodes[i].inputs
+                 if t not in written and t not in graph.constants}
+        p = {graph.nodes[i].name: new[graph.nodes[i].name] for i in order
+             if graph.nodes[i].name in new}
+        fn = jax.jit(functools.partial(piece, order, keep, name), static_argnames="batch",
+                     compiler_options=cpu_legacy_emitters())
+        total = np.zeros_like(y_float[name])  # (0 + m is m: summed as _means sums)
+        for batch, env in envs:
+            kept, m = fn(p, {t: env[t] for t in reads}, batch=batch)
+            for t in [t for t in env if last_read[t] < stop]:
+                del env[t]
+            env.update(kept)
+            total = total + np.asarray(m)
+        _correct(new, [name], {name: total / np.float32(len(envs)) - y_float[name]})
+        start = stop
+    return new
+
+
+def _sequential_in_waves(graph: Graph, params: Params, quant: QuantSpec, qstate: QState | None,
+                         batches: Sequence[ArrayLike]) -> Params:
+    """``"model"`` mode as it was first written (kept to test :func:`_sequential` against, and
+    for ``experiments/bench/bias_correction_one_pass.py``): in waves of layers none of which
+    feeds another (through any path), each wave measured by a whole quantized run of every
+    batch with every earlier wave corrected. Same result as :func:`_sequential` up to float
+    rounding; one quantized run per wave (47 on PP-OCR rec)."""
+    layers = _Corrected(graph, params, quant, qstate)
+    names, nodes = layers.names, layers.nodes
     wave: dict[str, int] = {}
     level: dict[str, int] = {}  # tensor -> corrected layers on its longest path
     for node in graph.nodes:
@@ -172,12 +270,19 @@ def bias_correction(
             wave[node.name] = lv
             lv += 1
         level.update((t, lv) for t in node.outputs)
-    y_float = means(jax.jit(float_mean), params)
+    y_float = _float_means(graph, params, batches, layers)
+
+    def quant_mean(p, x):  # E[y_q], the quantized model's input (fake-quantized)
+        _, taps = execute(graph, p, x, quant=quant, qstate=qstate, observe=tap(names))
+        return {n: layers.channel_mean(n, run_op(nodes[n], [taps[n][0]], layers.kernel(n, p))[0])
+                for n in names}
+
     q_fn = jax.jit(quant_mean)
+    new = _copy(params)
     for k in sorted(set(wave.values())):
         group = [n for n in names if wave[n] == k]
-        y_q = means(q_fn, new)
-        correct(group, {n: y_q[n] - y_float[n] for n in group})
+        y_q = _means(q_fn, new, batches)
+        _correct(new, group, {n: y_q[n] - y_float[n] for n in group})
     return new
 
 
@@ -267,8 +372,8 @@ def ptq(
       observer: observer name or factory (see :func:`npujax.quantize.calibrate`).
       bias_correct: apply :func:`bias_correction` after calibration.
       bias_correction_mode: its ``mode``, one of :data:`BIAS_CORRECTION_MODES`; default
-        ``"model"`` (each layer's mean output shift in the quantized model, layer after layer:
-        one quantized forward pass of ``batches`` per wave of layers); ``"weights"`` is the
+        ``"model"`` (each layer's mean output shift in the quantized model, layer after layer,
+        in one layer-by-layer quantized pass over ``batches``); ``"weights"`` is the
         weight-only correction of Nagel et al. 2019 (one float pass), the default before
         2026-12-02.
       progress: progress bar during calibration.

@@ -10,7 +10,7 @@ from npujax.ir.execute import execute
 from npujax.ir.passes import optimize
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.spec import quant_spec
-from tests.helpers import traced_digits_cnn
+from tests.helpers import assert_close, traced_digits_cnn
 
 pytestmark = pytest.mark.flax_model
 
@@ -122,3 +122,30 @@ def test_inference_with_weights_as_constants_matches_execute_with_them_as_argume
     hollow = {**p, name: {**roles, role: AbsentArray(np.shape(roles[role]), "float32")}}
     with pytest.raises(GraphError, match="shapes only"):
         inference(g, hollow)
+
+
+@pytest.mark.parametrize("folded", [False, True])  # True: the graph runs per example
+def test_execute_nodes_in_pieces_equals_execute(folded):
+    import functools
+
+    from npujax.errors import GraphError
+    from npujax.ir.execute import as_inputs, execute_nodes
+    from tests.quantize.ptq_graphs import se_residual_net
+
+    rng = np.random.default_rng(0)
+    graph, params = se_residual_net(rng, folded=folded)
+    x = rng.uniform(size=(5, 6, 6, 3)).astype(np.float32)
+    q = quant_spec(graph, 4, 4)
+    qs = calibrate(graph, params, [x], q)
+    want = jax.jit(lambda p: execute(graph, p, x, quant=q, qstate=qs))(params)
+    env = dict(zip(graph.inputs, as_inputs(graph, x)))
+    # cut after the SE block's conv (t1 and g2 cross the cut) and after the Add
+    pieces = [range(0, 3), range(3, 8), range(8, len(graph.nodes))]
+    for piece, keep in zip(pieces, (("t1", "g2"), ("t1", "t3"), ("y",))):
+        run = jax.jit(functools.partial(execute_nodes, graph, batch=5, keep=keep, quant=q,
+                                        qstate=qs, nodes=piece))
+        env = {**env, **run(params, env=env)[0]}
+    # a per-example run holds activations stacked per example: (5, 1, 5)
+    assert_close(np.asarray(env["y"]).reshape(want.shape), want)
+    with pytest.raises(GraphError, match="pass them in env"):
+        execute_nodes(graph, params, {}, range(3, 8), batch=5, keep=("t3",))

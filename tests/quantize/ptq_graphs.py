@@ -74,3 +74,33 @@ def correlated_inputs(rng, n, k):
     rounding to nearest optimal for a layer's output error)."""
     return ((rng.normal(size=(n, k)) @ rng.normal(size=(k, k))) / np.sqrt(k) + 0.5).astype(
         np.float32)
+
+
+def se_residual_net(rng, hw=6, *, folded=True):
+    """conv 3x3 (3->8) -> squeeze-excitation (spatial mean, 1x1 8->8, Sigmoid, Mul) -> two
+    parallel convs (3x3, 1x1) added -> + the first conv's output (residual) ->
+    spatial mean -> Reshape to ``[1, 8]`` (``folded``: the batch folded, as a PaddlePaddle
+    export, so the executor runs a batch per example) or ``[0, 8]`` -> dense (8->5). Returns
+    ``(graph, params)``."""
+    b = 1
+    nodes = (conv("c1", "x", "t1", 3, 3, 8),
+             Node("sq", "ReduceMean", ("t1",), ("g",), {"axes": [1, 2], "keepdims": True}),
+             conv("se", "g", "g2", 1, 8, 8, pad=0, relu=False),
+             Node("sig", "Sigmoid", ("g2",), ("g3",)), Node("ex", "Mul", ("t1", "g3"), ("t2",)),
+             conv("a", "t2", "ta", 3, 8, 8), conv("b", "t2", "tb", 1, 8, 8, pad=0, relu=False),
+             Node("ab", "Add", ("ta", "tb"), ("t3",)), Node("res", "Add", ("t3", "t1"), ("t4",)),
+             Node("pool", "ReduceMean", ("t4",), ("t5",), {"axes": [1, 2], "keepdims": True}),
+             Node("flat", "Reshape", ("t5",), ("t6",), {"shape": [1 if folded else 0, 8]}),
+             gemm("fc", "t6", "y"))
+    tensors = {"x": TensorType((b, hw, hw, 3), F32), "g": TensorType((b, 1, 1, 8), F32),
+               "t5": TensorType((b, 1, 1, 8), F32),
+               "t6": TensorType((b, 8), F32), "y": TensorType((b, 5), F32)}
+    tensors.update({t: TensorType((b, 1, 1, 8), F32) for t in ("g2", "g3")})
+    tensors.update({t: TensorType((b, hw, hw, 8), F32) for t in ("t1", "t2", "ta", "tb", "t3",
+                                                                   "t4")})
+    shapes = {"c1": (3, 3, 3, 8), "se": (1, 1, 8, 8), "a": (3, 3, 8, 8),
+              "b": (1, 1, 8, 8), "fc": (8, 5)}
+    params = {n: {"kernel": (rng.normal(size=s) / np.sqrt(np.prod(s[:-1]))).astype(np.float32),
+                  "bias": (0.1 * rng.normal(size=s[-1])).astype(np.float32)}
+              for n, s in shapes.items()}
+    return Graph(nodes, ("x",), ("y",), tensors), params
