@@ -89,7 +89,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "PTQ methods (pre-calibration ones rewrite the float model, post-calibration ones choose "
         "the weights; each stage runs in the order given)")
     for name, doc in PTQ_DOCS.items():
-        doc = (doc or name).strip().splitlines()[0]
+        # the docstring's first paragraph, without its pointers to the source
+        doc = " ".join((doc or name).strip().split("\n\n")[0].split())
+        doc = doc.replace("; see the module docstring", "").replace(
+            " (see the module docstring)", "")
         methods.add_argument(f"--{name}", dest=name, action=_MethodFlag,
                              help=f"{doc} ({PTQ_STAGES[name].replace('_', '-')})")
     qu.add_argument("--no-bias-correction", action="store_true",

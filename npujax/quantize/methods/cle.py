@@ -275,7 +275,7 @@ class CrossLayerEqualization(PTQMethod):
             graph, p, more = self._absorb(graph, p, pairs, batches)
             notes += more
         if not pairs:
-            notes.append("cle: no Conv->Conv or Gemm->Gemm pair to equalize")
+            notes.append("no Conv->Conv or Gemm->Gemm pair to equalize")
         return PTQStep(graph, p, quant, qstate, tuple(notes))
 
     @staticmethod
