@@ -191,6 +191,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.verbosity < 0 and hasattr(args, "no_progress"):
         args.no_progress = True  # -q: progress lines are neither warnings nor errors
     compile_cache()
+    from npujax.cli._common import discard_created_outputs
+
+    failed = True
     try:
         from npujax.limits import limits
 
@@ -204,6 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.model = _zoo_model(args.model[4:])
             code = int(args.fn(args) or 0)
         sys.stdout.flush()  # a reader that left shows here, inside the handler below
+        failed = code != 0
         return code
     except NpujaxError as e:
         print(f"npujax: error: {e}", file=sys.stderr)
@@ -225,3 +229,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"npujax: error: {e.strerror or e}"
               f"{' (' + str(e.filename) + ')' if e.filename else ''}", file=sys.stderr)
         return 1
+    finally:
+        discard_created_outputs(failed)

@@ -201,12 +201,36 @@ def output_dir(path: str | None) -> Path | None:
     from npujax._atomic import check_output_dir
 
     out = check_output_dir(path)  # a file of that name: refused now
+    missing = []  # the folders this creates, deepest first (removed again if the run fails)
+    p = out.absolute()
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(f"cannot create output folder {path!r}: {e.strerror}; pass another "
                           "--out.") from None
+    _CREATED.extend(missing)
     return out
+
+
+#: Output folders :func:`output_dir` created for this command, deepest first.
+_CREATED: list[Path] = []
+
+
+def discard_created_outputs(failed: bool) -> None:
+    """After a command: if it ``failed``, remove the folders :func:`output_dir` created that are
+    still empty (a run's outputs appear all together or not at all, and a failed run leaves no
+    empty ``--out`` behind); forget them either way."""
+    created, _CREATED[:] = list(_CREATED), []
+    if not failed:
+        return
+    for p in created:
+        try:
+            p.rmdir()  # only an empty folder; a kept chunk or a user's file stays
+        except OSError:
+            break  # not empty: its parents are not either
 
 
 def output_file(path: str, flag: str = "--out") -> Path:

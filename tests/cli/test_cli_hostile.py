@@ -182,6 +182,23 @@ def test_sweep_of_a_replaced_model_is_not_resumed(capsys, tmp_path):
         code, err = _run(capsys, *argv)
         assert code == 2 and len(err.strip().splitlines()) == 1, err
         assert "holds a different sweep: " + changed in err and "--out" in err
+def test_a_failed_run_leaves_no_empty_out_folder(capsys, tmp_path):
+    """A command that fails after creating --out (here: quantize's missing --data file) removes
+    the empty folders it created, parents included; a folder it did not create, or one holding
+    files, stays (a new user's trial found `deep/a/b` left behind by every failed run)."""
+    model = tmp_path / "m.onnx"
+    onnx.save(hi.conv(1, 8, c_in=3, c_out=4), model)
+    out = tmp_path / "deep" / "a" / "b"
+    code, err = _run(capsys, "quantize", str(model), "--data", str(tmp_path / "missing.npz"),
+                     "--out", str(out))
+    assert code != 0 and "no such file" in err
+    assert not (tmp_path / "deep").exists()
+    (tmp_path / "mine").mkdir()
+    code, _ = _run(capsys, "quantize", str(model), "--data", str(tmp_path / "missing.npz"),
+                   "--out", str(tmp_path / "mine" / "q"))
+    assert code != 0 and (tmp_path / "mine").is_dir() and not (tmp_path / "mine" / "q").exists()
+
+
 # --- huge declared dimensions (issue 28): every command refuses before it allocates
 
 
