@@ -493,7 +493,8 @@ def output_vs_float(y_q: np.ndarray, y_float: np.ndarray) -> dict[str, Any]:
     """How far the fake-quant model's outputs are from the float model's, without labels.
 
     Args:
-      y_q, y_float: the two models' outputs on the same examples, float ``[n, ...]``.
+      y_q: the fake-quant model's outputs, float ``[n, ...]``.
+      y_float: the float model's outputs on the same examples, the same shape.
 
     Returns:
       ``{"output_sqnr_db": 10 log10(sum y_float^2 / sum (y_q - y_float)^2) (inf if equal),
