@@ -215,6 +215,8 @@ def run(args: argparse.Namespace) -> int:
         con.print(f"accuracy: float {result.float_accuracy:.2f} %, quantized "
                   f"{result.accuracy:.2f} % on {result.examples['evaluation']} held-out "
                   "examples")
+    for n in result.notes:  # what each PTQ method did (or found nothing to do), as in report.md
+        con.print(f"note: {n}")
     vf = result.vs_float
     if vf is not None:
         con.print(f"against float: output SQNR {vf['output_sqnr_db']:.1f} dB"
