@@ -7,8 +7,9 @@ Usage:  python experiments/bench/cost_program_options.py
 
 (1) Compile time: ``lower``'s cost program (the energy total summed on the host) at
     ``_ONCE`` (LLVM -O0, XLA's default emitters: "base") and at ``_ONCE`` plus ``--options``
-    ("candidate"; by default the option ``lower`` adds, ``_LEGACY_EMITTERS``), one and three
-    dataflows, on edge_16x16; fresh traces, only ``.compile()`` timed, the two interleaved
+    ("candidate"; by default the option ``lower`` adds,
+    ``npujax._xla_options.LEGACY_EMITTERS``), one and three dataflows, on edge_16x16; fresh
+    traces, only ``.compile()`` timed, the two interleaved
     (order alternating per round), median of ``--rounds``; the load average is printed.
 (2) Exactness: for every model x preset (every preset by default), the three-dataflow program
     and the preset-dataflow program at both option sets, each run at the preset's widths

@@ -174,11 +174,10 @@ def _run_table(args: argparse.Namespace) -> int:
                               "table's models are fitted through preset fields only, by "
                               "(robust) least squares).")
     fields = resolve_fields([f for f in args.params.split(",") if f.strip()])
-    from npujax.plan.fit_table import TABLE_LOSS, TABLE_LOSS_SCALE, table_loss
+    from npujax.plan.fit_table import TABLE_LOSS, TABLE_LOSS_SCALE
 
     loss = args.loss or TABLE_LOSS
     loss_scale = TABLE_LOSS_SCALE if args.loss_scale is None else args.loss_scale
-    table_loss([0.0], loss, loss_scale)  # a bad --loss/--loss-scale fails before --out exists
     out = output_dir(args.out)
     assert out is not None
     con = console()

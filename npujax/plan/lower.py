@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from npujax import _program_cache
-from npujax._xla_options import LEGACY_EMITTERS, cpu_legacy_emitters
+from npujax._xla_options import cpu_legacy_emitters
 from npujax.errors import ConfigError
 from npujax.hw.energy import AreaBreakdown, area_breakdown
 from npujax.hw.spec import NpuSpec, as_spec
@@ -404,7 +404,8 @@ def _resident(layers: list[Workload], spec: NpuSpec, wb: np.ndarray
 #: does not (DigitsCNN's energy total on bitfusion_16x16 does differ in its last bit between the
 #: two), and tests/plan/test_fused_dataflows.py compares the programs bit for bit.
 _ONCE = {"xla_backend_optimization_level": 0}  # (LLVM only: the HLO schedule is unchanged)
-#: Added to :data:`_ONCE` on CPU where the jaxlib knows it (:func:`_cost_options`): XLA:CPU's
+#: :data:`npujax._xla_options.LEGACY_EMITTERS` is added to :data:`_ONCE` on CPU where the
+#: jaxlib knows it (:func:`_cost_options`): XLA:CPU's
 #: legacy elemental emitters compile the program in x0.49-0.59 of the time of the MLIR fusion
 #: emitters (jaxlib 0.10.2, 4 models, one and three dataflows). Bit for bit the same outputs:
 #: ``experiments/bench/cost_program_options.py`` compares every array of the programs ``lower``
@@ -417,15 +418,14 @@ _ONCE = {"xla_backend_optimization_level": 0}  # (LLVM only: the HLO schedule is
 #: pass (in every program of a traced spec), the two emitters round 2 of DigitsCNN's DMA cycles
 #: on bitfusion_16x16 1 ulp apart (tests/plan/test_fused_dataflows.py); ``lower`` always runs
 #: the one it chose, so its figures do not depend on it.
-_LEGACY_EMITTERS = LEGACY_EMITTERS
 
 
 @functools.lru_cache(maxsize=1)
 def _cost_options() -> dict[str, Any]:
     """The ``compiler_options`` of ``lower``'s cost programs: :data:`_ONCE`, with
-    :data:`_LEGACY_EMITTERS` on CPU when this jaxlib accepts the option (probed once by
-    compiling a one-operation program: a jaxlib without it refuses the option, and the cost
-    program then compiles with the default emitters)."""
+    :data:`npujax._xla_options.LEGACY_EMITTERS` on CPU when this jaxlib accepts the option
+    (:func:`npujax._xla_options.cpu_legacy_emitters`: a jaxlib without it refuses the option,
+    and the cost program then compiles with the default emitters)."""
     return {**_ONCE, **cpu_legacy_emitters()}
 
 

@@ -177,14 +177,15 @@ def table_network(row: TableRow, spec: NpuSpec) -> Network:
     Raises:
       ConfigError: as :func:`table_graph`; LimitError: as :func:`npujax.plan.network`.
     """
+    from npujax.ir.passes import channels_last
     from npujax.plan.workload import model_layout
 
-    try:
-        graph = table_graph(row, spec.layout.activation_layout)
-    except GraphError as e:
-        if "channels_last" not in str(e):
-            raise
-        graph = table_graph(row, None)  # kept NCHW: deployed_spec drops its conversions
+    graph = table_graph(row, None)
+    if spec.layout.activation_layout in CHANNEL_MINOR:
+        try:
+            graph = channels_last(graph, {})[0]
+        except GraphError:
+            pass  # kept in its own layout: deployed_spec drops its boundary conversions
     return network(graph, deployed_spec(spec, model_layout(graph)))
 
 
