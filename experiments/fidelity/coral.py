@@ -4,13 +4,15 @@ The table is Table 1 of coral.ai/docs/edgetpu/benchmarks (``coral_edgetpu_table1
 a copy of shared/fidelity's with a ``source`` column naming the architecture npujax builds:
 ``keras:NAME`` with random weights; ``onnx/NAME.onnx``, an ONNX export made once by
 ``export_onnx.py`` in its own venv (torchvision / timm constructors, random weights), or
-written without torch by ``coral_build_onnx.py`` from the published definitions of the U-Net
-and the two SSDs (the files are not in git, ``onnx_manifest.json`` pins their sha256 and says
-which script made each, checked here before use); or empty where npujax builds no
-architecture (DeepLab V3). The SSD rows' input is 300x300, the size of Coral's files, where
+written without torch by ``coral_build_onnx.py`` from the published definitions of the U-Net,
+the two SSDs and DeepLab V3 (the files are not in git, ``onnx_manifest.json`` pins their
+sha256 and says which script made each, checked here before use); or empty where npujax
+builds no architecture (none left). The SSD rows' input is 300x300, the size of Coral's files, where
 the published table labels them 224x224 (docs/results/fidelity.md says why). The ONNX
-files are NCHW; like ``npujax fit --table``, the script builds them channels-last on this
-NHWC preset (``table_graph(row, layout)``), as Coral's TensorFlow Lite models are.
+files are NCHW; like ``npujax fit --table`` (``table_network``), the script builds them
+channels-last on this NHWC preset, as Coral's TensorFlow Lite models are, or, where
+``channels_last`` cannot rewrite one (DeepLab's Resize), in its own layout without layout
+conversions at its input and output.
 
 1. **USB Accelerator** (``coral_edgetpu``): ``fit --table`` of the off-chip (USB) rate, the
    fixed cost per inference and the vector unit's width (``FIELDS``), leave-one-out over every
@@ -93,7 +95,6 @@ def main() -> int:
     from npujax._atomic import staged_dir
     from npujax.cli import compile_cache
     from npujax.hw import fields, load_npu_spec
-    from npujax.plan import network
     from npujax.plan.fit import fit_metrics
     from npujax.plan.fit_table import (
         TABLE_LOSS,
@@ -107,7 +108,7 @@ def main() -> int:
         TableFitRun,
         model_bound,
         print_table_fit,
-        table_graph,
+        table_network,
         write_table_fit,
     )
 
@@ -134,7 +135,7 @@ def main() -> int:
         if f is not None and f.exists():
             return pickle.loads(f.read_bytes())
         say(f"building {r.model} ({r.source}, {r.input_hwc})")
-        net = network(table_graph(r, layout), usb_spec)
+        net = table_network(r, usb_spec)
         if f is not None:
             cache.mkdir(parents=True, exist_ok=True)
             f.write_bytes(pickle.dumps(net))
@@ -171,7 +172,7 @@ def main() -> int:
     sq11 = TableRow("SqueezeNet v1.1", str(HERE / "onnx" / "squeezenet1_1.onnx"), (224, 224, 3),
                     2.1e-3, USB)
     check_exports([sq11])
-    net = network(table_graph(sq11, layout), usb_spec)
+    net = table_network(sq11, usb_spec)
     t = predict_model_s(TableModel(sq11.model, USB, net.layers, net.chains, 2.1e-3), usb.spec)
     con.print(f"sensitivity: SqueezeNet v1.1 with the USB fit: {t * 1e3:.2f} ms "
               f"(measured 2.1 ms for the table's SqueezeNet)")
@@ -182,7 +183,7 @@ def main() -> int:
         side = TableRow(f"{model} (224x224)", str(HERE / "onnx" / fname), (224, 224, 3), ms_,
                         USB)
         check_exports([side])
-        net = network(table_graph(side, layout), usb_spec)
+        net = table_network(side, usb_spec)
         t = predict_model_s(TableModel(side.model, USB, net.layers, net.chains, ms_), usb.spec)
         con.print(f"side figure: {side.model} with the USB fit: {t * 1e3:.2f} ms "
                   f"(measured {ms_ * 1e3:.1f} ms for the 300x300 file)")

@@ -103,17 +103,18 @@ class Builder:
         return self.node("Clip", [x, self.const(np.asarray(0.0)), self.const(np.asarray(6.0))])
 
     def save(self, path: Path, graph_name: str, inp: str, hw: int | tuple[int, int],
-             outs: list[tuple[str, list[int]]]) -> Path:
+             outs: list[tuple[str, list[int]]], out_dtype: str = "float32") -> Path:
         """Check the model (opset 13, input ``inp`` ``[1, 3, h, w]``; ``hw`` is ``h = w`` or
-        ``(h, w)``) and write it."""
+        ``(h, w)``; outputs of ``out_dtype``) and write it."""
         import onnx
         from onnx import TensorProto, helper
 
         h, w = (hw, hw) if isinstance(hw, int) else hw
+        otype = helper.np_dtype_to_tensor_dtype(np.dtype(out_dtype))
         graph = helper.make_graph(
             self.nodes, graph_name,
             [helper.make_tensor_value_info(inp, TensorProto.FLOAT, [1, 3, h, w])],
-            [helper.make_tensor_value_info(o, TensorProto.FLOAT, shape) for o, shape in outs],
+            [helper.make_tensor_value_info(o, otype, shape) for o, shape in outs],
             self.inits)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
         onnx.checker.check_model(model)
