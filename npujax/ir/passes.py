@@ -177,7 +177,9 @@ def _relayout(graph: Graph, node: Node, perm: list[int]) -> Node | None:
     if _layout_free(graph, node):
         return node
     a = dict(node.attrs)
-    if node.op == "Conv" and len(a["data_layout"]) == len(perm):
+    if node.op == "ConvTranspose" and "data_layout" not in a:  # saved before it had one
+        a["data_layout"] = "NC" + "DHW"[3 - len(a["strides"]):]
+    if node.op in ("Conv", "ConvTranspose") and len(a["data_layout"]) == len(perm):
         layout = [""] * len(perm)
         for i, c in enumerate(a["data_layout"]):
             layout[perm[i]] = c
@@ -289,8 +291,10 @@ def channels_last(graph: Graph, params: Params) -> tuple[Graph, Params]:
     model's input and output conversions as layers of their own, which an NHWC model of the
     same architecture does not have. This pass rewrites the whole graph the way an NHWC
     converter does (e.g. onnx2tf, TensorFlow Lite's converter): every 4-D activation, graph
-    inputs and outputs included, is the old one transposed by ``(0, 2, 3, 1)``; a Conv's
-    ``data_layout`` becomes ``NHWC`` (its kernel and ``kernel_layout`` stay), pools, BatchNorm
+    inputs and outputs included, is the old one transposed by ``(0, 2, 3, 1)``; a Conv's or
+    ConvTranspose's ``data_layout`` becomes ``NHWC`` (its kernel stays), a Transpose of a 4-D
+    activation takes the composed permutation (an Identity for ``(0, 2, 3, 1)``: the NHWC view
+    a detection head reshapes is the activation itself), pools, BatchNorm
     and Concat/Split take the permuted axes, GlobalAveragePool becomes an ``AveragePool`` over
     the whole ``H x W`` window (Keras' form), and a Flatten or Reshape of a ``1 x 1`` spatial
     tensor is unchanged (both orders flatten alike). Layout-free operators (unary activations,
@@ -309,7 +313,7 @@ def channels_last(graph: Graph, params: Params) -> tuple[Graph, Params]:
     Raises:
       GraphError: a 4-D activation reaches an operator whose meaning depends on the axis order
         and that this pass does not rewrite (named with its node), e.g. a Reshape of a spatial
-        tensor, a Transpose, a Slice, a per-channel constant operand or a 4-D MatMul.
+        tensor, a Slice, a per-channel constant operand or a 4-D MatMul.
     """
     if not any((n.op == "Conv" and n.attrs.get("data_layout") == "NCHW")
                or n.op == "GlobalAveragePool" for n in graph.nodes):
@@ -325,6 +329,14 @@ def channels_last(graph: Graph, params: Params) -> tuple[Graph, Params]:
         where = f"channels_last: node {n.name!r} ({n.op})"
         rank4_out = all(len(graph.tensors[o].shape) == 4 for o in n.outputs)
         new: Node | None = None
+        if n.op == "Transpose":
+            # old y = x_old.transpose(p) and x_old = x_new.transpose(0, 3, 1, 2): y is
+            # x_new.transpose(q), q[i] = (0, 3, 1, 2)[p[i]], in its own (unmoved) order; the
+            # NCHW -> NHWC Transpose before a detection head's Reshape becomes an Identity
+            q = [(0, 3, 1, 2)[int(p)] for p in n.attrs["perm"]]
+            nodes.append(n.replace(op="Identity", attrs={}) if q == [0, 1, 2, 3] else
+                         n.replace(attrs={**n.attrs, "perm": q}))
+            continue
         if n.op in ("Flatten", "Reshape"):
             shape = graph.tensors[n.inputs[0]].shape
             out_rank = len(graph.tensors[n.outputs[0]].shape)

@@ -458,12 +458,15 @@ def _conv_transpose(node: Node, inputs: Sequence[jax.Array], params: Mapping[str
     ``kernel`` is ONNX's ``[C_in, C_out/groups, *k]``. With ``lhs_dilation = strides`` and the
     spatially flipped kernel, the begin/end padding per spatial axis is
     ``dilation*(k-1) - pad_begin`` and ``dilation*(k-1) - pad_end + output_padding``.
+    Activations are in ``data_layout`` (``NCHW`` as imported; ``NHWC`` after
+    :func:`npujax.ir.passes.channels_last`).
     """
     a = node.attrs
     (x,) = inputs
     w = params["kernel"]
     g = int(a["groups"])
     c_in, c_out_g, *k = w.shape
+    layout = _conv_transpose_layout(node)
     # [g, C_in/g, C_out/g, *k] -> [g, C_out/g, C_in/g, *k] -> [C_out, C_in/g, *k], flipped.
     w = jnp.reshape(w, (g, c_in // g, c_out_g, *k))
     w = jnp.swapaxes(w, 1, 2).reshape((g * c_out_g, c_in // g, *k))
@@ -472,15 +475,24 @@ def _conv_transpose(node: Node, inputs: Sequence[jax.Array], params: Mapping[str
         (d * (kk - 1) - pb, d * (kk - 1) - pe + op)
         for kk, d, (pb, pe), op in zip(k, a["dilations"], a["pads"], a["output_padding"])
     ]
-    layout = "NC" + "DHW"[3 - len(k):]
+    spatial = "DHW"[3 - len(k):]
     y = lax.conv_general_dilated(
         x, w, window_strides=(1,) * len(k), padding=pads, lhs_dilation=tuple(a["strides"]),
         rhs_dilation=tuple(a["dilations"]),
-        dimension_numbers=(layout, "OI" + layout[2:], layout), feature_group_count=g,
+        dimension_numbers=(layout, "OI" + spatial, layout), feature_group_count=g,
     )
     if "bias" in params:
-        y = y + jnp.reshape(params["bias"], (1, -1) + (1,) * len(k))
+        bshape = [1] * len(layout)
+        bshape[layout.index("C")] = -1
+        y = y + jnp.reshape(params["bias"], bshape)
     return [apply_epilogue(node, y)]
+
+
+def _conv_transpose_layout(node: Node) -> str:
+    """A ConvTranspose's activation layout: its ``data_layout`` (graphs saved before it had
+    one are channels-first, ONNX's)."""
+    nsp = len(node.attrs["strides"])
+    return node.attrs.get("data_layout", "NC" + "DHW"[3 - nsp:])
 
 
 def _conv_transpose_work(node: Node, ins: Sequence[tuple[int, ...]],
@@ -488,8 +500,8 @@ def _conv_transpose_work(node: Node, ins: Sequence[tuple[int, ...]],
     """Scatter form: every input pixel times every kernel tap."""
     c_in, cout_g, kh, kw = (int(d) for d in node.attrs["kernel_shape"])
     groups = int(node.attrs["groups"])
-    n_, _, h, w_ = ins[0]  # ONNX NCHW
-    M = n_ * h * w_
+    c_axis = _conv_transpose_layout(node).index("C")
+    M = math.prod(int(d) for i, d in enumerate(ins[0]) if i != c_axis)  # every input pixel
     K = _pad(c_in // groups, align) if groups == 1 else c_in // groups
     N = (_pad(cout_g, align) if groups == 1 else cout_g) * kh * kw
     macs = M * c_in * cout_g * kh * kw
@@ -561,6 +573,7 @@ def _import_conv_transpose(ctx: Any, n: Any, a: Mapping[str, Any]) -> None:
     ctx.emit("ConvTranspose", [n.input[0]], [n.output[0]], {
         "strides": strides, "dilations": dil, "pads": pads, "output_padding": opad,
         "groups": g, "kernel_shape": [int(d) for d in w.shape],
+        "data_layout": "NC" + "DHW"[3 - nsp:],
     }, params)
 
 
@@ -573,7 +586,14 @@ def _export_conv_transpose(w: Any, node: Node) -> None:
     Reshape-Transpose-Reshape (exact; onnxruntime runs ConvTranspose in float either way)."""
     a = node.attrs
     nsp = len(a["strides"])
-    x = w.qdq_input(node, node.inputs[0])
+    layout, channels_first = _conv_transpose_layout(node), "NC" + "DHW"[3 - nsp:]
+    x = node.inputs[0]
+    if layout != channels_first:  # as Conv's export: ONNX's ConvTranspose is channels-first
+        t = w.name(f"{x}/to_nchw")
+        w.add("Transpose", [x], [t], f"{node.name}/to_nchw",
+              perm=[layout.index(c) for c in channels_first])
+        x = t
+    x = w.qdq_input(node, x)
     kernel = w.param(node, "kernel")
     lq = w.layer_quant(node)
     per_channel = lq is not None and lq.weight_per_channel and bool(lq.weight_candidates)
@@ -592,11 +612,17 @@ def _export_conv_transpose(w: Any, node: Node) -> None:
         w.add("Reshape", [t2, shape2], [t3], f"{node.name}/kernel_ungroup")
         kname = t3
     pads = [p[0] for p in a["pads"]] + [p[1] for p in a["pads"]]
-    y = w.name(f"{node.name}/convt") if a.get("epilogue") else node.outputs[0]
+    y = w.name(f"{node.name}/convt") if (a.get("epilogue") or layout != channels_first) else \
+        node.outputs[0]
     w.add("ConvTranspose", [x, kname] + ([bname] if bname else []), [y], node.name,
           strides=list(a["strides"]), pads=pads, dilations=list(a["dilations"]),
           output_padding=list(a["output_padding"]), group=int(a["groups"]),
           kernel_shape=list(a["kernel_shape"][2:2 + nsp]))
+    if layout != channels_first:
+        t = w.name(f"{node.name}/to_layout") if a.get("epilogue") else node.outputs[0]
+        w.add("Transpose", [y], [t], f"{node.name}/from_nchw",
+              perm=[channels_first.index(c) for c in layout])
+        y = t
     if a.get("epilogue"):
         w.epilogue(node, y, node.outputs[0])
 

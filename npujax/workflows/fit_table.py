@@ -170,9 +170,9 @@ def deployed_spec(spec: NpuSpec, model_layout: str = "NHWC") -> NpuSpec:
 def table_network(row: TableRow, spec: NpuSpec) -> Network:
     """One table row's model on ``spec`` as the device runs its own deployed model: built
     channels-last on a channels-minor device (:func:`table_graph`), or where
-    :func:`npujax.ir.passes.channels_last` cannot rewrite it (a ConvTranspose, a per-channel
-    constant) in its own layout; either way on :func:`deployed_spec`, without layout
-    conversions at the graph's input and outputs.
+    :func:`npujax.ir.passes.channels_last` cannot rewrite it (a per-channel constant, a
+    Slice of a 4-D activation) in its own layout; either way on :func:`deployed_spec`, without
+    layout conversions at the graph's input and outputs.
 
     Raises:
       ConfigError: as :func:`table_graph`; LimitError: as :func:`npujax.plan.network`.

@@ -174,6 +174,28 @@ def test_pools_and_resize_vs_onnxruntime():
     _check_vs_ort(m, {"x": rng.normal(size=(1, 2, 8, 9)).astype(np.float32)})
 
 
+def test_argmax_argmin_vs_onnxruntime_and_their_host_work():
+    """ArgMax/ArgMin: ties resolved as onnxruntime does (first index, or the last with
+    select_last_index), keepdims, negative axes; indices held as JAX's default integer
+    (exact); one comparison per input element, the work a host that runs them does."""
+    from npujax.plan.workload import workloads
+
+    x = np.round(np.random.default_rng(4).normal(size=(2, 5, 3, 4)), 0).astype(np.float32)
+    nodes = [helper.make_node("ArgMax", ["x"], ["a"], axis=1),
+             helper.make_node("ArgMax", ["x"], ["b"], axis=-1, keepdims=0, select_last_index=1),
+             helper.make_node("ArgMin", ["x"], ["c"], axis=2, keepdims=0)]
+    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+               [helper.make_tensor_value_info(o, TensorProto.INT64, None) for o in "abc"])
+    graph, params = _check_vs_ort(m, {"x": x})
+    assert {graph.tensors[o].shape for o in "abc"} == {(2, 1, 3, 4), (2, 5, 3), (2, 5, 4)}
+    assert [w.cpu_ops for w in workloads(graph)] == [x.size] * 3
+    from npujax.backends.onnx_export import to_onnx
+
+    back = to_onnx(graph, params, dynamic_batch=False).SerializeToString()
+    for got, want in zip(ort_run(back, {"x": x}), ort_run(m.SerializeToString(), {"x": x})):
+        np.testing.assert_array_equal(got, want)
+
+
 # ----------------------------------------------------------------------------------------------
 # onnx backend node cases: a fast sample here, all claimed cases in tests/integration
 

@@ -93,3 +93,35 @@ def test_channels_last_refuses_a_layout_dependent_reshape_and_keeps_nhwc_graphs(
         channels_last(graph, params)
     g2, _ = channels_last(*optimize(*from_onnx(_model())))
     assert channels_last(g2, {})[0] is g2  # nothing NCHW left: unchanged
+
+
+def test_channels_last_rewrites_a_conv_transpose_and_a_detection_heads_transpose():
+    """A U-Net's ConvTranspose (TensorFlow's SAME crop: pads 0 before, 1 after, and a bias)
+    runs NHWC, and an SSD head's NCHW -> NHWC Transpose before its Reshape becomes an
+    Identity: the same numbers as onnxruntime on the transposed input, and the NHWC graph
+    exports back to an ONNX model that onnxruntime runs alike."""
+    from npujax.backends.onnx_export import to_onnx
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=s).astype(np.float32), n) for n, s in
+             (("k", (4, 3, 3, 3)), ("kt", (4, 5, 3, 3)), ("bt", (5,)))]
+    inits.append(numpy_helper.from_array(np.array([1, -1, 5], np.int64), "shape"))
+    nodes = [helper.make_node("Conv", ["x", "k"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("ConvTranspose", ["c", "kt", "bt"], ["u"], strides=[2, 2],
+                              pads=[0, 0, 1, 1], name="up"),
+             helper.make_node("Transpose", ["u"], ["t"], perm=[0, 2, 3, 1], name="t"),
+             helper.make_node("Reshape", ["t", "shape"], ["y"], name="r")]
+    model = helper.make_model(helper.make_graph(
+        nodes, "head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 96, 5])], inits),
+        opset_imports=[helper.make_opsetid("", 13)])
+    g2, p2 = channels_last(*optimize(*from_onnx(model)))
+    ops = {n.name: n for n in g2.nodes}
+    assert ops["up"].attrs["data_layout"] == "NHWC" and ops["t"].op == "Identity"
+    x = np.random.default_rng(1).normal(size=(1, 3, 4, 6)).astype(np.float32)
+    want = ort_run(model.SerializeToString(), {"x": x})[0]
+    xt = x.transpose(0, 2, 3, 1)
+    assert_close(execute(g2, p2, xt), want, atol=1e-4)
+    back = to_onnx(g2, p2, dynamic_batch=False)
+    assert_close(ort_run(back.SerializeToString(), {back.graph.input[0].name: xt})[0], want,
+                 atol=1e-4)

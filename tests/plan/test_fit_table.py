@@ -289,8 +289,8 @@ def test_table_models_have_no_boundary_conversions_on_any_channel_minor_device(g
                                                                              tmp_path):
     """A benchmark times the deployed model, whose input arrives in the device's layout. On an
     NC1HWC0 device (RKNN's NC1HWC2) the table's model keeps the device's channel padding but
-    not the input/output conversions that ``lower`` charges an NHWC model; an NCHW model that
-    channels_last cannot rewrite (a ConvTranspose) is built in its own layout, not refused."""
+    not the input/output conversions that ``lower`` charges an NHWC model; an NCHW model with
+    a ConvTranspose is built without them too."""
     from npujax.plan.fit_table import TableRow
     from npujax.workflows.fit_table import table_network
 

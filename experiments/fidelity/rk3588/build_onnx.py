@@ -31,66 +31,14 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "onnx" / "resnet50_v2.onnx"
-
-
-class _Builder:
-    """An ONNX graph under construction: nodes, initializers (random, ``default_rng(0)``) and
-    fresh tensor names."""
-
-    def __init__(self) -> None:
-        self.rng = np.random.default_rng(0)
-        self.nodes: list = []
-        self.inits: list = []
-        self.count = 0
-
-    def name(self, kind: str) -> str:
-        self.count += 1
-        return f"{kind}{self.count}"
-
-    def const(self, arr: np.ndarray) -> str:
-        from onnx import numpy_helper
-
-        n = self.name("w")
-        self.inits.append(numpy_helper.from_array(arr.astype(np.float32), n))
-        return n
-
-    def node(self, op: str, inputs: list[str], **attrs) -> str:
-        from onnx import helper
-
-        y = self.name(op.lower())
-        self.nodes.append(helper.make_node(op, inputs, [y], **attrs))
-        return y
-
-    def conv(self, x: str, cin: int, cout: int, k: int, stride: int = 1, pad: int | None = None,
-             bias: bool = False) -> str:
-        """A ``k x k`` convolution, He-initialised weights, ``k // 2`` padding by default."""
-        w = self.const(self.rng.standard_normal((cout, cin, k, k)) * np.sqrt(2.0 / (cin * k * k)))
-        ins = [x, w] + ([self.const(self.rng.uniform(-0.1, 0.1, cout))] if bias else [])
-        return self.node("Conv", ins, kernel_shape=[k, k], strides=[stride, stride],
-                         pads=[k // 2 if pad is None else pad] * 4)
-
-    def save(self, path: Path, graph_name: str, inp: str, hw: int,
-             outs: list[tuple[str, list[int]]]) -> Path:
-        """Check the model (opset 13, input ``inp`` ``[1, 3, hw, hw]``) and write it."""
-        import onnx
-        from onnx import TensorProto, helper
-
-        graph = helper.make_graph(
-            self.nodes, graph_name,
-            [helper.make_tensor_value_info(inp, TensorProto.FLOAT, [1, 3, hw, hw])],
-            [helper.make_tensor_value_info(o, TensorProto.FLOAT, shape) for o, shape in outs],
-            self.inits)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-        onnx.checker.check_model(model)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        onnx.save(model, str(path))
-        return path
+sys.path.insert(0, str(HERE.parent))
+from onnx_builder import Builder  # noqa: E402  (experiments/fidelity/onnx_builder.py)
 
 
 def resnet50_v2(path: Path, hw: int = 224) -> Path:
     """Write Gluon's ``resnet50_v2`` (the docstring's layers) as an ONNX file, opset 13,
     input ``data`` ``[1, 3, hw, hw]`` float32, random weights; returns ``path``."""
-    g = _Builder()
+    g = Builder()
 
     def bn(x: str, c: int, affine: bool = True) -> str:
         scale = g.const(g.rng.uniform(0.5, 1.5, c) if affine else np.ones(c))
@@ -143,7 +91,7 @@ def yolov5(path: Path, scale: str, act: str = "silu", hw: int = 640) -> Path:
     import math
 
     depth, width = YOLOV5_SCALES[scale]
-    g = _Builder()
+    g = Builder()
 
     def ch(c: int) -> int:
         return int(math.ceil(c * width / 8) * 8)
