@@ -63,7 +63,18 @@ def _export(w: Any, node: Node) -> None:
         w.add(node.op, ins, outs, node.name, axes=list(a["axes"]), keepdims=int(a["keepdims"]))
 
 
-register(*(OpDef(name=name, run=_reduce, cost="vector", export=_export) for name in _FNS))
+def _reduce_work(node: Node, ins: Sequence[tuple[int, ...]], outs: Sequence[tuple[int, ...]]
+                 ) -> VectorWork:
+    """One ALU operation per input element (each is added or compared once), plus ReduceMean's
+    one multiply per output: a reduction's work is what it reads, not what it writes (a global
+    mean over 7x7x1024 is 50,176 additions, not 1,024 operations)."""
+    n_in = int(np.prod(ins[0], dtype=np.int64))
+    n_out = int(np.prod(outs[0], dtype=np.int64)) if node.op == "ReduceMean" else 0
+    return VectorWork(alu_ops=n_in + n_out, special_ops=0)
+
+
+register(*(OpDef(name=name, run=_reduce, cost="vector", export=_export,
+                 vector_work=_reduce_work) for name in _FNS))
 
 
 def _arg(node: Node, inputs: Sequence[jax.Array], params: Mapping[str, jax.Array]):

@@ -196,6 +196,23 @@ def test_argmax_argmin_vs_onnxruntime_and_their_host_work():
         np.testing.assert_array_equal(got, want)
 
 
+def test_reductions_cost_the_elements_they_read():
+    """A reduction's work is one operation per input element (plus ReduceMean's multiply per
+    output): a global mean over (1, 64, 7, 7) is 3,136 additions and 64 multiplies, not 64
+    operations (the old one-per-output count)."""
+    from npujax.plan.workload import workloads
+
+    x = np.random.default_rng(5).normal(size=(1, 64, 7, 7)).astype(np.float32)
+    nodes = [helper.make_node("ReduceMean", ["x"], ["m"], axes=[2, 3]),
+             helper.make_node("ReduceMax", ["x"], ["a"], axes=[1], keepdims=0),
+             helper.make_node("ReduceSum", ["x", "ax"], ["s"], keepdims=1)]
+    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+               [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in "mas"],
+               [numpy_helper.from_array(np.array([1], np.int64), "ax")], opset=13)
+    graph, _ = _check_vs_ort(m, {"x": x})
+    assert [w.cpu_ops for w in workloads(graph)] == [x.size + 64, x.size, x.size]
+
+
 # ----------------------------------------------------------------------------------------------
 # onnx backend node cases: a fast sample here, all claimed cases in tests/integration
 
