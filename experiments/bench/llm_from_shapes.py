@@ -6,6 +6,7 @@ checkouts interleaved in one run; then the phases of one in-process lowering of 
 Usage: python experiments/bench/llm_from_shapes.py [--trees /work/main,.] [--repeats 2]
            [--models qwen2.5-0.5b,llama-3.1-8b,experiments/llm_configs/mixtral-8x7b.json]
            [--phases decode,prefill] [--npu edge_16x16] [--case readme] [--case "ARGS"]
+       python experiments/bench/llm_from_shapes.py --program-size [--models qwen2.5-0.5b]
 
 ``--case`` adds a command of its own (repeatable): ``readme`` is the README's decode step
 (Llama 3.1 8B, a batch of 8 with 512-4096 cached positions, int4 weights in groups of 128, on
@@ -180,6 +181,68 @@ def phases(trees: list[str], args: list[str], label: str) -> None:
                       ev.get("backend_compile_duration", 0.0)))
 
 
+def program_size_child(model: str, dataflows: int, npu: str) -> None:
+    """Compile the layer-table cost program of ``model``'s decode step at the first
+    ``dataflows`` systolic dataflows (no cache) and print, as JSON, the CPU seconds of tracing
+    and of compiling, the peak RSS before and after (MB) and the optimized HLO's lines."""
+    import importlib
+    import json
+    import resource
+
+    import jax
+    import numpy as np
+
+    from npujax.hw import load_npu_spec
+    from npujax.models.decoders import decoder_graph
+    from npujax.models.hf_config import load_decoder
+    from npujax.plan import workloads
+    from npujax.plan.table import layer_table, table_length
+    from npujax.systolic import DATAFLOWS
+
+    lower = importlib.import_module("npujax.plan.lower")
+    spec = load_npu_spec(npu)
+    layers = workloads(decoder_graph(load_decoder(model), phase="decode", kv_len=1024), spec)
+    length = table_length(len(layers))
+    w = np.full(length, 8.0, np.float32)
+    fn = jax.jit(lower._table_costs(DATAFLOWS[:dataflows]),
+                 compiler_options=lower._cost_options())
+    args = (lower._program_spec(spec), w, w, layer_table(layers, length))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    t = time.process_time()
+    lowered = fn.lower(*args)
+    traced = time.process_time() - t
+    t = time.process_time()
+    compiled = lowered.compile()
+    compile_s = time.process_time() - t
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"trace_s": traced, "compile_s": compile_s, "peak_before_mb": before,
+                      "peak_after_mb": after, "hlo_lines": compiled.as_text().count("\n")}))
+
+
+def program_size(model: str, npu: str, repeats: int) -> None:
+    """The cost program's compile time and memory at one and at three dataflows (fresh
+    processes, interleaved, medians): what one set of formulas for every dataflow would
+    save."""
+    import json
+
+    runs: dict[int, list[dict[str, float]]] = {1: [], 3: []}
+    for _ in range(repeats):
+        for n in (1, 3):
+            r = subprocess.run([sys.executable, str(Path(__file__).resolve()),
+                                "--program-size-child", f"{model},{n},{npu}"],
+                               capture_output=True, text=True, check=True)
+            runs[n].append(json.loads(r.stdout.strip().splitlines()[-1]))
+    print(f"the layer-table cost program of {model}'s decode step on {npu}, no cache "
+          f"(medians of {repeats}):")
+    for n, rs in runs.items():
+        med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+        print(f"  {n} dataflow{'s' if n > 1 else ' '}: trace + lower {med['trace_s']:.2f} s, "
+              f"compile {med['compile_s']:.2f} s CPU; peak RSS {med['peak_before_mb']:.0f} -> "
+              f"{med['peak_after_mb']:.0f} MB "
+              f"(+{med['peak_after_mb'] - med['peak_before_mb']:.0f}); "
+              f"{med['hlo_lines']:.0f} lines of optimized HLO")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trees", default="/work/main,.")
@@ -192,10 +255,21 @@ def main() -> None:
     ap.add_argument("--phases-of", help="the command whose phases to print: 'readme' or the "
                     "arguments after 'npujax lower' (default the first model's decode step)")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--program-size", action="store_true",
+                    help="only the cost program's compile time and memory at one and at three "
+                    "dataflows (the first model's decode step)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--program-size-child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child is not None:
         child(a.child.split())
+        return
+    if a.program_size_child is not None:
+        model, n, npu = a.program_size_child.split(",")
+        program_size_child(model, int(n), npu)
+        return
+    if a.program_size:
+        program_size(a.models.split(",")[0], a.npu, a.repeats)
         return
     trees, models, steps = a.trees.split(","), a.models.split(","), a.phases.split(",")
     cases = [(Path(m).name, step, lower_args(m, step, a.npu)) for m in models for step in steps]
