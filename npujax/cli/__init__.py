@@ -196,10 +196,12 @@ def _few_malloc_arenas(arenas: int = 2) -> bool:
     glibc gives each thread that allocates under contention an arena of its own, up to 8 per
     core, and memory freed in an arena stays with it. Compiling the cost program runs on XLA's
     threads: the HLO passes' and the serialization's transient copies of the program (about
-    100 MB for ``lower``'s) land in several arenas and stay there, so a first ``npujax lower
-    decoder:qwen2.5-0.5b`` peaked at 380 MB on 2 cores, 330 MB with the arenas capped (more
-    on more cores), at the same CPU time (``experiments/bench/llm_from_shapes.py``). Nothing
-    changes where ``MALLOC_ARENA_MAX`` is set or the C library has no ``mallopt`` (not glibc).
+    100 MB for ``lower``'s) land in several arenas and stay there: a first ``npujax lower
+    decoder:qwen2.5-0.5b`` peaked at 386 MB on 2 cores, 339 MB with the arenas capped, at the
+    same CPU time (``experiments/bench/llm_from_shapes.py``, ``docs/results/
+    bench_lowering.md``). Only the ``npujax`` program's own process is capped (``main`` called
+    from Python leaves the caller's allocator alone), and nothing changes where
+    ``MALLOC_ARENA_MAX`` is set or the C library has no ``mallopt`` (not glibc).
     """
     if "MALLOC_ARENA_MAX" in os.environ:
         return False
