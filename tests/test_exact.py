@@ -1,11 +1,13 @@
 """``npujax._exact.computed_once``: the same values bit for bit, the identity's gradient, a
-chain that XLA computes once instead of once per consumer, nothing outside its scope."""
+chain that XLA computes once instead of once per consumer, nothing outside its scope; and
+``one_hot``'s rows computed in the program."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
-from npujax._exact import computed_once, computing_once, exact
+from npujax._exact import computed_once, computing_once, exact, one_hot, take
 
 
 @exact
@@ -53,3 +55,20 @@ def test_outside_its_scope_it_is_the_identity() -> None:
     assert computed_once(x) is x
     with computing_once():
         assert computed_once(x) is not x
+
+
+@exact
+def _rows(index, length):
+    return np.asarray(jax.jit(lambda: one_hot(index, length))())
+
+
+def test_one_hot_rows_are_numpys_and_no_constant_of_their_size() -> None:
+    for index, length in (([0, 4, 2, -1], 5), ([], 7), ([1, 1], 3)):
+        assert np.array_equal(_rows(index, length), np.eye(length)[np.asarray(index, int)])
+    with pytest.raises(IndexError):
+        one_hot([5], 5)
+    # a lookup of 64 rows of 4,096: the program carries the 64 indices, not 64 x 4,096 floats
+    with jax.enable_x64(True):
+        text = jax.jit(lambda x: take(one_hot(np.arange(64) * 7, 4096), x)).lower(
+            jnp.zeros(4096, jnp.float64)).as_text()
+    assert len(text) < 20_000, len(text)

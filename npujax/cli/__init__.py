@@ -183,10 +183,45 @@ def private_folder(path: str | os.PathLike[str]) -> str | None:
     return None
 
 
+#: glibc's ``mallopt`` parameter ``M_ARENA_MAX`` (``<malloc.h>``).
+_M_ARENA_MAX = -8
+#: The commands whose process caps glibc's malloc arenas (:func:`_few_malloc_arenas`).
+_FEW_ARENAS = ("lower",)
+
+
+def _few_malloc_arenas(arenas: int = 2) -> bool:
+    """Cap this process's glibc malloc arenas at ``arenas`` (``mallopt(M_ARENA_MAX)``), before
+    XLA starts its threads; returns whether it was set.
+
+    glibc gives each thread that allocates under contention an arena of its own, up to 8 per
+    core, and memory freed in an arena stays with it. Compiling the cost program runs on XLA's
+    threads: the HLO passes' and the serialization's transient copies of the program (about
+    100 MB for ``lower``'s) land in several arenas and stay there: a first ``npujax lower
+    decoder:qwen2.5-0.5b`` peaked at 386 MB on 2 cores, 339 MB with the arenas capped, at the
+    same CPU time (``experiments/bench/llm_from_shapes.py``, ``docs/results/
+    bench_lowering.md``). Only the ``npujax`` program's own process is capped (``main`` called
+    from Python leaves the caller's allocator alone), and nothing changes where
+    ``MALLOC_ARENA_MAX`` is set or the C library has no ``mallopt`` (not glibc).
+    """
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return False
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(_M_ARENA_MAX, arenas))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``npujax`` console script; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if argv is None and args.command in _FEW_ARENAS:  # the npujax program's own process
+        _few_malloc_arenas()
     configure_logging(args.verbosity)
     if args.verbosity < 0 and hasattr(args, "no_progress"):
         args.no_progress = True  # -q: progress lines are neither warnings nor errors

@@ -13,6 +13,7 @@ Non-trainable tensors (literals, folded constants) live in ``Graph.constants``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -122,23 +123,37 @@ class Graph:
             if t not in seen:
                 raise GraphError(f"graph output {t!r} is produced by no node.")
 
+    @functools.cached_property
+    def _index(self) -> tuple[dict[str, Node], dict[str, Node], dict[str, list[Node]]]:
+        """``(node by name, writer by tensor, readers by tensor in graph order)``, built once
+        per graph (its nodes never change): a scan of the nodes per lookup made a pass over a
+        batch-8 decoder step's 3,715 nodes quadratic (0.4 of its 0.55 CPU s)."""
+        by_name: dict[str, Node] = {}
+        writer: dict[str, Node] = {}
+        readers: dict[str, list[Node]] = {}
+        for n in self.nodes:
+            by_name.setdefault(n.name, n)
+            for t in n.outputs:
+                writer.setdefault(t, n)
+            for t in dict.fromkeys(n.inputs):
+                readers.setdefault(t, []).append(n)
+        return by_name, writer, readers
+
     def node(self, name: str) -> Node:
         """The node called ``name``; raises GraphError listing the names if absent."""
-        for n in self.nodes:
-            if n.name == name:
-                return n
-        raise GraphError(f"no node named {name!r}; nodes are {[n.name for n in self.nodes]}.")
+        n = self._index[0].get(name)
+        if n is None:
+            raise GraphError(f"no node named {name!r}; nodes are "
+                             f"{[n.name for n in self.nodes]}.")
+        return n
 
     def producer(self, tensor: str) -> Node | None:
         """The node that writes ``tensor`` (None for graph inputs and constants)."""
-        for n in self.nodes:
-            if tensor in n.outputs:
-                return n
-        return None
+        return self._index[1].get(tensor)
 
     def consumers(self, tensor: str) -> list[Node]:
         """Nodes that read ``tensor``, in graph order."""
-        return [n for n in self.nodes if tensor in n.inputs]
+        return list(self._index[2].get(tensor, ()))
 
     def replace(self, **changes: Any) -> Graph:
         """A copy with some fields changed (re-validated)."""

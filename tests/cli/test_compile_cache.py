@@ -81,3 +81,44 @@ def test_npujax_never_unpickles():
             found += [f"{path.relative_to(root)}:{node.lineno}: {n}" for n in names
                       if n in banned or n.split(".")[0] in banned or n == "allow_pickle"]
     assert found == []
+
+
+class _FakeLibc:
+    """A C library whose ``mallopt`` records its calls (the test process's allocator is left
+    alone)."""
+
+    def __init__(self):
+        self.calls = []
+        outer = self
+
+        class _Fn:
+            argtypes = restype = None
+
+            def __call__(self, param, value):
+                outer.calls.append((param, value))
+                return 1
+        self.mallopt = _Fn()
+
+
+def test_lower_caps_the_malloc_arenas_unless_the_user_set_them(monkeypatch):
+    """``npujax lower``'s process caps glibc's arenas (M_ARENA_MAX = -8): a first run's
+    compilation left ~50 MB in extra arenas. A user's MALLOC_ARENA_MAX wins."""
+    import ctypes
+
+    libc = _FakeLibc()
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: libc)
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    assert cli._few_malloc_arenas() is True
+    assert libc.calls == [(-8, 2)]
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert cli._few_malloc_arenas() is False
+    assert libc.calls == [(-8, 2)]
+    assert "lower" in cli._FEW_ARENAS
+
+
+def test_without_mallopt_nothing_is_capped(monkeypatch):
+    import ctypes
+
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: object())  # no mallopt (not glibc)
+    assert cli._few_malloc_arenas() is False

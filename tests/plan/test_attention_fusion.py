@@ -173,3 +173,20 @@ def test_unknown_capability_is_a_config_error(case):
         spec.with_fields({"ops.attention_fusion": "fast"})
     with pytest.raises(ConfigError, match="unknown attention fusion 'fast'"):
         attention_costs(layers, chains, spec, base["fits"], wb, ab, "fast")
+
+
+def test_chain_membership_is_the_dense_matrix_disjoint_or_not():
+    """The ``[C, L]`` membership is computed in the program from each row's chain; chains that
+    share a row fall back to the constant. Both are the dense 0/1 matrix."""
+    from types import SimpleNamespace
+
+    from npujax._exact import exact
+    from npujax.plan.passes.attention import _membership
+
+    for rows in (((0, 2, 3), (5, 6)), ((0, 2), (2, 4)), ((1, 1, 3),)):
+        chains = [SimpleNamespace(rows=r) for r in rows]
+        dense = np.zeros((len(rows), 8))
+        for i, r in enumerate(rows):
+            dense[i, list(r)] = 1.0
+        got = exact(jax.jit(lambda c=chains: _membership(c, 8)))()
+        assert np.array_equal(np.asarray(got), dense)

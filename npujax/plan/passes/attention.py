@@ -306,10 +306,7 @@ def attention_costs(
     fits = t_c <= 1.0
 
     # per-row candidate costs of the fused chains (each chain fused as its capability allows)
-    in_chain = np.zeros((C, L))
-    for i, c in enumerate(chains):
-        in_chain[i, list(c.rows)] = 1.0
-    member = jnp.asarray(in_chain, REAL)  # [C, L]
+    member = _membership(chains, L)  # [C, L]
 
     def per_chain(x):  # [L] -> [C] sums over each chain's rows
         return jnp.sum(member * x[None, :], axis=1)
@@ -347,6 +344,23 @@ def attention_costs(
     costs = repriced(base, spec, on_row, dram, tc)
     saved = jnp.where(mode > 0, unfused_bytes - fused_bytes, 0.0)
     return costs, AttentionCosts(mode, b_r, jnp.where(fits, s_k, b_c), t_r, t_c, saved)
+
+
+def _membership(chains: Sequence[AttentionChain], length: int) -> jax.Array:
+    """float64 ``[C, length]``: 1.0 where row ``j`` belongs to chain ``i``. Chains that share
+    no row (as :func:`attention_chains` finds them) get it computed in the program from each
+    row's chain (an ``[L]`` constant, not ``C x L``); overlapping ones as a constant."""
+    owner = np.full(length, -1, np.int64)
+    for i, c in enumerate(chains):
+        rows = list(c.rows)
+        if (owner[rows] >= 0).any():
+            dense = np.zeros((len(chains), length))
+            for k, ch in enumerate(chains):
+                dense[k, list(ch.rows)] = 1.0
+            return jnp.asarray(dense, REAL)
+        owner[rows] = i
+    return (jax.lax.broadcasted_iota(jnp.int64, (len(chains), length), 0)
+            == jnp.asarray(owner)[None, :]).astype(REAL)
 
 
 def fuses(spec: NpuSpec) -> bool:
