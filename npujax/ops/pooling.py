@@ -27,7 +27,7 @@ from npujax.errors import UnsupportedOpError
 from npujax.numerics.core import true_divide
 from npujax.numerics.fixed_point import div_round_half_even
 from npujax.ops._onnx import conv_pads, simple_importer
-from npujax.ops.registry import OpDef, is_forward_only, onnx_importer, register
+from npujax.ops.registry import OpDef, VectorWork, is_forward_only, onnx_importer, register
 
 if TYPE_CHECKING:
     from npujax.ir.graph import Node
@@ -261,11 +261,20 @@ def _export_global(w: Any, node: Node) -> None:
     w.add(node.op, list(node.inputs), list(node.outputs), node.name)
 
 
+def _global_work(node: Node, ins: Sequence[tuple[int, ...]], outs: Sequence[tuple[int, ...]]
+                 ) -> VectorWork:
+    """One operation per input element, as an AveragePool's window over the whole image (its
+    per-output count times the H x W window): a global pool over 7x7x1024 is 50,176 additions,
+    not the 1,024 operations of one per output."""
+    return VectorWork(alu_ops=int(np.prod(ins[0], dtype=np.int64)), special_ops=0)
+
+
 register(
     OpDef(name="MaxPool", run=_maxpool, cost="vector", export=_export_pool, codes="exact",
           run_codes=_maxpool_codes),
     OpDef(name="AveragePool", run=_avgpool, cost="vector", export=_export_pool,
           codes="rounding", run_codes=_avgpool_codes),
     OpDef(name="SumPool", run=_sumpool, cost="vector"),
-    OpDef(name="GlobalAveragePool", run=_global_avg_pool, cost="vector", export=_export_global),
+    OpDef(name="GlobalAveragePool", run=_global_avg_pool, cost="vector", export=_export_global,
+          vector_work=_global_work),
 )

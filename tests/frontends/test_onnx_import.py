@@ -205,12 +205,13 @@ def test_reductions_cost_the_elements_they_read():
     x = np.random.default_rng(5).normal(size=(1, 64, 7, 7)).astype(np.float32)
     nodes = [helper.make_node("ReduceMean", ["x"], ["m"], axes=[2, 3]),
              helper.make_node("ReduceMax", ["x"], ["a"], axes=[1], keepdims=0),
-             helper.make_node("ReduceSum", ["x", "ax"], ["s"], keepdims=1)]
+             helper.make_node("ReduceSum", ["x", "ax"], ["s"], keepdims=1),
+             helper.make_node("GlobalAveragePool", ["x"], ["g"])]
     m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
-               [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in "mas"],
+               [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in "masg"],
                [numpy_helper.from_array(np.array([1], np.int64), "ax")], opset=13)
     graph, _ = _check_vs_ort(m, {"x": x})
-    assert [w.cpu_ops for w in workloads(graph)] == [x.size + 64, x.size, x.size]
+    assert [w.cpu_ops for w in workloads(graph)] == [x.size + 64, x.size, x.size, x.size]
 
 
 # ----------------------------------------------------------------------------------------------
