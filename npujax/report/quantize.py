@@ -10,7 +10,7 @@ from typing import Any
 
 from rich.table import Table
 
-__all__ = ["LAYER_COLUMNS", "layers_table", "layers_csv_text", "layers_markdown",
+__all__ = ["LAYER_COLUMNS", "layers_table", "guard_line", "layers_csv_text", "layers_markdown",
            "quantize_markdown"]
 
 #: The per-layer columns (``layers.csv``'s header).
@@ -58,6 +58,21 @@ def layers_markdown(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def guard_line(guard: dict[str, Any], mode: str) -> str:
+    """The bias-correction guard's line (``QuantizeResult.calibration["bias_correction_guard"]``):
+    the output SQNR on the calibration data with and without the correction, and what was
+    kept."""
+    db = guard["calibration_output_sqnr_db"]
+
+    def fmt(v: Any) -> str:
+        return "inf" if v is None else f"{v:.1f}"
+
+    return (f"bias correction ({mode}): output SQNR against float on the calibration data "
+            f"{fmt(db['uncorrected'])} dB uncorrected, {fmt(db['corrected'])} dB corrected: "
+            + ("kept the corrected biases" if guard["kept"] == "corrected" else
+               "the correction lowers it, kept the uncorrected biases"))
+
+
 def quantize_markdown(result: Any, title: str) -> str:
     """The ``report.md`` page of a :class:`npujax.workflows.quantize.QuantizeResult`."""
     out = [f"# {title}", ""]
@@ -80,6 +95,9 @@ def quantize_markdown(result: Any, title: str) -> str:
                    ", no bias correction" if cal["bias_correction"] is None else
                    f", bias correction {cal['bias_correction']}"])
     out.append(f"- calibration: {result.examples['calibration']} examples{how}")
+    bc = cal.get("bias_correction_guard")
+    if bc is not None:
+        out.append(f"- {guard_line(bc, cal['bias_correction'])}")
     if result.latency_s is not None:
         out.append(f"- modelled latency on {result.npu}: {result.latency_s * 1e6:.3f} µs per "
                    "inference")
