@@ -71,8 +71,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                            "(images generated at the model's input size; lines: text lines as "
                            "PP-OCR rec's preprocessing makes them), FILE.npy / FILE.npz ('x' "
                            "inputs in the model's layout, optional 'y' int labels), or a folder "
-                           "of images (resized, scaled to [-1, 1]; labels from sub-folders "
-                           "named 0, 1, ...; see docs/quant.md)")
+                           "of images (resized, scaled as --image-normalization says, [-1, 1] by "
+                           "default; labels from sub-folders named 0, 1, ...; see docs/quant.md)")
     precision = qu.add_argument_group("precision (one of: widths, rules, a policy)")
     precision.add_argument("--weight-bits", action="append",
                            help="8 (default), or per layer: fc1=4,fc2=8 (layers not named keep 8)")
@@ -203,6 +203,7 @@ def run(args: argparse.Namespace) -> int:
         ort_tolerance=ORT_TOLERANCE if args.ort_tolerance is None else args.ort_tolerance,
         progress=not args.no_progress)
     m = load_model_and_data(args.model, data=args.data, examples=args.examples,
+                            image_normalization=args.image_normalization,
                             input_shapes=parse_input_shapes(args.input_shape or []),
                             seed=args.seed, calibrate_act_bits=None,
                             progress=not args.no_progress)
