@@ -141,10 +141,11 @@ class CorrectionCheck(NamedTuple):
 
     def describe(self) -> str:
         """One line for a report: both SQNRs and what was kept."""
-        return (f"bias correction ({self.mode}): output SQNR on the calibration data "
-                f"{self.sqnr_db_uncorrected:.1f} dB uncorrected, {self.sqnr_db_corrected:.1f} dB "
-                "corrected: " + ("kept the corrected biases" if self.kept else
-                                 "the correction lowers it, kept the uncorrected biases"))
+        return (f"bias correction ({self.mode}): output SQNR against float on the calibration "
+                f"data {self.sqnr_db_uncorrected:.1f} dB uncorrected, "
+                f"{self.sqnr_db_corrected:.1f} dB corrected: "
+                + ("kept the corrected biases" if self.kept else
+                   "the correction lowers it, kept the uncorrected biases"))
 
 
 def guarded_bias_correction(

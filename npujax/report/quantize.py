@@ -59,18 +59,15 @@ def layers_markdown(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def guard_line(guard: dict[str, Any], mode: str) -> str:
-    """The bias-correction guard's line (``QuantizeResult.calibration["bias_correction_guard"]``):
-    the output SQNR on the calibration data with and without the correction, and what was
-    kept."""
+    """The bias-correction guard's line (``QuantizeResult.calibration["bias_correction_guard"]``,
+    :meth:`npujax.quantize.ptq.CorrectionCheck.describe`): the output SQNR on the calibration
+    data with and without the correction (None: no error, infinite), and what was kept."""
+    from npujax.quantize.ptq import CorrectionCheck
+
     db = guard["calibration_output_sqnr_db"]
-
-    def fmt(v: Any) -> str:
-        return "inf" if v is None else f"{v:.1f}"
-
-    return (f"bias correction ({mode}): output SQNR against float on the calibration data "
-            f"{fmt(db['uncorrected'])} dB uncorrected, {fmt(db['corrected'])} dB corrected: "
-            + ("kept the corrected biases" if guard["kept"] == "corrected" else
-               "the correction lowers it, kept the uncorrected biases"))
+    return CorrectionCheck(mode, guard["kept"] == "corrected",
+                           *(math.inf if db[k] is None else db[k]
+                             for k in ("uncorrected", "corrected"))).describe()
 
 
 def quantize_markdown(result: Any, title: str) -> str:
