@@ -188,18 +188,20 @@ def guarded_bias_correction(
     corrected = bias_correction(graph, params, quant, batches, qstate, mode=mode)
     g_ref, p_ref = (graph, params) if reference is None else reference
 
-    def errors(pr, pu, pc, x):
-        yf = [jnp.asarray(y, jnp.float32) for y in jax.tree.leaves(execute(g_ref, pr, x))]
-        out = [sum(jnp.sum(y * y) for y in yf)]
-        for p in (pu, pc):
-            yq = jax.tree.leaves(execute(graph, p, x, quant=quant, qstate=qstate))
-            out.append(sum(jnp.sum((a - b) ** 2) for a, b in zip(yq, yf, strict=True)))
-        return out
-
-    fn = jax.jit(errors)
+    # two programs per batch shape, the quantized one run with either set of biases (one
+    # program computing all three outputs compiled the quantized model twice)
+    run_float = jax.jit(lambda p, x: jax.tree.leaves(execute(g_ref, p, x)))
+    run_quant = jax.jit(lambda p, s, x: jax.tree.leaves(execute(graph, p, x, quant=quant,
+                                                                qstate=s)))
     sums = np.zeros(3)
     for x in batches:
-        sums += [float(v) for v in fn(p_ref, params, corrected, jnp.asarray(x, jnp.float32))]
+        x = jnp.asarray(x, jnp.float32)
+        yf = [np.asarray(y, np.float64) for y in run_float(p_ref, x)]
+        sums[0] += sum(float(np.sum(y * y)) for y in yf)
+        for i, p in ((1, params), (2, corrected)):
+            yq = run_quant(p, qstate, x)
+            sums[i] += sum(float(np.sum((np.asarray(a, np.float64) - b) ** 2))
+                           for a, b in zip(yq, yf, strict=True))
     before, after = sqnr_db(sums[0], sums[1]), sqnr_db(sums[0], sums[2])
     check = CorrectionCheck(mode, bool(after >= before), before, after)
     if not check.kept:
