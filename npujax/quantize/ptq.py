@@ -189,10 +189,15 @@ def guarded_bias_correction(
     g_ref, p_ref = (graph, params) if reference is None else reference
 
     # two programs per batch shape, the quantized one run with either set of biases (one
-    # program computing all three outputs compiled the quantized model twice)
-    run_float = jax.jit(lambda p, x: jax.tree.leaves(execute(g_ref, p, x)))
+    # program computing all three outputs compiled the quantized model twice); compiling is
+    # most of the guard's cost, so with XLA:CPU's faster-compiling emitters (a last-bit
+    # difference in an output moves the SQNRs compared by far less than a correction does)
+    opts = cpu_legacy_emitters()
+    run_float = jax.jit(lambda p, x: jax.tree.leaves(execute(g_ref, p, x)),
+                        compiler_options=opts)
     run_quant = jax.jit(lambda p, s, x: jax.tree.leaves(execute(graph, p, x, quant=quant,
-                                                                qstate=s)))
+                                                                qstate=s)),
+                        compiler_options=opts)
     sums = np.zeros(3)
     for x in batches:
         x = jnp.asarray(x, jnp.float32)
