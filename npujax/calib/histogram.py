@@ -22,8 +22,10 @@ the range is chosen once at the end by ``compute_range(state, fmt, symmetric)``:
   Choukroun et al. 2019 use the same criterion);
 * entropy: TensorRT's calibrator (Migacz 2017): over thresholds ``i`` of the ``|x|``
   histogram, the reference ``P`` (outliers folded into the last bin) is compared with ``Q``,
-  ``P``'s first ``i`` bins merged into ``2^(bits-1)`` levels and expanded back over the non-empty
-  bins; the threshold with the smallest ``KL(P || Q)`` wins.
+  ``P``'s first ``i`` bins merged into the levels the target grid has over ``[0, i]``
+  (``2^(bits-1)`` symmetric; for an asymmetric grid, as many as its ``2^bits`` codes put there)
+  and expanded back over the non-empty bins; the threshold with the smallest ``KL(P || Q)``
+  wins (see :func:`entropy_observer`).
 
 Every range is widened to contain 0 by :func:`npujax.numerics.qparams_from_range`; an all-zero
 tensor keeps ``amax`` at a tiny positive value, so the scale stays finite and zeros stay exact.
@@ -158,20 +160,34 @@ def _mse_range(state, fmt, symmetric, candidates):
     return _clip_to_t(state, best)
 
 
-@functools.partial(jax.jit, static_argnames=("fmt", "levels"))
-def _entropy_range(state, fmt, levels):
+@functools.partial(jax.jit, static_argnames=("levels", "asymmetric"))
+def _entropy_range(state, levels, asymmetric=False):
     hist2 = _without_exact_zeros(state)
     b = hist2.shape[0] // 2
     h = hist2[b:] + hist2[:b][::-1]  # |x| histogram over [0, amax], exact zeros left out
     z = state["zeros"]
     width = state["amax"] / b
     j = jnp.arange(b)
+    # an asymmetric grid spans [max(min, -t), min(max, t)] with `levels` codes: over [0, t] of
+    # the |x| histogram its step is (min(max, t) + min(-min, t)) / levels, so Q gets
+    # levels * t / (that span) levels -- TensorRT's unsigned 2^bits for one-signed data (ReLU),
+    # its signed 2^(bits-1) for data symmetric about 0, in between for, e.g., a hard-swish's
+    # [-0.375, max]
+    pos = jnp.maximum(state["max"], 0.0) / width
+    neg = jnp.maximum(-state["min"], 0.0) / width
 
     def kl(i):
+        if asymmetric:
+            fi = i.astype(jnp.float32)
+            span = jnp.minimum(pos, fi) + jnp.minimum(neg, fi)
+            lv = jnp.clip(jnp.round(levels * fi / jnp.maximum(span, 1e-6)), 1.0, float(levels))
+            lv = lv.astype(jnp.int32)
+        else:
+            lv = levels
         inside = j < i
         outliers = jnp.sum(jnp.where(inside, 0.0, h))
         p = jnp.where(inside, h, 0.0) + jnp.where(j == i - 1, outliers, 0.0)
-        grp = jnp.where(inside, (j * levels) // i, levels)  # group levels = dropped
+        grp = jnp.where(inside, (j * lv) // i, levels)  # group `levels` = dropped
         hin = jnp.where(inside, h, 0.0)
         gsum = jax.ops.segment_sum(hin, grp, num_segments=levels + 1)
         gcnt = jax.ops.segment_sum((hin > 0).astype(jnp.float32), grp, num_segments=levels + 1)
@@ -183,22 +199,26 @@ def _entropy_range(state, fmt, levels):
         pn = jnp.maximum(z + jnp.sum(p), _TINY)
         qn = jnp.maximum(z + jnp.sum(q), _TINY)
         p, q, pz, qz = p / pn, q / qn, z / pn, z / qn
-        # P > 0 where Q == 0 only at the outlier bin; TensorRT smooths Q, here a floor does.
-        terms = jnp.where(p > 0, p * (jnp.log(p) - jnp.log(jnp.maximum(q, 1e-10))), 0.0)
+        terms = jnp.where(p > 0, p * (jnp.log(p) - jnp.log(jnp.maximum(q, _TINY))), 0.0)
         zterm = jnp.where(pz > 0, pz * (jnp.log(jnp.maximum(pz, _TINY))
                                         - jnp.log(jnp.maximum(qz, _TINY))), 0.0)
         div = jnp.sum(terms) + zterm
+        # P > 0 where Q == 0 (the outliers folded into an empty last bin): KL(P || Q) is
+        # infinite, as in TensorRT's reference (scipy.stats.entropy), so such a threshold never
+        # wins (a floor on Q let a sparse tensor's threshold land in a gap of its histogram)
+        empty_last = jnp.any((p > 0) & (q <= 0))
         # Clipping with all kept mass in one bin and no zeros: P and Q are the same spike once
         # normalized, KL is 0 however much is clipped -- no evidence for this threshold.
         single = (jnp.sum((p > 0).astype(jnp.int32)) + (pz > 0).astype(jnp.int32)) < 2
-        return jnp.where(single & (outliers > 0), jnp.inf, div)
+        return jnp.where((single & (outliers > 0)) | empty_last, jnp.inf, div)
 
     # thresholds from bin max(levels, 128) on: TensorRT starts at 128 whatever the width (as
     # pytorch-quantization's start_bin); below that, low-bit Q's few levels let a single spike
     # (e.g. ReLU(bias) over a constant background) win with a threshold just past the spike.
     ii = jnp.arange(min(max(levels, _START_BIN), b), b + 1)
     divs = jax.vmap(kl)(ii)
-    t = ii[jnp.argmin(divs)].astype(jnp.float32) * width
+    # ties go to the largest threshold (the reference's last argmin): the least clipping
+    t = ii[len(ii) - 1 - jnp.argmin(divs[::-1])].astype(jnp.float32) * width
     return _clip_to_t(state, t)
 
 
@@ -277,21 +297,29 @@ def mse_observer(
 def entropy_observer(*, bins: int = 2048, axis: int | None = None) -> Observer:
     """TensorRT's entropy calibration: the ``|x|`` threshold minimising ``KL(P || Q)``.
 
-    ``Q`` has ``2^(bits-1)`` levels for a signed (or symmetric) integer format of ``bits`` bits
-    (128 for int8, as in TensorRT), ``2^bits`` for an unsigned asymmetric one (whose codes all
-    lie on one side of zero for one-signed data such as ReLU outputs), 128 for FP8.
+    ``Q`` models the grid the range will get. A symmetric integer format of ``bits`` bits has
+    ``2^(bits-1)`` levels over ``[0, t]`` (128 for int8, TensorRT's signed quantizer); an
+    asymmetric one (int8 or uint8 with a zero point) spreads ``2^bits`` codes over the clipped
+    range ``[max(min, -t), min(max, t)]``, so for each candidate ``t`` ``Q`` gets
+    ``2^bits * t / (min(max, t) + min(-min, t))`` levels: ``2^bits`` for one-signed data such
+    as ReLU outputs (TensorRT's unsigned quantizer), ``2^(bits-1)`` for data symmetric about 0.
+    FP8 formats get 128. Thresholds start at bin ``max(levels, 128)`` (TensorRT: 128); a
+    candidate whose last kept bin is empty has an infinite KL (the outliers folded into it
+    have no ``Q`` mass), and ties go to the largest threshold, as in TensorRT's reference.
 
     References:
-      Migacz 2017, "8-bit Inference with TensorRT" (GTC); Wu et al. 2020, arXiv:2004.09602.
+      Migacz 2017, "8-bit Inference with TensorRT" (GTC); Wu et al. 2020, arXiv:2004.09602;
+      TensorRT's ``tools/pytorch-quantization/pytorch_quantization/calib/histogram.py``
+      (``_compute_amax_entropy``).
     """
 
     def range_fn(s, fmt, sym):
         if not hasattr(fmt, "bits"):
-            levels = 128
-        elif fmt.signed or sym:
-            levels = 2 ** (fmt.bits - 1)  # codes on one side of zero (TensorRT: 128 for int8)
-        else:
-            levels = 2**fmt.bits  # unsigned asymmetric: every code may lie on one side
-        return _entropy_range(s, fmt, min(levels, bins))
+            return _entropy_range(s, min(128, bins))
+        if sym:
+            # codes on one side of zero (TensorRT: 128 for int8)
+            return _entropy_range(s, min(2 ** (fmt.bits - 1), bins))
+        # asymmetric (int8 or uint8 with a zero point): 2^bits codes over the clipped range
+        return _entropy_range(s, min(2**fmt.bits, bins), asymmetric=True)
 
     return histogram_observer(range_fn, bins=bins, axis=axis)

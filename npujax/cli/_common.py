@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from npujax._lazy import names as _names
 from npujax.errors import ConfigError
 
 __all__ = ["console", "bits_spec", "int_list", "positive_int", "add_data_args",
@@ -141,6 +142,12 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
                    "('x' inputs, optional 'y' int labels)")
     p.add_argument("--examples", type=positive_int, default=256,
                    help="images generated for --data text/photos/lines (default 256)")
+    p.add_argument("--image-normalization",
+                   choices=_names("npujax.data.images", "IMAGE_NORMALIZATIONS"),
+                   help="for --data FOLDER of images: how pixels are scaled, as the model was "
+                   "trained: -1,1 ((pixel/255 - 0.5) / 0.5, the default; PaddleOCR, Keras "
+                   "mode 'tf'), 0,1 (pixel/255) or imagenet ((pixel/255 - mean) / std with "
+                   "ImageNet's mean and std, torchvision's Normalize)")
 
 
 def add_devices_arg(p: argparse.ArgumentParser) -> None:

@@ -74,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
                             max_loss_increase=args.max_loss_increase, steps=args.steps)
     output_dir(args.out)
     m = load_model_and_data(args.model, data=args.data, examples=args.examples,
+                            image_normalization=args.image_normalization,
                             input_shapes=parse_input_shapes(args.input_shape or []),
                             seed=args.seed, progress=not args.no_progress)
     res = run_codesign(m.graph, m.params, spec, m.x_train, m.y_train, config, args.out,

@@ -67,6 +67,7 @@ def _with_policy(args: argparse.Namespace) -> int:
     spec = load_npu_spec(args.npu)
     out = output_dir(args.out)  # a bad --out fails before the fine-tuning, not after it
     model = load_model_and_data(args.model, data=args.data, examples=args.examples,
+                                image_normalization=args.image_normalization,
                                 input_shapes=parse_input_shapes(args.input_shape or []),
                                 seed=args.seed, calibrate_act_bits=None,
                                 progress=not args.no_progress)

@@ -71,8 +71,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                            "(images generated at the model's input size; lines: text lines as "
                            "PP-OCR rec's preprocessing makes them), FILE.npy / FILE.npz ('x' "
                            "inputs in the model's layout, optional 'y' int labels), or a folder "
-                           "of images (resized, scaled to [-1, 1]; labels from sub-folders "
-                           "named 0, 1, ...; see docs/quant.md)")
+                           "of images (resized, scaled as --image-normalization says, [-1, 1] by "
+                           "default; labels from sub-folders named 0, 1, ...; see docs/quant.md)")
     precision = qu.add_argument_group("precision (one of: widths, rules, a policy)")
     precision.add_argument("--weight-bits", action="append",
                            help="8 (default), or per layer: fc1=4,fc2=8 (layers not named keep 8)")
@@ -102,6 +102,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "quantized model, layer after layer (model, the default), or the shift "
                     "its weight quantization alone causes (weights), or with its own input "
                     "quantization (layer)")
+    qu.add_argument("--no-bias-correction-guard", action="store_true",
+                    help="apply the bias correction even where it lowers the quantized model's "
+                    "output SQNR against float on the calibration data (by default the "
+                    "uncorrected biases are then kept, and the report says so)")
     qu.add_argument("--calib-examples", type=positive_int, default=256,
                     help="calibration examples from the training split (default 256)")
     qu.add_argument("--batch-size", type=positive_int, default=64,
@@ -175,7 +179,7 @@ def precision(args: argparse.Namespace, graph: Any) -> tuple[dict[str, Any], str
 
 def run(args: argparse.Namespace) -> int:
     from npujax.frontends.onnx import parse_input_shapes
-    from npujax.report.quantize import layers_table
+    from npujax.report.quantize import guard_line, layers_table
     from npujax.workflows.inputs import load_model_and_data
     from npujax.workflows.quantize import (
         ORT_TOLERANCE,
@@ -190,13 +194,16 @@ def run(args: argparse.Namespace) -> int:
     config = QuantizeConfig(
         observer=args.method, methods=method_instances(args.ptq_methods),
         bias_correction=not args.no_bias_correction,
-        bias_correction_mode=args.bias_correction, calib_examples=args.calib_examples,
+        bias_correction_mode=args.bias_correction,
+        bias_correction_guard=not args.no_bias_correction_guard,
+        calib_examples=args.calib_examples,
         batch_size=args.batch_size, max_drop=args.max_drop,
         npu=None if args.npu == "none" else args.npu,
         requantize_outputs=args.requantize_outputs, ort_check=not args.no_ort_check,
         ort_tolerance=ORT_TOLERANCE if args.ort_tolerance is None else args.ort_tolerance,
         progress=not args.no_progress)
     m = load_model_and_data(args.model, data=args.data, examples=args.examples,
+                            image_normalization=args.image_normalization,
                             input_shapes=parse_input_shapes(args.input_shape or []),
                             seed=args.seed, calibrate_act_bits=None,
                             progress=not args.no_progress)
@@ -217,6 +224,9 @@ def run(args: argparse.Namespace) -> int:
                   "examples")
     for n in result.notes:  # what each PTQ method did (or found nothing to do), as in report.md
         con.print(f"note: {n}")
+    bc = result.calibration.get("bias_correction_guard")
+    if bc is not None:
+        con.print(guard_line(bc, result.calibration["bias_correction"]))
     vf = result.vs_float
     if vf is not None:
         con.print(f"against float: output SQNR {vf['output_sqnr_db']:.1f} dB"

@@ -95,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed, progress=not args.no_progress, devices=args.devices)
     SearchConfig(**settings)
     m = load_model_and_data(args.model, data=args.data, examples=args.examples,
+                            image_normalization=args.image_normalization,
                             input_shapes=parse_input_shapes(args.input_shape or []),
                             seed=args.seed, calibrate_act_bits=max(args.act_candidates),
                             progress=not args.no_progress)

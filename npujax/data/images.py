@@ -24,10 +24,26 @@ import numpy as np
 from npujax.errors import ConfigError
 
 __all__ = ["text_images", "text_lines", "photo_crops", "orientation_labels", "image_folder",
-           "IMAGE_SUFFIXES"]
+           "IMAGE_SUFFIXES", "IMAGE_NORMALIZATIONS"]
 
 #: The image files :func:`image_folder` reads (by suffix, any case).
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+
+#: How :func:`image_folder` scales pixels, by name: ``(mean, std)`` per RGB channel, the input
+#: being ``(pixel / 255 - mean) / std``.
+#:
+#: - ``"-1,1"`` (the default): values in [-1, 1]; PaddleOCR's, and Keras
+#:   ``preprocess_input(mode="tf")``'s (Inception, MobileNet);
+#: - ``"0,1"``: ``pixel / 255``, values in [0, 1]; torchvision's ``ToTensor`` alone, Keras
+#:   ``Rescaling(1 / 255)``;
+#: - ``"imagenet"``: torchvision's ``Normalize`` with the ImageNet mean and standard deviation
+#:   (timm's ``IMAGENET_DEFAULT_MEAN/STD``, Keras ``preprocess_input(mode="torch")``); RGB
+#:   models only.
+IMAGE_NORMALIZATIONS = {
+    "-1,1": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
+    "0,1": ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)),
+    "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+}
 
 _WORDS = ("npujax systolic array quantization int8 latency roofline weight stationary ONNX "
           "export calibration observer fold tile SRAM DRAM bandwidth vector unit fallback "
@@ -192,8 +208,8 @@ def photo_crops(h: int, w: int, n: int, seed: int = 0) -> np.ndarray:
     return _normalize(np.stack(out))
 
 
-def image_folder(path: str | os.PathLike[str], input_shape: tuple[int, ...]
-                 ) -> tuple[np.ndarray, np.ndarray | None]:
+def image_folder(path: str | os.PathLike[str], input_shape: tuple[int, ...],
+                 normalization: str = "-1,1") -> tuple[np.ndarray, np.ndarray | None]:
     """A folder of image files as a model's inputs (and labels, from class sub-folders).
 
     Preprocessing, in this order (one image at a time, with Pillow, which matplotlib requires):
@@ -201,7 +217,10 @@ def image_folder(path: str | os.PathLike[str], input_shape: tuple[int, ...]
     1. converted to RGB (3-channel models) or to 8-bit grayscale (1-channel models);
     2. resized to the model's ``H x W`` with bilinear interpolation (no crop, so the aspect
        ratio is not kept);
-    3. normalized as :func:`text_images`: ``(pixel / 255 - 0.5) / 0.5``, values in [-1, 1];
+    3. normalized per channel, ``(pixel / 255 - mean) / std`` as ``normalization`` names it
+       (:data:`IMAGE_NORMALIZATIONS`): by default as :func:`text_images`, ``(pixel / 255 -
+       0.5) / 0.5``, values in [-1, 1]; ``"0,1"``: ``pixel / 255``; ``"imagenet"``: the
+       ImageNet mean and standard deviation (torchvision's ``Normalize``);
     4. laid out as the model takes it: ``[n, C, H, W]`` for an input shape ``(C, H, W)`` with
        ``C`` 1 or 3, else ``[n, H, W, C]`` (a channels-last model, ``C`` last).
 
@@ -213,14 +232,17 @@ def image_folder(path: str | os.PathLike[str], input_shape: tuple[int, ...]
     Args:
       path: the folder.
       input_shape: the model's per-example input shape, ``(C, H, W)`` or ``(H, W, C)``.
+      normalization: a name of :data:`IMAGE_NORMALIZATIONS` (``"-1,1"``, ``"0,1"`` or
+        ``"imagenet"``), the scaling the model was trained with.
 
     Returns:
       ``(x, y)``: float32 inputs in the model's layout, and int32 labels ``[n]`` or None.
 
     Raises:
       ConfigError: no image file in the folder, a mix of top-level files and class folders,
-        a class folder whose name is not an integer, an image Pillow cannot read, or a model
-        whose input is not an image (``C`` not 1 or 3).
+        a class folder whose name is not an integer, an image Pillow cannot read, a model
+        whose input is not an image (``C`` not 1 or 3), an unknown ``normalization``, or
+        ``"imagenet"`` for a 1-channel model.
     """
     from PIL import Image, UnidentifiedImageError
 
@@ -232,6 +254,13 @@ def image_folder(path: str | os.PathLike[str], input_shape: tuple[int, ...]
                           ".npy/.npz file of inputs instead.")
     channels_first = want[0] in (1, 3)
     c, h, w = (want if channels_first else (want[2], want[0], want[1]))
+    if normalization not in IMAGE_NORMALIZATIONS:
+        raise ConfigError(f"image normalization {normalization!r}: choose one of "
+                          f"{list(IMAGE_NORMALIZATIONS)} (the scaling the model was trained "
+                          "with).")
+    if normalization == "imagenet" and c != 3:
+        raise ConfigError(f"--data {folder}: the imagenet normalization is per RGB channel, "
+                          f"but the model takes {c}-channel images; use 0,1 or -1,1.")
     files = sorted(f for f in folder.rglob("*")
                    if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES)
     if not files:
@@ -259,7 +288,9 @@ def image_folder(path: str | os.PathLike[str], input_shape: tuple[int, ...]
         except (OSError, UnidentifiedImageError, ValueError) as e:
             raise ConfigError(f"--data {folder}: cannot read image {f}: {e}") from None
         out[i] = a.transpose(2, 0, 1) if a.ndim == 3 else a[None]
-    x = _normalize(out)
+    mean, std = (np.asarray(v[:c], np.float32).reshape(1, c, 1, 1)
+                 for v in IMAGE_NORMALIZATIONS[normalization])
+    x = ((out.astype(np.float32) / np.float32(255.0) - mean) / std).astype(np.float32)
     if not channels_first:
         x = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
     return x, labels

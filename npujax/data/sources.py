@@ -30,6 +30,7 @@ def load_inputs(
     input_shape: tuple[int, ...],
     n: int = 256,
     seed: int = 0,
+    image_normalization: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray | None]:
     """Inputs (and labels where the source has them) for a model taking ``input_shape``.
 
@@ -47,6 +48,10 @@ def load_inputs(
       input_shape: the model's input shape ``(batch, ...)``; the batch size is ignored.
       n: examples generated for ``text``/``photos``/``lines``.
       seed: split and generation seed.
+      image_normalization: for a folder of images, how its pixels are scaled, a name of
+        :data:`npujax.data.images.IMAGE_NORMALIZATIONS` (``"-1,1"``, the default, ``"0,1"``
+        or ``"imagenet"``); None: the default. Other sources refuse it (their inputs are
+        already scaled).
 
     Returns:
       ``(x_train, y_train, x_test, y_test)`` as float32 inputs and int32 labels (None when the
@@ -55,13 +60,18 @@ def load_inputs(
     Raises:
       ConfigError: unknown source, unreadable file, an ``.npz`` without ``x``, inputs of a
         dtype that is not a real number (bool, complex, strings, objects), no examples or only
-        one, NaN or infinite inputs, ``lines`` at a width too narrow for a line of words.
+        one, NaN or infinite inputs, ``lines`` at a width too narrow for a line of words,
+        ``image_normalization`` for a source that is not a folder of images (or unknown).
       ShapeError: the data's per-example shape is not the model's; labels that are not ints
         of shape ``(n,)``.
       LimitError: generated images or a file's arrays over ``max_tensor_bytes`` (checked
         before they are made or read).
     """
     want = tuple(int(d) for d in input_shape[1:])
+    if image_normalization is not None and not Path(source).is_dir():
+        raise ConfigError(f"--image-normalization applies to a folder of images; --data "
+                          f"{source} gives inputs already scaled (the generated sources as "
+                          "PaddleOCR feeds its models, files as saved).")
     if source in ("digits", "mnist5k"):
         d = (load_digits_nhwc if source == "digits" else load_mnist5k_nhwc)(seed=seed)
         _check(source, d.x_train, want)
@@ -84,7 +94,7 @@ def load_inputs(
         if channels_last:
             x = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
     elif Path(source).is_dir():
-        x, y = image_folder(source, want)
+        x, y = image_folder(source, want, image_normalization or "-1,1")
     else:
         path = Path(source)
         if path.suffix in (".npy", ".npz") and not path.exists():

@@ -8,9 +8,10 @@ empirical bias correction, sequential by default as in ``npujax quantize``), the
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -32,8 +33,10 @@ from npujax.quantize.spec import QuantSpec
 #: What :func:`bias_correction` removes (its ``mode``).
 BIAS_CORRECTION_MODES = ("weights", "layer", "model")
 
-__all__ = ["BIAS_CORRECTION_MODES", "bias_correction", "deployed_biases", "ptq", "layer_sqnr",
-           "sqnr_db"]
+__all__ = ["BIAS_CORRECTION_MODES", "CorrectionCheck", "bias_correction",
+           "guarded_bias_correction", "deployed_biases", "ptq", "layer_sqnr", "sqnr_db"]
+
+log = logging.getLogger(__name__)
 
 
 def _channel_axis(node: Node, ndim: int) -> int:
@@ -117,6 +120,98 @@ def bias_correction(
         _correct(new, names, _means(jax.jit(shift), params, batches))
         return new
     return _sequential(graph, params, quant, qstate, batches, layers)
+
+
+class CorrectionCheck(NamedTuple):
+    """What :func:`guarded_bias_correction` measured and kept.
+
+    Attributes:
+      mode: the correction's mode (:data:`BIAS_CORRECTION_MODES`).
+      kept: True when the corrected biases were kept; False when the correction lowered the
+        output SQNR on the calibration data and the uncorrected biases were kept.
+      sqnr_db_uncorrected: the quantized model's output SQNR against the float model on the
+        calibration data (dB) without the correction.
+      sqnr_db_corrected: the same with it.
+    """
+
+    mode: str
+    kept: bool
+    sqnr_db_uncorrected: float
+    sqnr_db_corrected: float
+
+    def describe(self) -> str:
+        """One line for a report: both SQNRs and what was kept."""
+        return (f"bias correction ({self.mode}): output SQNR against float on the calibration "
+                f"data {self.sqnr_db_uncorrected:.1f} dB uncorrected, "
+                f"{self.sqnr_db_corrected:.1f} dB corrected: "
+                + ("kept the corrected biases" if self.kept else
+                   "the correction lowers it, kept the uncorrected biases"))
+
+
+def guarded_bias_correction(
+    graph: Graph, params: Params, quant: QuantSpec, batches: Sequence[ArrayLike],
+    qstate: QState,
+    *,
+    mode: str = "model",
+    reference: tuple[Graph, Params] | None = None,
+) -> tuple[Params, CorrectionCheck]:
+    """:func:`bias_correction`, kept only where it does not lower the output SQNR.
+
+    The correction removes each layer's mean output shift, which lowers each layer's own
+    squared error, but not always the model's: downstream of a clipped input, a ReLU may have
+    zeroed the examples that carry the shift, and removing it then moves the live ones (PP-OCR
+    cls with entropy calibration: the sequential correction lowered the output SQNR from 8.9
+    to 6.3 dB). So the quantized model's outputs are compared with the float model's on the
+    calibration ``batches`` with and without the correction,
+    ``SQNR = 10 log10(sum y_float^2 / sum (y_quant - y_float)^2)`` over every output and
+    batch, and the corrected biases are kept unless their SQNR is lower. This costs one float
+    and two quantized forward passes of ``batches`` (one program per batch shape).
+
+    Args:
+      graph: the BN-folded model to correct.
+      params: its params (the biases to correct).
+      quant: its quantization spec.
+      batches: the calibration batches, float32 ``(batch, ...)``; the correction's and the
+        comparison's data.
+      qstate: the calibrated states.
+      mode: the correction's mode, one of :data:`BIAS_CORRECTION_MODES`.
+      reference: the float model ``(graph, params)`` to compare against, when it is not
+        ``(graph, params)`` (a post-calibration method, e.g. AdaRound, has moved the
+        weights).
+
+    Returns:
+      ``(params, check)``: the kept params and a :class:`CorrectionCheck`.
+
+    Raises:
+      CalibrationError: see :func:`bias_correction`.
+    """
+    corrected = bias_correction(graph, params, quant, batches, qstate, mode=mode)
+    g_ref, p_ref = (graph, params) if reference is None else reference
+
+    # two programs per batch shape, the quantized one run with either set of biases (one
+    # program computing all three outputs compiled the quantized model twice); compiling is
+    # most of the guard's cost, so with XLA:CPU's faster-compiling emitters (a last-bit
+    # difference in an output moves the SQNRs compared by far less than a correction does)
+    opts = cpu_legacy_emitters()
+    run_float = jax.jit(lambda p, x: jax.tree.leaves(execute(g_ref, p, x)),
+                        compiler_options=opts)
+    run_quant = jax.jit(lambda p, s, x: jax.tree.leaves(execute(graph, p, x, quant=quant,
+                                                                qstate=s)),
+                        compiler_options=opts)
+    sums = np.zeros(3)
+    for x in batches:
+        x = jnp.asarray(x, jnp.float32)
+        yf = [np.asarray(y, np.float64) for y in run_float(p_ref, x)]
+        sums[0] += sum(float(np.sum(y * y)) for y in yf)
+        for i, p in ((1, params), (2, corrected)):
+            yq = run_quant(p, qstate, x)
+            sums[i] += sum(float(np.sum((np.asarray(a, np.float64) - b) ** 2))
+                           for a, b in zip(yq, yf, strict=True))
+    before, after = sqnr_db(sums[0], sums[1]), sqnr_db(sums[0], sums[2])
+    check = CorrectionCheck(mode, bool(after >= before), before, after)
+    if not check.kept:
+        log.warning("%s", check.describe())
+    return (corrected if check.kept else params), check
 
 
 class _Corrected:
@@ -356,6 +451,7 @@ def ptq(
     observer: str | Callable[[], Observer] = "minmax",
     bias_correct: bool = True,
     bias_correction_mode: str = "model",
+    bias_correction_guard: bool = True,
     progress: bool = False,
 ) -> tuple[Params, dict[str, Any]]:
     """Calibrate activation ranges, then (optionally) correct biases: the PTQ flow.
@@ -376,6 +472,8 @@ def ptq(
         in one layer-by-layer quantized pass over ``batches``); ``"weights"`` is the
         weight-only correction of Nagel et al. 2019 (one float pass), the default before
         2026-12-02.
+      bias_correction_guard: keep the correction only if it does not lower the output SQNR
+        on ``batches`` (:func:`guarded_bias_correction`; a warning says when it was dropped).
       progress: progress bar during calibration.
 
     Returns:
@@ -391,7 +489,10 @@ def ptq(
                                f"{list(BIAS_CORRECTION_MODES)}.")
     batches = list(batches)
     qstate = calibrate(graph, params, batches, quant, observer=observer, progress=progress)
-    if bias_correct:
+    if bias_correct and bias_correction_guard:
+        params, _ = guarded_bias_correction(graph, params, quant, batches, qstate,
+                                            mode=bias_correction_mode)
+    elif bias_correct:
         params = bias_correction(graph, params, quant, batches, qstate,
                                  mode=bias_correction_mode)
     return params, qstate

@@ -10,7 +10,7 @@ from typing import Any
 
 from rich.table import Table
 
-__all__ = ["LAYER_COLUMNS", "layers_table", "layers_csv_text", "layers_markdown",
+__all__ = ["LAYER_COLUMNS", "layers_table", "guard_line", "layers_csv_text", "layers_markdown",
            "quantize_markdown"]
 
 #: The per-layer columns (``layers.csv``'s header).
@@ -58,6 +58,18 @@ def layers_markdown(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def guard_line(guard: dict[str, Any], mode: str) -> str:
+    """The bias-correction guard's line (``QuantizeResult.calibration["bias_correction_guard"]``,
+    :meth:`npujax.quantize.ptq.CorrectionCheck.describe`): the output SQNR on the calibration
+    data with and without the correction (None: no error, infinite), and what was kept."""
+    from npujax.quantize.ptq import CorrectionCheck
+
+    db = guard["calibration_output_sqnr_db"]
+    return CorrectionCheck(mode, guard["kept"] == "corrected",
+                           *(math.inf if db[k] is None else db[k]
+                             for k in ("uncorrected", "corrected"))).describe()
+
+
 def quantize_markdown(result: Any, title: str) -> str:
     """The ``report.md`` page of a :class:`npujax.workflows.quantize.QuantizeResult`."""
     out = [f"# {title}", ""]
@@ -80,6 +92,9 @@ def quantize_markdown(result: Any, title: str) -> str:
                    ", no bias correction" if cal["bias_correction"] is None else
                    f", bias correction {cal['bias_correction']}"])
     out.append(f"- calibration: {result.examples['calibration']} examples{how}")
+    bc = cal.get("bias_correction_guard")
+    if bc is not None:
+        out.append(f"- {guard_line(bc, cal['bias_correction'])}")
     if result.latency_s is not None:
         out.append(f"- modelled latency on {result.npu}: {result.latency_s * 1e6:.3f} µs per "
                    "inference")

@@ -93,6 +93,7 @@ def load_model_and_data(
     seed: int = 0,
     calibrate_act_bits: int | None = 8,
     progress: bool = False,
+    image_normalization: str | None = None,
 ) -> LoadedModel:
     """A saved (``.npz``), Keras or ONNX model and its data, calibrated if needed.
 
@@ -109,6 +110,8 @@ def load_model_and_data(
         this activation width) on up to 128 training examples; None leaves it uncalibrated
         (the caller calibrates with its own spec).
       progress: progress on stderr (``npujax._progress``: bars on a terminal, lines off it).
+      image_normalization: how a folder of images is scaled
+        (:func:`npujax.data.sources.load_inputs`); None: its default, [-1, 1].
 
     Returns:
       A :class:`LoadedModel`.
@@ -137,7 +140,7 @@ def load_model_and_data(
     source = data or "digits"
     with phase(f"data {source}", progress):
         x, y, xte, yte = load_inputs(source, graph.tensors[graph.inputs[0]].shape, n=examples,
-                                     seed=seed)
+                                     seed=seed, image_normalization=image_normalization)
     log.info("data %s: %d examples for search/fine-tuning, %d held out (%s)", source, len(x),
              len(xte), "labelled" if y is not None else "unlabelled")
     if not qstate and calibrate_act_bits is not None:

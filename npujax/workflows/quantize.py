@@ -45,7 +45,12 @@ from npujax.ir.passes import unfold_batch
 from npujax.quantize.accuracy_control import AccuracyControl, accuracy_control
 from npujax.quantize.calibrate import calibrate
 from npujax.quantize.methods import PTQMethod
-from npujax.quantize.ptq import BIAS_CORRECTION_MODES, bias_correction, deployed_biases
+from npujax.quantize.ptq import (
+    BIAS_CORRECTION_MODES,
+    bias_correction,
+    deployed_biases,
+    guarded_bias_correction,
+)
 from npujax.quantize.sensitivity import LayerSensitivity, sensitivity_split
 from npujax.quantize.spec import LayerQuant, QuantSpec
 from npujax.report.quantize import layers_csv_text, quantize_markdown
@@ -131,6 +136,9 @@ class QuantizeConfig:
         calibration data per wave of layers (a whole ``npujax quantize`` of PP-OCR cls: 83
         CPU s against 47 with ``"weights"``; PP-OCR rec's calibration and correction, 47
         waves at 48 x 320: 1604 CPU s against 64).
+      bias_correction_guard: keep the correction only where it does not lower the quantized
+        model's output SQNR against float on the calibration data
+        (:func:`~npujax.quantize.ptq.guarded_bias_correction`); the result says which was kept.
       calib_examples: calibration examples (from the training split), in batches of
         ``batch_size``.
       batch_size: examples per calibration / evaluation batch.
@@ -153,6 +161,7 @@ class QuantizeConfig:
     methods: tuple[PTQMethod, ...] = ()
     bias_correction: bool = True
     bias_correction_mode: str = "model"
+    bias_correction_guard: bool = True
     calib_examples: int = 256
     batch_size: int = 64
     max_drop: float | None = None
@@ -213,7 +222,9 @@ class QuantizeResult:
       notes: the PTQ methods' notes.
       examples: ``{"calibration": n, "evaluation": n}``.
       calibration: how the model was calibrated: ``{"observer": name, "bias_correction":
-        mode of npujax.quantize.ptq.BIAS_CORRECTION_MODES or None (off)}``.
+        mode of npujax.quantize.ptq.BIAS_CORRECTION_MODES or None (off),
+        "bias_correction_guard": None (no guard) or {"kept": "corrected" | "uncorrected",
+        "calibration_output_sqnr_db": {"uncorrected": dB, "corrected": dB}}}``.
       vs_float: the fake-quant model's outputs against the float model's on the evaluation
         examples, labels or not (:func:`output_vs_float`).
       ort_drift: None, or, when the end-to-end outputs exceeded the bound at some level but
@@ -379,6 +390,7 @@ def quantize_model(
     # the float model the report measures against (pre-calibration methods keep its function;
     # post-calibration ones and bias correction move the weights and biases that deploy)
     g_float, p_float = g, p
+    guard: dict[str, Any] = {}  # the last run's bias-correction guard
 
     def run(spec: QuantSpec) -> tuple[Graph, Params, QuantSpec, dict[str, Any], list[str]]:
         gg, pp = g, p
@@ -391,9 +403,20 @@ def quantize_model(
             gg, pp, spec = st.graph, st.params, st.quant
             qstate = st.qstate if st.qstate is not None else qstate
             said += [f"{m.name}: {n}" for n in st.notes]
-        if config.bias_correction:
+        check = None
+        if config.bias_correction and config.bias_correction_guard:
+            pp, check = guarded_bias_correction(gg, pp, spec, calib, qstate,
+                                                mode=config.bias_correction_mode,
+                                                reference=(g_float, p_float))
+        elif config.bias_correction:
             pp = bias_correction(gg, pp, spec, calib, qstate,
                                  mode=config.bias_correction_mode)
+        if check is not None:
+            guard.clear()
+            guard.update(kept="corrected" if check.kept else "uncorrected",
+                         calibration_output_sqnr_db={
+                             "uncorrected": _finite(check.sqnr_db_uncorrected),
+                             "corrected": _finite(check.sqnr_db_corrected)})
         # the biases the file holds (int32 on the accumulator's grid): fake-quant, the
         # accuracy loop and the report then measure the model that is written
         pp = deployed_biases(gg, pp, spec, qstate)
@@ -479,7 +502,8 @@ def quantize_model(
                            "evaluation": len(x_eval)},
                           {"observer": config.observer,
                            "bias_correction": (config.bias_correction_mode
-                                               if config.bias_correction else None)},
+                                               if config.bias_correction else None),
+                           "bias_correction_guard": dict(guard) or None},
                           ort_drift=drift, vs_float=vs_float)
 
 

@@ -201,11 +201,12 @@ def test_exact_zeros_binned_on_the_positive_side(amax):
     assert hist[2048] == 51 and hist[2047] == 1, (hist[2047], hist[2048])
 
 
-def _trt_entropy_threshold(h, width, levels):
+def _trt_entropy_threshold(h, width, levels, start=128):
     """TensorRT's entropy threshold on an ``|x|`` histogram ``h`` (pytorch-quantization's
-    ``_compute_amax_entropy``), numpy reference; thresholds from bin 128 on."""
+    ``_compute_amax_entropy``), numpy reference: thresholds from bin ``start`` on, ``Q`` = 0
+    where ``P`` > 0 an infinite KL (as scipy's), ties to the largest threshold."""
     divs = []
-    for i in range(128, len(h) + 1):
+    for i in range(start, len(h) + 1):
         p = h[:i].astype(np.float64)
         p[i - 1] += h[i:].sum()
         grp = np.arange(i) * levels // i
@@ -216,7 +217,25 @@ def _trt_entropy_threshold(h, width, levels):
         with np.errstate(divide="ignore", invalid="ignore"):  # p > 0 = q: inf, as scipy
             kl = p * (np.log(np.where(p > 0, p, 1.0)) - np.log(q))
         divs.append(np.sum(np.where(p > 0, kl, 0.0)))
-    return (128 + int(np.argmin(divs))) * width
+    return (start + len(divs) - 1 - int(np.argmin(divs[::-1]))) * width
+
+
+def test_entropy_levels_follow_the_asymmetric_grid():
+    # An asymmetric grid (int8 or uint8 with a zero point) puts its 256 codes where the data
+    # is: on one-signed (ReLU) data all of them over [0, t], TensorRT's unsigned quantizer (256
+    # levels); on data symmetric about 0 half of them, its signed one (128). The levels used to
+    # follow the storage's signedness: int8 on ReLU data got 128 levels (threshold 1024 bins
+    # here, against the reference's 932), uint8 on symmetric data 256 (932 against 1024).
+    a = np.abs(np.random.default_rng(3).normal(size=20_000)).astype(np.float32)
+    bins = 1024
+    h, _ = np.histogram(a, bins, range=(0, float(a.max())))
+    width = float(a.max()) / bins
+    obs = entropy_observer(bins=bins)
+    for x, fmt, levels in ((a, I8, 256), (np.r_[a, -a], U8, 128)):
+        lo, hi = obs.compute_range(run(obs, [x]), fmt, False)
+        ref = _trt_entropy_threshold(h, width, levels, start=256)  # npujax starts at levels
+        assert abs(float(hi) - ref) <= 1.01 * width, (str(fmt), float(hi) / width, ref / width)
+        assert float(lo) == pytest.approx(max(float(x.min()), -float(hi)))
 
 
 def test_entropy_of_zero_heavy_signed_data_matches_references():

@@ -179,7 +179,14 @@ def test_quantize_writes_a_checked_qdq_file_and_runs_ptq_methods_by_stage(tiny, 
     s = json.loads((tmp_path / "q" / "quantize.json").read_text())
     assert s["methods"] == ["test-pre: fc1->fc2: scaled by 4", "test-post: checked"]
     # the run says how it was calibrated: the default observer and sequential bias correction
+    # and what the bias-correction guard measured and kept (in report.md and on the terminal)
+    guard = s["calibration"].pop("bias_correction_guard")
     assert s["calibration"] == {"observer": "minmax", "bias_correction": "model"}
+    db = guard["calibration_output_sqnr_db"]
+    assert guard["kept"] == ("corrected" if db["corrected"] >= db["uncorrected"]
+                             else "uncorrected")
+    line = "output SQNR against float on the calibration data"
+    assert line in (tmp_path / "q" / "report.md").read_text() and line in r.stdout
     assert s["float_accuracy"] == 100.0 and s["accuracy"] >= 99.0  # the float function kept
     assert set(s["onnxruntime"]) == {"ORT_DISABLE_ALL", "ORT_ENABLE_BASIC",
                                      "ORT_ENABLE_EXTENDED", "ORT_ENABLE_ALL"}

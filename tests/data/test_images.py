@@ -2,6 +2,7 @@
 the generated images in the layout of the model (NCHW, or NHWC for a Keras model)."""
 
 import numpy as np
+import pytest
 
 from npujax.data.images import text_images
 
@@ -79,3 +80,33 @@ def test_a_missing_data_file_is_named_as_missing(tmp_path):
         load_inputs(str(tmp_path / "nothere.npy"), (1, 3, 8, 8), n=4)
     with pytest.raises(ConfigError, match="must be one of"):  # not a data file at all
         load_inputs(str(tmp_path / "notes.txt"), (1, 3, 8, 8), n=4)
+
+
+def test_image_folder_normalizations(tmp_path):
+    # one RGB image of pixel (0, 128, 255): each scaling as its formula says, per channel
+    from PIL import Image
+
+    from npujax.data.images import image_folder
+    from npujax.data.sources import load_inputs
+    from npujax.errors import ConfigError
+
+    (tmp_path / "d").mkdir()
+    Image.new("RGB", (4, 4), (0, 128, 255)).save(tmp_path / "d" / "a.png")
+    Image.new("RGB", (4, 4), (0, 128, 255)).save(tmp_path / "d" / "b.png")
+    p = np.array([0, 128, 255], np.float32) / 255
+    mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+    want = {"-1,1": (p - 0.5) / 0.5, "0,1": p, "imagenet": (p - mean) / std}
+    for name, v in want.items():
+        x, _ = image_folder(tmp_path / "d", (3, 4, 4), name)
+        np.testing.assert_allclose(x[0, :, 0, 0], v, rtol=1e-6, atol=1e-7, err_msg=name)
+        x, _ = image_folder(tmp_path / "d", (4, 4, 3), name)  # channels last
+        np.testing.assert_allclose(x[0, 0, 0, :], v, rtol=1e-6, atol=1e-7, err_msg=name)
+    # the default is [-1, 1], as before
+    xtr, _, xte, _ = load_inputs(str(tmp_path / "d"), (1, 3, 4, 4))
+    np.testing.assert_array_equal(xtr[0], image_folder(tmp_path / "d", (3, 4, 4))[0][0])
+    with pytest.raises(ConfigError, match="RGB"):
+        image_folder(tmp_path / "d", (1, 4, 4), "imagenet")
+    with pytest.raises(ConfigError, match="choose one of"):
+        image_folder(tmp_path / "d", (3, 4, 4), "[0, 1]")
+    with pytest.raises(ConfigError, match="applies to a folder of images"):
+        load_inputs("digits", (1, 8, 8, 1), image_normalization="0,1")

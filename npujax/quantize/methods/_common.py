@@ -11,11 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from npujax._xla_options import cpu_legacy_emitters
 from npujax.errors import CalibrationError, ConfigError
-from npujax.ir.execute import execute, tap
+from npujax.ir.execute import as_inputs, check_run, execute, execute_nodes, tap
 from npujax.ir.graph import Graph, Params
 
-__all__ = ["check_batches", "require", "layer_taps", "copy_params", "waves"]
+__all__ = ["check_batches", "require", "layer_taps", "copy_params", "waves", "LayerPass"]
 
 
 def check_batches(batches: Sequence[ArrayLike], method: str) -> list[np.ndarray]:
@@ -103,3 +104,83 @@ def waves(graph: Graph, names: Sequence[str]) -> list[list[str]]:
         if n.name in wanted:
             out.setdefault(level[n.name], []).append(n.name)
     return [out[k] for k in sorted(out)]
+
+
+class LayerPass:
+    """The model run once over the calibration batches, layer by layer, for a method that
+    changes each layer (its kernel, its quantizer) before the next one reads its output.
+
+    :meth:`layer_input` runs the graph's nodes from where the previous call stopped through
+    ``name`` (the previous layer run again first, with its new params and quantizer), over
+    every batch, and returns ``name``'s input as the layer reads it. Each batch's live
+    activations are held between calls (a tensor is dropped after its last reader), so the
+    whole pass costs about one run of the model plus each layer once more, where running the
+    model once per wave of layers (:func:`waves` with :func:`layer_taps`) costs one run per
+    wave. A layer's input is what that per-wave run gives (layers upstream of it changed,
+    the others not read), up to float rounding: each piece is its own program (XLA fuses
+    other operations, and the pieces compile with XLA:CPU's legacy emitters,
+    :mod:`npujax._xla_options`). The same scheme as the sequential bias correction
+    (:func:`npujax.quantize.ptq.bias_correction`, ``mode="model"``).
+
+    Args:
+      graph: the model.
+      batches: the calibration batches, float32 ``(batch, ...)``.
+
+    Raises:
+      LimitError: a batch whose activations would exceed ``max_tensor_bytes``
+        (:func:`npujax.ir.execute.check_run`).
+    """
+
+    def __init__(self, graph: Graph, batches: Sequence[np.ndarray]):
+        self.graph = graph
+        self.last_read: dict[str, int] = {}
+        for i, node in enumerate(graph.nodes):
+            self.last_read.update((t, i) for t in node.inputs)
+        self.index = {node.name: i for i, node in enumerate(graph.nodes)}
+        self.envs: list[tuple[int, dict[str, jax.Array]]] = []
+        for x in batches:
+            xs = as_inputs(graph, jnp.asarray(x, jnp.float32))
+            check_run(graph, int(xs[0].shape[0]))
+            self.envs.append((int(xs[0].shape[0]), {t: v for t, v in zip(graph.inputs, xs)
+                                                    if t in self.last_read}))
+        self.start = 0
+
+    def layer_input(self, name: str, params: Params, quant: Mapping[str, Any],
+                    qstate: Mapping[str, Any] | None) -> np.ndarray:
+        """``name``'s input over every batch (concatenated, float32 numpy) in the model with
+        ``params``, ``quant`` and ``qstate`` as they are now (``quant[name]``, if given,
+        fake-quantizes the input as the layer reads it).
+
+        Raises:
+          ValueError: ``name`` comes before the layer of the previous call (graph order).
+        """
+        graph, stop = self.graph, self.index[name]
+        if stop < self.start:
+            raise ValueError(f"LayerPass: {name} comes before {graph.nodes[self.start].name}; "
+                             "ask for the layers in graph order.")
+        order = tuple(range(self.start, stop + 1))
+        written = {t for i in order[:-1] for t in graph.nodes[i].outputs}
+        # what a later piece reads: this layer's own inputs too, as it runs again there
+        keep = tuple(sorted(t for t in written if self.last_read.get(t, -1) >= stop))
+        reads = sorted({t for i in order for t in graph.nodes[i].inputs
+                        if t not in written and t not in graph.constants})
+        run = [graph.nodes[i].name for i in order]
+        p = {n: params[n] for n in run if n in params}
+        q = {n: quant[n] for n in run if n in quant}
+        qs = {n: qstate[n] for n in run if qstate is not None and n in qstate and n in q}
+
+        def piece(p, qs, env, *, batch):
+            kept, taps = execute_nodes(graph, p, env, order, batch=batch, keep=keep, quant=q,
+                                       qstate=qs, observe=tap([name]))
+            return kept, taps[name][0]
+
+        fn = jax.jit(piece, static_argnames="batch", compiler_options=cpu_legacy_emitters())
+        xs = []
+        for batch, env in self.envs:
+            kept, x = fn(p, qs, {t: env[t] for t in reads}, batch=batch)
+            for t in [t for t in env if self.last_read[t] < stop]:
+                del env[t]
+            env.update(kept)
+            xs.append(np.asarray(x, np.float32))
+        self.start = stop
+        return np.concatenate(xs)

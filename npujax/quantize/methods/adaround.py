@@ -55,6 +55,7 @@ from npujax.ir.graph import Graph, Node, Params
 from npujax.numerics import IntFormat, broadcast_qparam, fake_quant
 from npujax.ops import run_op
 from npujax.quantize.methods._common import (
+    LayerPass,
     check_batches,
     copy_params,
     is_int,
@@ -230,6 +231,14 @@ class AdaRound(PTQMethod):
           ConfigError: ``qstate`` is None while layers quantize their inputs (calibrate first).
           CalibrationError: empty, NaN or inf batches.
         """
+        return self._apply(graph, params, quant, batches, qstate)
+
+    def _apply(self, graph: Graph, params: Params, quant: QuantSpec,
+               batches: Sequence[ArrayLike], qstate: dict[str, Any] | None, *,
+               one_pass: bool = True) -> PTQStep:
+        """:meth:`apply`; ``one_pass=False`` runs the model once per wave of layers instead of
+        once layer by layer (the former form: the same result up to float rounding; kept for
+        tests and ``experiments/bench/ptq_one_pass.py``)."""
         data = check_batches(batches, "AdaRound")
         layers = _layers(graph, quant)
         if qstate is None and any(quant[n.name].act is not None for n in layers):
@@ -242,17 +251,27 @@ class AdaRound(PTQMethod):
         done: dict[str, LayerQuant] = {}
         notes: list[str] = []
         nodes = {n.name: n for n in layers}
-        for wave in track(waves(graph, list(nodes)), "AdaRound", self.progress):
-            # the inputs as the quantized model feeds them (earlier waves AdaRounded; the layers
-            # of one wave do not feed each other, so one run serves them all)
-            if done or any(quant[n].act is not None for n in wave):
-                taps = layer_taps(graph, p, data, wave, {**done, **{n: quant[n] for n in wave}},
-                                  qstate)
-            else:  # nothing quantized before them: the float inputs
-                taps = float_io
-            for name in wave:
-                self._layer(nodes[name], quant, qstate, p, taps[name][0], float_io[name][1],
-                            done, notes)
+        grouped = waves(graph, list(nodes))
+        # a first wave that quantizes nothing reads the float inputs
+        first = grouped[0] if grouped else []
+        floats = set() if any(quant[n].act is not None for n in first) else set(first)
+        if one_pass:
+            run = LayerPass(graph, data)
+            for name in track([n.name for n in layers], "AdaRound", self.progress):
+                # the input as the quantized model feeds it: every layer before it AdaRounded
+                xq = (float_io[name][0] if name in floats else
+                      run.layer_input(name, p, {**done, name: quant[name]}, qstate))
+                self._layer(nodes[name], quant, qstate, p, xq, float_io[name][1], done, notes)
+        else:
+            for wave in track(grouped, "AdaRound", self.progress):
+                # the inputs as the quantized model feeds them (earlier waves AdaRounded; the
+                # layers of one wave do not feed each other, so one run serves them all)
+                taps = (float_io if set(wave) <= floats else
+                        layer_taps(graph, p, data, wave, {**done, **{n: quant[n] for n in wave}},
+                                   qstate))
+                for name in wave:
+                    self._layer(nodes[name], quant, qstate, p, taps[name][0], float_io[name][1],
+                                done, notes)
         if not layers:
             notes.append("adaround: no Conv/Gemm layer with an integer weight format")
         return PTQStep(graph, p, quant, qstate, tuple(notes))

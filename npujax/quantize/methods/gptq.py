@@ -56,6 +56,7 @@ from npujax.ir.execute import layer_state
 from npujax.ir.graph import Graph, Params
 from npujax.numerics import MIN_SCALE, IntFormat, check_bits
 from npujax.quantize.methods._common import (
+    LayerPass,
     check_batches,
     copy_params,
     is_int,
@@ -226,6 +227,14 @@ class GPTQ(PTQMethod):
           ConfigError: ``weight_only=False`` with input formats but no ``qstate``.
           CalibrationError: empty, NaN or inf batches.
         """
+        return self._apply(graph, params, quant, batches, qstate)
+
+    def _apply(self, graph: Graph, params: Params, quant: QuantSpec,
+               batches: Sequence[ArrayLike], qstate: dict[str, Any] | None, *,
+               one_pass: bool = True) -> PTQStep:
+        """:meth:`apply`; ``one_pass=False`` runs the model once per wave of layers instead of
+        once layer by layer (the former form: the same result up to float rounding; kept for
+        tests and ``experiments/bench/ptq_one_pass.py``)."""
         data = check_batches(batches, "GPTQ")
         names = [n.name for n in graph.nodes if n.op == "Gemm" and n.name in quant
                  and quant[n.name].weight_candidates]
@@ -240,13 +249,22 @@ class GPTQ(PTQMethod):
         p = copy_params(params)
         done: dict[str, LayerQuant] = {}
         notes: list[str] = []
-        for wave in track(waves(graph, names), "GPTQ", self.progress):
-            # the wave's inputs in the model whose earlier waves are quantized (and their own
-            # input fake-quantized when they keep their input format); one run for the wave
-            own = {} if self.weight_only else {n: quant[n] for n in wave}
-            taps = layer_taps(graph, p, data, wave, {**done, **own}, qstate)
-            for name in wave:
-                self._layer(name, quant, qstate, p, taps[name][0], done, notes)
+        if one_pass:
+            run = LayerPass(graph, data)
+            for name in track(names, "GPTQ", self.progress):
+                # the input in the model whose earlier layers are quantized (and its own input
+                # fake-quantized when it keeps its input format)
+                own = {} if self.weight_only else {name: quant[name]}
+                x = run.layer_input(name, p, {**done, **own}, qstate)
+                self._layer(name, quant, qstate, p, x, done, notes)
+        else:
+            for wave in track(waves(graph, names), "GPTQ", self.progress):
+                # the wave's inputs in the model whose earlier waves are quantized (and their
+                # own input fake-quantized when they keep their input format); one run each
+                own = {} if self.weight_only else {n: quant[n] for n in wave}
+                taps = layer_taps(graph, p, data, wave, {**done, **own}, qstate)
+                for name in wave:
+                    self._layer(name, quant, qstate, p, taps[name][0], done, notes)
         notes += [f"{n}: left to the spec (GPTQ quantizes Gemm layers)" for n in skipped]
         return PTQStep(graph, p, quant, qstate, tuple(notes))
 
