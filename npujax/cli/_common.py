@@ -145,8 +145,8 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image-normalization",
                    choices=_names("npujax.data.images", "IMAGE_NORMALIZATIONS"),
                    help="for --data FOLDER of images: how pixels are scaled, as the model was "
-                   "trained: -1,1 ((pixel/255 - 0.5) / 0.5, the default; PaddleOCR, Keras "
-                   "mode 'tf'), 0,1 (pixel/255) or imagenet ((pixel/255 - mean) / std with "
+                   "trained: symmetric (pixel/127.5 - 1, in [-1, 1], the default; PaddleOCR, "
+                   "Keras mode 'tf'), unit (pixel/255, in [0, 1]) or imagenet ((pixel/255 - mean) / std with "
                    "ImageNet's mean and std, torchvision's Normalize)")
 
 

@@ -22,6 +22,10 @@ from npujax.cli._common import (
 )
 from npujax.errors import ConfigError
 
+#: Below this many held-out examples, the comparison with float is printed with a warning that
+#: it is too few to judge (one example flips a top-1 agreement by 1/n).
+MIN_JUDGED_EXAMPLES = 32
+
 _RULE = re.compile(r"(?:w(\d+))?(?:a(\d+))?")
 
 
@@ -97,7 +101,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                              help=f"{doc} ({PTQ_STAGES[name].replace('_', '-')})")
     qu.add_argument("--no-bias-correction", action="store_true",
                     help="skip the empirical bias correction after calibration")
-    qu.add_argument("--bias-correction", choices=BIAS_CORRECTION_MODES, default="model",
+    qu.add_argument("--bias-correction", choices=BIAS_CORRECTION_MODES, default=None,
                     help="what bias correction removes: each layer's mean output shift in the "
                     "quantized model, layer after layer (model, the default), or the shift "
                     "its weight quantization alone causes (weights), or with its own input "
@@ -189,6 +193,12 @@ def run(args: argparse.Namespace) -> int:
         write_quantize_outputs,
     )
 
+    if args.no_bias_correction and (args.bias_correction or args.no_bias_correction_guard):
+        other = ("--bias-correction " + args.bias_correction if args.bias_correction
+                 else "--no-bias-correction-guard")
+        raise ConfigError(f"--no-bias-correction skips the correction, {other} sets how it "
+                          "runs: give one of them.")
+    args.bias_correction = args.bias_correction or "model"
     out = output_dir(args.out)
     assert out is not None
     config = QuantizeConfig(
@@ -229,11 +239,15 @@ def run(args: argparse.Namespace) -> int:
         con.print(guard_line(bc, result.calibration["bias_correction"]))
     vf = result.vs_float
     if vf is not None:
+        n_eval = result.examples["evaluation"]
         con.print(f"against float: output SQNR {vf['output_sqnr_db']:.1f} dB"
                   + ("" if vf["top1_agreement"] is None
                      else f", top-1 agreement {100 * vf['top1_agreement']:.1f} %")
+                  + f" on {n_eval} held-out example{'s' * (n_eval != 1)}"
                   + (" -- far from float: check --method and --bias-correction before deploying"
-                     if vf["far"] else ""))
+                     if vf["far"] else "")
+                  + (f" (only {n_eval}: too few to judge; give --data more examples)"
+                     if n_eval < MIN_JUDGED_EXAMPLES else ""))
     if result.control is not None:
         c = result.control
         back = ", ".join(

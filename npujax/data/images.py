@@ -32,16 +32,18 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".we
 #: How :func:`image_folder` scales pixels, by name: ``(mean, std)`` per RGB channel, the input
 #: being ``(pixel / 255 - mean) / std``.
 #:
-#: - ``"-1,1"`` (the default): values in [-1, 1]; PaddleOCR's, and Keras
-#:   ``preprocess_input(mode="tf")``'s (Inception, MobileNet);
-#: - ``"0,1"``: ``pixel / 255``, values in [0, 1]; torchvision's ``ToTensor`` alone, Keras
+#: - ``"symmetric"`` (the default): ``pixel / 127.5 - 1``, values in [-1, 1]; PaddleOCR's, and
+#:   Keras ``preprocess_input(mode="tf")``'s (Inception, MobileNet);
+#: - ``"unit"``: ``pixel / 255``, values in [0, 1]; torchvision's ``ToTensor`` alone, Keras
 #:   ``Rescaling(1 / 255)``;
+#:
+#: (no name starts with ``-``, which a command line would read as an option).
 #: - ``"imagenet"``: torchvision's ``Normalize`` with the ImageNet mean and standard deviation
 #:   (timm's ``IMAGENET_DEFAULT_MEAN/STD``, Keras ``preprocess_input(mode="torch")``); RGB
 #:   models only.
 IMAGE_NORMALIZATIONS = {
-    "-1,1": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
-    "0,1": ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)),
+    "symmetric": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
+    "unit": ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)),
     "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
 }
 
@@ -209,7 +211,7 @@ def photo_crops(h: int, w: int, n: int, seed: int = 0) -> np.ndarray:
 
 
 def image_folder(path: str | os.PathLike[str], input_shape: tuple[int, ...],
-                 normalization: str = "-1,1") -> tuple[np.ndarray, np.ndarray | None]:
+                 normalization: str = "symmetric") -> tuple[np.ndarray, np.ndarray | None]:
     """A folder of image files as a model's inputs (and labels, from class sub-folders).
 
     Preprocessing, in this order (one image at a time, with Pillow, which matplotlib requires):
@@ -219,7 +221,7 @@ def image_folder(path: str | os.PathLike[str], input_shape: tuple[int, ...],
        ratio is not kept);
     3. normalized per channel, ``(pixel / 255 - mean) / std`` as ``normalization`` names it
        (:data:`IMAGE_NORMALIZATIONS`): by default as :func:`text_images`, ``(pixel / 255 -
-       0.5) / 0.5``, values in [-1, 1]; ``"0,1"``: ``pixel / 255``; ``"imagenet"``: the
+       0.5) / 0.5``, values in [-1, 1]; ``"unit"``: ``pixel / 255``; ``"imagenet"``: the
        ImageNet mean and standard deviation (torchvision's ``Normalize``);
     4. laid out as the model takes it: ``[n, C, H, W]`` for an input shape ``(C, H, W)`` with
        ``C`` 1 or 3, else ``[n, H, W, C]`` (a channels-last model, ``C`` last).
@@ -232,7 +234,7 @@ def image_folder(path: str | os.PathLike[str], input_shape: tuple[int, ...],
     Args:
       path: the folder.
       input_shape: the model's per-example input shape, ``(C, H, W)`` or ``(H, W, C)``.
-      normalization: a name of :data:`IMAGE_NORMALIZATIONS` (``"-1,1"``, ``"0,1"`` or
+      normalization: a name of :data:`IMAGE_NORMALIZATIONS` (``"symmetric"``, ``"unit"`` or
         ``"imagenet"``), the scaling the model was trained with.
 
     Returns:
@@ -260,7 +262,7 @@ def image_folder(path: str | os.PathLike[str], input_shape: tuple[int, ...],
                           "with).")
     if normalization == "imagenet" and c != 3:
         raise ConfigError(f"--data {folder}: the imagenet normalization is per RGB channel, "
-                          f"but the model takes {c}-channel images; use 0,1 or -1,1.")
+                          f"but the model takes {c}-channel images; use unit or symmetric.")
     files = sorted(f for f in folder.rglob("*")
                    if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES)
     if not files:

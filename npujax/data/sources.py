@@ -49,7 +49,7 @@ def load_inputs(
       n: examples generated for ``text``/``photos``/``lines``.
       seed: split and generation seed.
       image_normalization: for a folder of images, how its pixels are scaled, a name of
-        :data:`npujax.data.images.IMAGE_NORMALIZATIONS` (``"-1,1"``, the default, ``"0,1"``
+        :data:`npujax.data.images.IMAGE_NORMALIZATIONS` (``"symmetric"``, the default, ``"unit"``
         or ``"imagenet"``); None: the default. Other sources refuse it (their inputs are
         already scaled).
 
@@ -94,7 +94,7 @@ def load_inputs(
         if channels_last:
             x = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
     elif Path(source).is_dir():
-        x, y = image_folder(source, want, image_normalization or "-1,1")
+        x, y = image_folder(source, want, image_normalization or "symmetric")
     else:
         path = Path(source)
         if path.suffix in (".npy", ".npz") and not path.exists():

@@ -86,6 +86,18 @@ def test_accuracy_control_returns_the_known_layer(tiny, tmp_path):
     first = c["steps"][0]  # why fc1: its inputs, not its weights
     assert first["act_sqnr_db"] < 10 < first["weight_sqnr_db"]
     assert "fc1->W8A8, fc1->float, fc2->W8A8" in r.stdout
+    assert "on 40 held-out examples" in r.stdout and "too few" not in r.stdout
+
+
+def test_too_few_held_out_examples_are_said_to_be_too_few(tiny, tmp_path):
+    """A comparison with float on a handful of examples is printed with that warning (a new
+    user's 2-example 'top-1 agreement 50.0 %' read as a verdict)."""
+    x, y = _data(12)
+    r = run_cli("quantize", tiny / "m.onnx", "--data", _bad(tmp_path, "few.npz", x=x, y=y),
+                "--out", tmp_path / "q", "--no-progress", "--calib-examples", "8",
+                "--no-ort-check", "--npu", "none", "--no-bias-correction")
+    assert r.returncode == 0, r.stderr
+    assert "on 2 held-out examples" in r.stdout and "too few to judge" in r.stdout
 
 
 def _bad(tmp_path, name, **arrays):
@@ -130,6 +142,10 @@ def test_precision_options_are_exclusive_and_rules_checked(tiny, tmp_path):
     assert r.returncode == 2 and "match no layer" in r.stderr
     r = _quantize(tiny, tmp_path / "q", "--policy", tmp_path / "missing.json")
     assert r.returncode == 2 and "does not exist" in r.stderr
+    # contradictory bias-correction flags (a new user's --no-bias-correction --bias-correction
+    # weights ran without a word, the mode ignored)
+    r = _quantize(tiny, tmp_path / "q", "--no-bias-correction", "--bias-correction", "weights")
+    assert r.returncode == 2 and "give one of them" in r.stderr and not (tmp_path / "q").exists()
 
 
 #: (stage, method name, whether it got calibrated states), appended as the methods run

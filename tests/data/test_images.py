@@ -95,7 +95,7 @@ def test_image_folder_normalizations(tmp_path):
     Image.new("RGB", (4, 4), (0, 128, 255)).save(tmp_path / "d" / "b.png")
     p = np.array([0, 128, 255], np.float32) / 255
     mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
-    want = {"-1,1": (p - 0.5) / 0.5, "0,1": p, "imagenet": (p - mean) / std}
+    want = {"symmetric": (p - 0.5) / 0.5, "unit": p, "imagenet": (p - mean) / std}
     for name, v in want.items():
         x, _ = image_folder(tmp_path / "d", (3, 4, 4), name)
         np.testing.assert_allclose(x[0, :, 0, 0], v, rtol=1e-6, atol=1e-7, err_msg=name)
@@ -109,4 +109,4 @@ def test_image_folder_normalizations(tmp_path):
     with pytest.raises(ConfigError, match="choose one of"):
         image_folder(tmp_path / "d", (3, 4, 4), "[0, 1]")
     with pytest.raises(ConfigError, match="applies to a folder of images"):
-        load_inputs("digits", (1, 8, 8, 1), image_normalization="0,1")
+        load_inputs("digits", (1, 8, 8, 1), image_normalization="unit")
