@@ -146,8 +146,9 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
                    choices=_names("npujax.data.images", "IMAGE_NORMALIZATIONS"),
                    help="for --data FOLDER of images: how pixels are scaled, as the model was "
                    "trained: symmetric (pixel/127.5 - 1, in [-1, 1], the default; PaddleOCR, "
-                   "Keras mode 'tf'), unit (pixel/255, in [0, 1]) or imagenet ((pixel/255 - mean) / std with "
-                   "ImageNet's mean and std, torchvision's Normalize)")
+                   "Keras mode 'tf'), unit (pixel/255, in [0, 1]) or imagenet "
+                   "((pixel/255 - mean) / std with ImageNet's mean and std, torchvision's "
+                   "Normalize)")
 
 
 def add_devices_arg(p: argparse.ArgumentParser) -> None:
