@@ -292,7 +292,6 @@ def run(args: argparse.Namespace) -> int:
     _check_flags(args, len(args.model))
     if args.format != "table" and (len(args.model) > 1 or args.sweep_resolution
                                    or args.shapes or args.schedule
-                                   or str(args.model[0]).startswith("decoder:")
                                    or args.sustained is not None or args.host_stage):
         raise ConfigError(f"--format {args.format} prints one model's schedule; give one "
                           "model file, without --sweep-resolution, --schedule, --sustained or "
@@ -520,23 +519,20 @@ def _input_shapes(args: argparse.Namespace, index: int, models: int) -> dict[str
 
 
 def _print_machine_readable(args: argparse.Namespace, result: Any, spec: Any,
-                            out: Path | None) -> int:
-    """``--format csv|json``: the schedule alone on stdout (and the files in ``--out``)."""
+                            out: Path | None, extra: dict[str, Any] | None = None) -> int:
+    """``--format csv|json``: the per-layer CSV, or ``schedule.json``'s content (with ``extra``,
+    a decoder step's figures), alone on stdout (and the files in ``--out``)."""
     import sys
 
     from npujax._atomic import staged_dir
     from npujax.report.files import json_text, layers_csv_text
-    from npujax.report.lowering import write_lowering
+    from npujax.report.lowering import schedule_record, write_lowering
 
-    s = result.schedule
-    if args.format == "csv":
-        text = layers_csv_text(s)
-    else:
-        text = json_text({**s.to_dict(), "dataflow_latency_s": {
-            df: x.latency_s for df, x in result.by_dataflow.items()}})
+    text = (layers_csv_text(result.schedule) if args.format == "csv"
+            else json_text(schedule_record(result, extra)))
     if out is not None:
         with staged_dir(out) as stage:
-            names = write_lowering(stage, result, spec)
+            names = write_lowering(stage, result, spec, extra)
         log.info(f"wrote {', '.join(str(out / n) for n in names)}")
     sys.stdout.write(text)
     sys.stdout.flush()
@@ -730,6 +726,9 @@ def _run_decoder(args: argparse.Namespace) -> int:
     first = rep.prefill_chunk if len(rep.chunk_latency_s) > 1 else args.seq_len
     fig = decoder_figures(result.schedule, cfg, phase=args.phase, seq_len=first,
                           kv_len=max(lens), batch=len(lens), kv_bits=args.kv_bits, spec=spec)
+    extra = {"decoder": fig.to_dict(), "serving": rep.to_dict()}
+    if args.format != "table":  # the step's schedule alone on stdout, as for a model file
+        return _print_machine_readable(args, result, spec, output_dir(args.out), extra)
     con = console()
     lens_text = (str(lens[0]) if len(set(lens)) == 1 else f"{min(lens)}-{max(lens)}")
     shape = (f"{args.seq_len} tokens" if args.phase == "prefill"
@@ -784,7 +783,6 @@ def _run_decoder(args: argparse.Namespace) -> int:
         from npujax._atomic import staged_dir
 
         with staged_dir(out) as stage:
-            names = write_lowering(stage, result, spec, {"decoder": fig.to_dict(),
-                                                         "serving": rep.to_dict()})
+            names = write_lowering(stage, result, spec, extra)
         con.print(f"wrote {', '.join(str(out / n) for n in names)}")
     return 0

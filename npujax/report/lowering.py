@@ -78,6 +78,15 @@ def summary_line(schedule: Schedule, model: str, npu: str,
             "on the host")
 
 
+def schedule_record(lowering: Lowering, extra: Mapping[str, Any] | None = None) -> dict:
+    """``schedule.json``'s content: the schedule, its per-dataflow latencies (s) and energies
+    (J), and ``extra`` (e.g. a decoder step's figures)."""
+    return {**lowering.schedule.to_dict(),
+            "dataflow_latency_s": {df: x.latency_s for df, x in lowering.by_dataflow.items()},
+            "dataflow_energy_j": {df: x.energy_j for df, x in lowering.by_dataflow.items()},
+            **dict(extra or {})}
+
+
 def write_lowering(out: str | Path, lowering: Lowering, spec: NpuSpec,
                    extra: Mapping[str, Any] | None = None) -> list[str]:
     """Write ``schedule.json`` (with the per-dataflow latencies and ``extra``), ``layers.csv``
@@ -88,11 +97,7 @@ def write_lowering(out: str | Path, lowering: Lowering, spec: NpuSpec,
     """
     out = Path(out)
     s = lowering.schedule
-    write_json(out / "schedule.json", {
-        **s.to_dict(),
-        "dataflow_latency_s": {df: x.latency_s for df, x in lowering.by_dataflow.items()},
-        "dataflow_energy_j": {df: x.energy_j for df, x in lowering.by_dataflow.items()},
-        **dict(extra or {})})
+    write_json(out / "schedule.json", schedule_record(lowering, extra))
     write_layers_csv(out / "layers.csv", s)
     plot_layer_latency(out / "layer_latency.png", {s.dataflow: s})
     plot_breakdown(out / "breakdown.png", s)

@@ -42,6 +42,10 @@ def test_decode_figures_and_kv_bits(tmp_path, capsys):
     assert f4["kv_cache_bytes_per_token"] == f8["kv_cache_bytes_per_token"] / 2
     assert f8["tokens_per_s"] == pytest.approx(1 / d8["latency_s"])
     assert d4["latency_s"] < d8["latency_s"]  # the cache's bytes are saved
+    # --format json: the same schedule and figures alone on stdout (it was refused for decoders)
+    j8 = _lower(tmp_path, "j8", "--phase", "decode", "--kv-len", "64", "--format", "json")
+    assert json.loads(capsys.readouterr().out) == j8 and j8["latency_s"] == d8["latency_s"]
+    assert j8["decoder"] == f8
     # a prefill processes seq_len tokens per sequence and reads no cache (no second CLI run:
     # lowering another graph compiles three more cost programs)
     fig = decoder_figures(SimpleNamespace(latency_s=0.5), DECODER_CONFIGS["tiny"],
