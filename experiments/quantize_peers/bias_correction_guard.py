@@ -63,7 +63,7 @@ def main() -> None:
     def score(p, qstate):
         p = deployed_biases(graph, p, quant, qstate)
         v = output_vs_float(_predict(graph, p, xe, a.batch, quant, qstate), y_float)
-        return round(v["output_sqnr_db"], 2), round(100 * v["top1_agreement"], 1)
+        return round(v["output_sqnr_db"], 2), round(v["top1_agreement"], 1)
 
     rows = []
     for obs in a.observers.split(","):

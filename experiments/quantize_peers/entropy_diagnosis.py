@@ -166,7 +166,7 @@ def main() -> None:
     print(f"{same} of {len(rows)} thresholds within 2 bins of the reference's")
     for k, v in whole.items():
         print(f"all tensors {k:20s}: output SQNR {v['output_sqnr_db']:.1f} dB, top-1 "
-              f"agreement {100 * v['top1_agreement']:.1f} %")
+              f"agreement {v['top1_agreement']:.1f} %")
     r = resource.getrusage(resource.RUSAGE_SELF)
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {r.ru_utime + r.ru_stime:.0f} "
           f"CPU s, load {os.getloadavg()[0]:.1f}")

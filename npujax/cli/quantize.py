@@ -242,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
         n_eval = result.examples["evaluation"]
         con.print(f"against float: output SQNR {vf['output_sqnr_db']:.1f} dB"
                   + ("" if vf["top1_agreement"] is None
-                     else f", top-1 agreement {100 * vf['top1_agreement']:.1f} %")
+                     else f", top-1 agreement {vf['top1_agreement']:.1f} %")
                   + f" on {n_eval} held-out example{'s' * (n_eval != 1)}"
                   + (" -- far from float: check --method and --bias-correction before deploying"
                      if vf["far"] else "")

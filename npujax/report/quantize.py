@@ -80,7 +80,7 @@ def quantize_markdown(result: Any, title: str) -> str:
     vf = getattr(result, "vs_float", None)
     if vf is not None:
         agree = ("" if vf["top1_agreement"] is None
-                 else f", top-1 agreement {100 * vf['top1_agreement']:.1f} %")
+                 else f", top-1 agreement {vf['top1_agreement']:.1f} %")
         out.append(f"- against the float model (no labels needed): output SQNR "
                    f"{vf['output_sqnr_db']:.1f} dB{agree} on {result.examples['evaluation']} "
                    "evaluation examples"

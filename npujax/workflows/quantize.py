@@ -493,7 +493,7 @@ def quantize_model(
                     "(--method, --bias-correction) before deploying the file", len(y_q),
                     vs_float["output_sqnr_db"],
                     "" if vs_float["top1_agreement"] is None else
-                    f", top-1 agreement {100 * vs_float['top1_agreement']:.1f} %")
+                    f", top-1 agreement {vs_float['top1_agreement']:.1f} %")
     onnx_bytes, ort, bound, drift = _export_and_check(g, p, quant, qstate, x_eval, y_eval,
                                                       y_q, y_float, config)
     return QuantizeResult(g, p, quant, qstate, rows, float_acc, acc, control, latency_s, npu,
@@ -508,9 +508,9 @@ def quantize_model(
 
 
 #: Below these the quantized model's outputs are reported as far from the float model's
-#: (a warning, and a line in report.md): the output SQNR (dB), and the top-1 agreement.
+#: (a warning, and a line in report.md): the output SQNR (dB), and the top-1 agreement (%).
 FAR_SQNR_DB = 10.0
-FAR_AGREEMENT = 0.9
+FAR_AGREEMENT = 90.0
 
 
 def output_vs_float(y_q: np.ndarray, y_float: np.ndarray) -> dict[str, Any]:
@@ -522,7 +522,8 @@ def output_vs_float(y_q: np.ndarray, y_float: np.ndarray) -> dict[str, Any]:
 
     Returns:
       ``{"output_sqnr_db": 10 log10(sum y_float^2 / sum (y_q - y_float)^2) (inf if equal),
-      "top1_agreement": the fraction of positions whose arg-max over the last axis agree, for
+      "top1_agreement": the percentage of positions whose arg-max over the last axis agree
+      (percent, as the accuracies and onnxruntime's agreement in ``quantize.json``), for
       class scores ``[n, classes]`` or per-step scores ``[n, steps, classes]`` (None for other
       outputs), "far": below :data:`FAR_SQNR_DB` or :data:`FAR_AGREEMENT`}``.
     """
@@ -531,7 +532,7 @@ def output_vs_float(y_q: np.ndarray, y_float: np.ndarray) -> dict[str, Any]:
     q = np.asarray(y_q, np.float64)
     f = np.asarray(y_float, np.float64)
     db = sqnr_db(float(np.sum(f * f)), float(np.sum((q - f) ** 2)))
-    agree = (float(np.mean(np.argmax(q, axis=-1) == np.argmax(f, axis=-1)))
+    agree = (100.0 * float(np.mean(np.argmax(q, axis=-1) == np.argmax(f, axis=-1)))
              if f.ndim in (2, 3) and f.shape[-1] > 1 else None)
     far = db < FAR_SQNR_DB or (agree is not None and agree < FAR_AGREEMENT)
     return {"output_sqnr_db": db, "top1_agreement": agree, "far": bool(far)}
