@@ -141,8 +141,8 @@ def load_model_and_data(
     with phase(f"data {source}", progress):
         x, y, xte, yte = load_inputs(source, graph.tensors[graph.inputs[0]].shape, n=examples,
                                      seed=seed, image_normalization=image_normalization)
-    log.info("data %s: %d examples for search/fine-tuning, %d held out (%s)", source, len(x),
-             len(xte), "labelled" if y is not None else "unlabelled")
+    log.info("data %s: %d examples to calibrate or train on, %d held out for evaluation (%s)",
+             source, len(x), len(xte), "labelled" if y is not None else "unlabelled")
     if not qstate and calibrate_act_bits is not None:
         q = quant_spec(graph, 8, calibrate_act_bits)
         n = min(len(x), 128)
