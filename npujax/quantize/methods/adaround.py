@@ -237,8 +237,10 @@ class AdaRound(PTQMethod):
                batches: Sequence[ArrayLike], qstate: dict[str, Any] | None, *,
                one_pass: bool = True) -> PTQStep:
         """:meth:`apply`; ``one_pass=False`` runs the model once per wave of layers instead of
-        once layer by layer (the former form: the same result up to float rounding; kept for
-        tests and ``experiments/bench/ptq_one_pass.py``)."""
+        once layer by layer, with every layer's float input and output computed first and held
+        together (the former form: the same result up to float rounding, its memory the
+        whole model's taps over all the calibration data; kept for tests and
+        ``experiments/bench/ptq_one_pass.py``)."""
         data = check_batches(batches, "AdaRound")
         layers = _layers(graph, quant)
         if qstate is None and any(quant[n.name].act is not None for n in layers):
@@ -247,7 +249,6 @@ class AdaRound(PTQMethod):
         qstate = dict(qstate or {})
         quant = dict(quant)
         p = copy_params(params)
-        float_io = layer_taps(graph, params, data, [n.name for n in layers])
         done: dict[str, LayerQuant] = {}
         notes: list[str] = []
         nodes = {n.name: n for n in layers}
@@ -256,13 +257,21 @@ class AdaRound(PTQMethod):
         first = grouped[0] if grouped else []
         floats = set() if any(quant[n].act is not None for n in first) else set(first)
         if one_pass:
+            # two passes side by side, layer by layer: the float model's (each layer's target,
+            # computed right before the layer is optimized) and the quantized model's, so that
+            # what is held is one layer's tensors and the activations crossing it
+            ref = LayerPass(graph, data)
             run = LayerPass(graph, data)
             for name in track([n.name for n in layers], "AdaRound", self.progress):
+                x, y = ref.layer_io(name, params, {}, None)
                 # the input as the quantized model feeds it: every layer before it AdaRounded
-                xq = (float_io[name][0] if name in floats else
-                      run.layer_input(name, p, {**done, name: quant[name]}, qstate))
-                self._layer(nodes[name], quant, qstate, p, xq, float_io[name][1], done, notes)
+                xq = x if name in floats else run.layer_input(name, p, {**done, name: quant[name]},
+                                                              qstate)
+                del x
+                self._layer(nodes[name], quant, qstate, p, xq, y, done, notes)
+                del xq, y
         else:
+            float_io = layer_taps(graph, params, data, [n.name for n in layers])
             for wave in track(grouped, "AdaRound", self.progress):
                 # the inputs as the quantized model feeds them (earlier waves AdaRounded; the
                 # layers of one wave do not feed each other, so one run serves them all)
