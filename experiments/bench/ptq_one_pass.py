@@ -11,7 +11,8 @@ batch), builds the W8A8 spec (``quant_spec(graph, 8, 8)``), calibrates with min-
 ``compare.py prepare`` folder's ``calib.npy`` (``--examples`` of them) and times the method
 alone: CPU seconds (user + system, ``resource.getrusage``) and wall seconds. The forms of one
 case run back to back (in ``--forms`` order), the cases in turn. Printed per case: each form's
-figures (and its process's peak RSS) with the load average before and after, each later
+figures (its process's peak RSS; that of the import and calibration; that of the method
+alone, from ``VmHWM`` reset before it) with the load average before and after, each later
 form's ratios to the first (< 1: faster, smaller), and the largest difference between their
 kernels (relative to the largest kernel value).
 
@@ -60,6 +61,15 @@ def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
 
+def hwm_mb():  # the process's peak resident memory since start or the last reset_hwm()
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+
+def reset_hwm():  # (Linux: writing 5 to clear_refs resets VmHWM to the current RSS)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
 from npujax.frontends.onnx import from_onnx
 from npujax.ir.passes import optimize, unfold_batch
 from npujax.quantize.calibrate import calibrate
@@ -76,16 +86,19 @@ xc = np.load(d + "/calib.npy")[:cfg["examples"]]
 cal = [xc[i:i + cfg["batch"]] for i in range(0, len(xc), cfg["batch"])]
 qstate = calibrate(graph, params, cal, q, observer="minmax")
 jax.block_until_ready(qstate)
+setup_mb = hwm_mb()
+reset_hwm()
 m = AdaRound(iterations=cfg["iterations"]) if method == "adaround" else GPTQ()
 c0, t0 = cpu(), time.perf_counter()
 step = m._apply(graph, params, q, cal, qstate, one_pass=form == "one_pass")
 jax.block_until_ready(step.params)
 c1, t1 = cpu(), time.perf_counter()
+method_mb = hwm_mb()
 changed = sorted(n for n in step.quant if step.quant[n] is not q.get(n))
 np.savez(out, **{n: np.asarray(step.params[n]["kernel"]) for n in changed})
 print("RESULT " + json.dumps({"cpu_s": c1 - c0, "wall_s": t1 - t0, "layers": len(changed),
                               "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-                              / 1024}))
+                              / 1024, "setup_peak_mb": setup_mb, "method_peak_mb": method_mb}))
 '''
 
 
@@ -183,7 +196,9 @@ def main() -> None:
                           f"load {r['load'][0]:.1f}->{r['load'][1]:.1f}", flush=True)
                     continue
                 print(f"{case:20s} {form:18s} {r['cpu_s']:8.1f} CPU s {r['wall_s']:8.1f} wall s "
-                      f"{r['layers']} layers, peak RSS {r['maxrss_mb']:.0f} MB, load "
+                      f"{r['layers']} layers, peak RSS {r['maxrss_mb']:.0f} MB (import and "
+                      f"calibration {r['setup_peak_mb']:.0f}, the method {r['method_peak_mb']:.0f}"
+                      f"), load "
                       f"{r['load'][0]:.1f}->{r['load'][1]:.1f}", flush=True)
             base = forms[0]
             for form in forms[1:]:
@@ -198,9 +213,11 @@ def main() -> None:
                     "ratio_cpu": res[form]["cpu_s"] / res[base]["cpu_s"],
                     "ratio_wall": res[form]["wall_s"] / res[base]["wall_s"],
                     "ratio_rss": res[form]["maxrss_mb"] / res[base]["maxrss_mb"],
+                    "ratio_method_rss": res[form]["method_peak_mb"] / res[base]["method_peak_mb"],
                     "kernels_differing": differ, "kernel_max_abs_diff": diff}
                 print(f"{case:20s} {form} / {base}: CPU {cmp['ratio_cpu']:.3f}, wall "
-                      f"{cmp['ratio_wall']:.3f}, peak RSS {cmp['ratio_rss']:.3f}; kernels differ "
+                      f"{cmp['ratio_wall']:.3f}, peak RSS {cmp['ratio_rss']:.3f} (the method's "
+                      f"{cmp['ratio_method_rss']:.3f}); kernels differ "
                       f"in {differ} of {len(fa.files)} layers, by <= {diff:.2e} "
                       f"({diff / top:.1e} of the largest)", flush=True)
     if a.json:
