@@ -1,6 +1,8 @@
 """AdaRound and GPTQ in one layer-by-layer pass (``LayerPass``) equal their former form (one
 whole quantized run per wave of layers), bit for bit on small models."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -36,9 +38,12 @@ def _equal(a, b):
                                           np.asarray(b.params[name][role]), err_msg=name)
 
 
-def test_adaround_one_pass_feeds_each_layer_what_the_waves_do(monkeypatch):
-    # W4A4 (every input quantized). Each layer's optimization is replaced by rounding to
-    # a scaling (its 10k-step compile is not what differs): what each layer is fed, and so its
+@pytest.mark.parametrize("weight_only", [False, True])
+def test_adaround_one_pass_feeds_each_layer_what_the_waves_do(monkeypatch, weight_only):
+    # W4A4 (every input quantized), or W4 weight-only (the first wave, q, k and v, reads the
+    # float inputs, from the float pass). Each layer's optimization is replaced by rounding to
+    # a scaling (its 10k-step compile is not what differs): what each layer is fed, its float
+    # target (computed layer by layer in the one pass, all at once in the waves) and so its
     # result, must be equal.
     seen = {}
 
@@ -50,6 +55,8 @@ def test_adaround_one_pass_feeds_each_layer_what_the_waves_do(monkeypatch):
     monkeypatch.setattr(adaround_module, "adaround_layer", nearest)
     graph, params, batches = _branches()
     q = quant_spec(graph, 4, 4)
+    if weight_only:
+        q = {n: dataclasses.replace(lq, act=None) for n, lq in q.items()}
     qstate = calibrate(graph, params, batches, q)
     one = AdaRound(seed=1)._apply(graph, params, q, batches, qstate, one_pass=True)
     _equal(one, AdaRound(seed=2)._apply(graph, params, q, batches, qstate, one_pass=False))

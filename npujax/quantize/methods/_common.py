@@ -154,6 +154,28 @@ class LayerPass:
         Raises:
           ValueError: ``name`` comes before the layer of the previous call (graph order).
         """
+        return self._advance(name, params, quant, qstate, output=False)[0]
+
+    def layer_io(self, name: str, params: Params, quant: Mapping[str, Any],
+                 qstate: Mapping[str, Any] | None) -> tuple[np.ndarray, np.ndarray]:
+        """``(input, output)`` of ``name`` over every batch (each concatenated, float32
+        numpy), as :meth:`layer_input` gives the input; the output is the layer's after its
+        fused activation, with ``params[name]``. With ``params`` the float model's and
+        ``quant`` empty, the pass gives each layer's float input and float output in turn
+        (what :func:`layer_taps` gives for all layers at once), holding one layer's.
+
+        Raises:
+          ValueError: ``name`` comes before the layer of the previous call (graph order).
+        """
+        x, y = self._advance(name, params, quant, qstate, output=True)
+        assert y is not None
+        return x, y
+
+    def _advance(self, name: str, params: Params, quant: Mapping[str, Any],
+                 qstate: Mapping[str, Any] | None, *, output: bool
+                 ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Run the nodes from the previous call's layer through ``name``: ``name``'s input and
+        (``output``) its output over every batch."""
         graph, stop = self.graph, self.index[name]
         if stop < self.start:
             raise ValueError(f"LayerPass: {name} comes before {graph.nodes[self.start].name}; "
@@ -172,15 +194,18 @@ class LayerPass:
         def piece(p, qs, env, *, batch):
             kept, taps = execute_nodes(graph, p, env, order, batch=batch, keep=keep, quant=q,
                                        qstate=qs, observe=tap([name]))
-            return kept, taps[name][0]
+            return kept, taps[name][:2] if output else taps[name][:1]
 
         fn = jax.jit(piece, static_argnames="batch", compiler_options=cpu_legacy_emitters())
-        xs = []
+        xs, ys = [], []
         for batch, env in self.envs:
-            kept, x = fn(p, qs, {t: env[t] for t in reads}, batch=batch)
+            kept, io = fn(p, qs, {t: env[t] for t in reads}, batch=batch)
             for t in [t for t in env if self.last_read[t] < stop]:
                 del env[t]
             env.update(kept)
-            xs.append(np.asarray(x, np.float32))
+            xs.append(np.asarray(io[0], np.float32))
+            if output:
+                ys.append(np.asarray(io[1], np.float32))
+            del io
         self.start = stop
-        return np.concatenate(xs)
+        return np.concatenate(xs), (np.concatenate(ys) if output else None)

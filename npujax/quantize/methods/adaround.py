@@ -237,8 +237,10 @@ class AdaRound(PTQMethod):
                batches: Sequence[ArrayLike], qstate: dict[str, Any] | None, *,
                one_pass: bool = True) -> PTQStep:
         """:meth:`apply`; ``one_pass=False`` runs the model once per wave of layers instead of
-        once layer by layer (the former form: the same result up to float rounding; kept for
-        tests and ``experiments/bench/ptq_one_pass.py``)."""
+        once layer by layer, with every layer's float input and output computed first and held
+        together (the former form: the same result up to float rounding, its memory the
+        whole model's taps over all the calibration data; kept for tests and
+        ``experiments/bench/ptq_one_pass.py``)."""
         data = check_batches(batches, "AdaRound")
         layers = _layers(graph, quant)
         if qstate is None and any(quant[n.name].act is not None for n in layers):
@@ -247,7 +249,6 @@ class AdaRound(PTQMethod):
         qstate = dict(qstate or {})
         quant = dict(quant)
         p = copy_params(params)
-        float_io = layer_taps(graph, params, data, [n.name for n in layers])
         done: dict[str, LayerQuant] = {}
         notes: list[str] = []
         nodes = {n.name: n for n in layers}
@@ -256,13 +257,21 @@ class AdaRound(PTQMethod):
         first = grouped[0] if grouped else []
         floats = set() if any(quant[n].act is not None for n in first) else set(first)
         if one_pass:
+            # two passes side by side, layer by layer: the float model's (each layer's target,
+            # computed right before the layer is optimized) and the quantized model's, so that
+            # what is held is one layer's tensors and the activations crossing it
+            ref = LayerPass(graph, data)
             run = LayerPass(graph, data)
             for name in track([n.name for n in layers], "AdaRound", self.progress):
+                x, y = ref.layer_io(name, params, {}, None)
                 # the input as the quantized model feeds it: every layer before it AdaRounded
-                xq = (float_io[name][0] if name in floats else
-                      run.layer_input(name, p, {**done, name: quant[name]}, qstate))
-                self._layer(nodes[name], quant, qstate, p, xq, float_io[name][1], done, notes)
+                xq = x if name in floats else run.layer_input(name, p, {**done, name: quant[name]},
+                                                              qstate)
+                del x
+                self._layer(nodes[name], quant, qstate, p, xq, y, done, notes)
+                del xq, y
         else:
+            float_io = layer_taps(graph, params, data, [n.name for n in layers])
             for wave in track(grouped, "AdaRound", self.progress):
                 # the inputs as the quantized model feeds them (earlier waves AdaRounded; the
                 # layers of one wave do not feed each other, so one run serves them all)
@@ -289,7 +298,8 @@ class AdaRound(PTQMethod):
         bias = p[name].get("bias")
         wq = adaround_layer(node, w, bias, grid.scale, grid.zero_point, fmt, grid_axis(node, lq),
                             lq.weight_block_size, xq, y, self)
-        mse, other = _compare(node, lq, jnp.asarray(w), wq, grid.scale, grid.zero_point,
+        mse, other = _compare(node, lq, min(self.batch_size, len(xq)), jnp.asarray(w), wq,
+                              grid.scale, grid.zero_point,
                               {} if bias is None else {"bias": jnp.asarray(bias)},
                               jnp.asarray(xq), jnp.asarray(y))
         p[name]["kernel"] = jax.device_put(np.asarray(wq, np.float32))
@@ -302,12 +312,28 @@ class AdaRound(PTQMethod):
                      f"(AdaRound), {100 * float(other):.1f} % rounded the other way")
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _compare(node: Node, lq: LayerQuant, w, wq, scale, zero_point, fixed, x, y):
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _compare(node: Node, lq: LayerQuant, chunk: int, w, wq, scale, zero_point, fixed, x, y):
     """``([MSE nearest, MSE AdaRound], fraction of weights rounded the other way)`` on the
-    layer's quantized inputs vs its float outputs."""
+    layer's quantized inputs vs its float outputs, ``chunk`` examples at a time (the layer run
+    on all of them at once took up to 25x its input's memory: XLA:CPU's grouped convolutions,
+    1.5 GB for a 56 MB input on PP-OCR rec)."""
     (fmt,) = lq.weight_candidates
     rtn = fake_quant(w, scale, zero_point, fmt, grid_axis(node, lq),
                      block_size=lq.weight_block_size)
-    mse = [jnp.mean((run_op(node, [x], {"kernel": k, **fixed})[0] - y) ** 2) for k in (rtn, wq)]
+    n = x.shape[0]
+    pieces = -(-n // chunk)
+    pad = pieces * chunk - n
+    xs = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1)).reshape(pieces, chunk, *x.shape[1:])
+    ys = jnp.pad(y, [(0, pad)] + [(0, 0)] * (y.ndim - 1)).reshape(pieces, chunk, *y.shape[1:])
+    valid = (jnp.arange(pieces * chunk) < n).reshape(pieces, chunk)
+
+    def sse(args):  # [nearest, AdaRound] squared error summed over the chunk's real examples
+        xb, yb, ok = args
+        return jnp.stack([
+            jnp.sum(jnp.where(ok, jnp.sum(((run_op(node, [xb], {"kernel": k, **fixed})[0] - yb)
+                                           ** 2).reshape(chunk, -1), axis=1), 0.0))
+            for k in (rtn, wq)])
+
+    mse = jnp.sum(jax.lax.map(sse, (xs, ys, valid)), axis=0) / y.size
     return mse, jnp.mean((wq != rtn).astype(jnp.float32))
