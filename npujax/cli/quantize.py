@@ -22,10 +22,6 @@ from npujax.cli._common import (
 )
 from npujax.errors import ConfigError
 
-#: Below this many held-out examples, the comparison with float is printed with a warning that
-#: it is too few to judge (one example flips a top-1 agreement by 1/n).
-MIN_JUDGED_EXAMPLES = 32
-
 _RULE = re.compile(r"(?:w(\d+))?(?:a(\d+))?")
 
 
@@ -188,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
     from npujax.workflows.quantize import (
         ORT_TOLERANCE,
         QuantizeConfig,
+        describe_vs_float,
         method_instances,
         quantize_model,
         write_quantize_outputs,
@@ -237,17 +234,8 @@ def run(args: argparse.Namespace) -> int:
     bc = result.calibration.get("bias_correction_guard")
     if bc is not None:
         con.print(guard_line(bc, result.calibration["bias_correction"]))
-    vf = result.vs_float
-    if vf is not None:
-        n_eval = result.examples["evaluation"]
-        con.print(f"against float: output SQNR {vf['output_sqnr_db']:.1f} dB"
-                  + ("" if vf["top1_agreement"] is None
-                     else f", top-1 agreement {vf['top1_agreement']:.1f} %")
-                  + f" on {n_eval} held-out example{'s' * (n_eval != 1)}"
-                  + (" -- far from float: check --method and --bias-correction before deploying"
-                     if vf["far"] else "")
-                  + (f" (only {n_eval}: too few to judge; give --data more examples)"
-                     if n_eval < MIN_JUDGED_EXAMPLES else ""))
+    if result.vs_float is not None:
+        con.print(f"against float: {describe_vs_float(result.vs_float)}")
     if result.control is not None:
         c = result.control
         back = ", ".join(

@@ -77,15 +77,12 @@ def quantize_markdown(result: Any, title: str) -> str:
         out.append(f"- accuracy: float {result.float_accuracy:.2f} %, quantized "
                    f"{result.accuracy:.2f} % (drop {result.float_accuracy - result.accuracy:.2f} "
                    f"points) on {result.examples['evaluation']} held-out examples")
-    vf = getattr(result, "vs_float", None)
-    if vf is not None:
-        agree = ("" if vf["top1_agreement"] is None
-                 else f", top-1 agreement {vf['top1_agreement']:.1f} %")
-        out.append(f"- against the float model (no labels needed): output SQNR "
-                   f"{vf['output_sqnr_db']:.1f} dB{agree} on {result.examples['evaluation']} "
-                   "evaluation examples"
-                   + ("; **far from float: check the calibration (--method, "
-                      "--bias-correction) before deploying this file**" if vf["far"] else ""))
+    if result.vs_float is not None:
+        from npujax.workflows.quantize import describe_vs_float
+
+        line = describe_vs_float(result.vs_float)
+        out.append("- against the float model (no labels needed): "
+                   + (f"**{line}**" if result.vs_float["far"] else line))
     cal = result.calibration
     how = "".join([f", {cal['observer']} observer" if "observer" in cal else "",
                    "" if "bias_correction" not in cal else

@@ -57,7 +57,8 @@ from npujax.report.quantize import layers_csv_text, quantize_markdown
 
 __all__ = ["QuantizeConfig", "QuantizeResult", "quantize_model", "write_quantize_outputs",
            "QUANTIZE_FILES", "ORT_TOLERANCE", "ORT_OUTLIERS", "TEACHER_FORCED_EXAMPLES",
-           "TIE_FLIPS", "FAR_SQNR_DB", "FAR_AGREEMENT", "ort_outliers", "output_vs_float"]
+           "TIE_FLIPS", "FAR_SQNR_DB", "FAR_AGREEMENT", "MIN_JUDGED_EXAMPLES", "ort_outliers",
+           "output_vs_float", "describe_vs_float"]
 
 log = logging.getLogger(__name__)
 
@@ -488,12 +489,7 @@ def quantize_model(
     rows = _layer_rows(quant, split, per_layer)
     vs_float = output_vs_float(y_q, y_float)
     if vs_float["far"]:
-        log.warning("the quantized model's outputs are far from the float model's on the %d "
-                    "evaluation examples (output SQNR %.1f dB%s): check the calibration "
-                    "(--method, --bias-correction) before deploying the file", len(y_q),
-                    vs_float["output_sqnr_db"],
-                    "" if vs_float["top1_agreement"] is None else
-                    f", top-1 agreement {vs_float['top1_agreement']:.1f} %")
+        log.warning("the quantized model against float: %s", describe_vs_float(vs_float))
     onnx_bytes, ort, bound, drift = _export_and_check(g, p, quant, qstate, x_eval, y_eval,
                                                       y_q, y_float, config)
     return QuantizeResult(g, p, quant, qstate, rows, float_acc, acc, control, latency_s, npu,
@@ -511,6 +507,9 @@ def quantize_model(
 #: (a warning, and a line in report.md): the output SQNR (dB), and the top-1 agreement (%).
 FAR_SQNR_DB = 10.0
 FAR_AGREEMENT = 90.0
+#: Below this many evaluation examples the comparison with float is said to be too few to judge
+#: (one example moves a top-1 agreement by 1/n).
+MIN_JUDGED_EXAMPLES = 32
 
 
 def output_vs_float(y_q: np.ndarray, y_float: np.ndarray) -> dict[str, Any]:
@@ -525,7 +524,8 @@ def output_vs_float(y_q: np.ndarray, y_float: np.ndarray) -> dict[str, Any]:
       "top1_agreement": the percentage of positions whose arg-max over the last axis agree
       (percent, as the accuracies and onnxruntime's agreement in ``quantize.json``), for
       class scores ``[n, classes]`` or per-step scores ``[n, steps, classes]`` (None for other
-      outputs), "far": below :data:`FAR_SQNR_DB` or :data:`FAR_AGREEMENT`}``.
+      outputs), "far": below :data:`FAR_SQNR_DB` or :data:`FAR_AGREEMENT`, "examples": n,
+      "too_few": n below :data:`MIN_JUDGED_EXAMPLES`}``.
     """
     from npujax.quantize.ptq import sqnr_db
 
@@ -535,7 +535,24 @@ def output_vs_float(y_q: np.ndarray, y_float: np.ndarray) -> dict[str, Any]:
     agree = (100.0 * float(np.mean(np.argmax(q, axis=-1) == np.argmax(f, axis=-1)))
              if f.ndim in (2, 3) and f.shape[-1] > 1 else None)
     far = db < FAR_SQNR_DB or (agree is not None and agree < FAR_AGREEMENT)
-    return {"output_sqnr_db": db, "top1_agreement": agree, "far": bool(far)}
+    n = int(f.shape[0])
+    return {"output_sqnr_db": db, "top1_agreement": agree, "far": bool(far), "examples": n,
+            "too_few": n < MIN_JUDGED_EXAMPLES}
+
+
+def describe_vs_float(vs_float: dict[str, Any]) -> str:
+    """One line for the terminal, ``report.md`` and the log: the output SQNR (dB), the top-1
+    agreement (%) and on how many held-out examples, whether that is far from float, and
+    whether the examples are too few to judge (:func:`output_vs_float`'s dict)."""
+    n = vs_float["examples"]
+    return (f"output SQNR {vs_float['output_sqnr_db']:.1f} dB"
+            + ("" if vs_float["top1_agreement"] is None
+               else f", top-1 agreement {vs_float['top1_agreement']:.1f} %")
+            + f" on {n} held-out example{'s' * (n != 1)}"
+            + ("; far from float: check the calibration (--method, --bias-correction) before "
+               "deploying the file" if vs_float["far"] else "")
+            + (f" (only {n}: too few to judge; give --data more examples)"
+               if vs_float["too_few"] else ""))
 
 
 def _warn_changed_widths(method: str, before: QuantSpec, after: QuantSpec) -> None:
