@@ -27,8 +27,6 @@ from pathlib import Path
 
 import numpy as np
 
-SHAPES = {"ppocr_cls": {"x": [1, 3, 48, 192]}}
-
 
 def _cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
@@ -45,18 +43,13 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
 
-    import npujax as nj
-    from npujax.frontends.onnx import from_onnx
-    from npujax.ir.passes import optimize, unfold_batch
+    from prepared import load_prepared
+
     from npujax.quantize.calibrate import calibrate
     from npujax.quantize.ptq import bias_correction, deployed_biases, guarded_bias_correction
     from npujax.workflows.quantize import _predict, output_vs_float
 
-    d = a.work / a.model
-    graph, params = unfold_batch(*optimize(*from_onnx(d / "float.onnx", SHAPES.get(a.model))))
-    quant = nj.quant_spec(graph, 8, 8)
-    xc = np.load(d / "calib.npy")
-    cal = [xc[i:i + a.batch] for i in range(0, len(xc), a.batch)]
+    graph, params, quant, cal, d = load_prepared(a.work, a.model, a.batch)
     xe = np.load(d / "eval.npz")["x"]
     y_float = _predict(graph, params, xe, a.batch)
 

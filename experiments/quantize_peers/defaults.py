@@ -29,8 +29,6 @@ from pathlib import Path
 
 import numpy as np
 
-SHAPES = {"ppocr_cls": {"x": [1, 3, 48, 192]}}
-
 
 def _softmax(z: np.ndarray) -> np.ndarray:
     z = z - z.max(-1, keepdims=True)
@@ -59,19 +57,13 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     a = ap.parse_args()
 
-    import npujax as nj
-    from npujax.frontends.onnx import from_onnx
-    from npujax.ir.passes import optimize, unfold_batch
+    from prepared import load_prepared
+
     from npujax.quantize.calibrate import calibrate
     from npujax.quantize.ptq import bias_correction, deployed_biases
     from npujax.workflows.quantize import _predict
 
-    d = a.work / a.model
-    graph, params = unfold_batch(*optimize(*from_onnx(d / "float.onnx",
-                                                      SHAPES.get(a.model))))
-    quant = nj.quant_spec(graph, 8, 8)
-    xc = np.load(d / "calib.npy")
-    cal = [xc[i:i + a.batch] for i in range(0, len(xc), a.batch)]
+    graph, params, quant, cal, d = load_prepared(a.work, a.model, a.batch)
     sets = {k: np.load(d / f"{k}.npz") for k in ("valid", "eval")}
     ref = {k: _probs(_predict(graph, params, v["x"], a.batch)) for k, v in sets.items()}
     rows = [{"setting": "float",

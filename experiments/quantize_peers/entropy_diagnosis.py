@@ -38,8 +38,6 @@ from pathlib import Path
 
 import numpy as np
 
-SHAPES = {"ppocr_cls": {"x": [1, 3, 48, 192]}, "ppocr_rec": {"x": [1, 3, 48, 320]}}
-
 
 def reference_amax(hist: np.ndarray, edges: np.ndarray, bits: int, unsigned: bool,
                    start_bin: int = 128) -> float:
@@ -80,21 +78,15 @@ def main() -> None:
 
     import jax
     import jax.numpy as jnp
+    from prepared import load_prepared
 
-    import npujax as nj
     from npujax.calib import get_observer
-    from npujax.frontends.onnx import from_onnx
     from npujax.ir.execute import execute, tap
-    from npujax.ir.passes import optimize, unfold_batch
     from npujax.ops import weight_role
     from npujax.quantize.calibrate import calibrate
     from npujax.workflows.quantize import _predict, output_vs_float
 
-    d = a.work / a.model
-    graph, params = unfold_batch(*optimize(*from_onnx(d / "float.onnx", SHAPES.get(a.model))))
-    quant = nj.quant_spec(graph, 8, 8)
-    xc = np.load(d / "calib.npy")
-    cal = [xc[i:i + a.batch] for i in range(0, len(xc), a.batch)]
+    graph, params, quant, cal, d = load_prepared(a.work, a.model, a.batch)
     xe = np.load(d / "eval.npz")["x"]
     y_float = _predict(graph, params, xe, a.batch)
 
