@@ -48,10 +48,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 
-MODELS = {
-    "ppocr_cls": {"shape": [1, 3, 48, 192], "unfold": True, "batch": 64},
-    "ppocr_rec": {"shape": [1, 3, 48, 320], "unfold": False, "batch": 16},
-}
+#: How each model is imported and batched: the one-pass bias-correction bench's table
+#: (``npujax quantize``'s defaults for cls, ``rec_api.py``'s for rec).
+from bias_correction_one_pass import MODELS  # noqa: E402  (a sibling script)
 
 CHILD = r'''
 import json, resource, sys, time
