@@ -7,7 +7,6 @@ empirical bias correction, sequential by default as in ``npujax quantize``), the
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
@@ -21,12 +20,13 @@ from jax.typing import ArrayLike
 from npujax._xla_options import cpu_legacy_emitters
 from npujax.calib.observers import Observer
 from npujax.errors import CalibrationError
-from npujax.ir.execute import as_inputs, check_run, execute, execute_nodes, layer_state, tap
+from npujax.ir.execute import execute, layer_state, tap
 from npujax.ir.graph import Graph, Node, Params
 from npujax.numerics import FloatFormat, IntFormat
 from npujax.numerics.fixed_point import quantize_bias
 from npujax.ops import gemm_nodes, out_channel_view, run_op
 from npujax.quantize.calibrate import calibrate
+from npujax.quantize.methods._common import LayerPass
 from npujax.quantize.quantizers import QState
 from npujax.quantize.spec import QuantSpec
 
@@ -299,52 +299,25 @@ def _sequential(graph: Graph, params: Params, quant: QuantSpec, qstate: QState |
     bias is corrected, and the next piece starts by running that layer with its corrected
     bias. So each layer sees every corrected layer upstream of it corrected, as
     :func:`_sequential_in_waves` (the former form: one whole quantized run per wave) does,
-    at the cost of about one quantized run plus each corrected layer once more.
+    at the cost of about one quantized run plus each corrected layer once more. The pass is
+    :class:`~npujax.quantize.methods._common.LayerPass` (AdaRound's and GPTQ's), each piece
+    reducing its layer's output to the per-channel mean (:meth:`LayerPass.layer_reduce`).
     """
     y_float = _float_means(graph, params, batches, layers)
     new = _copy(params)
-    names, nodes = layers.names, layers.nodes
-    if not names:
+    if not layers.names:
         return new
-    last_read: dict[str, int] = {}
-    for i, node in enumerate(graph.nodes):
-        last_read.update((t, i) for t in node.inputs)
-    index = {node.name: i for i, node in enumerate(graph.nodes)}
-    envs = []
-    for x in batches:
-        xs = as_inputs(graph, jnp.asarray(x, jnp.float32))
-        check_run(graph, int(xs[0].shape[0]))
-        envs.append((int(xs[0].shape[0]), {t: v for t, v in zip(graph.inputs, xs)
-                                           if t in last_read}))
+    lp = LayerPass(graph, batches)
+    for name in layers.names:
+        def output_mean(x, p, name=name):  # E[W_q x_q] per channel, in the batch's piece
+            y = run_op(layers.nodes[name], [x], layers.kernel(name, p))[0]
+            return layers.channel_mean(name, y)
 
-    def piece(order, keep, name, p, env, *, batch):
-        kept, taps = execute_nodes(graph, p, env, order, batch=batch, keep=keep, quant=quant,
-                                   qstate=qstate, observe=tap([name]))
-        y = run_op(nodes[name], [taps[name][0]], layers.kernel(name, p))[0]
-        return kept, layers.channel_mean(name, y)
-
-    start = 0
-    for name in names:
-        stop = index[name]
-        order = tuple(range(start, stop + 1))
-        written = {t for i in order[:-1] for t in graph.nodes[i].outputs}
-        # what a later piece reads: the corrected layer's own inputs, as it runs again there
-        keep = tuple(sorted(t for t in written if last_read.get(t, -1) >= stop))
-        reads = {t for i in order for t in graph.nodes[i].inputs
-                 if t not in written and t not in graph.constants}
-        p = {graph.nodes[i].name: new[graph.nodes[i].name] for i in order
-             if graph.nodes[i].name in new}
-        fn = jax.jit(functools.partial(piece, order, keep, name), static_argnames="batch",
-                     compiler_options=cpu_legacy_emitters())
+        means = lp.layer_reduce(name, new, quant, qstate, output_mean)
         total = np.zeros_like(y_float[name])  # (0 + m is m: summed as _means sums)
-        for batch, env in envs:
-            kept, m = fn(p, {t: env[t] for t in reads}, batch=batch)
-            for t in [t for t in env if last_read[t] < stop]:
-                del env[t]
-            env.update(kept)
+        for m in means:
             total = total + np.asarray(m)
-        _correct(new, [name], {name: total / np.float32(len(envs)) - y_float[name]})
-        start = stop
+        _correct(new, [name], {name: total / np.float32(len(means)) - y_float[name]})
     return new
 
 

@@ -3,7 +3,7 @@ inputs and outputs on the calibration data (float model, or the partly quantized
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -119,8 +119,8 @@ class LayerPass:
     wave. A layer's input is what that per-wave run gives (layers upstream of it changed,
     the others not read), up to float rounding: each piece is its own program (XLA fuses
     other operations, and the pieces compile with XLA:CPU's legacy emitters,
-    :mod:`npujax._xla_options`). The same scheme as the sequential bias correction
-    (:func:`npujax.quantize.ptq.bias_correction`, ``mode="model"``).
+    :mod:`npujax._xla_options`). The sequential bias correction
+    (:func:`npujax.quantize.ptq.bias_correction`, ``mode="model"``) runs on it too.
 
     Args:
       graph: the model.
@@ -171,11 +171,35 @@ class LayerPass:
         assert y is not None
         return x, y
 
+    def layer_reduce(self, name: str, params: Params, quant: Mapping[str, Any],
+                     qstate: Mapping[str, Any] | None,
+                     reduce: Callable[[jax.Array, Params], jax.Array]) -> list[np.ndarray]:
+        """``reduce(input, params)`` of ``name``'s input (as :meth:`layer_input` gives it, with
+        ``params`` restricted to the nodes this piece runs), computed inside each batch's
+        compiled piece, one result per batch: a statistic of the layer (e.g. its output's
+        per-channel mean) without holding its input over every batch.
+
+        Raises:
+          ValueError: ``name`` comes before the layer of the previous call (graph order).
+        """
+        return self._run(name, params, quant, qstate, lambda taps, p: reduce(taps[0], p))
+
     def _advance(self, name: str, params: Params, quant: Mapping[str, Any],
                  qstate: Mapping[str, Any] | None, *, output: bool
                  ) -> tuple[np.ndarray, np.ndarray | None]:
         """Run the nodes from the previous call's layer through ``name``: ``name``'s input and
         (``output``) its output over every batch."""
+        got = self._run(name, params, quant, qstate,
+                        lambda taps, p: taps[:2] if output else taps[:1])
+        xs = [np.asarray(g[0], np.float32) for g in got]
+        ys = [np.asarray(g[1], np.float32) for g in got] if output else None
+        return np.concatenate(xs), (np.concatenate(ys) if ys is not None else None)
+
+    def _run(self, name: str, params: Params, quant: Mapping[str, Any],
+             qstate: Mapping[str, Any] | None, select: Callable[[Any, Params], Any]
+             ) -> list[Any]:
+        """Run the nodes from the previous call's layer through ``name`` over every batch, each
+        batch's piece returning ``select(name's taps, params)``; one result per batch."""
         graph, stop = self.graph, self.index[name]
         if stop < self.start:
             raise ValueError(f"LayerPass: {name} comes before {graph.nodes[self.start].name}; "
@@ -194,18 +218,15 @@ class LayerPass:
         def piece(p, qs, env, *, batch):
             kept, taps = execute_nodes(graph, p, env, order, batch=batch, keep=keep, quant=q,
                                        qstate=qs, observe=tap([name]))
-            return kept, taps[name][:2] if output else taps[name][:1]
+            return kept, select(taps[name], p)
 
         fn = jax.jit(piece, static_argnames="batch", compiler_options=cpu_legacy_emitters())
-        xs, ys = [], []
+        got = []
         for batch, env in self.envs:
-            kept, io = fn(p, qs, {t: env[t] for t in reads}, batch=batch)
+            kept, out = fn(p, qs, {t: env[t] for t in reads}, batch=batch)
             for t in [t for t in env if self.last_read[t] < stop]:
                 del env[t]
             env.update(kept)
-            xs.append(np.asarray(io[0], np.float32))
-            if output:
-                ys.append(np.asarray(io[1], np.float32))
-            del io
+            got.append(out)
         self.start = stop
-        return np.concatenate(xs), (np.concatenate(ys) if output else None)
+        return got
