@@ -179,12 +179,11 @@ def precision(args: argparse.Namespace, graph: Any) -> tuple[dict[str, Any], str
 
 def run(args: argparse.Namespace) -> int:
     from npujax.frontends.onnx import parse_input_shapes
-    from npujax.report.quantize import guard_line, layers_table
+    from npujax.report.quantize import describe_vs_float, guard_line, layers_table
     from npujax.workflows.inputs import load_model_and_data
     from npujax.workflows.quantize import (
         ORT_TOLERANCE,
         QuantizeConfig,
-        describe_vs_float,
         method_instances,
         quantize_model,
         write_quantize_outputs,

@@ -10,8 +10,8 @@ from typing import Any
 
 from rich.table import Table
 
-__all__ = ["LAYER_COLUMNS", "layers_table", "guard_line", "layers_csv_text", "layers_markdown",
-           "quantize_markdown"]
+__all__ = ["LAYER_COLUMNS", "layers_table", "guard_line", "describe_vs_float", "layers_csv_text",
+           "layers_markdown", "quantize_markdown"]
 
 #: The per-layer columns (``layers.csv``'s header).
 LAYER_COLUMNS = ("name", "op", "weight_bits", "act_bits", "sqnr_db", "weight_sqnr_db",
@@ -70,6 +70,22 @@ def guard_line(guard: dict[str, Any], mode: str) -> str:
                              for k in ("uncorrected", "corrected"))).describe()
 
 
+def describe_vs_float(vs_float: dict[str, Any]) -> str:
+    """One line for the terminal, ``report.md`` and the log: the output SQNR (dB), the top-1
+    agreement (%) and on how many held-out examples, whether that is far from float, and
+    whether the examples are too few to judge (the dict of
+    :func:`npujax.workflows.quantize.output_vs_float`)."""
+    n = vs_float["examples"]
+    return (f"output SQNR {vs_float['output_sqnr_db']:.1f} dB"
+            + ("" if vs_float["top1_agreement"] is None
+               else f", top-1 agreement {vs_float['top1_agreement']:.1f} %")
+            + f" on {n} held-out example{'s' * (n != 1)}"
+            + ("; far from float: check the calibration (--method, --bias-correction) before "
+               "deploying the file" if vs_float["far"] else "")
+            + (f" (only {n}: too few to judge; give --data more examples)"
+               if vs_float["too_few"] else ""))
+
+
 def quantize_markdown(result: Any, title: str) -> str:
     """The ``report.md`` page of a :class:`npujax.workflows.quantize.QuantizeResult`."""
     out = [f"# {title}", ""]
@@ -78,8 +94,6 @@ def quantize_markdown(result: Any, title: str) -> str:
                    f"{result.accuracy:.2f} % (drop {result.float_accuracy - result.accuracy:.2f} "
                    f"points) on {result.examples['evaluation']} held-out examples")
     if result.vs_float is not None:
-        from npujax.workflows.quantize import describe_vs_float
-
         line = describe_vs_float(result.vs_float)
         out.append("- against the float model (no labels needed): "
                    + (f"**{line}**" if result.vs_float["far"] else line))

@@ -53,12 +53,12 @@ from npujax.quantize.ptq import (
 )
 from npujax.quantize.sensitivity import LayerSensitivity, sensitivity_split
 from npujax.quantize.spec import LayerQuant, QuantSpec
-from npujax.report.quantize import layers_csv_text, quantize_markdown
+from npujax.report.quantize import describe_vs_float, layers_csv_text, quantize_markdown
 
 __all__ = ["QuantizeConfig", "QuantizeResult", "quantize_model", "write_quantize_outputs",
            "QUANTIZE_FILES", "ORT_TOLERANCE", "ORT_OUTLIERS", "TEACHER_FORCED_EXAMPLES",
            "TIE_FLIPS", "FAR_SQNR_DB", "FAR_AGREEMENT", "MIN_JUDGED_EXAMPLES", "ort_outliers",
-           "output_vs_float", "describe_vs_float"]
+           "output_vs_float"]
 
 log = logging.getLogger(__name__)
 
@@ -539,20 +539,6 @@ def output_vs_float(y_q: np.ndarray, y_float: np.ndarray) -> dict[str, Any]:
     return {"output_sqnr_db": db, "top1_agreement": agree, "far": bool(far), "examples": n,
             "too_few": n < MIN_JUDGED_EXAMPLES}
 
-
-def describe_vs_float(vs_float: dict[str, Any]) -> str:
-    """One line for the terminal, ``report.md`` and the log: the output SQNR (dB), the top-1
-    agreement (%) and on how many held-out examples, whether that is far from float, and
-    whether the examples are too few to judge (:func:`output_vs_float`'s dict)."""
-    n = vs_float["examples"]
-    return (f"output SQNR {vs_float['output_sqnr_db']:.1f} dB"
-            + ("" if vs_float["top1_agreement"] is None
-               else f", top-1 agreement {vs_float['top1_agreement']:.1f} %")
-            + f" on {n} held-out example{'s' * (n != 1)}"
-            + ("; far from float: check the calibration (--method, --bias-correction) before "
-               "deploying the file" if vs_float["far"] else "")
-            + (f" (only {n}: too few to judge; give --data more examples)"
-               if vs_float["too_few"] else ""))
 
 
 def _warn_changed_widths(method: str, before: QuantSpec, after: QuantSpec) -> None:

@@ -131,7 +131,7 @@ class LayerPass:
         (:func:`npujax.ir.execute.check_run`).
     """
 
-    def __init__(self, graph: Graph, batches: Sequence[np.ndarray]):
+    def __init__(self, graph: Graph, batches: Sequence[ArrayLike]):
         self.graph = graph
         self.last_read: dict[str, int] = {}
         for i, node in enumerate(graph.nodes):
