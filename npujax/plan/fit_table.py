@@ -37,7 +37,10 @@ numeric fields at once to such a table:
   the robust fit is (iteratively reweighted least squares; Holland and Welsch, Commun. Statist.
   1977), so a row the loss discounts informs the errors as little as it informs the values.
   (scipy's returned ``jac`` is scaled by ``sqrt(rho' + 2 z rho'')`` instead: the cost's
-  curvature, which for a redescending loss is clipped at zero and is not a weight.) A field above
+  curvature, which for a redescending loss is clipped at zero and is not a weight.) The same
+  error is also computed with each row left out in turn, and a field's error is the largest
+  of them (:func:`one_out_errors`): a field that one model alone informs is that model's
+  number, not the table's. A field above
   :data:`TABLE_IDENTIFIABLE_REL_ERR`, or pinned at a bound of its range, is not
   identified by this table: it is reset to the preset's value and the others are fitted again,
   until every fitted field is identified. A fit never ends worse on the table, by its own
@@ -76,7 +79,8 @@ from npujax.plan.workload import Workload
 
 __all__ = ["MAX_TABLE_FIELDS", "TABLE_IDENTIFIABLE_REL_ERR", "DTYPE_BITS", "TABLE_LOSSES",
            "TABLE_LOSS", "TABLE_LOSS_SCALE", "TableRow", "TableModel", "TableFitResult",
-           "read_table", "predict_model_s", "models_needed", "table_loss", "fit_table"]
+           "read_table", "predict_model_s", "models_needed", "table_loss", "one_out_errors",
+           "fit_table"]
 
 #: At most this many fields are fitted to a table: a benchmark table has tens of rows, and
 #: every added number makes the fit's parameters less identifiable.
@@ -286,7 +290,8 @@ class TableFitResult:
       fields: the fields asked for.
       initial, fitted: ``{field: value}`` before and after (``fitted`` as in ``spec``).
       rel_std_err: ``{field: relative standard error}`` of each asked-for field at the first
-        full fit (Gauss-Newton).
+        full fit (Gauss-Newton, the largest over the tables without one row:
+        :func:`one_out_errors`).
       identifiable: ``{field: bool}``: identified by the table (relative standard error at
         most :data:`TABLE_IDENTIFIABLE_REL_ERR`, not at a bound; else left at the preset).
       names, groups: the models' labels and groups, ``[n]``.
@@ -459,19 +464,59 @@ def _solve(res: _Residuals, rows: np.ndarray, free: list[int], lv0: np.ndarray,
     return full(sol.x)
 
 
-def _rel_err(res: _Residuals, rows: np.ndarray, free: list[int], lv: np.ndarray,
-             loss: str, scale: float) -> np.ndarray:
-    """Each free log parameter's standard error: the Gauss-Newton covariance
-    ``s^2 (J^T W J)^-1`` with the loss's IRLS weights ``W`` (the module docstring)."""
-    r, j = res(lv)
-    r, j = r[rows], j[np.ix_(rows, np.asarray(free))]
-    w = _loss_weights(r, loss, scale)
-    dof = max(len(rows) - len(free), 1)
+def _gauss_newton_errors(r: np.ndarray, j: np.ndarray, w: np.ndarray, n_free: int
+                         ) -> np.ndarray:
+    """The standard errors ``sqrt(diag(s^2 (J^T W J)^-1))`` of weighted least squares with
+    residuals ``r`` (n,), Jacobian ``j`` (n, p) and weights ``w`` (n,), ``s^2 = sum w r^2 /
+    (n - n_free)`` floored at ``0.01^2``. A direction no row informs gets a huge error (the
+    normal matrix is regularised by ``1e-12`` of its trace), never a zero one."""
+    dof = max(len(r) - n_free, 1)
     s2 = max(float(np.sum(w * r ** 2)) / dof, 1e-4)
     jtj = j.T @ (w[:, None] * j)
     eps = 1e-12 * max(float(np.trace(jtj)), 1e-30)
-    cov = s2 * np.linalg.pinv(jtj + eps * np.eye(len(free)))
+    cov = s2 * np.linalg.pinv(jtj + eps * np.eye(j.shape[1]))
     return np.sqrt(np.maximum(np.diag(cov), 0.0))
+
+
+def one_out_errors(r: np.ndarray, j: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Each parameter's largest standard error over the tables that leave one row out.
+
+    The Gauss-Newton error of :func:`_gauss_newton_errors` says how well the whole table
+    determines a parameter. A parameter that only one row informs (one model whose time
+    depends on it) has a small error too, because that row alone fixes it, yet the estimate
+    is that row's, and a table without it says nothing. Leaving each row out in turn (the
+    deletion diagnostics of Belsley, Kuh and Welsch, "Regression Diagnostics", 1980, ch. 2;
+    the jackknife's idea, linearised at the optimum: the same ``J`` and ``r``, one row fewer)
+    and keeping each parameter's largest error tells the two apart: a parameter is determined
+    by the table only if it is determined without any one of its rows.
+
+    Args:
+      r: (n,) float residuals (log ratios) at the optimum.
+      j: (n, p) float Jacobian of ``r`` in the log parameters.
+      w: (n,) float IRLS weights of the loss (1 for least squares).
+
+    Returns:
+      (p,) float64: the largest standard error of each log parameter (its relative error)
+      over the ``n`` tables of ``n - 1`` rows; ``inf``-like (huge) where leaving one row out
+      leaves the parameter undetermined.
+    """
+    n, p = j.shape
+    if n <= p:
+        return np.full(p, np.inf)
+    every = np.arange(n)
+    return np.max([_gauss_newton_errors(r[k], j[k], w[k], p)
+                   for k in (np.delete(every, i) for i in range(n))], axis=0)
+
+
+def _rel_err(res: _Residuals, rows: np.ndarray, free: list[int], lv: np.ndarray,
+             loss: str, scale: float) -> np.ndarray:
+    """Each free log parameter's standard error: the larger of the Gauss-Newton error
+    ``s^2 (J^T W J)^-1`` with the loss's IRLS weights ``W`` (the module docstring) and the
+    largest such error with any one row left out (:func:`one_out_errors`)."""
+    r, j = res(lv)
+    r, j = r[rows], j[np.ix_(rows, np.asarray(free))]
+    w = _loss_weights(r, loss, scale)
+    return np.maximum(_gauss_newton_errors(r, j, w, len(free)), one_out_errors(r, j, w))
 
 
 def _fit_rows(res: _Residuals, rows: np.ndarray, lv0: np.ndarray, lo: np.ndarray,

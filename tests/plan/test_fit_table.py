@@ -21,6 +21,7 @@ from npujax.plan import network
 from npujax.plan.fit_table import (
     TableModel,
     fit_table,
+    one_out_errors,
     predict_model_s,
     read_table,
     table_loss,
@@ -113,6 +114,30 @@ def test_robust_loss_resists_one_gross_outlier(graphs, truth):
     for a, b in ((robust, squares), (squares, robust)):
         ratios = np.log(predict_table(table, b.spec) / b.measured_s)
         assert a.cost["in_sample"] < table_loss(ratios, a.loss, a.loss_scale)
+
+
+def test_a_field_one_row_carries_is_not_identified():
+    """Deletion diagnostics against numpy's least squares: the first parameter is informed by
+    every row, the second by row 0 alone. The whole table's Gauss-Newton error of the second
+    is as small as the first's (one row pins it exactly), but without row 0 nothing determines
+    it; the first's largest error with one row out is the error of the 4-row least squares
+    that leaves out its most informative row."""
+    rng = np.random.default_rng(0)
+    j = np.column_stack([rng.uniform(0.5, 1.0, 5), [1.0, 0, 0, 0, 0]])
+    r = rng.normal(0.0, 0.05, 5)
+    w = np.ones(5)
+    one_out = one_out_errors(r, j, w)
+    assert one_out[1] > 1e3
+    expect = 0.0
+    for i in range(5):
+        k = np.delete(np.arange(5), i)
+        # without row 0 the second column is zero: the first is a one-parameter fit
+        jk = j[k][:, [0]] if i == 0 else j[k]
+        # the rows left: residual variance over (rows - parameters), floored at 0.01^2
+        s2 = max(float(np.sum(r[k] ** 2)) / (4 - 2), 1e-4)
+        expect = max(expect, float(np.sqrt(s2 * np.linalg.inv(jk.T @ jk)[0, 0])))
+    assert one_out[0] == pytest.approx(expect, rel=1e-6)
+    assert one_out_errors(r[:2], j[:2], w[:2]).tolist() == [np.inf, np.inf]
 
 
 def predict_table(models, spec):
