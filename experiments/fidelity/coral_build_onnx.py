@@ -311,9 +311,13 @@ def deeplab_v3_mnv2(path: Path, hw: int = 513, classes: int = 21) -> Path:
         return g.node("Resize", [t, "", "", g.int_const([1, ch, out, out])], mode="linear",
                       coordinate_transformation_mode="align_corners")
 
+    # the 1x1 branch first: Coral's compiled file (google-coral/test_data,
+    # deeplabv3_mnv2_pascal_quant_edgetpu.tflite) runs it on the Edge TPU, before the image
+    # pooling's resize, the first operator it leaves on the CPU with everything after it
+    aspp0 = cbr(x, c, 256)
     pool = g.node("AveragePool", [x], kernel_shape=[size, size], strides=[1, 1])
     image = resize(cbr(pool, c, 256), 256, size)
-    h = cbr(g.node("Concat", [image, cbr(x, c, 256)], axis=1), 512, 256)
+    h = cbr(g.node("Concat", [image, aspp0], axis=1), 512, 256)
     logits = resize(g.conv(h, 256, classes, 1, pad=0, bias=True), classes, hw)
     labels = g.node("ArgMax", [logits], axis=1, keepdims=0)
     return g.save(path, "deeplab_v3_mnv2", "input", hw, [(labels, [1, hw, hw])],

@@ -11,7 +11,8 @@ Every field is one of three kinds:
 * *traced* (:func:`is_traced`): the numeric leaves outside :data:`WORKLOAD_SECTIONS`, data under
   ``jit``/``vmap``/``grad``: a sweep varies them inside one compiled program;
 * *numeric workload fields*: the numbers of ``layout`` and ``ops`` (``c0``,
-  ``channel_alignment``, ``dram_burst_bytes``, ``conv_max_kernel``, ``conv_max_stride``), pytree
+  ``channel_alignment``, ``dram_burst_bytes``, ``conv_max_kernel``, ``conv_max_stride``,
+  ``resize_max_scale``), pytree
   leaves too, but the layers are built from them;
 * *static*: names, choices and operator lists (``dataflow``, ``precision_scaling``, ``mapping``,
   ``activation_layout``, ``supported``, ...), part of the pytree's structure.

@@ -16,10 +16,11 @@ Hardware is data. Every numeric field carries its unit in its name (``clock_hz``
     [vector]   lanes, special_cycles_per_elem (optional, default 4)
     [layout]   activation_layout, c0, channel_alignment, dram_burst_bytes
     [ops]      supported, fused_activations, conv_max_kernel, conv_max_stride, fusion,
-               attention_fusion (optional), fallback (optional), unsupported (optional)
+               attention_fusion (optional), fallback (optional), unsupported (optional),
+               resize_max_scale (optional)
     [host]     cpu_ops_per_s, link_bytes_per_s, link_latency_s, memory_bytes_per_s (optional),
                invocation_overhead_s (optional), shape_compile_s (optional),
-               scalar_ops_per_s (optional)
+               scalar_ops_per_s (optional), elementwise_elems_per_s (optional)
     [technology] node_nm (optional section, as the two below: every key has a default)
     [energy]   reference_node_nm, node_exponent, mult_int8_pj, add_int32_pj,
                register_pj_per_byte, sram_read_pj_per_byte, sram_write_pj_per_byte,
@@ -348,6 +349,10 @@ class OpsSpec:
         :data:`FALLBACK_SCOPES` (default ``per_op``).
       unsupported: fall back, rewrite or refuse an unsupported operator, one of
         :data:`UNSUPPORTED_POLICIES` (default ``fallback``).
+      resize_max_scale: the largest upscaling factor (output over input size, on any axis) of a
+        ``Resize`` the NPU runs, >= 0 (default 0: any); a larger one is not supported and
+        falls back (a compiler that keeps large bilinear upscales on the CPU to avoid
+        fixed-point interpolation error, as the Edge TPU compiler documents).
     """
 
     supported: tuple[str, ...] = _field()
@@ -358,6 +363,7 @@ class OpsSpec:
     attention_fusion: str = _field(choices=ATTENTION_FUSIONS, default="none")
     fallback: str = _field(choices=FALLBACK_SCOPES, default="per_op")
     unsupported: str = _field(choices=UNSUPPORTED_POLICIES, default="fallback")
+    resize_max_scale: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=1e6)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -383,6 +389,13 @@ class HostSpec:
         >= 0 (default 0: ``cpu_ops_per_s``): the host stages that neither vectorise nor split
         over cores (non-maximum suppression, CTC decoding, top-k) of the pipeline around the
         NPU (:mod:`npujax.plan.host_pipeline`).
+      elementwise_elems_per_s: the host runtime's throughput on the kernels of fallback layers
+        that are not GEMMs (elementwise, casts and (de)quantization, copies and
+        concatenations, reductions, resizes, ArgMax; elements/s, each element of the layer's
+        largest tensor counted once), >= 0 (default 0: such a layer's operations at
+        ``cpu_ops_per_s``). An inference runtime's int8 GEMMs are vectorised and threaded; its
+        other kernels are mostly single-threaded loops of tens of instructions per element
+        (requantization, index arithmetic), an order or two slower per element than a MAC.
     """
 
     cpu_ops_per_s: float = _field(lo=1e3, hi=1e16)
@@ -392,6 +405,7 @@ class HostSpec:
     invocation_overhead_s: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=10.0)
     shape_compile_s: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=1e5)
     scalar_ops_per_s: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=1e16)
+    elementwise_elems_per_s: float = _field(zero_ok=True, default=0.0, lo=0.0, hi=1e16)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -37,7 +37,9 @@ residual branch at 4 bits next to an 8-bit skip path) costs its second consumer 
 on the vector unit (``convert_cycles``: read at one width, write at the other).
 
 **CPU layers** (operators the NPU does not support): ``fallback_cycles = max(cpu_ops /
-cpu_ops_per_s, host bytes / memory_bytes_per_s)`` (the second term where the host's memory is
+cpu_ops_per_s, host bytes / memory_bytes_per_s)``, where a layer without MACs takes
+``max(in_elems, out_elems) / elementwise_elems_per_s`` in place of the first term if the preset
+gives that rate (the second term where the host's memory is
 modelled) and ``transfer_cycles = link_transfers x link_latency + link_bytes /
 link_bytes_per_s`` (inputs produced on the NPU go to the host, outputs used on the NPU come back).
 
@@ -467,8 +469,12 @@ def _layer_costs(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight_
     host_bytes = (f32("in_elems") + f32("out_elems")) * ab / 8.0 + f32("weight_elems") * wb / 8.0
     host_mem_s = jnp.where(h.memory_bytes_per_s > 0,
                            host_bytes / jnp.maximum(h.memory_bytes_per_s, 1.0), 0.0)
-    fallback = jnp.where(cpu, _relax.smooth_max(f32("cpu_ops") / h.cpu_ops_per_s, host_mem_s)
-                         * clock, 0.0)
+    # a GEMM at the host's MAC rate; any other kernel per element of its largest tensor at the
+    # runtime's elementwise rate where the preset gives one
+    host_ops_s = f32("cpu_ops") / h.cpu_ops_per_s
+    host_elems_s = jnp.maximum(in_elems, out_elems) / jnp.maximum(h.elementwise_elems_per_s, 1.0)
+    host_s = jnp.where((h.elementwise_elems_per_s > 0) & (macs <= 0), host_elems_s, host_ops_s)
+    fallback = jnp.where(cpu, _relax.smooth_max(host_s, host_mem_s) * clock, 0.0)
     link_bytes = (f32("link_in_elems") + f32("link_out_elems")) * ab / 8.0
     transfer = jnp.where(
         cpu,

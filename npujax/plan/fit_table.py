@@ -481,7 +481,7 @@ def _gauss_newton_errors(r: np.ndarray, j: np.ndarray, w: np.ndarray, n_free: in
 def one_out_errors(r: np.ndarray, j: np.ndarray, w: np.ndarray) -> np.ndarray:
     """Each parameter's largest standard error over the tables that leave one row out.
 
-    The Gauss-Newton error of :func:`_gauss_newton_errors` says how well the whole table
+    The Gauss-Newton error (the module docstring) says how well the whole table
     determines a parameter. A parameter that only one row informs (one model whose time
     depends on it) has a small error too, because that row alone fixes it, yet the estimate
     is that row's, and a table without it says nothing. Leaving each row out in turn (the

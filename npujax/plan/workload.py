@@ -174,6 +174,10 @@ def _placement(node: Node, spec: NpuSpec | None, graph_constants=frozenset()) ->
             return f"{kh}x{kw} kernel > max {spec.ops.conv_max_kernel}"
         if max(node.attrs["strides"]) > spec.ops.conv_max_stride:
             return f"stride {max(node.attrs['strides'])} > max {spec.ops.conv_max_stride}"
+    if node.op == "Resize" and spec.ops.resize_max_scale > 0:
+        scale = max(float(x) for x in node.attrs["scales"])
+        if scale > spec.ops.resize_max_scale:
+            return f"{scale:g}x resize > max {spec.ops.resize_max_scale:g}x"
     return ""
 
 

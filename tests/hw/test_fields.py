@@ -88,7 +88,7 @@ def test_traced_is_a_leaf_outside_the_workload_sections(edge):
     # the numbers the layers are built from stay static axes of a sweep
     assert set(fields.numeric_paths()) - traced == {
         "layout.c0", "layout.channel_alignment", "layout.dram_burst_bytes",
-        "ops.conv_max_kernel", "ops.conv_max_stride"}
+        "ops.conv_max_kernel", "ops.conv_max_stride", "ops.resize_max_scale"}
     assert fields.TRACED_SECTIONS == ("array", "memory", "vector", "host", "technology",
                                       "energy", "area", "thermal")
 

@@ -369,6 +369,51 @@ def test_host_fallback_is_a_roofline_of_operations_and_bytes(graph, edge_spec):
     assert pool_mem.bound == "fallback"
 
 
+def test_host_elementwise_rate_prices_non_gemm_fallback_per_element(graph, edge_spec):
+    """host.elementwise_elems_per_s: a fallback layer without MACs takes one element of its
+    largest tensor per 1 / rate (still under the host's memory roofline); a GEMM on the host
+    keeps its operations at cpu_ops_per_s; 0 (the default) changes nothing."""
+    ops = tuple(o for o in edge_spec.ops.supported if o not in ("AveragePool", "Gemm"))
+    spec = _with(edge_spec, "ops", supported=ops)
+    slow = _with(spec, "host", elementwise_elems_per_s=1e6)
+    base = {r.name: r for r in lower(graph, spec).layers}
+    new = {r.name: r for r in lower(graph, slow).layers}
+    w = {x.name: x for x in workloads(graph, spec)}
+    clock = spec.array.clock_hz
+    pool, fc = w["avgpool_0"], w["fc1"]
+    assert pool.macs == 0 and fc.macs > 0
+    assert fc.device == pool.device == "cpu"
+    assert new["avgpool_0"].costs.fallback_cycles == pytest.approx(
+        max(pool.in_elems, pool.out_elems) / 1e6 * clock)
+    assert new["fc1"].costs.fallback_cycles == base["fc1"].costs.fallback_cycles
+    assert (base["avgpool_0"].costs.fallback_cycles
+            == pytest.approx(pool.cpu_ops / spec.host.cpu_ops_per_s * clock))
+
+
+def test_resize_beyond_the_largest_scale_falls_back():
+    """ops.resize_max_scale: a Resize upscaling by more than it on any axis runs on the host
+    with the reason; one within it, or any with the default 0, stays on the NPU."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from npujax.frontends.onnx import from_onnx
+
+    nodes = [helper.make_node("Resize", ["x", "", "s2"], ["a"], mode="linear"),
+             helper.make_node("Resize", ["a", "", "s4"], ["b"], mode="linear")]
+    inits = [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "s2"),
+             numpy_helper.from_array(np.array([1, 1, 1, 4], np.float32), "s4")]
+    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 16, 4, 4])], [helper.make_tensor_value_info(
+            "b", TensorProto.FLOAT, None)], inits)
+    graph, _ = from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    spec = load_npu_spec("coral_edgetpu")
+    assert spec.ops.resize_max_scale == 2.0
+    w = [x for x in workloads(graph, spec) if x.op == "Resize"]
+    assert [x.device for x in w] == ["npu", "cpu"]
+    assert "4x resize > max 2x" in w[1].reason
+    any_scale = _with(spec, "ops", resize_max_scale=0.0)
+    assert [x.device for x in workloads(graph, any_scale) if x.op == "Resize"] == ["npu"] * 2
+
+
 def test_invocation_overhead_is_paid_once_per_inference(graph, edge_spec):
     """host.invocation_overhead_s (the invocation pass): once per inference, on the first
     layer's host-transfer time; the default 0 leaves every number as it was."""
