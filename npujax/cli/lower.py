@@ -114,6 +114,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     help="decoder: width of the KV cache, the K/V operand of each decode "
                     "attention MatMul; the query and the softmax output take --act-bits "
                     "(default 8)")
+    lo.add_argument("--kv-cache", choices=("copy", "in_place"), default="copy",
+                    help="decoder: how a step reads its KV cache: copy (the traced graph's "
+                    "Concat of the new position and head Transpose, a copy of the cache every "
+                    "step; default) or in_place (the new keys and values written into the "
+                    "cache, each attention MatMul reading it where it lies, as serving "
+                    "runtimes do)")
     lo.add_argument("--sweep-resolution", action="store_true",
                     help="also lower at half and double the input resolution (ONNX models; "
                     "each model's with several)")
@@ -183,7 +189,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 #: The destinations of the options that only a model lowering reads (SCALE-Sim mode takes its
 #: array, dataflow and layers from the config and topology, and refuses them).
 _MODEL_FLAGS = ("input_shape", "fusion", "cores", "schedule", "objective", "sharing", "phase",
-                "seq_len", "kv_len", "kv_bits", "prefill_chunk", "weight_group_size",
+                "seq_len", "kv_len", "kv_bits", "kv_cache", "prefill_chunk", "weight_group_size",
                 "expert_loads", "ignore_config_field", "sweep_resolution", "npu", "dataflow",
                 "mapping", "weight_bits", "act_bits", "batch", "format", "shapes",
                 "unsupported", "compile_s", "sustained", "host_stage", "zero_copy")
@@ -720,7 +726,8 @@ def _run_decoder(args: argparse.Namespace) -> int:
             kv_lens=lens if args.phase == "decode" else [0] * len(lens),
             weight_bits=widths[0], act_bits=widths[1], kv_bits=args.kv_bits,
             weight_group_size=args.weight_group_size or 0,
-            prefill_chunk=args.prefill_chunk or 0, expert_loads=loads, dataflow=args.dataflow)
+            prefill_chunk=args.prefill_chunk or 0, expert_loads=loads, dataflow=args.dataflow,
+            kv_cache=args.kv_cache)
     from npujax.models.decoders import decoder_figures
 
     first = rep.prefill_chunk if len(rep.chunk_latency_s) > 1 else args.seq_len
@@ -750,7 +757,9 @@ def _run_decoder(args: argparse.Namespace) -> int:
         con.print(f"decode: {rep.latency_s * 1e3:,.3f} ms per step, "
                   f"{rep.tokens_per_s_per_sequence:,.1f} tokens/s per sequence, "
                   f"{rep.tokens_per_s:,.1f} in aggregate; KV cache read per token: "
-                  f"{rep.kv_cache_bytes_per_token:,.0f} bytes ({args.kv_bits}-bit)")
+                  f"{rep.kv_cache_bytes_per_token:,.0f} bytes ({args.kv_bits}-bit; "
+                  + ("read in place)" if args.kv_cache == "in_place" else
+                     "copied each step: --kv-cache in_place reads it in place)"))
     con.print(f"weights {widths[0]}-bit"
               + (f" (groups of {args.weight_group_size}: {rep.scale_bytes_per_step / 1e6:,.2f}"
                  f" MB of scales per step, not in the modelled latency: +"

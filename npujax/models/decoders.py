@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from npujax.errors import ConfigError
 from npujax.ir.graph import Graph
 from npujax.ir.passes import optimize
+from npujax.models.llm_graph import KV_CACHE
 from npujax.numerics import IntFormat
 from npujax.ops import OPS, operand_quantized_ops
 from npujax.quantize.spec import for_operands, quant_spec
@@ -76,7 +77,7 @@ class DecoderLowering:
 def decoder_graph(config: Any, *, phase: str, seq_len: int = 1, kv_len: int = 0,
                   batch: int = 1, kv_lens: Sequence[int] | None = None,
                   expert_loads: Sequence[float] | None = None, logits: str = "auto",
-                  experts_touched: int | None = None) -> Graph:
+                  experts_touched: int | None = None, kv_cache: str = "copy") -> Graph:
     """The optimized graph of one step of a decoder, built from its shapes alone
     (:func:`npujax.models.llm_graph.build_decoder_graph`: no Flax model, no weight allocated;
     for the reference configs the same graph as tracing :class:`~npujax.models.transformer.
@@ -98,6 +99,8 @@ def decoder_graph(config: Any, *, phase: str, seq_len: int = 1, kv_len: int = 0,
       logits: which positions' logits the step computes (``build_decoder_graph``'s).
       experts_touched: distinct experts per MoE layer (default ``round(E[distinct])``;
         :func:`npujax.models.moe.expert_loads`).
+      kv_cache: ``"copy"`` (the traced graph's per-step copy of the cache) or ``"in_place"``
+        (:func:`~npujax.models.llm_graph.build_decoder_graph`).
 
     Raises:
       ConfigError: an unknown config name, phase or a non-positive length.
@@ -120,7 +123,7 @@ def decoder_graph(config: Any, *, phase: str, seq_len: int = 1, kv_len: int = 0,
     loads = (routing(tokens * len(lens), cfg.experts, cfg.experts_per_token, expert_loads,
                      distinct=experts_touched) if cfg.moe_layers else ())
     graph, params = build_decoder_graph(cfg, tokens=tokens, kv_lens=lens, expert_loads=loads,
-                                        logits=logits)
+                                        logits=logits, kv_cache=kv_cache)
     return optimize(graph, params)[0]
 
 
@@ -148,8 +151,12 @@ def kv_cache_operands(graph: Graph) -> dict[str, int]:
     """``{attention MatMul: operand index}``: the operand of each GEMM of two activations that
     is read from a key/value cache, i.e. whose value comes, through ops exact on integer codes
     (Reshape, Transpose, ...), from a Concat of a graph constant (the cached positions) with
-    the new ones. Empty for a graph without a cache (a prefill, an encoder)."""
+    the new ones, or is a cache read in place (a graph input in a
+    :data:`~npujax.models.llm_graph.KV_CACHE` scope). Empty for a graph without a cache (a
+    prefill, an encoder)."""
     def from_cache(t: str) -> bool:
+        if t in graph.inputs:  # a cache read in place (npujax.models.llm_graph)
+            return f"/{KV_CACHE}/" in t
         while (p := graph.producer(t)) is not None:
             if p.op == "Concat":
                 return any(i in graph.constants for i in p.inputs)

@@ -32,8 +32,14 @@ cannot disagree. Beyond it (:mod:`npujax.models.hf_config`):
 * a prefill's LM head computes the last position's logits only (what generation needs; the
   Transformers library's ``logits_to_keep=1``, vLLM), a decode step's every sequence's.
 
-The attention MatMuls read the cache as the traced graph does: the cache ``Concat`` with the new
-positions and transposed (a copy per step; see ``docs/npu_model.md``).
+The attention MatMuls read the cache as the traced graph does by default (``kv_cache="copy"``):
+the cache ``Concat`` with the new positions and transposed, a copy of the whole cache per step
+(see ``docs/npu_model.md``). ``kv_cache="in_place"`` is what serving runtimes do (vLLM's paged
+cache, llama.cpp's, TensorRT-LLM's): the step writes only its new keys and values into the cache
+(graph outputs besides the result) and each attention MatMul reads the cache where it lies, in
+the layout it multiplies (graph inputs ``.../kv_cache/k_i`` ``[b, kv_heads, positions,
+head_dim]`` and ``.../kv_cache/v_i`` ``[b, kv_heads, head_dim, positions]``, the step's state):
+no copy, one read of every cached element.
 """
 
 from __future__ import annotations
@@ -47,7 +53,14 @@ from npujax.errors import ConfigError
 from npujax.ir.absent import AbsentArray
 from npujax.ir.graph import Graph, Node, Params, TensorType
 
-__all__ = ["build_decoder_graph"]
+__all__ = ["build_decoder_graph", "KV_CACHES", "KV_CACHE"]
+
+#: How a step reads its key/value cache (:func:`build_decoder_graph`).
+KV_CACHES = ("copy", "in_place")
+
+#: The scope of an in-place cache's graph inputs (``blocks/0/attn/kv_cache/k_0``), by which
+#: :func:`npujax.models.decoders.kv_cache_operands` finds them.
+KV_CACHE = "kv_cache"
 
 
 class _Builder:
@@ -58,6 +71,8 @@ class _Builder:
         self.params: Params = {}
         self._n = 0
         self._names: dict[str, int] = {}
+        self.outputs: list[str] = []  # tensors written besides the step's result (a cache's)
+        self.inputs: list[str] = []  # tensors read besides the tokens (an in-place cache)
 
     def t(self, shape: Sequence[int], dtype: str = "float32") -> str:
         name = f"t{self._n}"
@@ -69,6 +84,16 @@ class _Builder:
         name = f"const_{len(self.constants)}"
         self.constants[name] = AbsentArray(shape, dtype, f"decoder constant {name}")
         self.tensors[name] = TensorType(tuple(int(d) for d in shape), dtype)
+        return name
+
+    def cache(self, scope: str, which: str, shape: Sequence[int]) -> str:
+        """A key or value cache read in place: a graph input of ``shape`` (the layout its
+        attention MatMul reads; the cache is the step's state, read from memory) named
+        ``<scope>{KV_CACHE}/<which>_<i>``, by which
+        :func:`npujax.models.decoders.kv_cache_operands` knows it."""
+        name = self.name(f"{scope}{KV_CACHE}/", which)
+        self.tensors[name] = TensorType(tuple(int(d) for d in shape), "float32")
+        self.inputs.append(name)
         return name
 
     def name(self, scope: str, base: str) -> str:
@@ -151,22 +176,29 @@ class _Builder:
 
 
 def _attention(bd: _Builder, cfg: Any, scope: str, q: str, k: str, v: str, cached: int,
-               local: bool) -> str:
+               local: bool, kv_cache: str = "copy") -> str:
     """Grouped-query attention of ``q [b, s, H, D]`` against ``k, v [b, s, KV, D]`` and
-    ``cached`` positions of cache; returns ``[b, s, H * D]``."""
+    ``cached`` positions of cache (``kv_cache``: see :func:`build_decoder_graph`); returns
+    ``[b, s, H * D]``."""
     b, s, _, hd = bd.shape(q)
     kvh, g = cfg.kv_heads, cfg.heads // cfg.kv_heads
     if local and cfg.sliding_window:
         cached = min(cached, cfg.sliding_window - 1)
-    if cached:
+    t = cached + s
+    in_place = kv_cache == "in_place"
+    if in_place:
+        bd.outputs += [k, v]  # the new positions, written into the cache
+    if cached and not in_place:
         k = bd.concat(scope, [bd.const((b, cached, kvh, hd)), k], 1)
         v = bd.concat(scope, [bd.const((b, cached, kvh, hd)), v], 1)
-    t = cached + s
     q5 = bd.reshape(scope, q, (b, s, kvh, g, hd))
     qt = bd.transpose(bd.name(scope, "matmul_b_transpose"), q5, (0, 2, 4, 1, 3))
     qt = bd.op(bd.name(scope, "matmul_b_reshape"), "Reshape", [qt], (b, kvh, hd, s * g),
                {"shape": [0, kvh, hd, s * g]})
-    kt = bd.transpose(bd.name(scope, "matmul_a_transpose"), k, (0, 2, 1, 3))
+    if cached and in_place:  # every position, the new ones included, in the MatMul's layout
+        kt = bd.cache(scope, "k", (b, kvh, t, hd))
+    else:
+        kt = bd.transpose(bd.name(scope, "matmul_a_transpose"), k, (0, 2, 1, 3))
     sc = bd.matmul(scope, kt, qt)
     sc = bd.reshape(scope, sc, (b, kvh, t, s, g))
     sc = bd.transpose(bd.name(scope, "transpose"), sc, (0, 1, 4, 3, 2))
@@ -183,7 +215,10 @@ def _attention(bd: _Builder, cfg: Any, scope: str, q: str, k: str, v: str, cache
     pt = bd.transpose(bd.name(scope, "matmul_b_transpose"), p, (0, 1, 4, 2, 3))
     pt = bd.op(bd.name(scope, "matmul_b_reshape"), "Reshape", [pt], (b, kvh, t, g * s),
                {"shape": [0, kvh, t, g * s]})
-    vt = bd.transpose(bd.name(scope, "matmul_a_transpose"), v, (0, 2, 3, 1))
+    if cached and in_place:
+        vt = bd.cache(scope, "v", (b, kvh, hd, t))
+    else:
+        vt = bd.transpose(bd.name(scope, "matmul_a_transpose"), v, (0, 2, 3, 1))
     o = bd.matmul(scope, vt, pt)
     o = bd.reshape(scope, o, (b, kvh, hd, g, s))
     o = bd.transpose(bd.name(scope, "transpose"), o, (0, 4, 1, 3, 2))
@@ -239,7 +274,7 @@ def _moe(bd: _Builder, cfg: Any, scope: str, h: str, loads: Sequence[tuple[int, 
 
 def build_decoder_graph(cfg: Any, *, tokens: int, kv_lens: Sequence[int],
                         expert_loads: Sequence[tuple[int, int]] = (),
-                        logits: str = "auto") -> tuple[Graph, Params]:
+                        logits: str = "auto", kv_cache: str = "copy") -> tuple[Graph, Params]:
     """The graph of one step of ``cfg`` (see the module docstring), unoptimized.
 
     Args:
@@ -252,22 +287,29 @@ def build_decoder_graph(cfg: Any, *, tokens: int, kv_lens: Sequence[int],
         (a chunk of a chunked prefill before the last: no norm and no LM head, the last block's
         output is the graph's) or ``"auto"`` (``"last"`` for a step of several tokens,
         ``"all"`` for one).
+      kv_cache: ``"copy"`` (the traced graph's: the cache concatenated with the new positions
+        and transposed every step) or ``"in_place"`` (the new positions written into the
+        cache, which the attention MatMuls read in their own layout; the module docstring).
 
     Returns:
-      ``(graph, params)``: int32 ``tokens [batch, tokens]`` in, float32 logits ``[batch, 1 or
-      tokens, vocab]`` (or the hidden state, ``logits="none"``) out; the params and constants
-      are absent arrays.
+      ``(graph, params)``: int32 ``tokens [batch, tokens]`` in (and an in-place cache's
+      inputs, the module docstring), float32 logits ``[batch, 1 or
+      tokens, vocab]`` (or the hidden state, ``logits="none"``) out as ``output``, and with
+      an in-place cache each layer's new keys and values ``[b, tokens, kv_heads, head_dim]``
+      as the further outputs; the params and constants are absent arrays.
 
     Raises:
-      ConfigError: no sequence, a non-positive token count or a negative cache length, or
-        expert loads missing for a mixture of experts or not summing to ``tokens x batch x
-        experts_per_token``.
+      ConfigError: no sequence, a non-positive token count or a negative cache length, an
+        unknown ``kv_cache``, or expert loads missing for a mixture of experts or not summing
+        to ``tokens x batch x experts_per_token``.
     """
     kv_lens = [int(x) for x in kv_lens]
     if not kv_lens or tokens < 1 or min(kv_lens) < 0:
         raise ConfigError(f"a decoder step needs >= 1 sequence, >= 1 token and cache lengths "
                           f">= 0; got {len(kv_lens)} sequences, {tokens} tokens, "
                           f"{kv_lens[:4]}.")
+    if kv_cache not in KV_CACHES:
+        raise ConfigError(f"kv_cache must be one of {', '.join(KV_CACHES)}, got {kv_cache!r}.")
     b, s, d, hd = len(kv_lens), tokens, cfg.d_model, cfg.head_dim
     if cfg.moe_layers and sum(g * m for g, m in expert_loads) != b * s * cfg.experts_per_token:
         raise ConfigError(f"expert loads {list(expert_loads)} must route {b} x {s} tokens x "
@@ -295,7 +337,7 @@ def build_decoder_graph(cfg: Any, *, tokens: int, kv_lens: Sequence[int],
             qkv.append(bd.rope(a, y, cfg.rotary_dim) if what != "v" else y)
         local = i in cfg.local_layers
         if len(groups) == 1:
-            o = _attention(bd, cfg, a, qkv[0], qkv[1], qkv[2], kv_lens[0], local)
+            o = _attention(bd, cfg, a, qkv[0], qkv[1], qkv[2], kv_lens[0], local, kv_cache)
         else:  # sequences of different cache lengths: attention per length
             parts = []
             for L, rows in sorted(groups.items()):
@@ -304,7 +346,7 @@ def build_decoder_graph(cfg: Any, *, tokens: int, kv_lens: Sequence[int],
                     raise ConfigError("sequences of one cache length must be adjacent "
                                       "(sort kv_lens).")
                 q, k, v = (bd.slice(a, t, 0, lo, hi) for t in qkv)
-                parts.append(_attention(bd, cfg, a, q, k, v, L, local))
+                parts.append(_attention(bd, cfg, a, q, k, v, L, local, kv_cache))
             o = bd.concat(a, parts, 0)
         o = bd.linear(f"{a}o", o, d)
         if cfg.sandwich_norms:
@@ -338,8 +380,10 @@ def _finish(bd: _Builder, y: str, cfg: Any) -> tuple[Graph, Params]:
     last = bd.nodes[-1]
     bd.nodes[-1] = last.replace(outputs=("output",))
     del bd.tensors[y]
-    graph = Graph(tuple(bd.nodes), (tok,), ("output",), bd.tensors, bd.constants,
-                  source=f"decoder shapes ({cfg.source or 'DecoderConfig'})")
+    # an in-place cache's new keys and values, in their producers' order
+    present = tuple(dict.fromkeys(bd.outputs))
+    graph = Graph(tuple(bd.nodes), (tok, *bd.inputs), ("output", *present), bd.tensors,
+                  bd.constants, source=f"decoder shapes ({cfg.source or 'DecoderConfig'})")
     return graph, bd.params
 
 

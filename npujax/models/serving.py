@@ -135,8 +135,8 @@ def _footprint(cfg: Any, kv_after: Sequence[int], weight_bits: int, kv_bits: int
 def lower_decoder(config: Any, spec: Any, *, phase: str, seq_len: int = 128,
                   kv_lens: Sequence[int] = (1024,), weight_bits: int = 8, act_bits: int = 8,
                   kv_bits: int = 8, weight_group_size: int = 0, prefill_chunk: int = 0,
-                  expert_loads: Sequence[float] | None = None, dataflow: str | None = None
-                  ) -> tuple[Any, ServingReport]:
+                  expert_loads: Sequence[float] | None = None, dataflow: str | None = None,
+                  kv_cache: str = "copy") -> tuple[Any, ServingReport]:
     """Lower a prefill or a decode step of a batch and its serving figures.
 
     Args:
@@ -157,6 +157,9 @@ def lower_decoder(config: Any, spec: Any, *, phase: str, seq_len: int = 128,
         the chunks before it, only the last computes logits.
       expert_loads: measured per-expert fractions (:mod:`npujax.models.moe`).
       dataflow: overrides the preset's.
+      kv_cache: ``"copy"`` (the traced graph's per-step copy of the cache) or ``"in_place"``
+        (the new positions written into the cache, read where it lies;
+        :func:`npujax.models.llm_graph.build_decoder_graph`).
 
     Returns:
       ``(lowering, report)``: the :class:`npujax.plan.lower.Lowering` of the step (the first
@@ -192,11 +195,11 @@ def lower_decoder(config: Any, spec: Any, *, phase: str, seq_len: int = 128,
     def one(n: int, cached: list[int], logits: str, touched: int | None) -> Any:
         if phase == "decode":
             g = decoder_graph(cfg, phase="decode", kv_lens=cached, expert_loads=expert_loads,
-                              experts_touched=touched)
+                              experts_touched=touched, kv_cache=kv_cache)
         else:
             g = decoder_graph(cfg, phase="prefill", seq_len=n, kv_lens=cached,
                               expert_loads=expert_loads, logits=logits,
-                              experts_touched=touched)
+                              experts_touched=touched, kv_cache=kv_cache)
         return lower_dataflows(g, spec, decoder_precision(g, weight_bits, act_bits, kv_bits),
                                dataflow=dataflow)
 

@@ -46,6 +46,11 @@ def test_decode_figures_and_kv_bits(tmp_path, capsys):
     j8 = _lower(tmp_path, "j8", "--phase", "decode", "--kv-len", "64", "--format", "json")
     assert json.loads(capsys.readouterr().out) == j8 and j8["latency_s"] == d8["latency_s"]
     assert j8["decoder"] == f8
+    # --kv-cache in_place: the cache read where it lies, not copied; the same bytes per token
+    di = _lower(tmp_path, "di", "--phase", "decode", "--kv-len", "64", "--kv-cache", "in_place")
+    assert "read in place" in capsys.readouterr().out
+    assert di["dram_bytes"] < d8["dram_bytes"] and di["latency_s"] < d8["latency_s"]
+    assert di["decoder"]["kv_cache_bytes_per_token"] == f8["kv_cache_bytes_per_token"]
     # a prefill processes seq_len tokens per sequence and reads no cache (no second CLI run:
     # lowering another graph compiles three more cost programs)
     fig = decoder_figures(SimpleNamespace(latency_s=0.5), DECODER_CONFIGS["tiny"],

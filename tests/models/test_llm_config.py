@@ -181,6 +181,64 @@ def test_graph_from_shapes_is_the_traced_reference():
     assert workloads(built) == workloads(traced)
 
 
+def test_in_place_cache_reads_each_cached_element_once():
+    """--kv-cache in_place: no Concat or Transpose of the cache; each attention MatMul reads
+    its cache operand from a graph input in its own layout (the same operand, so --kv-bits
+    applies as before), the new keys and values are graph outputs; the attention MatMuls'
+    DRAM bytes are the copy graph's, and the step's DRAM is the copy graph's less the copies'
+    traffic plus the new positions written. Sequences of two cache lengths and a sliding
+    window (Mistral) included."""
+    import dataclasses
+
+    from npujax.hw import load_npu_spec
+    from npujax.models.decoders import decoder_precision, kv_cache_operands
+    from npujax.plan import lower
+
+    path_cfg = {**BASE, **FAMILIES["mistral"][0], "num_hidden_layers": 2}
+    cfg = dataclasses.replace(load_decoder("tiny"), layers=2)
+    spec = load_npu_spec("edge_transformer_16x16")
+    for c, lens in ((cfg, [24, 24, 40]), (path_cfg, [12, 12])):
+        if isinstance(c, dict):
+            import tempfile
+            from pathlib import Path
+
+            f = Path(tempfile.mkdtemp()) / "config.json"
+            f.write_text(json.dumps(c))
+            c = load_decoder(f)
+        g = {k: decoder_graph(c, phase="decode", kv_lens=lens, kv_cache=k)
+             for k in ("copy", "in_place")}
+        ops = {k: [n.op for n in x.nodes] for k, x in g.items()}
+        caches = [t for t in g["in_place"].inputs if "/kv_cache/" in t]
+        groups = len(set(lens))
+        assert len(caches) == 2 * c.layers * groups
+        assert len(g["in_place"].outputs) == 1 + 2 * c.layers * groups
+        # the cache Concats (2 per group and layer) and their Transposes are gone
+        assert ops["copy"].count("Concat") - ops["in_place"].count("Concat") == len(caches)
+        assert ops["copy"].count("Transpose") - ops["in_place"].count("Transpose") == len(caches)
+        ops_c, ops_i = kv_cache_operands(g["copy"]), kv_cache_operands(g["in_place"])
+        assert ops_c == ops_i and len(ops_i) == len(caches)
+        window = min(max(lens), c.sliding_window - 1) if c.sliding_window else max(lens)
+        assert max(g["in_place"].tensors[t].shape[2] for t in caches
+                   if t.rsplit("/", 1)[1].startswith("k")) == window + 1
+        low = {k: lower(x, spec, decoder_precision(x, 8, 8, 4)) for k, x in g.items()}
+        mm = {k: {r.name: r.costs.dram_bytes for r in v.layers if r.name in ops_i}
+              for k, v in low.items()}
+        assert mm["copy"] == mm["in_place"]
+        gc = g["copy"]
+        copy_layers = {n.name for n in gc.nodes
+                       if (n.op == "Concat" and any(t in gc.constants for t in n.inputs))
+                       or n.name.split("/")[-1].startswith("matmul_a_transpose")}
+        copies = sum(r.costs.dram_bytes for r in low["copy"].layers if r.name in copy_layers)
+        # the new positions written: at most 4 bytes each, each tensor rounded to bursts
+        new_kv = sum(gc.tensors[n.inputs[1]].size for n in gc.nodes if n.name in copy_layers
+                     and n.op == "Concat")
+        slack = 4 * new_kv + spec.layout.dram_burst_bytes * len(caches)
+        assert (low["copy"].dram_bytes - copies <= low["in_place"].dram_bytes
+                <= low["copy"].dram_bytes - copies + slack)
+    with pytest.raises(ConfigError, match="kv_cache must be one of copy, in_place"):
+        decoder_graph(cfg, phase="decode", kv_len=4, kv_cache="paged")
+
+
 def test_capacity_error_and_serving_batch(capsys):
     from npujax.cli import main
 
