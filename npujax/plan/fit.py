@@ -74,7 +74,7 @@ FITTABLE = (
     "memory.dram_bytes_per_s", "memory.dram_latency_s",
     "vector.lanes", "vector.special_cycles_per_elem",
     "host.cpu_ops_per_s", "host.link_bytes_per_s", "host.link_latency_s",
-    "host.invocation_overhead_s",
+    "host.invocation_overhead_s", "host.elementwise_elems_per_s",
 )
 
 #: Op classes of the efficiency factors (:func:`op_class`).
