@@ -749,8 +749,11 @@ def _check_value(where: str, key: str, value: Any, f: dataclasses.Field) -> Any:
         value = int(value)
     else:
         value = float(value)
-    unit = key.rsplit("_", 1)[-1] if "_" in key else ""
-    unit = f" ({unit})" if unit in ("bytes", "hz", "s", "bits", "nm", "pj", "um2") else ""
+    if key.endswith("_per_s"):  # a rate: bytes/s, ops/s, elems/s
+        unit = f" ({key[:-len('_per_s')].rsplit('_', 1)[-1]}/s)"
+    else:
+        unit = key.rsplit("_", 1)[-1] if "_" in key else ""
+        unit = f" ({unit})" if unit in ("bytes", "hz", "s", "bits", "nm", "pj", "um2") else ""
     signed = lo is not None and lo < 0  # a temperature in degrees C may be negative
     if not math.isfinite(value) or (value < 0 and not signed) or (
             value == 0 and not f.metadata.get("zero_ok")):
@@ -828,6 +831,12 @@ def npu_spec_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> NpuSp
             f"{origin} [memory]: onchip_sram_bytes = {mem.onchip_sram_bytes} leaves nothing "
             f"beside the filter buffer ({mem.filter_sram_bytes} B); give the whole on-chip "
             "SRAM, the filter buffer included.")
+    scale = sections["ops"].resize_max_scale
+    if 0 < scale < 1:
+        raise ConfigError(
+            f"{origin} [ops]: resize_max_scale = {scale:g} is below 1, and every Resize "
+            "upscales by at least 1 on some axis; give the largest upscaling factor the NPU "
+            "runs (>= 1), or 0 for any.")
     _check_thermal(f"{origin} [thermal]", sections["thermal"])
     return NpuSpec(name=data["name"], description=description, **sections)
 

@@ -80,7 +80,7 @@ from npujax.plan.workload import Workload
 __all__ = ["MAX_TABLE_FIELDS", "TABLE_IDENTIFIABLE_REL_ERR", "DTYPE_BITS", "TABLE_LOSSES",
            "TABLE_LOSS", "TABLE_LOSS_SCALE", "TableRow", "TableModel", "TableFitResult",
            "read_table", "predict_model_s", "models_needed", "table_loss", "one_out_errors",
-           "fit_table"]
+           "table_fields", "fit_table"]
 
 #: At most this many fields are fitted to a table: a benchmark table has tens of rows, and
 #: every added number makes the fit's parameters less identifiable.
@@ -552,6 +552,38 @@ def _fit_rows(res: _Residuals, rows: np.ndarray, lv0: np.ndarray, lo: np.ndarray
     return lv, first, free
 
 
+def table_fields(fields: Sequence[str], spec: NpuSpec) -> tuple[str, ...]:
+    """The ``section.key`` paths of ``fields``, checked for a table fit of ``spec``: what
+    :func:`fit_table` refuses, without any model (so a command fails before building them).
+
+    Args:
+      fields: names or paths of :data:`~npujax.plan.fit.FITTABLE` fields.
+      spec: the starting preset.
+
+    Returns:
+      The resolved paths, in order.
+
+    Raises:
+      ConfigError: an unknown or unfittable field, one the spec ignores, more than
+        :data:`MAX_TABLE_FIELDS`, or a starting value outside the field's range (a field the
+        preset leaves at 0, "not modelled", included).
+    """
+    full = resolve_fields(fields)
+    hw_fields.check_varied(spec, full, "fitted field")
+    if len(full) > MAX_TABLE_FIELDS:
+        raise ConfigError(f"fit at most {MAX_TABLE_FIELDS} fields to a benchmark table, got "
+                          f"{len(full)} ({', '.join(full)}); a table of tens of models cannot "
+                          "identify more.")
+    for f in full:
+        flo, fhi = hw_fields.log_range(f)
+        v = float(hw_fields.get(spec, f))
+        if not flo <= v <= fhi:
+            raise ConfigError(f"the starting value {f} = {v:g} is outside its range "
+                              f"[{flo:g}, {fhi:g}]; set it in the preset first (0 means "
+                              "not modelled, and a fit starts from the preset's value).")
+    return full
+
+
 def fit_table(
     models: Sequence[TableModel],
     spec: NpuSpec,
@@ -597,12 +629,7 @@ def fit_table(
     """
     _check_loss(loss, loss_scale)
     loss_scale = float(loss_scale)
-    full = resolve_fields(fields)
-    hw_fields.check_varied(spec, full, "fitted field")
-    if len(full) > MAX_TABLE_FIELDS:
-        raise ConfigError(f"fit at most {MAX_TABLE_FIELDS} fields to a benchmark table, got "
-                          f"{len(full)} ({', '.join(full)}); a table of tens of models cannot "
-                          "identify more.")
+    full = table_fields(fields, spec)
     n = len(models)
     need = models_needed(len(full), cross_validate)
     if n < need:
@@ -613,13 +640,9 @@ def fit_table(
     lo, hi, v0 = [], [], []
     for f in full:
         flo, fhi = hw_fields.log_range(f)
-        v = float(hw_fields.get(spec, f))
-        if not flo <= v <= fhi:
-            raise ConfigError(f"the starting value {f} = {v:g} is outside its range "
-                              f"[{flo:g}, {fhi:g}].")
         lo.append(math.log(flo))
         hi.append(math.log(fhi))
-        v0.append(v)
+        v0.append(float(hw_fields.get(spec, f)))
     lo_a, hi_a = np.asarray(lo), np.asarray(hi)
     lv0 = np.log(np.asarray(v0))
     res = _Residuals(models, spec, full, bits, progress)

@@ -177,7 +177,7 @@ def _placement(node: Node, spec: NpuSpec | None, graph_constants=frozenset()) ->
     if node.op == "Resize" and spec.ops.resize_max_scale > 0:
         scale = max(float(x) for x in node.attrs["scales"])
         if scale > spec.ops.resize_max_scale:
-            return f"{scale:g}x resize > max {spec.ops.resize_max_scale:g}x"
+            return f"{scale:.3g}x resize > max {spec.ops.resize_max_scale:g}x"
     return ""
 
 
@@ -329,7 +329,7 @@ def _workloads(graph: Graph, spec: NpuSpec | None) -> list[Workload]:
                 after = after or n is first
                 if after and n.name in placements and not placements[n.name]:
                     placements[n.name] = (f"after {first.name!r} ({first.op}), the first "
-                                          f"operator {spec.name} does not run")
+                                          f"layer {spec.name} leaves to the host")
     level = FUSION_LEVELS.index(spec.ops.fusion) if spec else FUSION_LEVELS.index("elementwise")
     residual = level >= FUSION_LEVELS.index("residual")
     group: set[str] = set()  # tensors of the current fusion group (a GEMM and its elementwise ops)

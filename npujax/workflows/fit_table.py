@@ -27,6 +27,7 @@ from npujax.errors import ConfigError, GraphError, NpujaxError
 from npujax.hw.spec import NpuSpec, as_spec, spec_to_toml
 from npujax.ir.graph import Graph
 from npujax.plan.fit_table import (
+    TABLE_IDENTIFIABLE_REL_ERR,
     TABLE_LOSS,
     TABLE_LOSS_SCALE,
     TableFitResult,
@@ -35,6 +36,7 @@ from npujax.plan.fit_table import (
     fit_table,
     models_needed,
     read_table,
+    table_fields,
     table_loss,
 )
 from npujax.plan.program import Network, network
@@ -228,6 +230,7 @@ def fit_benchmark_table(
     """
     spec = as_spec(npu)
     table_loss([], loss, loss_scale)  # an unknown loss fails before any model is built
+    table_fields(fields, spec)  # and so do the fields
     rows = read_table(table)
     groups = sorted({r.group for r in rows})
     if group is None and len(groups) > 1:
@@ -260,6 +263,8 @@ def fit_benchmark_table(
             net = table_network(r, spec)
         except NpujaxError as e:
             skipped.append((r, str(e)))
+            if progress is not None:
+                progress(f"  not built, skipped: {e}")
             continue
         used.append(r)
         models.append(TableModel(r.model, r.group, net.layers, net.chains, r.measured_s,
@@ -323,6 +328,10 @@ def print_table_fit(console: Console, run: TableFitRun) -> None:
                   f"{r.rel_std_err[f]:.1%}" if math.isfinite(r.rel_std_err[f]) else "inf",
                   "yes" if r.identifiable[f] else "no: kept at the preset")
     console.print(t)
+    console.print(f"rel. std. err.: the largest of the Gauss-Newton error with every row and "
+                  f"with each row left out; identified at <= "
+                  f"{TABLE_IDENTIFIABLE_REL_ERR:.0%} and not at a bound of its range "
+                  "(docs/fit.md)")
     t = Table(title="time per inference (ms): out-of-sample = fitted without that model")
     for c in ("model", "measured", "preset", "out-of-sample", "error", "bound"):
         t.add_column(c, justify="left" if c in ("model", "bound") else "right")

@@ -60,6 +60,9 @@ def test_file_preset(tmp_path):
         ("dram_latency_s = 1.0e-7", "dram_latency_s = -1.0", "non-negative"),
         ('supported = ["Conv"', 'supported = [1, "Conv"', "list of strings"),
         ("cores = 1", "cores = 0", "'cores' must be a positive"),
+        ("cpu_ops_per_s = 1.0e10", "cpu_ops_per_s = 1e30", r"= 1e\+30 \(ops/s\) is outside"),
+        ("conv_max_stride = 2", "conv_max_stride = 2\nresize_max_scale = 0.5",
+         "resize_max_scale = 0.5 is below 1"),
     ],
 )
 def test_bad_presets_raise_config_error(tmp_path, old, new, match):

@@ -181,6 +181,26 @@ def test_refuses_too_many_fields_and_too_few_models(graphs, truth):
         fit_table(models[:2], spec, ["clock_hz", "dram_bytes_per_s"])
 
 
+def test_the_command_checks_its_fields_before_building_any_model(tmp_path):
+    """Too many fields, or one the preset leaves at 0, fail before a row is built (the rows
+    here name a file that does not exist: building would skip them, not fail this way)."""
+    from npujax.workflows.fit_table import fit_benchmark_table
+
+    table = tmp_path / "t.csv"
+    table.write_text("model,source,input_shape,measured_ms\n" + "".join(
+        f"m{i},{tmp_path}/absent.onnx,8x8x1,{i + 1}\n" for i in range(8)))
+    seen = []
+    with pytest.raises(ConfigError, match="at most 5"):
+        fit_benchmark_table(table, "edge_16x16", ["clock_hz", "rows", "cols",
+                                                 "dram_bytes_per_s", "dram_latency_s",
+                                                 "lanes"], progress=seen.append)
+    with pytest.raises(ConfigError, match="elementwise_elems_per_s = 0 is outside.*not "
+                                          "modelled"):
+        fit_benchmark_table(table, "edge_16x16", ["elementwise_elems_per_s"],
+                            progress=seen.append)
+    assert seen == []
+
+
 def test_read_table_errors(tmp_path):
     p = tmp_path / "t.csv"
     p.write_text("model,measured_ms\nA,-1\n")
