@@ -155,6 +155,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     help="override the preset's ops.unsupported: 'fallback' (host CPU), "
                     "'rewrite_or_fallback' (per layer the cheaper of an exact rewrite and the "
                     "fallback, reported with why) or 'rewrite_or_refuse'")
+    lo.add_argument("--deployed", action="store_true",
+                    help="cost the model as the device runs its own deployed model, the one a "
+                    "vendor's benchmark times and fit --table costs: on a channels-minor "
+                    "device an NCHW model rewritten channels-last (or kept in its layout), "
+                    "without layout conversions at its input and outputs (one model)")
     lo.add_argument("--npu", default="edge_16x16",
                     help="preset name or TOML path (default: edge_16x16)")
     lo.add_argument("--dataflow", help="override the preset's dataflow "
@@ -192,7 +197,7 @@ _MODEL_FLAGS = ("input_shape", "fusion", "cores", "schedule", "objective", "shar
                 "seq_len", "kv_len", "kv_bits", "kv_cache", "prefill_chunk", "weight_group_size",
                 "expert_loads", "ignore_config_field", "sweep_resolution", "npu", "dataflow",
                 "mapping", "weight_bits", "act_bits", "batch", "format", "shapes",
-                "unsupported", "compile_s", "sustained", "host_stage", "zero_copy")
+                "unsupported", "compile_s", "sustained", "host_stage", "zero_copy", "deployed")
 
 
 def _seconds(text: str) -> float:
@@ -266,6 +271,9 @@ def _check_flags(args: argparse.Namespace, models: int) -> None:
     if (args.sustained is not None or args.host_stage) and models > 1:
         raise ConfigError("--sustained and --host-stage report one model's deployment; give "
                           "one model.")
+    if args.deployed and (models > 1 or args.sweep_resolution or args.shapes):
+        raise ConfigError("--deployed costs one model at its input shape; give one model, "
+                          "without --sweep-resolution or --shapes.")
     if args.sharing is not None and models < 2:
         raise ConfigError(f"--sharing {args.sharing} says how several models share the NPU, but "
                           "one model was given; name two or more models (or drop --sharing).")
@@ -308,6 +316,9 @@ def run(args: argparse.Namespace) -> int:
                               "step; lower the decoder's ONNX export.")
         if len(args.model) > 1:
             raise ConfigError("decoder:<config> is lowered on its own; give it as the only model.")
+        if args.deployed:
+            raise ConfigError("--deployed builds an image model as the device runs it; a "
+                              "decoder's graph has no layout to change (drop --deployed).")
         args.model = args.model[0]
         return _run_decoder(args)
     from npujax.hw import load_npu_spec
@@ -351,6 +362,10 @@ def run(args: argparse.Namespace) -> int:
             batch = None  # the batch is part of the imported shapes
         else:
             graph, _, _, meta = load_model(args.model, shapes)
+    if args.deployed:
+        from npujax.workflows.fit_table import deployed_model
+
+        graph, spec = deployed_model(graph, spec)
     if saved:
         if "mixed_precision_policy" not in meta:
             raise ConfigError(f"{args.model} holds no saved precision policy; pass --weight-bits "

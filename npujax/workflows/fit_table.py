@@ -42,7 +42,8 @@ from npujax.plan.fit_table import (
 from npujax.plan.program import Network, network
 from npujax.report import plot_measured_vs_modelled, write_json
 
-__all__ = ["TableFitRun", "CHANNEL_MINOR", "table_graph", "deployed_spec", "table_network",
+__all__ = ["TableFitRun", "CHANNEL_MINOR", "table_graph", "deployed_spec", "deployed_model",
+           "table_network",
            "fit_benchmark_table", "model_bound", "loss_label", "print_table_fit",
            "write_table_fit"]
 
@@ -169,26 +170,41 @@ def deployed_spec(spec: NpuSpec, model_layout: str = "NHWC") -> NpuSpec:
                              "layout.channel_alignment": align})
 
 
-def table_network(row: TableRow, spec: NpuSpec) -> Network:
-    """One table row's model on ``spec`` as the device runs its own deployed model: built
-    channels-last on a channels-minor device (:func:`table_graph`), or where
-    :func:`npujax.ir.passes.channels_last` cannot rewrite it (a per-channel constant, a
-    Slice of a 4-D activation) in its own layout; either way on :func:`deployed_spec`, without
-    layout conversions at the graph's input and outputs.
+def deployed_model(graph: Graph, spec: NpuSpec) -> tuple[Graph, NpuSpec]:
+    """``(graph, spec)`` as the device runs its own deployed model, the model a vendor's
+    benchmark times: on a channels-minor device (:data:`CHANNEL_MINOR`) the graph rewritten
+    channels-last (:func:`npujax.ir.passes.channels_last`), or kept in its own layout where
+    that rewrite does not apply (a per-channel constant, a Slice of a 4-D activation); either
+    way on :func:`deployed_spec`, so without layout conversions at the graph's input and
+    outputs. Any other device: both unchanged. ``fit --table`` and ``npujax lower
+    --deployed`` cost this model.
 
-    Raises:
-      ConfigError: as :func:`table_graph`; LimitError: as :func:`npujax.plan.network`.
+    Args:
+      graph: an optimized graph (NCHW or NHWC activations).
+      spec: the device.
+
+    Returns:
+      The graph and spec to cost.
     """
     from npujax.ir.passes import channels_last
     from npujax.plan.workload import model_layout
 
-    graph = table_graph(row, None)
     if spec.layout.activation_layout in CHANNEL_MINOR:
         try:
             graph = channels_last(graph, {})[0]
         except GraphError:
             pass  # kept in its own layout: deployed_spec drops its boundary conversions
-    return network(graph, deployed_spec(spec, model_layout(graph)))
+    return graph, deployed_spec(spec, model_layout(graph))
+
+
+def table_network(row: TableRow, spec: NpuSpec) -> Network:
+    """One table row's model on ``spec`` as the device runs its own deployed model
+    (:func:`table_graph` at the row's shape, then :func:`deployed_model`).
+
+    Raises:
+      ConfigError: as :func:`table_graph`; LimitError: as :func:`npujax.plan.network`.
+    """
+    return network(*deployed_model(table_graph(row, None), spec))
 
 
 def fit_benchmark_table(

@@ -331,7 +331,7 @@ def test_zoo_and_onnx_rows_are_built_at_the_rows_shape(tmp_path, monkeypatch):
 
 
 def test_table_models_have_no_boundary_conversions_on_any_channel_minor_device(graphs,
-                                                                             tmp_path):
+                                                                             tmp_path, capsys):
     """A benchmark times the deployed model, whose input arrives in the device's layout. On an
     NC1HWC0 device (RKNN's NC1HWC2) the table's model keeps the device's channel padding but
     not the input/output conversions that ``lower`` charges an NHWC model; an NCHW model with
@@ -355,6 +355,21 @@ def test_table_models_have_no_boundary_conversions_on_any_channel_minor_device(g
     layers = table_network(TableRow("up", path, (8, 8, 3), 1e-3), spec).layers
     assert [w.op for w in layers if w.kind == "gemm"] == ["Conv", "ConvTranspose"]
     assert not any(w.kind == "layout" for w in layers)
+    # `npujax lower --deployed` costs the model the fit costs (without it, the conversions)
+    from npujax.plan import lower
+    from npujax.workflows.fit_table import deployed_model, table_graph
+
+    fixed = _onnx_file(tmp_path / "fixed.onnx", dynamic=False)
+    nhwc = load_npu_spec("edge_16x16")
+    want = lower(*deployed_model(table_graph(TableRow("f", fixed, (8, 8, 3), 1e-3)), nhwc))
+    times = {}
+    capsys.readouterr()
+    for flag in ((), ("--deployed",)):
+        assert main(["lower", fixed, "--npu", "edge_16x16", "--no-progress", "--format",
+                     "json", *flag]) == 0
+        times[flag] = json.loads(capsys.readouterr().out)["latency_s"]
+    assert times[("--deployed",)] == pytest.approx(want.latency_s, rel=1e-12)
+    assert times[()] > times[("--deployed",)]
 
 
 def test_rows_may_give_fps_and_their_own_width(tmp_path):
