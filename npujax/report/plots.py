@@ -228,9 +228,9 @@ def plot_measured_vs_modelled(
     for x, y, text in zip(m, last, labels or ()):
         if np.isfinite(y) and y > 0:
             lx, ly = math.log10(x), math.log10(y)
-            down = sum(abs(px - lx) < near and abs(py - ly) < near for px, py in placed)
+            above = sum(abs(px - lx) < near and abs(py - ly) < near for px, py in placed)
             placed.append((lx, ly))
-            ax.annotate(text, (x, y), fontsize=6, xytext=(3, -3 + 8 * down),
+            ax.annotate(text, (x, y), fontsize=6, xytext=(3, -3 + 8 * above),
                         textcoords="offset points")
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
