@@ -294,6 +294,8 @@ class TableFitResult:
         :func:`one_out_errors`).
       identifiable: ``{field: bool}``: identified by the table (relative standard error at
         most :data:`TABLE_IDENTIFIABLE_REL_ERR`, not at a bound; else left at the preset).
+      not_identified: ``{field: why}`` for each field not identified (no model depends on it,
+        its error, a bound, or a fit worse than the preset).
       names, groups: the models' labels and groups, ``[n]``.
       measured_s, preset_s, fitted_s, loo_s: float64 ``[n]``: measured; predicted by the
         preset; by the fit of every model (in sample); by the fit without that model
@@ -314,6 +316,7 @@ class TableFitResult:
     fitted: dict[str, float]
     rel_std_err: dict[str, float]
     identifiable: dict[str, bool]
+    not_identified: dict[str, str]
     names: tuple[str, ...]
     groups: tuple[str, ...]
     measured_s: np.ndarray
@@ -521,13 +524,15 @@ def _rel_err(res: _Residuals, rows: np.ndarray, free: list[int], lv: np.ndarray,
 
 def _fit_rows(res: _Residuals, rows: np.ndarray, lv0: np.ndarray, lo: np.ndarray,
               hi: np.ndarray, loss: str, scale: float
-              ) -> tuple[np.ndarray, dict[int, float], list[int]]:
+              ) -> tuple[np.ndarray, dict[int, float], list[int], dict[int, str]]:
     """The identified fit over ``rows``: ``(log parameters, {index: rel err at the first
-    fit}, identified indices)``; never worse on ``rows`` than ``lv0`` by ``loss``."""
+    fit}, identified indices, {index: why it is not identified})``; never worse on ``rows``
+    than ``lv0`` by ``loss``."""
     # a field no measured model depends on (a zero Jacobian column) is not identified
     j0 = np.abs(res(lv0)[1][rows])
     free = [i for i in range(len(lv0)) if float(np.max(j0[:, i])) > 1e-9]
-    first: dict[int, float] = {i: math.inf for i in range(len(lv0)) if i not in free}
+    why = {i: "no model's time depends on it" for i in range(len(lv0)) if i not in free}
+    first: dict[int, float] = {i: math.inf for i in why}
     lv = lv0.copy()
     while free:
         lv = _solve(res, rows, free, lv0, lo, hi, loss, scale)
@@ -540,7 +545,11 @@ def _fit_rows(res: _Residuals, rows: np.ndarray, lv0: np.ndarray, lo: np.ndarray
         if not bad:
             break
         # drop the least determined field, back to the preset's value, and fit the rest again
-        worst = max(bad, key=lambda i: (i in pinned, dict(zip(free, err))[i]))
+        e_of = dict(zip(free, err))
+        worst = max(bad, key=lambda i: (i in pinned, e_of[i]))
+        why[worst] = ("the fit ends at a bound of its range" if worst in pinned else
+                      f"its relative standard error {e_of[worst]:.0%} (the largest with any one "
+                      f"row left out) exceeds {TABLE_IDENTIFIABLE_REL_ERR:.0%}")
         free.remove(worst)
         lv = lv0.copy()
     if not free:
@@ -548,8 +557,9 @@ def _fit_rows(res: _Residuals, rows: np.ndarray, lv0: np.ndarray, lo: np.ndarray
     r0 = res(lv0)[0][rows]
     r1 = res(lv)[0][rows]
     if table_loss(r1, loss, scale) > table_loss(r0, loss, scale):
-        return lv0.copy(), first, []
-    return lv, first, free
+        why.update({i: "the fit predicts the table worse than the preset" for i in free})
+        return lv0.copy(), first, [], why
+    return lv, first, free, why
 
 
 def table_fields(fields: Sequence[str], spec: NpuSpec) -> tuple[str, ...]:
@@ -647,14 +657,14 @@ def fit_table(
     lv0 = np.log(np.asarray(v0))
     res = _Residuals(models, spec, full, bits, progress)
     every = np.arange(n)
-    lv, first, ident = _fit_rows(res, every, lv0, lo_a, hi_a, loss, loss_scale)
+    lv, first, ident, why = _fit_rows(res, every, lv0, lo_a, hi_a, loss, loss_scale)
     loo = np.full(n, np.nan)
     loo_fitted: list[dict[str, float]] = []
     if cross_validate:
         for k in range(n):
             if progress is not None:
                 progress(f"leave-one-out {k + 1}/{n}: fitting without {models[k].name}")
-            lv_k, _, _ = _fit_rows(res, np.delete(every, k), lv0, lo_a, hi_a, loss,
+            lv_k, _, _, _ = _fit_rows(res, np.delete(every, k), lv0, lo_a, hi_a, loss,
                                    loss_scale)
             loo[k] = math.exp(res(lv_k)[0][k] + res.log_meas[k])
             loo_fitted.append({f: float(math.exp(lv_k[i])) for i, f in enumerate(full)})
@@ -685,6 +695,7 @@ def fit_table(
         fitted={f: float(hw_fields.get(fitted_spec, f)) for f in full},
         rel_std_err={f: first.get(i, float("inf")) for i, f in enumerate(full)},
         identifiable={f: i in ident for i, f in enumerate(full)},
+        not_identified={f: why[i] for i, f in enumerate(full) if i not in ident},
         names=tuple(m.name for m in models), groups=tuple(m.group for m in models),
         measured_s=meas, preset_s=preset, fitted_s=fitted, loo_s=loo,
         loo_fitted=tuple(loo_fitted), metrics=metrics, bits=bits, loss=loss,

@@ -342,7 +342,8 @@ def print_table_fit(console: Console, run: TableFitRun) -> None:
     for f in r.fields:
         t.add_row(f, f"{r.initial[f]:.4g}", f"{r.fitted[f]:.4g}",
                   f"{r.rel_std_err[f]:.1%}" if math.isfinite(r.rel_std_err[f]) else "inf",
-                  "yes" if r.identifiable[f] else "no: kept at the preset")
+                  "yes" if r.identifiable[f] else
+                  f"no: kept at the preset ({r.not_identified.get(f, '')})")
     console.print(t)
     console.print(f"rel. std. err.: the largest of the Gauss-Newton error with every row and "
                   f"with each row left out; identified at <= "
@@ -394,9 +395,12 @@ def write_table_fit(out: str | Path, run: TableFitRun) -> list[str]:
     r = run.result
     kept = ", ".join(k for k, v in r.identifiable.items() if v) or "none identified"
     header = (f"fitted by npujax fit --table {Path(run.table).name} "
-              f"({len(run.rows)} models, fields: {kept}, loss: {loss_label(r)})")
+              f"({len(run.rows)} models, fields: {kept}, loss: {loss_label(r)})"
+              + "".join(f"\n{f} kept at the preset: {why}"
+                        for f, why in r.not_identified.items()))
     notes = {f: f"fitted by npujax fit --table (relative standard error "
                 f"{r.rel_std_err[f]:.0%})" for f in r.fields if r.identifiable[f]}
+
     atomic_write_text(out / "fitted.toml", spec_to_toml(r.spec, header, base=run.base,
                                                         notes=notes))
     rows = prediction_rows(run)
@@ -412,7 +416,8 @@ def write_table_fit(out: str | Path, run: TableFitRun) -> list[str]:
         # (a field no model depends on has an infinite error: null)
         "fields": {f: {"preset": r.initial[f], "fitted": r.fitted[f],
                        "rel_std_err": r.rel_std_err[f] if math.isfinite(r.rel_std_err[f])
-                       else None, "identifiable": r.identifiable[f]}
+                       else None, "identifiable": r.identifiable[f],
+                       "not_identified_because": r.not_identified.get(f)}
                    for f in r.fields},
         "metrics": r.metrics, "worst": {"model": r.worst[0], "ratio": r.worst[1]},
         "leave_one_out_fits": [dict(zip(("model", "fitted"), (n, v)))

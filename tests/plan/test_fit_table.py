@@ -80,6 +80,7 @@ def test_known_answer_recovered_and_unidentifiable_field_left_alone(graphs, trut
     assert r.identifiable == {"memory.dram_bytes_per_s": True, "array.clock_hz": True,
                               "host.cpu_ops_per_s": False}
     assert r.fitted["host.cpu_ops_per_s"] == spec.host.cpu_ops_per_s
+    assert r.not_identified == {"host.cpu_ops_per_s": "no model's time depends on it"}
     assert r.metrics["preset"]["mape"] > 10
     assert r.metrics["loo"]["mape"] < 0.01 and r.metrics["in_sample"]["mape"] < 0.01
     assert r.worst[1] == pytest.approx(1.0, rel=1e-4)
@@ -250,6 +251,10 @@ def test_cli_writes_preset_predictions_and_plot(graphs, truth, tmp_path):
     assert report["skipped"][0]["model"] == "unknown net"
     assert (report["loss"]["name"], report["loss"]["scale"]) == ("soft_l1", 0.1)
     assert "loss: soft_l1, scale 0.1" in (out / "fitted.toml").read_text()
+    # a field asked for but not identified says why, in the preset and in fit.json
+    why = "no model's time depends on it"
+    assert f"# host.cpu_ops_per_s kept at the preset: {why}" in (out / "fitted.toml").read_text()
+    assert report["fields"]["host.cpu_ops_per_s"]["not_identified_because"] == why
     # --loss and --loss-scale belong to --table
     assert main(["fit", "p.csv", "--model", "m.onnx", "--params", "clock_hz", "--loss",
                  "linear", "--out", str(tmp_path / "x")]) != 0
@@ -411,8 +416,8 @@ def test_the_report_notes_a_multi_core_preset_that_splits_every_layer():
 
     def text(spec):
         r = TableFitResult(spec=spec, fields=(), initial={}, fitted={}, rel_std_err={},
-                           identifiable={}, names=("m",), groups=("",), measured_s=one,
-                           preset_s=one, fitted_s=one, loo_s=one, loo_fitted=(),
+                           identifiable={}, not_identified={}, names=("m",), groups=("",),
+                           measured_s=one, preset_s=one, fitted_s=one, loo_s=one, loo_fitted=(),
                            metrics={"preset": metric}, bits=8, loss="soft_l1",
                            loss_scale=0.1, cost={})
         con = Console(record=True, width=200)
