@@ -25,8 +25,6 @@ import resource
 import time
 from pathlib import Path
 
-import numpy as np
-
 
 def _cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
@@ -43,15 +41,14 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
 
-    from prepared import load_prepared
+    from prepared import float_eval, load_prepared
 
     from npujax.quantize.calibrate import calibrate
     from npujax.quantize.ptq import bias_correction, deployed_biases, guarded_bias_correction
     from npujax.workflows.quantize import _predict, output_vs_float
 
     graph, params, quant, cal, d = load_prepared(a.work, a.model, a.batch)
-    xe = np.load(d / "eval.npz")["x"]
-    y_float = _predict(graph, params, xe, a.batch)
+    xe, y_float = float_eval(d, graph, params, a.batch)
 
     def score(p, qstate):
         p = deployed_biases(graph, p, quant, qstate)

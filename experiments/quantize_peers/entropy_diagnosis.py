@@ -78,17 +78,16 @@ def main() -> None:
 
     import jax
     import jax.numpy as jnp
-    from prepared import load_prepared
+    from prepared import float_eval, load_prepared
 
     from npujax.calib import get_observer
     from npujax.ir.execute import execute, tap
     from npujax.ops import weight_role
     from npujax.quantize.calibrate import calibrate
-    from npujax.workflows.quantize import _predict, output_vs_float
+    from npujax.workflows.quantize import output_vs_float
 
     graph, params, quant, cal, d = load_prepared(a.work, a.model, a.batch)
-    xe = np.load(d / "eval.npz")["x"]
-    y_float = _predict(graph, params, xe, a.batch)
+    xe, y_float = float_eval(d, graph, params, a.batch)
 
     names = [n for n, lq in quant.items() if lq.act is not None and lq.act_range is None]
     run = jax.jit(lambda p, x: {n: v[0] for n, v in execute(graph, p, x,

@@ -1,7 +1,8 @@
 """A model of ``compare.py prepare``'s work folder, loaded as ``npujax quantize`` loads it.
 
 Shared by the scripts here that study npujax's calibration on the prepared data
-(``defaults.py``, ``bias_correction_guard.py``, ``entropy_diagnosis.py``).
+(``defaults.py``, ``bias_correction_guard.py``, ``entropy_diagnosis.py``), with the float
+model's outputs on the held-out split (:func:`float_eval`).
 """
 
 from __future__ import annotations
@@ -33,3 +34,17 @@ def load_prepared(work: Path, model: str, batch: int) -> tuple[Any, Any, Any, li
     xc = np.load(d / "calib.npy")
     return (graph, params, nj.quant_spec(graph, 8, 8),
             [xc[i:i + batch] for i in range(0, len(xc), batch)], d)
+
+
+def float_eval(folder: Path, graph: Any, params: Any, batch: int) -> tuple[np.ndarray, Any]:
+    """The prepared model's held-out inputs (``eval.npz``'s ``x``, float32 ``[N, ...]``) and
+    the float model's outputs on them, run in batches of ``batch``: ``(x, y_float)``, the
+    reference every study here compares a quantized model with.
+
+    Raises:
+      FileNotFoundError: the folder was not prepared (run ``compare.py prepare`` first).
+    """
+    from npujax.workflows.quantize import _predict
+
+    xe = np.load(Path(folder) / "eval.npz")["x"]
+    return xe, _predict(graph, params, xe, batch)
