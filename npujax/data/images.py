@@ -36,11 +36,11 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".we
 #:   Keras ``preprocess_input(mode="tf")``'s (Inception, MobileNet);
 #: - ``"unit"``: ``pixel / 255``, values in [0, 1]; torchvision's ``ToTensor`` alone, Keras
 #:   ``Rescaling(1 / 255)``;
-#:
-#: (no name starts with ``-``, which a command line would read as an option).
 #: - ``"imagenet"``: torchvision's ``Normalize`` with the ImageNet mean and standard deviation
 #:   (timm's ``IMAGENET_DEFAULT_MEAN/STD``, Keras ``preprocess_input(mode="torch")``); RGB
 #:   models only.
+#:
+#: (No name starts with ``-``, which a command line would read as an option.)
 IMAGE_NORMALIZATIONS = {
     "symmetric": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
     "unit": ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)),

@@ -540,7 +540,6 @@ def output_vs_float(y_q: np.ndarray, y_float: np.ndarray) -> dict[str, Any]:
             "too_few": n < MIN_JUDGED_EXAMPLES}
 
 
-
 def _warn_changed_widths(method: str, before: QuantSpec, after: QuantSpec) -> None:
     """Say on the console when a PTQ method set other widths than the ones asked for (GPTQ
     quantizes its layers at its own bits), so the headline widths are not taken for the

@@ -350,17 +350,17 @@ def _membership(chains: Sequence[AttentionChain], length: int) -> jax.Array:
     """float64 ``[C, length]``: 1.0 where row ``j`` belongs to chain ``i``. Chains that share
     no row (as :func:`attention_chains` finds them) get it computed in the program from each
     row's chain (an ``[L]`` constant, not ``C x L``); overlapping ones as a constant."""
-    owner = np.full(length, -1, np.int64)
+    n = len(chains)
+    owner = np.full(length, n, np.int64)  # n: in no chain (a column one_hot then drops)
     for i, c in enumerate(chains):
         rows = list(c.rows)
-        if (owner[rows] >= 0).any():
-            dense = np.zeros((len(chains), length))
+        if (owner[rows] < n).any():
+            dense = np.zeros((n, length))
             for k, ch in enumerate(chains):
                 dense[k, list(ch.rows)] = 1.0
             return jnp.asarray(dense, REAL)
         owner[rows] = i
-    return (jax.lax.broadcasted_iota(jnp.int64, (len(chains), length), 0)
-            == jnp.asarray(owner)[None, :]).astype(REAL)
+    return one_hot(owner, n + 1)[:, :n].T
 
 
 def fuses(spec: NpuSpec) -> bool:
