@@ -1,4 +1,11 @@
-"""Traced programs kept between processes (:mod:`jax.export`), next to JAX's compile cache.
+"""Traced programs kept between processes, next to JAX's compile cache: numpy programs
+(:func:`evaluate`, :mod:`npujax._jaxpr_numpy`) and exported XLA programs (:func:`call`,
+:mod:`jax.export`).
+
+:func:`evaluate` is how ``lower`` runs its cost programs: traced once, then carried out with
+numpy operation by operation, which for a program run once costs milliseconds where XLA's
+compilation costs about a second; the flattened program is kept as JSON, so a later process
+neither traces nor compiles. Programs it cannot run go to :func:`call`.
 
 JAX's persistent compilation cache (``npujax.cli.compile_cache``) skips XLA's compilation of a
 program it has compiled before, but a fresh process still traces the Python function and lowers
@@ -29,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import json
 import logging
 import os
 from collections.abc import Callable, Hashable, Iterator, Sequence
@@ -37,7 +45,8 @@ from typing import Any
 
 from npujax._atomic import atomic_write_bytes
 
-__all__ = ["enable", "folder", "call", "cache_every_compilation"]
+__all__ = ["enable", "folder", "call", "cache_every_compilation", "evaluate",
+           "numpy_evaluation"]
 
 _log = logging.getLogger(__name__)
 
@@ -51,6 +60,12 @@ _folder: Path | None = None
 _loaded: dict[str, Callable[..., Any]] = {}
 #: The named tuples registered for jax.export's serialization of tree structures.
 _registered: set[type] = set()
+#: In this process: program key -> (numpy program, output tree as JSON) for :func:`evaluate`.
+_numpy_programs: dict[str, tuple[Any, Any]] = {}
+#: Whether :func:`evaluate` runs programs with numpy (:func:`numpy_evaluation` switches it).
+_use_numpy = True
+#: First bytes of a numpy program file (:mod:`npujax._jaxpr_numpy`).
+_NUMPY_MAGIC = b"npujax-numpy-program\x01"
 
 
 def enable(path: str | os.PathLike[str] | None) -> None:
@@ -266,3 +281,156 @@ def call(fn: Callable[..., Any], args: tuple[Any, ...], *, name: str, static: Ha
         _loaded[key] = run
     with cache_every_compilation(), _no_lapack(exported_of(run)):
         return run(*leaves)
+
+
+@contextlib.contextmanager
+def numpy_evaluation(active: bool) -> Iterator[None]:
+    """Within the block, :func:`evaluate` runs its programs with numpy (``True``, the default)
+    or compiles them with XLA (``False``: how tests compare the two)."""
+    global _use_numpy
+    before = _use_numpy
+    _use_numpy = active
+    try:
+        yield
+    finally:
+        _use_numpy = before
+
+
+def _is_named_tuple(t: type) -> bool:
+    """Whether ``t`` is one of npujax's named tuples (the only named tuples kept in files)."""
+    return (issubclass(t, tuple) and hasattr(t, "_fields")
+            and t.__module__.split(".")[0] == "npujax")
+
+
+def _tree_json(tree: Any, count: list[int]) -> Any:
+    """The structure of ``jax.eval_shape``'s output ``tree`` as JSON: leaves numbered in
+    ``jax.tree.leaves`` order, containers tuples, lists, dicts with string keys, None and
+    npujax's named tuples.
+
+    Raises:
+      npujax._jaxpr_numpy.Unsupported: another container.
+    """
+    from npujax._jaxpr_numpy import Unsupported
+
+    if tree is None:
+        return None
+    if _is_named_tuple(type(tree)):
+        return {"t": f"{type(tree).__module__}:{type(tree).__qualname__}",
+                "f": [_tree_json(x, count) for x in tree]}
+    if isinstance(tree, dict):
+        if not all(isinstance(k, str) for k in tree):
+            raise Unsupported("an output dict with keys other than strings")
+        return {"d": [[k, _tree_json(tree[k], count)] for k in sorted(tree)]}
+    if type(tree) in (tuple, list):
+        return {"l" if isinstance(tree, list) else "u": [_tree_json(x, count) for x in tree]}
+    if hasattr(tree, "shape") and hasattr(tree, "dtype"):
+        count[0] += 1
+        return count[0] - 1
+    raise Unsupported(f"an output of type {type(tree).__name__}")
+
+
+def _named_tuple(name: str) -> type:
+    """The npujax named tuple ``module:qualname``.
+
+    Raises:
+      ValueError: ``name`` is not one.
+    """
+    import importlib
+
+    module, _, qualname = name.partition(":")
+    if module.split(".")[0] != "npujax":
+        raise ValueError(f"not an npujax type: {name!r}")
+    t: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        t = getattr(t, part)
+    if not (isinstance(t, type) and _is_named_tuple(t)):
+        raise ValueError(f"not an npujax named tuple: {name!r}")
+    return t
+
+
+def _tree_of(spec: Any, leaves: list[Any]) -> Any:
+    """The output tree of :func:`_tree_json`'s ``spec`` with ``leaves`` in its places."""
+    if spec is None:
+        return None
+    if isinstance(spec, int):
+        return leaves[spec]
+    if "t" in spec:
+        return _named_tuple(spec["t"])(*[_tree_of(x, leaves) for x in spec["f"]])
+    if "d" in spec:
+        return {k: _tree_of(v, leaves) for k, v in spec["d"]}
+    if "l" in spec:
+        return [_tree_of(x, leaves) for x in spec["l"]]
+    return tuple(_tree_of(x, leaves) for x in spec["u"])
+
+
+def _read_numpy(path: Path) -> tuple[Any, Any] | None:
+    """The numpy program and output tree in ``path``, or None if absent or unreadable."""
+    from npujax._jaxpr_numpy import Program
+
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    try:
+        if not data.startswith(_NUMPY_MAGIC):
+            raise ValueError("not a numpy program file")
+        d = json.loads(data[len(_NUMPY_MAGIC):])
+        return Program.from_json(d["program"]), d["tree"]
+    except Exception as e:  # noqa: BLE001 - any damage: trace and write it anew
+        _log.debug("ignoring the numpy program %s (%s)", path, e)
+        return None
+
+
+def evaluate(fn: Callable[..., Any], args: tuple[Any, ...], compiled: Callable[[], Any], *,
+             name: str, static: Hashable = ()) -> Any:
+    """``fn(*args)`` as XLA computes it, run with numpy instead of compiled.
+
+    ``fn`` is traced (:func:`jax.make_jaxpr`) and its program carried out operation by
+    operation by :mod:`npujax._jaxpr_numpy`, with XLA's semantics, so the numbers are the
+    compiled program's; the flattened program is kept in this process and, where
+    :func:`folder` is enabled, in a file of its own (JSON: no pickle), so a later process
+    neither compiles nor traces. A program holding an operation that module does not carry
+    out, or any program within ``numpy_evaluation(False)``, is computed by ``compiled``.
+
+    Args:
+      fn: a pure function of ``args`` returning a pytree of arrays, as for :func:`call`.
+      args: the arguments (a pytree of numpy arrays and scalars).
+      compiled: computes ``fn(*args)`` compiled (the caller's jitted program, or :func:`call`).
+      name, static: as for :func:`call`. ``fn``'s output may hold tuples, lists, dicts with
+        string keys, None and npujax's named tuples.
+
+    Returns:
+      ``fn(*args)``'s pytree of numpy arrays (or what ``compiled`` returns).
+    """
+    import jax
+
+    from npujax._jaxpr_numpy import Unsupported, flatten
+
+    if not _use_numpy:
+        return compiled()
+    leaves, in_tree = jax.tree.flatten(args)
+    key = _key("numpy:" + name, static, in_tree, leaves, {})
+    entry = _numpy_programs.get(key)
+    path = None if _folder is None else _folder / f"{name}-numpy-{key[:40]}"
+    if entry is None and path is not None:
+        entry = _read_numpy(path)
+    if entry is None:
+        closed, shapes = jax.make_jaxpr(fn, return_shape=True)(*args)
+        try:
+            entry = (flatten(closed), _tree_json(shapes, [0]))
+        except Unsupported as e:
+            _log.debug("%s: compiled with XLA (%s)", name, e)
+            entry = (None, None)
+        if path is not None and entry[0] is not None:
+            try:
+                path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                atomic_write_bytes(path, _NUMPY_MAGIC + json.dumps(
+                    {"program": entry[0].to_json(), "tree": entry[1]},
+                    separators=(",", ":")).encode())
+            except OSError as e:  # a cache: the run goes on without it
+                _log.debug("not keeping the numpy program %s (%s)", path, e)
+    _numpy_programs[key] = entry
+    program, tree = entry
+    if program is None:
+        return compiled()
+    return _tree_of(tree, program(*leaves))

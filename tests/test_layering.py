@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1] / "npujax"
 RANK = {
     "errors": 0, "limits": 0, "_atomic": 0, "_progress": 0, "_version": 0, "_exact": 0,
     "_relax": 0, "_html": 0, "_lazy": 0, "_program_cache": 0, "_xla_options": 0,
+    "_jaxpr_numpy": 0,
     "numerics": 1, "calib": 1, "systolic": 1, "data": 1,
     "hw": 2,
     "ops": 3, "ir": 3,

@@ -516,12 +516,17 @@ def _costs_program(layers: list[Workload], names: tuple[str, ...],
     (:func:`_jitted_costs`)."""
     if needs_static_layers(spec, chains):
         key = (tuple(layers), names, chains)
-        if _program_cache.folder() is None:
-            res = _jitted_costs(*key)(spec, wb, ab)
-        else:  # the command line's: the traced program kept between runs too
-            res = _program_cache.call(_static_costs(*key), (spec, wb, ab), name="costs",
-                                      static=key, compiler_options=_cost_options(),
-                                      node_types=_OUTPUT_TYPES)
+
+        def compiled_static() -> Any:
+            if _program_cache.folder() is None:
+                return _jitted_costs(*key)(spec, wb, ab)
+            # the command line's: the traced program kept between runs too
+            return _program_cache.call(_static_costs(*key), (spec, wb, ab), name="costs",
+                                       static=key, compiler_options=_cost_options(),
+                                       node_types=_OUTPUT_TYPES)
+
+        res = _program_cache.evaluate(_static_costs(*key), (spec, wb, ab), compiled_static,
+                                      name="costs", static=key)
         return jax.tree.map(np.asarray, res)
     n = len(layers)
     length = table_length(n)
@@ -529,13 +534,25 @@ def _costs_program(layers: list[Workload], names: tuple[str, ...],
     pad = np.full(length - n, float(DEFAULT_BITS), np.float32)
     w, a = np.concatenate([wb, pad]), np.concatenate([ab, pad])
     spec = _program_spec(spec)
-    if _program_cache.folder() is None:
-        res = _jitted_table_costs(names)(spec, w, a, table)
-    else:  # the command line's: the traced program kept between runs too
-        res = _program_cache.call(_table_costs(names), (spec, w, a, table),
-                                  name="table_costs", static=names,
-                                  compiler_options=_cost_options(), node_types=_OUTPUT_TYPES)
+    def compiled_table() -> Any:
+        if _program_cache.folder() is None:
+            return _jitted_table_costs(names)(spec, w, a, table)
+        # the command line's: the traced program kept between runs too
+        return _program_cache.call(_table_costs(names), (spec, w, a, table),
+                                   name="table_costs", static=names,
+                                   compiler_options=_cost_options(), node_types=_OUTPUT_TYPES)
+
+    res = _program_cache.evaluate(_table_costs(names), (spec, w, a, table), compiled_table,
+                                  name="table_costs", static=names)
     return jax.tree.map(lambda x: np.asarray(x)[:n] if np.ndim(x) else np.asarray(x), res)
+
+
+def _fused_costs(layers: tuple[Workload, ...], dataflow: str,
+                 chains: tuple[AttentionChain, ...] = ()):
+    """The program of :func:`_jitted_fused`, not jitted."""
+    def run(spec, w, a):
+        return program_cost(layers, spec, w, a, dataflow, chains=chains), area_breakdown(spec)
+    return run
 
 
 @functools.lru_cache(maxsize=64)
@@ -544,9 +561,7 @@ def _jitted_fused(layers: tuple[Workload, ...], dataflow: str,
     """One compiled ``layer``-fusion program per (workloads, dataflow, attention chains): the
     cost program's answer (with the layer-by-layer costs, the energy, the edges and the
     attention decisions) and the area."""
-    def run(spec, w, a):
-        return program_cost(layers, spec, w, a, dataflow, chains=chains), area_breakdown(spec)
-    return jax.jit(run)
+    return jax.jit(_fused_costs(layers, dataflow, chains))
 
 
 def lower(
@@ -740,7 +755,10 @@ def _layer_fused(layers: tuple[Workload, ...], spec: NpuSpec, wb: np.ndarray, ab
                  ) -> tuple[LayerCosts, LayerEnergy, Any, dict[str, Any]]:
     """The ``layer``-fusion costs, energy and area at one dataflow, and the schedule's edge
     and attention fields."""
-    p, area = jax.tree.map(np.asarray, _jitted_fused(layers, dataflow, chains)(spec, wb, ab))
+    key = (layers, dataflow, chains)
+    p, area = jax.tree.map(np.asarray, _program_cache.evaluate(
+        _fused_costs(*key), (spec, wb, ab), lambda: _jitted_fused(*key)(spec, wb, ab),
+        name="fused_costs", static=key))
     costs, ec, unfused, energy, att = p.costs, p.edges, p.unfused, p.energy, p.attention
     names = [w.name for w in layers]
     extra = dict(

@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 
+from npujax import _program_cache
 from npujax.hw import DATAFLOWS, load_npu_spec
 from npujax.plan import layer_table, lower, workloads
 from npujax.plan.costs import EXACT_FIELDS
@@ -128,16 +129,16 @@ def test_layer_table_columns_and_padding(small_resnet, edge_spec):
 
 def test_specs_differing_in_fields_the_costs_do_not_read_share_the_program(digits, edge_spec):
     """A renamed copy with another default dataflow, layout and operator lists lowers through
-    the program already compiled, with the same costs; another precision scaling compiles."""
-    program = lower_module._jitted_table_costs(("weight_stationary",))
+    the program already traced, with the same costs; another precision scaling traces anew."""
+    programs = _program_cache._numpy_programs
     a = lower(digits, edge_spec, dataflow="ws")
-    n = program._cache_size()
+    n = len(programs)
     other = edge_spec.with_fields({"array.dataflow": "output_stationary",
                                    "ops.attention_fusion": "on_chip",
                                    "ops.fused_activations": ("Relu",)}, name="renamed")
     b = lower(digits, other, dataflow="ws")
-    assert program._cache_size() == n and b.npu == "renamed"
+    assert len(programs) == n and b.npu == "renamed"
     assert [r.costs for r in a.layers] == [r.costs for r in b.layers]
     lower(digits, edge_spec.with_fields({"array.precision_scaling": "bit_serial"}),
           dataflow="ws")
-    assert program._cache_size() == n + 1
+    assert len(programs) == n + 1

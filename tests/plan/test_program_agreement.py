@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import npujax
+from npujax import _program_cache
 from npujax.hw import differentiable_spec, list_presets, load_npu_spec
 from npujax.hw.spec import FUSION_LEVELS
 from npujax.plan import CostMode, lower, network, program_cost
@@ -84,10 +85,24 @@ def _tree_sum(x) -> float:
 
 @pytest.mark.parametrize("preset,fusion,dataflow,model,extra", CASES)
 def test_consumers_agree_bit_for_bit(graphs, preset, fusion, dataflow, model, extra):
+    """Compiled, every consumer agrees bit for bit; ``lower``'s default evaluation of the same
+    program with numpy (npujax._jaxpr_numpy) equals it to float64 rounding."""
     graph = graphs[model]
     spec = load_npu_spec(preset).with_fields({"ops.fusion": fusion,
                                               "array.dataflow": dataflow, **extra})
+    with _program_cache.numpy_evaluation(False):
+        _consumers_agree(graph, spec, fusion, dataflow, extra)
+
+
+def _consumers_agree(graph, spec, fusion, dataflow, extra):
     s = lower(graph, spec)
+    with _program_cache.numpy_evaluation(True):
+        by_numpy = lower(graph, spec)
+    for field in ("latency_cycles", "dram_bytes", "compute_cycles"):
+        np.testing.assert_allclose([getattr(r.costs, field) for r in by_numpy.layers],
+                                   [getattr(r.costs, field) for r in s.layers], rtol=1e-12)
+    np.testing.assert_allclose([by_numpy.latency_s, by_numpy.energy_j],
+                               [s.latency_s, s.energy_j], rtol=1e-12)
     cycles = np.asarray([r.costs.latency_cycles for r in s.layers])
     seconds = np.asarray([r.latency_s for r in s.layers])
     layers, chains = network(graph, spec)

@@ -1,7 +1,8 @@
-"""``lower``'s cost programs kept between processes (``npujax._program_cache``, ``jax.export``):
-the program exported and written (a first run) and the one read back (a later process) give
-the plain jitted program's numbers bit for bit, on the layer-table program and on the
-static-list program of an attention chain."""
+"""``lower``'s cost programs kept between processes (``npujax._program_cache``): the numpy
+program (``npujax._jaxpr_numpy``, ``lower``'s default) and, compiled, the ``jax.export`` program,
+each written by a first run and read back by a later process, give the numbers of the same
+evaluation without the folder bit for bit, on the layer-table program and on the static-list
+program of an attention chain."""
 
 import dataclasses
 import importlib
@@ -36,19 +37,52 @@ def program_folder(tmp_path):
     """The program cache enabled in ``tmp_path`` for one test (and emptied of loaded
     programs before and after, as in a fresh process)."""
     _program_cache._loaded.clear()
+    _program_cache._numpy_programs.clear()
     _program_cache.enable(tmp_path)
     yield tmp_path / _program_cache.SUBFOLDER
     _program_cache.enable(None)
     _program_cache._loaded.clear()
+    _program_cache._numpy_programs.clear()
 
 
 @pytest.mark.parametrize("kind,preset,dataflow", [
     ("resnet", "edge_16x16", "ws"),  # the layer-table program (one for every model)
     ("decoder", "edge_transformer_16x16", "os"),  # an attention chain: the static list's
 ])
+def test_numpy_program_file_equals_the_traced_one(model_kinds, program_folder, monkeypatch,
+                                                 kind, preset, dataflow):
+    from npujax import _jaxpr_numpy
+
+    graph = model_kinds[kind]
+    _program_cache.enable(None)
+    plain = lower(graph, preset, dataflow=dataflow)
+    _program_cache.enable(program_folder.parent)
+    _program_cache._numpy_programs.clear()
+    first = lower(graph, preset, dataflow=dataflow)  # traced, written
+    files = sorted(program_folder.iterdir())
+    assert len(files) == 1 and files[0].name.startswith(
+        "costs-numpy-" if kind == "decoder" else "table_costs-numpy-")
+    _program_cache._numpy_programs.clear()  # a later process: read back, nothing traced
+    monkeypatch.setattr(_jaxpr_numpy, "flatten", lambda *a: pytest.fail("traced again"))
+    later = lower(graph, preset, dataflow=dataflow)
+    assert sorted(program_folder.iterdir()) == files
+    _assert_identical(plain, first)
+    _assert_identical(plain, later)
+
+
+@pytest.mark.parametrize("kind,preset,dataflow", [
+    ("resnet", "edge_16x16", "ws"),
+    ("decoder", "edge_transformer_16x16", "os"),
+])
 def test_exported_program_equals_the_jitted_one(model_kinds, program_folder, kind, preset,
                                                 dataflow):
+    """(Compiled: with numpy evaluation off, or for a program numpy cannot run.)"""
     graph = model_kinds[kind]
+    with _program_cache.numpy_evaluation(False):
+        _exported_equals_jitted(graph, program_folder, kind, preset, dataflow)
+
+
+def _exported_equals_jitted(graph, program_folder, kind, preset, dataflow):
     plain = lower(graph, preset, dataflow=dataflow)
     first = lower(graph, preset, dataflow=dataflow)  # exported, written
     files = sorted(program_folder.iterdir())
