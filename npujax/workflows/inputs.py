@@ -16,7 +16,6 @@ import numpy as np
 from npujax._progress import phase
 from npujax.data.sources import load_inputs
 from npujax.errors import ConfigError
-from npujax.frontends.keras import is_keras_spec, trace_keras
 from npujax.frontends.onnx import from_onnx
 from npujax.ir.graph import Graph, Params
 from npujax.ir.passes import optimize
@@ -50,6 +49,8 @@ def load_model(
       ConfigError: ``input_shapes`` given; see :func:`npujax.load_graph` and
         :func:`npujax.frontends.keras.trace_keras` for the rest.
     """
+    from npujax.frontends.keras import is_keras_spec, trace_keras  # (imports the Flax tracer)
+
     if is_keras_spec(model):
         if input_shapes:
             raise ConfigError("--input-shape applies to .onnx models; a Keras model's shape is "
@@ -131,6 +132,8 @@ def load_model_and_data(
             graph, params = optimize(*from_onnx(model, input_shapes or None))
         qstate, meta = None, {"source": str(model)}
     else:
+        from npujax.frontends.keras import is_keras_spec
+
         if is_keras_spec(model) and not data:
             raise ConfigError("a Keras model needs data: pass --data photos or --data text "
                               "(images generated at the model's input size) or --data "

@@ -45,7 +45,6 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax.typing import ArrayLike
 
 from npujax._progress import track
@@ -113,6 +112,8 @@ def adaround_layer(node: Node, kernel: ArrayLike, bias: ArrayLike | None, scale:
     iters = method.iterations
     warm = int(round(method.warmup * iters))
     zeta, gamma = method.zeta, method.gamma
+    import optax  # here: npujax.lower and the rest of PTQ do not need it (0.05 s to import)
+
     opt = optax.adam(method.learning_rate)
 
     def run(w, scale, zero_point, fixed, x, y):
