@@ -46,7 +46,7 @@ from typing import Any
 from npujax._atomic import atomic_write_bytes
 
 __all__ = ["enable", "folder", "call", "cache_every_compilation", "evaluate",
-           "numpy_evaluation"]
+           "numpy_evaluation", "kept_shapes", "keep_shapes"]
 
 _log = logging.getLogger(__name__)
 
@@ -434,3 +434,46 @@ def evaluate(fn: Callable[..., Any], args: tuple[Any, ...], compiled: Callable[[
     if program is None:
         return compiled()
     return _tree_of(tree, program(*leaves))
+
+
+#: Sub-folder (next to :data:`SUBFOLDER`) of the output shapes of traced operator signatures.
+SHAPES_SUBFOLDER = "npujax-shapes"
+
+
+def _shapes_path(signature: Any) -> Path | None:
+    if _folder is None:
+        return None
+    import jax
+
+    key = hashlib.sha256(repr((signature, jax.__version__, _source_digest())).encode())
+    return _folder.parent / SHAPES_SUBFOLDER / key.hexdigest()[:40]
+
+
+def kept_shapes(signature: Any) -> list[tuple[tuple[int, ...], str]] | None:
+    """The output ``(shape, dtype)`` pairs :func:`keep_shapes` kept for an operator signature
+    (a repr-stable tuple: op, attributes, input shapes and dtypes), or None (none kept, no
+    folder enabled, or a damaged file)."""
+    path = _shapes_path(signature)
+    if path is None:
+        return None
+    try:
+        data = json.loads(path.read_bytes())
+        out = [(tuple(int(d) for d in shape), str(dtype)) for shape, dtype in data]
+    except (OSError, ValueError, TypeError):
+        return None
+    return out
+
+
+def keep_shapes(signature: Any, outs: Sequence[tuple[Sequence[int], str]]) -> None:
+    """Keep an operator signature's output ``(shape, dtype)`` pairs in the enabled folder (a
+    later process importing a model with that signature does not trace it); nothing without
+    a folder. The key holds the JAX version and npujax's source digest."""
+    path = _shapes_path(signature)
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        atomic_write_bytes(path, json.dumps([[list(map(int, s)), str(d)] for s, d in outs]
+                                            ).encode())
+    except OSError as e:  # a cache: the import goes on without it
+        _log.debug("not keeping the shapes %s (%s)", path, e)

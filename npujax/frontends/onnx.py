@@ -28,6 +28,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from npujax import _program_cache
 from npujax.errors import ConfigError, GraphError, NpujaxError, UnsupportedOpError
 from npujax.ir.absent import AbsentArray, is_absent
 from npujax.ir.graph import SHAPES_ONLY_SOURCE, Graph, Node, Params, TensorType, fresh_name
@@ -358,6 +359,11 @@ class _Ctx:
         try:
             key = _signature(node, specs, p)
             outs = self.shape_cache.get(key) if key is not None else None
+            if outs is None and key is not None:  # traced by an earlier process
+                kept = _program_cache.kept_shapes(key)
+                if kept is not None and len(kept) == len(node.outputs):
+                    outs = [jax.ShapeDtypeStruct(shape, np.dtype(d)) for shape, d in kept]
+                    self.shape_cache[key] = outs
             if outs is None:
                 get_op(op, name)
                 outs = _onnx_output_types(node, specs, jax.eval_shape(
@@ -365,6 +371,7 @@ class _Ctx:
                     {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in p.items()}))
                 if key is not None:
                     self.shape_cache[key] = outs
+                    _program_cache.keep_shapes(key, [(o.shape, str(o.dtype)) for o in outs])
         except UnsupportedOpError:
             raise
         except Exception as e:

@@ -1,6 +1,7 @@
 """All dataflows in one program: ``layer_costs_by_dataflow`` and ``lower_by_dataflow`` give the
 reference's numbers (int64 division, one program per dataflow), with one compilation; the ONNX
-importer infers each node signature's shapes once."""
+importer infers each node signature's shapes once (and, with the command line's folder, once
+across processes)."""
 
 import dataclasses
 import importlib
@@ -164,6 +165,33 @@ def test_onnx_import_infers_each_signature_once(monkeypatch):
     assert [repr(n) for n in cached.nodes] == [repr(n) for n in plain.nodes]
     assert jax.tree.all(jax.tree.map(np.array_equal, cached_params, plain_params))
     onnx.checker.check_model(onnx.load_from_string(data))
+
+
+def test_signatures_shapes_are_kept_between_processes(monkeypatch, tmp_path):
+    """With the command line's folder enabled, an import reads the output shapes of the
+    signatures an earlier one traced (no tracing) and gets the same graph; a damaged entry is
+    traced again."""
+    data = _repeated_model()
+    calls = []
+    real = jax.eval_shape
+    monkeypatch.setattr(jax, "eval_shape", lambda *a, **k: calls.append(1) or real(*a, **k))
+    plain, _ = from_onnx(data)
+    _program_cache.enable(tmp_path)
+    try:
+        first, _ = from_onnx(data)  # traced, kept
+        files = sorted((tmp_path / _program_cache.SHAPES_SUBFOLDER).iterdir())
+        assert len(calls) == 4 and len(files) == 2
+        later, _ = from_onnx(data)  # a later process: read back
+        assert len(calls) == 4
+        files[0].write_bytes(b"[[[1, 8], ")
+        again, _ = from_onnx(data)
+        assert len(calls) == 5
+    finally:
+        _program_cache.enable(None)
+    types = {k: (v.shape, v.dtype) for k, v in plain.tensors.items()}
+    for g in (first, later, again):
+        assert {k: (v.shape, v.dtype) for k, v in g.tensors.items()} == types
+        assert [repr(n) for n in g.nodes] == [repr(n) for n in plain.nodes]
 
 
 def test_signature_keys_whole_attribute_values():
