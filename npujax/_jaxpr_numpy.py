@@ -297,7 +297,9 @@ def _gather_is_take(eqn: Any) -> bool:
     p = eqn.params
     dn = p["dimension_numbers"]
     x, idx = eqn.invars
-    return (len(x.aval.shape) == 1 and len(idx.aval.shape) == 2 and idx.aval.shape[1] == 1
+    mode = getattr(p.get("mode"), "name", None)  # FILL_OR_DROP fills out-of-range rows instead
+    return (mode in ("CLIP", "PROMISE_IN_BOUNDS") and len(x.aval.shape) == 1
+            and len(idx.aval.shape) == 2 and idx.aval.shape[1] == 1
             and tuple(dn.offset_dims) == () and tuple(dn.collapsed_slice_dims) == (0,)
             and tuple(dn.start_index_map) == (0,) and tuple(dn.operand_batching_dims) == ()
             and tuple(dn.start_indices_batching_dims) == () and tuple(p["slice_sizes"]) == (1,))
@@ -458,7 +460,8 @@ def flatten(closed: Any) -> Program:
         for eqn in jaxpr.eqns:
             prim = eqn.primitive.name
             ins = [read(v, env) for v in eqn.invars]
-            if prim in ("jit", "pjit", "closed_call", "core_call"):
+            if prim in ("jit", "pjit", "closed_call", "core_call", "custom_jvp_call"):
+                # (a custom derivative's primal computation is its call_jaxpr)
                 inner = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
                 inner_jaxpr = getattr(inner, "jaxpr", inner)
                 sub: dict[Any, int] = {}

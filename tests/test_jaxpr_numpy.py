@@ -64,6 +64,7 @@ _J = np.array([2, -4, 3, 5, -2, 3, -7, 3], np.int64)
      (np.array([3.0, -1.0, 7.0, -1.0, 7.0]), _I)),
     ("nan extremes", lambda x: (jnp.argmin(x), jnp.argmax(x), jnp.max(x)),
      (np.array([1.0, np.nan, -3.0]),)),
+    ("custom derivative", lambda x: jax.nn.relu(x) * 2.0, (_F,)),
 ])
 def test_primitives_equal_xla(name, fn, args):
     _assert_same(*_both(fn, *args))
@@ -116,6 +117,8 @@ def test_unsupported_programs_go_to_the_compiled_fallback():
         flatten(jax.make_jaxpr(jnp.exp)(1.0))
     with pytest.raises(Unsupported, match="gather"):
         flatten(jax.make_jaxpr(lambda x, i: x[i])(np.ones((4, 4)), np.array([0, 2])))
+    with pytest.raises(Unsupported, match="gather"):  # out-of-range rows filled, not clamped
+        flatten(jax.make_jaxpr(lambda x, i: x.at[i].get(mode="fill"))(np.ones(4), np.ones(2, int)))
     calls = []
     out = _program_cache.evaluate(jnp.exp, (np.float32(1.0),),
                                   lambda: calls.append(1) or np.float32(np.e),
