@@ -52,6 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from npujax import _program_cache
 from npujax.errors import ConfigError
 from npujax.hw import fields as hw_fields
 from npujax.hw.spec import NpuSpec, differentiable_spec
@@ -155,22 +156,31 @@ def exact_layer_costs(layers: Sequence[Workload], spec: NpuSpec, bits: int = 8, 
                       chains: Sequence[AttentionChain] = ()) -> LayerCosts:
     """The one cost program's per-layer costs, exact mode without energy, every layer's weights
     and activations at ``bits``: :class:`~npujax.plan.LayerCosts` of float64 ``[L]`` arrays
-    (array cycles; counts int64). One compiled program per workload list, kept for the next
-    spec (the fit's predictions, a table's bounds).
+    (array cycles; counts int64). One traced program per workload list, run with numpy
+    (``npujax._program_cache.evaluate``, as ``lower`` runs its own) and kept for the next spec
+    (the fit's predictions, a table's bounds).
 
     Raises:
       ConfigError: as :func:`npujax.plan.program_cost`.
     """
+    key = (tuple(layers), tuple(chains))
     with jax.enable_x64(True):
         wb = np.full(len(layers), float(bits), np.float32)
-        return jax.tree.map(np.asarray, _exact_costs(tuple(layers), tuple(chains))(spec, wb, wb))
+        return jax.tree.map(np.asarray, _program_cache.evaluate(
+            _exact_program(*key), (spec, wb, wb), lambda: _exact_costs(*key)(spec, wb, wb),
+            name="exact_costs", static=key))
+
+
+def _exact_program(layers: tuple[Workload, ...], chains: tuple[AttentionChain, ...] = ()
+                   ) -> Callable[..., Any]:
+    return lambda spec, w, a: program_cost(layers, spec, w, a, chains=chains,
+                                           mode=LATENCY).costs
 
 
 @functools.lru_cache(maxsize=32)
 def _exact_costs(layers: tuple[Workload, ...], chains: tuple[AttentionChain, ...] = ()
                  ) -> Callable[..., Any]:
-    return jax.jit(lambda spec, w, a: program_cost(layers, spec, w, a, chains=chains,
-                                                   mode=LATENCY).costs)
+    return jax.jit(_exact_program(layers, chains))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
