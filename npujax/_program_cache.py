@@ -33,6 +33,7 @@ Reference: JAX documentation, "Exporting and serializing staged-out computations
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import hashlib
@@ -60,8 +61,10 @@ _folder: Path | None = None
 _loaded: dict[str, Callable[..., Any]] = {}
 #: The named tuples registered for jax.export's serialization of tree structures.
 _registered: set[type] = set()
-#: In this process: program key -> (numpy program, output tree as JSON) for :func:`evaluate`.
-_numpy_programs: dict[str, tuple[Any, Any]] = {}
+#: In this process: program key -> (numpy program, output tree as JSON) for :func:`evaluate`,
+#: the :data:`_NUMPY_KEEP` most recently used (a search or a fit lowers many workload lists).
+_numpy_programs: collections.OrderedDict[str, tuple[Any, Any]] = collections.OrderedDict()
+_NUMPY_KEEP = 64
 #: Whether :func:`evaluate` runs programs with numpy (:func:`numpy_evaluation` switches it).
 _use_numpy = True
 #: First bytes of a numpy program file (:mod:`npujax._jaxpr_numpy`).
@@ -430,6 +433,9 @@ def evaluate(fn: Callable[..., Any], args: tuple[Any, ...], compiled: Callable[[
             except OSError as e:  # a cache: the run goes on without it
                 _log.debug("not keeping the numpy program %s (%s)", path, e)
     _numpy_programs[key] = entry
+    _numpy_programs.move_to_end(key)
+    while len(_numpy_programs) > _NUMPY_KEEP:
+        _numpy_programs.popitem(last=False)
     program, tree = entry
     if program is None:
         return compiled()
