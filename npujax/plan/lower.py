@@ -511,9 +511,12 @@ def _costs_program(layers: list[Workload], names: tuple[str, ...],
                    chains: tuple[AttentionChain, ...], spec: NpuSpec, wb: np.ndarray,
                    ab: np.ndarray) -> tuple[Any, ...]:
     """``(by_dataflow, energies, area, attention)`` of ``layers`` as numpy ``[L]`` arrays: the
-    shared program of traced workload tables (:func:`_jitted_table_costs`), or where a pass
-    needs the layers as a static list (attention chains) the program of this list
-    (:func:`_jitted_costs`)."""
+    shared program of traced workload tables (:func:`_table_costs`), or where a pass needs the
+    layers as a static list (attention chains) the program of this list (:func:`_static_costs`),
+    traced and run with numpy (:func:`npujax._program_cache.evaluate`); compiled instead
+    (:func:`_jitted_table_costs`, :func:`_jitted_costs`, or through ``_program_cache.call``
+    for the command line) within ``numpy_evaluation(False)`` or for a program numpy cannot
+    run."""
     if needs_static_layers(spec, chains):
         key = (tuple(layers), names, chains)
 
@@ -534,6 +537,7 @@ def _costs_program(layers: list[Workload], names: tuple[str, ...],
     pad = np.full(length - n, float(DEFAULT_BITS), np.float32)
     w, a = np.concatenate([wb, pad]), np.concatenate([ab, pad])
     spec = _program_spec(spec)
+
     def compiled_table() -> Any:
         if _program_cache.folder() is None:
             return _jitted_table_costs(names)(spec, w, a, table)
