@@ -343,23 +343,41 @@ class Program:
         self.outs = tuple(outs)
         self.out_dtypes = tuple(out_dtypes)
         self.n_slots = n_slots
-        self._plan = [(_function(s.prim, s.params), s.ins, s.outs) for s in self.steps]
+        # each step's function, and the slots whose last reader it is: freed after it runs, so
+        # a program holds only its live values (an LLM step's [L, 129] float64 temporaries
+        # would otherwise all stay: 300 MB for Llama 3.1 8B's decode step)
+        last: dict[int, int] = {}
+        for k, st in enumerate(self.steps):
+            for i in st.ins:
+                last[i] = k
+        kept = set(self.outs) | set(self.consts) | set(range(self.n_in))
+        self._plan = [(_function(st.prim, st.params), st.ins, st.outs,
+                       tuple({i for i in st.ins if last[i] == k and i not in kept}))
+                      for k, st in enumerate(self.steps)]
 
     def __call__(self, *args: Any) -> list[np.ndarray]:
         if len(args) != self.n_in:
             raise TypeError(f"the program takes {self.n_in} arguments, got {len(args)}")
+        with np.errstate(all="ignore"):  # XLA's inf and NaN, silently, as the compiled program
+            out = self.run([np.asarray(a, dtype=d) for a, d in zip(args, self.in_dtypes)])
+        return [np.asarray(v, dtype=d) for v, d in zip(out, self.out_dtypes)]
+
+    def run(self, args: Sequence[Any]) -> list[Any]:
+        """The outputs for ``args`` already in their traced dtypes (a scan's body, called once
+        per iteration), within the caller's ``np.errstate``."""
         env: list[Any] = [None] * self.n_slots
-        env[:self.n_in] = [np.asarray(a, dtype=d) for a, d in zip(args, self.in_dtypes)]
+        env[:self.n_in] = args
         for slot, value in self.consts.items():
             env[slot] = value
-        with np.errstate(all="ignore"):  # XLA's inf and NaN, silently, as the compiled program
-            for fn, ins, outs in self._plan:
-                if len(outs) == 1:
-                    env[outs[0]] = fn(*[env[i] for i in ins])
-                else:
-                    for o, v in zip(outs, fn(*[env[i] for i in ins])):
-                        env[o] = v
-        return [np.asarray(env[o], dtype=d) for o, d in zip(self.outs, self.out_dtypes)]
+        for fn, ins, outs, free in self._plan:
+            if len(outs) == 1:
+                env[outs[0]] = fn(*[env[i] for i in ins])
+            else:
+                for o, v in zip(outs, fn(*[env[i] for i in ins])):
+                    env[o] = v
+            for i in free:
+                env[i] = None
+        return [env[o] for o in self.outs]
 
     def to_json(self) -> dict[str, Any]:
         """The program as a JSON-able dict (read back by :meth:`from_json`)."""
@@ -413,14 +431,16 @@ def _scan(body: dict[str, Any], num_consts: int, num_carry: int, length: int,
         ys: list[list[np.ndarray]] = []
         order = range(length - 1, -1, -1) if reverse else range(length)
         for i in order:
-            out = program(*consts, *carry, *[x[i] for x in xs])
+            out = program.run([*consts, *carry, *[x[i] for x in xs]])
             carry, y = out[:num_carry], out[num_carry:]
             ys.append(y)
         if reverse:
             ys.reverse()
         n_y = len(program.outs) - num_carry
-        stacked = [np.stack([y[k] for y in ys]) if ys else
-                   np.zeros((0,), program.out_dtypes[num_carry + k]) for k in range(n_y)]
+        stacked = [np.stack([y[k] for y in ys]).astype(program.out_dtypes[num_carry + k])
+                   if ys else np.zeros((0,), program.out_dtypes[num_carry + k])
+                   for k in range(n_y)]
+        carry = [np.asarray(c, dtype=d) for c, d in zip(carry, program.out_dtypes)]
         return carry + stacked
 
     return run
