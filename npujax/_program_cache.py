@@ -68,7 +68,26 @@ _NUMPY_KEEP = 64
 #: Whether :func:`evaluate` runs programs with numpy (:func:`numpy_evaluation` switches it).
 _use_numpy = True
 #: First bytes of a numpy program file (:mod:`npujax._jaxpr_numpy`).
-_NUMPY_MAGIC = b"npujax-numpy-program\x01"
+_NUMPY_MAGIC = b"npujax-numpy-program\x02"
+
+
+def _sealed(body: bytes, magic: bytes) -> bytes:
+    """``magic``, the sha256 of ``body`` (hex) and ``body``: a file :func:`_unsealed` checks."""
+    return magic + hashlib.sha256(body).hexdigest().encode() + b"\n" + body
+
+
+def _unsealed(data: bytes, magic: bytes) -> bytes:
+    """The body of a :func:`_sealed` file.
+
+    Raises:
+      ValueError: another magic, or a body that is not the one sealed (a damaged file).
+    """
+    if not data.startswith(magic):
+        raise ValueError("not a file of this kind")
+    digest, body = data[len(magic):len(magic) + 64], data[len(magic) + 65:]
+    if hashlib.sha256(body).hexdigest().encode() != digest:
+        raise ValueError("its checksum does not match")
+    return body
 
 
 def enable(path: str | os.PathLike[str] | None) -> None:
@@ -375,9 +394,7 @@ def _read_numpy(path: Path) -> tuple[Any, Any] | None:
     except OSError:
         return None
     try:
-        if not data.startswith(_NUMPY_MAGIC):
-            raise ValueError("not a numpy program file")
-        d = json.loads(data[len(_NUMPY_MAGIC):])
+        d = json.loads(_unsealed(data, _NUMPY_MAGIC))
         return Program.from_json(d["program"]), d["tree"]
     except Exception as e:  # noqa: BLE001 - any damage: trace and write it anew
         _log.debug("ignoring the numpy program %s (%s)", path, e)
@@ -413,10 +430,16 @@ def evaluate(fn: Callable[..., Any], args: tuple[Any, ...], compiled: Callable[[
         return compiled()
     leaves, in_tree = jax.tree.flatten(args)
     key = _key("numpy:" + name, static, in_tree, leaves, {})
-    entry = _numpy_programs.get(key)
     path = None if _folder is None else _folder / f"{name}-numpy-{key[:40]}"
+    entry = _numpy_programs.get(key)
     if entry is None and path is not None:
         entry = _read_numpy(path)
+        if entry is not None and entry[0] is not None:
+            try:  # a file that reads but does not run (edited by hand): trace anew
+                return _remember(key, entry, leaves)
+            except Exception as e:  # noqa: BLE001
+                _log.debug("ignoring the numpy program %s (%s)", path, e)
+                entry = None
     if entry is None:
         closed, shapes = jax.make_jaxpr(fn, return_shape=True)(*args)
         try:
@@ -427,23 +450,32 @@ def evaluate(fn: Callable[..., Any], args: tuple[Any, ...], compiled: Callable[[
         if path is not None and entry[0] is not None:
             try:
                 path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-                atomic_write_bytes(path, _NUMPY_MAGIC + json.dumps(
+                atomic_write_bytes(path, _sealed(json.dumps(
                     {"program": entry[0].to_json(), "tree": entry[1]},
-                    separators=(",", ":")).encode())
+                    separators=(",", ":")).encode(), _NUMPY_MAGIC))
             except OSError as e:  # a cache: the run goes on without it
                 _log.debug("not keeping the numpy program %s (%s)", path, e)
+    if entry[0] is None:
+        _remember(key, entry, None)
+        return compiled()
+    return _remember(key, entry, leaves)
+
+
+def _remember(key: str, entry: tuple[Any, Any], leaves: list[Any] | None) -> Any:
+    """Keep ``entry`` as the process's program of ``key`` (the :data:`_NUMPY_KEEP` most
+    recent) and return its output tree for ``leaves`` (None: nothing to run)."""
+    program, tree = entry
+    out = None if leaves is None else _tree_of(tree, program(*leaves))
     _numpy_programs[key] = entry
     _numpy_programs.move_to_end(key)
     while len(_numpy_programs) > _NUMPY_KEEP:
         _numpy_programs.popitem(last=False)
-    program, tree = entry
-    if program is None:
-        return compiled()
-    return _tree_of(tree, program(*leaves))
+    return out
 
 
 #: Sub-folder (next to :data:`SUBFOLDER`) of the output shapes of traced operator signatures.
 SHAPES_SUBFOLDER = "npujax-shapes"
+_SHAPES_MAGIC = b"npujax-shapes\x01"
 
 
 def _shapes_path(signature: Any) -> Path | None:
@@ -463,7 +495,7 @@ def kept_shapes(signature: Any) -> list[tuple[tuple[int, ...], str]] | None:
     if path is None:
         return None
     try:
-        data = json.loads(path.read_bytes())
+        data = json.loads(_unsealed(path.read_bytes(), _SHAPES_MAGIC))
         out = [(tuple(int(d) for d in shape), str(dtype)) for shape, dtype in data]
     except (OSError, ValueError, TypeError):
         return None
@@ -479,7 +511,7 @@ def keep_shapes(signature: Any, outs: Sequence[tuple[Sequence[int], str]]) -> No
         return
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        atomic_write_bytes(path, json.dumps([[list(map(int, s)), str(d)] for s, d in outs]
-                                            ).encode())
+        atomic_write_bytes(path, _sealed(json.dumps(
+            [[list(map(int, s)), str(d)] for s, d in outs]).encode(), _SHAPES_MAGIC))
     except OSError as e:  # a cache: the import goes on without it
         _log.debug("not keeping the shapes %s (%s)", path, e)

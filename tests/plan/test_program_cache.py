@@ -145,3 +145,33 @@ def test_the_key_follows_what_the_trace_reads(model_kinds):
         spec.array, precision_scaling="bit_serial"))
     assert len(table) == 16 and key() == key(faster)
     assert len({key(), key(n=32), key(serial), key(names=("output_stationary",))}) == 4
+
+
+def test_numpy_program_files_damaged_or_wrong_are_traced_anew(program_folder):
+    """A program file whose bytes changed (its checksum), or that reads but cannot run, is
+    traced again and rewritten; the answer stays right."""
+    import json
+
+    def fn(x, y):
+        return {"s": x * y + 1.0}
+
+    args = (np.arange(3.0), np.float64(2.0))
+    want = np.arange(3.0) * 2.0 + 1.0
+
+    def run():
+        _program_cache._numpy_programs.clear()  # a later process
+        out = _program_cache.evaluate(fn, args, lambda: pytest.fail("compiled"), name="t")
+        np.testing.assert_array_equal(out["s"], want)
+
+    run()
+    (path,) = program_folder.iterdir()
+    good = path.read_bytes()
+    body = json.loads(good[good.index(b"\n") + 1:])
+    empty = {"program": {"in_dtypes": [], "n_slots": 0, "outs": [], "out_dtypes": [],
+                         "consts": [], "steps": []}, "tree": body["tree"]}
+    for damaged in (good.replace(b'"mul"', b'"add"'),  # a mul become an add: the checksum
+                    _program_cache._sealed(json.dumps(empty).encode(),
+                                           _program_cache._NUMPY_MAGIC)):
+        path.write_bytes(damaged)
+        run()
+        assert path.read_bytes() == good  # written anew
