@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import stat
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -117,22 +118,26 @@ COMPILE_CACHE_ENV = "NPUJAX_COMPILE_CACHE"
 
 
 def compile_cache() -> str | None:
-    """Keep the command line's compiled XLA programs between runs: JAX's persistent
-    compilation cache, in ``$NPUJAX_COMPILE_CACHE`` or ``<cache>/jax`` (``<cache>`` as for
-    the model zoo: ``$NPUJAX_CACHE`` or ``~/.cache/npujax``), for programs that took at least a
-    second to compile (JAX's default threshold). ``npujax lower`` of a model it has lowered
-    before then skips compiling the cost model (seconds on a CPU; the hardware numbers are
-    traced, so every preset of a layer list shares one program). Nothing is changed when JAX
-    already has a cache folder (``JAX_COMPILATION_CACHE_DIR`` or ``jax.config``) or with
-    ``NPUJAX_COMPILE_CACHE=off``.
+    """Keep the command line's programs between runs, in ``$NPUJAX_COMPILE_CACHE`` or
+    ``<cache>/jax`` (``<cache>`` as for the model zoo: ``$NPUJAX_CACHE`` or
+    ``~/.cache/npujax``):
 
-    The cache holds compiled machine code that JAX loads and runs, so it is used only in a
-    folder that is the user's own (:func:`private_folder`): one another user could write
-    (a shared ``NPUJAX_CACHE``) is skipped with a warning, and the programs are compiled.
+    * JAX's persistent compilation cache (compiled XLA programs: the sweep's, training's,
+      inference's);
+    * ``npujax._program_cache``'s files: the cost programs ``npujax lower`` traced, as numpy
+      programs (``npujax-exported/*-numpy-*``, JSON), the traced programs of ``npujax sweep``
+      (``jax.export``), and the output shapes of the ONNX importer's operator signatures
+      (``npujax-shapes/``). A later ``lower`` of a model of the same padded layer count, on
+      any preset with the same structure, neither traces nor compiles its cost program.
 
-    In a folder it set up itself it also keeps the traced cost programs of ``npujax lower``
-    and ``npujax sweep`` (``npujax._program_cache``, ``jax.export``), so that a later run
-    neither traces nor compiles them, and their compiled programs however fast they compiled.
+    Nothing is changed when JAX already has a cache folder (``JAX_COMPILATION_CACHE_DIR`` or
+    ``jax.config``) or with ``NPUJAX_COMPILE_CACHE=off``: neither cache is kept then.
+
+    The folder holds code that runs (compiled machine code; programs whose steps npujax runs),
+    so it is used only where it is the user's own (:func:`private_folder`: owned by this user,
+    and neither it nor a folder above it writable by another user, but for sticky folders such
+    as ``/tmp``); any other is skipped with a warning, and the programs are traced and
+    compiled each run.
 
     Returns:
       The cache folder in use, or None.
@@ -153,8 +158,8 @@ def compile_cache() -> str | None:
         import logging
 
         logging.getLogger(__name__).warning(
-            f"not keeping compiled programs in {folder!r}: {problem}; JAX loads and runs what "
-            f"that folder holds. Use a folder only you can write ({COMPILE_CACHE_ENV}=DIR) or "
+            f"not keeping programs in {folder!r}: {problem}; JAX and npujax run what that folder "
+            f"holds. Use a folder only you can write ({COMPILE_CACHE_ENV}=DIR) or "
             f"{COMPILE_CACHE_ENV}=off.")
         return None
     jax.config.update("jax_compilation_cache_dir", folder)
@@ -166,8 +171,10 @@ def compile_cache() -> str | None:
 
 def private_folder(path: str | os.PathLike[str]) -> str | None:
     """Create ``path`` (mode 0700) if needed and say why it is not private, or None if it is:
-    a folder owned by this user that no other user can write. (Where the system has no user
-    ids, None.)"""
+    a folder owned by this user that no other user can write, under folders no other user can
+    write either (else another user could put a folder of their own in its place), except
+    sticky ones such as ``/tmp``, whose entries only their owner can rename. (Where the system
+    has no user ids, None.)"""
     if not hasattr(os, "getuid"):
         return None
     folder = Path(path)
@@ -180,6 +187,16 @@ def private_folder(path: str | os.PathLike[str]) -> str | None:
         return f"it belongs to another user (uid {st.st_uid})"
     if st.st_mode & 0o022:
         return f"other users can write it (mode {st.st_mode & 0o777:o})"
+    for parent in folder.resolve().parents:
+        try:
+            pst = parent.stat()
+        except OSError as e:
+            return f"its folder {str(parent)!r} cannot be read ({e.strerror})"
+        if pst.st_uid not in (0, os.getuid()):
+            return f"its folder {str(parent)!r} belongs to another user (uid {pst.st_uid})"
+        if pst.st_mode & 0o022 and not pst.st_mode & stat.S_ISVTX:
+            return (f"other users can write its folder {str(parent)!r} "
+                    f"(mode {pst.st_mode & 0o777:o})")
     return None
 
 
@@ -194,9 +211,10 @@ def _few_malloc_arenas(arenas: int = 2) -> bool:
     XLA starts its threads; returns whether it was set.
 
     glibc gives each thread that allocates under contention an arena of its own, up to 8 per
-    core, and memory freed in an arena stays with it. Compiling the cost program runs on XLA's
-    threads: the HLO passes' and the serialization's transient copies of the program (about
-    100 MB for ``lower``'s) land in several arenas and stay there: a first ``npujax lower
+    core, and memory freed in an arena stays with it. Compiling a program runs on XLA's
+    threads: the HLO passes' and the serialization's transient copies of the program land in
+    several arenas and stay there. Measured when ``lower`` compiled its cost program (it now
+    runs it with numpy, and compiles only a program numpy cannot run): a first ``npujax lower
     decoder:qwen2.5-0.5b`` peaked at 386 MB on 2 cores, 339 MB with the arenas capped, at the
     same CPU time (``experiments/bench/llm_from_shapes.py``, ``docs/results/
     bench_lowering.md``). Only the ``npujax`` program's own process is capped (``main`` called

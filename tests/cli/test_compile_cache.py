@@ -60,6 +60,22 @@ def test_a_folder_other_users_can_write_is_not_used(tmp_path, monkeypatch, caplo
     assert "other users can write it" in caplog.text and str(shared) in caplog.text
 
 
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="no user ids")
+def test_a_folder_under_a_folder_other_users_can_write_is_not_used(tmp_path, monkeypatch,
+                                                                    caplog):
+    """Our own 0700 folder inside a shared one: another user could rename it and put theirs
+    in its place. A sticky folder (``/tmp``: only an entry's owner renames it) is fine."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv(cli.COMPILE_CACHE_ENV, str(shared / "jax"))
+    with caplog.at_level(logging.WARNING):
+        assert _with_cache_dir(None, cli.compile_cache) == (None, None)
+    assert "other users can write its folder" in caplog.text and str(shared) in caplog.text
+    shared.chmod(0o1777)
+    assert cli.private_folder(shared / "jax") is None
+
+
 def test_npujax_never_unpickles():
     """No module of the package can turn a file into running code: no pickle (or marshal,
     shelve, dill, cloudpickle), no ``allow_pickle=True``, no serialized XLA executables (the

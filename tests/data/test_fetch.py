@@ -41,3 +41,12 @@ def test_zoo_works_offline_after_first_fetch(tmp_path, monkeypatch, caplog):
         zoo.fetch_model("ppocr_det", tmp_path / "empty")
     # a download says so before it starts (the first zoo: command was silent for 30 s)
     assert caplog.records[-1].getMessage().startswith("npujax: downloading ")
+
+
+def test_a_cache_folder_that_is_a_file_is_named(tmp_path):
+    from npujax.errors import ConfigError
+    from npujax.models import zoo
+
+    (tmp_path / "cache").write_text("")
+    with pytest.raises(ConfigError, match="cache folder .*cache' is a file; set NPUJAX_CACHE"):
+        zoo.fetch_model("ppocr_cls", tmp_path / "cache")
