@@ -448,17 +448,29 @@ def evaluate(fn: Callable[..., Any], args: tuple[Any, ...], compiled: Callable[[
             _log.debug("%s: compiled with XLA (%s)", name, e)
             entry = (None, None)
         if path is not None and entry[0] is not None:
-            try:
-                path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-                atomic_write_bytes(path, _sealed(json.dumps(
-                    {"program": entry[0].to_json(), "tree": entry[1]},
-                    separators=(",", ":")).encode(), _NUMPY_MAGIC))
-            except OSError as e:  # a cache: the run goes on without it
-                _log.debug("not keeping the numpy program %s (%s)", path, e)
+            _keep_file(path, _sealed(json.dumps(
+                {"program": entry[0].to_json(), "tree": entry[1]},
+                separators=(",", ":")).encode(), _NUMPY_MAGIC))
     if entry[0] is None:
         _remember(key, entry, None)
         return compiled()
     return _remember(key, entry, leaves)
+
+
+def _keep_file(path: Path, data: bytes) -> None:
+    """Write a cache file: a temporary file renamed over ``path`` (a reader sees the old file
+    or the new one, never part of one), not fsynced (a file a crash truncates fails its
+    checksum and is written anew; an import writes a hundred of them). Any failure (a
+    read-only folder, a full disk) is logged and ignored: a cache."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError as e:
+        _log.debug("not keeping %s (%s)", path, e)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
 
 
 def _remember(key: str, entry: tuple[Any, Any], leaves: list[Any] | None) -> Any:
@@ -507,11 +519,6 @@ def keep_shapes(signature: Any, outs: Sequence[tuple[Sequence[int], str]]) -> No
     later process importing a model with that signature does not trace it); nothing without
     a folder. The key holds the JAX version and npujax's source digest."""
     path = _shapes_path(signature)
-    if path is None:
-        return
-    try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        atomic_write_bytes(path, _sealed(json.dumps(
+    if path is not None:
+        _keep_file(path, _sealed(json.dumps(
             [[list(map(int, s)), str(d)] for s, d in outs]).encode(), _SHAPES_MAGIC))
-    except OSError as e:  # a cache: the import goes on without it
-        _log.debug("not keeping the shapes %s (%s)", path, e)
