@@ -65,6 +65,9 @@ _registered: set[type] = set()
 #: the :data:`_NUMPY_KEEP` most recently used (a search or a fit lowers many workload lists).
 _numpy_programs: collections.OrderedDict[str, tuple[Any, Any]] = collections.OrderedDict()
 _NUMPY_KEEP = 64
+#: ``(name, reason)`` of every program :func:`evaluate` traced but could not run with numpy
+#: in this process (it compiled them instead): a diagnostic, which the tests check stays empty.
+numpy_fallbacks: list[tuple[str, str]] = []
 #: Whether :func:`evaluate` runs programs with numpy (:func:`numpy_evaluation` switches it).
 _use_numpy = True
 #: First bytes of a numpy program file (:mod:`npujax._jaxpr_numpy`).
@@ -446,6 +449,7 @@ def evaluate(fn: Callable[..., Any], args: tuple[Any, ...], compiled: Callable[[
             entry = (flatten(closed), _tree_json(shapes, [0]))
         except Unsupported as e:
             _log.debug("%s: compiled with XLA (%s)", name, e)
+            numpy_fallbacks.append((name, str(e)))
             entry = (None, None)
         if path is not None and entry[0] is not None:
             _keep_file(path, _sealed(json.dumps(

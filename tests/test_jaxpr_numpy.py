@@ -1,7 +1,8 @@
 """npujax._jaxpr_numpy: traced programs run with numpy give XLA's numbers (each primitive's
 semantics: truncating integer division, saturating conversions, clamped indices, NaN
 propagation, scans), survive a round trip through bytes, and refuse what they cannot run
-(``lower``'s programs: tests/plan/test_numpy_evaluation.py)."""
+(``lower``'s programs against the compiled ones, on every preset and pass:
+tests/plan/test_program_agreement.py)."""
 
 import jax
 import jax.numpy as jnp
@@ -124,3 +125,5 @@ def test_unsupported_programs_go_to_the_compiled_fallback():
                                   lambda: calls.append(1) or np.float32(np.e),
                                   name="test_exp")
     assert calls == [1] and out == np.float32(np.e)
+    assert _program_cache.numpy_fallbacks[-1] == ("test_exp", "primitive 'exp'")
+    _program_cache.numpy_fallbacks.pop()

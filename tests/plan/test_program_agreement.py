@@ -96,8 +96,10 @@ def test_consumers_agree_bit_for_bit(graphs, preset, fusion, dataflow, model, ex
 
 def _consumers_agree(graph, spec, fusion, dataflow, extra):
     s = lower(graph, spec)
+    fallbacks = len(_program_cache.numpy_fallbacks)
     with _program_cache.numpy_evaluation(True):
         by_numpy = lower(graph, spec)
+    assert len(_program_cache.numpy_fallbacks) == fallbacks  # numpy ran every program
     for field in ("latency_cycles", "dram_bytes", "compute_cycles"):
         np.testing.assert_allclose([getattr(r.costs, field) for r in by_numpy.layers],
                                    [getattr(r.costs, field) for r in s.layers], rtol=1e-12)
