@@ -7,9 +7,15 @@ with numpy instead: the program is the one :func:`jax.make_jaxpr` traces from th
 (so the formulas stay single-sourced, differentiable and jittable for sweeps and searches), and
 each of its primitives is carried out by the numpy function with XLA's semantics for it
 (IEEE-754 arithmetic in the operands' dtype, truncating integer division, saturating
-float-to-integer conversion, NaN-propagating ``min``/``max``). A program is flattened once into
-a list of steps (nested ``jit`` calls inlined) that can be written as plain JSON and numpy arrays
-(:meth:`Program.to_bytes`, no pickle) and read back without JAX.
+float-to-integer conversion, NaN-propagating ``min``/``max``, clamped indices, float sums
+added from the first element, ``scan`` as a loop). A program is flattened once into a list of
+steps (nested ``jit`` calls inlined), each value freed after its last reader, and can be
+written as plain JSON (:meth:`Program.to_bytes`, no pickle) and read back without JAX.
+
+The numbers equal the compiled program's to float64 rounding, not bit for bit: XLA's algebraic
+simplifier rewrites some operations the jaxpr states (``A / broadcast(B)`` as
+``A * broadcast(1 / B)`` where ``B`` has one use, ``(A / B) / C`` as ``A / (B * C)``), depending
+on use counts in its optimized graph, which no evaluator of the jaxpr can follow in general.
 
 Only the primitives the cost programs use are carried out (:data:`PRIMITIVES`); a program with
 any other raises :class:`Unsupported` when flattened, and the caller compiles it with XLA.

@@ -409,10 +409,12 @@ def evaluate(fn: Callable[..., Any], args: tuple[Any, ...], compiled: Callable[[
     """``fn(*args)`` as XLA computes it, run with numpy instead of compiled.
 
     ``fn`` is traced (:func:`jax.make_jaxpr`) and its program carried out operation by
-    operation by :mod:`npujax._jaxpr_numpy`, with XLA's semantics, so the numbers are the
-    compiled program's; the flattened program is kept in this process and, where
-    :func:`folder` is enabled, in a file of its own (JSON: no pickle), so a later process
-    neither compiles nor traces. A program holding an operation that module does not carry
+    operation by :mod:`npujax._jaxpr_numpy`, each primitive with XLA's semantics: the numbers
+    are the compiled program's to float64 rounding (XLA's algebraic simplifier reassociates
+    some divisions; counts are exact). The flattened program is kept in this process and,
+    where :func:`folder` is enabled, in a file of its own (JSON with a sha256: no pickle), so a
+    later process neither compiles nor traces; a damaged file, or one that does not run, is
+    traced again. A program holding an operation that module does not carry
     out, or any program within ``numpy_evaluation(False)``, is computed by ``compiled``.
 
     Args:
