@@ -157,10 +157,11 @@ def compile_cache() -> str | None:
     if problem:
         import logging
 
+        why = ("" if problem.startswith("it cannot be created") else
+               "; JAX and npujax run what that folder holds")
         logging.getLogger(__name__).warning(
-            f"not keeping programs in {folder!r}: {problem}; JAX and npujax run what that folder "
-            f"holds. Use a folder only you can write ({COMPILE_CACHE_ENV}=DIR) or "
-            f"{COMPILE_CACHE_ENV}=off.")
+            f"not keeping programs in {folder!r}: {problem}{why}. Use a folder only you can "
+            f"write ({COMPILE_CACHE_ENV}=DIR) or {COMPILE_CACHE_ENV}=off.")
         return None
     jax.config.update("jax_compilation_cache_dir", folder)
     from npujax import _program_cache
@@ -178,6 +179,18 @@ def private_folder(path: str | os.PathLike[str]) -> str | None:
     if not hasattr(os, "getuid"):
         return None
     folder = Path(path)
+    for parent in folder.absolute().parents:  # before creating anything in them
+        try:
+            pst = parent.stat()
+        except FileNotFoundError:
+            continue  # created below, 0700
+        except OSError as e:
+            return f"its folder {str(parent)!r} cannot be read ({e.strerror})"
+        if pst.st_uid not in (0, os.getuid()):
+            return f"its folder {str(parent)!r} belongs to another user (uid {pst.st_uid})"
+        if pst.st_mode & 0o022 and not pst.st_mode & stat.S_ISVTX:
+            return (f"other users can write its folder {str(parent)!r} "
+                    f"(mode {pst.st_mode & 0o777:o})")
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         st = folder.stat()
@@ -187,16 +200,6 @@ def private_folder(path: str | os.PathLike[str]) -> str | None:
         return f"it belongs to another user (uid {st.st_uid})"
     if st.st_mode & 0o022:
         return f"other users can write it (mode {st.st_mode & 0o777:o})"
-    for parent in folder.resolve().parents:
-        try:
-            pst = parent.stat()
-        except OSError as e:
-            return f"its folder {str(parent)!r} cannot be read ({e.strerror})"
-        if pst.st_uid not in (0, os.getuid()):
-            return f"its folder {str(parent)!r} belongs to another user (uid {pst.st_uid})"
-        if pst.st_mode & 0o022 and not pst.st_mode & stat.S_ISVTX:
-            return (f"other users can write its folder {str(parent)!r} "
-                    f"(mode {pst.st_mode & 0o777:o})")
     return None
 
 

@@ -734,8 +734,9 @@ def _run_decoder(args: argparse.Namespace) -> int:
     if args.unsupported:
         spec = spec.with_fields({"ops.unsupported": args.unsupported})
     progress = not args.no_progress
-    with phase(f"lower: the {name} decoder ({args.phase}, {len(lens)} sequences) from its "
-               f"shapes on {spec.name}", progress):
+    seqs = f"{len(lens)} sequence{'s' if len(lens) != 1 else ''}"
+    with phase(f"lower: the {name} decoder ({args.phase}, {seqs}) from its shapes on "
+               f"{spec.name}", progress):
         result, rep = lower_decoder(
             cfg, spec, phase=args.phase, seq_len=args.seq_len,
             kv_lens=lens if args.phase == "decode" else [0] * len(lens),

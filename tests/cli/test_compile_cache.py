@@ -72,6 +72,7 @@ def test_a_folder_under_a_folder_other_users_can_write_is_not_used(tmp_path, mon
     with caplog.at_level(logging.WARNING):
         assert _with_cache_dir(None, cli.compile_cache) == (None, None)
     assert "other users can write its folder" in caplog.text and str(shared) in caplog.text
+    assert not (shared / "jax").exists()  # nothing created in it
     shared.chmod(0o1777)
     assert cli.private_folder(shared / "jax") is None
 
