@@ -40,6 +40,7 @@ import hashlib
 import json
 import logging
 import os
+import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,7 @@ _registered: set[type] = set()
 #: the :data:`_NUMPY_KEEP` most recently used (a search or a fit lowers many workload lists).
 _numpy_programs: collections.OrderedDict[str, tuple[Any, Any]] = collections.OrderedDict()
 _NUMPY_KEEP = 64
+_numpy_lock = threading.Lock()
 #: ``(name, reason)`` of every program :func:`evaluate` traced but could not run with numpy
 #: in this process (it compiled them instead): a diagnostic, which the tests check stays empty.
 numpy_fallbacks: list[tuple[str, str]] = []
@@ -484,10 +486,11 @@ def _remember(key: str, entry: tuple[Any, Any], leaves: list[Any] | None) -> Any
     recent) and return its output tree for ``leaves`` (None: nothing to run)."""
     program, tree = entry
     out = None if leaves is None else _tree_of(tree, program(*leaves))
-    _numpy_programs[key] = entry
-    _numpy_programs.move_to_end(key)
-    while len(_numpy_programs) > _NUMPY_KEEP:
-        _numpy_programs.popitem(last=False)
+    with _numpy_lock:  # (lower may be called from several threads)
+        _numpy_programs[key] = entry
+        _numpy_programs.move_to_end(key)
+        while len(_numpy_programs) > _NUMPY_KEEP:
+            _numpy_programs.popitem(last=False)
     return out
 
 
