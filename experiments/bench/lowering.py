@@ -77,9 +77,13 @@ NESTED = ("fold_batchnorm", "cost_program", "reports")
 
 def _reference_pipeline() -> None:
     """Put the pipeline before back: every ONNX node traced for its shapes, one ``lower`` per
-    dataflow (and the preset's, cached) compiled with LLVM's optimizations, int64 division,
-    the mapping candidates stacked on an axis."""
+    dataflow (and the preset's, cached) compiled with LLVM's optimizations (not run with
+    numpy), int64 division, the mapping candidates stacked on an axis."""
     import importlib
+
+    from npujax import _program_cache
+
+    _program_cache._use_numpy = False
 
     import npujax.frontends.onnx as onnx_frontend
     import npujax.plan.lower as plan_lower
