@@ -106,15 +106,20 @@ def test_lower_by_dataflow_is_lower_at_each_dataflow_with_one_program(graph, edg
     assert [s.dataflow for s in by_df.values()] == list(by_df)
     one = lower(graph, edge_spec, dataflow="is")  # its own program: the same schedule
     assert by_df["input_stationary"].to_dict() == one.to_dict()
-    # lower runs the program with numpy; the values are those of XLA's optimized program
+    # lower runs the program with numpy; the values are those of XLA's optimized program to
+    # float64 rounding (npujax._jaxpr_numpy: XLA reassociates some divisions), counts exactly
     layers = workloads(graph, edge_spec)
     w = np.full(len(layers), 8.0, np.float32)
     with jax.enable_x64(True):
         optimized = jax.jit(lambda s: layer_costs_by_dataflow(layers, s, w, w))(edge_spec)
     for df, sched in by_df.items():
         for field, v in optimized[df]._asdict().items():
-            np.testing.assert_array_equal([getattr(r.costs, field) for r in sched.layers],
-                                          np.asarray(v), err_msg=f"{df} {field}")
+            got = [getattr(r.costs, field) for r in sched.layers]
+            if field in EXACT_FIELDS:
+                np.testing.assert_array_equal(got, np.asarray(v), err_msg=f"{df} {field}")
+            else:
+                np.testing.assert_allclose(got, np.asarray(v), rtol=1e-12,
+                                           err_msg=f"{df} {field}")
 
 
 def test_lower_by_dataflow_refuses_repeated_or_no_dataflows(graph, edge_spec):
