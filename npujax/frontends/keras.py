@@ -57,6 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from npujax import _program_cache
 from npujax.errors import ConfigError, GraphError
 from npujax.frontends.flax import _MARK, _RUN_ONCE, _intercept_functions, _Leaf, _trace_jaxpr
 from npujax.ir.graph import Graph, Params
@@ -318,7 +319,10 @@ def keras_application(spec: str) -> Any:
         kwargs[key] = _value(key, text.strip())
     states = random.getstate(), np.random.get_state()
     try:
-        with _fresh_layer_names():
+        # the weights' random initialisers compile one small program per shape (0.2 s each,
+        # 5 s for MobileNet): kept in the command line's compile cache however fast they
+        # compiled, so a later run loads them (the same programs: the same weights)
+        with _fresh_layer_names(), _program_cache.cache_every_compilation():
             keras.utils.set_random_seed(SEED)
             return build(weights=None, **kwargs)
     except (ValueError, TypeError) as e:
