@@ -10,7 +10,7 @@ each of its primitives is carried out by the numpy function with XLA's semantics
 float-to-integer conversion, NaN-propagating ``min``/``max``, clamped indices, float sums
 added from the first element, ``scan`` as a loop). A program is flattened once into a list of
 steps (nested ``jit`` calls inlined), each value freed after its last reader, and can be
-written as plain JSON (:meth:`Program.to_bytes`, no pickle) and read back without JAX.
+written as plain JSON (:meth:`Program.to_json`, no pickle) and read back without JAX.
 
 The numbers equal the compiled program's to float64 rounding, not bit for bit: XLA's algebraic
 simplifier rewrites some operations the jaxpr states (``A / broadcast(B)`` as
@@ -26,7 +26,6 @@ XLA operation semantics (https://openxla.org/xla/operation_semantics) for each p
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,9 +33,6 @@ from typing import Any
 import numpy as np
 
 __all__ = ["Unsupported", "Program", "flatten", "PRIMITIVES"]
-
-_MAGIC = b"npujax-jaxpr-numpy\x01"
-
 
 class Unsupported(Exception):
     """The program holds a primitive (or a form of one) this module does not carry out."""
@@ -213,32 +209,33 @@ def _cumulative(fn: Callable[..., np.ndarray]) -> Callable[..., Callable[[Any], 
     return factory
 
 
-def _unary(fn: Callable[..., Any]) -> Callable[[], Callable[..., Any]]:
+def _fixed(fn: Callable[..., Any]) -> Callable[[], Callable[..., Any]]:
+    """The factory of a primitive without parameters: ``fn`` itself."""
     return lambda: fn
 
 
 #: Primitive name -> factory of its numpy function from the step's parameters (keywords).
 PRIMITIVES: dict[str, Callable[..., Callable[..., Any]]] = {
-    "add": _unary(np.add), "sub": _unary(np.subtract), "mul": _unary(np.multiply),
-    "div": _unary(_div), "rem": _unary(_rem),
-    "max": _unary(np.maximum), "min": _unary(np.minimum),  # both propagate NaN, as XLA's
-    "pow": _unary(np.power), "integer_pow": _integer_pow,
-    "sqrt": _unary(np.sqrt), "square": _unary(lambda x: x * x),
-    "neg": _unary(np.negative), "abs": _unary(np.abs), "sign": _unary(np.sign),
-    "floor": _unary(np.floor), "ceil": _unary(np.ceil), "round": _round,
-    "clamp": _unary(lambda lo, x, hi: np.minimum(np.maximum(x, lo), hi)),
-    "is_finite": _unary(np.isfinite),
-    "eq": _unary(np.equal), "ne": _unary(np.not_equal), "lt": _unary(np.less),
-    "le": _unary(np.less_equal), "gt": _unary(np.greater), "ge": _unary(np.greater_equal),
-    "and": _unary(np.bitwise_and), "or": _unary(np.bitwise_or), "not": _unary(np.invert),
-    "select_n": _unary(_select_n), "convert_element_type": _convert,
+    "add": _fixed(np.add), "sub": _fixed(np.subtract), "mul": _fixed(np.multiply),
+    "div": _fixed(_div), "rem": _fixed(_rem),
+    "max": _fixed(np.maximum), "min": _fixed(np.minimum),  # both propagate NaN, as XLA's
+    "pow": _fixed(np.power), "integer_pow": _integer_pow,
+    "sqrt": _fixed(np.sqrt), "square": _fixed(lambda x: x * x),
+    "neg": _fixed(np.negative), "abs": _fixed(np.abs), "sign": _fixed(np.sign),
+    "floor": _fixed(np.floor), "ceil": _fixed(np.ceil), "round": _round,
+    "clamp": _fixed(lambda lo, x, hi: np.minimum(np.maximum(x, lo), hi)),
+    "is_finite": _fixed(np.isfinite),
+    "eq": _fixed(np.equal), "ne": _fixed(np.not_equal), "lt": _fixed(np.less),
+    "le": _fixed(np.less_equal), "gt": _fixed(np.greater), "ge": _fixed(np.greater_equal),
+    "and": _fixed(np.bitwise_and), "or": _fixed(np.bitwise_or), "not": _fixed(np.invert),
+    "select_n": _fixed(_select_n), "convert_element_type": _convert,
     "broadcast_in_dim": _broadcast_in_dim, "iota": _iota,
     "squeeze": lambda dimensions: (lambda x: np.squeeze(x, axis=tuple(dimensions))),
     "reshape": lambda new_sizes: (lambda x: np.reshape(x, new_sizes)),
     "transpose": lambda permutation: (lambda x: np.transpose(x, permutation)),
     "rev": lambda dimensions: (lambda x: np.flip(x, axis=tuple(dimensions))),
     "concatenate": lambda dimension: (lambda *xs: np.concatenate(xs, axis=dimension)),
-    "slice": _slice, "dynamic_slice": _dynamic_slice, "gather_take": _unary(_take),
+    "slice": _slice, "dynamic_slice": _dynamic_slice, "gather_take": _fixed(_take),
     "reduce_sum": _reduce_sum, "reduce_max": _reduce(np.max), "reduce_min": _reduce(np.min),
     "argmin": _arg(np.argmin), "argmax": _arg(np.argmax),
     "cumsum": _cumulative(np.cumsum), "cummax": _cumulative(np.maximum.accumulate),
@@ -407,21 +404,6 @@ class Program:
                               tuple(int(o) for o in outs)))
         consts = {int(k): _const_of(v) for k, v in d["consts"]}
         return cls(d["in_dtypes"], consts, steps, d["outs"], d["out_dtypes"], d["n_slots"])
-
-    def to_bytes(self) -> bytes:
-        """The program as bytes: a header and its JSON (no pickle)."""
-        return _MAGIC + json.dumps(self.to_json(), separators=(",", ":")).encode()
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> Program:
-        """The program :meth:`to_bytes` wrote.
-
-        Raises:
-          ValueError: ``data`` is not such a program, or names an unknown primitive.
-        """
-        if not data.startswith(_MAGIC):
-            raise ValueError("not a jaxpr-numpy program")
-        return cls.from_json(json.loads(data[len(_MAGIC):]))
 
 
 def _scan(body: dict[str, Any], num_consts: int, num_carry: int, length: int,

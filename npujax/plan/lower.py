@@ -519,36 +519,33 @@ def _costs_program(layers: list[Workload], names: tuple[str, ...],
     run."""
     if needs_static_layers(spec, chains):
         key = (tuple(layers), names, chains)
-
-        def compiled_static() -> Any:
-            if _program_cache.folder() is None:
-                return _jitted_costs(*key)(spec, wb, ab)
-            # the command line's: the traced program kept between runs too
-            return _program_cache.call(_static_costs(*key), (spec, wb, ab), name="costs",
-                                       static=key, compiler_options=_cost_options(),
-                                       node_types=_OUTPUT_TYPES)
-
-        res = _program_cache.evaluate(_static_costs(*key), (spec, wb, ab), compiled_static,
-                                      name="costs", static=key)
+        res = _run_cost_program(_static_costs(*key), _jitted_costs(*key), (spec, wb, ab),
+                                name="costs", static=key)
         return jax.tree.map(np.asarray, res)
     n = len(layers)
     length = table_length(n)
     table = layer_table(layers, length)
     pad = np.full(length - n, float(DEFAULT_BITS), np.float32)
     w, a = np.concatenate([wb, pad]), np.concatenate([ab, pad])
-    spec = _program_spec(spec)
+    res = _run_cost_program(_table_costs(names), _jitted_table_costs(names),
+                            (_program_spec(spec), w, a, table), name="table_costs",
+                            static=names)
+    return jax.tree.map(lambda x: np.asarray(x)[:n] if np.ndim(x) else np.asarray(x), res)
 
-    def compiled_table() -> Any:
+
+def _run_cost_program(fn: Any, jitted: Any, args: tuple[Any, ...], *, name: str,
+                      static: Any) -> Any:
+    """``fn(*args)`` run with numpy (:func:`npujax._program_cache.evaluate`); compiled where
+    numpy cannot run it or within ``numpy_evaluation(False)``: ``jitted`` (``fn`` jitted with
+    :func:`_cost_options`), or for the command line through ``_program_cache.call`` (the
+    traced program kept between runs too)."""
+    def compiled() -> Any:
         if _program_cache.folder() is None:
-            return _jitted_table_costs(names)(spec, w, a, table)
-        # the command line's: the traced program kept between runs too
-        return _program_cache.call(_table_costs(names), (spec, w, a, table),
-                                   name="table_costs", static=names,
+            return jitted(*args)
+        return _program_cache.call(fn, args, name=name, static=static,
                                    compiler_options=_cost_options(), node_types=_OUTPUT_TYPES)
 
-    res = _program_cache.evaluate(_table_costs(names), (spec, w, a, table), compiled_table,
-                                  name="table_costs", static=names)
-    return jax.tree.map(lambda x: np.asarray(x)[:n] if np.ndim(x) else np.asarray(x), res)
+    return _program_cache.evaluate(fn, args, compiled, name=name, static=static)
 
 
 def _fused_costs(layers: tuple[Workload, ...], dataflow: str,

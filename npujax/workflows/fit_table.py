@@ -400,7 +400,6 @@ def write_table_fit(out: str | Path, run: TableFitRun) -> list[str]:
                         for f, why in r.not_identified.items()))
     notes = {f: f"fitted by npujax fit --table (relative standard error "
                 f"{r.rel_std_err[f]:.0%})" for f in r.fields if r.identifiable[f]}
-
     atomic_write_text(out / "fitted.toml", spec_to_toml(r.spec, header, base=run.base,
                                                         notes=notes))
     rows = prediction_rows(run)
