@@ -134,10 +134,14 @@ def startup(checkouts: dict[str, Path], rounds: int) -> dict[str, dict[str, floa
     """Median CPU seconds per command and checkout (and onnxruntime's import)."""
     commands = {"--help": ["--help"], "--version": ["--version"],
                 "sweep --help": ["sweep", "--help"]}
-    samples: dict[str, list[float]] = {"import onnxruntime": []}
+    floors = {"import onnxruntime": "import onnxruntime",
+              # what every computing command pays: ml_dtypes 0.7.0 alone took 0.75 s of it
+              # (pyproject.toml excludes that release)
+              "import numpy, ml_dtypes": "import numpy, ml_dtypes", "import jax": "import jax"}
+    samples: dict[str, list[float]] = {k: [] for k in floors}
     for _ in range(rounds):  # interleaved: load changes hit every command alike
-        samples["import onnxruntime"].append(
-            child_cpu([sys.executable, "-c", "import onnxruntime"])[0])
+        for name, code in floors.items():
+            samples[name].append(child_cpu([sys.executable, "-c", code])[0])
         for label, checkout in checkouts.items():
             for name, argv in commands.items():
                 samples.setdefault(f"{label}: npujax {name}", []).append(
@@ -458,9 +462,11 @@ def main() -> None:
     checkouts = {"after": HERE}
     if args.before:
         checkouts = {"before": Path(args.before).resolve(), **checkouts}
-    result: dict = {"load_before": os.getloadavg(), "cpus": os.cpu_count(), "rows": args.rows}
-    print(f"load average at the start {result['load_before'][0]:.1f} on {result['cpus']} CPUs",
-          flush=True)
+    from importlib.metadata import version
+    result: dict = {"load_before": os.getloadavg(), "cpus": os.cpu_count(), "rows": args.rows,
+                    "versions": {p: version(p) for p in ("jax", "jaxlib", "ml_dtypes", "numpy")}}
+    print(f"load average at the start {result['load_before'][0]:.1f} on {result['cpus']} CPUs; "
+          + ", ".join(f"{k} {v}" for k, v in result["versions"].items()), flush=True)
     if not args.no_startup:
         result["startup"] = startup(checkouts, args.rounds)
         ort = result["startup"]["import onnxruntime"]["median_s"]
