@@ -143,11 +143,68 @@ def _select_n(pred: Any, *cases: Any) -> np.ndarray:
     return np.choose(pred, np.broadcast_arrays(*cases))
 
 
-def _take(x: Any, idx: Any) -> np.ndarray:
-    """The gather ``x[idx[:, 0]]`` of a 1-D ``x``, indices clamped as XLA clamps a gather's
-    start indices."""
-    x = np.asarray(x)
-    return x[np.clip(np.asarray(idx)[..., 0], 0, x.shape[0] - 1)]
+def _gather(offset_dims: Sequence[int], collapsed_slice_dims: Sequence[int],
+            start_index_map: Sequence[int], operand_batching_dims: Sequence[int],
+            start_indices_batching_dims: Sequence[int],
+            slice_sizes: Sequence[int]) -> Callable[..., np.ndarray]:
+    """``lax.gather`` (XLA's ``Gather``, its index vector the last axis of the indices), each
+    start index clamped to ``[0, dim - slice_size]`` as XLA clamps it: for an output index, its
+    batch positions (those not in ``offset_dims``) pick a start vector, scattered over the
+    operand's axes by ``start_index_map``, the operand's batching axes taking the matching
+    batch position; the offset positions add a window offset along the operand's remaining
+    axes (XLA's operation semantics, "Gather")."""
+    offset, collapsed, index_map = tuple(offset_dims), set(collapsed_slice_dims), \
+        tuple(start_index_map)
+    batching = dict(zip(operand_batching_dims, start_indices_batching_dims))
+    sizes = tuple(slice_sizes)
+
+    def run(x: Any, idx: Any) -> np.ndarray:
+        x, idx = np.asarray(x), np.asarray(idx)
+        batch_shape = idx.shape[:-1]
+        window = [d for d in range(x.ndim) if d not in collapsed and d not in batching]
+        rank = len(batch_shape) + len(window)
+        batch_pos = [p for p in range(rank) if p not in offset]
+
+        def along(pos: int, values: np.ndarray) -> np.ndarray:  # 1-D values at output axis pos
+            return values.reshape([-1 if q == pos else 1 for q in range(rank)])
+
+        def over_batch(a: np.ndarray) -> np.ndarray:  # a [batch_shape] in the output's axes
+            shape = [1] * rank
+            for q, n in zip(batch_pos, batch_shape):
+                shape[q] = n
+            return a.reshape(shape)
+
+        where: list[Any] = []
+        for d in range(x.ndim):
+            if d in index_map:
+                start = np.clip(idx[..., index_map.index(d)], 0, x.shape[d] - sizes[d])
+                at: Any = over_batch(start.astype(np.int64))
+            elif d in batching:
+                at = along(batch_pos[batching[d]], np.arange(batch_shape[batching[d]]))
+            else:
+                at = np.zeros([1] * rank, np.int64)
+            if d in window:
+                at = at + along(offset[window.index(d)], np.arange(sizes[d]))
+            where.append(at)
+        return x[tuple(where)]
+    return run
+
+
+def _pad(config: Sequence[Sequence[int]]) -> Callable[..., np.ndarray]:
+    """``lax.pad``: per axis ``(low, high, interior)`` elements of ``value`` (a negative low
+    or high crops)."""
+    config = tuple(tuple(c) for c in config)
+
+    def run(x: Any, value: Any) -> np.ndarray:
+        x = np.asarray(x)
+        spread = [d + max(d - 1, 0) * it for d, (_, _, it) in zip(x.shape, config)]
+        out = np.full([max(lo, 0) + n + max(hi, 0) for n, (lo, hi, _) in zip(spread, config)],
+                      value, dtype=x.dtype)
+        out[tuple(slice(max(lo, 0), max(lo, 0) + n, it + 1)
+                  for n, (lo, _, it) in zip(spread, config))] = x
+        return out[tuple(slice(max(-lo, 0), size - max(-hi, 0))
+                         for size, (lo, hi, _) in zip(out.shape, config))]
+    return run
 
 
 def _dynamic_slice(sizes: Sequence[int]) -> Callable[..., np.ndarray]:
@@ -221,6 +278,7 @@ PRIMITIVES: dict[str, Callable[..., Callable[..., Any]]] = {
     "max": _fixed(np.maximum), "min": _fixed(np.minimum),  # both propagate NaN, as XLA's
     "pow": _fixed(np.power), "integer_pow": _integer_pow,
     "sqrt": _fixed(np.sqrt), "square": _fixed(lambda x: x * x),
+    "exp": _fixed(np.exp), "log": _fixed(np.log),  # (XLA:CPU's may differ in the last bit)
     "neg": _fixed(np.negative), "abs": _fixed(np.abs), "sign": _fixed(np.sign),
     "floor": _fixed(np.floor), "ceil": _fixed(np.ceil), "round": _round,
     "clamp": _fixed(lambda lo, x, hi: np.minimum(np.maximum(x, lo), hi)),
@@ -235,8 +293,10 @@ PRIMITIVES: dict[str, Callable[..., Callable[..., Any]]] = {
     "transpose": lambda permutation: (lambda x: np.transpose(x, permutation)),
     "rev": lambda dimensions: (lambda x: np.flip(x, axis=tuple(dimensions))),
     "concatenate": lambda dimension: (lambda *xs: np.concatenate(xs, axis=dimension)),
-    "slice": _slice, "dynamic_slice": _dynamic_slice, "gather_take": _fixed(_take),
+    "stack": lambda axis: (lambda *xs: np.stack(xs, axis=axis)), "pad": _pad,
+    "slice": _slice, "dynamic_slice": _dynamic_slice, "gather": _gather,
     "reduce_sum": _reduce_sum, "reduce_max": _reduce(np.max), "reduce_min": _reduce(np.min),
+    "reduce_or": _reduce(np.bitwise_or.reduce), "reduce_and": _reduce(np.bitwise_and.reduce),
     "argmin": _arg(np.argmin), "argmax": _arg(np.argmax),
     "cumsum": _cumulative(np.cumsum), "cummax": _cumulative(np.maximum.accumulate),
     "cummin": _cumulative(np.minimum.accumulate),
@@ -266,7 +326,7 @@ def _params(prim: str, eqn: Any) -> dict[str, Any]:
     if prim == "iota":
         return {"dtype": np.dtype(p["dtype"]).name, "shape": ints(p["shape"]),
                 "dimension": int(p["dimension"])}
-    if prim in ("reduce_sum", "reduce_max", "reduce_min"):
+    if prim in ("reduce_sum", "reduce_max", "reduce_min", "reduce_or", "reduce_and"):
         return {"axes": ints(p["axes"])}
     if prim in ("argmin", "argmax"):
         if len(p["axes"]) != 1:
@@ -286,26 +346,39 @@ def _params(prim: str, eqn: Any) -> dict[str, Any]:
         return {"dimensions": ints(p["dimensions"])}
     if prim == "concatenate":
         return {"dimension": int(p["dimension"])}
+    if prim == "stack":
+        return {"axis": int(p["axis"])}
+    if prim == "pad":
+        return {"config": [ints(c) for c in p["padding_config"]]}
     if prim == "slice":
         return {"start": ints(p["start_indices"]), "limit": ints(p["limit_indices"]),
                 "strides": None if p["strides"] is None else ints(p["strides"])}
     if prim == "dynamic_slice":
         return {"sizes": ints(p["slice_sizes"])}
+    if prim == "gather":
+        return _gather_params(eqn)
     return {}
 
 
-def _gather_is_take(eqn: Any) -> bool:
-    """Whether a ``gather`` equation is ``x[idx[:, 0]]`` of a 1-D ``x`` (the form
-    ``x[index_array]`` traces to)."""
+def _gather_params(eqn: Any) -> dict[str, Any]:
+    """The parameters of :func:`_gather` of a ``gather`` equation.
+
+    Raises:
+      Unsupported: a mode other than clamping the start indices (``FILL_OR_DROP`` fills
+        out-of-range windows instead).
+    """
     p = eqn.params
     dn = p["dimension_numbers"]
-    x, idx = eqn.invars
-    mode = getattr(p.get("mode"), "name", None)  # FILL_OR_DROP fills out-of-range rows instead
-    return (mode in ("CLIP", "PROMISE_IN_BOUNDS") and len(x.aval.shape) == 1
-            and len(idx.aval.shape) == 2 and idx.aval.shape[1] == 1
-            and tuple(dn.offset_dims) == () and tuple(dn.collapsed_slice_dims) == (0,)
-            and tuple(dn.start_index_map) == (0,) and tuple(dn.operand_batching_dims) == ()
-            and tuple(dn.start_indices_batching_dims) == () and tuple(p["slice_sizes"]) == (1,))
+    mode = getattr(p.get("mode"), "name", None)
+    if mode not in ("CLIP", "PROMISE_IN_BOUNDS"):
+        raise Unsupported(f"gather in mode {mode}")
+    ints = lambda xs: [int(x) for x in xs]  # noqa: E731
+    return {"offset_dims": ints(dn.offset_dims),
+            "collapsed_slice_dims": ints(dn.collapsed_slice_dims),
+            "start_index_map": ints(dn.start_index_map),
+            "operand_batching_dims": ints(dn.operand_batching_dims),
+            "start_indices_batching_dims": ints(dn.start_indices_batching_dims),
+            "slice_sizes": ints(p["slice_sizes"])}
 
 
 @dataclass(frozen=True)
@@ -444,8 +517,8 @@ def flatten(closed: Any) -> Program:
     ``jit`` calls inlined and ``stop_gradient`` dropped.
 
     Raises:
-      Unsupported: the program holds a primitive not in :data:`PRIMITIVES`, a gather other
-        than a 1-D take, or a float reduction (its order of summation is XLA's own).
+      Unsupported: the program holds a primitive not in :data:`PRIMITIVES`, a gather that
+        fills out-of-range windows, or a float reduction (its order of summation is XLA's own).
     """
     from jax.extend import core as jcore
 
@@ -497,10 +570,6 @@ def flatten(closed: Any) -> Program:
                 for v, o in zip(eqn.outvars, outs):
                     env[v] = o
                 continue
-            if prim == "gather":
-                if not _gather_is_take(eqn):
-                    raise Unsupported(f"gather with {eqn.params['dimension_numbers']}")
-                prim = "gather_take"
             if prim not in PRIMITIVES:
                 raise Unsupported(f"primitive {prim!r}")
             if len(eqn.outvars) != 1:

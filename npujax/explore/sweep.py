@@ -25,6 +25,14 @@ layers static (attention kernels, layer fusion) compiles a program per layer lis
 command line keeps programs (``npujax._program_cache``) the traced program is kept as well, so
 a second process neither traces nor compiles it.
 
+A small sweep (at most :data:`NUMPY_MAX_CONFIGS` configurations in all) runs the same traced
+program with numpy instead (:func:`npujax._program_cache.evaluate`, as ``lower`` does): XLA
+would spend seconds compiling a program that then runs for a fraction of one. Its figures are
+the compiled program's to float64 rounding (XLA's algebraic simplifier reassociates some
+divisions, and its float64 ``exp`` is not correctly rounded: at most a last bit apart), and the
+same bits for any batch and device count. The choice is made from the whole sweep's size, so
+every chunk, slice and process of one sweep takes the same path.
+
 Each configuration reduces its layers to one row of :data:`COLUMNS` (totals, per layer class,
 utilization); :class:`SweepResult` holds the rows with the axis values and derives the bounds,
 resources and the Pareto front. Each row also holds the energy per inference and its
@@ -79,7 +87,7 @@ from npujax.plan.workload import Workload
 from npujax.systolic.dataflow import get_dataflow
 
 __all__ = ["sweep", "evaluate", "evaluate_configs", "SweepResult", "COLUMNS", "INT_COLUMNS",
-           "LAYER_CLASSES"]
+           "LAYER_CLASSES", "NUMPY_MAX_CONFIGS", "runs_with_numpy"]
 
 #: Layer classes reported separately: GEMMs on the array, other NPU layers on the vector unit,
 #: layers that fall back to the host CPU.
@@ -94,6 +102,19 @@ COLUMNS = (
     "energy_j", "edp_js", "area_mm2", *(f"energy_{k}_j" for k in ENERGY_BREAKDOWN),
     "sustained_latency_s", "steady_temperature_c",
 )
+#: The most configurations a sweep evaluates with numpy rather than by compiling its program
+#: (:func:`evaluate`'s ``numpy``). The README's sweep of zoo:ppocr_cls (164 layers, three
+#: dataflows), 2 cores: numpy 0.34 s for 162 configurations, 1.3 s for 1,000, 8.6 s for 4,096,
+#: against 5.5-5.9 s to compile the program and 0.06-0.65 s to run it
+#: (``experiments/bench/startup_and_sweep.py``).
+NUMPY_MAX_CONFIGS = 1024
+
+
+def runs_with_numpy(configs: int) -> bool:
+    """Whether a sweep of ``configs`` configurations in all runs its program with numpy
+    (:data:`NUMPY_MAX_CONFIGS`)."""
+    return configs <= NUMPY_MAX_CONFIGS
+
 #: Of :data:`COLUMNS`, those that are exact integers (int64).
 INT_COLUMNS = ("compute_cycles", "memory_bound_layers", "gemm_compute_cycles",
                "vector_compute_cycles", "cpu_compute_cycles")
@@ -313,7 +334,7 @@ def evaluate(layers: Sequence[Workload], spec: NpuSpec, changes: dict[str, np.nd
              bits: np.ndarray, devices: Sequence[Any] | None = None,
              chains: Sequence[AttentionChain] = (), *,
              dataflows: Sequence[str] | None = None,
-             dataflow: np.ndarray | None = None) -> dict[str, np.ndarray]:
+             dataflow: np.ndarray | None = None, numpy: bool = False) -> dict[str, np.ndarray]:
     """The :data:`COLUMNS` of ``n`` configurations sharing ``spec``'s static fields (but the
     dataflow, which may be data).
 
@@ -329,10 +350,13 @@ def evaluate(layers: Sequence[Workload], spec: NpuSpec, changes: dict[str, np.nd
         ``(spec.array.dataflow,)``). One compiled program serves every configuration: give the
         same tuple for every batch of a sweep and it compiles once per batch size.
       dataflow: int ``[n]`` index into ``dataflows`` per configuration (default all 0).
+      numpy: run the traced program with numpy (:func:`npujax._program_cache.evaluate`)
+        instead of compiling it: for a few hundred configurations, seconds faster.
 
     Returns:
       ``{column: [n] array}`` (int64 for :data:`INT_COLUMNS`, float64 otherwise), the same bits
-      as the program of each configuration's dataflow alone, for any batch and device count.
+      for any batch and device count; compiled, the same bits as the program of each
+      configuration's dataflow alone; with numpy, those figures to float64 rounding.
 
     Raises:
       ConfigError: an unknown dataflow, or ``dataflow`` not ``[n]`` indices into ``dataflows``.
@@ -363,15 +387,18 @@ def evaluate(layers: Sequence[Workload], spec: NpuSpec, changes: dict[str, np.nd
     else:
         batched, name, static = _batched(layers, names, chains), "sweep", (layers, names,
                                                                             chains)
-    with jax.enable_x64(True):  # the numbers enter as int64/float64 (npujax._exact)
+    def compiled() -> dict[str, Any]:
         if _program_cache.folder() is None:
-            out = (_table_program(names, mesh) if table
-                   else _program(layers, names, mesh, chains))(*args)
-        else:  # the command line's: the traced program is kept between runs too
-            ins, shard = _shardings(mesh, len(args))
-            out = _program_cache.call(
-                batched, args, name=name, static=static, in_shardings=ins, out_shardings=shard,
-                compiler_options=_compiler_options(mesh.devices.flat[0].platform))
+            return (_table_program(names, mesh) if table
+                    else _program(layers, names, mesh, chains))(*args)
+        ins, shard = _shardings(mesh, len(args))  # the command line's: kept between runs too
+        return _program_cache.call(
+            batched, args, name=name, static=static, in_shardings=ins, out_shardings=shard,
+            compiler_options=_compiler_options(mesh.devices.flat[0].platform))
+
+    with jax.enable_x64(True):  # the numbers enter as int64/float64 (npujax._exact)
+        out = (_program_cache.evaluate(batched, args, compiled, name=name, static=static)
+               if numpy else compiled())
         out = {k: np.asarray(v)[:n] for k, v in out.items()}
     return {k: out[k] for k in COLUMNS}
 
@@ -455,13 +482,14 @@ def _program_axes(grid: Grid) -> list[int]:
 
 def evaluate_configs(graph: Graph, base: NpuSpec, grid: Grid, configs: np.ndarray,
                      devices: Sequence[Any] | None = None,
-                     workload_cache: dict[Any, tuple[NpuSpec, Network]] | None = None
-                     ) -> dict[str, np.ndarray]:
+                     workload_cache: dict[Any, tuple[NpuSpec, Network]] | None = None,
+                     numpy: bool = False) -> dict[str, np.ndarray]:
     """:data:`COLUMNS` of the given configurations (rows of value indices) of ``grid``.
 
     One compiled program per combination of the static axes other than the dataflow (none for
     a grid of numeric fields, bit widths and dataflows) and padded batch size: the dataflows
-    of the grid's ``dataflow`` axis are all evaluated by that program (:func:`evaluate`).
+    of the grid's ``dataflow`` axis are all evaluated by that program (:func:`evaluate`; with
+    ``numpy``, the programs are run with numpy instead of compiled).
 
     Raises:
       ConfigError: a static combination that makes an invalid spec.
@@ -494,7 +522,7 @@ def evaluate_configs(graph: Graph, base: NpuSpec, grid: Grid, configs: np.ndarra
             else:
                 changes[name] = picked
         cols = evaluate(layers, spec, changes, bits, devices, chains, dataflows=dataflows,
-                        dataflow=index)
+                        dataflow=index, numpy=numpy)
         for k, v in cols.items():
             out[k][rows] = v
     return out
@@ -530,7 +558,8 @@ def sweep(graph: Graph, base_spec: NpuSpec | str, grid: Grid | dict[str, Sequenc
     configs = configurations(g, sample, method, seed)
     cache: dict[Any, tuple[NpuSpec, Network]] = {}
     t = time.perf_counter()
-    cols = evaluate_configs(graph, base, g, configs, devices, cache)
+    cols = evaluate_configs(graph, base, g, configs, devices, cache,
+                            numpy=runs_with_numpy(len(configs)))
     seconds = time.perf_counter() - t
     layers = len(next(iter(cache.values()))[1].layers) if cache else 0
     if not all(np.all(np.isfinite(v)) for v in cols.values()):

@@ -59,7 +59,7 @@ from npujax._version import __version__
 from npujax.errors import ConfigError, OutputError
 from npujax.explore.grid import Grid, configurations
 from npujax.explore.pareto import pareto_front
-from npujax.explore.sweep import COLUMNS, SweepResult, evaluate_configs
+from npujax.explore.sweep import COLUMNS, SweepResult, evaluate_configs, runs_with_numpy
 from npujax.hw.spec import NpuSpec, spec_to_toml
 from npujax.ir.graph import Graph
 from npujax.report.plots import new_figure, save_figure
@@ -396,7 +396,8 @@ def run_sweep(graph: Graph, base: NpuSpec, grid: Grid, out: str | Path, *,
     with progress_bar(progress, "sweep", total, field="evaluations/s") as advance:
         for i in todo:
             sl = configs[i * chunk_size:(i + 1) * chunk_size]
-            cols = evaluate_configs(graph, base, grid, sl, devices, cache)
+            cols = evaluate_configs(graph, base, grid, sl, devices, cache,
+                                    numpy=runs_with_numpy(n))  # (the whole sweep's n)
             _write_chunk(_chunk_path(_work(out), i), cols, key)
             layers = len(next(iter(cache.values()))[1].layers)
             done += len(sl)

@@ -37,9 +37,22 @@ def model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference(model):
-    """The single-device run, in this process."""
-    r = sweep(model[0], "edge_16x16", GRID, devices=jax.local_devices()[:1])
-    return r.columns
+    """The single-device run, in this process, its program compiled (a sweep this small runs
+    with numpy otherwise)."""
+    import importlib
+
+    sw = importlib.import_module("npujax.explore.sweep")
+    keep, sw.NUMPY_MAX_CONFIGS = sw.NUMPY_MAX_CONFIGS, 0
+    try:
+        return sweep(model[0], "edge_16x16", GRID, devices=jax.local_devices()[:1]).columns
+    finally:
+        sw.NUMPY_MAX_CONFIGS = keep
+
+
+@pytest.fixture(scope="module")
+def numpy_reference(model):
+    """The single-device run, in this process, as a sweep this small runs: with numpy."""
+    return sweep(model[0], "edge_16x16", GRID, devices=jax.local_devices()[:1]).columns
 
 
 def _python(code: str, env: dict[str, str]) -> subprocess.Popen:
@@ -63,9 +76,10 @@ def test_eight_host_devices_equal_one_device(model, reference, tmp_path):
     """Also through the sharded program the command line keeps (``npujax._program_cache``)."""
     out, kept = tmp_path / "cols.npz", tmp_path / "kept.npz"
     p = _python(f"""
-        import jax, numpy as np
+        import importlib, jax, numpy as np
         from npujax import _program_cache
         from npujax.explore import sweep
+        importlib.import_module("npujax.explore.sweep").NUMPY_MAX_CONFIGS = 0  # (compiled)
         from npujax.quantize.model_file import load_graph
         assert len(jax.local_devices()) == 8, jax.local_devices()
         g = load_graph({str(model[1])!r})[0]
@@ -90,8 +104,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_processes_equal_one_device(model, reference, tmp_path):
-    """``npujax sweep`` started twice, joined through jax.distributed on localhost."""
+def test_two_processes_equal_one_device(model, numpy_reference, tmp_path):
+    """``npujax sweep`` started twice, joined through jax.distributed on localhost (each
+    process evaluates its chunks with numpy, as the one-process run does: the whole sweep is
+    12 configurations)."""
     out = tmp_path / "sweep"
     port = _free_port()
     cmd = [sys.executable, "-m", "npujax.cli", "sweep", str(model[1]), "--grid",
@@ -112,5 +128,5 @@ def test_two_processes_equal_one_device(model, reference, tmp_path):
     # 3 chunks: process 0 evaluates chunks 0 and 2, process 1 chunk 1; process 0 merges
     assert "2 chunk(s) evaluated" in logs[0] and "evaluated 1 chunk(s)" in logs[1], logs
     merged = [np.load(out / "chunks" / f"chunk-{i:06d}.npz") for i in range(3)]
-    _equal({k: np.concatenate([m[k] for m in merged]) for k in COLUMNS}, reference)
+    _equal({k: np.concatenate([m[k] for m in merged]) for k in COLUMNS}, numpy_reference)
     assert len((out / "results.csv").read_text().splitlines()) == 13

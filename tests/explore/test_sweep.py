@@ -113,12 +113,20 @@ def test_sweep_equals_lower_per_configuration(graph, edge):
 
 
 @pytest.fixture
-def user_compiled(monkeypatch):
-    """The sweep's program compiled as in a user's process (LLVM at -O2, the sweep's own
-    choice of XLA:CPU emitters), not with the suite's -O0 (tests/conftest.py)."""
+def compiled(monkeypatch):
+    """Sweeps of any size compile their program (a small one otherwise runs with numpy)."""
     import importlib
 
     sw = importlib.import_module("npujax.explore.sweep")
+    monkeypatch.setattr(sw, "NUMPY_MAX_CONFIGS", 0)
+    return sw
+
+
+@pytest.fixture
+def user_compiled(monkeypatch, compiled):
+    """The sweep's program compiled as in a user's process (LLVM at -O2, the sweep's own
+    choice of XLA:CPU emitters), not with the suite's -O0 (tests/conftest.py)."""
+    sw = compiled
     monkeypatch.setattr(sw, "_CPU_OPTIONS", {**sw._CPU_OPTIONS,
                                              "xla_backend_optimization_level": 2})
     caches = (sw._compiler_options, sw._program, sw._table_program)
@@ -153,12 +161,27 @@ def test_dataflows_are_data_in_one_program(graph, edge, user_compiled):
     for k in COLUMNS:
         np.testing.assert_array_equal(r.columns[k][rows], alone[k], err_msg=k)
     assert not np.array_equal(r.columns["latency_s"][::2], r.columns["latency_s"][1::2])
+    # a sweep this small runs the same traced program with numpy, nothing compiled: the
+    # integers the same, the floats within float64 rounding (XLA reassociates some divisions)
+    from npujax import _program_cache
+    from npujax.explore.sweep import INT_COLUMNS
+
+    fallbacks, programs = len(_program_cache.numpy_fallbacks), sw._table_program.cache_info()
+    sw.NUMPY_MAX_CONFIGS = 8
+    small = sweep(graph, edge, grid).columns
+    assert sw._table_program.cache_info() == programs  # (nothing new compiled)
+    assert len(_program_cache.numpy_fallbacks) == fallbacks  # (nor left to XLA)
+    for k in COLUMNS:
+        if k in INT_COLUMNS:
+            np.testing.assert_array_equal(small[k], r.columns[k], err_msg=k)
+        else:
+            np.testing.assert_allclose(small[k], r.columns[k], rtol=1e-14, atol=0, err_msg=k)
     with pytest.raises(ConfigError, match="indices into the 2 dataflows"):
         evaluate(layers, edge, {}, np.full(2, 8.0), dataflows=("ws", "os"),
                  dataflow=np.array([0, 2]))
 
 
-def test_layer_table_program_equals_the_layer_list_program(graph, edge):
+def test_layer_table_program_equals_the_layer_list_program(graph, edge, compiled):
     """The sweep evaluates a traced, padded layer table (one program for every model of the
     padded length) with the figures of the program with the layers as constants, bit for bit,
     for every column (the padding rows cost exactly 0)."""
@@ -182,7 +205,7 @@ def test_layer_table_program_equals_the_layer_list_program(graph, edge):
         np.testing.assert_array_equal(r.columns[k], np.asarray(static[k])[:12], err_msg=k)
 
 
-def test_sweep_program_is_kept_between_processes(graph, edge, tmp_path, monkeypatch):
+def test_sweep_program_is_kept_between_processes(graph, edge, tmp_path, monkeypatch, compiled):
     """Where the command line keeps programs (``npujax._program_cache``), the sweep's traced
     program is written once and read back by a later process, which traces nothing; the
     figures are those of the plain jitted program."""
