@@ -197,10 +197,10 @@ def sweep(checkouts: dict[str, Path], rounds: int) -> dict:
     (a second process on the cache the first filled) and warm at another input shape
     (:data:`OTHER_SHAPE`), ``rounds`` times, the checkouts interleaved in every round. Per
     checkout and run: the median CPU seconds, compilations and cache hits, and the median CPU
-    seconds of each phase; and whether every run of one command wrote the same
-    ``results.csv`` bytes."""
+    seconds of each phase; whether every run of one command wrote the same ``results.csv``
+    bytes within each checkout, and across the checkouts."""
     samples: dict[str, list[dict]] = {}
-    csvs: dict[bool, set[bytes]] = {}
+    csvs: dict[tuple[str, bool], set[bytes]] = {}
     for _ in range(rounds):
         for label, checkout in checkouts.items():
             with tempfile.TemporaryDirectory() as tmp:
@@ -213,7 +213,7 @@ def sweep(checkouts: dict[str, Path], rounds: int) -> dict:
                                            "--out", str(folder)], env, checkout)
                     samples.setdefault(f"{label}: {run}", []).append(
                         {"cpu_s": cpu, **_parse_child(err)})
-                    csvs.setdefault(argv is README_SWEEP, set()).add(
+                    csvs.setdefault((label, argv is README_SWEEP), set()).add(
                         (folder / "results.csv").read_bytes())
     out: dict = {}
     for key, runs in samples.items():
@@ -225,6 +225,9 @@ def sweep(checkouts: dict[str, Path], rounds: int) -> dict:
                     "cache_hits": int(statistics.median(r["cache_hits"] for r in runs)),
                     "phases": phases}
     out["results.csv identical"] = all(len(v) == 1 for v in csvs.values())
+    out["results.csv identical across checkouts"] = all(
+        len(set().union(*(v for (_, readme), v in csvs.items() if readme == r))) == 1
+        for r in (True, False))
     return out
 
 
@@ -489,7 +492,9 @@ def main() -> None:
                   f"{v['cache_hits']:3d} cache hits   (all: "
                   + ", ".join(f"{x:.2f}" for x in v["cpu_s_all"]) + ")")
         result["results_csv_identical"] = same
-        print(f"    results.csv of every run of a command byte for byte the same: {same}")
+        across = result["sweep"].pop("results.csv identical across checkouts")
+        print(f"    results.csv of every run of a command byte for byte the same: {same} "
+              f"(within each checkout), {across} (across them)")
         if len(checkouts) > 1:
             for run in RUNS:
                 b, a = (result["sweep"][f"{c}: {run}"]["cpu_s"] for c in checkouts)

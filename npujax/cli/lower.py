@@ -289,15 +289,6 @@ def _note_fusion_override(args: argparse.Namespace, preset_fusion: str, npu: str
                     "claims.", args.fusion, npu, preset_fusion)
 
 
-def _freeze_imports() -> None:
-    """Leave the objects of the imports (jax's, mostly) out of the garbage collector's full
-    collections (:func:`gc.freeze`): the per-layer reports allocate enough to trigger some, and
-    each traversed every imported object (0.05-0.1 CPU s of a warm ``lower``)."""
-    import gc
-
-    gc.freeze()
-
-
 def run(args: argparse.Namespace) -> int:
     if args.scalesim_config or args.topology:
         return _run_scalesim(args)
@@ -327,7 +318,6 @@ def run(args: argparse.Namespace) -> int:
     from npujax.workflows.inputs import load_model
     from npujax.workflows.lowering import import_onnx_for_lowering
 
-    _freeze_imports()
     saved = args.weight_bits == ["saved"]
     wbits = bits_spec(args.weight_bits) if args.weight_bits and not saved else 8
     abits = bits_spec(args.act_bits) if args.act_bits else 8
@@ -704,7 +694,6 @@ def _run_decoder(args: argparse.Namespace) -> int:
         write_lowering,
     )
 
-    _freeze_imports()
     name = str(args.model).split(":", 1)[1]
     if args.input_shape or args.sweep_resolution or args.shapes or args.compile_s is not None:
         raise ConfigError("--input-shape, --sweep-resolution, --shapes and --compile-s apply to "

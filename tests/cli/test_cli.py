@@ -61,6 +61,28 @@ def test_presets_lists_default():
     assert r.returncode == 0 and "edge_16x16" in r.stdout
 
 
+def test_own_process_freezes_its_start_up_and_collects_garbage_after(monkeypatch, capsys):
+    """``main()`` as the npujax program runs it (no argv): the start-up's objects frozen out
+    of the cyclic collector, which is on again for the command; a caller's ``main(argv)``
+    leaves the collector alone."""
+    import gc
+
+    from npujax.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["npujax", "presets"])
+    frozen = gc.get_freeze_count()  # (the suite freezes its own start-up: tests/conftest.py)
+    try:
+        assert main() == 0
+        assert gc.isenabled() and gc.get_freeze_count() > frozen
+    finally:
+        gc.unfreeze()
+        gc.freeze()  # (as the suite left it)
+        gc.enable()
+    frozen = gc.get_freeze_count()
+    assert main(["presets"]) == 0 and gc.get_freeze_count() <= frozen  # (nothing new frozen)
+    assert "edge_16x16" in capsys.readouterr().out
+
+
 @pytest.fixture(scope="module")
 def saved_model(tmp_path_factory):
     import jax
