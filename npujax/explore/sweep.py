@@ -115,6 +115,7 @@ def runs_with_numpy(configs: int) -> bool:
     (:data:`NUMPY_MAX_CONFIGS`)."""
     return configs <= NUMPY_MAX_CONFIGS
 
+
 #: Of :data:`COLUMNS`, those that are exact integers (int64).
 INT_COLUMNS = ("compute_cycles", "memory_bound_layers", "gemm_compute_cycles",
                "vector_compute_cycles", "cpu_compute_cycles")
@@ -544,7 +545,9 @@ def sweep(graph: Graph, base_spec: NpuSpec | str, grid: Grid | dict[str, Sequenc
       devices: devices to shard each batch over (default: every local device).
 
     Returns:
-      The :class:`SweepResult`, rows in configuration order.
+      The :class:`SweepResult`, rows in configuration order (a sweep of at most
+      :data:`NUMPY_MAX_CONFIGS` configurations is run with numpy, not compiled: the module's
+      docstring).
 
     Raises:
       ConfigError: a bad axis, value, sample size or method.
