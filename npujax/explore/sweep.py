@@ -26,7 +26,7 @@ command line keeps programs (``npujax._program_cache``) the traced program is ke
 a second process neither traces nor compiles it.
 
 A small sweep (at most :data:`NUMPY_MAX_CONFIGS` configurations in all) runs the same traced
-program with numpy instead (:func:`npujax._program_cache.evaluate`, as ``lower`` does): XLA
+program with numpy instead (``npujax._program_cache.evaluate``, as ``lower`` does): XLA
 would spend seconds compiling a program that then runs for a fraction of one. Its figures are
 the compiled program's to float64 rounding (XLA's algebraic simplifier reassociates some
 divisions, and its float64 ``exp`` is not correctly rounded: at most a last bit apart), and the
@@ -351,7 +351,7 @@ def evaluate(layers: Sequence[Workload], spec: NpuSpec, changes: dict[str, np.nd
         ``(spec.array.dataflow,)``). One compiled program serves every configuration: give the
         same tuple for every batch of a sweep and it compiles once per batch size.
       dataflow: int ``[n]`` index into ``dataflows`` per configuration (default all 0).
-      numpy: run the traced program with numpy (:func:`npujax._program_cache.evaluate`)
+      numpy: run the traced program with numpy (``npujax._program_cache.evaluate``)
         instead of compiling it: for a few hundred configurations, seconds faster.
 
     Returns:
