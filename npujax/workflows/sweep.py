@@ -117,9 +117,25 @@ def _sweep_key(sweep: dict[str, Any]) -> str:
                                     if k not in _NAMES and k != _SLICE}, sort_keys=True))
 
 
+class _Absent:
+    """An entry one of two sweeps' mappings lacks, as a message shows it."""
+
+    def __repr__(self) -> str:
+        return "(absent)"
+
+
+_ABSENT = _Absent()
+#: The longest value a "different sweep" message shows whole.
+_SHOWN = 160
+
+
 def _shown(value: Any) -> str:
+    """``value`` for a one-line message: a sha256 by its first 12 digits, anything longer than
+    :data:`_SHOWN` characters cut with an ellipsis."""
     text = str(value)
-    return text[:12] if isinstance(value, str) and len(value) == 64 else text[:40]
+    if isinstance(value, str) and len(value) == 64:
+        return text[:12] + "…"
+    return text if len(text) <= _SHOWN else text[:_SHOWN - 1] + "…"
 
 
 def _changes(before: dict[str, Any], now: dict[str, Any]) -> tuple[str, str]:
@@ -135,7 +151,7 @@ def _changes(before: dict[str, Any], now: dict[str, Any]) -> tuple[str, str]:
         # of two mappings (the grid, the options), only the entries that differ
         if isinstance(b, dict) and isinstance(n, dict):
             keys = [k for k in {**b, **n} if b.get(k) != n.get(k)]
-            return {k: b.get(k) for k in keys}, {k: n.get(k) for k in keys}
+            return ({k: b.get(k, _ABSENT) for k in keys}, {k: n.get(k, _ABSENT) for k in keys})
         return b, n
 
     detail = "; ".join(f"{key} {_shown(b)} then, {_shown(n)} now" for key, _ in changed

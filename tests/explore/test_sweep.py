@@ -270,6 +270,12 @@ def test_resumption_is_keyed_by_content(graph, edge, tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="the grid") as e:
         run_sweep(graph, edge, wide, out, model="m.onnx", chunk_size=1, progress=False)
     assert "'array.cols': [8, 16, 32, 64]" in str(e.value) and "array.rows" not in str(e.value)
+    # an axis one grid lacks is named so, the values whole (a trial saw "'array.cols': No now")
+    other = Grid.build({"array.cols": [8, 16, 32]}, edge)
+    with pytest.raises(ConfigError, match="the grid") as e:
+        run_sweep(graph, edge, other, out, model="m.onnx", chunk_size=1, progress=False)
+    assert ("{'array.rows': [8, 16], 'array.cols': (absent)} then, {'array.rows': (absent), "
+            "'array.cols': [8, 16, 32]} now") in str(e.value)
     import npujax.workflows.sweep as workflow
 
     monkeypatch.setattr(workflow, "__version__", "9.9.9")
