@@ -47,14 +47,14 @@ import signal
 import stat
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from npujax.errors import ConfigError, OutputError
 
 __all__ = ["file_sha256", "atomic_open", "atomic_write_text", "atomic_write_bytes", "staged_dir",
-           "check_output_dir", "foreign_files", "MANIFEST"]
+           "check_output_dir", "foreign_files", "refuse_foreign", "MANIFEST"]
 
 #: The file listing what npujax wrote in a run folder, written last:
 #: ``{"files": {relative/path: {"bytes", "sha256"}}}``.
@@ -446,6 +446,21 @@ def foreign_files(path: str | os.PathLike[str], rels: list[str]) -> list[str]:
             continue
         refused.append(rel)
     return refused
+
+
+def refuse_foreign(path: str | os.PathLike[str], rels: Sequence[str]) -> None:
+    """Refuse now, before the work, a run whose publish would be refused: one of ``rels`` (the
+    files it writes into the folder ``path``) taken by a file npujax did not write there
+    (:func:`foreign_files`).
+
+    Raises:
+      OutputError: naming the first such file (nothing is changed).
+    """
+    refused = foreign_files(path, list(rels))
+    if refused:
+        raise OutputError(f"output folder {str(path)!r} holds {refused[0]!r}, which npujax did "
+                          "not write; a run never replaces such a file: move it away or pass "
+                          "another folder (nothing there was changed).")
 
 
 def _publish(out: Path, stage: Path, files: dict[str, dict[str, Any]]) -> None:

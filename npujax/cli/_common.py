@@ -7,7 +7,7 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -193,22 +193,23 @@ def epilog(*examples: str) -> str:
     return "examples:\n" + "\n".join(f"  {e}" for e in examples)
 
 
-def output_dir(path: str | None) -> Path | None:
+def output_dir(path: str | None, files: Sequence[str] = ()) -> Path | None:
     """``--out`` as a folder, created now so that a folder that cannot be written fails before
-    the work, not after it.
+    the work, not after it; ``files``, the names the command writes there, are checked now too.
 
     Raises:
       ConfigError: the folder cannot be created (no permission), or ``path`` is empty.
-      OutputError: a file of that name (a folder's own files are kept, see
-        ``npujax._atomic.staged_dir``).
+      OutputError: a file of that name, or one of ``files`` there that npujax did not write (a
+        folder's other files are kept, see ``npujax._atomic.staged_dir``).
     """
     if path is None:
         return None
     if not path.strip():
         raise ConfigError("--out is empty; pass the folder to write to.")
-    from npujax._atomic import check_output_dir
+    from npujax._atomic import check_output_dir, refuse_foreign
 
-    out = check_output_dir(path)  # a file of that name: refused now
+    out = check_output_dir(path)  # a file of that name: refused now,
+    refuse_foreign(out, files)  # and a user's file where the command writes one
     missing = []  # the folders this creates, deepest first (removed again if the run fails)
     p = out.absolute()
     while not p.exists() and p != p.parent:

@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from npujax.quantize.ptq import layer_sqnr, ptq
     from npujax.report import sqnr_table, write_sqnr_report
 
-    out = output_dir(args.out)
+    out = output_dir(args.out, CALIBRATE_FILES)
     graph, params, _, meta = load_graph(args.model)
     data = (load_digits_nhwc if args.data == "digits" else load_mnist5k_nhwc)(seed=args.seed)
     want = graph.tensors[graph.inputs[0]].shape[1:]

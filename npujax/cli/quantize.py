@@ -183,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
     from npujax.workflows.inputs import load_model_and_data
     from npujax.workflows.quantize import (
         ORT_TOLERANCE,
+        QUANTIZE_FILES,
         QuantizeConfig,
         method_instances,
         quantize_model,
@@ -195,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--no-bias-correction skips the correction, {other} sets how it "
                           "runs: give one of them.")
     args.bias_correction = args.bias_correction or "model"
-    out = output_dir(args.out)
+    out = output_dir(args.out, QUANTIZE_FILES)
     assert out is not None
     config = QuantizeConfig(
         observer=args.method, methods=method_instances(args.ptq_methods),

@@ -17,7 +17,7 @@ import jax
 from flax import nnx
 from rich.console import Console
 
-from npujax._atomic import check_output_dir, staged_dir
+from npujax._atomic import check_output_dir, refuse_foreign, staged_dir
 from npujax.data.datasets import load_digits_nhwc
 from npujax.errors import ConfigError
 from npujax.frontends.flax import trace_flax
@@ -123,14 +123,15 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
     Raises:
       ConfigError: bad preset or settings, or an output folder that cannot be created.
       OutputError: the output folder is a file, holds a file of the demo's names that npujax
-        did not write (kept), or the files cannot be written (the folder then keeps its
-        previous contents; see ``npujax._atomic.staged_dir``).
+        did not write (kept; refused before the work), or the files cannot be written (the
+        folder then keeps its previous contents; see ``npujax._atomic.staged_dir``).
     """
     console = console or Console()
     t0 = time.perf_counter()
     spec: NpuSpec = load_npu_spec(config.npu)
     out = Path(config.out) if config.out else default_out_dir()
-    check_output_dir(out)  # before the work: a file of that name fails now
+    check_output_dir(out)  # before the work: a file of that name fails now,
+    refuse_foreign(out, DEMO_FILES)  # and so does a file of ours that npujax did not write
     data = load_digits_nhwc(seed=config.seed)
     console.print(f"[bold]npujax demo[/] — digits {len(data.x_train)} train / "
                   f"{len(data.x_test)} test, NPU preset [cyan]{spec.name}[/], output {out}")

@@ -51,7 +51,7 @@ from npujax._atomic import (
     atomic_write_bytes,
     atomic_write_text,
     check_output_dir,
-    foreign_files,
+    refuse_foreign,
     staged_dir,
 )
 from npujax._progress import progress_bar
@@ -287,16 +287,6 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 _RESULT_FILES = ("results.csv", "results.parquet", "pareto.csv", "pareto.png", "axes.png")
 
 
-def _refuse_foreign(out: Path, rels: list[str]) -> None:
-    """Refuse now, before the work, a run whose publish would be refused (a user's file where
-    the sweep writes one)."""
-    refused = foreign_files(out, rels)
-    if refused:
-        raise OutputError(f"output folder {str(out)!r} holds {refused[0]!r}, which npujax did "
-                          "not write; a run never replaces such a file: move it away or pass "
-                          "another folder (nothing there was changed).")
-
-
 def parse_shard(text: str) -> tuple[int, int]:
     """``"I/N"`` (``--shard``) as ``(I, N)``: slice I (0 .. N-1) of N.
 
@@ -391,7 +381,7 @@ def run_sweep(graph: Graph, base: NpuSpec, grid: Grid, out: str | Path, *,
     if rank == 0:
         check_output_dir(out)  # (finishes a publish a kill cut; clears dead staging folders)
         _check_folder(out, meta)
-        _refuse_foreign(out, [_META, *(_chunk_name(i) for i in ours),
+        refuse_foreign(out, [_META, *(_chunk_name(i) for i in ours),
                               *(() if shard else _RESULT_FILES)])
         atomic_write_text(_work(out) / _META, json.dumps(meta, indent=2) + "\n")
     if procs > 1:
@@ -569,7 +559,7 @@ def merge_sweeps(folders: Sequence[str | Path], out: str | Path, *,
     meta = {"sweep": sweep}
     check_output_dir(out)
     _check_folder(out, meta)
-    _refuse_foreign(out, [_META, *(_chunk_name(i) for i in chunks), *_RESULT_FILES])
+    refuse_foreign(out, [_META, *(_chunk_name(i) for i in chunks), *_RESULT_FILES])
     layers = int(first["layers"])
     seconds = sum(float(m["seconds"]) for _, m in slices)
     evaluations = sum(int(m["evaluations"]) for _, m in slices)

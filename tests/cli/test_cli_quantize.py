@@ -100,6 +100,17 @@ def test_too_few_held_out_examples_are_said_to_be_too_few(tiny, tmp_path):
     assert "on 2 held-out examples" in r.stdout and "too few to judge" in r.stdout
 
 
+def test_a_users_file_in_out_is_refused_before_the_work(tiny, tmp_path):
+    """A file of the user's where quantize writes one is refused at the start, not after the
+    calibration (a new user's trial waited 7 s for the refusal); it is kept."""
+    (tmp_path / "q").mkdir()
+    (tmp_path / "q" / "layers.csv").write_text("mine\n")
+    r = run_cli("quantize", tiny / "m.onnx", "--data", tmp_path / "missing.npz",
+                "--out", tmp_path / "q", "--no-progress")
+    assert r.returncode == 10 and "holds 'layers.csv', which npujax did not write" in r.stderr
+    assert (tmp_path / "q" / "layers.csv").read_text() == "mine\n"
+
+
 def _bad(tmp_path, name, **arrays):
     np.savez(tmp_path / name, **arrays)
     return tmp_path / name

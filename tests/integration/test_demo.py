@@ -66,3 +66,14 @@ def test_demo_cli_default_meets_targets(tmp_path):
     assert lo.returncode == 0, lo.stderr
     sched = json.loads((tmp_path / "lowered" / "schedule.json").read_text())
     assert sched["latency_s"] == pytest.approx(report["int8_latency_s"], rel=1e-9)
+
+
+def test_a_users_file_in_out_is_refused_before_the_work(tmp_path):
+    """A file of the user's where the demo writes one is refused at the start (a new user's
+    trial saw every table printed, 20 CPU s, then the refusal); it is kept."""
+    out = tmp_path / "runs"
+    out.mkdir()
+    (out / "report.json").write_text("mine\n")
+    r = run_cli("demo", "--out", out, "--no-progress")
+    assert r.returncode == 10 and "holds 'report.json', which npujax did not write" in r.stderr
+    assert "float" not in r.stdout.lower() and (out / "report.json").read_text() == "mine\n"
