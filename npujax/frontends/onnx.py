@@ -786,9 +786,12 @@ def _graph_inputs(ctx: _Ctx, model: onnx.ModelProto,
             shape = tuple(int(d) for d in given.pop(vi.name))
             if len(shape) != len(dims) or any(d is not None and d != s
                                               for d, s in zip(dims, shape)):
+                declared = [d if d is not None else "?" for d in dims]
                 raise GraphError(
-                    f"input_shapes[{vi.name!r}] = {shape} does not match the model's declared "
-                    f"shape {[d if d is not None else '?' for d in dims]}.")
+                    f"the shape {shape} given for input {vi.name!r} (--input-shape "
+                    f"{vi.name}=..., or from_onnx's input_shapes) does not match the model's "
+                    f"declared shape {declared}; give {len(dims)} dimensions, the declared "
+                    "ones as they are.")
         elif dims and dims[0] is None and None not in dims[1:]:
             # only the batch is symbolic (as npujax.to_onnx and most exporters write it):
             # specialise to batch 1, like --batch's default (input_shapes sets another)

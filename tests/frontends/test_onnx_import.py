@@ -294,8 +294,11 @@ def test_dynamic_dimension_needs_input_shapes():
         from_onnx(m)
     graph, _ = from_onnx(m, {"x": (4, 2, 5, 3)})
     assert graph.tensors["y"].shape == (4, 2, 5, 3)
-    with pytest.raises(GraphError, match="does not match"):
+    with pytest.raises(GraphError, match=r"\(4, 3, 5, 3\) given for input 'x' \(--input-shape "
+                       r"x=\.\.\., or from_onnx's input_shapes\) does not match"):
         from_onnx(m, {"x": (4, 3, 5, 3)})
+    with pytest.raises(GraphError, match="give 4 dimensions"):
+        from_onnx(m, {"x": (4, 2, 5)})
     with pytest.raises(GraphError, match="not inputs of the model"):
         from_onnx(m, {"x": (4, 2, 5, 3), "z": (1,)})
 
