@@ -23,6 +23,10 @@ which it rises holds the peak).
 
 Targets: <= 1 s of CPU and <= 300 MB for a 0.5 B model, <= 2 s and <= 400 MB for 8 B.
 A checkout that does not know a model (an old one and a config file) is reported as such.
+
+Every checkout is measured as installed, with its bytecode written first
+(``experiments/bench/_bytecode.py``: a shell with ``PYTHONDONTWRITEBYTECODE=1`` would otherwise
+compile npujax's modules in every process, 0.15-0.3 CPU s that no user pays).
 """
 
 from __future__ import annotations
@@ -273,6 +277,9 @@ def main() -> None:
         program_size(a.models.split(",")[0], a.npu, a.repeats)
         return
     trees, models, steps = a.trees.split(","), a.models.split(","), a.phases.split(",")
+    from _bytecode import as_installed
+
+    as_installed(trees)
     cases = [(Path(m).name, step, lower_args(m, step, a.npu)) for m in models for step in steps]
     cases += [(f"case {i + 1}", "", case_args(c)) for i, c in enumerate(a.case)]
     print(f"load average at start: {os.getloadavg()}; --npu {a.npu}")

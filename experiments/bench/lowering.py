@@ -23,6 +23,10 @@ Prints (and writes as JSON with --out):
       evaluations per second (target >= 1e6 on 2 CPU cores);
   (3) the jitted JAX forward pass vs onnxruntime on the same input, interleaved medians
       (target: <= 1.5x ORT's time on the classifier, <= 1x on the detector).
+
+Every checkout is measured as installed, with its bytecode written first
+(``experiments/bench/_bytecode.py``: a shell with ``PYTHONDONTWRITEBYTECODE=1`` would otherwise
+compile npujax's modules in every process, 0.15-0.3 CPU s that no user pays).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -260,6 +265,9 @@ def main() -> None:
     if args.end_to_end:
         print(json.dumps(end_to_end(args.model, args.npu, args.end_to_end == "reference")))
         return
+    from _bytecode import as_installed
+
+    as_installed([Path(__file__).resolve().parents[2], *([args.before] if args.before else [])])
     res: dict = {"model": args.model, "input_shape": SHAPES[args.model], "npu": args.npu,
                  "backend": jax.default_backend()}
     res.update(compare_end_to_end(args.model, args.npu, args.rounds, args.before))

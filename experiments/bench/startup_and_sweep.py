@@ -36,6 +36,10 @@ Prints:
 
 The machine's load average is printed before and after: on a shared machine the ratios (each
 pair measured back to back) are steadier than the absolute seconds.
+
+Every checkout is measured as installed, with its bytecode written first
+(``experiments/bench/_bytecode.py``: a shell with ``PYTHONDONTWRITEBYTECODE=1`` would otherwise
+compile npujax's modules in every process, 0.15-0.3 CPU s that no user pays).
 """
 
 from __future__ import annotations
@@ -466,6 +470,9 @@ def main() -> None:
     checkouts = {"after": HERE}
     if args.before:
         checkouts = {"before": Path(args.before).resolve(), **checkouts}
+    from _bytecode import as_installed
+
+    as_installed(checkouts.values())
     from importlib.metadata import version
     result: dict = {"load_before": os.getloadavg(), "cpus": os.cpu_count(), "rows": args.rows,
                     "versions": {p: version(p) for p in ("jax", "jaxlib", "ml_dtypes", "numpy")}}
