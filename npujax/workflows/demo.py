@@ -131,7 +131,7 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
     spec: NpuSpec = load_npu_spec(config.npu)
     out = Path(config.out) if config.out else default_out_dir()
     check_output_dir(out)  # before the work: a file of that name fails now,
-    refuse_foreign(out, DEMO_FILES)  # and so does a file of ours that npujax did not write
+    refuse_foreign(out, DEMO_FILES)  # and so does a user's file under one of the demo's names
     data = load_digits_nhwc(seed=config.seed)
     console.print(f"[bold]npujax demo[/] — digits {len(data.x_train)} train / "
                   f"{len(data.x_test)} test, NPU preset [cyan]{spec.name}[/], output {out}")
