@@ -15,6 +15,9 @@ Prints:
       way npujax ran a model before) and, with ``--before``, the other checkout's ``arguments``
       side (its own process, its own interleaved onnxruntime). Rounds alternate the processes;
       the printed ratio is the median over ``--rounds``. Target: <= 1.3x onnxruntime.
+      ``inference_eigen_1_thread`` is the ``inference`` program compiled with
+      ``xla_cpu_multi_thread_eigen=False`` (each convolution and dot on one thread): a probe
+      of what XLA's intra-op threading costs, not what npujax runs.
   (2) the classifier's first call in a fresh process: CPU seconds of ``f(x)`` from nothing
       (tracing, compilation, the run) with an empty persistent compile cache (cold) and with
       the cache the cold run filled (warm), and onnxruntime's start-up (creating the
@@ -26,8 +29,11 @@ XLA ``--xla_cpu_multi_thread_eigen=false`` and ``PJRT_NPROC=1`` (set here for ev
 ``PJRT_NPROC`` sizes the PjRt CPU client's thread pools: without it XLA:CPU runs independent
 thunks, and the two halves of every loop fusion its ParallelTaskAssigner splits, on a pool of
 one thread per core. (``intra_op_parallelism_threads=1``, which earlier runs put in
-``XLA_FLAGS``, is not an XLA flag and changed nothing.) ``--xla-threads all`` leaves XLA its
-default pools, as a user gets them. Every compiled program is kept in the cache
+``XLA_FLAGS``, is not an XLA flag and changed nothing.) ``--xla-threads all`` leaves both
+runtimes their defaults, as a user gets them: XLA its pools and Eigen's threads (no
+``XLA_FLAGS``; before 2026-12-03 it still passed ``--xla_cpu_multi_thread_eigen=false``, so its
+figures understated XLA's default threading), onnxruntime its own. Every compiled program is
+kept in the cache
 (``jax_persistent_cache_min_compile_time_secs = 0``, both sides alike). The machine's load
 average is printed before and after.
 """
@@ -55,9 +61,9 @@ _POOLS = XLA_POOLS["1"]
 def _env(checkout: Path, **extra: str) -> dict[str, str]:
     env = dict(os.environ, PYTHONPATH=str(checkout), XLA_FLAGS=THREADS, **_POOLS, **extra)
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
-    if not _POOLS:
-        env.pop("PJRT_NPROC", None)
-        env.pop("NPROC", None)
+    if not _POOLS:  # XLA's defaults, as a user gets them: its pools and Eigen's threads
+        for name in ("PJRT_NPROC", "NPROC", "XLA_FLAGS"):
+            env.pop(name, None)
     return env
 
 
@@ -89,11 +95,14 @@ def _model(name: str):
 
 
 def _session(path):
+    """onnxruntime's CPU session: one thread where XLA has one (``PJRT_NPROC=1``, the
+    default), else onnxruntime's own defaults (``--xla-threads all``: both as a user gets them)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    so.inter_op_num_threads = 1
+    if os.environ.get("PJRT_NPROC") == "1":
+        so.intra_op_num_threads = 1
+        so.inter_op_num_threads = 1
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
@@ -109,6 +118,17 @@ def _sides(graph, params, x) -> dict:
     if hasattr(ex, "inference"):
         f = ex.inference(graph, params)
         sides["inference"] = lambda: f(x)
+    if hasattr(ex, "_run_fixed") and jax.default_backend() == "cpu":
+        # the same program, its convolutions and dots each on one thread (XLA's Eigen calls;
+        # the PjRt pool still runs independent steps side by side): a probe, not npujax's way
+        import functools
+
+        import numpy as np
+
+        host = jax.tree.map(np.asarray, params)
+        one = jax.jit(functools.partial(ex._run_fixed, graph, host, None, None),
+                      compiler_options={"xla_cpu_multi_thread_eigen": False})
+        sides["inference_eigen_1_thread"] = lambda: one(x)
     return sides
 
 
