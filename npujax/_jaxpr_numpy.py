@@ -34,6 +34,7 @@ import numpy as np
 
 __all__ = ["Unsupported", "Program", "flatten", "PRIMITIVES"]
 
+
 class Unsupported(Exception):
     """The program holds a primitive (or a form of one) this module does not carry out."""
 
@@ -309,7 +310,7 @@ def _params(prim: str, eqn: Any) -> dict[str, Any]:
 
     Raises:
       Unsupported: a parameter outside what the factory carries out (a sharding, a reshape's
-        ``dimensions``, an ``argmin`` over several axes).
+        ``dimensions``, an ``argmin`` over several axes, an extreme over an empty axis).
     """
     p = eqn.params
     if p.get("sharding") is not None or p.get("out_sharding") is not None:
@@ -326,6 +327,10 @@ def _params(prim: str, eqn: Any) -> dict[str, Any]:
     if prim == "iota":
         return {"dtype": np.dtype(p["dtype"]).name, "shape": ints(p["shape"]),
                 "dimension": int(p["dimension"])}
+    if prim in ("reduce_max", "reduce_min", "argmin", "argmax"):
+        shape = eqn.invars[0].aval.shape
+        if any(shape[a] == 0 for a in p["axes"]):  # (numpy's has no identity; XLA's is ±inf)
+            raise Unsupported(f"{prim} over an empty axis")
     if prim in ("reduce_sum", "reduce_max", "reduce_min", "reduce_or", "reduce_and"):
         return {"axes": ints(p["axes"])}
     if prim in ("argmin", "argmax"):
@@ -497,9 +502,8 @@ def _scan(body: dict[str, Any], num_consts: int, num_carry: int, length: int,
             ys.append(y)
         if reverse:
             ys.reverse()
-        n_y = len(program.outs) - num_carry
+        n_y = len(program.outs) - num_carry  # (length >= 1: flatten refuses an empty scan)
         stacked = [np.stack([y[k] for y in ys]).astype(program.out_dtypes[num_carry + k])
-                   if ys else np.zeros((0,), program.out_dtypes[num_carry + k])
                    for k in range(n_y)]
         carry = [np.asarray(c, dtype=d) for c, d in zip(carry, program.out_dtypes)]
         return carry + stacked
@@ -518,7 +522,8 @@ def flatten(closed: Any) -> Program:
 
     Raises:
       Unsupported: the program holds a primitive not in :data:`PRIMITIVES`, a gather that
-        fills out-of-range windows, or a float reduction (its order of summation is XLA's own).
+        fills out-of-range windows, a maximum, minimum or arg-extreme over an empty axis, or a
+        scan of length 0.
     """
     from jax.extend import core as jcore
 
@@ -562,6 +567,8 @@ def flatten(closed: Any) -> Program:
                 continue
             if prim == "scan":
                 p = eqn.params
+                if int(p["length"]) == 0:  # (its stacked outputs' shapes are the body's)
+                    raise Unsupported("a scan of length 0")
                 outs = tuple(new() for _ in eqn.outvars)
                 steps.append(Step("scan", {
                     "body": flatten(p["jaxpr"]).to_json(), "num_consts": int(p["num_consts"]),

@@ -143,6 +143,11 @@ def test_program_round_trips_through_json_and_refuses_unknown_primitives():
 def test_unsupported_programs_go_to_the_compiled_fallback():
     with pytest.raises(Unsupported, match="tanh"):
         flatten(jax.make_jaxpr(jnp.tanh)(1.0))
+    with pytest.raises(Unsupported, match="empty axis"):  # XLA's -inf, numpy's ValueError
+        flatten(jax.make_jaxpr(lambda x: lax.reduce_max(x, (1,)))(np.ones((2, 0))))
+    with pytest.raises(Unsupported, match="length 0"):
+        flatten(jax.make_jaxpr(lambda x: lax.scan(lambda c, v: (c, v * 2.0), 0.0, x))(
+            np.ones((0, 3))))
     with pytest.raises(Unsupported, match="gather"):  # out-of-range rows filled, not clamped
         flatten(jax.make_jaxpr(lambda x, i: x.at[i].get(mode="fill"))(np.ones(4), np.ones(2, int)))
     calls = []
