@@ -2,7 +2,7 @@
 program of each dataflow alone: every column, bit for bit, over presets that exercise group
 packing, double-buffered stationary tiles and both DRAM mappings.
 
-    PYTHONPATH=. python3 experiments/dataflow_roles/sweep_equal.py
+    PYTHONPATH=. python3 experiments/dataflow_roles/sweep_equal.py [PRESET ...]
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from npujax.plan import network
 from npujax.systolic import DATAFLOWS
 
 PRESETS = ("edge_16x16", "tpu_v1", "coral_edgetpu", "rk3588_npu", "bitfusion_16x16",
-           "gemmini_16x16", "datacenter_128x128", "edge_transformer_16x16")
+           "gemmini_16x16", "datacenter_128x128", "edge_transformer_16x16", "coral_devboard")
 
 
 def graphs():
@@ -37,7 +37,7 @@ def graphs():
 def main() -> None:
     bad = checked = 0
     for name, graph in graphs():
-        for preset in PRESETS:
+        for preset in sys.argv[1:] or PRESETS:
             spec = load_npu_spec(preset)
             for mapping in ("best", "scalesim"):
                 s = spec.with_fields({"memory.mapping": mapping})
