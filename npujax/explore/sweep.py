@@ -7,9 +7,10 @@ mapping, layout and operator fields: they change the program's formulas or the w
 of numeric fields, bit widths and dataflows has none) the layers' workloads are built once and one
 jitted program evaluates all the configurations of that combination: ``jax.vmap`` over a
 stacked :class:`~npujax.NpuSpec` (its numeric leaves ``[n]`` arrays, int64/float64:
-:func:`npujax.hw.fields.stack`), the ``bits`` axis and the dataflow's index (the program costs
-every dataflow of the grid, :func:`npujax.plan.program_costs`, and each configuration takes its
-own by an exact select), sharded over the local devices by a
+:func:`npujax.hw.fields.stack`), the ``bits`` axis and the dataflow's index (data inside the
+cost formulas, :class:`npujax.systolic.dataflow.Roles`, for the systolic dataflows; with
+``row_stationary`` in the grid the program costs every dataflow and each configuration takes
+its own by an exact select), sharded over the local devices by a
 ``jax.sharding.Mesh`` with one ``config`` axis (``NamedSharding(mesh, P("config"))`` on every input
 and output; sharded ``jit``). The configurations are independent, and each configuration's layer
 sums take one fixed order (:func:`npujax.plan.layer_sums`), so the sharded program runs the same
@@ -84,7 +85,7 @@ from npujax.plan.program import (
 from npujax.plan.table import MIN_LENGTH, LayerTable, layer_table
 from npujax.plan.thermal import thermal_state
 from npujax.plan.workload import Workload
-from npujax.systolic.dataflow import get_dataflow
+from npujax.systolic.dataflow import DATAFLOWS, Roles, get_dataflow
 
 __all__ = ["sweep", "evaluate", "evaluate_configs", "SweepResult", "COLUMNS", "INT_COLUMNS",
            "LAYER_CLASSES", "NUMPY_MAX_CONFIGS", "runs_with_numpy"]
@@ -134,11 +135,15 @@ def _program(layers: tuple[Workload, ...], dataflows: tuple[str, ...], mesh: Mes
     as the configurations' ``ops.attention_fusion`` allows: ``(spec, bits, index)`` to
     ``{column: [n]}`` (:func:`_batched`, the layers constants of the program).
 
-    The dataflows are data, not separate programs: the one cost program evaluates all of them
-    (:func:`npujax.plan.program_costs`, which traces what does not depend on the dataflow once)
-    and each configuration takes its own dataflow's per-layer costs by an exact select
-    (:func:`_select`), so a sweep over dataflows compiles one program per batch size, and each
-    configuration's figures are those of the program of its dataflow alone, bit for bit."""
+    The dataflows are data, not separate programs: the systolic ones inside the formulas (one
+    copy of them whose layout is the configuration's index, :class:`npujax.systolic.dataflow.
+    Roles`: the README's sweep compiles in 0.88 of the time of three copies and a select,
+    ``docs/results/bench_lowering.md``); with ``row_stationary`` among them the cost program
+    evaluates all of them (:func:`npujax.plan.program_costs`, which traces what does not depend
+    on the dataflow once) and each configuration takes its own dataflow's per-layer costs by an
+    exact select (:func:`_select`). Either way a sweep over dataflows compiles one program per
+    batch size, and each configuration's figures are those of the program of its dataflow
+    alone, bit for bit."""
     return _jit(_batched(layers, dataflows, chains), mesh, 3)
 
 
@@ -215,6 +220,11 @@ def _figures(layers: tuple[Workload, ...] | LayerTable, on_npu: Any, gemm: Any, 
         # the mapping search computed once per dataflow, not once per figure that reads it
         # (npujax._exact.computed_once): x0.7 the compile time, the same bits
         with computing_once():
+            if len(dataflows) > 1 and all(d in DATAFLOWS for d in dataflows):
+                # the dataflow as data inside the formulas (Roles): one copy of them, not one
+                # per dataflow and a select; the same figures bit for bit
+                return program_costs(layers, spec, widths, widths,
+                                     dataflows=(Roles.of(dataflows, df),), chains=chains)[0]
             return _select(program_costs(layers, spec, widths, widths, dataflows=dataflows,
                                          chains=chains), df)
 

@@ -54,7 +54,7 @@ from npujax.plan.passes.base import EXACT, CostMode, CostPass, PassInput, Progra
 from npujax.plan.passes.energy import ENERGY_BREAKDOWN
 from npujax.plan.table import LayerTable
 from npujax.plan.workload import Workload, workloads
-from npujax.systolic.dataflow import get_dataflow
+from npujax.systolic.dataflow import Roles, get_dataflow
 from npujax.systolic.mapping import check_mapping
 
 __all__ = ["CostMode", "EXACT", "Network", "ProgramCosts", "Totals", "network", "program_costs",
@@ -181,7 +181,9 @@ def program_costs(
         :func:`npujax.hw.stack_specs`) or float (:func:`npujax.hw.differentiable_spec`).
       weight_bits: float ``[L]`` weight width per layer (bits).
       act_bits: float ``[L]`` activation width per layer (bits).
-      dataflows: dataflow names (static); None is the spec's.
+      dataflows: dataflow names (static); None is the spec's; or a
+        :class:`~npujax.systolic.dataflow.Roles`, one of the systolic dataflows chosen by data
+        (traced), whose costs are those of its dataflow's name bit for bit.
       chains: the graph's attention blocks (static, :func:`network`); run as kernels where the
         spec's ``ops.attention_fusion`` allows.
       mode: exact or relaxed, energy on or off (static, :class:`CostMode`).
@@ -200,7 +202,9 @@ def program_costs(
     """
     if not dataflows:
         raise ConfigError("the cost program needs at least one dataflow.")
-    names = tuple(get_dataflow(d or spec.array.dataflow).name for d in dataflows)
+    # names, or a Roles (the dataflow as data) kept as it is
+    names = tuple(d if isinstance(d, Roles) else get_dataflow(d or spec.array.dataflow).name
+                  for d in dataflows)
     passes = active_passes(spec, chains, mode)
     _check(mode, passes, spec, isinstance(layers, LayerTable), shapes is not None)
     x64 = bool(jax.config.read("jax_enable_x64"))

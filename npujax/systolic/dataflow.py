@@ -44,10 +44,12 @@ All functions here are pure ``jnp`` over (possibly traced) integers, so they ``j
 from __future__ import annotations
 
 import abc
-from typing import ClassVar, final
+from collections.abc import Sequence
+from typing import Any, ClassVar, final
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from npujax import _relax
 from npujax._exact import exact, real
@@ -65,6 +67,7 @@ __all__ = [
     "get_systolic_dataflow",
     "gemm_cycles",
     "SCALESIM_CYCLE_OFFSET",
+    "Roles",
 ]
 
 #: ``compute_cycles - SCALESIM_CYCLE_OFFSET`` is SCALE-Sim 3.0.0's ``Total Cycles`` for one GEMM.
@@ -181,6 +184,75 @@ class RowStationary(Dataflow):
         return jnp.zeros_like(rows)
 
 
+@final
+class Roles(Dataflow):
+    """One of the systolic dataflows (:data:`DATAFLOWS`) chosen by data: a traced int32 index.
+
+    Weight, output and input stationary differ only in which GEMM dimension lies on the array
+    rows, the columns and in time (:attr:`Dataflow.layout`) and in the fill (none for output
+    stationary). Every branch of the fold, SRAM and DRAM formulas on the layout chooses between
+    values computed by the same operations, so with the layout as data each branch is an exact
+    ``jnp.where``: :func:`gemm_cycles`, :func:`npujax.systolic.gemm_memory` and
+    :func:`npujax.systolic.gemm_mapping` given a ``Roles`` return each element's own
+    dataflow's figures bit for bit (``tests/systolic/test_roles.py``), and a program that takes
+    its dataflow per configuration compiles the formulas once instead of once per dataflow
+    (the design-space sweep: ``experiments/dataflow_roles``).
+
+    Not for the emulator or the register model (static dataflows only), and not for
+    ``row_stationary`` (its own closed form).
+    """
+
+    name = "roles"
+    layout = None  # type: ignore[assignment]  # data: see :meth:`on`
+
+    def __init__(self, index: Any):
+        self.index = jnp.asarray(index, jnp.int32)
+        lay = jnp.asarray(_LAYOUTS)[self.index]
+        self._lay = (lay[..., 0], lay[..., 1], lay[..., 2])
+
+    @classmethod
+    def of(cls, names: Sequence[str], index: Any) -> Roles:
+        """The roles of ``names[index]`` (``index`` traced int, into ``names``, each one of
+        :data:`DATAFLOWS`).
+
+        Raises:
+          ConfigError: a name that is not a systolic GEMM dataflow.
+        """
+        canon = [get_systolic_dataflow(n).name for n in names]
+        return cls(jnp.asarray(np.asarray([DATAFLOWS.index(n) for n in canon], np.int32))[
+            jnp.asarray(index, jnp.int32)])
+
+    def is_(self, name: str) -> jax.Array:
+        """bool: the dataflow is ``name`` (one of :data:`DATAFLOWS`)."""
+        return self.index == DATAFLOWS.index(name)
+
+    def on(self, axis: int, dim: str) -> jax.Array:
+        """bool: GEMM dimension ``dim`` ("M", "K" or "N") lies on ``axis`` (0 the array rows,
+        1 its columns, 2 time)."""
+        return self._lay[axis] == "MKN".index(dim)
+
+    def pick(self, axis: int, ext: dict[str, Any]) -> jax.Array:
+        """The extent on ``axis``: ``ext["M"]``, ``ext["K"]`` or ``ext["N"]`` (an exact select)."""
+        return jnp.where(self.on(axis, "M"), ext["M"],
+                         jnp.where(self.on(axis, "K"), ext["K"], ext["N"]))
+
+    def map_gemm(self, M, K, N):
+        ext = {"M": M, "K": K, "N": N}
+        return tuple(self.pick(i, ext) for i in range(3))
+
+    def fill_cycles(self, rows, cols):
+        del cols
+        return jnp.where(self.is_("output_stationary"), jnp.zeros_like(rows), rows)
+
+    def dim_folds(self, dim: str, extent, rows, cols, *, bound: int | None = None):
+        return jnp.where(self.on(0, dim), _ceil_div(extent, rows, bound=bound),
+                         jnp.where(self.on(1, dim), _ceil_div(extent, cols, bound=bound),
+                                   jnp.ones_like(extent)))
+
+    def __repr__(self) -> str:
+        return "Roles(<traced>)"
+
+
 _BY_NAME: dict[str, Dataflow] = {
     d.name: d for d in (WeightStationary(), OutputStationary(), InputStationary(),
                         RowStationary())
@@ -192,6 +264,10 @@ DATAFLOWS = ("weight_stationary", "output_stationary", "input_stationary")
 #: Every dataflow name, for presets (``[array] dataflow``) and the command line: the systolic
 #: ones and Eyeriss's ``row_stationary`` (:func:`npujax.systolic.rs_conv`).
 DATAFLOW_NAMES = tuple(_BY_NAME)
+#: ``[dataflow, (rows, cols, time)]``: the GEMM dimension (0 M, 1 K, 2 N) of each of
+#: :data:`DATAFLOWS` on the array rows, columns and in time (:class:`Roles`).
+_LAYOUTS = np.asarray([["MKN".index(d) for d in _BY_NAME[n].layout] for n in DATAFLOWS],
+                      np.int32)
 _ALIASES = {"".join(w[0] for w in name.split("_")): name for name in DATAFLOW_NAMES}
 
 

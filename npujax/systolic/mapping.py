@@ -60,7 +60,7 @@ import jax.numpy as jnp
 from npujax import _relax
 from npujax._exact import computed_once, computes_once, exact, real
 from npujax.errors import ConfigError
-from npujax.systolic.dataflow import Dataflow, get_dataflow
+from npujax.systolic.dataflow import Dataflow, Roles, get_dataflow
 from npujax.systolic.memory import PSUM_BYTES, gemm_memory
 
 __all__ = ["MAPPINGS", "gemm_mapping", "check_mapping"]
@@ -204,7 +204,7 @@ def gemm_mapping(
       candidates of a two-level hierarchy, in closed form.
     """
     check_mapping(mapping)
-    df = get_dataflow(dataflow)
+    df = get_dataflow(dataflow)  # a static dataflow, or Roles (data)
     base = gemm_memory(M, K, N, rows, cols, df, sram_bytes_a=sram_bytes_a,
                        sram_bytes_b=sram_bytes_b, sram_bytes_out=sram_bytes_out,
                        elem_bytes_a=elem_bytes_a, elem_bytes_b=elem_bytes_b,
@@ -224,15 +224,18 @@ def gemm_mapping(
     eb = {"a": real(elem_bytes_a), "b": real(elem_bytes_b), "out": real(elem_bytes_out)}
     uniq_a = ext["M"] * ext["K"] if unique_elems_a is None else real(unique_elems_a)
     dedup_a = jnp.minimum(uniq_a / (ext["M"] * ext["K"]), 1.0)
-    rows_dim, cols_dim, t_dim = df.layout
-    T = ext[t_dim]
+    if isinstance(df, Roles):  # the dataflow as data: one search for the three
+        T = df.pick(2, ext)
+        search = _search_roles
+    else:
+        T = ext[df.layout[2]]
+        search = _search_stacked if _STACKED.get() else _search
     fd = real(df.fill_cycles(count(rows), count(cols)) + df.drain_cycles(count(rows), count(cols)))
     min_chunk = jnp.minimum(jnp.maximum(fd, 1.0), T)
     all_folds = folds["M"] * folds["K"] * folds["N"]
     compute = real(base["compute_cycles"])
     bw = real(dram_bytes_per_cycle)
 
-    search = _search_stacked if _STACKED.get() else _search
     rd_a, rd_b, wr_out, rd_out, res_a, res_b, res_out, n_chunks, rows_inner = search(
         df, ext, folds, half, eb, dedup_a, uniq_a, T, min_chunk, compute, all_folds, fd, bw,
         jnp.shape(base["dram_bytes"]))
@@ -403,3 +406,111 @@ def _per_row_needs(df: Dataflow, inner: str, ext, folds, eb, dedup_a) -> dict[st
     key, dims, other, e = streamed
     return {key: per_row(dims, other, e),
             "out": per_row(("M", "N"), "K", real(PSUM_BYTES))}
+
+
+def _spatial(roles: Roles, dims, d):
+    """``d[spatial]`` for the static ``spatial = dims[0] if dims[1] == t_dim else dims[1]``."""
+    return jnp.where(roles.on(2, dims[1]), d[dims[0]], d[dims[1]])
+
+
+def _candidate_roles(roles: Roles, inner: int, chunk, ext, folds, *, half, eb, dedup_a, uniq_a):
+    """:func:`_candidate` with the dataflow as data (``inner``: the array
+    axis, 0 rows or 1 columns, whose fold loop is inner)."""
+    T = roles.pick(2, ext)
+    n_chunks = _relax.ceil(T / chunk)
+
+    def need_elems(dims, other):
+        sp_e, sp_f = _spatial(roles, dims, ext), _spatial(roles, dims, folds)
+        return jnp.where(roles.on(2, other), ext[dims[0]] * ext[dims[1]],
+                         jnp.where(roles.on(inner, other), chunk * sp_e / sp_f, chunk * sp_e))
+
+    def operand(dims, other, cap, e, unique, dedup):
+        size = ext[dims[0]] * ext[dims[1]]
+        need = need_elems(dims, other) * dedup * e
+        fits = need <= cap
+        fits = fits | (roles.on(2, other) & (n_chunks <= 1.0))
+        times = jnp.where(roles.on(2, other), n_chunks, folds[other])
+        refetch = _relax.select_step(fits, need, cap, jnp.ones_like(need), times)
+        return jnp.minimum(unique, size) * e * refetch, fits
+
+    rd_a, res_a = operand(("M", "K"), "N", half["a"], eb["a"], uniq_a, dedup_a)
+    rd_b, res_b = operand(("K", "N"), "M", half["b"], eb["b"], ext["K"] * ext["N"], 1.0)
+    psums = jnp.where(roles.on(2, "K"), jnp.zeros_like(rd_a),
+                      need_elems(("M", "N"), "K") * PSUM_BYTES)
+    res_out = psums <= half["out"]
+    spills = _relax.select_step(res_out, psums, half["out"], jnp.zeros_like(psums),
+                                folds["K"] - 1.0)
+    out_elems = ext["M"] * ext["N"]
+    wr_out = out_elems * (eb["out"] + spills * PSUM_BYTES)
+    rd_out = out_elems * spills * PSUM_BYTES
+    return (rd_a, rd_b, wr_out, rd_out), (res_a, res_b, res_out), n_chunks
+
+
+def _per_row_needs_roles(roles: Roles, inner: int, ext, folds, eb, dedup_a):
+    """:func:`_per_row_needs` with the dataflow as data: ``(streamed
+    operand's bytes per row, its half buffer, the partial sums' bytes per row)``; meaningless
+    for output stationary (no chunks: its candidates are masked)."""
+    def per_row(dims, other, e):
+        sp_e, sp_f = _spatial(roles, dims, ext), _spatial(roles, dims, folds)
+        return jnp.where(roles.on(inner, other), sp_e / sp_f, sp_e) * e
+
+    t_m = roles.on(2, "M")
+    streamed = jnp.where(t_m, per_row(("M", "K"), "N", eb["a"] * dedup_a),
+                         per_row(("K", "N"), "M", eb["b"]))
+    return streamed, t_m, per_row(("M", "N"), "K", real(PSUM_BYTES))
+
+
+def _search_roles(roles: Roles, ext, folds, half, eb, dedup_a, uniq_a, T, min_chunk, compute,
+            all_folds, fd, bw, batch):
+    """:func:`_search` with the dataflow as data: the eight candidates of
+    weight and input stationary, of which output stationary (no chunks of the reduction) keeps
+    the two ``chunk = T`` ones (the others' bytes and cycles set to inf: never chosen, and the
+    first best is the static search's)."""
+    chunks_ok = ~roles.on(2, "K")
+    cands = []
+    for inner in (0, 1):
+        streamed, t_m, out = _per_row_needs_roles(roles, inner, ext, folds, eb, dedup_a)
+        half_s = jnp.where(t_m, half["a"], half["b"])
+        breaks = [_floor(jnp.where(v > 0, h / jnp.where(v > 0, v, 1.0), jnp.inf))
+                  for v, h in ((streamed, half_s), (out, half["out"]))]
+        chunks = [(T, None)] + [(b, chunks_ok) for b in breaks]
+        chunks.append((jnp.minimum(breaks[0], breaks[1]), chunks_ok))
+        for chunk, valid in chunks:
+            t = jnp.clip(chunk, min_chunk, T)
+            by, res, n = _candidate_roles(roles, inner, t, ext, folds, half=half, eb=eb,
+                                    dedup_a=dedup_a, uniq_a=uniq_a)
+            cands.append((by, res, n, inner == 0, valid))
+    shape = jnp.broadcast_shapes(*(jnp.shape(x) for c in cands for x in (*c[0], *c[1], c[2])),
+                                 batch)
+    totals = [by[0] + by[1] + by[2] + by[3] for by, _, _, _, _ in cands]
+    ests = [jnp.maximum(compute + (n - 1.0) * all_folds * fd, total / bw)
+            for total, (_, _, n, _, _) in zip(totals, cands)]
+    sg = jax.lax.stop_gradient
+    tbs = [sg(x) if c[4] is None else jnp.where(c[4], sg(x), jnp.inf)
+           for x, c in zip(totals, cands)]
+    tes = [sg(x) if c[4] is None else jnp.where(c[4], sg(x), jnp.inf)
+           for x, c in zip(ests, cands)]
+    least = functools.reduce(jnp.minimum, tbs)
+    keys = [jnp.where(tb <= least * (1.0 + 1e-12), te, jnp.inf) for tb, te in zip(tbs, tes)]
+    least_key = functools.reduce(jnp.minimum, keys)
+    best = [key <= least_key for key in keys]
+    if computes_once():  # as in _search: the first best candidate's index, computed once
+        first = jnp.full(shape, len(cands), jnp.int32)
+        for i in reversed(range(len(cands))):
+            first = jnp.where(best[i], i, first)
+        first = computed_once(first)
+        best = [first == i for i in range(len(cands))]
+
+    def chosen(get):
+        vals = [jnp.broadcast_to(get(c), shape) for c in cands]
+        out = jnp.zeros_like(vals[0])
+        for b, v in zip(reversed(best), reversed(vals)):
+            out = jnp.where(b, v, out)
+        return out
+
+    rd_a, rd_b, wr_out, rd_out = (chosen(lambda c, i=i: c[0][i]) for i in range(4))
+    res_a, res_b, res_out = (chosen(lambda c, i=i: c[1][i]) for i in range(3))
+    n_chunks = chosen(lambda c: c[2])
+    rows_inner = chosen(lambda c: jnp.asarray(c[3]))
+    return computed_once((rd_a, rd_b, wr_out, rd_out, res_a, res_b, res_out, n_chunks,
+                          rows_inner))

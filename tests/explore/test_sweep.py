@@ -141,7 +141,10 @@ def test_dataflows_are_data_in_one_program(graph, edge, user_compiled):
     """A grid over dataflows compiles ONE program (issue 30, item 4), and each configuration's
     figures equal, bit for bit, those of the program of its dataflow alone (the per-dataflow
     programs the sweep compiled before), for every column, as a user's process compiles them
-    (checked for the second dataflow, picked by the select; each -O2 compile costs a second).
+    (checked for input stationary, the third, whose streamed operand is the weights; the
+    formulas take the dataflow as data, npujax.systolic.dataflow.Roles, and
+    tests/systolic/test_roles.py checks every dataflow's figures; each -O2 compile costs a
+    second).
     (With the suite's -O0 and legacy emitters XLA rounded DigitsCNN's energy total of 2 of 12
     configurations differently in the two programs: that the bits hold is a claim about the
     options the sweep compiles with.)"""
@@ -149,13 +152,13 @@ def test_dataflows_are_data_in_one_program(graph, edge, user_compiled):
     from npujax.plan import network
 
     sw = user_compiled
-    grid = {"array.rows": [8, 32], "bits": [4, 8], "dataflow": ["ws", "os"]}
+    grid = {"array.rows": [8, 32], "bits": [4, 8], "dataflow": ["ws", "os", "is"]}
     r = sweep(graph, edge, grid)
-    assert sw._table_program.cache_info().misses == 1  # one program for both dataflows
+    assert sw._table_program.cache_info().misses == 1  # one program for the three dataflows
     table = r.table(edge)
     layers, chains = network(graph, edge)
-    rows = np.flatnonzero(table["array.dataflow"] == "output_stationary")
-    alone = evaluate(layers, edge.with_fields({"array.dataflow": "output_stationary"}),
+    rows = np.flatnonzero(table["array.dataflow"] == "input_stationary")
+    alone = evaluate(layers, edge.with_fields({"array.dataflow": "input_stationary"}),
                      {"array.rows": table["array.rows"][rows]},
                      table["bits"][rows].astype(np.float64), None, chains)
     for k in COLUMNS:
@@ -167,7 +170,7 @@ def test_dataflows_are_data_in_one_program(graph, edge, user_compiled):
     from npujax.explore.sweep import INT_COLUMNS
 
     fallbacks, programs = len(_program_cache.numpy_fallbacks), sw._table_program.cache_info()
-    sw.NUMPY_MAX_CONFIGS = 8
+    sw.NUMPY_MAX_CONFIGS = len(r)
     small = sweep(graph, edge, grid).columns
     assert sw._table_program.cache_info() == programs  # (nothing new compiled)
     assert len(_program_cache.numpy_fallbacks) == fallbacks  # (nor left to XLA)
