@@ -38,27 +38,22 @@ def inputs(n: int, seed: int):
                 bw=rng.uniform(1.0, 64.0, n), uniq=big(1, 10**9).astype(np.float64))
 
 
+def figures(x, df, bound, fns=(gemm_cycles, gemm_memory, gemm_mapping)):
+    """gemm_cycles, gemm_memory and gemm_mapping of the GEMMs ``x`` at dataflow ``df`` (a name,
+    or the roles as data)."""
+    cycles, memory, mapping = fns
+    dims = (x["M"], x["K"], x["N"], x["rows"], x["cols"], df)
+    kw = dict(sram_bytes_a=x["sram_a"], sram_bytes_b=x["sram_b"], sram_bytes_out=x["sram_o"],
+              elem_bytes_a=x["ea"], elem_bytes_b=x["eb"], elem_bytes_out=x["ea"],
+              dram_bytes_per_cycle=x["bw"],
+              unique_elems_a=jnp.minimum(x["uniq"], x["M"] * x["K"]), bound=bound)
+    return cycles(*dims, bound=bound), memory(*dims, **kw), mapping(*dims, **kw)
+
+
 def static(bound):
     @exact
     def f(x):
-        out = []
-        for df in DATAFLOWS:
-            out.append((gemm_cycles(x["M"], x["K"], x["N"], x["rows"], x["cols"], df, bound=bound),
-                        gemm_memory(x["M"], x["K"], x["N"], x["rows"], x["cols"], df,
-                                    sram_bytes_a=x["sram_a"], sram_bytes_b=x["sram_b"],
-                                    sram_bytes_out=x["sram_o"], elem_bytes_a=x["ea"],
-                                    elem_bytes_b=x["eb"], elem_bytes_out=x["ea"],
-                                    dram_bytes_per_cycle=x["bw"],
-                                    unique_elems_a=jnp.minimum(x["uniq"], x["M"] * x["K"]),
-                                    bound=bound),
-                        gemm_mapping(x["M"], x["K"], x["N"], x["rows"], x["cols"], df,
-                                     sram_bytes_a=x["sram_a"], sram_bytes_b=x["sram_b"],
-                                     sram_bytes_out=x["sram_o"], elem_bytes_a=x["ea"],
-                                     elem_bytes_b=x["eb"], elem_bytes_out=x["ea"],
-                                     dram_bytes_per_cycle=x["bw"],
-                                     unique_elems_a=jnp.minimum(x["uniq"], x["M"] * x["K"]),
-                                     bound=bound)))
-        return out
+        return [figures(x, df, bound) for df in DATAFLOWS]
     return jax.jit(f, compiler_options=OPTS)
 
 
@@ -66,22 +61,7 @@ def unified(bound):
     @exact
     def f(x):
         def one(i, x):
-            ro = R.Roles(i)
-            return (R.gemm_cycles(x["M"], x["K"], x["N"], x["rows"], x["cols"], ro, bound=bound),
-                    R.gemm_memory(x["M"], x["K"], x["N"], x["rows"], x["cols"], ro,
-                                  sram_bytes_a=x["sram_a"], sram_bytes_b=x["sram_b"],
-                                  sram_bytes_out=x["sram_o"], elem_bytes_a=x["ea"],
-                                  elem_bytes_b=x["eb"], elem_bytes_out=x["ea"],
-                                  dram_bytes_per_cycle=x["bw"],
-                                  unique_elems_a=jnp.minimum(x["uniq"], x["M"] * x["K"]),
-                                  bound=bound),
-                    R.gemm_mapping(x["M"], x["K"], x["N"], x["rows"], x["cols"], ro,
-                                   sram_bytes_a=x["sram_a"], sram_bytes_b=x["sram_b"],
-                                   sram_bytes_out=x["sram_o"], elem_bytes_a=x["ea"],
-                                   elem_bytes_b=x["eb"], elem_bytes_out=x["ea"],
-                                   dram_bytes_per_cycle=x["bw"],
-                                   unique_elems_a=jnp.minimum(x["uniq"], x["M"] * x["K"]),
-                                   bound=bound))
+            return figures(x, R.Roles(i), bound, (R.gemm_cycles, R.gemm_memory, R.gemm_mapping))
         if BARRIER:
             # a divisor broadcast along the new dataflow axis: XLA turns ``a / broadcast(b)``
             # into ``a * broadcast(1 / b)`` (not exact); behind a barrier it stays a division

@@ -69,7 +69,7 @@ from npujax.hw.spec import NpuSpec
 from npujax.plan.recombine import recombine
 from npujax.plan.table import SHAPE_FIELDS, LayerTable, layer_table
 from npujax.plan.workload import Workload
-from npujax.systolic.dataflow import DATAFLOWS, Dataflow, Roles, gemm_cycles, get_dataflow
+from npujax.systolic.dataflow import DATAFLOWS, Dataflow, choose, either, gemm_cycles, get_dataflow
 from npujax.systolic.mapping import check_mapping, gemm_mapping
 from npujax.systolic.precision import get_precision_scaling, passes
 from npujax.systolic.row_stationary import rs_conv, rs_dram
@@ -513,12 +513,13 @@ def _layer_costs(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight_
         # (no gradient), then ``ng`` packed GEMMs of K x pack rows, N x pack columns
         pack: Any = 1
         ng, Mg, Kg, Ng, packed = groups, M, K, N, mkn
-        roles = isinstance(df, Roles)  # the dataflow as data (one of the three systolic)
-        if a.group_packing == "block_diagonal" and (roles or df.name == "weight_stationary"):
+        # (Python bools for a static dataflow; traced for Roles, the dataflow as data, whose
+        # other dataflows then take one group per fold: the same counts, exactly)
+        ws = df.is_("weight_stationary")
+        if a.group_packing == "block_diagonal" and ws is not False:
             pack = jax.lax.stop_gradient(jnp.clip(jnp.minimum(R // K, C // N), 1,
                                                   jnp.maximum(groups, 1)))
-            if roles:  # the other dataflows: one group per fold (the same counts, exactly)
-                pack = jnp.where(df.is_("weight_stationary"), pack, jnp.ones_like(pack))
+            pack = choose(ws, lambda: pack, lambda: jnp.ones_like(pack))
             ng = _ceil_div(groups, pack)
             Mg, Kg, Ng, packed = M, K * pack, N * pack, None
         gn = real(ng)
@@ -563,8 +564,8 @@ def _layer_costs(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight_
                             cores)
         gemm_total = ng * (fill_drain_1 + extra_1 + stream) * n_passes
         gemm_fill_drain = ng * (fill_drain_1 + extra_1) * n_passes
-        if a.stationary_buffering == "double" and (roles or df.name in ("weight_stationary",
-                                                                        "input_stationary")):
+        preloads = either(ws, df.is_("input_stationary"))  # output stationary preloads nothing
+        if a.stationary_buffering == "double" and preloads is not False:
             # the next fold's stationary tile shifts in while this fold streams (TPU v1's
             # double-buffered weight tile): after the layer's first fold, each fill is hidden
             # up to one fold's streaming cycles (every fold of the layer, over its packed
@@ -574,8 +575,7 @@ def _layer_costs(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight_
                         else stream // folds_1)
             hidden = (jnp.maximum(ng * g["folds"] * n_passes - 1, 0)
                       * jnp.minimum(df.fill_cycles(R, C), per_fold))
-            if roles:  # output stationary preloads nothing
-                hidden = jnp.where(df.is_("output_stationary"), jnp.zeros_like(hidden), hidden)
+            hidden = choose(preloads, lambda: hidden, lambda: jnp.zeros_like(hidden))
             gemm_total = gemm_total - hidden
             gemm_fill_drain = gemm_fill_drain - hidden
         total_compute = jnp.where(is_gemm, gemm_total, jnp.where(on_npu, vec_cycles, 0))

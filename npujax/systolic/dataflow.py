@@ -44,7 +44,7 @@ All functions here are pure ``jnp`` over (possibly traced) integers, so they ``j
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, final
 
 import jax
@@ -77,6 +77,46 @@ SCALESIM_CYCLE_OFFSET = 1
 _ceil_div = _relax.ceil_div  # exact (float64 division, npujax._relax); straight-through relaxed
 
 
+def choose(cond: bool | jax.Array, if_true: Callable[[], Any],
+           if_false: Callable[[], Any]) -> Any:
+    """``if_true()`` where ``cond`` holds, else ``if_false()``: the one branch formula of the
+    three systolic dataflows, static or as data.
+
+    A static dataflow's :meth:`Dataflow.on` is a Python bool: then only the chosen thunk runs,
+    so the traced program is that dataflow's alone, operation for operation. With
+    :class:`Roles` it is a traced bool array: both thunks run and ``jnp.where`` selects each
+    element's, exactly (a select rounds nothing).
+    """
+    if cond is True:
+        return if_true()
+    if cond is False:
+        return if_false()
+    return jnp.where(cond, if_true(), if_false())
+
+
+def both(a: bool | jax.Array, b: bool | jax.Array) -> bool | jax.Array:
+    """``a and b`` for :func:`choose`'s conditions: a Python bool where either settles it."""
+    if a is False or b is False:
+        return False
+    if a is True:
+        return b
+    return a if b is True else a & b
+
+
+def either(a: bool | jax.Array, b: bool | jax.Array) -> bool | jax.Array:
+    """``a or b`` for :func:`choose`'s conditions: a Python bool where either settles it."""
+    if a is True or b is True:
+        return True
+    if a is False:
+        return b
+    return a if b is False else a | b
+
+
+def negate(a: bool | jax.Array) -> bool | jax.Array:
+    """``not a`` for :func:`choose`'s conditions (``~`` on a Python bool would be -2)."""
+    return (not a) if isinstance(a, bool) else ~a
+
+
 class Dataflow(abc.ABC):
     """How a GEMM's three dimensions map onto an R x C systolic array.
 
@@ -88,10 +128,27 @@ class Dataflow(abc.ABC):
     #: GEMM dimension names on (array rows, array columns, time), e.g. ``("K", "N", "M")``.
     layout: ClassVar[tuple[str, str, str]]
 
+    def on(self, axis: int, dim: str) -> bool | jax.Array:
+        """Whether GEMM dimension ``dim`` ("M", "K" or "N") lies on ``axis`` (0 the array rows,
+        1 its columns, 2 time): a Python bool here, a traced bool array for :class:`Roles`."""
+        return self.layout[axis] == dim
+
+    def is_(self, name: str) -> bool | jax.Array:
+        """Whether this is dataflow ``name`` (canonical): a Python bool here, a traced bool
+        array for :class:`Roles`."""
+        return self.name == name
+
+    def pick(self, axis: int, ext: dict[str, Any]) -> Any:
+        """The value of ``ext`` (``{"M": .., "K": .., "N": ..}``) for the dimension on ``axis``
+        (see :meth:`on`): that entry itself for a static dataflow, an exact select for
+        :class:`Roles`."""
+        return choose(self.on(axis, "M"), lambda: ext["M"],
+                      lambda: choose(self.on(axis, "K"), lambda: ext["K"], lambda: ext["N"]))
+
     def map_gemm(self, M, K, N):
         """Return ``(S_R, S_C, T)``: the GEMM extents on array rows, array columns and time."""
-        dims = {"M": M, "K": K, "N": N}
-        return tuple(dims[d] for d in self.layout)
+        ext = {"M": M, "K": K, "N": N}
+        return tuple(self.pick(axis, ext) for axis in range(3))
 
     @abc.abstractmethod
     def fill_cycles(self, rows, cols):
@@ -108,11 +165,9 @@ class Dataflow(abc.ABC):
     def dim_folds(self, dim: str, extent, rows, cols, *, bound: int | None = None):
         """How many times GEMM dimension ``dim`` ("M", "K" or "N") of size ``extent`` folds
         (``bound``: a static upper bound of ``extent``, see ``npujax._relax.ceil_div``)."""
-        if dim == self.layout[0]:
-            return _ceil_div(extent, rows, bound=bound)
-        if dim == self.layout[1]:
-            return _ceil_div(extent, cols, bound=bound)
-        return jnp.ones_like(extent)
+        return choose(self.on(0, dim), lambda: _ceil_div(extent, rows, bound=bound),
+                      lambda: choose(self.on(1, dim), lambda: _ceil_div(extent, cols, bound=bound),
+                                     lambda: jnp.ones_like(extent)))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -192,7 +247,10 @@ class Roles(Dataflow):
     rows, the columns and in time (:attr:`Dataflow.layout`) and in the fill (none for output
     stationary). Every branch of the fold, SRAM and DRAM formulas on the layout chooses between
     values computed by the same operations, so with the layout as data each branch is an exact
-    ``jnp.where``: :func:`gemm_cycles`, :func:`npujax.systolic.gemm_memory` and
+    ``jnp.where``. The formulas are written once, every branch through :func:`choose` on
+    :meth:`Dataflow.on` (a Python bool for a static dataflow, which then traces its own
+    operations alone; a traced bool here): :func:`gemm_cycles`,
+    :func:`npujax.systolic.gemm_memory` and
     :func:`npujax.systolic.gemm_mapping` given a ``Roles`` return each element's own
     dataflow's figures bit for bit (``tests/systolic/test_roles.py``), and a program that takes
     its dataflow per configuration compiles the formulas once instead of once per dataflow
@@ -223,31 +281,17 @@ class Roles(Dataflow):
             jnp.asarray(index, jnp.int32)])
 
     def is_(self, name: str) -> jax.Array:
-        """bool: the dataflow is ``name`` (one of :data:`DATAFLOWS`)."""
+        """bool ``[*index.shape]``: the dataflow is ``name`` (one of :data:`DATAFLOWS`)."""
         return self.index == DATAFLOWS.index(name)
 
     def on(self, axis: int, dim: str) -> jax.Array:
-        """bool: GEMM dimension ``dim`` ("M", "K" or "N") lies on ``axis`` (0 the array rows,
-        1 its columns, 2 time)."""
+        """bool ``[*index.shape]``: GEMM dimension ``dim`` ("M", "K" or "N") lies on ``axis``
+        (0 the array rows, 1 its columns, 2 time)."""
         return self._lay[axis] == "MKN".index(dim)
-
-    def pick(self, axis: int, ext: dict[str, Any]) -> jax.Array:
-        """The extent on ``axis``: ``ext["M"]``, ``ext["K"]`` or ``ext["N"]`` (an exact select)."""
-        return jnp.where(self.on(axis, "M"), ext["M"],
-                         jnp.where(self.on(axis, "K"), ext["K"], ext["N"]))
-
-    def map_gemm(self, M, K, N):
-        ext = {"M": M, "K": K, "N": N}
-        return tuple(self.pick(i, ext) for i in range(3))
 
     def fill_cycles(self, rows, cols):
         del cols
-        return jnp.where(self.is_("output_stationary"), jnp.zeros_like(rows), rows)
-
-    def dim_folds(self, dim: str, extent, rows, cols, *, bound: int | None = None):
-        return jnp.where(self.on(0, dim), _ceil_div(extent, rows, bound=bound),
-                         jnp.where(self.on(1, dim), _ceil_div(extent, cols, bound=bound),
-                                   jnp.ones_like(extent)))
+        return choose(self.is_("output_stationary"), lambda: jnp.zeros_like(rows), lambda: rows)
 
     def __repr__(self) -> str:
         return "Roles(<traced>)"

@@ -53,6 +53,7 @@ import contextlib
 import contextvars
 import functools
 from collections.abc import Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -60,7 +61,7 @@ import jax.numpy as jnp
 from npujax import _relax
 from npujax._exact import computed_once, computes_once, exact, real
 from npujax.errors import ConfigError
-from npujax.systolic.dataflow import Dataflow, Roles, get_dataflow
+from npujax.systolic.dataflow import Dataflow, Roles, choose, get_dataflow, negate
 from npujax.systolic.memory import PSUM_BYTES, gemm_memory
 
 __all__ = ["MAPPINGS", "gemm_mapping", "check_mapping"]
@@ -117,38 +118,41 @@ def _floor(x: jax.Array) -> jax.Array:
     return jnp.where(finite, jax.lax.stop_gradient(f) + (xs - jax.lax.stop_gradient(xs)), f)
 
 
-def _candidate(df: Dataflow, inner: str, chunk, ext, folds, *, half, eb, dedup_a, uniq_a):
-    """DRAM bytes of one mapping: fold order (``inner`` spatial dim loops inside the other) and
-    chunks of ``chunk`` elements of the streamed dimension (arrays broadcast over the batch).
+def _candidate(df: Dataflow, inner: int, chunk, ext, folds, *, half, eb, dedup_a, uniq_a):
+    """DRAM bytes of one mapping: fold order (the dimension on array axis ``inner``, 0 rows or
+    1 columns, loops inside the other) and chunks of ``chunk`` elements of the streamed
+    dimension (arrays broadcast over the batch). The layout's branches go through
+    :func:`~npujax.systolic.dataflow.choose` (Python branches for a static dataflow, exact
+    selects for :class:`~npujax.systolic.dataflow.Roles`).
     Returns (bytes per operand, resident flags, number of chunks)."""
-    t_dim = df.layout[2]
-    n_chunks = _relax.ceil(ext[t_dim] / chunk)
+    n_chunks = _relax.ceil(df.pick(2, ext) / chunk)
 
     def need_elems(dims, other):
         """Elements kept resident for reuse across the folds of ``other`` (per chunk)."""
-        if other == t_dim:  # no T in it: reused across chunks only, so all of it
-            return ext[dims[0]] * ext[dims[1]]
-        spatial = dims[0] if dims[1] == t_dim else dims[1]
-        if other == inner:  # one slice of the outer loop's fold
-            return chunk * ext[spatial] / folds[spatial]
-        return chunk * ext[spatial]  # other on the outer loop: the whole chunk
+        def chunked():
+            sp_e, sp_f = _spatial(df, dims, ext), _spatial(df, dims, folds)
+            return choose(df.on(inner, other),
+                          lambda: chunk * sp_e / sp_f,  # one slice of the outer loop's fold
+                          lambda: chunk * sp_e)  # other on the outer loop: the whole chunk
+        # no T in it: reused across chunks only, so all of it
+        return choose(df.on(2, other), lambda: ext[dims[0]] * ext[dims[1]], chunked)
 
     def operand(dims, other, cap, e, unique, dedup):
         size = ext[dims[0]] * ext[dims[1]]
         need = need_elems(dims, other) * dedup * e
         fits = need <= cap
-        if other == t_dim:  # read once per chunk: kept when it fits or there is one chunk
-            fits = fits | (n_chunks <= 1.0)
-        times = n_chunks if other == t_dim else folds[other]
+        in_time = df.on(2, other)
+        # read once per chunk: kept when it fits or there is one chunk
+        fits = choose(in_time, lambda: fits | (n_chunks <= 1.0), lambda: fits)
+        times = choose(in_time, lambda: n_chunks, lambda: folds[other])
         refetch = _relax.select_step(fits, need, cap, jnp.ones_like(need), times)
         return jnp.minimum(unique, size) * e * refetch, fits
 
     rd_a, res_a = operand(("M", "K"), "N", half["a"], eb["a"], uniq_a, dedup_a)
     rd_b, res_b = operand(("K", "N"), "M", half["b"], eb["b"], ext["K"] * ext["N"], 1.0)
-    if t_dim == "K":  # output stationary: partial sums never leave the PEs
-        psums = jnp.zeros_like(rd_a)
-    else:
-        psums = need_elems(("M", "N"), "K") * PSUM_BYTES
+    # output stationary: partial sums never leave the PEs
+    psums = choose(df.on(2, "K"), lambda: jnp.zeros_like(rd_a),
+                   lambda: need_elems(("M", "N"), "K") * PSUM_BYTES)
     res_out = psums <= half["out"]
     spills = _relax.select_step(res_out, psums, half["out"], jnp.zeros_like(psums),
                                 folds["K"] - 1.0)
@@ -156,6 +160,12 @@ def _candidate(df: Dataflow, inner: str, chunk, ext, folds, *, half, eb, dedup_a
     wr_out = out_elems * (eb["out"] + spills * PSUM_BYTES)
     rd_out = out_elems * spills * PSUM_BYTES
     return (rd_a, rd_b, wr_out, rd_out), (res_a, res_b, res_out), n_chunks
+
+
+def _spatial(df: Dataflow, dims: tuple[str, str], d: dict[str, Any]) -> Any:
+    """``d`` of the spatial one of ``dims`` (a slice holding the time dimension T): ``dims[0]``
+    when ``dims[1]`` lies in time, else ``dims[1]``."""
+    return choose(df.on(2, dims[1]), lambda: d[dims[0]], lambda: d[dims[1]])
 
 
 @exact
@@ -224,12 +234,8 @@ def gemm_mapping(
     eb = {"a": real(elem_bytes_a), "b": real(elem_bytes_b), "out": real(elem_bytes_out)}
     uniq_a = ext["M"] * ext["K"] if unique_elems_a is None else real(unique_elems_a)
     dedup_a = jnp.minimum(uniq_a / (ext["M"] * ext["K"]), 1.0)
-    if isinstance(df, Roles):  # the dataflow as data: one search for the three
-        T = df.pick(2, ext)
-        search = _search_roles
-    else:
-        T = ext[df.layout[2]]
-        search = _search_stacked if _STACKED.get() else _search
+    T = df.pick(2, ext)
+    search = _search_stacked if _STACKED.get() else _search
     fd = real(df.fill_cycles(count(rows), count(cols)) + df.drain_cycles(count(rows), count(cols)))
     min_chunk = jnp.minimum(jnp.maximum(fd, 1.0), T)
     all_folds = folds["M"] * folds["K"] * folds["N"]
@@ -268,34 +274,30 @@ def gemm_mapping(
 def _search(df: Dataflow, ext, folds, half, eb, dedup_a, uniq_a, T, min_chunk, compute,
             all_folds, fd, bw, batch):
     """The mapping with the fewest DRAM bytes (ties: fewest cycles, then the first candidate):
-    its four traffic figures, three residency flags, chunks and fold order, each ``[*batch]``."""
-    rows_dim, cols_dim, t_dim = df.layout
+    its four traffic figures, three residency flags, chunks and fold order, each ``[*batch]``.
+
+    With :class:`~npujax.systolic.dataflow.Roles` every element has eight candidates; output
+    stationary (no chunks of its reduction) keeps the two ``chunk = T`` ones, the others'
+    bytes and cycles set to inf (never chosen: its first best is the static search's)."""
     # the candidates one by one, each a [*batch] array (not stacked on a candidate axis: XLA
     # then fuses the whole search into one loop over the batch, where a stacked axis made it
     # materialise [batch, candidates] intermediates and branch per element in concatenations)
-    cands = []  # (bytes tuple, resident tuple, chunks, rows inner)
-    for inner in (rows_dim, cols_dim):  # SCALE-Sim's order first: it wins ties
-        chunks = [T]
-        if t_dim != "K":
-            per_row = _per_row_needs(df, inner, ext, folds, eb, dedup_a)
-            # a buffer with no per-row need bounds nothing (inf; a safe division, so the relaxed
-            # gradient has no 0 x inf)
-            breaks = [_floor(jnp.where(v > 0, half[k] / jnp.where(v > 0, v, 1.0), jnp.inf))
-                      for k, v in per_row.items()]
-            chunks += breaks + [jnp.minimum(breaks[0], breaks[1])]
-        for chunk in chunks:
+    cands = []  # (bytes tuple, resident tuple, chunks, rows inner, valid or None)
+    for inner, chunks in _chunk_candidates(df, ext, folds, half, eb, dedup_a, T):
+        for chunk, valid in chunks:
             t = jnp.clip(chunk, min_chunk, T)
             by, res, n = _candidate(df, inner, t, ext, folds, half=half, eb=eb, dedup_a=dedup_a,
                                     uniq_a=uniq_a)
-            cands.append((by, res, n, inner == rows_dim))
+            cands.append((by, res, n, inner == 0, valid))
     shape = jnp.broadcast_shapes(*(jnp.shape(x) for c in cands for x in (*c[0], *c[1], c[2])),
                                  batch)
-    totals = [by[0] + by[1] + by[2] + by[3] for by, _, _, _ in cands]
+    totals = [by[0] + by[1] + by[2] + by[3] for by, *_ in cands]
     ests = [jnp.maximum(compute + (n - 1.0) * all_folds * fd, total / bw)
-            for total, (_, _, n, _) in zip(totals, cands)]
+            for total, (_, _, n, *_) in zip(totals, cands)]
     # fewest bytes; among equal bytes the fewest cycles; then the first (SCALE-Sim's order)
     sg = jax.lax.stop_gradient
-    tbs, tes = [sg(x) for x in totals], [sg(x) for x in ests]
+    tbs, tes = ([sg(x) if c[4] is True else jnp.where(c[4], sg(x), jnp.inf)
+                 for x, c in zip(xs, cands)] for xs in (totals, ests))
     least = functools.reduce(jnp.minimum, tbs)
     keys = [jnp.where(tb <= least * (1.0 + 1e-12), te, jnp.inf) for tb, te in zip(tbs, tes)]
     least_key = functools.reduce(jnp.minimum, keys)
@@ -332,24 +334,20 @@ def _search_stacked(df: Dataflow, ext, folds, half, eb, dedup_a, uniq_a, T, min_
                     all_folds, fd, bw, batch):
     """:func:`_search` with the candidates on a leading axis (the previous implementation, kept
     as the reference: :func:`stacked_search`); the same values bit for bit."""
-    rows_dim, cols_dim, t_dim = df.layout
+    if isinstance(df, Roles):
+        raise ConfigError("the stacked mapping search (the reference implementation) takes a "
+                          "static dataflow; Roles (the dataflow as data) runs npujax's own search "
+                          "(leave stacked_search()).")
     parts = []  # per fold order: (bytes tuple, resident tuple, chunks), leading candidate axis
     rows_inner_flags = []
     lifted = ({k: _lift(v) for k, v in d.items()} for d in (ext, folds, half, eb))
     l_ext, l_folds, l_half, l_eb = lifted
-    for inner in (rows_dim, cols_dim):  # SCALE-Sim's order first: it wins ties
-        chunks = [T]
-        if t_dim != "K":
-            per_row = _per_row_needs(df, inner, ext, folds, eb, dedup_a)
-            # a buffer with no per-row need bounds nothing (inf; a safe division, so the relaxed
-            # gradient has no 0 x inf)
-            breaks = [_floor(jnp.where(v > 0, half[k] / jnp.where(v > 0, v, 1.0), jnp.inf))
-                      for k, v in per_row.items()]
-            chunks += breaks + [jnp.minimum(breaks[0], breaks[1])]
-        t = jnp.clip(jnp.stack(jnp.broadcast_arrays(*chunks)), _lift(min_chunk), _lift(T))
+    for inner, chunks in _chunk_candidates(df, ext, folds, half, eb, dedup_a, T):
+        t = jnp.clip(jnp.stack(jnp.broadcast_arrays(*(c for c, _ in chunks))), _lift(min_chunk),
+                     _lift(T))
         parts.append(_candidate(df, inner, t, l_ext, l_folds, half=l_half, eb=l_eb,
                                 dedup_a=_lift(dedup_a), uniq_a=_lift(uniq_a)))
-        rows_inner_flags += [inner == rows_dim] * len(chunks)
+        rows_inner_flags += [inner == 0] * len(chunks)
 
     def stacked(get):
         """One figure of every candidate, ``[candidates, *batch]``."""
@@ -391,126 +389,40 @@ def _search_stacked(df: Dataflow, ext, folds, half, eb, dedup_a, uniq_a, T, min_
     return rd_a, rd_b, wr_out, rd_out, res_a, res_b, res_out, n_chunks, rows_inner
 
 
-def _per_row_needs(df: Dataflow, inner: str, ext, folds, eb, dedup_a) -> dict[str, jax.Array]:
+def _per_row_needs(df: Dataflow, inner: int, ext, folds, eb, dedup_a) -> tuple[Any, Any, Any]:
     """Bytes per element of the streamed dimension T of the two reused slices that contain T
-    (the streamed operand and the partial sums) under fold order ``inner``: dividing a half
-    buffer by them gives the largest chunk for which that slice stays resident."""
-    t_dim = df.layout[2]
+    (the streamed operand and the partial sums) under fold order ``inner`` (array axis): dividing
+    a half buffer by them gives the largest chunk for which that slice stays resident.
 
+    Returns ``(streamed operand's bytes per row, whether it is a (T = M; else b), the partial
+    sums' bytes per row)``; meaningless for output stationary (no chunks)."""
     def per_row(dims, other, e):
-        spatial = dims[0] if dims[1] == t_dim else dims[1]
-        return (ext[spatial] / folds[spatial] if other == inner else ext[spatial]) * e
+        sp_e = _spatial(df, dims, ext)
+        return choose(df.on(inner, other), lambda: sp_e / _spatial(df, dims, folds),
+                      lambda: sp_e) * e
 
-    streamed = ("a", ("M", "K"), "N", eb["a"] * dedup_a) if t_dim == "M" else (
-        "b", ("K", "N"), "M", eb["b"])
-    key, dims, other, e = streamed
-    return {key: per_row(dims, other, e),
-            "out": per_row(("M", "N"), "K", real(PSUM_BYTES))}
-
-
-def _spatial(roles: Roles, dims, d):
-    """``d[spatial]`` for the static ``spatial = dims[0] if dims[1] == t_dim else dims[1]``."""
-    return jnp.where(roles.on(2, dims[1]), d[dims[0]], d[dims[1]])
-
-
-def _candidate_roles(roles: Roles, inner: int, chunk, ext, folds, *, half, eb, dedup_a, uniq_a):
-    """:func:`_candidate` with the dataflow as data (``inner``: the array
-    axis, 0 rows or 1 columns, whose fold loop is inner)."""
-    T = roles.pick(2, ext)
-    n_chunks = _relax.ceil(T / chunk)
-
-    def need_elems(dims, other):
-        sp_e, sp_f = _spatial(roles, dims, ext), _spatial(roles, dims, folds)
-        return jnp.where(roles.on(2, other), ext[dims[0]] * ext[dims[1]],
-                         jnp.where(roles.on(inner, other), chunk * sp_e / sp_f, chunk * sp_e))
-
-    def operand(dims, other, cap, e, unique, dedup):
-        size = ext[dims[0]] * ext[dims[1]]
-        need = need_elems(dims, other) * dedup * e
-        fits = need <= cap
-        fits = fits | (roles.on(2, other) & (n_chunks <= 1.0))
-        times = jnp.where(roles.on(2, other), n_chunks, folds[other])
-        refetch = _relax.select_step(fits, need, cap, jnp.ones_like(need), times)
-        return jnp.minimum(unique, size) * e * refetch, fits
-
-    rd_a, res_a = operand(("M", "K"), "N", half["a"], eb["a"], uniq_a, dedup_a)
-    rd_b, res_b = operand(("K", "N"), "M", half["b"], eb["b"], ext["K"] * ext["N"], 1.0)
-    psums = jnp.where(roles.on(2, "K"), jnp.zeros_like(rd_a),
-                      need_elems(("M", "N"), "K") * PSUM_BYTES)
-    res_out = psums <= half["out"]
-    spills = _relax.select_step(res_out, psums, half["out"], jnp.zeros_like(psums),
-                                folds["K"] - 1.0)
-    out_elems = ext["M"] * ext["N"]
-    wr_out = out_elems * (eb["out"] + spills * PSUM_BYTES)
-    rd_out = out_elems * spills * PSUM_BYTES
-    return (rd_a, rd_b, wr_out, rd_out), (res_a, res_b, res_out), n_chunks
-
-
-def _per_row_needs_roles(roles: Roles, inner: int, ext, folds, eb, dedup_a):
-    """:func:`_per_row_needs` with the dataflow as data: ``(streamed
-    operand's bytes per row, its half buffer, the partial sums' bytes per row)``; meaningless
-    for output stationary (no chunks: its candidates are masked)."""
-    def per_row(dims, other, e):
-        sp_e, sp_f = _spatial(roles, dims, ext), _spatial(roles, dims, folds)
-        return jnp.where(roles.on(inner, other), sp_e / sp_f, sp_e) * e
-
-    t_m = roles.on(2, "M")
-    streamed = jnp.where(t_m, per_row(("M", "K"), "N", eb["a"] * dedup_a),
-                         per_row(("K", "N"), "M", eb["b"]))
+    t_m = df.on(2, "M")
+    streamed = choose(t_m, lambda: per_row(("M", "K"), "N", eb["a"] * dedup_a),
+                      lambda: per_row(("K", "N"), "M", eb["b"]))
     return streamed, t_m, per_row(("M", "N"), "K", real(PSUM_BYTES))
 
 
-def _search_roles(roles: Roles, ext, folds, half, eb, dedup_a, uniq_a, T, min_chunk, compute,
-            all_folds, fd, bw, batch):
-    """:func:`_search` with the dataflow as data: the eight candidates of
-    weight and input stationary, of which output stationary (no chunks of the reduction) keeps
-    the two ``chunk = T`` ones (the others' bytes and cycles set to inf: never chosen, and the
-    first best is the static search's)."""
-    chunks_ok = ~roles.on(2, "K")
-    cands = []
+def _chunk_candidates(df: Dataflow, ext, folds, half, eb, dedup_a, T) -> Iterator[Any]:
+    """Per fold order (array axis 0 inner, then 1: SCALE-Sim's order first, it wins ties),
+    ``(inner, [(chunk, valid), ...])``: the chunk sizes of the streamed dimension to try (all of
+    T, and the largest for which the streamed slice, the partial sums or both stay resident),
+    each with whether it applies (True; a traced bool for Roles: output stationary's reduction
+    in time is never chunked). A generator, so each order's breaks are traced just before its
+    candidates, as they were."""
+    chunked = negate(df.on(2, "K"))
     for inner in (0, 1):
-        streamed, t_m, out = _per_row_needs_roles(roles, inner, ext, folds, eb, dedup_a)
-        half_s = jnp.where(t_m, half["a"], half["b"])
-        breaks = [_floor(jnp.where(v > 0, h / jnp.where(v > 0, v, 1.0), jnp.inf))
-                  for v, h in ((streamed, half_s), (out, half["out"]))]
-        chunks = [(T, None)] + [(b, chunks_ok) for b in breaks]
-        chunks.append((jnp.minimum(breaks[0], breaks[1]), chunks_ok))
-        for chunk, valid in chunks:
-            t = jnp.clip(chunk, min_chunk, T)
-            by, res, n = _candidate_roles(roles, inner, t, ext, folds, half=half, eb=eb,
-                                    dedup_a=dedup_a, uniq_a=uniq_a)
-            cands.append((by, res, n, inner == 0, valid))
-    shape = jnp.broadcast_shapes(*(jnp.shape(x) for c in cands for x in (*c[0], *c[1], c[2])),
-                                 batch)
-    totals = [by[0] + by[1] + by[2] + by[3] for by, _, _, _, _ in cands]
-    ests = [jnp.maximum(compute + (n - 1.0) * all_folds * fd, total / bw)
-            for total, (_, _, n, _, _) in zip(totals, cands)]
-    sg = jax.lax.stop_gradient
-    tbs = [sg(x) if c[4] is None else jnp.where(c[4], sg(x), jnp.inf)
-           for x, c in zip(totals, cands)]
-    tes = [sg(x) if c[4] is None else jnp.where(c[4], sg(x), jnp.inf)
-           for x, c in zip(ests, cands)]
-    least = functools.reduce(jnp.minimum, tbs)
-    keys = [jnp.where(tb <= least * (1.0 + 1e-12), te, jnp.inf) for tb, te in zip(tbs, tes)]
-    least_key = functools.reduce(jnp.minimum, keys)
-    best = [key <= least_key for key in keys]
-    if computes_once():  # as in _search: the first best candidate's index, computed once
-        first = jnp.full(shape, len(cands), jnp.int32)
-        for i in reversed(range(len(cands))):
-            first = jnp.where(best[i], i, first)
-        first = computed_once(first)
-        best = [first == i for i in range(len(cands))]
-
-    def chosen(get):
-        vals = [jnp.broadcast_to(get(c), shape) for c in cands]
-        out = jnp.zeros_like(vals[0])
-        for b, v in zip(reversed(best), reversed(vals)):
-            out = jnp.where(b, v, out)
-        return out
-
-    rd_a, rd_b, wr_out, rd_out = (chosen(lambda c, i=i: c[0][i]) for i in range(4))
-    res_a, res_b, res_out = (chosen(lambda c, i=i: c[1][i]) for i in range(3))
-    n_chunks = chosen(lambda c: c[2])
-    rows_inner = chosen(lambda c: jnp.asarray(c[3]))
-    return computed_once((rd_a, rd_b, wr_out, rd_out, res_a, res_b, res_out, n_chunks,
-                          rows_inner))
+        chunks = [(T, True)]
+        if chunked is not False:
+            streamed, t_m, psums = _per_row_needs(df, inner, ext, folds, eb, dedup_a)
+            half_s = choose(t_m, lambda: half["a"], lambda: half["b"])
+            # a buffer with no per-row need bounds nothing (inf; a safe division, so the relaxed
+            # gradient has no 0 x inf)
+            breaks = [_floor(jnp.where(v > 0, h / jnp.where(v > 0, v, 1.0), jnp.inf))
+                      for v, h in ((streamed, half_s), (psums, half["out"]))]
+            chunks += [(b, chunked) for b in breaks + [jnp.minimum(breaks[0], breaks[1])]]
+        yield inner, chunks

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 
 from npujax import _relax
 from npujax._exact import exact, real
-from npujax.systolic.dataflow import Dataflow, Roles, gemm_cycles, get_dataflow
+from npujax.systolic.dataflow import Dataflow, both, choose, either, gemm_cycles, get_dataflow
 
 __all__ = ["gemm_memory", "PSUM_BYTES"]
 
@@ -103,33 +103,30 @@ def gemm_memory(
       ConfigError: unknown dataflow name.
     """
     df = get_dataflow(dataflow)
-    if isinstance(df, Roles):
-        return _gemm_memory_roles(M, K, N, rows, cols, df, sram_bytes_a=sram_bytes_a,
-                                  sram_bytes_b=sram_bytes_b, sram_bytes_out=sram_bytes_out,
-                                  elem_bytes_a=elem_bytes_a, elem_bytes_b=elem_bytes_b,
-                                  elem_bytes_out=elem_bytes_out,
-                                  dram_bytes_per_cycle=dram_bytes_per_cycle,
-                                  unique_elems_a=unique_elems_a, bound=bound)
     g = gemm_cycles(M, K, N, rows, cols, df, bound=bound)
     ext = {"M": _f32(M), "K": _f32(K), "N": _f32(N)}
     r, c = _f32(rows), _f32(cols)
-    inner, outer, _ = df.layout
     count = _relax.count
     folds = {d: _f32(df.dim_folds(d, count(v), count(rows), count(cols), bound=bound))
              for d, v in (("M", M), ("K", K), ("N", N))}
+    # the layout's branches (``inner``: the rows' dimension, ``outer``: the columns', then time)
+    # through ``choose``: Python branches for a static dataflow, exact selects for Roles
+    inner, outer, time = 0, 1, 2
 
     def tile(d):  # extent of dimension d inside one fold
-        return jnp.minimum(ext[d], r) if d == inner else (
-            jnp.minimum(ext[d], c) if d == outer else ext[d])
+        return choose(df.on(inner, d), lambda: jnp.minimum(ext[d], r),
+                      lambda: choose(df.on(outer, d), lambda: jnp.minimum(ext[d], c),
+                                     lambda: ext[d]))
 
     def reused_elems(dims, other):
         """Elements that must stay resident for reuse across the folds of ``other``."""
         size = ext[dims[0]] * ext[dims[1]]
-        if other == inner and outer in dims:
-            return size / folds[outer]  # one column-fold's slice
-        if other == inner or other == outer:
-            return size
-        return jnp.zeros_like(size)  # other dimension is temporal: read once
+        o_inner = df.on(inner, other)
+        return choose(
+            both(o_inner, either(df.on(outer, dims[0]), df.on(outer, dims[1]))),
+            lambda: size / df.pick(outer, folds),  # one column-fold's slice
+            lambda: choose(either(o_inner, df.on(outer, other)), lambda: size,
+                           lambda: jnp.zeros_like(size)))  # other temporal: read once
 
     def operand(dims, other, sram, eb, unique):
         size = ext[dims[0]] * ext[dims[1]]
@@ -158,8 +155,11 @@ def gemm_memory(
     def first_bytes(dims, eb):
         """Bytes needed before the first (last) cycle of a fold: a stationary tile (both dims on
         the array) entirely, a streamed operand only its first vector (its spatial extent)."""
-        spatial = [tile(d) for d in dims if d != df.layout[2]]
-        return spatial[0] * (spatial[1] if len(spatial) == 2 else 1.0) * _f32(eb)
+        t0, t1 = df.on(time, dims[0]), df.on(time, dims[1])
+        return choose(either(t0, t1),
+                      lambda: choose(t0, lambda: tile(dims[1]), lambda: tile(dims[0])) * 1.0
+                      * _f32(eb),
+                      lambda: tile(dims[0]) * tile(dims[1]) * _f32(eb))
 
     dedup_a = jnp.minimum(uniq_a / (ext["M"] * ext["K"]), 1.0)
     prologue = (first_bytes(("M", "K"), elem_bytes_a) * dedup_a
@@ -184,80 +184,5 @@ def gemm_memory(
         "resident_a": res_a,
         "resident_b": res_b,
         "resident_out": res_out,
-    }
-
-
-@exact
-def _gemm_memory_roles(M, K, N, rows, cols, roles: Roles, *, sram_bytes_a, sram_bytes_b,
-                       sram_bytes_out, elem_bytes_a=1, elem_bytes_b=1, elem_bytes_out=1,
-                       dram_bytes_per_cycle, unique_elems_a=None, bound=None):
-    """:func:`gemm_memory` with the dataflow as data (:class:`Roles`): each branch of the
-    static function on the layout an exact select between the same expressions."""
-    g = gemm_cycles(M, K, N, rows, cols, roles, bound=bound)
-    ext = {"M": real(M), "K": real(K), "N": real(N)}
-    r, c = real(rows), real(cols)
-    count = _relax.count
-    folds = {d: real(roles.dim_folds(d, count(v), count(rows), count(cols), bound=bound))
-             for d, v in (("M", M), ("K", K), ("N", N))}
-    inner, outer, time = 0, 1, 2
-    # the static function's names: inner = the rows' dimension, outer = the columns'
-    f_outer = roles.pick(outer, folds)
-
-    def tile(d):
-        return jnp.where(roles.on(inner, d), jnp.minimum(ext[d], r),
-                         jnp.where(roles.on(outer, d), jnp.minimum(ext[d], c), ext[d]))
-
-    def reused_elems(dims, other):
-        size = ext[dims[0]] * ext[dims[1]]
-        outer_in = roles.on(outer, dims[0]) | roles.on(outer, dims[1])
-        o_inner, o_outer = roles.on(inner, other), roles.on(outer, other)
-        return jnp.where(o_inner & outer_in, size / f_outer,
-                         jnp.where(o_inner | o_outer, size, jnp.zeros_like(size)))
-
-    def operand(dims, other, sram, eb, unique):
-        size = ext[dims[0]] * ext[dims[1]]
-        dedup = jnp.minimum(unique / size, 1.0)
-        need = reused_elems(dims, other) * dedup * real(eb)
-        resident = need <= real(sram) / 2
-        refetch = _relax.select_step(resident, need, real(sram) / 2, jnp.ones_like(need),
-                                     folds[other])
-        reads = jnp.minimum(unique, size) * real(eb) * refetch
-        return reads, resident
-
-    uniq_a = ext["M"] * ext["K"] if unique_elems_a is None else real(unique_elems_a)
-    rd_a, res_a = operand(("M", "K"), "N", sram_bytes_a, elem_bytes_a, uniq_a)
-    rd_b, res_b = operand(("K", "N"), "M", sram_bytes_b, elem_bytes_b, ext["K"] * ext["N"])
-    out_elems = ext["M"] * ext["N"]
-    psums = reused_elems(("M", "N"), "K") * PSUM_BYTES
-    res_out = psums <= real(sram_bytes_out) / 2
-    spills = _relax.select_step(res_out, psums, real(sram_bytes_out) / 2, jnp.zeros_like(psums),
-                                folds["K"] - 1.0)
-    wr_out = out_elems * (real(elem_bytes_out) + spills * PSUM_BYTES)
-    rd_out = out_elems * spills * PSUM_BYTES
-    dram = rd_a + rd_b + wr_out + rd_out
-    bw = real(dram_bytes_per_cycle)
-
-    def first_bytes(dims, eb):
-        # the static branches' own expressions, selected: the tile of the dimension not in
-        # time alone (the static ``x * 1.0``, which XLA drops) or both tiles' product
-        t0, t1 = roles.on(time, dims[0]), roles.on(time, dims[1])
-        one_ = jnp.where(t0, tile(dims[1]), tile(dims[0])) * real(eb)
-        two = tile(dims[0]) * tile(dims[1]) * real(eb)
-        return jnp.where(t0 | t1, one_, two)
-
-    dedup_a = jnp.minimum(uniq_a / (ext["M"] * ext["K"]), 1.0)
-    prologue = (first_bytes(("M", "K"), elem_bytes_a) * dedup_a
-                + first_bytes(("K", "N"), elem_bytes_b)) / bw
-    epilogue = first_bytes(("M", "N"), elem_bytes_out) / bw
-    memory = dram / bw
-    steady = jnp.maximum(memory - prologue - epilogue, 0.0)
-    compute = real(g["compute_cycles"])
-    stall = prologue + epilogue + jnp.maximum(steady - compute, 0.0)
-    return {
-        "dram_read_bytes_a": rd_a, "dram_read_bytes_b": rd_b, "dram_write_bytes_out": wr_out,
-        "dram_read_bytes_out": rd_out, "dram_bytes": dram, "memory_cycles": memory,
-        "prologue_cycles": prologue, "epilogue_cycles": epilogue, "stall_cycles": stall,
-        "total_cycles": compute + stall, "compute_cycles": g["compute_cycles"],
-        "resident_a": res_a, "resident_b": res_b, "resident_out": res_out,
     }
 
