@@ -74,3 +74,14 @@ def test_roles_of_names_and_its_errors():
     np.testing.assert_array_equal(np.asarray(r.index), [2, 0, 2])
     with pytest.raises(ConfigError, match="row_stationary"):
         Roles.of(("ws", "rs"), np.array([0]))
+
+
+def test_stacked_reference_search_refuses_roles():
+    """The stacked mapping search (the reference implementation, static dataflows only) names
+    its limit instead of mixing output stationary's two candidates with the others' eight."""
+    from npujax.systolic.mapping import stacked_search
+
+    x = {k: v[:4] for k, v in _inputs().items()}
+    x["uniq"] = (x["M"] * x["K"]).astype(np.float64)
+    with stacked_search(), jax.enable_x64(True), pytest.raises(ConfigError, match="static"):
+        _figures(x, Roles(np.arange(4, dtype=np.int32) % 3), "best")
