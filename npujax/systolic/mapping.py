@@ -282,7 +282,7 @@ def _search(df: Dataflow, ext, folds, half, eb, dedup_a, uniq_a, T, min_chunk, c
     # the candidates one by one, each a [*batch] array (not stacked on a candidate axis: XLA
     # then fuses the whole search into one loop over the batch, where a stacked axis made it
     # materialise [batch, candidates] intermediates and branch per element in concatenations)
-    cands = []  # (bytes tuple, resident tuple, chunks, rows inner, valid or None)
+    cands = []  # (bytes tuple, resident tuple, chunks, rows inner, valid: True or traced)
     for inner, chunks in _chunk_candidates(df, ext, folds, half, eb, dedup_a, T):
         for chunk, valid in chunks:
             t = jnp.clip(chunk, min_chunk, T)

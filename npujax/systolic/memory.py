@@ -185,4 +185,3 @@ def gemm_memory(
         "resident_b": res_b,
         "resident_out": res_out,
     }
-
