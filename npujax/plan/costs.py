@@ -247,7 +247,7 @@ def layer_costs(
     spec: NpuSpec,
     weight_bits: jax.Array,
     act_bits: jax.Array,
-    dataflow: str | None = None,
+    dataflow: str | Dataflow | None = None,
     *,
     relaxed: bool = False,
     temperature: float = _relax.DEFAULT_TEMPERATURE,
@@ -272,7 +272,8 @@ def layer_costs(
         under ``jax.vmap``).
       weight_bits: float32 ``[L]`` weight width per layer (ignored for non-GEMM layers).
       act_bits: float32 ``[L]`` activation width per layer.
-      dataflow: dataflow name (static); default the spec's.
+      dataflow: dataflow name (static), default the spec's; or a
+        :class:`~npujax.systolic.dataflow.Roles` (the systolic dataflows as data).
       relaxed: the differentiable mode (static; ``npujax/_relax.py``): every value is the same
         as in the exact mode, bit for bit (at whole-number hardware values), but ``ceil`` of
         folds, passes and tiles passes a straight-through slope, the maximum of compute and
@@ -375,7 +376,7 @@ def layer_costs_by_dataflow(
 
 
 def _evaluate(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight_bits: jax.Array,
-              act_bits: jax.Array, dataflows: tuple[str | None, ...], relaxed: bool,
+              act_bits: jax.Array, dataflows: tuple[str | Dataflow | None, ...], relaxed: bool,
               temperature: float, shapes: Mapping[str, jax.Array] | None = None,
               mapping: str | None = None, count_slope: str = "unit"
               ) -> tuple[LayerCosts, ...]:
@@ -395,7 +396,7 @@ def _evaluate(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight_bit
 
 @exact
 def _layer_costs(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight_bits: jax.Array,
-                 act_bits: jax.Array, dataflows: tuple[str | None, ...],
+                 act_bits: jax.Array, dataflows: tuple[str | Dataflow | None, ...],
                  shapes: Mapping[str, jax.Array] | None = None, mapping: str = "best"
                  ) -> tuple[LayerCosts, ...]:
     """The costs at each of ``dataflows`` (None: the spec's). What does not depend on the

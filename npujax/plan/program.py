@@ -54,7 +54,7 @@ from npujax.plan.passes.base import EXACT, CostMode, CostPass, PassInput, Progra
 from npujax.plan.passes.energy import ENERGY_BREAKDOWN
 from npujax.plan.table import LayerTable
 from npujax.plan.workload import Workload, workloads
-from npujax.systolic.dataflow import Roles, get_dataflow
+from npujax.systolic.dataflow import Dataflow, Roles, get_dataflow
 from npujax.systolic.mapping import check_mapping
 
 __all__ = ["CostMode", "EXACT", "Network", "ProgramCosts", "Totals", "network", "program_costs",
@@ -163,7 +163,7 @@ def program_costs(
     weight_bits: jax.Array,
     act_bits: jax.Array,
     *,
-    dataflows: Sequence[str | None] = (None,),
+    dataflows: Sequence[str | Dataflow | None] = (None,),
     chains: Sequence[AttentionChain] = (),
     mode: CostMode = EXACT,
     shapes: Mapping[str, jax.Array] | None = None,
@@ -219,7 +219,7 @@ def program_costs(
 
 
 def program_cost(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight_bits: jax.Array,
-                 act_bits: jax.Array, dataflow: str | None = None, **kwargs: Any
+                 act_bits: jax.Array, dataflow: str | Dataflow | None = None, **kwargs: Any
                  ) -> ProgramCosts:
     """:func:`program_costs` at one dataflow (default the spec's); keywords as there."""
     return program_costs(layers, spec, weight_bits, act_bits, dataflows=(dataflow,),
@@ -228,7 +228,7 @@ def program_cost(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight_
 
 @exact
 def _compose(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight_bits: jax.Array,
-             act_bits: jax.Array, dataflows: tuple[str, ...],
+             act_bits: jax.Array, dataflows: tuple[str | Dataflow, ...],
              chains: tuple[AttentionChain, ...], mode: CostMode,
              shapes: Mapping[str, jax.Array] | None, passes: tuple[CostPass, ...]
              ) -> tuple[ProgramCosts, ...]:

@@ -416,7 +416,7 @@ def _chunk_candidates(df: Dataflow, ext, folds, half, eb, dedup_a, T) -> Iterato
     candidates, as they were."""
     chunked = negate(df.on(2, "K"))
     for inner in (0, 1):
-        chunks = [(T, True)]
+        chunks: list[tuple[Any, Any]] = [(T, True)]
         if chunked is not False:
             streamed, t_m, psums = _per_row_needs(df, inner, ext, folds, eb, dedup_a)
             half_s = choose(t_m, lambda: half["a"], lambda: half["b"])

@@ -22,6 +22,7 @@ from npujax.hw.spec import NpuSpec
 from npujax.plan.costs import LayerCosts
 from npujax.plan.table import LayerTable
 from npujax.plan.workload import Workload
+from npujax.systolic.dataflow import Dataflow
 
 if TYPE_CHECKING:
     from npujax.plan.passes.attention import AttentionChain, AttentionCosts
@@ -66,7 +67,8 @@ class PassInput(NamedTuple):
       spec: the NPU; numeric fields may be traced or batched.
       weight_bits, act_bits: float ``[L]`` widths in the caller's dtype: widen them with
         ``npujax._exact.real`` for arithmetic, after any gather (``npujax/_exact.py``).
-      dataflow: the dataflow's full name (static).
+      dataflow: the dataflow's full name (static), or a
+        :class:`~npujax.systolic.dataflow.Roles` (one of the systolic dataflows as data).
       chains: the attention blocks (static; empty where they were not recognised).
       shapes: traced workload sizes ``{field: [L]}`` or None (:func:`npujax.plan.sweep_shapes`).
       mode: the :class:`CostMode`.
@@ -76,7 +78,7 @@ class PassInput(NamedTuple):
     spec: NpuSpec
     weight_bits: jax.Array
     act_bits: jax.Array
-    dataflow: str
+    dataflow: str | Dataflow
     chains: tuple[AttentionChain, ...]
     shapes: Mapping[str, jax.Array] | None
     mode: CostMode

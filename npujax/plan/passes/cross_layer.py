@@ -72,6 +72,7 @@ from npujax.plan.costs import LayerCosts, layer_costs
 from npujax.plan.passes.base import CostMode, CostPass, PassInput, ProgramCosts
 from npujax.plan.recombine import repriced
 from npujax.plan.workload import Workload
+from npujax.systolic.dataflow import Dataflow
 
 if TYPE_CHECKING:
     from npujax.plan.passes.attention import AttentionChain
@@ -229,7 +230,7 @@ PASS = CostPass("cross_layer", 30, _applies, _apply, traced_layers=False, traced
 
 
 def _place(layers: tuple[Workload, ...], edges: tuple[Edge, ...], spec: NpuSpec,
-           weight_bits: jax.Array, act_bits: jax.Array, dataflow: str | None,
+           weight_bits: jax.Array, act_bits: jax.Array, dataflow: str | Dataflow | None,
            base: LayerCosts, unfused: LayerCosts, blocked: Any
            ) -> tuple[LayerCosts, EdgeCosts]:
     """The cross-layer placement on top of the per-layer costs ``base`` (``unfused``: the

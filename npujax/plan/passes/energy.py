@@ -51,7 +51,7 @@ from npujax.plan.costs import _hw, input_widths, layer_costs, split_over_cores
 from npujax.plan.passes.base import CostMode, CostPass, PassInput, ProgramCosts
 from npujax.plan.table import LayerTable, layer_table
 from npujax.plan.workload import Workload
-from npujax.systolic.dataflow import get_dataflow
+from npujax.systolic.dataflow import Dataflow, get_dataflow
 from npujax.systolic.memory import gemm_memory
 
 if TYPE_CHECKING:
@@ -147,7 +147,7 @@ def layer_energy(
 
 @exact
 def _layer_energy(layers: Sequence[Workload] | LayerTable, spec: NpuSpec, weight_bits: jax.Array,
-                  act_bits: jax.Array, dataflow: str | None, dram_bytes: jax.Array,
+                  act_bits: jax.Array, dataflow: str | Dataflow | None, dram_bytes: jax.Array,
                   streamed_bytes: jax.Array | None = None) -> LayerEnergy:
     df = get_dataflow(dataflow or spec.array.dataflow)
     hw = _hw(spec)
