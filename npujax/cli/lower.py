@@ -94,10 +94,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "--kv-len cached positions (default: prefill)")
     lo.add_argument("--seq-len", type=positive_int, default=128,
                     help="decoder: prompt tokens per sequence (default 128)")
-    lo.add_argument("--kv-len", default="1024",
-                    help="decoder: cached positions of a decode step: one length for every "
-                    "sequence, one per sequence (512,1024,2048: the batch) or a file of "
-                    "lengths (default 1024)")
+    lo.add_argument("--kv-len",
+                    help="decoder, --phase decode: cached positions of the step: one length "
+                    "for every sequence, one per sequence (512,1024,2048: the batch) or a "
+                    "file of lengths (default 1024)")
     lo.add_argument("--prefill-chunk", type=positive_int,
                     help="decoder: chunked prefill, tokens per chunk (each chunk attends to "
                     "the ones before; time to first token is their sum)")
@@ -712,10 +712,12 @@ def _run_decoder(args: argparse.Namespace) -> int:
     if args.phase == "decode" and args.prefill_chunk:
         raise ConfigError("--prefill-chunk applies to --phase prefill.")
     cfg = load_decoder(name, ignore=args.ignore_config_field or ())
-    lens = _kv_lens(args.kv_len, args.batch)
-    if args.phase == "prefill" and len(set(lens)) > 1:
-        raise ConfigError("--kv-len with one length per sequence sets a decode batch; a "
-                          "prefill's batch is --batch (its prompts are --seq-len tokens).")
+    if args.phase == "prefill" and args.kv_len is not None:
+        # (it was read and ignored: a prefill's length is its prompt's)
+        raise ConfigError("--kv-len sets the cached positions of a decode step (--phase "
+                          "decode); a prefill's prompts are --seq-len tokens and its batch is "
+                          "--batch.")
+    lens = _kv_lens(args.kv_len or "1024", args.batch)
     loads = _expert_loads(args.expert_loads)
     if loads is not None and not cfg.moe_layers:
         raise ConfigError(f"--expert-loads applies to a mixture of experts; {name} is dense.")

@@ -774,7 +774,8 @@ def _graph_inputs(ctx: _Ctx, model: onnx.ModelProto,
     declared = [vi.name for vi in model.graph.input if vi.name not in inits]
     unknown = sorted(set(given) - set(declared))
     if unknown:  # before any other input error: a misspelt name is the likelier mistake
-        raise GraphError(f"input_shapes names {unknown}, which are not inputs of the model; its "
+        raise GraphError(f"input shapes are given for {unknown} (--input-shape NAME=..., or "
+                         f"from_onnx's input_shapes), which are not inputs of the model; its "
                          f"inputs are {declared}.")
     for vi in model.graph.input:
         if vi.name in inits:

@@ -521,7 +521,8 @@ def merge_sweeps(folders: Sequence[str | Path], out: str | Path, *,
             detail = detail.replace(" then,", f" in {str(first_dir)!r},").replace(
                 " now", f" in {str(d)!r}")
             raise ConfigError(f"{str(d)!r} and {str(first_dir)!r} are slices of different "
-                              f"sweeps: {what} differ ({detail}); merge the slices of one sweep.")
+                              f"sweeps, which differ in {what} ({detail}); merge the slices of "
+                              "one sweep.")
     count = int(counts.pop())
     by_index: dict[int, Path] = {}
     for d, m in slices:
@@ -649,13 +650,20 @@ def write_table_parquet(path: Path, table: dict[str, np.ndarray]) -> bool:
     return True
 
 
-def _log_scale(ax: Any, which: str) -> None:
-    """A log scale on ``ax``'s ``which`` axis (``"x"`` or ``"y"``), labelled in plain text
-    (``0.001``, as ``LogFormatter`` writes them):
-    matplotlib's default labels (``10^-3``) go through its mathtext parser, which takes
-    0.2-0.4 CPU s in a process's first plot, a tenth of a cold ``npujax sweep``."""
+def _scale(ax: Any, which: str, values: np.ndarray) -> None:
+    """The scale of ``ax``'s ``which`` axis (``"x"`` or ``"y"``) for ``values``: logarithmic
+    where the positive values span at least a decade, labelled in plain text (``0.001``, as
+    ``LogFormatter`` writes them: matplotlib's default labels, ``10^-3``, go through its
+    mathtext parser, which takes 0.2-0.4 CPU s in a process's first plot, a tenth of a cold
+    ``npujax sweep``); linear otherwise, where a log axis has one decade tick or none and
+    ``LogFormatter`` labels the fallback ticks to one significant figure (``3e-02`` on every
+    tick of a 30.09-30.13 ms range)."""
     from matplotlib.ticker import LogFormatter
 
+    v = np.asarray(values, np.float64)
+    v = v[np.isfinite(v) & (v > 0)]
+    if not v.size or v.max() < 10.0 * v.min():
+        return  # linear, matplotlib's ScalarFormatter (plain text)
     getattr(ax, f"set_{which}scale")("log")
     axis = getattr(ax, f"{which}axis")
     axis.set_major_formatter(LogFormatter())
@@ -665,41 +673,47 @@ def _log_scale(ax: Any, which: str) -> None:
 def plot_sweep(out: Path, result: SweepResult, table: dict[str, np.ndarray],
                front: np.ndarray, objectives: Sequence[str]) -> list[str]:
     """``pareto.png`` (the first two objectives, the front highlighted) and ``axes.png`` (the
-    best and median latency per value of each axis); returns the names written."""
+    best and median of the first objective per value of each axis); returns the names written.
+    """
     x, y = (objectives[1], objectives[0]) if len(objectives) > 1 else ("pes", objectives[0])
     fig, ax = new_figure(6.5, 4.5)
     ax.scatter(table[x], table[y], s=8, alpha=0.4, label="configurations")
     order = front[np.argsort(table[x][front], kind="stable")]
     ax.plot(table[x][order], table[y][order], "o-", color="C3", ms=4, label="Pareto front")
-    _log_scale(ax, "x")
-    _log_scale(ax, "y")
+    _scale(ax, "x", table[x])
+    _scale(ax, "y", table[y])
     ax.set_xlabel(x)
     ax.set_ylabel(y)
     ax.set_title(f"{len(result)} configurations, {front.size} on the Pareto front")
-    ax.legend(loc="upper right")  # (matplotlib's "best" is slow on many points, and warns)
-    # fixed margins (inches) rather than tight_layout, which draws every figure twice
-    fig.subplots_adjust(left=0.9 / 6.5, right=1 - 0.2 / 6.5, bottom=0.6 / 4.5, top=1 - 0.4 / 4.5)
+    # the legend below the axes, where it covers no point (matplotlib's "best" is slow on many
+    # points, and warns); fixed margins (inches) rather than tight_layout, which draws every
+    # figure twice
+    fig.legend(loc="lower center", ncol=2, frameon=False)
+    fig.subplots_adjust(left=1.15 / 6.5, right=1 - 0.2 / 6.5, bottom=0.95 / 4.5, top=1 - 0.4 / 4.5)
     save_figure(fig, out / "pareto.png", tight=False)
     axes = result.grid.axes
     width = 3.2 * len(axes)
-    fig, _ = new_figure(width, 3.2)
+    fig, _ = new_figure(width, 3.7)
     fig.clear()
-    fig.subplots_adjust(left=0.9 / width, right=1 - 0.2 / width, bottom=1.05 / 3.2,
-                        top=1 - 0.15 / 3.2, wspace=0.45)
+    fig.subplots_adjust(left=1.15 / width, right=1 - 0.2 / width, bottom=1.55 / 3.7,
+                        top=1 - 0.15 / 3.7, wspace=0.45)
+    metric = table[y]
     for j, (name, vals) in enumerate(axes):
         a = fig.add_subplot(1, len(axes), j + 1)
-        lat = table["latency_s"]
-        best = [lat[result.configs[:, j] == k].min(initial=np.inf) for k in range(len(vals))]
-        med = [np.median(lat[result.configs[:, j] == k]) if np.any(result.configs[:, j] == k)
+        best = [metric[result.configs[:, j] == k].min(initial=np.inf) for k in range(len(vals))]
+        med = [np.median(metric[result.configs[:, j] == k]) if np.any(result.configs[:, j] == k)
                else np.nan for k in range(len(vals))]
         labels = [f"{v:g}" if isinstance(v, float) else str(v) for v in vals]
         a.plot(labels, best, "o-", label="best")
         a.plot(labels, med, "s--", label="median")
-        a.set_xlabel(name)
-        _log_scale(a, "y")
+        # a long dotted field name on two lines (section, then key), so it fits its panel
+        a.set_xlabel(name.replace(".", ".\n", 1) if len(name) > 24 else name)
+        _scale(a, "y", metric)
         a.tick_params(axis="x", labelrotation=30)
         if j == 0:
-            a.set_ylabel("latency_s")
-            a.legend(loc="upper right")
+            a.set_ylabel(y)
+    # below the panels, where it covers no point
+    fig.legend(*fig.axes[0].get_legend_handles_labels(), loc="lower center", ncol=2,
+               frameon=False)
     save_figure(fig, out / "axes.png", tight=False)
     return ["pareto.png", "axes.png"]

@@ -367,7 +367,8 @@ def test_four_slices_merged_are_byte_identical_to_one_run(graph, edge, tmp_path)
     run_sweep(graph, other, Grid.build(GRID, other), tmp_path / "other", model="cnn",
               chunk_size=3, progress=False, shard=(1, 4))
     s0, s1, s2, s3 = (tmp_path / f"slice{i}" for i in range(4))
-    cases = [([s0, tmp_path / "other", s2, s3], "slices of different sweeps: the NPU spec differ"),
+    cases = [([s0, tmp_path / "other", s2, s3],
+              "slices of different sweeps, which differ in the NPU spec"),
              ([s0, s0, s2, s3], "slice 0/4 is given twice"),
              ([s0, s1, s3], r"slice\(s\) 2/4 missing"),
              ([s0, tmp_path / "one"], "a whole sweep, not a slice"),

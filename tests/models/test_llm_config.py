@@ -268,11 +268,12 @@ def test_serving_arguments_refused_before_lowering(capsys):
     from npujax.cli import main
 
     for argv, message in (
-            (["--batch", "3", "--kv-len", "8,16"], "gives 2 lengths"),
-            (["--phase", "prefill", "--kv-len", "8,16"], "sets a decode batch"),
+            (["--phase", "decode", "--batch", "3", "--kv-len", "8,16"], "gives 2 lengths"),
+            (["--phase", "prefill", "--kv-len", "8,16"], "decode step"),
+            (["--phase", "prefill", "--kv-len", "1024"], "prompts are --seq-len"),
             (["--phase", "decode", "--prefill-chunk", "4"], "applies to --phase prefill"),
             (["--expert-loads", "0.5,0.5"], "tiny is dense"),
-            (["--kv-len", "eight"], "neither lengths")):
+            (["--phase", "decode", "--kv-len", "eight"], "neither lengths")):
         assert main(["lower", "decoder:tiny", "--no-progress", *argv]) == ConfigError.exit_code
         assert message in capsys.readouterr().err
 
