@@ -133,6 +133,8 @@ def _sumpool(node: Node, inputs: Sequence[jax.Array], params: Mapping[str, jax.A
 
 def _global_avg_pool(node: Node, inputs: Sequence[jax.Array], params: Mapping[str, jax.Array]):
     x = inputs[0]
+    if node.attrs.get("sum_only"):  # its consumers scale (npujax.ir.execute.inference)
+        return [jnp.sum(x, axis=tuple(range(2, x.ndim)), keepdims=True)]
     return [jnp.mean(x, axis=tuple(range(2, x.ndim)), keepdims=True)]
 
 
