@@ -114,7 +114,7 @@ def _depthwise_conv(x: jax.Array, kernel: jax.Array, a: Mapping[str, Any]) -> ja
             out = term if out is None else out + term
     assert out is not None
     if extra:
-        out = out[:, :, :, :wo - extra]
+        out = lax.slice_in_dim(out, 0, wo - extra, axis=3)
     return jnp.transpose(out, ["NCHW".index(d) for d in layout])
 
 
@@ -211,8 +211,11 @@ def _vector_product(v: jax.Array, w: Any) -> jax.Array:
     nothing, and the copy and the row pick fuse into the neighbouring loops. The PP-OCR
     classifier's squeeze-and-excitation blocks and head have 19 such products. The values are
     ``v @ w``'s (each row is the same product)."""
-    pair = jnp.broadcast_to(jnp.reshape(v, (1, -1)), (2, v.size))
-    return jnp.matmul(pair, w)[0]
+    if v.dtype != w.dtype:
+        return jnp.matmul(jnp.broadcast_to(jnp.reshape(v, (1, -1)), (2, v.size)), w)[0]
+    pair = lax.broadcast_in_dim(lax.reshape(v, (1, v.size)), (2, v.size), (0, 1))
+    y = lax.dot_general(pair, w, (((1,), (0,)), ((), ())))  # lax: the cheapest to trace
+    return lax.index_in_dim(y, 0, 0, keepdims=False)
 
 
 def _pointwise_conv(x: jax.Array, kernel: jax.Array, a: Mapping[str, Any]) -> jax.Array:
@@ -345,7 +348,7 @@ def _conv(node: Node, inputs: Sequence[jax.Array], params: Mapping[str, jax.Arra
     else:
         y = dense_conv(x, params["kernel"], a)
     if "output_scale" in a:  # the input is a sum whose mean this reads (npujax.ir.execute)
-        y = y * np.asarray(a["output_scale"], y.dtype)
+        y = lax.mul(y, np.asarray(a["output_scale"], y.dtype))
     if "bias" in params:
         c_axis = a["data_layout"].index("C")
         shape = [1] * y.ndim
@@ -455,7 +458,7 @@ def _gemm(node: Node, inputs: Sequence[jax.Array], params: Mapping[str, jax.Arra
     else:
         y = jnp.matmul(x, params["kernel"])
     if "output_scale" in node.attrs:  # as Conv's
-        y = y * np.asarray(node.attrs["output_scale"], y.dtype)
+        y = lax.mul(y, np.asarray(node.attrs["output_scale"], y.dtype))
     if "bias" in params:
         y = y + jnp.reshape(params["bias"], (1,) * (y.ndim - 1) + (-1,))
     return [apply_epilogue(node, y)]
