@@ -90,16 +90,7 @@ def _depthwise_conv(x: jax.Array, kernel: jax.Array, a: Mapping[str, Any]) -> ja
         if m > 1:
             xc = jnp.repeat(xc, m, axis=1)
         return jnp.transpose(_depthwise_rows(xc, w[:, 0], a), ["NCHW".index(d) for d in layout])
-    # A stride-1 layer whose output is its input's size has a tap whose slice is the unpadded
-    # input itself; XLA:CPU reads that tap from the input rather than the padded copy, so the
-    # input has two readers and an activation before the padding (a true division, expensive
-    # to duplicate) gets a loop kernel of its own and the padding another. One extra output
-    # column, cut off, breaks the identity: one kernel fewer for each such layer (PP-OCR cls
-    # has six, about 15 ms of compilation each), the same values, no slower.
-    extra = int(isinstance(w, np.ndarray) and sh == sw == 1 and pt % dh == 0 and pl % dw == 0
-                and pt + pb == dh * (kh - 1) and pl + pr == dw * (kw - 1)
-                and pt // dh < kh and pl // dw < kw)
-    xp = _pad_hw(xc, pt, pb, pl, pr + extra)
+    xp = _pad_hw(xc, pt, pb, pl, pr)
     if m > 1:
         xp = jnp.repeat(xp, m, axis=1)
     ho = (xp.shape[2] - (dh * (kh - 1) + 1)) // sh + 1
@@ -113,8 +104,6 @@ def _depthwise_conv(x: jax.Array, kernel: jax.Array, a: Mapping[str, Any]) -> ja
             term = patch * w[:, 0, i, j].reshape(1, -1, 1, 1)
             out = term if out is None else out + term
     assert out is not None
-    if extra:
-        out = lax.slice_in_dim(out, 0, wo - extra, axis=3)
     return jnp.transpose(out, ["NCHW".index(d) for d in layout])
 
 
