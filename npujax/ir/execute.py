@@ -33,7 +33,7 @@ from npujax.ir.absent import any_absent
 from npujax.ir.graph import SHAPES_ONLY_SOURCE, Graph, Node, Params
 from npujax.limits import check_bytes, get_limits
 from npujax.ops import OPS, run_op, weight_role
-from npujax.ops.registry import NARROW_FLOATS, forward_only
+from npujax.ops.registry import NARROW_FLOATS, forward_only, is_forward_only
 
 __all__ = ["execute", "execute_nodes", "inference", "check_run", "as_inputs", "layer_state",
            "tap", "Observe", "LayerQuantization", "NodeQuantizer", "MAX_CONSTANT_BYTES"]
@@ -305,10 +305,17 @@ def _run_nodes(graph: Graph, params: Params, env: dict[str, jax.Array], nodes: S
     wanted = {graph.nodes[i].name for i in nodes}
     inv_std = _batchnorm_inv_std(graph, {k: v for k, v in params.items() if k in wanted})
     flattened = _flattened_by_consumer(graph)
+    whole = is_forward_only() and observe is None and len(nodes) == len(graph.nodes)
+    summed = _mean_scaled_by_consumer(graph, quant) if whole else {}
     for index in nodes:
         node = graph.nodes[index]
         if node.name in flattened:
             node = dataclasses.replace(node, attrs={**node.attrs, "flattened_by_consumer": True})
+        if node.name in summed:
+            pooled = summed[node.name]
+            mark = ({"sum_only": True} if pooled is None else
+                    {"output_scale": 1.0 / int(np.prod(env[pooled].shape[2:]))})
+            node = dataclasses.replace(node, attrs={**node.attrs, **mark})
         missing = [t for t in node.inputs if t not in env]
         if missing:
             raise GraphError(f"node {node.name!r} reads {missing}, which no earlier node "
@@ -360,12 +367,15 @@ def inference(
     taken now) instead of being passed as one argument per tensor (the PP-OCR classifier has
     214): XLA then folds everything that depends on the weights alone at compile time (kernel
     transposes and per-tap slices, BatchNormalization's ``rsqrt(var + eps)``, the fake-quantized
-    kernels of ``quant``), and a call passes one input buffer. The numbers are those of
-    :func:`execute` jitted with the weights as arguments up to float rounding: the same
-    operations, some evaluated by XLA's constant folder (on the PP-OCR models the outputs
-    differ by at most 1 ulp of the largest value, ``experiments/bench/execution.py``). Use it to
-    run a model; train, calibrate or search (weights or state that change) with
-    :func:`execute` and the weights as arguments.
+    kernels of ``quant``), and a call passes one input buffer. The operators are traced in
+    their forward-only forms (:func:`npujax.ops.registry.forward_only`), which XLA:CPU compiles
+    into fewer kernels, and a global average pool read only by Convs and Gemms is a sum whose
+    readers scale their products (:func:`_mean_scaled_by_consumer`). The numbers are those of
+    :func:`execute` jitted with the weights as arguments up to float rounding: other orders of
+    the same sums, some evaluated by XLA's constant folder (on the PP-OCR models the outputs
+    differ by at most 1.5e-7 for cls, 1.9e-6 for rec's probabilities and 5.4e-9 for det's map,
+    ``experiments/bench/execution.py``). Use it to run a model; train, calibrate or search
+    (weights or state that change) with :func:`execute` and the weights as arguments.
 
     Compilation happens at the first call for each input shape (``jax.jit``); the program,
     weights included, is the key of JAX's persistent compilation cache when one is set
@@ -493,6 +503,55 @@ def _flattened_by_consumer(graph: Graph) -> set[str]:
                     ok = False
         if ok and exits:
             found.add(node.name)
+    return found
+
+
+#: Operators that only move their first input's elements (the other inputs, if any, are
+#: shapes or axes): a scale commutes with them.
+_MOVES_ONLY = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose"})
+
+
+def _mean_scaled_by_consumer(graph: Graph, quant: Mapping[str, Any]) -> dict[str, str | None]:
+    """GlobalAveragePool nodes whose output, through reshapes and transposes only, is read by
+    Convs and Gemms (none quantized) and nothing else: ``{pool: None, consumer: the pool's
+    input tensor}``.
+
+    :func:`inference` runs such a pool as a sum (``attrs["sum_only"]``) and has its consumers
+    scale their products by ``1 / (H x W)`` before the bias (``attrs["output_scale"]``): the
+    same values up to float rounding, as the products are linear. XLA:CPU then fuses the scale
+    into the consumer's bias and activation, where a mean took a loop kernel of its own between
+    the pool (a YNNPACK reduction) and the product: one kernel fewer per squeeze-and-excitation
+    block, each about 15 ms of compilation."""
+    readers: dict[str, list[Node]] = {}
+    for node in graph.nodes:
+        for t in node.inputs:
+            readers.setdefault(t, []).append(node)
+    outputs = set(graph.outputs)
+
+    def linear(n: Node, t: str) -> bool:  # reads t as its only activation, scales with it
+        return (n.op in ("Conv", "Gemm") and n.name not in quant
+                and list(n.inputs) == [t])
+
+    found: dict[str, str | None] = {}
+    for node in graph.nodes:
+        out = node.outputs[0] if node.outputs else None
+        if (node.op != "GlobalAveragePool" or node.name in quant or out is None
+                or not str(graph.tensors[out].dtype).startswith(("float", "bfloat"))):
+            continue
+        todo, consumers, ok = [out], [], True
+        while todo and ok:
+            t = todo.pop()
+            ok = t not in outputs and bool(readers.get(t))
+            for r in readers.get(t, []):
+                if r.op in _MOVES_ONLY and r.inputs[0] == t and t not in r.inputs[1:]:
+                    todo.extend(r.outputs)
+                elif linear(r, t):
+                    consumers.append(r.name)
+                else:
+                    ok = False
+        if ok and consumers:
+            found[node.name] = None
+            found.update((c, node.inputs[0]) for c in consumers)
     return found
 
 

@@ -26,7 +26,7 @@ import numpy as np
 from npujax.errors import UnsupportedOpError
 from npujax.ops._onnx import simple_importer
 from npujax.ops.elementwise import align_ranks
-from npujax.ops.registry import OpDef, VectorWork, onnx_importer, register
+from npujax.ops.registry import OpDef, VectorWork, is_forward_only, onnx_importer, register
 
 if TYPE_CHECKING:
     from npujax.ir.graph import Node
@@ -90,7 +90,26 @@ def _softmax(node: Node, inputs: Sequence[jax.Array], params: Mapping[str, jax.A
     if node.attrs.get("coerce_2d") and axis != x.ndim - 1:
         flat = jnp.reshape(x, (int(np.prod(x.shape[:axis], dtype=np.int64)), -1))
         return [jnp.reshape(jax.nn.softmax(flat, axis=-1), x.shape)]
+    if (is_forward_only() and 1 < x.shape[axis] <= _PAIRWISE_SOFTMAX_MAX
+            and jnp.issubdtype(x.dtype, jnp.floating)):
+        return [_pairwise_softmax(x, axis)]
     return [jax.nn.softmax(x, axis=axis)]
+
+
+#: In a forward-only trace, a Softmax over at most this many elements is pairwise
+#: (:func:`_pairwise_softmax`).
+_PAIRWISE_SOFTMAX_MAX = 8
+
+
+def _pairwise_softmax(x: jax.Array, axis: int) -> jax.Array:
+    """Softmax over a short ``axis`` as ``1 / sum_j exp(x_j - x_i)``: one reduction, which
+    XLA:CPU compiles with the exponentials into one loop kernel, where ``jax.nn.softmax``'s
+    maximum, exponentials and sum take three (about 15 ms of compilation each; PP-OCR cls's
+    2-class head). No maximum is needed: the ``j = i`` term is 1, so the sum is at least 1, and a
+    term that overflows gives the 0 the limit has. Values agree with ``jax.nn.softmax`` to float
+    rounding; ``n^2`` exponentials per row of ``n``."""
+    diff = jnp.expand_dims(x, axis) - jnp.expand_dims(x, axis + 1)  # [..., i, j, ...]: x_j - x_i
+    return 1.0 / jnp.sum(jnp.exp(diff), axis=axis + 1)
 
 
 _SQRT_2_OVER_PI = 0.7978845608028654

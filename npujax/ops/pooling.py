@@ -133,6 +133,9 @@ def _sumpool(node: Node, inputs: Sequence[jax.Array], params: Mapping[str, jax.A
 
 def _global_avg_pool(node: Node, inputs: Sequence[jax.Array], params: Mapping[str, jax.Array]):
     x = inputs[0]
+    if node.attrs.get("sum_only"):  # its readers scale (npujax.ir.execute.inference)
+        axes = tuple(range(2, x.ndim))
+        return [lax.expand_dims(lax.reduce(x, np.zeros((), x.dtype), lax.add, axes), axes)]
     return [jnp.mean(x, axis=tuple(range(2, x.ndim)), keepdims=True)]
 
 

@@ -59,7 +59,10 @@ def forward_only() -> Iterator[None]:
     """Trace the operators for a forward pass that is never differentiated
     (:func:`npujax.ir.execute.inference`): kernels may then take forms whose gradients would
     differ from their reference form's (MaxPool as a maximum of strided slices splits the
-    gradient of a tie, ``lax.reduce_window`` gives it to one element). Values are the same."""
+    gradient of a tie, ``lax.reduce_window`` gives it to one element), or that XLA:CPU compiles
+    into fewer kernels (a product of one vector as a two-row product, a Softmax over a short
+    axis pairwise; :mod:`npujax.ops.gemm`, :mod:`npujax.ops.activation`). Values are the same
+    up to float rounding; training and calibration trace the reference forms."""
     token = _FORWARD_ONLY.set(True)
     try:
         yield

@@ -149,3 +149,42 @@ def test_execute_nodes_in_pieces_equals_execute(folded):
     assert_close(np.asarray(env["y"]).reshape(want.shape), want)
     with pytest.raises(GraphError, match="pass them in env"):
         execute_nodes(graph, params, {}, range(3, 8), batch=5, keep=("t3",))
+
+
+def test_inference_sums_a_pool_read_by_linear_layers_and_scales_their_products():
+    """A squeeze-and-excitation block and a classifier head: inference() runs each global
+    average pool read only by Convs and Gemms (through a Flatten) as a sum and scales those
+    products instead; the outputs equal execute()'s to float rounding, at batch 1 and 2. A pool
+    with a quantized reader keeps its mean."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from npujax.frontends.onnx import from_onnx
+    from npujax.ir.execute import _mean_scaled_by_consumer, inference
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=s).astype(np.float32), n) for n, s in [
+        ("w1", (4, 16, 1, 1)), ("b1", (4,)), ("w2", (16, 4, 1, 1)), ("b2", (16,)),
+        ("wf", (3, 16)), ("bf", (3,))]]
+    nodes = [
+        helper.make_node("GlobalAveragePool", ["x"], ["s"], name="gap1"),
+        helper.make_node("Conv", ["s", "w1", "b1"], ["r"], name="fc1"),
+        helper.make_node("Relu", ["r"], ["h"]),
+        helper.make_node("Conv", ["h", "w2", "b2"], ["g"], name="fc2"),
+        helper.make_node("HardSigmoid", ["g"], ["gs"]),
+        helper.make_node("Mul", ["x", "gs"], ["u"]),
+        helper.make_node("GlobalAveragePool", ["u"], ["v"], name="gap2"),
+        helper.make_node("Flatten", ["v"], ["f"]),
+        helper.make_node("Gemm", ["f", "wf", "bf"], ["z"], name="head", transB=1),
+        helper.make_node("Softmax", ["z"], ["y"], axis=1)]
+    g = helper.make_graph(nodes, "se", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 16, 6, 6])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [1, 3])], inits)
+    graph, params = from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    head = next(n.name for n in graph.nodes if n.op == "Gemm")
+    assert _mean_scaled_by_consumer(graph, {}) == {"gap1": None, "fc1": "x", "gap2": None,
+                                                  head: "u"}
+    assert set(_mean_scaled_by_consumer(graph, {"fc1": object()})) == {"gap2", head}
+    run = jax.jit(lambda p, v: execute(graph, p, v))
+    for batch in (1, 2):
+        x = rng.uniform(-1, 1, (batch, 16, 6, 6)).astype(np.float32)
+        assert_close(inference(graph, params)(x), run(params, x))
