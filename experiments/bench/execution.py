@@ -8,8 +8,9 @@ Usage:  python experiments/bench/execution.py [--before OTHER_CHECKOUT] [--round
 
 Prints:
   (1) per zoo model at batch 1, CPU time per call (``time.process_time``: every thread of the
-      process) of the jitted JAX forward pass over onnxruntime's, the two interleaved call by
-      call in one process, median of ``--calls`` calls after a warm-up. Sides: ``inference``
+      process) of the jitted JAX forward pass over onnxruntime's, the two interleaved in one
+      process, median of ``--calls`` calls after a warm-up (timed in blocks of ``BLOCK``
+      consecutive calls per side, the sides alternating block by block). Sides: ``inference``
       (:func:`npujax.ir.execute.inference`: weights built into the program), ``arguments``
       (``jax.jit(lambda p, x: execute(graph, p, x))``: the weights as 200-odd arguments, the
       way npujax ran a model before) and, with ``--before``, the other checkout's ``arguments``
@@ -52,6 +53,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[2]
 THREADS = "--xla_cpu_multi_thread_eigen=false"
+#: Consecutive calls of one side per timed sample (:func:`child_forward`; fewer for a model
+#: called fewer than 4 x BLOCK times).
+BLOCK = 5
 #: The environment of the child processes for ``--xla-threads``: ``1`` sizes XLA's pools to one
 #: thread (as onnxruntime's), ``all`` leaves them at one thread per core.
 XLA_POOLS = {"1": {"PJRT_NPROC": "1"}, "all": {}}
@@ -154,14 +158,19 @@ def child_forward(name: str, calls: int) -> dict:
             jax.block_until_ready(f())
         sess.run(None, feed)
     times: dict[str, list[float]] = {k: [] for k in [*sides, "ort"]}
-    for _ in range(calls):
-        for k, f in sides.items():
+    # blocks of BLOCK consecutive calls per side, the sides alternating block by block: a
+    # runtime's worker threads still spinning after a call returns charge their CPU to whatever
+    # runs next, which call-by-call interleaving put on the other side (on a loaded 2-core
+    # machine the same program read 0.81x and 1.14x in the two checkouts); within a block it
+    # lands on the same side, and only once per block on the next
+    runs = {**sides, "ort": lambda: sess.run(None, feed)}
+    block = max(1, min(BLOCK, calls // 4))  # (at least 4 samples of a slow model)
+    for _ in range(max(1, calls // block)):
+        for k, f in runs.items():
             t = time.process_time()
-            jax.block_until_ready(f())
-            times[k].append(time.process_time() - t)
-        t = time.process_time()
-        sess.run(None, feed)
-        times["ort"].append(time.process_time() - t)
+            for _ in range(block):
+                jax.block_until_ready(f())
+            times[k].append((time.process_time() - t) / block)
     med = {k: statistics.median(v) for k, v in times.items()}
     out.update({f"{k}_s": v for k, v in med.items()})
     out.update({f"{k}_over_ort": med[k] / med["ort"] for k in sides})
