@@ -717,7 +717,7 @@ def _run_decoder(args: argparse.Namespace) -> int:
         raise ConfigError("--kv-len sets the cached positions of a decode step (--phase "
                           "decode); a prefill's prompts are --seq-len tokens and its batch is "
                           "--batch.")
-    lens = _kv_lens(args.kv_len or "1024", args.batch)
+    lens = _kv_lens("1024" if args.kv_len is None else args.kv_len, args.batch)
     loads = _expert_loads(args.expert_loads)
     if loads is not None and not cfg.moe_layers:
         raise ConfigError(f"--expert-loads applies to a mixture of experts; {name} is dense.")

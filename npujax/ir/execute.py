@@ -370,7 +370,7 @@ def inference(
     kernels of ``quant``), and a call passes one input buffer. The operators are traced in
     their forward-only forms (:func:`npujax.ops.registry.forward_only`), which XLA:CPU compiles
     into fewer kernels, and a global average pool read only by Convs and Gemms is a sum whose
-    readers scale their products (:func:`_mean_scaled_by_consumer`). The numbers are those of
+    readers scale their products (``_mean_scaled_by_consumer``). The numbers are those of
     :func:`execute` jitted with the weights as arguments up to float rounding: other orders of
     the same sums, some evaluated by XLA's constant folder (on the PP-OCR models the outputs
     differ by at most 1.5e-7 for cls, 1.9e-6 for rec's probabilities and 5.4e-9 for det's map,
