@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from npujax._lazy import names as _names
-from npujax.errors import ConfigError
+from npujax.errors import ConfigError, QuantizationError
 
 __all__ = ["console", "bits_spec", "int_list", "positive_int", "add_data_args",
            "add_progress_arg", "configure_logging", "precision_from_bits", "epilog",
@@ -34,20 +34,31 @@ def bits_spec(text: str | list[str]) -> int | dict[str, int]:
 
     Raises:
       ConfigError: a malformed spec or a layer named twice.
+      QuantizationError: a width outside [:data:`~npujax.numerics.formats.MIN_BITS`,
+        :data:`~npujax.numerics.formats.MAX_BITS`] (named with the spec, before any work; the
+        library's own check names a layer).
     """
+    from npujax.numerics.formats import MAX_BITS, MIN_BITS
+
     if isinstance(text, list):
         text = ",".join(text)
     try:
         if "=" not in text:
-            return int(text)
-        pairs = [kv.split("=", 1) for kv in text.split(",")]
-        out = {k.strip(): int(v) for k, v in pairs}
+            out: int | dict[str, int] = int(text)
+            pairs = None
+        else:
+            pairs = [kv.split("=", 1) for kv in text.split(",")]
+            out = {k.strip(): int(v) for k, v in pairs}
     except ValueError:
         raise ConfigError(
             f"bad bit-width spec {text!r}; use a number (8) or layer=bits pairs (fc1=4,fc2=8)."
         ) from None
-    if len(out) != len(pairs):
+    if pairs is not None and isinstance(out, dict) and len(out) != len(pairs):
         raise ConfigError(f"bit-width spec {text!r} names a layer twice.")
+    widths = out.values() if isinstance(out, dict) else [out]
+    if any(not MIN_BITS <= w <= MAX_BITS for w in widths):
+        raise QuantizationError(f"bit-width spec {text!r} has a width outside [{MIN_BITS}, "
+                                f"{MAX_BITS}]; use whole widths such as 4 or 8.")
     return out
 
 

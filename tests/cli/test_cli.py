@@ -103,7 +103,8 @@ def saved_model(tmp_path_factory):
 
 
 @pytest.mark.parametrize("bits,code,message", [
-    ("fc1=-4", 3, "[2, 16]"), ("fc1=0", 3, "[2, 16]"), ("64", 3, "[2, 16]"),
+    ("fc1=-4", 3, "spec 'fc1=-4' has a width outside [2, 16]"), ("fc1=0", 3, "[2, 16]"),
+    ("64", 3, "[2, 16]"),
     ("fc1=4,fc1=2", 2, "twice"), ("avgpool_0=4", 2, "not GEMM layers"),
 ])
 def test_lower_rejects_bad_bit_widths(saved_model, bits, code, message):
