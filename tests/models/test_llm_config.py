@@ -273,7 +273,8 @@ def test_serving_arguments_refused_before_lowering(capsys):
             (["--phase", "prefill", "--kv-len", "1024"], "prompts are --seq-len"),
             (["--phase", "decode", "--prefill-chunk", "4"], "applies to --phase prefill"),
             (["--expert-loads", "0.5,0.5"], "tiny is dense"),
-            (["--phase", "decode", "--kv-len", "eight"], "neither lengths")):
+            (["--phase", "decode", "--kv-len", "eight"], "neither lengths"),
+            (["--phase", "decode", "--kv-len", "512,-5"], "non-negative integers")):
         assert main(["lower", "decoder:tiny", "--no-progress", *argv]) == ConfigError.exit_code
         assert message in capsys.readouterr().err
 
