@@ -85,9 +85,10 @@ class _Lines(_Heartbeat):
     """Plain progress lines of one loop: the start, at most one per :data:`INTERVAL_S` (and a
     heartbeat while a step takes long: a first step that compiles), the end."""
 
-    def __init__(self, stream: TextIO, description: str, total: int | None) -> None:
+    def __init__(self, stream: TextIO, description: str, total: int | None,
+                 unit: str = "steps") -> None:
         self.total, self.done = total, 0
-        _say(stream, f"{description}: started" + (f", {total} steps" if total else ""))
+        _say(stream, f"{description}: started" + (f", {total} {unit}" if total else ""))
         super().__init__(stream, description)
 
     def _count(self) -> str:
@@ -145,13 +146,14 @@ class progress_bar:
 
     ``with progress_bar(enabled, "QAT", steps) as advance: advance(loss)`` per step. When
     ``enabled``: a transient rich bar on a terminal (stderr), plain lines off it (the module
-    docstring); ``advance(loss=None, n=1)`` also takes a step count and no loss.
+    docstring); ``advance(loss=None, n=1)`` also takes a step count and no loss. ``unit``
+    names what is counted in the plain lines (``"configurations"`` for a sweep).
     """
 
     def __init__(self, enabled: bool, description: str, total: int | None, *,
-                 field: str = "loss") -> None:
+                 field: str = "loss", unit: str = "steps") -> None:
         self.enabled = enabled
-        self.description, self.total, self.field = description, total, field
+        self.description, self.total, self.field, self.unit = description, total, field, unit
         self._stream = _stream()
         self.tty = enabled and _is_tty(self._stream)
 
@@ -159,7 +161,7 @@ class progress_bar:
         if not self.enabled:
             return lambda value=None, n=1: None
         if not self.tty:
-            self._lines = _Lines(self._stream, self.description, self.total)
+            self._lines = _Lines(self._stream, self.description, self.total, self.unit)
 
             return lambda value=None, n=1: self._lines.advance(n, self.field, value)
         from rich.progress import (

@@ -399,7 +399,9 @@ def run_sweep(graph: Graph, base: NpuSpec, grid: Grid, out: str | Path, *,
     t0 = time.perf_counter()
     done = 0
     total = sum(min(chunk_size, n - i * chunk_size) for i in todo)
-    with progress_bar(progress, "sweep", total, field="evaluations/s") as advance:
+    # (nothing to evaluate, a resumed sweep: no progress lines, the summary says so)
+    with progress_bar(progress and total > 0, "sweep", total, field="evaluations/s",
+                      unit="configurations") as advance:
         for i in todo:
             sl = configs[i * chunk_size:(i + 1) * chunk_size]
             cols = evaluate_configs(graph, base, grid, sl, devices, cache,
@@ -411,9 +413,10 @@ def run_sweep(graph: Graph, base: NpuSpec, grid: Grid, out: str | Path, *,
     seconds = time.perf_counter() - t0
     rate = done * layers / seconds if done else 0.0
     if todo:
-        log.info("sweep: %d configurations x %d layers in %.2f s (%.3g evaluations/s; process "
-                 "%d of %d), %d chunk(s) already done", done, layers, seconds, rate, rank + 1,
-                 procs, skipped)
+        # (debug: the command line prints its own summary of the same run)
+        log.debug("sweep: %d configurations x %d layers in %.2f s (%.3g evaluations/s; process "
+                  "%d/%d), %d chunk(s) already done", done, layers, seconds, rate, rank, procs,
+                  skipped)
     if procs > 1:
         _barrier("npujax-sweep-done")
         if rank != 0:
