@@ -448,8 +448,8 @@ def _rows_product(x: jax.Array, w: jax.Array) -> jax.Array:
     kernel as a product over two contracted axes followed by a transpose, which XLA:CPU
     compiled (a transformer's ``[batch, tokens, d]`` activations) into transposing copies of
     the activation gradients and Eigen products outside YNNPACK; on flattened rows the kernel
-    gradient is one 2-D product with no copy. A ViT's QAT step (digits, d = 32) ran about 10 %
-    faster (docs/results/qwix.md, 2026-12-03)."""
+    gradient is one 2-D product with no copy. The digits ViT's QAT step went from 1.15-1.16 x
+    qwix's to 1.09-1.12 x (docs/results/qwix.md, 2026-12-03)."""
     rows = math.prod(x.shape[:-1])
     return jnp.matmul(jnp.reshape(x, (rows, x.shape[-1])), w).reshape(*x.shape[:-1], w.shape[-1])
 
