@@ -260,10 +260,10 @@ def _no_lapack(exported: Any) -> Iterator[None]:
 def call(fn: Callable[..., Any], args: tuple[Any, ...], *, name: str, static: Hashable = (),
          compiler_options: dict[str, Any] | None = None,
          node_types: Sequence[type] = (), in_shardings: Sequence[Any] | None = None,
-         out_shardings: Any = None) -> Any:
+         out_shardings: Any = None, jitted: Callable[..., Any] | None = None) -> Any:
     """``jax.jit(fn, compiler_options=..., in_shardings=..., out_shardings=...)(*args)``,
-    through an exported program kept in :func:`folder` (plain ``jax.jit`` where none is
-    enabled).
+    through an exported program kept in :func:`folder`; where none is enabled, ``jitted(*args)``
+    (the caller's own, cached, jit of ``fn`` with those options) or a plain ``jax.jit``.
 
     Args:
       fn: a pure function of ``args`` (a pytree of arrays and scalars) returning a pytree of
@@ -277,6 +277,8 @@ def call(fn: Callable[..., Any], args: tuple[Any, ...], *, name: str, static: Ha
       in_shardings: one sharding per argument (for all its leaves), or None (one device).
       out_shardings: the output's sharding (a prefix of its tree), or None. The shardings
         enter the key (an exported program runs on its number of devices).
+      jitted: ``fn`` jitted as above by the caller and kept (so that a process without a
+        folder traces it once), used where no folder is enabled; None: a new ``jax.jit``.
 
     Returns:
       ``fn(*args)``'s pytree of arrays.
@@ -287,6 +289,8 @@ def call(fn: Callable[..., Any], args: tuple[Any, ...], *, name: str, static: Ha
     import jax
 
     options = dict(compiler_options or {})
+    if _folder is None and jitted is not None:
+        return jitted(*args)
     if _folder is None:
         sharded: dict[str, Any] = {k: v for k, v in (("in_shardings", in_shardings),
                                      ("out_shardings", out_shardings)) if v is not None}

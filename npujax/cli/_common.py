@@ -43,19 +43,16 @@ def bits_spec(text: str | list[str]) -> int | dict[str, int]:
     if isinstance(text, list):
         text = ",".join(text)
     try:
-        if "=" not in text:
-            out: int | dict[str, int] = int(text)
-            pairs = None
-        else:
-            pairs = [kv.split("=", 1) for kv in text.split(",")]
-            out = {k.strip(): int(v) for k, v in pairs}
+        pairs = [kv.split("=", 1) for kv in text.split(",")] if "=" in text else []
+        out: int | dict[str, int] = ({k.strip(): int(v) for k, v in pairs} if pairs
+                                     else int(text))
     except ValueError:
         raise ConfigError(
             f"bad bit-width spec {text!r}; use a number (8) or layer=bits pairs (fc1=4,fc2=8)."
         ) from None
-    if pairs is not None and isinstance(out, dict) and len(out) != len(pairs):
+    widths = list(out.values()) if isinstance(out, dict) else [out]
+    if len(widths) != max(len(pairs), 1):
         raise ConfigError(f"bit-width spec {text!r} names a layer twice.")
-    widths = out.values() if isinstance(out, dict) else [out]
     if any(not MIN_BITS <= w <= MAX_BITS for w in widths):
         raise QuantizationError(f"bit-width spec {text!r} has a width outside [{MIN_BITS}, "
                                 f"{MAX_BITS}]; use whole widths such as 4 or 8.")

@@ -646,10 +646,8 @@ def _kv_lens(spec: str, batch: int | None) -> list[int]:
         neither 1 nor ``--batch``.
     """
     text = spec
-    if spec.strip() and all(c.isdigit() or c in ", -+" for c in spec.strip()) and (
-            "-" in spec or "+" in spec):  # signed numbers, not a file's name
-        raise ConfigError(f"--kv-len must be non-negative integers, got {spec!r}.")
-    if not all(c.isdigit() or c in ", " for c in spec.strip()):
+    # numbers (signed ones are refused below, not looked for as a file), else a file's name
+    if not all(c.isdigit() or c in ", +-" for c in spec.strip()):
         try:
             text = Path(spec).read_text()
         except OSError as e:

@@ -399,13 +399,11 @@ def evaluate(layers: Sequence[Workload], spec: NpuSpec, changes: dict[str, np.nd
         batched, name, static = _batched(layers, names, chains), "sweep", (layers, names,
                                                                             chains)
     def compiled() -> dict[str, Any]:
-        if _program_cache.folder() is None:
-            return (_table_program(names, mesh) if table
-                    else _program(layers, names, mesh, chains))(*args)
-        ins, shard = _shardings(mesh, len(args))  # the command line's: kept between runs too
-        return _program_cache.call(
+        ins, shard = _shardings(mesh, len(args))
+        jitted = _table_program(names, mesh) if table else _program(layers, names, mesh, chains)
+        return _program_cache.call(  # (the command line's programs are kept between runs)
             batched, args, name=name, static=static, in_shardings=ins, out_shardings=shard,
-            compiler_options=_compiler_options(mesh.devices.flat[0].platform))
+            compiler_options=_compiler_options(mesh.devices.flat[0].platform), jitted=jitted)
 
     with jax.enable_x64(True):  # the numbers enter as int64/float64 (npujax._exact)
         out = (_program_cache.evaluate(batched, args, compiled, name=name, static=static)

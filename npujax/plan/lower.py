@@ -536,16 +536,14 @@ def _costs_program(layers: list[Workload], names: tuple[str, ...],
 def _run_cost_program(fn: Any, jitted: Any, args: tuple[Any, ...], *, name: str,
                       static: Any) -> Any:
     """``fn(*args)`` run with numpy (:func:`npujax._program_cache.evaluate`); compiled where
-    numpy cannot run it or within ``numpy_evaluation(False)``: ``jitted`` (``fn`` jitted with
-    :func:`_cost_options`), or for the command line through ``_program_cache.call`` (the
-    traced program kept between runs too)."""
-    def compiled() -> Any:
-        if _program_cache.folder() is None:
-            return jitted(*args)
-        return _program_cache.call(fn, args, name=name, static=static,
-                                   compiler_options=_cost_options(), node_types=_OUTPUT_TYPES)
-
-    return _program_cache.evaluate(fn, args, compiled, name=name, static=static)
+    numpy cannot run it or within ``numpy_evaluation(False)``, through
+    :func:`npujax._program_cache.call` (``jitted``, ``fn`` jitted with :func:`_cost_options`,
+    where the command line keeps no programs)."""
+    return _program_cache.evaluate(
+        fn, args, lambda: _program_cache.call(fn, args, name=name, static=static, jitted=jitted,
+                                              compiler_options=_cost_options(),
+                                              node_types=_OUTPUT_TYPES),
+        name=name, static=static)
 
 
 def _fused_costs(layers: tuple[Workload, ...], dataflow: str,
