@@ -40,6 +40,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from pathlib import Path
@@ -47,8 +48,9 @@ from typing import Any
 
 from npujax._atomic import atomic_write_bytes
 
-__all__ = ["enable", "folder", "call", "cache_every_compilation", "evaluate",
-           "numpy_evaluation", "kept_shapes", "keep_shapes"]
+__all__ = ["enable", "folder", "library_folder", "private_folder", "call", "loaded",
+           "cache_every_compilation", "evaluate", "numpy_evaluation", "kept_shapes",
+           "keep_shapes"]
 
 _log = logging.getLogger(__name__)
 
@@ -103,6 +105,39 @@ def enable(path: str | os.PathLike[str] | None) -> None:
     """
     global _folder
     _folder = None if path is None else Path(path) / SUBFOLDER
+
+
+def private_folder(path: str | os.PathLike[str]) -> str | None:
+    """Create ``path`` (mode 0700) if needed and say why it is not private, or None if it is:
+    a folder owned by this user that no other user can write, under folders no other user can
+    write either (else another user could put a folder of their own in its place), except
+    sticky ones such as ``/tmp``, whose entries only their owner can rename. (Where the system
+    has no user ids, None.)"""
+    if not hasattr(os, "getuid"):
+        return None
+    folder = Path(path)
+    for parent in folder.absolute().parents:  # before creating anything in them
+        try:
+            pst = parent.stat()
+        except FileNotFoundError:
+            continue  # created below, 0700
+        except OSError as e:
+            return f"its folder {str(parent)!r} cannot be read ({e.strerror})"
+        if pst.st_uid not in (0, os.getuid()):
+            return f"its folder {str(parent)!r} belongs to another user (uid {pst.st_uid})"
+        if pst.st_mode & 0o022 and not pst.st_mode & stat.S_ISVTX:
+            return (f"other users can write its folder {str(parent)!r} "
+                    f"(mode {pst.st_mode & 0o777:o})")
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = folder.stat()
+    except OSError as e:
+        return f"it cannot be created ({e.strerror})"
+    if st.st_uid != os.getuid():
+        return f"it belongs to another user (uid {st.st_uid})"
+    if st.st_mode & 0o022:
+        return f"other users can write it (mode {st.st_mode & 0o777:o})"
+    return None
 
 
 def folder() -> Path | None:
@@ -233,7 +268,7 @@ def exported_of(run: Any) -> Any:
 
 
 @contextlib.contextmanager
-def _no_lapack(exported: Any) -> Iterator[None]:
+def no_lapack(exported: Any) -> Iterator[None]:
     """Lower a program without custom calls without initialising LAPACK.
 
     Lowering an exported program for the CPU first initialises jaxlib's LAPACK kernels
@@ -295,6 +330,27 @@ def call(fn: Callable[..., Any], args: tuple[Any, ...], *, name: str, static: Ha
         sharded: dict[str, Any] = {k: v for k, v in (("in_shardings", in_shardings),
                                      ("out_shardings", out_shardings)) if v is not None}
         return jax.jit(fn, compiler_options=options, **sharded)(*args)
+    run = loaded(fn, args, name=name, static=static, compiler_options=options,
+                 node_types=node_types, in_shardings=in_shardings,
+                 out_shardings=out_shardings, where=_folder)
+    with cache_every_compilation(), no_lapack(exported_of(run)):
+        return run(*jax.tree.leaves(args))
+
+
+def loaded(fn: Callable[..., Any], args: tuple[Any, ...], *, name: str,
+           static: Hashable = (), compiler_options: dict[str, Any] | None = None,
+           node_types: Sequence[type] = (), in_shardings: Sequence[Any] | None = None,
+           out_shardings: Any = None, where: Path) -> Callable[..., Any]:
+    """The program :func:`call` runs for ``args``' signature, kept in ``where``: a jitted call
+    of the exported program of ``fn`` on the flat leaves of ``args`` (``run(*leaves)``), read
+    from ``where`` or traced and written there, and kept in this process. Arguments as for
+    :func:`call`. Its first call compiles (through the persistent cache); run it inside
+    ``no_lapack(exported_of(run))`` to skip jaxlib's LAPACK set-up for a program without
+    custom calls.
+    """
+    import jax
+
+    options = dict(compiler_options or {})
     leaves, in_tree = jax.tree.flatten(args)
     shardings = _leaf_shardings(args, in_shardings, out_shardings)
     key = _key(name, (static, repr(shardings)) if shardings else static, in_tree, leaves,
@@ -302,7 +358,7 @@ def call(fn: Callable[..., Any], args: tuple[Any, ...], *, name: str, static: Ha
     run = _loaded.get(key)
     if run is None:
         _register(node_types)
-        path = _folder / f"{name}-{key[:40]}"
+        path = where / f"{name}-{key[:40]}"
         exported = _read(path)
         if exported is None:
             exported = _export(fn, in_tree, leaves, shardings)
@@ -310,8 +366,30 @@ def call(fn: Callable[..., Any], args: tuple[Any, ...], *, name: str, static: Ha
         run = jax.jit(exported.call, compiler_options=options, **shardings)
         run.__npujax_exported__ = exported  # type: ignore[attr-defined]
         _loaded[key] = run
-    with cache_every_compilation(), _no_lapack(exported_of(run)):
-        return run(*leaves)
+    return run
+
+
+def library_folder() -> Path | None:
+    """Where a library function that keeps its programs wherever JAX keeps its compiled ones
+    (:func:`npujax.ir.execute.inference`) keeps them: :func:`folder` where the command line
+    enabled one, else the ``npujax-exported`` sub-folder of JAX's persistent compilation cache
+    (``jax_compilation_cache_dir``, set by the user) where that folder is private
+    (:func:`private_folder`, checked once per folder); None where neither."""
+    if _folder is not None:
+        return _folder
+    import jax
+
+    current = jax.config.jax_compilation_cache_dir  # type: ignore[attr-defined]
+    return _private_subfolder(str(current)) if current else None
+
+
+@functools.lru_cache(maxsize=8)
+def _private_subfolder(path: str) -> Path | None:
+    problem = private_folder(path)
+    if problem:
+        _log.debug("not keeping traced programs in %s: %s", path, problem)
+        return None
+    return Path(path) / SUBFOLDER
 
 
 @contextlib.contextmanager

@@ -20,10 +20,8 @@ import argparse
 import contextlib
 import gc
 import os
-import stat
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import NoReturn
 
 from npujax._version import __version__
@@ -135,10 +133,10 @@ def compile_cache() -> str | None:
     ``jax.config``) or with ``NPUJAX_COMPILE_CACHE=off``: neither cache is kept then.
 
     The folder holds code that runs (compiled machine code; programs whose steps npujax runs),
-    so it is used only where it is the user's own (:func:`private_folder`: owned by this user,
-    and neither it nor a folder above it writable by another user, but for sticky folders such
-    as ``/tmp``); any other is skipped with a warning, and the programs are traced and
-    compiled each run.
+    so it is used only where it is the user's own
+    (:func:`npujax._program_cache.private_folder`: owned by this user, and neither it nor a
+    folder above it writable by another user, but for sticky folders such as ``/tmp``); any
+    other is skipped with a warning, and the programs are traced and compiled each run.
 
     Returns:
       The cache folder in use, or None.
@@ -151,10 +149,11 @@ def compile_cache() -> str | None:
     want = os.environ.get(COMPILE_CACHE_ENV, "")
     if want.lower() == "off":
         return None
+    from npujax import _program_cache
     from npujax.data.fetch import default_cache_dir
 
     folder = want or str(default_cache_dir() / "jax")
-    problem = private_folder(folder)
+    problem = _program_cache.private_folder(folder)
     if problem:
         import logging
 
@@ -165,43 +164,8 @@ def compile_cache() -> str | None:
             f"write ({COMPILE_CACHE_ENV}=DIR) or {COMPILE_CACHE_ENV}=off.")
         return None
     jax.config.update("jax_compilation_cache_dir", folder)
-    from npujax import _program_cache
-
     _program_cache.enable(folder)
     return folder
-
-
-def private_folder(path: str | os.PathLike[str]) -> str | None:
-    """Create ``path`` (mode 0700) if needed and say why it is not private, or None if it is:
-    a folder owned by this user that no other user can write, under folders no other user can
-    write either (else another user could put a folder of their own in its place), except
-    sticky ones such as ``/tmp``, whose entries only their owner can rename. (Where the system
-    has no user ids, None.)"""
-    if not hasattr(os, "getuid"):
-        return None
-    folder = Path(path)
-    for parent in folder.absolute().parents:  # before creating anything in them
-        try:
-            pst = parent.stat()
-        except FileNotFoundError:
-            continue  # created below, 0700
-        except OSError as e:
-            return f"its folder {str(parent)!r} cannot be read ({e.strerror})"
-        if pst.st_uid not in (0, os.getuid()):
-            return f"its folder {str(parent)!r} belongs to another user (uid {pst.st_uid})"
-        if pst.st_mode & 0o022 and not pst.st_mode & stat.S_ISVTX:
-            return (f"other users can write its folder {str(parent)!r} "
-                    f"(mode {pst.st_mode & 0o777:o})")
-    try:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = folder.stat()
-    except OSError as e:
-        return f"it cannot be created ({e.strerror})"
-    if st.st_uid != os.getuid():
-        return f"it belongs to another user (uid {st.st_uid})"
-    if st.st_mode & 0o022:
-        return f"other users can write it (mode {st.st_mode & 0o777:o})"
-    return None
 
 
 #: glibc's ``mallopt`` parameter ``M_ARENA_MAX`` (``<malloc.h>``).

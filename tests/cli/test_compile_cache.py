@@ -10,7 +10,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from npujax import cli
+from npujax import _program_cache, cli
 
 
 def _with_cache_dir(value, fn):
@@ -74,7 +74,7 @@ def test_a_folder_under_a_folder_other_users_can_write_is_not_used(tmp_path, mon
     assert "other users can write its folder" in caplog.text and str(shared) in caplog.text
     assert not (shared / "jax").exists()  # nothing created in it
     shared.chmod(0o1777)
-    assert cli.private_folder(shared / "jax") is None
+    assert _program_cache.private_folder(shared / "jax") is None
 
 
 def test_npujax_never_unpickles():

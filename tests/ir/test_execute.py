@@ -124,6 +124,46 @@ def test_inference_with_weights_as_constants_matches_execute_with_them_as_argume
         inference(g, hollow)
 
 
+def test_inference_keeps_its_traced_program_in_jax_cache_folder(traced, tmp_path, monkeypatch):
+    """Where JAX's persistent cache is a private folder, inference() keeps its traced program
+    there, keyed by a digest of the graph and the weights: a later process (here: this one with
+    its loaded programs forgotten) runs it without tracing, bit for bit as the first; another
+    weight is another program; a folder other users can write is not used."""
+    from npujax import _program_cache
+    from npujax.ir.execute import _program_digest, inference
+
+    _, (graph, params) = traced
+    g, p = optimize(graph, params)
+    x = np.random.default_rng(4).uniform(size=(2, 8, 8, 1)).astype(np.float32)
+    saved = jax.config.jax_compilation_cache_dir
+    monkeypatch.setattr(_program_cache, "_loaded", {})
+    try:
+        jax.config.update("jax_compilation_cache_dir", str(tmp_path / "jax"))
+        first = np.asarray(inference(g, p)(x))
+        kept = tmp_path / "jax" / _program_cache.SUBFOLDER
+        assert [f.name[:10] for f in kept.iterdir()] == ["inference-"]
+        _program_cache._loaded.clear()
+        with monkeypatch.context() as m:
+            m.setattr(_program_cache, "_export", lambda *a: pytest.fail("traced again"))
+            np.testing.assert_array_equal(np.asarray(inference(g, p)(x)), first)
+        name, roles = next((k, v) for k, v in p.items() if "kernel" in v)
+        k = np.array(roles["kernel"])
+        k.flat[0] = np.nextafter(k.flat[0], np.inf)
+        other = {**p, name: {**roles, "kernel": k}}
+        assert _program_digest(g, other) != _program_digest(g, p)
+        inference(g, other)(x)
+        assert len(list(kept.iterdir())) == 2
+        assert _program_digest(g, p, lambda v: v) is None  # a value known only by identity
+        shared = tmp_path / "shared"
+        shared.mkdir(mode=0o777)
+        shared.chmod(0o777)
+        jax.config.update("jax_compilation_cache_dir", str(shared / "jax"))
+        np.testing.assert_array_equal(np.asarray(inference(g, p)(x)), first)
+        assert not (shared / "jax" / _program_cache.SUBFOLDER).exists()
+    finally:
+        jax.config.update("jax_compilation_cache_dir", saved)
+
+
 @pytest.mark.parametrize("folded", [False, True])  # True: the graph runs per example
 def test_execute_nodes_in_pieces_equals_execute(folded):
     import functools
