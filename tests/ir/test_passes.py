@@ -41,3 +41,24 @@ def test_bn_scale_zero_folds_without_nan(traced):
     x = jnp.ones((2, 8, 8, 1), jnp.float32)
     np.testing.assert_allclose(np.asarray(execute(g2, p2, x)),
                                np.asarray(execute(graph, params, x)), rtol=1e-4, atol=1e-4)
+
+
+def test_bn_fold_on_the_host_equals_the_traced_fold(traced, monkeypatch):
+    """Concrete float32 weights fold with numpy (no program to compile); traced ones fold in
+    one jitted program. The kernels agree bit for bit; the biases to XLA's fused multiply-add."""
+    import jax
+
+    from npujax.ir import passes
+
+    _, (graph, params) = traced
+    with monkeypatch.context() as m:
+        m.setattr(passes, "_fold_params", lambda *a, **k: pytest.fail("compiled a fold"))
+        host = fold_batchnorm(graph, params)[1]
+    traced_fold = jax.jit(lambda p: fold_batchnorm(graph, p)[1])(params)
+    folded = [k for k, v in host.items() if "kernel" in v and "bias" in v]
+    assert folded
+    for k in folded:
+        np.testing.assert_array_equal(np.asarray(host[k]["kernel"]),
+                                      np.asarray(traced_fold[k]["kernel"]))
+        np.testing.assert_allclose(np.asarray(host[k]["bias"]), np.asarray(traced_fold[k]["bias"]),
+                                   rtol=1e-6, atol=1e-7)
