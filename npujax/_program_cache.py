@@ -582,18 +582,20 @@ _SHAPES_MAGIC = b"npujax-shapes\x01"
 
 
 def _shapes_path(signature: Any) -> Path | None:
-    if _folder is None:
+    where = library_folder()
+    if where is None:
         return None
     import jax
 
     key = hashlib.sha256(repr((signature, jax.__version__, _source_digest())).encode())
-    return _folder.parent / SHAPES_SUBFOLDER / key.hexdigest()[:40]
+    return where.parent / SHAPES_SUBFOLDER / key.hexdigest()[:40]
 
 
 def kept_shapes(signature: Any) -> list[tuple[tuple[int, ...], str]] | None:
     """The output ``(shape, dtype)`` pairs :func:`keep_shapes` kept for an operator signature
     (a repr-stable tuple: op, attributes, input shapes and dtypes), or None (none kept, no
-    folder enabled, or a damaged file)."""
+    folder, or a damaged file). The folder is :func:`library_folder`'s: the command line's, or
+    JAX's compilation-cache folder where the user set a private one."""
     path = _shapes_path(signature)
     if path is None:
         return None
@@ -606,8 +608,8 @@ def kept_shapes(signature: Any) -> list[tuple[tuple[int, ...], str]] | None:
 
 
 def keep_shapes(signature: Any, outs: Sequence[tuple[Sequence[int], str]]) -> None:
-    """Keep an operator signature's output ``(shape, dtype)`` pairs in the enabled folder (a
-    later process importing a model with that signature does not trace it); nothing without
+    """Keep an operator signature's output ``(shape, dtype)`` pairs in :func:`library_folder`
+    (a later process importing a model with that signature does not trace it); nothing without
     a folder. The key holds the JAX version and npujax's source digest."""
     path = _shapes_path(signature)
     if path is not None:

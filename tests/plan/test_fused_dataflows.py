@@ -175,14 +175,18 @@ def test_onnx_import_infers_each_signature_once(monkeypatch):
 def test_signatures_shapes_are_kept_between_processes(monkeypatch, tmp_path):
     """With the command line's folder enabled, an import reads the output shapes of the
     signatures an earlier one traced (no tracing) and gets the same graph; a damaged entry is
-    traced again."""
+    traced again. Without it, they are kept in JAX's compilation-cache folder where the user
+    set a private one."""
     data = _repeated_model()
     calls = []
     real = jax.eval_shape
     monkeypatch.setattr(jax, "eval_shape", lambda *a, **k: calls.append(1) or real(*a, **k))
-    plain, _ = from_onnx(data)
-    _program_cache.enable(tmp_path)
+    saved = jax.config.jax_compilation_cache_dir
     try:
+        jax.config.update("jax_compilation_cache_dir", None)  # (the suite sets one)
+        plain, _ = from_onnx(data)
+        assert len(calls) == 2
+        _program_cache.enable(tmp_path)
         first, _ = from_onnx(data)  # traced, kept
         files = sorted((tmp_path / _program_cache.SHAPES_SUBFOLDER).iterdir())
         assert len(calls) == 4 and len(files) == 2
@@ -191,8 +195,14 @@ def test_signatures_shapes_are_kept_between_processes(monkeypatch, tmp_path):
         files[0].write_bytes(b"[[[1, 8], ")
         again, _ = from_onnx(data)
         assert len(calls) == 5
+        _program_cache.enable(None)
+        jax.config.update("jax_compilation_cache_dir", str(tmp_path / "jax"))
+        from_onnx(data)
+        assert len(calls) == 7
+        assert len(list((tmp_path / "jax" / _program_cache.SHAPES_SUBFOLDER).iterdir())) == 2
     finally:
         _program_cache.enable(None)
+        jax.config.update("jax_compilation_cache_dir", saved)
     types = {k: (v.shape, v.dtype) for k, v in plain.tensors.items()}
     for g in (first, later, again):
         assert {k: (v.shape, v.dtype) for k, v in g.tensors.items()} == types
