@@ -134,7 +134,7 @@ def compile_cache() -> str | None:
 
     The folder holds code that runs (compiled machine code; programs whose steps npujax runs),
     so it is used only where it is the user's own
-    (:func:`npujax._program_cache.private_folder`: owned by this user, and neither it nor a
+    (``npujax._program_cache.private_folder``: owned by this user, and neither it nor a
     folder above it writable by another user, but for sticky folders such as ``/tmp``); any
     other is skipped with a warning, and the programs are traced and compiled each run.
 

@@ -387,7 +387,7 @@ def inference(
     weights included, is the key of JAX's persistent compilation cache when one is set
     (``npujax.cli.compile_cache`` for the command line, or ``jax_compilation_cache_dir``), so
     another process running the same model compiles nothing. Next to it, in that cache's
-    folder where it is private (:func:`npujax._program_cache.library_folder`), the first call
+    folder where it is private (``npujax._program_cache.library_folder``), the first call
     keeps the traced program (``jax.export``), keyed by a digest of the graph, the weights, the
     quantization spec and state and the input's signature: another process running the same
     model neither traces nor lowers it either (the PP-OCR classifier's first call from the

@@ -85,9 +85,9 @@ def fold_batchnorm(graph: Graph, params: Params) -> tuple[Graph, Params]:
         layers = {layer: params[layer] for layer, *_ in folds}
         bns = {bn: params.pop(bn) for _, bn, *_ in folds}
         if _on_host(layers, bns):
-            host = jax.tree.map(np.asarray, (layers, bns))
+            host_layers, host_bns = jax.tree.map(np.asarray, (layers, bns))
             with np.errstate(divide="ignore", invalid="ignore"):  # as XLA's arithmetic
-                params.update(jax.device_put(_fold_all(np, *host, folds)))
+                params.update(jax.device_put(_fold_all(np, host_layers, host_bns, folds)))
         else:  # traced, or known by their shapes only (folded abstractly: npujax.ir.absent)
             params.update(absent.apply(_fold_params, layers, bns, folds=tuple(folds)))
     return graph.replace(nodes=tuple(nodes)), params
