@@ -391,7 +391,7 @@ def inference(
     keeps the traced program (``jax.export``), keyed by a digest of the graph, the weights, the
     quantization spec and state and the input's signature: another process running the same
     model neither traces nor lowers it either (the PP-OCR classifier's first call from the
-    cache: 0.12 instead of 0.26 CPU s, ``experiments/bench/execution.py``). Every call then
+    cache: 0.13 instead of 0.26 CPU s, ``experiments/bench/execution.py``). Every call then
     runs the exported program, the first as the later ones. A model that cannot be digested
     (a ``JaxPrimitive`` node, an operator or quantizer defined outside npujax, whose code may
     change between processes) is traced each time, as without a cache.
