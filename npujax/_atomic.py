@@ -5,7 +5,9 @@
 * :func:`staged_dir`: a run's files in an output folder as a transaction. The folder may hold
   other files (the user's notes, an earlier run's plots the user kept): npujax never deletes or
   changes a file it did not write. What it wrote is listed in the folder's manifest
-  (:data:`MANIFEST`: every file's relative path, size and sha256, written last).
+  (:data:`MANIFEST`: every file's relative path, size and sha256, written last), with the
+  command that wrote it (:func:`run_kind`): another command's run there is refused, since a
+  publish removes the earlier run's files it does not write.
 
 How a run is published. Its files are written into a staging folder *inside* the output folder
 (``.npujax-work/stage-<pid>-<random>/``); nothing beside the output folder is ever created.
@@ -54,7 +56,24 @@ from typing import IO, Any
 from npujax.errors import ConfigError, OutputError
 
 __all__ = ["file_sha256", "atomic_open", "atomic_write_text", "atomic_write_bytes", "staged_dir",
-           "check_output_dir", "foreign_files", "refuse_foreign", "MANIFEST"]
+           "check_output_dir", "foreign_files", "refuse_foreign", "run_kind", "MANIFEST"]
+
+#: The command whose run this process publishes (``npujax lower``: ``"lower"``), set by the
+#: command line (:func:`run_kind`) and written into the manifest; None from Python.
+_run_kind: str | None = None
+
+
+@contextlib.contextmanager
+def run_kind(command: str | None) -> Iterator[None]:
+    """Within the block, runs published here are ``command``'s: a folder holding another
+    command's run is refused (:func:`check_output_dir`), and the manifest names ``command``."""
+    global _run_kind
+    before, _run_kind = _run_kind, command
+    try:
+        yield
+    finally:
+        _run_kind = before
+
 
 #: The file listing what npujax wrote in a run folder, written last:
 #: ``{"files": {relative/path: {"bytes", "sha256"}}}``.
@@ -287,6 +306,36 @@ def _manifest(out: Path) -> dict[str, dict[str, Any]]:
     return files if isinstance(files, dict) else {}
 
 
+def _manifest_command(out: Path) -> str | None:
+    """The command the folder's manifest names (None: none, or a manifest from Python or from
+    an npujax before 2026-12-03)."""
+    try:
+        command = json.loads((out / MANIFEST).read_text()).get("command")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return command if isinstance(command, str) else None
+
+
+def _refuse_other_command(out: Path) -> None:
+    """Refuse a run of :data:`_run_kind` into a folder holding another command's run, whose
+    files the publish would remove (``npujax lower --out`` into a ``quantize`` run's folder
+    took its ``model.qdq.onnx``).
+
+    Raises:
+      OutputError: naming both commands and some of the files.
+    """
+    previous = _manifest_command(out)
+    if _run_kind is None or previous is None or previous == _run_kind:
+        return
+    files = [rel for rel in _manifest(out)]
+    if not files:
+        return
+    shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+    raise OutputError(f"output folder {str(out)!r} holds the files of an `npujax {previous}` "
+                      f"run ({shown}), which `npujax {_run_kind}` would replace: pass another "
+                      "--out, or move those files away first (nothing there was changed).")
+
+
 def _remove_empty_parents(out: Path, path: Path) -> None:
     """Remove the folders between ``path`` and ``out`` that are now empty."""
     folder = path.parent
@@ -391,11 +440,13 @@ def _recover_legacy(out: Path) -> None:
 
 def check_output_dir(path: str | os.PathLike[str]) -> Path:
     """Check that ``path`` can receive a run (:func:`staged_dir`): absent or a folder (any
-    files in it are kept). Finishes a publish a kill cut there and removes staging folders of
-    dead processes (also those older npujax versions left beside it).
+    files in it are kept) not holding another command's run (:func:`run_kind`). Finishes a
+    publish a kill cut there and removes staging folders of dead processes (also those older
+    npujax versions left beside it).
 
     Raises:
-      OutputError: a file of that name.
+      OutputError: a file of that name; a folder holding the run of another command, whose
+        files this run would replace.
     """
     out = Path(path)
     _recover_legacy(out)
@@ -404,6 +455,7 @@ def check_output_dir(path: str | os.PathLike[str]) -> Path:
     if out.is_dir():
         with _locked(out):
             _recover(out)
+        _refuse_other_command(out)
     return out
 
 
@@ -469,6 +521,7 @@ def _publish(out: Path, stage: Path, files: dict[str, dict[str, Any]]) -> None:
     Raises:
       OutputError: a file the run writes is in the way (named); nothing is changed.
     """
+    _refuse_other_command(out)
     previous = {rel: info.get("sha256") for rel, info in _manifest(out).items()
                 if isinstance(info, dict)}
     write: dict[str, str | None] = {}
@@ -490,7 +543,10 @@ def _publish(out: Path, stage: Path, files: dict[str, dict[str, Any]]) -> None:
                           "file: move it away or pass another folder (nothing there was changed).")
     remove = {rel: sha for rel, sha in previous.items()
               if rel not in files and _is_ours(_inside(out, rel), sha)}
-    atomic_write_text(stage / MANIFEST, json.dumps({"files": files}, indent=2) + "\n")
+    manifest: dict[str, Any] = {"files": files}
+    if _run_kind is not None:
+        manifest["command"] = _run_kind
+    atomic_write_text(stage / MANIFEST, json.dumps(manifest, indent=2) + "\n")
     journal = {"stage": stage.name, "write": write, "remove": remove}
     atomic_write_text(out / WORK / _JOURNAL, json.dumps(journal, indent=2) + "\n")  # commit
     _apply(out, journal, verify=False)

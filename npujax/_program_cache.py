@@ -386,8 +386,10 @@ def library_folder() -> Path | None:
 @functools.lru_cache(maxsize=8)
 def _private_subfolder(path: str) -> Path | None:
     problem = private_folder(path)
-    if problem:
-        _log.debug("not keeping traced programs in %s: %s", path, problem)
+    if problem:  # (once per folder: the check is cached)
+        _log.warning("not keeping npujax's traced programs in JAX's compilation-cache folder "
+                     "%r: %s; npujax runs what that folder holds. Set "
+                     "jax_compilation_cache_dir to a folder only you can write.", path, problem)
         return None
     return Path(path) / SUBFOLDER
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from npujax._atomic import MANIFEST, WORK, check_output_dir, staged_dir
+from npujax._atomic import MANIFEST, WORK, check_output_dir, run_kind, staged_dir
 from npujax.errors import OutputError
 
 OLD = {"a.txt": "old a", "b.txt": "old b", "sub/c.txt": "old c"}
@@ -68,6 +68,27 @@ def test_a_run_keeps_the_users_files(tmp_path):
     assert _ours(out) == NEW
     assert _tree(out) == {**NEW, **USER, MANIFEST: (out / MANIFEST).read_text()}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o"]  # nothing beside it
+
+
+def test_a_folder_holding_another_commands_run_is_refused(tmp_path):
+    """`npujax lower --out` into a `quantize` run's folder would remove its model.qdq.onnx:
+    refused before the work (and at the publish) naming both commands; the same command, or
+    a run from Python, replaces the earlier run as before."""
+    out = tmp_path / "o"
+    with run_kind("quantize"):
+        _run(out, OLD)
+    assert json.loads((out / MANIFEST).read_text())["command"] == "quantize"
+    with run_kind("lower"):
+        with pytest.raises(OutputError, match="npujax quantize.*a.txt.*npujax lower"):
+            check_output_dir(out)
+        with pytest.raises(OutputError, match="npujax quantize"):
+            _run(out, NEW)
+    assert _ours(out) == OLD
+    with run_kind("quantize"):
+        _run(out, NEW)
+    assert _ours(out) == NEW
+    _run(out, OLD)  # from Python: no command
+    assert _ours(out) == OLD and "command" not in json.loads((out / MANIFEST).read_text())
 
 
 def test_a_folder_of_the_users_receives_a_run(tmp_path):

@@ -230,11 +230,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     failed = True
     try:
+        from npujax._atomic import run_kind
         from npujax.limits import limits
 
         with limits(**{k: v for k in ("max_tensor_bytes", "max_model_bytes",
                                       "max_tensor_elements")
-                       if (v := getattr(args, k, None)) is not None}):
+                       if (v := getattr(args, k, None)) is not None}), run_kind(args.command):
             model = getattr(args, "model", None)
             if isinstance(model, list):  # `npujax lower A.onnx B.onnx`
                 args.model = [_zoo_model(m[4:]) if m.startswith("zoo:") else m for m in model]

@@ -87,6 +87,10 @@ def load_onnx_model(path_or_model: str | os.PathLike[str] | bytes | onnx.ModelPr
             )
         path = Path(text)
         if not path.is_file():
+            if text.startswith("zoo:") and not path.exists():
+                raise GraphError(
+                    f"{text!r} names a model of the zoo, which the command line resolves; in "
+                    f"Python pass its file: str(npujax.models.zoo.fetch_model({text[4:]!r})).")
             raise GraphError(f"ONNX model {text!r} does not exist or is not a file.")
         check_bytes(path.stat().st_size, f"ONNX file {text!r}", limit="max_model_bytes")
         model, base = _parse(path.read_bytes(), text), path.resolve().parent

@@ -260,6 +260,8 @@ def test_malformed_file(tmp_path):
         from_onnx(tmp_path / "missing.onnx")
     with pytest.raises(GraphError, match="URL"):
         from_onnx("https://example.com/model.onnx")
+    with pytest.raises(GraphError, match=r"fetch_model\('ppocr_cls'\)"):
+        from_onnx("zoo:ppocr_cls")
 
 
 def test_missing_initializer_names_node_and_tensor():

@@ -124,11 +124,14 @@ def test_inference_with_weights_as_constants_matches_execute_with_them_as_argume
         inference(g, hollow)
 
 
-def test_inference_keeps_its_traced_program_in_jax_cache_folder(traced, tmp_path, monkeypatch):
+def test_inference_keeps_its_traced_program_in_jax_cache_folder(traced, tmp_path, monkeypatch,
+                                                                  caplog):
     """Where JAX's persistent cache is a private folder, inference() keeps its traced program
     there, keyed by a digest of the graph and the weights: a later process (here: this one with
     its loaded programs forgotten) runs it without tracing, bit for bit as the first; another
     weight is another program; a folder other users can write is not used."""
+    import logging
+
     from npujax import _program_cache
     from npujax.ir.execute import _program_digest, inference
 
@@ -158,8 +161,10 @@ def test_inference_keeps_its_traced_program_in_jax_cache_folder(traced, tmp_path
         shared.mkdir(mode=0o777)
         shared.chmod(0o777)
         jax.config.update("jax_compilation_cache_dir", str(shared / "jax"))
-        np.testing.assert_array_equal(np.asarray(inference(g, p)(x)), first)
+        with caplog.at_level(logging.WARNING):
+            np.testing.assert_array_equal(np.asarray(inference(g, p)(x)), first)
         assert not (shared / "jax" / _program_cache.SUBFOLDER).exists()
+        assert "other users can write its folder" in caplog.text
     finally:
         jax.config.update("jax_compilation_cache_dir", saved)
 
