@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from npujax.hw.spec import list_presets as list_presets
     from npujax.hw.spec import load_npu_spec as load_npu_spec
     from npujax.ir.execute import execute as execute
+    from npujax.ir.execute import inference as inference
     from npujax.ir.graph import Graph as Graph
     from npujax.ir.passes import optimize as optimize
     from npujax.ir.passes import rebatch as rebatch

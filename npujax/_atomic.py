@@ -330,10 +330,11 @@ def _refuse_other_command(out: Path) -> None:
     files = [rel for rel in _manifest(out)]
     if not files:
         return
-    shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+    shown = ", ".join(files[:8]) + (f" and {len(files) - 8} more" if len(files) > 8 else "")
     raise OutputError(f"output folder {str(out)!r} holds the files of an `npujax {previous}` "
-                      f"run ({shown}), which `npujax {_run_kind}` would replace: pass another "
-                      "--out, or move those files away first (nothing there was changed).")
+                      f"run ({shown}), which a run of `npujax {_run_kind}` there would replace "
+                      "or remove: pass another --out, or move those files away first (nothing "
+                      "there was changed).")
 
 
 def _remove_empty_parents(out: Path, path: Path) -> None:
@@ -510,9 +511,12 @@ def refuse_foreign(path: str | os.PathLike[str], rels: Sequence[str]) -> None:
     """
     refused = foreign_files(path, list(rels))
     if refused:
-        raise OutputError(f"output folder {str(path)!r} holds {refused[0]!r}, which npujax did "
-                          "not write; a run never replaces such a file: move it away or pass "
-                          "another folder (nothing there was changed).")
+        changed = refused[0] in _manifest(Path(path))
+        what = (f"{refused[0]!r}, changed since npujax wrote it" if changed else
+                f"{refused[0]!r}, which npujax did not write")
+        raise OutputError(f"output folder {str(path)!r} holds {what}; a run never replaces such "
+                          "a file: move it away or pass another folder (nothing there was "
+                          "changed).")
 
 
 def _publish(out: Path, stage: Path, files: dict[str, dict[str, Any]]) -> None:

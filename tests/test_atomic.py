@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from npujax._atomic import MANIFEST, WORK, check_output_dir, run_kind, staged_dir
+from npujax._atomic import MANIFEST, WORK, check_output_dir, refuse_foreign, run_kind, staged_dir
 from npujax.errors import OutputError
 
 OLD = {"a.txt": "old a", "b.txt": "old b", "sub/c.txt": "old c"}
@@ -89,6 +89,9 @@ def test_a_folder_holding_another_commands_run_is_refused(tmp_path):
     assert _ours(out) == NEW
     _run(out, OLD)  # from Python: no command
     assert _ours(out) == OLD and "command" not in json.loads((out / MANIFEST).read_text())
+    (out / "a.txt").write_text("edited by the user")
+    with pytest.raises(OutputError, match="'a.txt', changed since npujax wrote it"):
+        refuse_foreign(out, ["a.txt"])
 
 
 def test_a_folder_of_the_users_receives_a_run(tmp_path):
