@@ -216,7 +216,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if own:
         gc.disable()
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # named by the command's own parser: its --help lists what it takes
+        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        commands.choices.get(args.command, parser).error(
+            f"unrecognized arguments: {' '.join(extra)}")
     if own and args.command in _FEW_ARENAS:
         _few_malloc_arenas()
     configure_logging(args.verbosity)

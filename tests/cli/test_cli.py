@@ -161,6 +161,7 @@ def test_version_and_usage_errors_are_one_line(capsys):
     for argv, message in ((["lower", "m.npz", "--batch", "0"], "--batch: must be >= 1"),
                           (["search", "m.npz", "--candidates", "2,x"], "comma-separated"),
                           (["calibrate", "m.npz", "--observer", "kl"], "invalid choice"),
+                          (["lower", "m.npz", "--bogus"], "--bogus (see 'npujax lower --help')"),
                           (["nope"], "invalid choice")):
         with pytest.raises(SystemExit) as e:
             main(argv)
