@@ -106,9 +106,13 @@ def _pairwise_softmax(x: jax.Array, axis: int) -> jax.Array:
     XLA:CPU compiles with the exponentials into one loop kernel, where ``jax.nn.softmax``'s
     maximum, exponentials and sum take three (about 15 ms of compilation each; PP-OCR cls's
     2-class head). No maximum is needed: the ``j = i`` term is 1, so the sum is at least 1, and a
-    term that overflows gives the 0 the limit has. Values agree with ``jax.nn.softmax`` to float
-    rounding; ``n^2`` exponentials per row of ``n``."""
+    term that overflows gives the 0 the limit has. An infinite input (a ``-inf`` attention
+    mask) makes ``inf - inf`` differences, taken as 0: a masked element gets 0, as in
+    ``jax.nn.softmax``; a row masked whole gets ``1/n`` where ``jax.nn.softmax`` gives NaN.
+    Values agree with ``jax.nn.softmax`` to float rounding; ``n^2`` exponentials per row of
+    ``n``."""
     diff = jnp.expand_dims(x, axis) - jnp.expand_dims(x, axis + 1)  # [..., i, j, ...]: x_j - x_i
+    diff = jnp.where(jnp.isnan(diff), jnp.zeros((), diff.dtype), diff)
     return 1.0 / jnp.sum(jnp.exp(diff), axis=axis + 1)
 
 

@@ -29,7 +29,7 @@ def test_maxpool_forward_only_equals_reduce_window(window, strides):
 def test_vector_products_and_short_softmax_forward_only_equal_reference():
     """One row times a weight matrix (Gemm; a 1x1 Conv on one pixel) runs as a two-row product,
     and a Softmax over a short axis pairwise, when forward-only: the reference values to float
-    rounding, including a row whose exponentials overflow."""
+    rounding, including a row whose exponentials overflow and one masked with -inf."""
     rng = np.random.default_rng(1)
     gemm = Node("fc", "Gemm", ("x",), ("y",), {})
     conv = Node("se", "Conv", ("x",), ("y",), {
@@ -40,7 +40,7 @@ def test_vector_products_and_short_softmax_forward_only_equal_reference():
         (gemm, rng.normal(size=(1, 12)), {"kernel": rng.normal(size=(12, 5)),
                                           "bias": rng.normal(size=5)}),
         (conv, rng.normal(size=(1, 12, 1, 1)), {"kernel": rng.normal(size=(5, 12, 1, 1))}),
-        (soft, np.array([[1e3, 0, -1e3], [1, 2, 3]]), {}),
+        (soft, np.array([[1e3, 0, -1e3], [1, 2, 3], [0, -np.inf, 1]]), {}),
     ]
     for node, x, p in cases:
         x = x.astype(np.float32)
