@@ -296,24 +296,20 @@ def _is_ours(path: Path | None, sha256: Any) -> bool:
         return False
 
 
+def _read_manifest(out: Path) -> dict[str, Any]:
+    """The folder's manifest (``{}`` without one, or an unreadable one)."""
+    try:
+        manifest = json.loads((out / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
+
+
 def _manifest(out: Path) -> dict[str, dict[str, Any]]:
     """The files the folder's manifest lists (``{}`` without one, or an unreadable one: then
     no file there counts as npujax's)."""
-    try:
-        files = json.loads((out / MANIFEST).read_text()).get("files", {})
-    except (OSError, ValueError, AttributeError):
-        return {}
+    files = _read_manifest(out).get("files", {})
     return files if isinstance(files, dict) else {}
-
-
-def _manifest_command(out: Path) -> str | None:
-    """The command the folder's manifest names (None: none, or a manifest from Python or from
-    an npujax before 2026-12-03)."""
-    try:
-        command = json.loads((out / MANIFEST).read_text()).get("command")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return command if isinstance(command, str) else None
 
 
 def _refuse_other_command(out: Path) -> None:
@@ -324,12 +320,15 @@ def _refuse_other_command(out: Path) -> None:
     Raises:
       OutputError: naming both commands and some of the files.
     """
-    previous = _manifest_command(out)
-    if _run_kind is None or previous is None or previous == _run_kind:
+    if _run_kind is None:
         return
-    files = [rel for rel in _manifest(out)]
-    if not files:
+    manifest = _read_manifest(out)
+    previous, files = manifest.get("command"), manifest.get("files")
+    # (a manifest from Python, or from an npujax before 2026-12-03, names no command)
+    if not isinstance(previous, str) or previous == _run_kind or not isinstance(files, dict) \
+            or not files:
         return
+    files = list(files)
     shown = ", ".join(files[:8]) + (f" and {len(files) - 8} more" if len(files) > 8 else "")
     raise OutputError(f"output folder {str(out)!r} holds the files of an `npujax {previous}` "
                       f"run ({shown}), which a run of `npujax {_run_kind}` there would replace "
